@@ -1,0 +1,182 @@
+//! The typed producer API: define a job type once, enqueue it with options.
+
+use chrono::{DateTime, Utc};
+use serde::{de::DeserializeOwned, Serialize};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::error::{StoreError, ValidationError};
+use crate::job::{Inserted, NewJob};
+use crate::retry::RetryPolicy;
+use crate::store::{Store, StoreResult};
+use crate::validate;
+
+/// A job type: its kind name and its payload (the type itself, as JSON).
+///
+/// ```
+/// use conveyor_core::TypedJob;
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct SendWelcomeEmail { user_id: u64 }
+/// impl TypedJob for SendWelcomeEmail { const KIND: &'static str = "send_welcome_email"; }
+/// ```
+pub trait TypedJob: Serialize + DeserializeOwned + Send + 'static {
+    const KIND: &'static str;
+
+    /// Backoff between attempts of this kind.
+    fn retry_policy() -> RetryPolicy {
+        RetryPolicy::default()
+    }
+
+    /// Options applied when the producer gives none.
+    fn default_options() -> JobOptions {
+        JobOptions::default()
+    }
+}
+
+/// Per-enqueue options. Unset fields take the defaults of [`NewJob::new`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct JobOptions {
+    pub queue: Option<String>,
+    pub priority: Option<i32>,
+    pub run_at: Option<DateTime<Utc>>,
+    pub delay: Option<Duration>,
+    pub max_attempts: Option<u32>,
+    pub timeout: Option<Duration>,
+    pub idempotency_key: Option<String>,
+    pub tags: Vec<String>,
+    pub tenant: Option<String>,
+}
+
+impl JobOptions {
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = Some(priority);
+        self
+    }
+    pub fn run_at(mut self, at: DateTime<Utc>) -> Self {
+        self.run_at = Some(at);
+        self
+    }
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
+        self
+    }
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = Some(attempts);
+        self
+    }
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+    pub fn idempotency_key(mut self, key: impl Into<String>) -> Self {
+        self.idempotency_key = Some(key.into());
+        self
+    }
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.tags.push(tag.into());
+        self
+    }
+    pub fn tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// Applies these options to a job of `kind` with `payload`.
+    pub fn into_new_job(
+        self,
+        kind: impl Into<String>,
+        payload: serde_json::Value,
+    ) -> Result<NewJob, ValidationError> {
+        let mut job = NewJob::new(kind, payload);
+        if let Some(queue) = self.queue {
+            job.queue = queue;
+        }
+        if let Some(priority) = self.priority {
+            job.priority = priority;
+        }
+        job.run_at = match (self.run_at, self.delay) {
+            (Some(_), Some(_)) => {
+                return Err(ValidationError::new(
+                    "delay",
+                    "give either run_at or delay, not both",
+                ))
+            }
+            (Some(at), None) => Some(at),
+            (None, Some(delay)) => Some(
+                Utc::now()
+                    + chrono::Duration::from_std(delay)
+                        .map_err(|_| ValidationError::new("delay", "too large"))?,
+            ),
+            (None, None) => None,
+        };
+        if let Some(attempts) = self.max_attempts {
+            job.max_attempts = attempts;
+        }
+        job.timeout_ms = self.timeout.map(|t| t.as_millis() as u64);
+        job.idempotency_key = self.idempotency_key;
+        job.tags = self.tags;
+        job.tenant = self.tenant;
+        validate::new_job(&job)?;
+        Ok(job)
+    }
+}
+
+/// Enqueues typed jobs into any store.
+#[derive(Clone)]
+pub struct Client {
+    store: Arc<dyn Store>,
+}
+
+impl Client {
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self { store }
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    /// Enqueues one job with its type's default options.
+    pub async fn enqueue<J: TypedJob>(&self, job: J) -> StoreResult<Inserted> {
+        self.enqueue_with(job, J::default_options()).await
+    }
+
+    /// Enqueues one job; returns once it is durably stored.
+    pub async fn enqueue_with<J: TypedJob>(
+        &self,
+        job: J,
+        options: JobOptions,
+    ) -> StoreResult<Inserted> {
+        let mut inserted = self.enqueue_many_with(vec![(job, options)]).await?;
+        inserted.pop().ok_or(StoreError::Backend(
+            "store returned no row for an insert".to_string(),
+        ))
+    }
+
+    /// Enqueues many jobs in one transaction: all are stored, or none.
+    pub async fn enqueue_many<J: TypedJob>(&self, jobs: Vec<J>) -> StoreResult<Vec<Inserted>> {
+        self.enqueue_many_with(
+            jobs.into_iter()
+                .map(|j| (j, J::default_options()))
+                .collect(),
+        )
+        .await
+    }
+
+    pub async fn enqueue_many_with<J: TypedJob>(
+        &self,
+        jobs: Vec<(J, JobOptions)>,
+    ) -> StoreResult<Vec<Inserted>> {
+        let mut new_jobs = Vec::with_capacity(jobs.len());
+        for (job, options) in jobs {
+            let payload = serde_json::to_value(&job)
+                .map_err(|e| ValidationError::new("payload", e.to_string()))?;
+            new_jobs.push(options.into_new_job(J::KIND, payload)?);
+        }
+        self.store.jobs_insert_many(new_jobs).await
+    }
+}

@@ -1,0 +1,46 @@
+//! Typed errors shared by every store and the layers above them.
+
+use crate::job::JobState;
+use uuid::Uuid;
+
+/// A rejected input, naming the field at fault so HTTP and CLI users can fix it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {field}: {message}")]
+pub struct ValidationError {
+    pub field: String,
+    pub message: String,
+}
+
+impl ValidationError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        Self {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error(transparent)]
+    Invalid(#[from] ValidationError),
+    #[error("job {0} not found")]
+    NotFound(Uuid),
+    /// The caller's lease token no longer matches: the job was rescued, cancelled or finished.
+    #[error("lease lost for job {0}: it was rescued, cancelled or already finished")]
+    LeaseLost(Uuid),
+    /// The job is in a state where the requested change does not apply.
+    #[error("job {id} is {state}; cannot {action}")]
+    Conflict {
+        id: Uuid,
+        state: JobState,
+        action: &'static str,
+    },
+    /// The database could not be opened or used (I/O, corruption, permissions, lost connection).
+    #[error("storage error: {0}")]
+    Backend(String),
+    #[error("the store is shut down")]
+    Closed,
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;

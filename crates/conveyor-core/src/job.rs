@@ -1,0 +1,226 @@
+//! The job model and its lifecycle.
+//!
+//! ```text
+//! scheduled ──(run_at reached)──▶ available ──(fetch)──▶ running ──▶ completed
+//!     ▲                              ▲                      │
+//!     │ snooze                       │ release / replay     ├──▶ retryable ──(run_at)──▶ available
+//!     └──────────────────────────────┴──────────────────────┤
+//!                                                           ├──▶ dead (attempts exhausted or permanent)
+//!                                      any unfinished ──▶ cancelled
+//! ```
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::fmt;
+use std::str::FromStr;
+use uuid::Uuid;
+
+use crate::error::ValidationError;
+
+pub const DEFAULT_QUEUE: &str = "default";
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Waiting for its `run_at`.
+    Scheduled,
+    /// Ready to be fetched.
+    Available,
+    /// Held by a worker under a lease.
+    Running,
+    /// Failed an attempt; waits for its backoff `run_at`, then runs again.
+    Retryable,
+    Completed,
+    /// In the dead-letter queue: attempts exhausted, or a permanent failure.
+    Dead,
+    Cancelled,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 7] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Running,
+        JobState::Retryable,
+        JobState::Completed,
+        JobState::Dead,
+        JobState::Cancelled,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Available => "available",
+            JobState::Running => "running",
+            JobState::Retryable => "retryable",
+            JobState::Completed => "completed",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+        }
+    }
+
+    /// Finished jobs never run again unless replayed from `dead`.
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Dead | JobState::Cancelled
+        )
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for JobState {
+    type Err = ValidationError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        JobState::ALL
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| {
+                ValidationError::new(
+                    "state",
+                    format!(
+                        "unknown state {s:?}; expected one of scheduled, available, running, \
+                         retryable, completed, dead, cancelled"
+                    ),
+                )
+            })
+    }
+}
+
+/// Error classes recorded in a job's history. Handlers may use their own classes too.
+pub mod error_class {
+    /// The handler asked for a retry (transient failure).
+    pub const ERROR: &str = "error";
+    /// The handler asked for a retry at a given time (e.g. a 429 with Retry-After).
+    pub const RETRY_AFTER: &str = "retry_after";
+    /// The handler said retrying cannot help.
+    pub const PERMANENT: &str = "permanent";
+    pub const PANIC: &str = "panic";
+    pub const TIMEOUT: &str = "timeout";
+    /// No handler is registered for the job's kind on the worker that fetched it.
+    pub const UNKNOWN_KIND: &str = "unknown_kind";
+    /// The payload did not deserialize into the handler's job type.
+    pub const INVALID_PAYLOAD: &str = "invalid_payload";
+    /// The worker stopped heartbeating (crashed, hung or partitioned) and its lease ran out.
+    pub const LEASE_EXPIRED: &str = "lease_expired";
+}
+
+/// One failed attempt in a job's history.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorRecord {
+    pub attempt: u32,
+    pub at: DateTime<Utc>,
+    pub class: String,
+    pub message: String,
+}
+
+/// Who holds a running job, and until when.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Lease {
+    pub worker_id: String,
+    pub token: Uuid,
+    pub expires_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    pub id: Uuid,
+    pub kind: String,
+    pub queue: String,
+    pub payload: Value,
+    /// Higher runs first within a queue.
+    pub priority: i32,
+    pub run_at: DateTime<Utc>,
+    /// Attempts started so far (incremented at fetch).
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub timeout_ms: Option<u64>,
+    pub idempotency_key: Option<String>,
+    pub tags: Vec<String>,
+    pub tenant: Option<String>,
+    pub state: JobState,
+    pub errors: Vec<ErrorRecord>,
+    pub lease: Option<Lease>,
+    pub result: Option<Value>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+/// A job to insert. Build one with [`NewJob::new`] and set fields directly; `validate` checks them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewJob {
+    pub kind: String,
+    pub queue: String,
+    pub payload: Value,
+    pub priority: i32,
+    /// `None` (or a time not in the future) makes the job available at once.
+    pub run_at: Option<DateTime<Utc>>,
+    pub max_attempts: u32,
+    pub timeout_ms: Option<u64>,
+    pub idempotency_key: Option<String>,
+    pub tags: Vec<String>,
+    pub tenant: Option<String>,
+}
+
+impl NewJob {
+    pub fn new(kind: impl Into<String>, payload: Value) -> Self {
+        Self {
+            kind: kind.into(),
+            queue: DEFAULT_QUEUE.to_string(),
+            payload,
+            priority: 0,
+            run_at: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            timeout_ms: None,
+            idempotency_key: None,
+            tags: Vec::new(),
+            tenant: None,
+        }
+    }
+}
+
+/// The result of inserting one job.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Inserted {
+    pub job: Job,
+    /// True when an existing job with the same idempotency key was returned instead.
+    pub duplicate: bool,
+}
+
+/// Per-queue counts by state.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct QueueStats {
+    pub name: String,
+    pub available: u64,
+    pub scheduled: u64,
+    pub running: u64,
+    pub retryable: u64,
+    pub dead: u64,
+    pub completed: u64,
+    pub cancelled: u64,
+    /// Age of the oldest available job (time since its `run_at`), 0 when none waits.
+    pub oldest_available_age_ms: u64,
+}
+
+impl QueueStats {
+    pub fn add(&mut self, state: JobState, count: u64) {
+        match state {
+            JobState::Scheduled => self.scheduled += count,
+            JobState::Available => self.available += count,
+            JobState::Running => self.running += count,
+            JobState::Retryable => self.retryable += count,
+            JobState::Completed => self.completed += count,
+            JobState::Dead => self.dead += count,
+            JobState::Cancelled => self.cancelled += count,
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! Conveyor's core: the job model and its state machine, retry policy, typed errors, the
+//! [`Store`] trait every backend implements, and the typed [`Client`] producers use.
+//!
+//! Nothing here does I/O of its own; stores (`conveyor-sqlite`, ...) and the worker runtime
+//! (`conveyor-worker`) build on these types.
+
+pub mod client;
+pub mod clock;
+pub mod error;
+pub mod job;
+pub mod retry;
+pub mod store;
+pub mod validate;
+
+pub use client::{Client, JobOptions, TypedJob};
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use error::{StoreError, ValidationError};
+pub use job::{
+    error_class, ErrorRecord, Inserted, Job, JobState, Lease, NewJob, QueueStats, DEFAULT_QUEUE,
+};
+pub use retry::RetryPolicy;
+pub use store::*;

@@ -1,0 +1,224 @@
+//! The `Store` trait: a flat list of noun-first operations, batch-first where it matters, each
+//! state change conditional on the state (and lease token) it expects. Every store passes the
+//! conformance suite in `conveyor-storetest`.
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+pub use crate::error::StoreResult;
+use crate::job::{Inserted, Job, JobState, NewJob, QueueStats};
+use crate::retry::RetryPolicy;
+
+/// Claim up to `max` available jobs from `queues` for `worker_id`.
+#[derive(Debug, Clone)]
+pub struct FetchParams {
+    pub worker_id: String,
+    pub queues: Vec<String>,
+    pub max: usize,
+    pub lease: Duration,
+}
+
+/// Identifies a running job and the lease its worker holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRef {
+    pub id: Uuid,
+    pub lease_token: Uuid,
+}
+
+#[derive(Debug, Clone)]
+pub struct HeartbeatParams {
+    pub lease: LeaseRef,
+    pub extend_by: Duration,
+}
+
+#[derive(Debug, Clone)]
+pub struct CompleteParams {
+    pub lease: LeaseRef,
+    pub result: Option<Value>,
+}
+
+/// Whether a lease-conditional change was applied.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaseOutcome {
+    Applied,
+    /// The token no longer matches a running job: nothing changed.
+    LeaseLost,
+}
+
+/// What to do after a failed attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RetryPlan {
+    /// Retry after the policy's backoff for this attempt (dead when attempts are exhausted).
+    Backoff(RetryPolicy),
+    /// Retry at this time (dead when attempts are exhausted).
+    At(DateTime<Utc>),
+    /// Straight to the dead-letter queue.
+    Never,
+}
+
+#[derive(Debug, Clone)]
+pub struct FailParams {
+    pub lease: LeaseRef,
+    pub class: String,
+    pub message: String,
+    pub retry: RetryPlan,
+}
+
+#[derive(Debug, Clone)]
+pub struct SnoozeParams {
+    pub lease: LeaseRef,
+    pub until: DateTime<Utc>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RescueParams {
+    /// Most jobs rescued in one call, so one call stays a short transaction.
+    pub limit: usize,
+    pub retry: RetryPolicy,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RescueReport {
+    pub retried: Vec<Uuid>,
+    pub dead: Vec<Uuid>,
+}
+
+/// Filters for listing jobs, newest first. `after` is the cursor: the last id of the previous page.
+#[derive(Debug, Clone, Default)]
+pub struct JobListParams {
+    pub queue: Option<String>,
+    pub state: Option<JobState>,
+    pub kind: Option<String>,
+    pub limit: usize,
+    pub after: Option<Uuid>,
+}
+
+/// Which dead jobs to replay: by ids, or every dead job matching queue and/or kind.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplaySelector {
+    pub ids: Option<Vec<Uuid>>,
+    pub queue: Option<String>,
+    pub kind: Option<String>,
+}
+
+/// Store-wide settings that every backend honours identically.
+#[derive(Debug, Clone)]
+pub struct StoreOptions {
+    /// A completed job still counts as a duplicate for its idempotency key this long after it
+    /// finished. Unfinished jobs always do; dead and cancelled jobs never do.
+    pub completed_idempotency_window: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            completed_idempotency_window: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Inserts all jobs or none. A job whose idempotency key matches an unfinished job (or one
+    /// completed within the window) yields the existing job with `duplicate: true`.
+    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>>;
+
+    /// One job by id, with its full error history.
+    async fn job_get(&self, id: Uuid) -> StoreResult<Option<Job>>;
+
+    /// Jobs matching the filter, newest first.
+    async fn jobs_list(&self, params: JobListParams) -> StoreResult<Vec<Job>>;
+
+    /// Cancels an unfinished job (a running job's lease is revoked). `Conflict` when finished.
+    async fn job_cancel(&self, id: Uuid) -> StoreResult<Job>;
+
+    /// Claims available jobs by priority (higher first), then run_at, then age, marking them
+    /// running under a fresh lease. Never blocks waiting for work; see [`Store::wakeup`].
+    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>>;
+
+    /// Extends leases; `None` for each lease that was lost.
+    async fn jobs_heartbeat_many(
+        &self,
+        params: Vec<HeartbeatParams>,
+    ) -> StoreResult<Vec<Option<DateTime<Utc>>>>;
+
+    /// Marks running jobs completed, each only if its lease still holds.
+    async fn jobs_complete_many(
+        &self,
+        params: Vec<CompleteParams>,
+    ) -> StoreResult<Vec<LeaseOutcome>>;
+
+    /// Records a failed attempt and moves the job to `retryable` or `dead`. `LeaseLost` when the
+    /// lease no longer holds (nothing changes then).
+    async fn job_fail(&self, params: FailParams) -> StoreResult<Job>;
+
+    /// Puts a running job back to `scheduled` until `until`, without counting the attempt.
+    async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job>;
+
+    /// Returns running jobs to `available` at once without counting the attempt (graceful
+    /// shutdown). Returns how many leases still held.
+    async fn jobs_release_many(&self, leases: Vec<LeaseRef>) -> StoreResult<u64>;
+
+    /// Moves running jobs whose lease expired to `retryable` (or `dead` when out of attempts),
+    /// recording a `lease_expired` error.
+    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport>;
+
+    /// Makes `scheduled` and `retryable` jobs whose run_at has come `available`. Returns how many.
+    async fn jobs_promote_due(&self) -> StoreResult<u64>;
+
+    /// Dead jobs back to `available` with a fresh set of attempts; their history is kept.
+    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64>;
+
+    /// Deletes a dead job. False when no dead job has that id.
+    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool>;
+
+    /// Counts per queue and state.
+    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>>;
+
+    /// Notified (after commit) whenever jobs may have become available in this process's view;
+    /// fetchers wait on it between polls.
+    fn wakeup(&self) -> Arc<Notify>;
+
+    /// Earliest run_at among scheduled/retryable jobs in `queues`, so a waiting fetcher knows
+    /// when to look again.
+    async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>>;
+}
+
+/// Blocks (asynchronously) until jobs are fetched or `wait` passes: the long-poll behind
+/// `POST /v1/fetch` and the worker's fetch loop. Wake-ups come from [`Store::wakeup`]; the
+/// `poll` interval bounds how late a job made available elsewhere (another process) is seen.
+pub async fn fetch_waiting(
+    store: &dyn Store,
+    params: FetchParams,
+    wait: Duration,
+    poll: Duration,
+) -> StoreResult<Vec<Job>> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let wakeup = store.wakeup();
+    loop {
+        // Register interest before fetching, so a wake-up between fetch and wait is not missed.
+        let notified = wakeup.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let jobs = store.jobs_fetch(params.clone()).await?;
+        let now = tokio::time::Instant::now();
+        if !jobs.is_empty() || now >= deadline {
+            return Ok(jobs);
+        }
+        let mut until = deadline.min(now + poll);
+        if let Some(due) = store.jobs_next_due(&params.queues).await? {
+            let in_ms = (due - Utc::now()).num_milliseconds().max(0) as u64;
+            until = until.min(now + Duration::from_millis(in_ms));
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(until) => {}
+        }
+    }
+}
