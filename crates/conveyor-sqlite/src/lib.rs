@@ -1,1 +1,297 @@
+//! Conveyor's embedded store: a local SQLite file in WAL mode.
+//!
+//! Writes go through one writer thread with group commit (see `writer`); reads use a small pool
+//! of connections on tokio's blocking threads. In [`Durability::Durable`] mode (the default) every
+//! commit is fsync'd before any caller is answered.
 
+mod ops;
+mod reads;
+mod rows;
+mod writer;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use conveyor_core::{
+    Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobListParams,
+    LeaseOutcome, LeaseRef, NewJob, QueueStats, ReplaySelector, RescueParams, RescueReport,
+    SnoozeParams, Store, StoreError, StoreOptions, StoreResult, SystemClock,
+};
+use rusqlite::{Connection, OpenFlags};
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{self, Sender};
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+const SCHEMA_VERSION: i64 = 1;
+const SCHEMA: &str = include_str!("schema.sql");
+
+/// How commits reach the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Durability {
+    /// `synchronous=FULL`: each commit is fsync'd before callers are answered. Survives power loss.
+    #[default]
+    Durable,
+    /// `synchronous=NORMAL`: commits reach the OS, fsync happens at checkpoints. Survives a
+    /// process crash (`kill -9`) but the last commits can be lost on power loss or kernel panic.
+    RelaxedLosesRecentJobsOnPowerLoss,
+}
+
+#[derive(Clone)]
+pub struct SqliteOptions {
+    pub durability: Durability,
+    pub store: StoreOptions,
+    pub clock: Arc<dyn Clock>,
+    /// Read connections kept open.
+    pub readers: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::Durable,
+            store: StoreOptions::default(),
+            clock: Arc::new(SystemClock),
+            readers: 4,
+        }
+    }
+}
+
+/// The embedded store. Cheap to clone; all clones share one writer thread.
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    path: PathBuf,
+    ops: Sender<writer::Op>,
+    readers: Mutex<Vec<Connection>>,
+    max_idle_readers: usize,
+    wakeup: Arc<Notify>,
+    clock: Arc<dyn Clock>,
+}
+
+pub(crate) fn backend(e: rusqlite::Error) -> StoreError {
+    StoreError::Backend(e.to_string())
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed, with parent directories) the database at `path`, applies the
+    /// schema, and starts the writer thread. A corrupt, foreign or unwritable file is an error
+    /// naming the path, never a panic.
+    pub fn open(path: impl AsRef<Path>, options: SqliteOptions) -> StoreResult<Self> {
+        let path = path.as_ref().to_path_buf();
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent).map_err(|e| {
+                StoreError::Backend(format!("cannot create directory {}: {e}", parent.display()))
+            })?;
+        }
+        let describe = |e: rusqlite::Error| StoreError::Backend(format!("{}: {e}", path.display()));
+        let conn = Connection::open(&path).map_err(describe)?;
+        configure_writer(&conn, options.durability).map_err(describe)?;
+        migrate(&conn).map_err(|e| match e {
+            StoreError::Backend(msg) => StoreError::Backend(format!("{}: {msg}", path.display())),
+            other => other,
+        })?;
+
+        let wakeup = Arc::new(Notify::new());
+        let (sender, receiver) = mpsc::channel();
+        let clock = options.clock.clone();
+        let store_options = options.store.clone();
+        let writer_wakeup = wakeup.clone();
+        std::thread::Builder::new()
+            .name("conveyor-sqlite-writer".into())
+            .spawn(move || writer::run_writer(conn, receiver, clock, store_options, writer_wakeup))
+            .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
+
+        Ok(Self {
+            inner: Arc::new(Inner {
+                path,
+                ops: sender,
+                readers: Mutex::new(Vec::new()),
+                max_idle_readers: options.readers.max(1),
+                wakeup,
+                clock: options.clock,
+            }),
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.inner.path
+    }
+
+    /// Runs `work` on the writer thread inside the current group-commit round; resolves after commit.
+    async fn write<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut writer::WriteCtx<'_>) -> StoreResult<T> + Send + 'static,
+    {
+        let (op, reply) = writer::op(work);
+        self.inner.ops.send(op).map_err(|_| StoreError::Closed)?;
+        reply.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Runs `work` on a pooled read connection on a blocking thread.
+    async fn read<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection, DateTime<Utc>) -> StoreResult<T> + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        tokio::task::spawn_blocking(move || {
+            let pooled = inner.readers.lock().ok().and_then(|mut pool| pool.pop());
+            let conn = match pooled {
+                Some(conn) => conn,
+                None => open_reader(&inner.path).map_err(backend)?,
+            };
+            let outcome = work(&conn, inner.clock.now());
+            if let Ok(mut pool) = inner.readers.lock() {
+                if pool.len() < inner.max_idle_readers {
+                    pool.push(conn);
+                }
+            }
+            outcome
+        })
+        .await
+        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
+    }
+}
+
+fn configure_writer(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(rusqlite::Error::InvalidParameterName(format!(
+            "could not switch to WAL journal mode (got {mode})"
+        )));
+    }
+    let synchronous = match durability {
+        Durability::Durable => "FULL",
+        Durability::RelaxedLosesRecentJobsOnPowerLoss => "NORMAL",
+    };
+    conn.execute_batch(&format!("PRAGMA synchronous={synchronous};"))?;
+    Ok(())
+}
+
+fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )?;
+    conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    Ok(conn)
+}
+
+fn migrate(conn: &Connection) -> StoreResult<()> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(backend)?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Backend(format!(
+            "database schema version {version} is newer than this Conveyor understands \
+             ({SCHEMA_VERSION}); upgrade Conveyor"
+        )));
+    }
+    if version < SCHEMA_VERSION {
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
+        ))
+        .map_err(backend)?;
+    }
+    // Touch the table so a file that is not a Conveyor database fails here, at start.
+    conn.query_row("SELECT COUNT(*) FROM jobs WHERE id = ''", [], |row| {
+        row.get::<_, i64>(0)
+    })
+    .map_err(backend)?;
+    Ok(())
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
+        for job in &jobs {
+            conveyor_core::validate::new_job(job)?;
+        }
+        self.write(move |ctx| ops::insert_many(ctx, jobs)).await
+    }
+
+    async fn job_get(&self, id: Uuid) -> StoreResult<Option<Job>> {
+        self.read(move |conn, _| reads::job_get(conn, id)).await
+    }
+
+    async fn jobs_list(&self, params: JobListParams) -> StoreResult<Vec<Job>> {
+        self.read(move |conn, _| reads::jobs_list(conn, &params))
+            .await
+    }
+
+    async fn job_cancel(&self, id: Uuid) -> StoreResult<Job> {
+        self.write(move |ctx| ops::cancel(ctx, id)).await
+    }
+
+    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
+        if params.max == 0 || params.queues.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.write(move |ctx| ops::fetch(ctx, &params)).await
+    }
+
+    async fn jobs_heartbeat_many(
+        &self,
+        params: Vec<HeartbeatParams>,
+    ) -> StoreResult<Vec<Option<DateTime<Utc>>>> {
+        self.write(move |ctx| ops::heartbeat_many(ctx, &params))
+            .await
+    }
+
+    async fn jobs_complete_many(
+        &self,
+        params: Vec<CompleteParams>,
+    ) -> StoreResult<Vec<LeaseOutcome>> {
+        self.write(move |ctx| ops::complete_many(ctx, params)).await
+    }
+
+    async fn job_fail(&self, params: FailParams) -> StoreResult<Job> {
+        self.write(move |ctx| ops::fail(ctx, params)).await
+    }
+
+    async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job> {
+        self.write(move |ctx| ops::snooze(ctx, params)).await
+    }
+
+    async fn jobs_release_many(&self, leases: Vec<LeaseRef>) -> StoreResult<u64> {
+        self.write(move |ctx| ops::release_many(ctx, &leases)).await
+    }
+
+    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
+        self.write(move |ctx| ops::rescue_expired(ctx, &params))
+            .await
+    }
+
+    async fn jobs_promote_due(&self) -> StoreResult<u64> {
+        self.write(ops::promote_due).await
+    }
+
+    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
+        self.write(move |ctx| ops::dead_replay(ctx, &selector))
+            .await
+    }
+
+    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
+        self.write(move |ctx| ops::dead_discard(ctx, id)).await
+    }
+
+    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        self.read(reads::queues_stats).await
+    }
+
+    fn wakeup(&self) -> Arc<Notify> {
+        self.inner.wakeup.clone()
+    }
+
+    async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
+        let queues = queues.to_vec();
+        self.read(move |conn, _| reads::next_due(conn, &queues))
+            .await
+    }
+}

@@ -1,0 +1,483 @@
+//! State changes, each run on the writer thread inside a group-commit round. Every change to a
+//! running job is conditional on `state = 'running' AND lease_token = ?`.
+
+use chrono::{DateTime, Utc};
+use conveyor_core::{
+    error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
+    Job, JobState, LeaseOutcome, LeaseRef, NewJob, ReplaySelector, RescueParams, RescueReport,
+    RetryPlan, SnoozeParams, StoreError, StoreResult,
+};
+use rusqlite::{params, OptionalExtension};
+use uuid::Uuid;
+
+use crate::backend;
+use crate::rows::{self, millis, COLUMNS};
+use crate::writer::WriteCtx;
+
+fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::Backend(format!("cannot serialize {field}: {e}")))
+}
+
+fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+fn job_by_id(ctx: &WriteCtx<'_>, id: &str) -> StoreResult<Option<Job>> {
+    ctx.conn
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"))
+        .and_then(|mut stmt| stmt.query_row(params![id], rows::job).optional())
+        .map_err(backend)
+}
+
+/// An existing job that an insert with `key` must return instead of creating a new one.
+fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Option<Job>> {
+    let latest = ctx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobs WHERE idempotency_key = ?1 \
+             ORDER BY created_at DESC, id DESC LIMIT 1"
+        ))
+        .and_then(|mut stmt| stmt.query_row(params![key], rows::job).optional())
+        .map_err(backend)?;
+    let window = chrono_duration(ctx.options.completed_idempotency_window);
+    Ok(latest.filter(|job| match job.state {
+        JobState::Completed => job
+            .finished_at
+            .is_some_and(|finished| finished + window > ctx.now),
+        JobState::Dead | JobState::Cancelled => false,
+        _ => true,
+    }))
+}
+
+pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
+    let mut inserted = Vec::with_capacity(jobs.len());
+    for new in jobs {
+        if let Some(key) = &new.idempotency_key {
+            if let Some(existing) = idempotent_match(ctx, key)? {
+                inserted.push(Inserted {
+                    job: existing,
+                    duplicate: true,
+                });
+                continue;
+            }
+        }
+        let run_at = new.run_at.map_or(ctx.now, |at| at.max(ctx.now));
+        let state = if run_at > ctx.now {
+            JobState::Scheduled
+        } else {
+            ctx.wake = true;
+            JobState::Available
+        };
+        let job = Job {
+            id: Uuid::now_v7(),
+            kind: new.kind,
+            queue: new.queue,
+            payload: new.payload,
+            priority: new.priority,
+            // A past run_at keeps its place in the order (older first) but is not in the future.
+            run_at: new.run_at.map_or(ctx.now, |at| at.min(run_at)),
+            attempt: 0,
+            max_attempts: new.max_attempts,
+            timeout_ms: new.timeout_ms,
+            idempotency_key: new.idempotency_key,
+            tags: new.tags,
+            tenant: new.tenant,
+            state,
+            errors: Vec::new(),
+            lease: None,
+            result: None,
+            created_at: ctx.now,
+            started_at: None,
+            finished_at: None,
+        };
+        let mut stmt = ctx
+            .conn
+            .prepare_cached(
+                "INSERT INTO jobs (id, kind, queue, payload, priority, run_at, attempt, \
+                 max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
+                 created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, '[]', ?13)",
+            )
+            .map_err(backend)?;
+        stmt.execute(params![
+            job.id.to_string(),
+            job.kind,
+            job.queue,
+            json_text(&job.payload, "payload")?,
+            job.priority,
+            millis(job.run_at),
+            job.max_attempts,
+            job.timeout_ms.map(|ms| ms.min(i64::MAX as u64) as i64),
+            job.idempotency_key,
+            json_text(&job.tags, "tags")?,
+            job.tenant,
+            job.state.as_str(),
+            millis(job.created_at),
+        ])
+        .map_err(backend)?;
+        inserted.push(Inserted {
+            job,
+            duplicate: false,
+        });
+    }
+    Ok(inserted)
+}
+
+/// Makes due scheduled and retryable jobs available.
+pub(crate) fn promote_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
+    ctx.promoted = true;
+    let changed = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE jobs SET state = 'available' \
+             WHERE state IN ('scheduled', 'retryable') AND run_at <= ?1",
+        )
+        .and_then(|mut stmt| stmt.execute(params![millis(ctx.now)]))
+        .map_err(backend)? as u64;
+    if changed > 0 {
+        ctx.wake = true;
+    }
+    Ok(changed)
+}
+
+pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult<Vec<Job>> {
+    if !ctx.promoted {
+        promote_due(ctx)?;
+    }
+    // Candidates per queue (each an index range scan), merged into one claim order.
+    let mut candidates: Vec<(i32, i64, String)> = Vec::new();
+    {
+        let mut stmt = ctx
+            .conn
+            .prepare_cached(
+                "SELECT priority, run_at, id FROM jobs WHERE state = 'available' AND queue = ?1 \
+                 ORDER BY priority DESC, run_at, id LIMIT ?2",
+            )
+            .map_err(backend)?;
+        for queue in &params.queues {
+            let rows = stmt
+                .query_map(params![queue, params.max as i64], |row| {
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                })
+                .and_then(|rows| rows.collect::<Result<Vec<(i32, i64, String)>, _>>())
+                .map_err(backend)?;
+            candidates.extend(rows);
+        }
+    }
+    if params.queues.len() > 1 {
+        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+    }
+    candidates.truncate(params.max);
+
+    let expires = millis(ctx.now + chrono_duration(params.lease));
+    let now = millis(ctx.now);
+    let mut claim = ctx
+        .conn
+        .prepare_cached(&format!(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_worker = ?1, \
+             lease_token = ?2, lease_expires_at = ?3, started_at = ?4 \
+             WHERE id = ?5 AND state = 'available' RETURNING {COLUMNS}"
+        ))
+        .map_err(backend)?;
+    let mut jobs = Vec::with_capacity(candidates.len());
+    for (_, _, id) in candidates {
+        let token = Uuid::new_v4().to_string();
+        let job = claim
+            .query_row(
+                params![params.worker_id, token, expires, now, id],
+                rows::job,
+            )
+            .optional()
+            .map_err(backend)?;
+        jobs.extend(job);
+    }
+    Ok(jobs)
+}
+
+pub(crate) fn heartbeat_many(
+    ctx: &mut WriteCtx<'_>,
+    beats: &[HeartbeatParams],
+) -> StoreResult<Vec<Option<DateTime<Utc>>>> {
+    let mut stmt = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE jobs SET lease_expires_at = ?1 \
+             WHERE id = ?2 AND state = 'running' AND lease_token = ?3",
+        )
+        .map_err(backend)?;
+    let mut out = Vec::with_capacity(beats.len());
+    for beat in beats {
+        let expires = ctx.now + chrono_duration(beat.extend_by);
+        let changed = stmt
+            .execute(params![
+                millis(expires),
+                beat.lease.id.to_string(),
+                beat.lease.lease_token.to_string()
+            ])
+            .map_err(backend)?;
+        out.push((changed == 1).then_some(expires));
+    }
+    Ok(out)
+}
+
+pub(crate) fn complete_many(
+    ctx: &mut WriteCtx<'_>,
+    completions: Vec<CompleteParams>,
+) -> StoreResult<Vec<LeaseOutcome>> {
+    let mut stmt = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE jobs SET state = 'completed', result = ?1, finished_at = ?2, \
+             lease_token = NULL, lease_expires_at = NULL \
+             WHERE id = ?3 AND state = 'running' AND lease_token = ?4",
+        )
+        .map_err(backend)?;
+    let mut out = Vec::with_capacity(completions.len());
+    for completion in completions {
+        let result = completion
+            .result
+            .as_ref()
+            .map(|value| json_text(value, "result"))
+            .transpose()?;
+        let changed = stmt
+            .execute(params![
+                result,
+                millis(ctx.now),
+                completion.lease.id.to_string(),
+                completion.lease.lease_token.to_string()
+            ])
+            .map_err(backend)?;
+        out.push(if changed == 1 {
+            LeaseOutcome::Applied
+        } else {
+            LeaseOutcome::LeaseLost
+        });
+    }
+    Ok(out)
+}
+
+/// Records a failed attempt on a running job and decides between `retryable` and `dead`.
+fn record_failure(
+    ctx: &mut WriteCtx<'_>,
+    id: &str,
+    attempt: u32,
+    max_attempts: u32,
+    error: ErrorRecord,
+    retry_at: Option<DateTime<Utc>>,
+) -> StoreResult<Job> {
+    let (state, run_at, finished_at) = match retry_at {
+        Some(at) if attempt < max_attempts => (JobState::Retryable, Some(millis(at)), None),
+        _ => (JobState::Dead, None, Some(millis(ctx.now))),
+    };
+    let mut stmt = ctx
+        .conn
+        .prepare_cached(&format!(
+            "UPDATE jobs SET state = ?1, run_at = COALESCE(?2, run_at), finished_at = ?3, \
+             errors = json_insert(errors, '$[#]', json(?4)), \
+             lease_token = NULL, lease_expires_at = NULL \
+             WHERE id = ?5 AND state = 'running' RETURNING {COLUMNS}"
+        ))
+        .map_err(backend)?;
+    let job = stmt
+        .query_row(
+            params![
+                state.as_str(),
+                run_at,
+                finished_at,
+                json_text(&error, "error")?,
+                id
+            ],
+            rows::job,
+        )
+        .map_err(backend)?;
+    Ok(job)
+}
+
+/// The attempt counters of a running job still held under `lease`, or `LeaseLost`.
+fn held(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<(u32, u32)> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT attempt, max_attempts FROM jobs \
+             WHERE id = ?1 AND state = 'running' AND lease_token = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![lease.id.to_string(), lease.lease_token.to_string()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+        })
+        .map_err(backend)?
+        .ok_or(StoreError::LeaseLost(lease.id))
+}
+
+pub(crate) fn fail(ctx: &mut WriteCtx<'_>, params: FailParams) -> StoreResult<Job> {
+    let (attempt, max_attempts) = held(ctx, &params.lease)?;
+    let retry_at = match &params.retry {
+        RetryPlan::Backoff(policy) => Some(policy.next_run_at(ctx.now, attempt)),
+        RetryPlan::At(at) => Some((*at).max(ctx.now)),
+        RetryPlan::Never => None,
+    };
+    let error = ErrorRecord {
+        attempt,
+        at: ctx.now,
+        class: params.class,
+        message: params.message,
+    };
+    record_failure(
+        ctx,
+        &params.lease.id.to_string(),
+        attempt,
+        max_attempts,
+        error,
+        retry_at,
+    )
+}
+
+pub(crate) fn snooze(ctx: &mut WriteCtx<'_>, params: SnoozeParams) -> StoreResult<Job> {
+    held(ctx, &params.lease)?;
+    let until = params.until.max(ctx.now);
+    let state = if until > ctx.now {
+        JobState::Scheduled
+    } else {
+        ctx.wake = true;
+        JobState::Available
+    };
+    ctx.conn
+        .prepare_cached(&format!(
+            "UPDATE jobs SET state = ?1, run_at = ?2, attempt = MAX(attempt - 1, 0), \
+             lease_token = NULL, lease_expires_at = NULL \
+             WHERE id = ?3 AND state = 'running' RETURNING {COLUMNS}"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![state.as_str(), millis(until), params.lease.id.to_string()],
+                rows::job,
+            )
+        })
+        .map_err(backend)
+}
+
+pub(crate) fn release_many(ctx: &mut WriteCtx<'_>, leases: &[LeaseRef]) -> StoreResult<u64> {
+    let mut stmt = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE jobs SET state = 'available', attempt = MAX(attempt - 1, 0), \
+             lease_token = NULL, lease_expires_at = NULL \
+             WHERE id = ?1 AND state = 'running' AND lease_token = ?2",
+        )
+        .map_err(backend)?;
+    let mut released = 0;
+    for lease in leases {
+        released += stmt
+            .execute(params![lease.id.to_string(), lease.lease_token.to_string()])
+            .map_err(backend)? as u64;
+    }
+    if released > 0 {
+        ctx.wake = true;
+    }
+    Ok(released)
+}
+
+pub(crate) fn rescue_expired(
+    ctx: &mut WriteCtx<'_>,
+    params: &RescueParams,
+) -> StoreResult<RescueReport> {
+    let expired: Vec<(String, u32, u32, Option<String>)> = ctx
+        .conn
+        .prepare_cached(
+            "SELECT id, attempt, max_attempts, lease_worker FROM jobs \
+             WHERE state = 'running' AND lease_expires_at <= ?1 \
+             ORDER BY lease_expires_at LIMIT ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![millis(ctx.now), params.limit as i64], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    let mut report = RescueReport::default();
+    for (id, attempt, max_attempts, worker) in expired {
+        let error = ErrorRecord {
+            attempt,
+            at: ctx.now,
+            class: error_class::LEASE_EXPIRED.to_string(),
+            message: format!(
+                "lease held by worker {} expired before the job finished",
+                worker.as_deref().unwrap_or("(unknown)")
+            ),
+        };
+        let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
+        let job = record_failure(ctx, &id, attempt, max_attempts, error, retry_at)?;
+        if job.state == JobState::Dead {
+            report.dead.push(job.id);
+        } else {
+            report.retried.push(job.id);
+        }
+    }
+    Ok(report)
+}
+
+pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<Job> {
+    let key = id.to_string();
+    let job = job_by_id(ctx, &key)?.ok_or(StoreError::NotFound(id))?;
+    if job.state.is_finished() {
+        return Err(StoreError::Conflict {
+            id,
+            state: job.state,
+            action: "cancel",
+        });
+    }
+    ctx.conn
+        .prepare_cached(&format!(
+            "UPDATE jobs SET state = 'cancelled', finished_at = ?1, \
+             lease_token = NULL, lease_expires_at = NULL WHERE id = ?2 RETURNING {COLUMNS}"
+        ))
+        .and_then(|mut stmt| stmt.query_row(params![millis(ctx.now), key], rows::job))
+        .map_err(backend)
+}
+
+pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> StoreResult<u64> {
+    let now = millis(ctx.now);
+    let replayed = match &selector.ids {
+        Some(ids) => {
+            let mut stmt = ctx
+                .conn
+                .prepare_cached(
+                    "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
+                     finished_at = NULL, result = NULL WHERE id = ?2 AND state = 'dead'",
+                )
+                .map_err(backend)?;
+            let mut count = 0;
+            for id in ids {
+                count += stmt
+                    .execute(params![now, id.to_string()])
+                    .map_err(backend)? as u64;
+            }
+            count
+        }
+        None => ctx
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
+                 finished_at = NULL, result = NULL WHERE state = 'dead' \
+                 AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3)",
+            )
+            .and_then(|mut stmt| stmt.execute(params![now, selector.queue, selector.kind]))
+            .map_err(backend)? as u64,
+    };
+    if replayed > 0 {
+        ctx.wake = true;
+    }
+    Ok(replayed)
+}
+
+pub(crate) fn dead_discard(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<bool> {
+    let deleted = ctx
+        .conn
+        .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND state = 'dead'")
+        .and_then(|mut stmt| stmt.execute(params![id.to_string()]))
+        .map_err(backend)?;
+    Ok(deleted == 1)
+}
