@@ -190,17 +190,21 @@ pub trait Store: Send + Sync + 'static {
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>>;
 }
 
-/// Blocks (asynchronously) until jobs are fetched or `wait` passes: the long-poll behind
-/// `POST /v1/fetch` and the worker's fetch loop. Wake-ups come from [`Store::wakeup`]; the
-/// `poll` interval bounds how late a job made available elsewhere (another process) is seen.
+/// Fetches, waiting (asynchronously) until jobs are claimed, `wait` passes, or `stop` resolves:
+/// the long-poll behind `POST /v1/fetch` and the worker's fetch loop. Wake-ups come from
+/// [`Store::wakeup`]; the `poll` interval bounds how late a job made available by another
+/// process is seen, and the next due run_at shortens it for scheduled jobs. `stop` only
+/// interrupts the waiting, never a fetch in flight, so no claimed job is dropped on the floor.
 pub async fn fetch_waiting(
     store: &dyn Store,
     params: FetchParams,
     wait: Duration,
     poll: Duration,
+    stop: impl std::future::Future<Output = ()>,
 ) -> StoreResult<Vec<Job>> {
     let deadline = tokio::time::Instant::now() + wait;
     let wakeup = store.wakeup();
+    tokio::pin!(stop);
     loop {
         // Register interest before fetching, so a wake-up between fetch and wait is not missed.
         let notified = wakeup.notified();
@@ -219,6 +223,7 @@ pub async fn fetch_waiting(
         tokio::select! {
             _ = &mut notified => {}
             _ = tokio::time::sleep_until(until) => {}
+            _ = &mut stop => return Ok(Vec::new()),
         }
     }
 }
