@@ -1,0 +1,484 @@
+//! The worker runtime against a real SQLite store in a temp dir: outcomes, failure classes,
+//! timeouts, panics, leases and graceful shutdown.
+
+use conveyor_core::{error_class, Job, JobState, NewJob, RetryPolicy, Store};
+use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use conveyor_worker::{JobContext, Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder};
+use serde_json::json;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, oneshot};
+use uuid::Uuid;
+
+struct Env {
+    store: Arc<dyn Store>,
+    _dir: tempfile::TempDir,
+}
+
+fn env() -> Env {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
+        .expect("open store");
+    Env {
+        store: Arc::new(store),
+        _dir: dir,
+    }
+}
+
+fn fast_retry() -> RetryPolicy {
+    RetryPolicy::fixed_exponential(Duration::from_millis(10), Duration::from_millis(50))
+}
+
+fn worker(store: &Arc<dyn Store>) -> WorkerBuilder {
+    Worker::builder(store.clone())
+        .queue("default", 4)
+        .default_retry(fast_retry())
+        .poll_interval(Duration::from_millis(20))
+        .with_maintenance(Maintenance::new(store.clone()).interval(Duration::from_millis(20)))
+}
+
+async fn enqueue(store: &Arc<dyn Store>, job: NewJob) -> Uuid {
+    store.jobs_insert_many(vec![job]).await.expect("insert")[0]
+        .job
+        .id
+}
+
+fn job(kind: &str, max_attempts: u32) -> NewJob {
+    let mut job = NewJob::new(kind, json!({"n": 1}));
+    job.max_attempts = max_attempts;
+    job
+}
+
+/// Waits until the job reaches `state` (a condition, checked every few ms, with a deadline).
+async fn wait_for_state(store: &Arc<dyn Store>, id: Uuid, state: JobState) -> Job {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let job = store.job_get(id).await.expect("get").expect("job exists");
+        if job.state == state {
+            return job;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "job stuck in {:?}, wanted {state:?}: {job:?}",
+            job.state
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// Runs a worker in the background; returns a trigger for its shutdown and its report.
+fn spawn_worker(worker: Worker) -> (oneshot::Sender<()>, tokio::task::JoinHandle<ShutdownReport>) {
+    let (stop, stopped) = oneshot::channel::<()>();
+    let handle = tokio::spawn(worker.run(async move {
+        let _ = stopped.await;
+    }));
+    (stop, handle)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_with_backoff_then_completes() {
+    let env = env();
+    let w = worker(&env.store)
+        .handle_json("flaky", |ctx: JobContext, _| async move {
+            if ctx.attempt < 3 {
+                Outcome::retry(format!("upstream 503 on attempt {}", ctx.attempt))
+            } else {
+                Outcome::complete_with(json!({"ok": true}))
+            }
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("flaky", 5)).await;
+    let (stop, handle) = spawn_worker(w);
+    let done = wait_for_state(&env.store, id, JobState::Completed).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(done.attempt, 3);
+    assert_eq!(done.result, Some(json!({"ok": true})));
+    let classes: Vec<_> = done.errors.iter().map(|e| e.class.as_str()).collect();
+    assert_eq!(classes, [error_class::ERROR, error_class::ERROR]);
+    assert_eq!(done.errors[1].message, "upstream 503 on attempt 2");
+    assert_eq!(done.errors[1].attempt, 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exhausted_retries_go_to_the_dead_letter_queue() {
+    let env = env();
+    let w = worker(&env.store)
+        .handle_json("always_fails", |_, _| async {
+            Outcome::retry("still broken")
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("always_fails", 3)).await;
+    let (stop, handle) = spawn_worker(w);
+    let dead = wait_for_state(&env.store, id, JobState::Dead).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(dead.attempt, 3);
+    assert_eq!(dead.errors.len(), 3);
+    assert_eq!(dead.payload, json!({"n": 1}), "dead job keeps its payload");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_after_is_honoured() {
+    let env = env();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let w = worker(&env.store)
+        .handle_json("rate_limited", move |ctx: JobContext, _| {
+            let started_tx = started_tx.clone();
+            async move {
+                started_tx.send(Instant::now()).unwrap();
+                if ctx.attempt == 1 {
+                    Outcome::retry_after(Duration::from_millis(400), "429 Retry-After: 0.4")
+                } else {
+                    Outcome::ok()
+                }
+            }
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("rate_limited", 5)).await;
+    let (stop, handle) = spawn_worker(w);
+    let done = wait_for_state(&env.store, id, JobState::Completed).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let first = started.recv().await.unwrap();
+    let second = started.recv().await.unwrap();
+    assert!(
+        second - first >= Duration::from_millis(400),
+        "second attempt came {:?} after the first, before the requested 400 ms",
+        second - first
+    );
+    assert_eq!(done.errors[0].class, error_class::RETRY_AFTER);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permanent_failure_goes_dead_at_once() {
+    let env = env();
+    let w = worker(&env.store)
+        .handle_json("invalid_email", |_, _| async {
+            Outcome::permanent("address rejected: no such domain")
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("invalid_email", 10)).await;
+    let (stop, handle) = spawn_worker(w);
+    let dead = wait_for_state(&env.store, id, JobState::Dead).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(dead.attempt, 1, "no retries for a permanent failure");
+    assert_eq!(dead.errors[0].class, error_class::PERMANENT);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panic_is_recorded_and_the_worker_keeps_running() {
+    let env = env();
+    let w = worker(&env.store)
+        .handle_json("panicky", |ctx: JobContext, _| async move {
+            if ctx.attempt == 1 {
+                panic!("index out of bounds in report builder");
+            }
+            Outcome::ok()
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("panicky", 3)).await;
+    let (stop, handle) = spawn_worker(w);
+    let done = wait_for_state(&env.store, id, JobState::Completed).await;
+    let after = enqueue(&env.store, job("panicky", 3)).await;
+    wait_for_state(&env.store, after, JobState::Completed).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(done.errors[0].class, error_class::PANIC);
+    assert!(
+        done.errors[0].message.contains("index out of bounds"),
+        "{:?}",
+        done.errors
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_fails_the_attempt_and_never_retries_forever() {
+    let env = env();
+    let w = worker(&env.store)
+        .handle_json("hangs", |_, _| async {
+            std::future::pending::<()>().await;
+            Outcome::ok()
+        })
+        .build()
+        .unwrap();
+    let mut hanging = job("hangs", 2);
+    hanging.timeout_ms = Some(100);
+    let id = enqueue(&env.store, hanging).await;
+    let (stop, handle) = spawn_worker(w);
+    let dead = wait_for_state(&env.store, id, JobState::Dead).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(dead.attempt, 2);
+    assert!(
+        dead.errors.iter().all(|e| e.class == error_class::TIMEOUT),
+        "{:?}",
+        dead.errors
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_kind_is_a_classified_failure() {
+    let env = env();
+    let w = worker(&env.store)
+        .handle_json("known", |_, _| async { Outcome::ok() })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("nobody_handles_this", 2)).await;
+    let (stop, handle) = spawn_worker(w);
+    let dead = wait_for_state(&env.store, id, JobState::Dead).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(dead.errors.len(), 2);
+    assert!(dead
+        .errors
+        .iter()
+        .all(|e| e.class == error_class::UNKNOWN_KIND));
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Resize {
+    width: u32,
+}
+impl conveyor_core::TypedJob for Resize {
+    const KIND: &'static str = "resize";
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn typed_handler_gets_its_payload_and_bad_payloads_fail_permanently() {
+    let env = env();
+    let (seen_tx, mut seen) = mpsc::unbounded_channel();
+    let w = worker(&env.store)
+        .handle(move |_, job: Resize| {
+            let seen_tx = seen_tx.clone();
+            async move {
+                seen_tx.send(job.width).unwrap();
+                Outcome::ok()
+            }
+        })
+        .build()
+        .unwrap();
+    let client = conveyor_core::Client::new(env.store.clone());
+    let good = client.enqueue(Resize { width: 640 }).await.unwrap().job.id;
+    let mut bad = NewJob::new("resize", json!({"width": "wide"}));
+    bad.max_attempts = 5;
+    let bad = enqueue(&env.store, bad).await;
+    let (stop, handle) = spawn_worker(w);
+    wait_for_state(&env.store, good, JobState::Completed).await;
+    let dead = wait_for_state(&env.store, bad, JobState::Dead).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(seen.recv().await, Some(640));
+    assert_eq!(dead.attempt, 1);
+    assert_eq!(dead.errors[0].class, error_class::INVALID_PAYLOAD);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn snooze_runs_again_without_counting_an_attempt() {
+    let env = env();
+    let w = worker(&env.store)
+        .handle_json("waits_for_data", |ctx: JobContext, _| async move {
+            static CALLS: AtomicUsize = AtomicUsize::new(0);
+            if CALLS.fetch_add(1, Ordering::SeqCst) == 0 {
+                assert_eq!(ctx.attempt, 1);
+                Outcome::snooze(Duration::from_millis(50))
+            } else {
+                Outcome::complete_with(json!({"attempt_seen": ctx.attempt}))
+            }
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("waits_for_data", 1)).await;
+    let (stop, handle) = spawn_worker(w);
+    let done = wait_for_state(&env.store, id, JobState::Completed).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(done.attempt, 1, "a snooze is not an attempt");
+    assert_eq!(done.result, Some(json!({"attempt_seen": 1})));
+    assert!(done.errors.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_queue_concurrency_is_never_exceeded() {
+    let env = env();
+    let running = Arc::new(AtomicUsize::new(0));
+    let peak = Arc::new(AtomicUsize::new(0));
+    let (r, p) = (running.clone(), peak.clone());
+    let w = Worker::builder(env.store.clone())
+        .queue("default", 3)
+        .handle_json("busy", move |_, _| {
+            let (r, p) = (r.clone(), p.clone());
+            async move {
+                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
+                p.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                r.fetch_sub(1, Ordering::SeqCst);
+                Outcome::ok()
+            }
+        })
+        .build()
+        .unwrap();
+    let ids = env
+        .store
+        .jobs_insert_many((0..30).map(|_| job("busy", 1)).collect())
+        .await
+        .unwrap();
+    let (stop, handle) = spawn_worker(w);
+    for inserted in &ids {
+        wait_for_state(&env.store, inserted.job.id, JobState::Completed).await;
+    }
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(
+        peak.load(Ordering::SeqCst),
+        3,
+        "expected to reach but never exceed 3"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_running_jobs_finish_within_the_drain_timeout() {
+    let env = env();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (finish_tx, finish) = tokio::sync::watch::channel(false);
+    let w = worker(&env.store)
+        .drain_timeout(Duration::from_secs(10))
+        .handle_json("report", move |_, _| {
+            let started_tx = started_tx.clone();
+            let mut finish = finish.clone();
+            async move {
+                started_tx.send(()).unwrap();
+                let _ = finish.wait_for(|go| *go).await;
+                Outcome::ok()
+            }
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("report", 3)).await;
+    let (stop, handle) = spawn_worker(w);
+    started.recv().await.unwrap();
+    stop.send(()).unwrap();
+    // Jobs enqueued after shutdown began are not fetched by this worker.
+    let later = enqueue(&env.store, job("report", 3)).await;
+    finish_tx.send(true).unwrap();
+    let report = handle.await.unwrap();
+    assert_eq!(
+        report,
+        ShutdownReport {
+            drained: 1,
+            released: 0
+        }
+    );
+    let done = env.store.job_get(id).await.unwrap().unwrap();
+    assert_eq!(done.state, JobState::Completed);
+    let untouched = env.store.job_get(later).await.unwrap().unwrap();
+    assert_eq!(untouched.state, JobState::Available);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_unfinished_jobs_for_another_worker() {
+    let env = env();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let first = worker(&env.store)
+        .drain_timeout(Duration::from_millis(200))
+        .handle_json("long", move |ctx: JobContext, _| {
+            let started_tx = started_tx.clone();
+            async move {
+                started_tx.send(()).unwrap();
+                ctx.cancelled().await;
+                Outcome::ok()
+            }
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("long", 3)).await;
+    let (stop, handle) = spawn_worker(first);
+    started.recv().await.unwrap();
+    stop.send(()).unwrap();
+    let report = handle.await.unwrap();
+    assert_eq!(
+        report,
+        ShutdownReport {
+            drained: 0,
+            released: 1
+        }
+    );
+    let released = env.store.job_get(id).await.unwrap().unwrap();
+    assert_eq!(released.state, JobState::Available);
+    assert_eq!(
+        released.attempt, 0,
+        "a released job's attempt is not counted"
+    );
+
+    let second = worker(&env.store)
+        .handle_json("long", |_, _| async { Outcome::ok() })
+        .build()
+        .unwrap();
+    let (stop, handle) = spawn_worker(second);
+    let done = wait_for_state(&env.store, id, JobState::Completed).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(done.attempt, 1);
+    assert!(done.errors.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_a_long_job_leased() {
+    let env = env();
+    let w = worker(&env.store)
+        .lease(Duration::from_millis(300))
+        .handle_json("slow", |_, _| async {
+            tokio::time::sleep(Duration::from_millis(1200)).await;
+            Outcome::ok()
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("slow", 3)).await;
+    let (stop, handle) = spawn_worker(w);
+    let done = wait_for_state(&env.store, id, JobState::Completed).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(
+        done.attempt, 1,
+        "the lease was renewed, so the job was never rescued"
+    );
+    assert!(done.errors.is_empty(), "{:?}", done.errors);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_a_running_job_stops_its_handler() {
+    let env = env();
+    let (started_tx, mut started) = mpsc::unbounded_channel();
+    let (stopped_tx, mut stopped) = mpsc::unbounded_channel();
+    let w = worker(&env.store)
+        .lease(Duration::from_millis(300))
+        .handle_json("cancellable", move |ctx: JobContext, _| {
+            let (started_tx, stopped_tx) = (started_tx.clone(), stopped_tx.clone());
+            async move {
+                started_tx.send(()).unwrap();
+                ctx.cancelled().await;
+                stopped_tx.send(()).unwrap();
+                Outcome::ok()
+            }
+        })
+        .build()
+        .unwrap();
+    let id = enqueue(&env.store, job("cancellable", 3)).await;
+    let (stop, handle) = spawn_worker(w);
+    started.recv().await.unwrap();
+    env.store.job_cancel(id).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), stopped.recv())
+        .await
+        .expect("handler saw the cancellation");
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let job = env.store.job_get(id).await.unwrap().unwrap();
+    assert_eq!(job.state, JobState::Cancelled);
+}
