@@ -1,1 +1,94 @@
+//! Conveyor: durable background jobs.
+//!
+//! This facade re-exports the public API of the workspace crates and opens stores from URLs.
+//!
+//! ```no_run
+//! use conveyor::{Client, JobOptions, Outcome, TypedJob, Worker};
+//! # async fn demo() -> anyhow::Result<()> {
+//! #[derive(serde::Serialize, serde::Deserialize)]
+//! struct SendWelcomeEmail { user_id: u64 }
+//! impl TypedJob for SendWelcomeEmail { const KIND: &'static str = "send_welcome_email"; }
+//!
+//! let store = conveyor::open_store("sqlite://./conveyor-data/conveyor.db", Default::default())?;
+//! let client = Client::new(store.clone());
+//! client.enqueue_with(SendWelcomeEmail { user_id: 7 }, JobOptions::default().queue("mail")).await?;
+//!
+//! let worker = Worker::builder(store)
+//!     .queue("mail", 10)
+//!     .handle(|_ctx, job: SendWelcomeEmail| async move {
+//!         println!("sending to {}", job.user_id);
+//!         Outcome::ok()
+//!     })
+//!     .build()?;
+//! worker.run(conveyor::shutdown_signal()).await;
+//! # Ok(()) }
+//! ```
 
+pub use conveyor_core::*;
+pub use conveyor_sqlite::{Durability, SqliteOptions, SqliteStore};
+pub use conveyor_worker::{
+    default_worker_id, JobContext, Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder,
+};
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The store `conveyor serve` uses when given none.
+pub const DEFAULT_STORE_URL: &str = "sqlite://./conveyor-data/conveyor.db";
+
+/// Options for [`open_store`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OpenOptions {
+    pub durability: Durability,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    #[error("unsupported store URL {0:?}: expected sqlite://PATH (e.g. {DEFAULT_STORE_URL})")]
+    UnsupportedUrl(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// The file path in a `sqlite://PATH` URL (`sqlite:///abs/path` or `sqlite://relative/path`).
+pub fn sqlite_path(url: &str) -> Option<PathBuf> {
+    let rest = url
+        .strip_prefix("sqlite://")
+        .or_else(|| url.strip_prefix("sqlite:"))?;
+    (!rest.is_empty()).then(|| PathBuf::from(rest))
+}
+
+/// Opens the store a URL names.
+pub fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
+    let path = sqlite_path(url).ok_or_else(|| OpenError::UnsupportedUrl(url.to_string()))?;
+    let store = SqliteStore::open(
+        path,
+        SqliteOptions {
+            durability: options.durability,
+            ..SqliteOptions::default()
+        },
+    )?;
+    Ok(Arc::new(store))
+}
+
+/// Resolves on SIGTERM or SIGINT (Ctrl-C): the signal to pass to [`Worker::run`].
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}

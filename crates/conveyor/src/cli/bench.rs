@@ -1,0 +1,264 @@
+//! `conveyor bench`: enqueue, drain and latency workloads against a store, in process.
+
+use anyhow::Context;
+use clap::{Args, ValueEnum};
+use conveyor::{NewJob, Outcome, Store, Worker};
+use serde_json::json;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, Notify};
+
+use super::DurabilityArg;
+
+#[derive(Args, Debug)]
+pub(crate) struct BenchArgs {
+    /// Jobs per workload (latency uses at most 2,000 samples).
+    #[arg(long, default_value_t = 100_000)]
+    jobs: usize,
+    /// Worker concurrency for drain and latency.
+    #[arg(long, default_value_t = 100)]
+    concurrency: usize,
+    /// Store to measure. Default: a fresh SQLite file in a temp directory, deleted afterwards.
+    #[arg(long, env = "CONVEYOR_STORE")]
+    store: Option<String>,
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Durable)]
+    durability: DurabilityArg,
+    /// Workloads to run.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "enqueue,drain,latency"
+    )]
+    workload: Vec<Workload>,
+    /// Jobs per insert call in the enqueue workload.
+    #[arg(long, default_value_t = 1000)]
+    batch: usize,
+    /// One JSON object per line instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum Workload {
+    Enqueue,
+    Drain,
+    Latency,
+}
+
+pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if args.jobs == 0 || args.concurrency == 0 || args.batch == 0 {
+        anyhow::bail!("--jobs, --concurrency and --batch must be at least 1");
+    }
+    let temp = tempfile_dir()?;
+    let url = match &args.store {
+        Some(url) => url.clone(),
+        None => format!("sqlite://{}", temp.join("bench.db").display()),
+    };
+    let store = conveyor::open_store(&url, args.durability.open_options())
+        .with_context(|| format!("cannot open store {url}"))?;
+    let durable = args.durability == DurabilityArg::Durable;
+    let shown_url = if args.store.is_some() {
+        url.clone()
+    } else {
+        "sqlite://(temp file)".to_string()
+    };
+    for workload in &args.workload {
+        // Each workload gets its own queue so leftovers of one never feed another.
+        let queue = format!(
+            "bench-{}-{}",
+            format!("{workload:?}").to_lowercase(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let mut line = json!({
+            "workload": format!("{workload:?}").to_lowercase(),
+            "store": shown_url, "durable": durable,
+            "jobs": args.jobs, "concurrency": args.concurrency,
+        });
+        match workload {
+            Workload::Enqueue => {
+                let seconds = enqueue(&store, &queue, args.jobs, args.batch).await?;
+                line["batch"] = json!(args.batch);
+                line["seconds"] = json!(seconds);
+                line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
+            }
+            Workload::Drain => {
+                enqueue(&store, &queue, args.jobs, args.batch).await?;
+                let seconds = drain(&store, &queue, args.jobs, args.concurrency).await?;
+                line["seconds"] = json!(seconds);
+                line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
+            }
+            Workload::Latency => {
+                let samples = args.jobs.min(2000);
+                let (p50, p99, seconds) =
+                    latency(&store, &queue, samples, args.concurrency).await?;
+                line["jobs"] = json!(samples);
+                line["seconds"] = json!(seconds);
+                line["jobs_per_s"] = json!((samples as f64 / seconds).round());
+                line["p50_ms"] = json!((p50 * 1000.0).round() / 1000.0);
+                line["p99_ms"] = json!((p99 * 1000.0).round() / 1000.0);
+            }
+        }
+        if args.json {
+            println!("{line}");
+        } else {
+            println!("{}", describe(&line));
+        }
+    }
+    drop(store);
+    let _ = std::fs::remove_dir_all(&temp);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn describe(line: &serde_json::Value) -> String {
+    let mut text = format!(
+        "{:<8} {:>10} jobs/s  ({} jobs in {:.3} s, concurrency {}, {})",
+        line["workload"].as_str().unwrap_or("?"),
+        line["jobs_per_s"],
+        line["jobs"],
+        line["seconds"].as_f64().unwrap_or(0.0),
+        line["concurrency"],
+        if line["durable"] == true {
+            "durable: fsync per commit"
+        } else {
+            "relaxed durability"
+        }
+    );
+    if line.get("p50_ms").is_some() {
+        text.push_str(&format!(
+            "  p50 {} ms  p99 {} ms",
+            line["p50_ms"], line["p99_ms"]
+        ));
+    }
+    text
+}
+
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir =
+        std::env::temp_dir().join(format!("conveyor-bench-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    Ok(dir)
+}
+
+fn bench_job(queue: &str, n: usize) -> NewJob {
+    let mut job = NewJob::new("bench.noop", json!({"n": n}));
+    job.queue = queue.to_string();
+    job
+}
+
+/// Bulk insert in batches from a few concurrent producers; returns seconds.
+async fn enqueue(
+    store: &Arc<dyn Store>,
+    queue: &str,
+    jobs: usize,
+    batch: usize,
+) -> anyhow::Result<f64> {
+    let producers = 4.min(jobs.div_ceil(batch));
+    let started = Instant::now();
+    let mut tasks = tokio::task::JoinSet::new();
+    for p in 0..producers {
+        let store = store.clone();
+        let queue = queue.to_string();
+        tasks.spawn(async move {
+            let mut n = p * batch;
+            while n < jobs {
+                let end = (n + batch).min(jobs);
+                let chunk = (n..end).map(|i| bench_job(&queue, i)).collect();
+                store.jobs_insert_many(chunk).await?;
+                n += producers * batch;
+            }
+            Ok::<_, conveyor::StoreError>(())
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done??;
+    }
+    Ok(started.elapsed().as_secs_f64())
+}
+
+/// Runs `jobs` pre-inserted no-op jobs to completion; returns seconds until every completion is
+/// committed (the worker's shutdown flushes its completion batches).
+async fn drain(
+    store: &Arc<dyn Store>,
+    queue: &str,
+    jobs: usize,
+    concurrency: usize,
+) -> anyhow::Result<f64> {
+    let handled = Arc::new(AtomicUsize::new(0));
+    let all_handled = Arc::new(Notify::new());
+    let (h, done) = (handled.clone(), all_handled.clone());
+    let worker = Worker::builder(store.clone())
+        .queue(queue, concurrency)
+        .poll_interval(Duration::from_millis(50))
+        .handle_json("bench.noop", move |_, _| {
+            let (h, done) = (h.clone(), done.clone());
+            async move {
+                if h.fetch_add(1, Ordering::Relaxed) + 1 == jobs {
+                    done.notify_one();
+                }
+                Outcome::ok()
+            }
+        })
+        .build()?;
+    let started = Instant::now();
+    let finished = all_handled.clone();
+    worker.run(async move { finished.notified().await }).await;
+    let seconds = started.elapsed().as_secs_f64();
+    let completed: u64 = store
+        .queues_stats()
+        .await?
+        .iter()
+        .filter(|q| q.name == queue)
+        .map(|q| q.completed)
+        .sum();
+    anyhow::ensure!(
+        completed as usize == jobs,
+        "drain finished with {completed} of {jobs} jobs completed"
+    );
+    Ok(seconds)
+}
+
+/// Enqueue-to-handler-start on an idle queue, one job at a time; returns (p50, p99, seconds).
+async fn latency(
+    store: &Arc<dyn Store>,
+    queue: &str,
+    samples: usize,
+    concurrency: usize,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let (started_tx, mut started_rx) = mpsc::unbounded_channel::<Instant>();
+    let worker = Worker::builder(store.clone())
+        .queue(queue, concurrency)
+        .handle_json("bench.noop", move |_, _| {
+            let at = Instant::now();
+            let started_tx = started_tx.clone();
+            async move {
+                let _ = started_tx.send(at);
+                Outcome::ok()
+            }
+        })
+        .build()?;
+    let stop = Arc::new(Notify::new());
+    let stopper = stop.clone();
+    let running = tokio::spawn(worker.run(async move { stopper.notified().await }));
+    // Let the worker reach its idle wait before measuring.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut latencies = Vec::with_capacity(samples);
+    let begin = Instant::now();
+    for n in 0..samples {
+        let sent = Instant::now();
+        store.jobs_insert_many(vec![bench_job(queue, n)]).await?;
+        let began = tokio::time::timeout(Duration::from_secs(10), started_rx.recv())
+            .await
+            .context("a job did not start within 10 s")?
+            .context("worker stopped")?;
+        latencies.push(began.saturating_duration_since(sent).as_secs_f64() * 1000.0);
+    }
+    let seconds = begin.elapsed().as_secs_f64();
+    stop.notify_one();
+    let _ = running.await;
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    let pick = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
+    Ok((pick(0.50), pick(0.99), seconds))
+}

@@ -1,0 +1,106 @@
+//! A small JSON client for the server's API, used by the client commands and `conveyor work`.
+
+use anyhow::{anyhow, Context};
+use reqwest::{Method, StatusCode};
+use serde_json::Value;
+use std::time::Duration;
+
+#[derive(Clone)]
+pub(crate) struct ApiClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+/// A non-2xx answer: its status and the server's JSON error.
+#[derive(Debug)]
+pub(crate) struct ApiFailure {
+    pub status: StatusCode,
+    pub body: Value,
+}
+
+impl std::fmt::Display for ApiFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let error = &self.body["error"];
+        let message = error["message"].as_str().unwrap_or("request failed");
+        match error["field"].as_str() {
+            Some(field) => write!(
+                f,
+                "{} ({}): {message} [field: {field}]",
+                self.status.as_u16(),
+                error["code"].as_str().unwrap_or("error")
+            ),
+            None => write!(
+                f,
+                "{} ({}): {message}",
+                self.status.as_u16(),
+                error["code"].as_str().unwrap_or("error")
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ApiFailure {}
+
+impl ApiClient {
+    pub fn new(base: &str) -> anyhow::Result<Self> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .context("building HTTP client")?;
+        Ok(Self {
+            base: base.trim_end_matches('/').to_string(),
+            http,
+        })
+    }
+
+    /// Sends a request; Ok((status, body)) for 2xx, Err(ApiFailure) for other statuses.
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(StatusCode, Value)> {
+        let url = format!("{}{path}", self.base);
+        let mut request = self
+            .http
+            .request(method, &url)
+            .timeout(Duration::from_secs(60));
+        if let Some(body) = body {
+            request = request.json(body);
+        }
+        let response = request.send().await.map_err(|e| {
+            if e.is_connect() {
+                anyhow!(
+                    "cannot reach the Conveyor server at {}: is `conveyor serve` running? ({e})",
+                    self.base
+                )
+            } else {
+                anyhow!("request to {url} failed: {e}")
+            }
+        })?;
+        let status = response.status();
+        let bytes = response
+            .bytes()
+            .await
+            .with_context(|| format!("reading answer from {url}"))?;
+        let body: Value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        if status.is_success() {
+            Ok((status, body))
+        } else {
+            Err(ApiFailure { status, body }.into())
+        }
+    }
+
+    pub async fn get(&self, path: &str) -> anyhow::Result<Value> {
+        Ok(self.call(Method::GET, path, None).await?.1)
+    }
+
+    pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(StatusCode, Value)> {
+        self.call(Method::POST, path, Some(body)).await
+    }
+}

@@ -1,0 +1,107 @@
+//! Command-line interface.
+
+mod admin;
+mod bench;
+mod demo;
+mod http;
+mod serve;
+mod work;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::process::ExitCode;
+
+/// Conveyor: durable background jobs. Run `conveyor serve --demo` to see it work.
+#[derive(Parser, Debug)]
+#[command(name = "conveyor", version, about)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+    /// Log format on stderr.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Human, env = "CONVEYOR_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum LogFormat {
+    Human,
+    Json,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+pub(crate) enum DurabilityArg {
+    /// fsync every commit before acknowledging (default).
+    Durable,
+    /// No fsync per commit: survives `kill -9`, may lose the latest jobs on power loss.
+    Relaxed,
+}
+
+impl DurabilityArg {
+    pub(crate) fn open_options(self) -> conveyor::OpenOptions {
+        conveyor::OpenOptions {
+            durability: match self {
+                DurabilityArg::Durable => conveyor::Durability::Durable,
+                DurabilityArg::Relaxed => conveyor::Durability::RelaxedLosesRecentJobsOnPowerLoss,
+            },
+        }
+    }
+}
+
+/// Where client commands find the server.
+#[derive(Args, Debug, Clone)]
+pub(crate) struct ServerArg {
+    /// Base URL of a running `conveyor serve`.
+    #[arg(long, env = "CONVEYOR_SERVER", default_value = "http://127.0.0.1:7700")]
+    pub server: String,
+    /// Print raw JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the HTTP API server (and with --demo, a producer and worker to watch).
+    Serve(serve::ServeArgs),
+    /// Enqueue a job through the server.
+    Enqueue(admin::EnqueueArgs),
+    /// Show or cancel one job.
+    Job {
+        #[command(subcommand)]
+        command: admin::JobCommand,
+    },
+    /// The dead-letter queue: list, replay, discard.
+    Dead {
+        #[command(subcommand)]
+        command: admin::DeadCommand,
+    },
+    /// Per-queue counts by state.
+    Queues(admin::QueuesArgs),
+    /// Run a worker that executes a shell command for each job.
+    Work(work::WorkArgs),
+    /// Measure enqueue, drain and latency against a store.
+    Bench(bench::BenchArgs),
+}
+
+fn init_logging(format: LogFormat) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CONVEYOR_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    let _ = match format {
+        LogFormat::Json => builder.json().try_init(),
+        LogFormat::Human => builder.try_init(),
+    };
+}
+
+pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    init_logging(cli.log_format);
+    match cli.command {
+        Command::Serve(args) => serve::run(args).await,
+        Command::Enqueue(args) => admin::enqueue(args).await,
+        Command::Job { command } => admin::job(command).await,
+        Command::Dead { command } => admin::dead(command).await,
+        Command::Queues(args) => admin::queues(args).await,
+        Command::Work(args) => work::run(args).await,
+        Command::Bench(args) => bench::run(args).await,
+    }
+}

@@ -1,0 +1,100 @@
+//! `conveyor serve`: the HTTP API on a store, with maintenance, and optionally the demo.
+
+use anyhow::Context;
+use clap::Args;
+use conveyor::{Maintenance, DEFAULT_STORE_URL};
+use conveyor_server::{RouterOptions, ServerConfig};
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+use super::DurabilityArg;
+
+#[derive(Args, Debug)]
+pub(crate) struct ServeArgs {
+    /// Address to listen on. Port 0 picks a free port (printed at start).
+    #[arg(long, default_value = "127.0.0.1:7700", env = "CONVEYOR_LISTEN")]
+    listen: SocketAddr,
+    /// Where jobs are stored.
+    #[arg(long, default_value = DEFAULT_STORE_URL, env = "CONVEYOR_STORE")]
+    store: String,
+    #[arg(long, value_enum, default_value_t = DurabilityArg::Durable)]
+    durability: DurabilityArg,
+    /// Also run a demo producer and worker: jobs flow, some fail and retry, a few die.
+    #[arg(long)]
+    demo: bool,
+    /// Largest job payload accepted, in bytes (larger gets 413).
+    #[arg(long, default_value_t = 256 * 1024)]
+    max_payload_bytes: usize,
+    /// How often expired leases are rescued and due jobs promoted, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    maintenance_interval_ms: u64,
+    /// How long the demo worker may drain at shutdown, in seconds.
+    #[arg(long, default_value_t = 30)]
+    drain_timeout_secs: u64,
+}
+
+pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let store = conveyor::open_store(&args.store, args.durability.open_options())
+        .with_context(|| format!("cannot open store {}", args.store))?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("cannot listen on {}", args.listen))?;
+    let local = listener.local_addr().context("reading the bound address")?;
+
+    let shutdown = CancellationToken::new();
+    let config = ServerConfig {
+        max_payload_bytes: args.max_payload_bytes,
+        ..ServerConfig::default()
+    };
+    let app = conveyor_server::router_with_options(
+        store.clone(),
+        config,
+        RouterOptions {
+            shutdown: shutdown.clone(),
+            ..RouterOptions::default()
+        },
+    );
+
+    let maintenance = tokio::spawn(
+        Maintenance::new(store.clone())
+            .interval(Duration::from_millis(args.maintenance_interval_ms.max(10)))
+            .run(shutdown.clone()),
+    );
+    let demo = args.demo.then(|| {
+        tokio::spawn(super::demo::run(
+            store.clone(),
+            shutdown.clone(),
+            Duration::from_secs(args.drain_timeout_secs),
+        ))
+    });
+
+    // The first stdout line tells scripts and tests where we listen.
+    println!(
+        "conveyor listening on http://{local} (store: {}, durability: {:?})",
+        args.store, args.durability
+    );
+    if args.demo {
+        println!("demo running: watch it with `conveyor queues --watch --server http://{local}`");
+    }
+    tracing::info!(%local, store = %args.store, "server started");
+
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        conveyor::shutdown_signal().await;
+        tracing::info!("shutdown signal received");
+        signal.cancel();
+    });
+    let graceful = shutdown.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { graceful.cancelled().await })
+        .await
+        .context("HTTP server failed")?;
+    if let Some(demo) = demo {
+        let _ = demo.await;
+    }
+    let _ = maintenance.await;
+    tracing::info!("server stopped");
+    Ok(ExitCode::SUCCESS)
+}
