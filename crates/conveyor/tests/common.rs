@@ -1,0 +1,151 @@
+//! Helpers for tests that run the real `conveyor` binary as child processes.
+#![allow(dead_code)]
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_conveyor");
+
+/// A child process killed (SIGKILL) and reaped when dropped, so no test leaves one behind.
+pub struct Proc {
+    pub child: Child,
+}
+
+impl Proc {
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn kill_9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn sigterm(&self) {
+        // SAFETY: sending a signal to our own child process.
+        unsafe {
+            libc::kill(self.pid(), libc::SIGTERM);
+        }
+    }
+
+    /// Waits for the process to exit on its own; panics after `timeout`.
+    pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "process {} did not exit within {timeout:?}",
+                self.pid()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+pub struct Server {
+    pub proc: Proc,
+    pub url: String,
+}
+
+/// Starts `conveyor serve` on a free port over the SQLite file `db`; returns once it listens.
+pub fn start_server(db: &Path, extra: &[&str]) -> Server {
+    let mut child = Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(format!("sqlite://{}", db.display()))
+        .args(extra)
+        .env("CONVEYOR_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn conveyor serve");
+    let stdout = child.stdout.take().expect("stdout");
+    let mut first = String::new();
+    BufReader::new(stdout)
+        .read_line(&mut first)
+        .expect("read listen line");
+    let url = first
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
+        .to_string();
+    Server {
+        proc: Proc { child },
+        url,
+    }
+}
+
+/// Starts `conveyor work --exec CMD` against `server` with extra flags.
+pub fn start_worker(server: &str, exec: &str, extra: &[&str]) -> Proc {
+    let child = Command::new(BIN)
+        .args(["work", "--server", server, "--exec", exec])
+        .args(extra)
+        .env("CONVEYOR_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn conveyor work");
+    Proc { child }
+}
+
+/// Polls `check` every 20 ms until it yields a value; panics with `what` after 30 s.
+pub fn wait_until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn http() -> reqwest::blocking::Client {
+    reqwest::blocking::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("client")
+}
+
+pub fn get_job(server: &str, id: &str) -> Value {
+    http()
+        .get(format!("{server}/v1/jobs/{id}"))
+        .send()
+        .expect("GET job")
+        .json()
+        .expect("job JSON")
+}
+
+pub fn enqueue(server: &str, body: Value) -> Value {
+    let response = http()
+        .post(format!("{server}/v1/jobs"))
+        .json(&body)
+        .send()
+        .expect("POST job");
+    assert!(
+        response.status().is_success(),
+        "enqueue failed: {}",
+        response.status()
+    );
+    response.json().expect("job JSON")
+}
+
+pub fn temp_dir() -> tempfile::TempDir {
+    tempfile::tempdir().expect("temp dir")
+}
+
+pub fn path_in(dir: &tempfile::TempDir, name: &str) -> PathBuf {
+    dir.path().join(name)
+}
