@@ -1,1 +1,147 @@
+//! Conveyor's HTTP/JSON API.
+//!
+//! [`router`] builds an axum [`Router`] over any [`Store`]: producers enqueue and inspect jobs,
+//! HTTP workers fetch (with long-poll), heartbeat, complete, fail, snooze and release them, and
+//! operators manage the dead-letter queue and read per-queue counts. Every error answers
+//! `{"error": {"code", "field", "message"}}`; see `docs/openapi.yaml` for the full contract.
+//!
+//! ```no_run
+//! # async fn run(store: std::sync::Arc<dyn conveyor_core::Store>) -> std::io::Result<()> {
+//! let app = conveyor_server::router(store, conveyor_server::ServerConfig::default());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app).await
+//! # }
+//! ```
 
+mod admin;
+mod error;
+mod extract;
+mod jobs;
+mod lease;
+
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{delete, get, post};
+use axum::Router;
+use conveyor_core::{Clock, RetryPolicy, Store, SystemClock};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+use tower_http::trace::TraceLayer;
+
+pub use error::{ApiError, ApiResult};
+
+/// Limits and defaults of the HTTP API.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    /// Largest serialized `payload` of one job (and `result` of a completion), in bytes. Larger
+    /// ones are answered 413. The whole request body may be up to 64 times this (at least 1 MiB)
+    /// so that batches fit.
+    pub max_payload_bytes: usize,
+    /// Lease given to fetched jobs (and added by heartbeats) when the worker names none.
+    pub default_lease: Duration,
+    /// Longest a fetch may long-poll (`wait_ms` is capped to this).
+    pub max_fetch_wait: Duration,
+    /// How often a long-polling fetch looks again when not woken (jobs made available by
+    /// another process, or scheduled jobs coming due).
+    pub fetch_poll: Duration,
+    /// Backoff applied by `POST /v1/jobs/{id}/fail` with `retry: "auto"`.
+    pub default_retry: RetryPolicy,
+    /// Most jobs one fetch may claim (`max`).
+    pub max_fetch_batch: usize,
+    /// Most jobs in one `POST /v1/jobs/batch` (and ids in one dead replay).
+    pub max_batch_jobs: usize,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        Self {
+            max_payload_bytes: 256 * 1024,
+            default_lease: Duration::from_secs(30),
+            max_fetch_wait: Duration::from_secs(30),
+            fetch_poll: Duration::from_millis(100),
+            default_retry: RetryPolicy::default(),
+            max_fetch_batch: 1000,
+            max_batch_jobs: 10_000,
+        }
+    }
+}
+
+impl ServerConfig {
+    /// The overall request body limit: 64 payloads, and never below 1 MiB.
+    pub fn body_limit(&self) -> usize {
+        self.max_payload_bytes.saturating_mul(64).max(1024 * 1024)
+    }
+}
+
+/// Extra wiring for [`router_with_options`].
+#[derive(Clone)]
+pub struct RouterOptions {
+    /// Where `delay_ms`, `retry_after_ms` and snooze delays count from. Give the store's clock
+    /// when it is not the wall clock.
+    pub clock: Arc<dyn Clock>,
+    /// Cancel on shutdown: long-polling fetches then stop waiting and answer `{"jobs": []}` at
+    /// once (a fetch already claiming jobs still returns them), so a graceful shutdown of the
+    /// HTTP server is not held up by `wait_ms`.
+    pub shutdown: CancellationToken,
+}
+
+impl Default for RouterOptions {
+    fn default() -> Self {
+        Self {
+            clock: Arc::new(SystemClock),
+            shutdown: CancellationToken::new(),
+        }
+    }
+}
+
+/// Shared by every handler.
+#[derive(Clone)]
+pub(crate) struct AppState {
+    pub store: Arc<dyn Store>,
+    pub config: Arc<ServerConfig>,
+    pub clock: Arc<dyn Clock>,
+    pub shutdown: CancellationToken,
+    pub body_limit: usize,
+}
+
+/// The API over `store`, using the wall clock and no shutdown signal.
+pub fn router(store: Arc<dyn Store>, config: ServerConfig) -> Router {
+    router_with_options(store, config, RouterOptions::default())
+}
+
+/// Like [`router`], with an injected clock and a shutdown token (see [`RouterOptions`]).
+pub fn router_with_options(
+    store: Arc<dyn Store>,
+    config: ServerConfig,
+    options: RouterOptions,
+) -> Router {
+    let body_limit = config.body_limit();
+    let state = AppState {
+        store,
+        config: Arc::new(config),
+        clock: options.clock,
+        shutdown: options.shutdown,
+        body_limit,
+    };
+    Router::new()
+        .route("/v1/jobs", post(jobs::enqueue).get(jobs::list))
+        .route("/v1/jobs/batch", post(jobs::enqueue_batch))
+        .route("/v1/jobs/{id}", get(jobs::get))
+        .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/fetch", post(lease::fetch))
+        .route("/v1/jobs/{id}/heartbeat", post(lease::heartbeat))
+        .route("/v1/jobs/{id}/complete", post(lease::complete))
+        .route("/v1/jobs/{id}/fail", post(lease::fail))
+        .route("/v1/jobs/{id}/release", post(lease::release))
+        .route("/v1/jobs/{id}/snooze", post(lease::snooze))
+        .route("/v1/dead", get(admin::dead_list))
+        .route("/v1/dead/replay", post(admin::dead_replay))
+        .route("/v1/dead/{id}", delete(admin::dead_discard))
+        .route("/v1/queues", get(admin::queues))
+        .route("/healthz", get(admin::healthz))
+        .fallback(admin::not_found)
+        .method_not_allowed_fallback(admin::method_not_allowed)
+        .layer(DefaultBodyLimit::max(body_limit))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}

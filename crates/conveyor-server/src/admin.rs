@@ -1,0 +1,152 @@
+//! Operator endpoints: the dead-letter queue, queue counts, health, and the JSON fallbacks.
+
+use axum::extract::State;
+use axum::http::{Method, Uri};
+use axum::Json;
+use conveyor_core::{validate, JobState, QueueStats, ReplaySelector};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, JobId, QueryPairs};
+use crate::jobs::{list_params, page, JobPage};
+use crate::AppState;
+
+pub(crate) async fn dead_list(
+    State(state): State<AppState>,
+    query: QueryPairs,
+) -> ApiResult<Json<JobPage>> {
+    let params = list_params(query, Some(JobState::Dead))?;
+    page(&state, params).await
+}
+
+/// Which dead jobs to replay. At least one of `ids`, `queue`, `kind` must be given, or
+/// `all: true` to replay every dead job; `ids` cannot be combined with the filters.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReplayRequest {
+    #[serde(default)]
+    ids: Option<Vec<Uuid>>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    all: Option<bool>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct ReplayResponse {
+    replayed: u64,
+}
+
+pub(crate) async fn dead_replay(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<ReplayRequest>,
+) -> ApiResult<Json<ReplayResponse>> {
+    let all = request.all.unwrap_or(false);
+    let filtered = request.queue.is_some() || request.kind.is_some();
+    if let Some(queue) = &request.queue {
+        validate::name("queue", queue)?;
+    }
+    if let Some(kind) = &request.kind {
+        validate::name("kind", kind)?;
+    }
+    let selector =
+        match request.ids {
+            Some(_) if all => {
+                return Err(ApiError::invalid(
+                    "all",
+                    "\"all\" cannot be combined with ids",
+                ))
+            }
+            Some(_) if filtered => {
+                return Err(ApiError::invalid(
+                    "ids",
+                    "give either ids or queue/kind filters, not both",
+                ))
+            }
+            Some(ids) if ids.is_empty() => {
+                return Err(ApiError::invalid("ids", "must contain at least one id"))
+            }
+            Some(ids) if ids.len() > state.config.max_batch_jobs => {
+                return Err(ApiError::invalid(
+                    "ids",
+                    format!("at most {} ids per replay", state.config.max_batch_jobs),
+                ))
+            }
+            Some(ids) => ReplaySelector {
+                ids: Some(ids),
+                queue: None,
+                kind: None,
+            },
+            None if all && filtered => {
+                return Err(ApiError::invalid(
+                    "all",
+                    "\"all\" cannot be combined with queue or kind",
+                ))
+            }
+            None if filtered || all => ReplaySelector {
+                ids: None,
+                queue: request.queue,
+                kind: request.kind,
+            },
+            None => return Err(ApiError::invalid(
+                "ids",
+                "give ids, a queue and/or kind filter, or \"all\": true to replay every dead job",
+            )),
+        };
+    let replayed = state.store.dead_replay(selector).await?;
+    Ok(Json(ReplayResponse { replayed }))
+}
+
+#[derive(Serialize)]
+pub(crate) struct DiscardResponse {
+    discarded: bool,
+}
+
+pub(crate) async fn dead_discard(
+    State(state): State<AppState>,
+    JobId(id): JobId,
+) -> ApiResult<Json<DiscardResponse>> {
+    if state.store.dead_discard(id).await? {
+        Ok(Json(DiscardResponse { discarded: true }))
+    } else {
+        Err(ApiError::JobNotFound(id))
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct QueuesResponse {
+    queues: Vec<QueueStats>,
+}
+
+pub(crate) async fn queues(State(state): State<AppState>) -> ApiResult<Json<QueuesResponse>> {
+    let queues = state.store.queues_stats().await?;
+    Ok(Json(QueuesResponse { queues }))
+}
+
+#[derive(Serialize)]
+pub(crate) struct Health {
+    status: &'static str,
+}
+
+/// 200 after a cheap read succeeds; 503 (`store_unavailable`) when the store errors.
+pub(crate) async fn healthz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
+    state.store.job_get(Uuid::nil()).await?;
+    Ok(Json(Health { status: "ok" }))
+}
+
+pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::RouteNotFound {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}
+
+pub(crate) async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::MethodNotAllowed {
+        method: method.to_string(),
+        path: uri.path().to_string(),
+    }
+}

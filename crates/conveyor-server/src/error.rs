@@ -1,0 +1,189 @@
+//! The API's error type and its JSON shape:
+//! `{"error": {"code": "...", "field": "name-or-null", "message": "..."}}`.
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use conveyor_core::{StoreError, ValidationError};
+use serde::Serialize;
+use uuid::Uuid;
+
+/// Everything a handler can answer with instead of success.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// 400: a request field is missing, malformed or out of range.
+    #[error("invalid {field}: {message}")]
+    Invalid { field: String, message: String },
+    /// 413: the body, or one field of it (a payload), is larger than allowed.
+    #[error("{field} too large: {message}")]
+    TooLarge { field: String, message: String },
+    /// 404: no such job (or no dead job, for discard).
+    #[error("job {0} not found")]
+    JobNotFound(Uuid),
+    /// 404: no such route.
+    #[error("no route for {method} {path}")]
+    RouteNotFound { method: String, path: String },
+    /// 405: the route exists but not for this method.
+    #[error("method {method} not allowed for {path}")]
+    MethodNotAllowed { method: String, path: String },
+    /// 409: the caller's lease no longer holds.
+    #[error("lease lost for job {0}: it was rescued, cancelled or already finished")]
+    LeaseLost(Uuid),
+    /// 409: the job is in a state where the change does not apply.
+    #[error("{0}")]
+    Conflict(String),
+    /// 503: the store failed (details are logged, not returned).
+    #[error("store unavailable: {0}")]
+    StoreUnavailable(String),
+    /// 500: a broken invariant on the server side (details are logged).
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn invalid(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::Invalid {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    pub fn too_large(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ApiError::TooLarge {
+            field: field.into(),
+            message: message.into(),
+        }
+    }
+
+    /// Prefixes the field name, e.g. `kind` → `jobs[3].kind`.
+    pub(crate) fn within(self, prefix: &str) -> Self {
+        match self {
+            ApiError::Invalid { field, message } => ApiError::Invalid {
+                field: join_field(prefix, &field),
+                message,
+            },
+            ApiError::TooLarge { field, message } => ApiError::TooLarge {
+                field: join_field(prefix, &field),
+                message,
+            },
+            other => other,
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
+            ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::JobNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
+            ApiError::LeaseLost(_) | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    /// The stable, machine-readable `error.code`.
+    pub fn code(&self) -> &'static str {
+        match self {
+            ApiError::Invalid { .. } => "invalid_request",
+            ApiError::TooLarge { .. } => "payload_too_large",
+            ApiError::JobNotFound(_) | ApiError::RouteNotFound { .. } => "not_found",
+            ApiError::MethodNotAllowed { .. } => "method_not_allowed",
+            ApiError::LeaseLost(_) => "lease_lost",
+            ApiError::Conflict(_) => "conflict",
+            ApiError::StoreUnavailable(_) => "store_unavailable",
+            ApiError::Internal(_) => "internal",
+        }
+    }
+
+    /// The field at fault, if any.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ApiError::Invalid { field, .. } | ApiError::TooLarge { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+
+    fn public_message(&self) -> String {
+        match self {
+            ApiError::Invalid { message, .. } | ApiError::TooLarge { message, .. } => {
+                message.clone()
+            }
+            ApiError::StoreUnavailable(_) => {
+                "the job store is unavailable; retry later".to_string()
+            }
+            ApiError::Internal(_) => "internal server error".to_string(),
+            other => other.to_string(),
+        }
+    }
+}
+
+pub(crate) fn join_field(prefix: &str, field: &str) -> String {
+    if prefix.is_empty() {
+        field.to_string()
+    } else if field.is_empty() || field == "." {
+        prefix.to_string()
+    } else if field.starts_with('[') {
+        format!("{prefix}{field}")
+    } else {
+        format!("{prefix}.{field}")
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        ApiError::Invalid {
+            field: e.field,
+            message: e.message,
+        }
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Invalid(v) => v.into(),
+            StoreError::NotFound(id) => ApiError::JobNotFound(id),
+            StoreError::LeaseLost(id) => ApiError::LeaseLost(id),
+            conflict @ StoreError::Conflict { .. } => ApiError::Conflict(conflict.to_string()),
+            StoreError::Backend(message) => ApiError::StoreUnavailable(message),
+            closed @ StoreError::Closed => ApiError::StoreUnavailable(closed.to_string()),
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct ErrorBody<'a> {
+    error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+struct ErrorDetail<'a> {
+    code: &'a str,
+    field: Option<&'a str>,
+    message: String,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        match &self {
+            ApiError::StoreUnavailable(detail) => {
+                tracing::error!(error = %detail, "store error while handling a request");
+            }
+            ApiError::Internal(detail) => {
+                tracing::error!(error = %detail, "internal error while handling a request");
+            }
+            _ => {}
+        }
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code(),
+                field: self.field(),
+                message: self.public_message(),
+            },
+        };
+        (self.status(), Json(body)).into_response()
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

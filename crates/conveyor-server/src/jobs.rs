@@ -1,0 +1,261 @@
+//! Producer endpoints: enqueue (one or a batch), get, list, cancel.
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use conveyor_core::job::DEFAULT_MAX_ATTEMPTS;
+use conveyor_core::{validate, Job, JobListParams, JobState, NewJob};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use uuid::Uuid;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{after_ms, check_json_size, parse_uuid, ApiJson, JobId, QueryPairs};
+use crate::AppState;
+
+pub(crate) const DEFAULT_LIST_LIMIT: usize = 50;
+pub(crate) const MAX_LIST_LIMIT: usize = 500;
+
+/// Body of `POST /v1/jobs`, and each element of a batch.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct EnqueueRequest {
+    kind: String,
+    #[serde(default)]
+    payload: Option<Value>,
+    #[serde(default)]
+    queue: Option<String>,
+    #[serde(default)]
+    priority: Option<i32>,
+    #[serde(default)]
+    run_at: Option<String>,
+    #[serde(default)]
+    delay_ms: Option<i64>,
+    #[serde(default)]
+    max_attempts: Option<u32>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+    #[serde(default)]
+    tags: Option<Vec<String>>,
+    #[serde(default)]
+    tenant: Option<String>,
+}
+
+impl EnqueueRequest {
+    /// Checks every field and builds the job; errors name the field (without any batch prefix).
+    fn into_new_job(self, state: &AppState, now: DateTime<Utc>) -> ApiResult<NewJob> {
+        let payload = self.payload.unwrap_or(Value::Null);
+        check_json_size("payload", &payload, state.config.max_payload_bytes)?;
+        let run_at = match (self.run_at, self.delay_ms) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "delay_ms",
+                    "give either run_at or delay_ms, not both",
+                ))
+            }
+            (Some(raw), None) => Some(
+                DateTime::parse_from_rfc3339(&raw)
+                    .map_err(|e| {
+                        ApiError::invalid(
+                            "run_at",
+                            format!("{raw:?} is not an RFC 3339 timestamp: {e}"),
+                        )
+                    })?
+                    .with_timezone(&Utc),
+            ),
+            (None, Some(ms)) => Some(after_ms("delay_ms", now, ms)?),
+            (None, None) => None,
+        };
+        let job = NewJob {
+            kind: self.kind,
+            queue: self
+                .queue
+                .unwrap_or_else(|| conveyor_core::DEFAULT_QUEUE.to_string()),
+            payload,
+            priority: self.priority.unwrap_or(0),
+            run_at,
+            max_attempts: self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
+            timeout_ms: self.timeout_ms,
+            idempotency_key: self.idempotency_key,
+            tags: self.tags.unwrap_or_default(),
+            tenant: self.tenant,
+        };
+        validate::new_job(&job)?;
+        Ok(job)
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct EnqueuedJob {
+    #[serde(flatten)]
+    job: Job,
+    duplicate: bool,
+}
+
+pub(crate) async fn enqueue(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<EnqueueRequest>,
+) -> ApiResult<(StatusCode, Json<EnqueuedJob>)> {
+    let job = request.into_new_job(&state, state.clock.now())?;
+    let inserted = state
+        .store
+        .jobs_insert_many(vec![job])
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::Internal("store returned no row for an insert".to_string()))?;
+    let status = if inserted.duplicate {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(EnqueuedJob {
+            job: inserted.job,
+            duplicate: inserted.duplicate,
+        }),
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct BatchRequest {
+    jobs: Vec<EnqueueRequest>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct BatchResponse {
+    ids: Vec<Uuid>,
+    duplicates: Vec<bool>,
+}
+
+pub(crate) async fn enqueue_batch(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<BatchRequest>,
+) -> ApiResult<(StatusCode, Json<BatchResponse>)> {
+    if request.jobs.is_empty() {
+        return Err(ApiError::invalid("jobs", "must contain at least one job"));
+    }
+    let max = state.config.max_batch_jobs;
+    if request.jobs.len() > max {
+        return Err(ApiError::invalid(
+            "jobs",
+            format!("at most {max} jobs per batch"),
+        ));
+    }
+    let now = state.clock.now();
+    let count = request.jobs.len();
+    let mut jobs = Vec::with_capacity(count);
+    for (index, job) in request.jobs.into_iter().enumerate() {
+        jobs.push(
+            job.into_new_job(&state, now)
+                .map_err(|e| e.within(&format!("jobs[{index}]")))?,
+        );
+    }
+    let inserted = state.store.jobs_insert_many(jobs).await?;
+    if inserted.len() != count {
+        return Err(ApiError::Internal(format!(
+            "store returned {} rows for {count} inserted jobs",
+            inserted.len()
+        )));
+    }
+    let (ids, duplicates) = inserted
+        .into_iter()
+        .map(|i| (i.job.id, i.duplicate))
+        .unzip();
+    Ok((StatusCode::CREATED, Json(BatchResponse { ids, duplicates })))
+}
+
+pub(crate) async fn get(State(state): State<AppState>, JobId(id): JobId) -> ApiResult<Json<Job>> {
+    state
+        .store
+        .job_get(id)
+        .await?
+        .map(Json)
+        .ok_or(ApiError::JobNotFound(id))
+}
+
+/// `{jobs, next}`: `next` is the cursor for the following page (the last id) when this page is
+/// full, else null.
+#[derive(Serialize)]
+pub(crate) struct JobPage {
+    jobs: Vec<Job>,
+    next: Option<Uuid>,
+}
+
+/// Parses `queue`, `kind`, `limit`, `after` and (when `state` is `None`) `state` from a query
+/// string. `fixed_state` is used by the dead-letter listing, which takes no `state` parameter.
+pub(crate) fn list_params(
+    QueryPairs(pairs): QueryPairs,
+    fixed_state: Option<JobState>,
+) -> ApiResult<JobListParams> {
+    let mut params = JobListParams {
+        queue: None,
+        state: fixed_state,
+        kind: None,
+        limit: DEFAULT_LIST_LIMIT,
+        after: None,
+    };
+    for (key, value) in pairs {
+        match key.as_str() {
+            "queue" => {
+                validate::name("queue", &value)?;
+                params.queue = Some(value);
+            }
+            "kind" => {
+                validate::name("kind", &value)?;
+                params.kind = Some(value);
+            }
+            "state" if fixed_state.is_none() => params.state = Some(value.parse::<JobState>()?),
+            "limit" => {
+                params.limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|limit| (1..=MAX_LIST_LIMIT).contains(limit))
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "limit",
+                            format!("must be an integer from 1 to {MAX_LIST_LIMIT}"),
+                        )
+                    })?;
+            }
+            "after" => params.after = Some(parse_uuid("after", &value)?),
+            _ => {
+                return Err(ApiError::invalid(
+                    key.clone(),
+                    format!("unknown query parameter {key:?}"),
+                ))
+            }
+        }
+    }
+    Ok(params)
+}
+
+pub(crate) async fn page(state: &AppState, params: JobListParams) -> ApiResult<Json<JobPage>> {
+    let limit = params.limit;
+    let jobs = state.store.jobs_list(params).await?;
+    let next = if jobs.len() >= limit {
+        jobs.last().map(|job| job.id)
+    } else {
+        None
+    };
+    Ok(Json(JobPage { jobs, next }))
+}
+
+pub(crate) async fn list(
+    State(state): State<AppState>,
+    query: QueryPairs,
+) -> ApiResult<Json<JobPage>> {
+    let params = list_params(query, None)?;
+    page(&state, params).await
+}
+
+pub(crate) async fn cancel(
+    State(state): State<AppState>,
+    JobId(id): JobId,
+) -> ApiResult<Json<Job>> {
+    Ok(Json(state.store.job_cancel(id).await?))
+}

@@ -1,0 +1,347 @@
+//! Worker endpoints: fetch (long-poll), heartbeat, complete, fail, release, snooze.
+
+use axum::extract::State;
+use axum::Json;
+use chrono::{DateTime, Utc};
+use conveyor_core::{
+    error_class, fetch_waiting, validate, CompleteParams, FailParams, FetchParams, HeartbeatParams,
+    Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::Duration;
+use uuid::Uuid;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{after_ms, check_json_size, ApiJson, JobId};
+use crate::AppState;
+
+/// Shortest lease a worker may ask for.
+pub(crate) const MIN_LEASE_MS: u64 = 100;
+/// Longest lease a worker may ask for (one day): heartbeat to hold a job longer.
+pub(crate) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000;
+pub(crate) const MAX_WORKER_ID_LEN: usize = 256;
+
+fn lease_duration(field: &str, ms: Option<u64>, default: Duration) -> ApiResult<Duration> {
+    match ms {
+        None => Ok(default),
+        Some(ms) if (MIN_LEASE_MS..=MAX_LEASE_MS).contains(&ms) => Ok(Duration::from_millis(ms)),
+        Some(_) => Err(ApiError::invalid(
+            field,
+            format!("must be from {MIN_LEASE_MS} to {MAX_LEASE_MS} milliseconds"),
+        )),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FetchRequest {
+    worker_id: String,
+    queues: Vec<String>,
+    #[serde(default)]
+    max: Option<usize>,
+    #[serde(default)]
+    lease_ms: Option<u64>,
+    #[serde(default)]
+    wait_ms: Option<u64>,
+}
+
+/// A fetched job as a worker needs it.
+#[derive(Serialize)]
+pub(crate) struct FetchedJob {
+    id: Uuid,
+    kind: String,
+    queue: String,
+    payload: Value,
+    attempt: u32,
+    max_attempts: u32,
+    timeout_ms: Option<u64>,
+    lease_token: Uuid,
+    lease_expires_at: DateTime<Utc>,
+    tenant: Option<String>,
+    tags: Vec<String>,
+}
+
+impl FetchedJob {
+    fn from_job(job: Job) -> ApiResult<Self> {
+        let lease = job.lease.ok_or_else(|| {
+            ApiError::Internal(format!("store fetched job {} without a lease", job.id))
+        })?;
+        Ok(FetchedJob {
+            id: job.id,
+            kind: job.kind,
+            queue: job.queue,
+            payload: job.payload,
+            attempt: job.attempt,
+            max_attempts: job.max_attempts,
+            timeout_ms: job.timeout_ms,
+            lease_token: lease.token,
+            lease_expires_at: lease.expires_at,
+            tenant: job.tenant,
+            tags: job.tags,
+        })
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct FetchResponse {
+    jobs: Vec<FetchedJob>,
+}
+
+pub(crate) async fn fetch(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<FetchRequest>,
+) -> ApiResult<Json<FetchResponse>> {
+    let config = &state.config;
+    if request.worker_id.is_empty() {
+        return Err(ApiError::invalid("worker_id", "must not be empty"));
+    }
+    if request.worker_id.len() > MAX_WORKER_ID_LEN {
+        return Err(ApiError::invalid(
+            "worker_id",
+            format!("must be at most {MAX_WORKER_ID_LEN} bytes"),
+        ));
+    }
+    if request.queues.is_empty() {
+        return Err(ApiError::invalid("queues", "must name at least one queue"));
+    }
+    for (index, queue) in request.queues.iter().enumerate() {
+        validate::name(&format!("queues[{index}]"), queue)?;
+    }
+    let max = request.max.unwrap_or(1);
+    if max == 0 || max > config.max_fetch_batch {
+        return Err(ApiError::invalid(
+            "max",
+            format!("must be from 1 to {}", config.max_fetch_batch),
+        ));
+    }
+    let lease = lease_duration("lease_ms", request.lease_ms, config.default_lease)?;
+    let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(config.max_fetch_wait);
+    let params = FetchParams {
+        worker_id: request.worker_id,
+        queues: request.queues,
+        max,
+        lease,
+    };
+    let stop = state.shutdown.cancelled();
+    let jobs = fetch_waiting(state.store.as_ref(), params, wait, config.fetch_poll, stop).await?;
+    let jobs = jobs
+        .into_iter()
+        .map(FetchedJob::from_job)
+        .collect::<ApiResult<Vec<_>>>()?;
+    Ok(Json(FetchResponse { jobs }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HeartbeatRequest {
+    lease_token: Uuid,
+    #[serde(default)]
+    lease_ms: Option<u64>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct HeartbeatResponse {
+    lease_expires_at: DateTime<Utc>,
+}
+
+pub(crate) async fn heartbeat(
+    State(state): State<AppState>,
+    JobId(id): JobId,
+    ApiJson(request): ApiJson<HeartbeatRequest>,
+) -> ApiResult<Json<HeartbeatResponse>> {
+    let extend_by = lease_duration("lease_ms", request.lease_ms, state.config.default_lease)?;
+    let params = HeartbeatParams {
+        lease: LeaseRef {
+            id,
+            lease_token: request.lease_token,
+        },
+        extend_by,
+    };
+    let outcome = state
+        .store
+        .jobs_heartbeat_many(vec![params])
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::Internal("store answered no heartbeat outcome".to_string()))?;
+    match outcome {
+        Some(lease_expires_at) => Ok(Json(HeartbeatResponse { lease_expires_at })),
+        None => Err(ApiError::LeaseLost(id)),
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct CompleteRequest {
+    lease_token: Uuid,
+    #[serde(default)]
+    result: Option<Value>,
+}
+
+#[derive(Serialize)]
+pub(crate) struct CompleteResponse {
+    state: &'static str,
+}
+
+pub(crate) async fn complete(
+    State(state): State<AppState>,
+    JobId(id): JobId,
+    ApiJson(request): ApiJson<CompleteRequest>,
+) -> ApiResult<Json<CompleteResponse>> {
+    if let Some(result) = &request.result {
+        check_json_size("result", result, state.config.max_payload_bytes)?;
+    }
+    let params = CompleteParams {
+        lease: LeaseRef {
+            id,
+            lease_token: request.lease_token,
+        },
+        result: request.result,
+    };
+    let outcome = state
+        .store
+        .jobs_complete_many(vec![params])
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::Internal("store answered no completion outcome".to_string()))?;
+    match outcome {
+        LeaseOutcome::Applied => Ok(Json(CompleteResponse { state: "completed" })),
+        LeaseOutcome::LeaseLost => Err(ApiError::LeaseLost(id)),
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum RetryMode {
+    #[default]
+    Auto,
+    Never,
+    After,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FailError {
+    #[serde(default)]
+    class: Option<String>,
+    message: String,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FailRequest {
+    lease_token: Uuid,
+    error: FailError,
+    #[serde(default)]
+    retry: Option<RetryMode>,
+    #[serde(default)]
+    retry_after_ms: Option<i64>,
+}
+
+pub(crate) async fn fail(
+    State(state): State<AppState>,
+    JobId(id): JobId,
+    ApiJson(request): ApiJson<FailRequest>,
+) -> ApiResult<Json<Job>> {
+    let mode = request.retry.unwrap_or_default();
+    let retry = match (mode, request.retry_after_ms) {
+        (RetryMode::After, Some(ms)) => {
+            RetryPlan::At(after_ms("retry_after_ms", state.clock.now(), ms)?)
+        }
+        (RetryMode::After, None) => {
+            return Err(ApiError::invalid(
+                "retry_after_ms",
+                "required when retry is \"after\"",
+            ))
+        }
+        (_, Some(_)) => {
+            return Err(ApiError::invalid(
+                "retry_after_ms",
+                "only allowed when retry is \"after\"",
+            ))
+        }
+        (RetryMode::Auto, None) => RetryPlan::Backoff(state.config.default_retry),
+        (RetryMode::Never, None) => RetryPlan::Never,
+    };
+    let class = match request.error.class {
+        Some(class) => {
+            validate::name("error.class", &class)?;
+            class
+        }
+        None => match mode {
+            RetryMode::Auto => error_class::ERROR,
+            RetryMode::Never => error_class::PERMANENT,
+            RetryMode::After => error_class::RETRY_AFTER,
+        }
+        .to_string(),
+    };
+    let message = request.error.message;
+    let limit = state.config.max_payload_bytes;
+    if message.len() > limit {
+        return Err(ApiError::too_large(
+            "error.message",
+            format!("must be at most {limit} bytes"),
+        ));
+    }
+    let params = FailParams {
+        lease: LeaseRef {
+            id,
+            lease_token: request.lease_token,
+        },
+        class,
+        message,
+        retry,
+    };
+    Ok(Json(state.store.job_fail(params).await?))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ReleaseRequest {
+    lease_token: Uuid,
+}
+
+#[derive(Serialize)]
+pub(crate) struct ReleaseResponse {
+    released: bool,
+}
+
+pub(crate) async fn release(
+    State(state): State<AppState>,
+    JobId(id): JobId,
+    ApiJson(request): ApiJson<ReleaseRequest>,
+) -> ApiResult<Json<ReleaseResponse>> {
+    let released = state
+        .store
+        .jobs_release_many(vec![LeaseRef {
+            id,
+            lease_token: request.lease_token,
+        }])
+        .await?;
+    Ok(Json(ReleaseResponse {
+        released: released > 0,
+    }))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct SnoozeRequest {
+    lease_token: Uuid,
+    delay_ms: i64,
+}
+
+pub(crate) async fn snooze(
+    State(state): State<AppState>,
+    JobId(id): JobId,
+    ApiJson(request): ApiJson<SnoozeRequest>,
+) -> ApiResult<Json<Job>> {
+    let until = after_ms("delay_ms", state.clock.now(), request.delay_ms)?;
+    let params = SnoozeParams {
+        lease: LeaseRef {
+            id,
+            lease_token: request.lease_token,
+        },
+        until,
+    };
+    Ok(Json(state.store.job_snooze(params).await?))
+}
