@@ -126,6 +126,9 @@ pub struct ErrorRecord {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Lease {
     pub worker_id: String,
+    /// Only the worker that fetched the job learns the token (from the fetch itself); job views
+    /// never serialize it, so reading a job does not let anyone settle it.
+    #[serde(skip_serializing, default = "Uuid::nil")]
     pub token: Uuid,
     pub expires_at: DateTime<Utc>,
 }

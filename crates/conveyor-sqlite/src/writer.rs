@@ -64,17 +64,17 @@ where
             return;
         };
         // A savepoint per operation: one that fails is undone alone, the rest of the round commits.
-        if let Err(e) = ctx.conn.execute_batch("SAVEPOINT op") {
+        if let Err(e) = run_cached(ctx.conn, "SAVEPOINT op") {
             self.outcome = Some(Err(crate::backend(e)));
             return;
         }
         let wake_before = ctx.wake;
         let outcome = work(ctx);
         let end = if outcome.is_ok() {
-            ctx.conn.execute_batch("RELEASE op")
+            run_cached(ctx.conn, "RELEASE op")
         } else {
             ctx.wake = wake_before;
-            ctx.conn.execute_batch("ROLLBACK TO op; RELEASE op")
+            run_cached(ctx.conn, "ROLLBACK TO op").and_then(|()| run_cached(ctx.conn, "RELEASE op"))
         };
         self.outcome = Some(match end {
             Ok(()) => outcome,
@@ -92,6 +92,11 @@ where
         // The caller may have gone away (a cancelled request); the write stands regardless.
         let _ = self.reply.send(outcome);
     }
+}
+
+/// Runs a parameterless statement through the statement cache (savepoints run per operation).
+fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
 pub(crate) fn run_writer(

@@ -1,1 +1,360 @@
+//! The conformance suite every Conveyor store must pass: one public async function per
+//! behaviour, each taking a fresh [`Harness`] (a store driven by a [`ManualClock`]).
+//!
+//! A store crate runs the whole suite from one of its integration tests:
+//!
+//! ```ignore
+//! async fn make_harness() -> conveyor_storetest::Harness {
+//!     let clock = std::sync::Arc::new(conveyor_core::ManualClock::default());
+//!     let store = MyStore::open(/* fresh database */, clock.clone());
+//!     conveyor_storetest::Harness::new(std::sync::Arc::new(store), clock)
+//! }
+//!
+//! conveyor_storetest::conformance_tests!(make_harness);
+//! ```
+//!
+//! The macro expands into one `#[tokio::test]` per behaviour, named after it, so the test crate
+//! needs `tokio` (with the `macros` and `rt-multi-thread` features) among its dependencies.
+//! Every harness must be fresh (an empty store), and the store must read "now" from the harness
+//! clock for every operation: the suite never sleeps, it moves the clock.
 
+use chrono::{DateTime, Utc};
+use conveyor_core::{
+    CompleteParams, FailParams, FetchParams, Job, JobListParams, LeaseOutcome, LeaseRef,
+    ManualClock, NewJob, RetryPlan, RetryPolicy, Store, StoreResult,
+};
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+mod admin;
+mod fetch;
+mod finish;
+mod insert;
+mod rescue;
+
+pub use admin::*;
+pub use fetch::*;
+pub use finish::*;
+pub use insert::*;
+pub use rescue::*;
+
+/// A store under test and the clock it reads "now" from.
+#[derive(Clone)]
+pub struct Harness {
+    pub store: Arc<dyn Store>,
+    pub clock: Arc<ManualClock>,
+    /// Dropped with the harness: the store's temp dir, database or schema.
+    _cleanup: Option<Arc<dyn std::any::Any + Send + Sync>>,
+}
+
+impl Harness {
+    pub fn new(store: Arc<dyn Store>, clock: Arc<ManualClock>) -> Self {
+        Self {
+            store,
+            clock,
+            _cleanup: None,
+        }
+    }
+
+    /// Keeps `guard` (e.g. a `tempfile::TempDir`) alive until the behaviour has run.
+    pub fn with_cleanup(mut self, guard: impl std::any::Any + Send + Sync) -> Self {
+        self._cleanup = Some(Arc::new(guard));
+        self
+    }
+
+    /// The store's "now".
+    pub fn now(&self) -> DateTime<Utc> {
+        conveyor_core::Clock::now(&*self.clock)
+    }
+
+    /// Moves the store's clock forward.
+    pub fn advance(&self, by: Duration) {
+        self.clock.advance(by);
+    }
+}
+
+/// Every behaviour in the suite, by function name (the names of the generated tests).
+pub const BEHAVIOURS: &[&str] = crate::__conveyor_behaviours!(names);
+
+/// Expands into one `#[tokio::test]` per behaviour of the suite, each building a fresh harness
+/// with `$make().await` (an async fn returning [`Harness`]) and running that behaviour on it.
+///
+/// ```ignore
+/// conveyor_storetest::conformance_tests!(make_harness);
+/// ```
+#[macro_export]
+macro_rules! conformance_tests {
+    ($make:path) => {
+        $crate::__conveyor_behaviours!(tests $make);
+    };
+}
+
+/// The one list of behaviours; `conformance_tests!` and [`BEHAVIOURS`] are both built from it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conveyor_behaviours {
+    ($($mode:tt)*) => {
+        $crate::__conveyor_expand! {
+            [$($mode)*]
+            // insert and idempotency
+            insert_returns_available_job_with_uuid_v7,
+            insert_many_returns_one_result_per_job_in_order,
+            insert_with_future_run_at_is_scheduled,
+            insert_with_past_run_at_is_available,
+            insert_many_is_all_or_nothing,
+            idempotency_key_returns_existing_unfinished_job,
+            idempotency_key_deduplicates_within_one_batch,
+            idempotency_key_matches_completed_job_within_window_only,
+            idempotency_key_ignores_dead_and_cancelled_jobs,
+            concurrent_duplicate_enqueues_yield_one_job,
+            payload_and_tags_round_trip,
+            get_unknown_id_returns_none,
+            // fetch
+            fetch_claims_highest_priority_first,
+            fetch_orders_by_run_at_then_age_within_priority,
+            fetch_respects_max_and_queues,
+            fetch_sets_lease_and_increments_attempt,
+            concurrent_fetches_never_claim_a_job_twice,
+            scheduled_job_becomes_fetchable_when_due,
+            // finishing an attempt
+            complete_requires_current_lease,
+            complete_stores_result_and_finished_at,
+            heartbeat_extends_lease_and_reports_lost_leases,
+            fail_with_backoff_goes_retryable_then_runs_again,
+            fail_records_error_history_in_order,
+            fail_after_last_attempt_goes_dead,
+            fail_never_goes_dead_at_once,
+            fail_at_sets_run_at,
+            fail_with_stale_token_changes_nothing,
+            snooze_does_not_count_an_attempt,
+            release_returns_job_available_without_counting_attempt,
+            // rescue
+            rescue_moves_expired_leases_to_retryable_with_lease_expired_error,
+            rescue_sends_exhausted_jobs_to_dead,
+            rescue_leaves_live_leases_alone,
+            rescue_honours_limit,
+            stale_completion_after_rescue_is_rejected,
+            // administration
+            cancel_unfinished_job,
+            cancel_running_job_revokes_lease,
+            cancel_finished_job_conflicts,
+            cancel_unknown_job_is_not_found,
+            dead_replay_by_ids_keeps_history_and_resets_attempts,
+            dead_replay_by_queue_and_kind_filter,
+            dead_discard_deletes_only_dead_jobs,
+            list_filters_by_queue_state_kind_with_cursor_paging,
+            queue_stats_count_each_state_and_oldest_age,
+            promote_due_makes_scheduled_and_retryable_available,
+            next_due_reports_earliest_scheduled_run_at,
+            wakeup_is_notified_after_insert,
+            wakeup_is_notified_when_jobs_become_available_again,
+        }
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __conveyor_expand {
+    ([tests $make:path] $($name:ident,)*) => {
+        $(
+            #[::tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $name() {
+                let h = $make().await;
+                $crate::$name(&h).await;
+            }
+        )*
+    };
+    ([names] $($name:ident,)*) => {
+        &[$(stringify!($name)),*]
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// Helpers shared by the behaviours. Public so store crates can reuse them in their own tests.
+// ---------------------------------------------------------------------------------------------
+
+/// The worker id the helpers fetch with.
+pub const WORKER: &str = "worker-1";
+/// The lease the helpers fetch with.
+pub const LEASE: Duration = Duration::from_secs(30);
+
+pub fn secs(n: u64) -> Duration {
+    Duration::from_secs(n)
+}
+
+pub fn millis(n: u64) -> Duration {
+    Duration::from_millis(n)
+}
+
+/// `std` duration as a `chrono` duration, for date arithmetic.
+pub fn span(d: Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).expect("duration fits chrono")
+}
+
+/// A job of `kind` in the default queue with an empty payload.
+pub fn new_job(kind: &str) -> NewJob {
+    NewJob::new(kind, serde_json::json!({}))
+}
+
+/// A job of `kind` in `queue`.
+pub fn job_in(queue: &str, kind: &str) -> NewJob {
+    let mut job = new_job(kind);
+    job.queue = queue.to_string();
+    job
+}
+
+/// A deterministic backoff: `base`, `2 * base`, `4 * base`, ... capped at one hour.
+pub fn backoff(base: Duration) -> RetryPolicy {
+    RetryPolicy::fixed_exponential(base, Duration::from_secs(3600))
+}
+
+/// Inserts one job, asserting it is new (not an idempotency duplicate).
+pub async fn insert(h: &Harness, job: NewJob) -> Job {
+    let mut inserted = h
+        .store
+        .jobs_insert_many(vec![job])
+        .await
+        .expect("insert should succeed");
+    assert_eq!(inserted.len(), 1, "one insert result per job");
+    let inserted = inserted.pop().expect("one result");
+    assert!(!inserted.duplicate, "a fresh job is not a duplicate");
+    inserted.job
+}
+
+/// The stored job with `id`, which must exist.
+pub async fn get(h: &Harness, id: Uuid) -> Job {
+    h.store
+        .job_get(id)
+        .await
+        .expect("job_get should succeed")
+        .unwrap_or_else(|| panic!("job {id} should exist"))
+}
+
+pub fn fetch_params(queues: &[&str], max: usize) -> FetchParams {
+    FetchParams {
+        worker_id: WORKER.to_string(),
+        queues: queues.iter().map(|q| q.to_string()).collect(),
+        max,
+        lease: LEASE,
+    }
+}
+
+/// Fetches up to `max` jobs from `queues` as [`WORKER`] with a [`LEASE`] lease.
+pub async fn fetch(h: &Harness, queues: &[&str], max: usize) -> Vec<Job> {
+    h.store
+        .jobs_fetch(fetch_params(queues, max))
+        .await
+        .expect("fetch should succeed")
+}
+
+/// Fetches from `queue` with `max: 1`, asserting a job comes back.
+pub async fn fetch_one(h: &Harness, queue: &str) -> Job {
+    let mut jobs = fetch(h, &[queue], 1).await;
+    assert_eq!(
+        jobs.len(),
+        1,
+        "expected exactly one job from queue {queue:?}, got {jobs:?}"
+    );
+    jobs.pop().expect("one job")
+}
+
+/// Asserts nothing is fetchable from `queue`.
+pub async fn fetch_none(h: &Harness, queue: &str, why: &str) {
+    let jobs = fetch(h, &[queue], 10).await;
+    assert!(
+        jobs.is_empty(),
+        "nothing should be fetchable from {queue:?} ({why}), got {jobs:?}"
+    );
+}
+
+/// The lease a fetched job is held under.
+pub fn lease_of(job: &Job) -> LeaseRef {
+    let lease = job
+        .lease
+        .as_ref()
+        .unwrap_or_else(|| panic!("job {} should hold a lease: {job:?}", job.id));
+    LeaseRef {
+        id: job.id,
+        lease_token: lease.token,
+    }
+}
+
+/// A lease for `id` with a token nobody was given.
+pub fn bogus_lease(id: Uuid) -> LeaseRef {
+    LeaseRef {
+        id,
+        lease_token: Uuid::new_v4(),
+    }
+}
+
+/// Completes one job under `lease` and returns the outcome.
+pub async fn complete(
+    h: &Harness,
+    lease: LeaseRef,
+    result: Option<serde_json::Value>,
+) -> LeaseOutcome {
+    let outcomes = h
+        .store
+        .jobs_complete_many(vec![CompleteParams { lease, result }])
+        .await
+        .expect("complete should succeed");
+    assert_eq!(outcomes.len(), 1, "one outcome per completion");
+    outcomes[0]
+}
+
+/// Fails one attempt under `lease` with class "error".
+pub async fn fail(
+    h: &Harness,
+    lease: LeaseRef,
+    message: &str,
+    retry: RetryPlan,
+) -> StoreResult<Job> {
+    h.store
+        .job_fail(FailParams {
+            lease,
+            class: conveyor_core::error_class::ERROR.to_string(),
+            message: message.to_string(),
+            retry,
+        })
+        .await
+}
+
+/// Inserts `job` with one attempt and sends it to the dead-letter queue (fetch, fail `Never`).
+/// Only call it while no other job is available in that queue.
+pub async fn make_dead(h: &Harness, mut job: NewJob) -> Job {
+    job.max_attempts = 1;
+    let queue = job.queue.clone();
+    let inserted = insert(h, job).await;
+    let fetched = fetch_one(h, &queue).await;
+    assert_eq!(fetched.id, inserted.id, "the only available job is fetched");
+    let dead = fail(h, lease_of(&fetched), "fatal", RetryPlan::Never)
+        .await
+        .expect("fail should succeed");
+    assert_eq!(dead.state, conveyor_core::JobState::Dead, "{dead:?}");
+    dead
+}
+
+/// Every job in the store, newest first.
+pub async fn list_all(h: &Harness) -> Vec<Job> {
+    list(
+        h,
+        JobListParams {
+            limit: 10_000,
+            ..Default::default()
+        },
+    )
+    .await
+}
+
+pub async fn list(h: &Harness, params: JobListParams) -> Vec<Job> {
+    h.store
+        .jobs_list(params)
+        .await
+        .expect("jobs_list should succeed")
+}
+
+/// Ids of `jobs`, in order.
+pub fn ids(jobs: &[Job]) -> Vec<Uuid> {
+    jobs.iter().map(|j| j.id).collect()
+}
