@@ -170,7 +170,10 @@ fn configure_writer(conn: &Connection, durability: Durability) -> rusqlite::Resu
         Durability::Durable => "FULL",
         Durability::RelaxedLosesRecentJobsOnPowerLoss => "NORMAL",
     };
-    conn.execute_batch(&format!("PRAGMA synchronous={synchronous};"))?;
+    // Savepoint sub-journals in memory: each operation runs in a savepoint (see writer.rs).
+    conn.execute_batch(&format!(
+        "PRAGMA synchronous={synchronous}; PRAGMA temp_store=MEMORY; PRAGMA cache_size=-65536;"
+    ))?;
     Ok(())
 }
 

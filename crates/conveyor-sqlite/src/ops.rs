@@ -115,6 +115,7 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
             millis(job.created_at),
         ])
         .map_err(backend)?;
+        ctx.count_move(&job.queue, None, Some(job.state));
         inserted.push(Inserted {
             job,
             duplicate: false,
@@ -126,14 +127,34 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
 /// Makes due scheduled and retryable jobs available.
 pub(crate) fn promote_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
     ctx.promoted = true;
-    let changed = ctx
-        .conn
-        .prepare_cached(
-            "UPDATE jobs SET state = 'available' \
-             WHERE state IN ('scheduled', 'retryable') AND run_at <= ?1",
-        )
-        .and_then(|mut stmt| stmt.execute(params![millis(ctx.now)]))
-        .map_err(backend)? as u64;
+    let mut changed = 0;
+    // Each repeats the partial index's own condition (`state IN (...)`) so SQLite uses it.
+    let promotions = [
+        (
+            JobState::Scheduled,
+            "UPDATE jobs SET state = 'available' WHERE state IN ('scheduled', 'retryable') AND state = 'scheduled' AND run_at <= ?1 \
+             RETURNING queue",
+        ),
+        (
+            JobState::Retryable,
+            "UPDATE jobs SET state = 'available' WHERE state IN ('scheduled', 'retryable') AND state = 'retryable' AND run_at <= ?1 \
+             RETURNING queue",
+        ),
+    ];
+    for (from, sql) in promotions {
+        let queues: Vec<String> = ctx
+            .conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(params![millis(ctx.now)], |row| row.get(0))?
+                    .collect()
+            })
+            .map_err(backend)?;
+        for queue in &queues {
+            ctx.count_move(queue, Some(from), Some(JobState::Available));
+        }
+        changed += queues.len() as u64;
+    }
     if changed > 0 {
         ctx.wake = true;
     }
@@ -191,6 +212,14 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             .map_err(backend)?;
         jobs.extend(job);
     }
+    drop(claim);
+    for job in &jobs {
+        ctx.count_move(
+            &job.queue,
+            Some(JobState::Available),
+            Some(JobState::Running),
+        );
+    }
     Ok(jobs)
 }
 
@@ -229,29 +258,40 @@ pub(crate) fn complete_many(
         .prepare_cached(
             "UPDATE jobs SET state = 'completed', result = ?1, finished_at = ?2, \
              lease_token = NULL, lease_expires_at = NULL \
-             WHERE id = ?3 AND state = 'running' AND lease_token = ?4",
+             WHERE id = ?3 AND state = 'running' AND lease_token = ?4 RETURNING queue",
         )
         .map_err(backend)?;
     let mut out = Vec::with_capacity(completions.len());
+    let mut completed_queues = Vec::with_capacity(completions.len());
     for completion in completions {
         let result = completion
             .result
             .as_ref()
             .map(|value| json_text(value, "result"))
             .transpose()?;
-        let changed = stmt
-            .execute(params![
-                result,
-                millis(ctx.now),
-                completion.lease.id.to_string(),
-                completion.lease.lease_token.to_string()
-            ])
+        let queue: Option<String> = stmt
+            .query_row(
+                params![
+                    result,
+                    millis(ctx.now),
+                    completion.lease.id.to_string(),
+                    completion.lease.lease_token.to_string()
+                ],
+                |row| row.get(0),
+            )
+            .optional()
             .map_err(backend)?;
-        out.push(if changed == 1 {
-            LeaseOutcome::Applied
-        } else {
-            LeaseOutcome::LeaseLost
+        out.push(match queue {
+            Some(queue) => {
+                completed_queues.push(queue);
+                LeaseOutcome::Applied
+            }
+            None => LeaseOutcome::LeaseLost,
         });
+    }
+    drop(stmt);
+    for queue in &completed_queues {
+        ctx.count_move(queue, Some(JobState::Running), Some(JobState::Completed));
     }
     Ok(out)
 }
@@ -290,6 +330,8 @@ fn record_failure(
             rows::job,
         )
         .map_err(backend)?;
+    drop(stmt);
+    ctx.count_move(&job.queue, Some(JobState::Running), Some(job.state));
     Ok(job)
 }
 
@@ -343,7 +385,8 @@ pub(crate) fn snooze(ctx: &mut WriteCtx<'_>, params: SnoozeParams) -> StoreResul
         ctx.wake = true;
         JobState::Available
     };
-    ctx.conn
+    let job = ctx
+        .conn
         .prepare_cached(&format!(
             "UPDATE jobs SET state = ?1, run_at = ?2, attempt = MAX(attempt - 1, 0), \
              lease_token = NULL, lease_expires_at = NULL \
@@ -355,7 +398,9 @@ pub(crate) fn snooze(ctx: &mut WriteCtx<'_>, params: SnoozeParams) -> StoreResul
                 rows::job,
             )
         })
-        .map_err(backend)
+        .map_err(backend)?;
+    ctx.count_move(&job.queue, Some(JobState::Running), Some(job.state));
+    Ok(job)
 }
 
 pub(crate) fn release_many(ctx: &mut WriteCtx<'_>, leases: &[LeaseRef]) -> StoreResult<u64> {
@@ -364,15 +409,25 @@ pub(crate) fn release_many(ctx: &mut WriteCtx<'_>, leases: &[LeaseRef]) -> Store
         .prepare_cached(
             "UPDATE jobs SET state = 'available', attempt = MAX(attempt - 1, 0), \
              lease_token = NULL, lease_expires_at = NULL \
-             WHERE id = ?1 AND state = 'running' AND lease_token = ?2",
+             WHERE id = ?1 AND state = 'running' AND lease_token = ?2 RETURNING queue",
         )
         .map_err(backend)?;
-    let mut released = 0;
+    let mut queues = Vec::new();
     for lease in leases {
-        released += stmt
-            .execute(params![lease.id.to_string(), lease.lease_token.to_string()])
-            .map_err(backend)? as u64;
+        let queue: Option<String> = stmt
+            .query_row(
+                params![lease.id.to_string(), lease.lease_token.to_string()],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(backend)?;
+        queues.extend(queue);
     }
+    drop(stmt);
+    for queue in &queues {
+        ctx.count_move(queue, Some(JobState::Running), Some(JobState::Available));
+    }
+    let released = queues.len() as u64;
     if released > 0 {
         ctx.wake = true;
     }
@@ -429,44 +484,59 @@ pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<Job> {
             action: "cancel",
         });
     }
-    ctx.conn
+    let cancelled = ctx
+        .conn
         .prepare_cached(&format!(
             "UPDATE jobs SET state = 'cancelled', finished_at = ?1, \
              lease_token = NULL, lease_expires_at = NULL WHERE id = ?2 RETURNING {COLUMNS}"
         ))
         .and_then(|mut stmt| stmt.query_row(params![millis(ctx.now), key], rows::job))
-        .map_err(backend)
+        .map_err(backend)?;
+    ctx.count_move(&job.queue, Some(job.state), Some(JobState::Cancelled));
+    Ok(cancelled)
 }
 
 pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> StoreResult<u64> {
     let now = millis(ctx.now);
-    let replayed = match &selector.ids {
+    let queues: Vec<String> = match &selector.ids {
         Some(ids) => {
             let mut stmt = ctx
                 .conn
                 .prepare_cached(
                     "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
-                     finished_at = NULL, result = NULL WHERE id = ?2 AND state = 'dead'",
+                     finished_at = NULL, result = NULL WHERE id = ?2 AND state = 'dead' \
+                     RETURNING queue",
                 )
                 .map_err(backend)?;
-            let mut count = 0;
+            let mut queues = Vec::new();
             for id in ids {
-                count += stmt
-                    .execute(params![now, id.to_string()])
-                    .map_err(backend)? as u64;
+                let queue: Option<String> = stmt
+                    .query_row(params![now, id.to_string()], |row| row.get(0))
+                    .optional()
+                    .map_err(backend)?;
+                queues.extend(queue);
             }
-            count
+            queues
         }
         None => ctx
             .conn
             .prepare_cached(
                 "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
                  finished_at = NULL, result = NULL WHERE state = 'dead' \
-                 AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3)",
+                 AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3) RETURNING queue",
             )
-            .and_then(|mut stmt| stmt.execute(params![now, selector.queue, selector.kind]))
-            .map_err(backend)? as u64,
+            .and_then(|mut stmt| {
+                stmt.query_map(params![now, selector.queue, selector.kind], |row| {
+                    row.get(0)
+                })?
+                .collect()
+            })
+            .map_err(backend)?,
     };
+    for queue in &queues {
+        ctx.count_move(queue, Some(JobState::Dead), Some(JobState::Available));
+    }
+    let replayed = queues.len() as u64;
     if replayed > 0 {
         ctx.wake = true;
     }
@@ -474,10 +544,16 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
 }
 
 pub(crate) fn dead_discard(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<bool> {
-    let deleted = ctx
+    let queue: Option<String> = ctx
         .conn
-        .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND state = 'dead'")
-        .and_then(|mut stmt| stmt.execute(params![id.to_string()]))
+        .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND state = 'dead' RETURNING queue")
+        .and_then(|mut stmt| {
+            stmt.query_row(params![id.to_string()], |row| row.get(0))
+                .optional()
+        })
         .map_err(backend)?;
-    Ok(deleted == 1)
+    if let Some(queue) = &queue {
+        ctx.count_move(queue, Some(JobState::Dead), None);
+    }
+    Ok(queue.is_some())
 }

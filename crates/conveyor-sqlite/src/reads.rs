@@ -53,7 +53,7 @@ pub(crate) fn jobs_list(conn: &Connection, params: &JobListParams) -> StoreResul
 pub(crate) fn queues_stats(conn: &Connection, now: DateTime<Utc>) -> StoreResult<Vec<QueueStats>> {
     let mut by_queue: BTreeMap<String, QueueStats> = BTreeMap::new();
     let mut stmt = conn
-        .prepare_cached("SELECT queue, state, COUNT(*) FROM jobs GROUP BY queue, state")
+        .prepare_cached("SELECT queue, state, n FROM queue_state_counts WHERE n > 0")
         .map_err(backend)?;
     let counts = stmt
         .query_map([], |row| {

@@ -35,5 +35,16 @@ CREATE INDEX IF NOT EXISTS jobs_lease ON jobs (lease_expires_at)
     WHERE state = 'running';
 CREATE INDEX IF NOT EXISTS jobs_idempotency ON jobs (idempotency_key, created_at)
     WHERE idempotency_key IS NOT NULL;
--- Listing and counting by queue and state.
-CREATE INDEX IF NOT EXISTS jobs_queue_state ON jobs (queue, state);
+-- Dead jobs by queue and kind: the dead-letter views and replay filters.
+CREATE INDEX IF NOT EXISTS jobs_dead ON jobs (queue, kind) WHERE state = 'dead';
+
+-- Per-queue counts by state, maintained by the writer in the same transaction as every change
+-- (see `WriteCtx::count_move`). Cheaper than an index on (queue, state) over the whole table,
+-- where each state change would move an entry in a large index, and cheaper than triggers;
+-- it makes `queues_stats` constant-time.
+CREATE TABLE IF NOT EXISTS queue_state_counts (
+    queue TEXT NOT NULL,
+    state TEXT NOT NULL,
+    n     INTEGER NOT NULL,
+    PRIMARY KEY (queue, state)
+) WITHOUT ROWID;

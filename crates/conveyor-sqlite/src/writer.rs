@@ -7,8 +7,9 @@
 //! grows with load while every acknowledgement still follows the commit.
 
 use chrono::{DateTime, Utc};
-use conveyor_core::{Clock, StoreError, StoreOptions, StoreResult};
+use conveyor_core::{Clock, JobState, StoreError, StoreOptions, StoreResult};
 use rusqlite::Connection;
+use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use tokio::sync::{oneshot, Notify};
@@ -25,6 +26,41 @@ pub(crate) struct WriteCtx<'c> {
     pub wake: bool,
     /// Due jobs are promoted at most once per round, however many fetches the round holds.
     pub promoted: bool,
+    /// Per-queue state count changes of this round, written just before the commit.
+    pub counts: Vec<(String, JobState, i64)>,
+}
+
+impl WriteCtx<'_> {
+    /// Records that a job of `queue` left state `from` and/or entered state `to`.
+    pub fn count_move(&mut self, queue: &str, from: Option<JobState>, to: Option<JobState>) {
+        if from == to {
+            return;
+        }
+        if let Some(from) = from {
+            self.counts.push((queue.to_string(), from, -1));
+        }
+        if let Some(to) = to {
+            self.counts.push((queue.to_string(), to, 1));
+        }
+    }
+
+    /// Applies the round's count changes, summed per (queue, state).
+    fn flush_counts(&mut self) -> rusqlite::Result<()> {
+        let mut sums: HashMap<(String, JobState), i64> = HashMap::new();
+        for (queue, state, delta) in self.counts.drain(..) {
+            *sums.entry((queue, state)).or_default() += delta;
+        }
+        let mut stmt = self.conn.prepare_cached(
+            "INSERT INTO queue_state_counts (queue, state, n) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (queue, state) DO UPDATE SET n = n + excluded.n",
+        )?;
+        for ((queue, state), delta) in sums {
+            if delta != 0 {
+                stmt.execute(rusqlite::params![queue, state.as_str(), delta])?;
+            }
+        }
+        Ok(())
+    }
 }
 
 pub(crate) trait PendingWrite: Send {
@@ -69,11 +105,13 @@ where
             return;
         }
         let wake_before = ctx.wake;
+        let counts_before = ctx.counts.len();
         let outcome = work(ctx);
         let end = if outcome.is_ok() {
             run_cached(ctx.conn, "RELEASE op")
         } else {
             ctx.wake = wake_before;
+            ctx.counts.truncate(counts_before);
             run_cached(ctx.conn, "ROLLBACK TO op").and_then(|()| run_cached(ctx.conn, "RELEASE op"))
         };
         self.outcome = Some(match end {
@@ -121,13 +159,17 @@ pub(crate) fn run_writer(
             options: &options,
             wake: false,
             promoted: false,
+            counts: Vec::new(),
         };
         let commit = match conn.execute_batch("BEGIN IMMEDIATE") {
             Ok(()) => {
                 for op in batch.iter_mut() {
                     op.run(&mut ctx);
                 }
-                match conn.execute_batch("COMMIT") {
+                let committed = ctx
+                    .flush_counts()
+                    .and_then(|()| conn.execute_batch("COMMIT"));
+                match committed {
                     Ok(()) => Ok(()),
                     Err(e) => {
                         let _ = conn.execute_batch("ROLLBACK");

@@ -21,6 +21,8 @@ use crate::maintenance::Maintenance;
 
 /// Most jobs claimed by one fetch.
 const MAX_FETCH_BATCH: usize = 100;
+/// Longest a busy fetch loop waits for more free slots before fetching (see `run_fetcher`).
+const FETCH_GATHER_WAIT: Duration = Duration::from_millis(2);
 /// Most completions written in one store call.
 const MAX_COMPLETION_BATCH: usize = 1000;
 
@@ -263,6 +265,7 @@ impl Worker {
                 shared: self.shared.clone(),
                 queue: queue.clone(),
                 slots: Arc::new(Semaphore::new(*concurrency)),
+                concurrency: *concurrency,
                 poll: self.poll,
                 stop: stop_fetching.clone(),
                 executors: executors.clone(),
@@ -331,14 +334,25 @@ struct FetchLoop {
     shared: Arc<Shared>,
     queue: String,
     slots: Arc<Semaphore>,
+    concurrency: usize,
     poll: Duration,
     stop: CancellationToken,
     executors: Arc<Mutex<JoinSet<()>>>,
     completions: mpsc::UnboundedSender<CompleteParams>,
 }
 
+fn take_free_permits(slots: &Arc<Semaphore>, permits: &mut Vec<OwnedSemaphorePermit>) {
+    while permits.len() < MAX_FETCH_BATCH {
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) => permits.push(permit),
+            Err(_) => break,
+        }
+    }
+}
+
 async fn run_fetcher(lp: FetchLoop) {
     let mut error_backoff = Duration::from_millis(100);
+    let mut busy = false;
     loop {
         let first = tokio::select! {
             _ = lp.stop.cancelled() => return,
@@ -348,11 +362,22 @@ async fn run_fetcher(lp: FetchLoop) {
             },
         };
         let mut permits: Vec<OwnedSemaphorePermit> = vec![first];
-        while permits.len() < MAX_FETCH_BATCH {
-            match lp.slots.clone().try_acquire_owned() {
-                Ok(permit) => permits.push(permit),
-                Err(_) => break,
-            }
+        take_free_permits(&lp.slots, &mut permits);
+        // Under load slots free up one by one; fetching for each alone would cost a commit per
+        // job. When the last fetch found work, wait a moment for a quarter of the slots so each
+        // fetch claims a batch. An idle worker (all slots free) fetches at once.
+        let batch_target = (lp.concurrency / 4).clamp(1, MAX_FETCH_BATCH);
+        if busy && permits.len() < batch_target {
+            let gather = async {
+                while permits.len() < batch_target {
+                    match lp.slots.clone().acquire_owned().await {
+                        Ok(permit) => permits.push(permit),
+                        Err(_) => break,
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(FETCH_GATHER_WAIT, gather).await;
+            take_free_permits(&lp.slots, &mut permits);
         }
         let params = FetchParams {
             worker_id: lp.shared.id.clone(),
@@ -371,6 +396,7 @@ async fn run_fetcher(lp: FetchLoop) {
         let jobs = match fetched {
             Ok(jobs) => {
                 error_backoff = Duration::from_millis(100);
+                busy = !jobs.is_empty();
                 jobs
             }
             Err(error) => {
@@ -466,7 +492,7 @@ async fn execute(
             return;
         }
         Attempt::Handler(Outcome::Complete(result)) => {
-            tracing::info!(job_id = %job.id, queue = %job.queue, kind = %job.kind,
+            tracing::debug!(job_id = %job.id, queue = %job.queue, kind = %job.kind,
                 attempt = job.attempt, duration_ms = elapsed_ms, outcome = "completed", "job finished");
             // Batched by the completer; if the worker dies first, the lease expires and the job reruns.
             let _ = completions.send(CompleteParams { lease, result });
