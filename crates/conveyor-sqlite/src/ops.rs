@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use conveyor_core::{
     error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
-    Job, JobState, LeaseOutcome, LeaseRef, NewJob, ReplaySelector, RescueParams, RescueReport,
+    Job, JobState, Lease, LeaseOutcome, LeaseRef, NewJob, ReplaySelector, RescueParams, RescueReport,
     RetryPlan, SnoozeParams, StoreError, StoreResult,
 };
 use rusqlite::{params, OptionalExtension};
@@ -166,59 +166,71 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         promote_due(ctx)?;
     }
     // Candidates per queue (each an index range scan), merged into one claim order.
-    let mut candidates: Vec<(i32, i64, String)> = Vec::new();
+    let mut candidates: Vec<Job> = Vec::new();
     {
         let mut stmt = ctx
             .conn
-            .prepare_cached(
-                "SELECT priority, run_at, id FROM jobs WHERE state = 'available' AND queue = ?1 \
-                 ORDER BY priority DESC, run_at, id LIMIT ?2",
-            )
+            .prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \
+                 ORDER BY priority DESC, run_at, id LIMIT ?2"
+            ))
             .map_err(backend)?;
         for queue in &params.queues {
             let rows = stmt
-                .query_map(params![queue, params.max as i64], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
-                })
-                .and_then(|rows| rows.collect::<Result<Vec<(i32, i64, String)>, _>>())
+                .query_map(params![queue, params.max as i64], rows::job)
+                .and_then(|rows| rows.collect::<Result<Vec<Job>, _>>())
                 .map_err(backend)?;
             candidates.extend(rows);
         }
     }
     if params.queues.len() > 1 {
-        candidates.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)));
+        candidates.sort_by(|a, b| {
+            b.priority
+                .cmp(&a.priority)
+                .then(a.run_at.cmp(&b.run_at))
+                .then(a.id.cmp(&b.id))
+        });
     }
     candidates.truncate(params.max);
 
-    let expires = millis(ctx.now + chrono_duration(params.lease));
-    let now = millis(ctx.now);
+    let expires_at = ctx.now + chrono_duration(params.lease);
+    // No RETURNING here: SQLite buffers returned rows in a temporary table per statement, which
+    // costs more than updating the already-read rows in memory.
     let mut claim = ctx
         .conn
-        .prepare_cached(&format!(
+        .prepare_cached(
             "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_worker = ?1, \
              lease_token = ?2, lease_expires_at = ?3, started_at = ?4 \
-             WHERE id = ?5 AND state = 'available' RETURNING {COLUMNS}"
-        ))
+             WHERE id = ?5 AND state = 'available'",
+        )
         .map_err(backend)?;
     let mut jobs = Vec::with_capacity(candidates.len());
-    for (_, _, id) in candidates {
-        let token = Uuid::new_v4().to_string();
-        let job = claim
-            .query_row(
-                params![params.worker_id, token, expires, now, id],
-                rows::job,
-            )
-            .optional()
+    for mut job in candidates {
+        let token = Uuid::new_v4();
+        let claimed = claim
+            .execute(params![
+                params.worker_id,
+                token.to_string(),
+                millis(expires_at),
+                millis(ctx.now),
+                job.id.to_string()
+            ])
             .map_err(backend)?;
-        jobs.extend(job);
+        if claimed == 1 {
+            job.state = JobState::Running;
+            job.attempt += 1;
+            job.started_at = Some(ctx.now);
+            job.lease = Some(Lease {
+                worker_id: params.worker_id.clone(),
+                token,
+                expires_at,
+            });
+            jobs.push(job);
+        }
     }
     drop(claim);
     for job in &jobs {
-        ctx.count_move(
-            &job.queue,
-            Some(JobState::Available),
-            Some(JobState::Running),
-        );
+        ctx.count_move(&job.queue, Some(JobState::Available), Some(JobState::Running));
     }
     Ok(jobs)
 }
@@ -253,47 +265,50 @@ pub(crate) fn complete_many(
     ctx: &mut WriteCtx<'_>,
     completions: Vec<CompleteParams>,
 ) -> StoreResult<Vec<LeaseOutcome>> {
-    let mut stmt = ctx
-        .conn
-        .prepare_cached(
-            "UPDATE jobs SET state = 'completed', result = ?1, finished_at = ?2, \
-             lease_token = NULL, lease_expires_at = NULL \
-             WHERE id = ?3 AND state = 'running' AND lease_token = ?4 RETURNING queue",
-        )
-        .map_err(backend)?;
     let mut out = Vec::with_capacity(completions.len());
     let mut completed_queues = Vec::with_capacity(completions.len());
     for completion in completions {
+        let id = completion.lease.id.to_string();
+        // Read the queue (for the counts) while checking the lease; a plain UPDATE follows.
+        let Some(queue) = held_in_queue(ctx, &completion.lease)? else {
+            out.push(LeaseOutcome::LeaseLost);
+            continue;
+        };
         let result = completion
             .result
             .as_ref()
             .map(|value| json_text(value, "result"))
             .transpose()?;
-        let queue: Option<String> = stmt
-            .query_row(
-                params![
-                    result,
-                    millis(ctx.now),
-                    completion.lease.id.to_string(),
-                    completion.lease.lease_token.to_string()
-                ],
-                |row| row.get(0),
+        ctx.conn
+            .prepare_cached(
+                "UPDATE jobs SET state = 'completed', result = ?1, finished_at = ?2, \
+                 lease_token = NULL, lease_expires_at = NULL WHERE id = ?3",
             )
-            .optional()
+            .and_then(|mut stmt| stmt.execute(params![result, millis(ctx.now), id]))
             .map_err(backend)?;
-        out.push(match queue {
-            Some(queue) => {
-                completed_queues.push(queue);
-                LeaseOutcome::Applied
-            }
-            None => LeaseOutcome::LeaseLost,
-        });
+        completed_queues.push(queue);
+        out.push(LeaseOutcome::Applied);
     }
-    drop(stmt);
     for queue in &completed_queues {
         ctx.count_move(queue, Some(JobState::Running), Some(JobState::Completed));
     }
     Ok(out)
+}
+
+/// The queue of a running job still held under `lease`; `None` when the lease was lost.
+fn held_in_queue(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<Option<String>> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT queue FROM jobs WHERE id = ?1 AND state = 'running' AND lease_token = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![lease.id.to_string(), lease.lease_token.to_string()],
+                |row| row.get(0),
+            )
+            .optional()
+        })
+        .map_err(backend)
 }
 
 /// Records a failed attempt on a running job and decides between `retryable` and `dead`.
