@@ -220,10 +220,12 @@ pub async fn fetch_waiting(
             let in_ms = (due - Utc::now()).num_milliseconds().max(0) as u64;
             until = until.min(now + Duration::from_millis(in_ms));
         }
+        // Biased: once `stop` has resolved, no further fetch starts, even if a wake-up is ready.
         tokio::select! {
+            biased;
+            _ = &mut stop => return Ok(Vec::new()),
             _ = &mut notified => {}
             _ = tokio::time::sleep_until(until) => {}
-            _ = &mut stop => return Ok(Vec::new()),
         }
     }
 }

@@ -100,9 +100,12 @@ impl SqliteStore {
         let clock = options.clock.clone();
         let store_options = options.store.clone();
         let writer_wakeup = wakeup.clone();
+        let durable = options.durability == Durability::Durable;
         std::thread::Builder::new()
             .name("conveyor-sqlite-writer".into())
-            .spawn(move || writer::run_writer(conn, receiver, clock, store_options, writer_wakeup))
+            .spawn(move || {
+                writer::run_writer(conn, receiver, clock, store_options, writer_wakeup, durable)
+            })
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
 
         Ok(Self {
@@ -127,7 +130,24 @@ impl SqliteStore {
         T: Send + 'static,
         F: FnOnce(&mut writer::WriteCtx<'_>) -> StoreResult<T> + Send + 'static,
     {
-        let (op, reply) = writer::op(work);
+        self.submit(writer::Sync::Durable, work).await
+    }
+
+    /// Like `write`, for claims that need not be fsync'd on their own (see `writer::Sync`).
+    async fn claim<T, F>(&self, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut writer::WriteCtx<'_>) -> StoreResult<T> + Send + 'static,
+    {
+        self.submit(writer::Sync::Claim, work).await
+    }
+
+    async fn submit<T, F>(&self, sync: writer::Sync, work: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&mut writer::WriteCtx<'_>) -> StoreResult<T> + Send + 'static,
+    {
+        let (op, reply) = writer::op(sync, work);
         self.inner.ops.send(op).map_err(|_| StoreError::Closed)?;
         reply.await.map_err(|_| StoreError::Closed)?
     }
@@ -166,13 +186,15 @@ fn configure_writer(conn: &Connection, durability: Durability) -> rusqlite::Resu
             "could not switch to WAL journal mode (got {mode})"
         )));
     }
-    let synchronous = match durability {
-        Durability::Durable => "FULL",
-        Durability::RelaxedLosesRecentJobsOnPowerLoss => "NORMAL",
+    // Durable mode checkpoints by itself (see writer::SyncControl), never inside an unsynced commit.
+    let (synchronous, autocheckpoint) = match durability {
+        Durability::Durable => ("FULL", 0),
+        Durability::RelaxedLosesRecentJobsOnPowerLoss => ("NORMAL", 1000),
     };
     // Savepoint sub-journals in memory: each operation runs in a savepoint (see writer.rs).
     conn.execute_batch(&format!(
-        "PRAGMA synchronous={synchronous}; PRAGMA temp_store=MEMORY; PRAGMA cache_size=-65536;"
+        "PRAGMA synchronous={synchronous}; PRAGMA wal_autocheckpoint={autocheckpoint}; \
+         PRAGMA temp_store=MEMORY; PRAGMA cache_size=-65536;"
     ))?;
     Ok(())
 }
@@ -236,14 +258,14 @@ impl Store for SqliteStore {
         if params.max == 0 || params.queues.is_empty() {
             return Ok(Vec::new());
         }
-        self.write(move |ctx| ops::fetch(ctx, &params)).await
+        self.claim(move |ctx| ops::fetch(ctx, &params)).await
     }
 
     async fn jobs_heartbeat_many(
         &self,
         params: Vec<HeartbeatParams>,
     ) -> StoreResult<Vec<Option<DateTime<Utc>>>> {
-        self.write(move |ctx| ops::heartbeat_many(ctx, &params))
+        self.claim(move |ctx| ops::heartbeat_many(ctx, &params))
             .await
     }
 

@@ -4,8 +4,8 @@
 use chrono::{DateTime, Utc};
 use conveyor_core::{
     error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
-    Job, JobState, Lease, LeaseOutcome, LeaseRef, NewJob, ReplaySelector, RescueParams, RescueReport,
-    RetryPlan, SnoozeParams, StoreError, StoreResult,
+    Job, JobState, Lease, LeaseOutcome, LeaseRef, NewJob, ReplaySelector, RescueParams,
+    RescueReport, RetryPlan, SnoozeParams, StoreError, StoreResult,
 };
 use rusqlite::{params, OptionalExtension};
 use uuid::Uuid;
@@ -230,7 +230,11 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
     }
     drop(claim);
     for job in &jobs {
-        ctx.count_move(&job.queue, Some(JobState::Available), Some(JobState::Running));
+        ctx.count_move(
+            &job.queue,
+            Some(JobState::Available),
+            Some(JobState::Running),
+        );
     }
     Ok(jobs)
 }

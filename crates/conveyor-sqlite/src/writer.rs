@@ -12,6 +12,7 @@ use rusqlite::Connection;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 /// Most operations committed together; bounds transaction size and reply latency.
@@ -64,6 +65,8 @@ impl WriteCtx<'_> {
 }
 
 pub(crate) trait PendingWrite: Send {
+    /// False for claims (fetch, heartbeat) whose loss on power failure only re-delivers a job.
+    fn needs_fsync(&self) -> bool;
     fn run(&mut self, ctx: &mut WriteCtx<'_>);
     fn finish(self: Box<Self>, commit: Result<(), String>);
 }
@@ -71,18 +74,30 @@ pub(crate) trait PendingWrite: Send {
 pub(crate) type Op = Box<dyn PendingWrite>;
 
 struct Write<T, F> {
+    needs_fsync: bool,
     work: Option<F>,
     outcome: Option<StoreResult<T>>,
     reply: oneshot::Sender<StoreResult<T>>,
 }
 
-pub(crate) fn op<T, F>(work: F) -> (Op, oneshot::Receiver<StoreResult<T>>)
+/// How an operation's commit must reach the disk before its caller is answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sync {
+    /// fsync'd before the answer (in durable mode): enqueues, completions, failures, admin.
+    Durable,
+    /// A claim (fetch, heartbeat): rides on the next durable commit's fsync. If power fails
+    /// first, the claim is undone and the job is delivered again, which at-least-once allows.
+    Claim,
+}
+
+pub(crate) fn op<T, F>(sync: Sync, work: F) -> (Op, oneshot::Receiver<StoreResult<T>>)
 where
     T: Send + 'static,
     F: FnOnce(&mut WriteCtx<'_>) -> StoreResult<T> + Send + 'static,
 {
     let (reply, receiver) = oneshot::channel();
     let write = Write {
+        needs_fsync: sync == Sync::Durable,
         work: Some(work),
         outcome: None,
         reply,
@@ -95,6 +110,10 @@ where
     T: Send + 'static,
     F: FnOnce(&mut WriteCtx<'_>) -> StoreResult<T> + Send + 'static,
 {
+    fn needs_fsync(&self) -> bool {
+        self.needs_fsync
+    }
+
     fn run(&mut self, ctx: &mut WriteCtx<'_>) {
         let Some(work) = self.work.take() else {
             return;
@@ -137,13 +156,69 @@ fn run_cached(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([]).map(|_| ())
 }
 
+/// In durable mode the writer switches between `synchronous=FULL` (rounds holding any durable
+/// operation) and `synchronous=OFF` (claim-only rounds). Because the WAL is appended in order,
+/// a durable commit's fsync also covers every claim committed before it. Automatic
+/// checkpoints are off in this mode (one during an unsynced commit would not fsync); the
+/// writer checkpoints itself, always under `FULL`.
+struct SyncControl {
+    durable: bool,
+    full: bool,
+    rounds_since_checkpoint: u32,
+    last_checkpoint: Instant,
+}
+
+const CHECKPOINT_EVERY_ROUNDS: u32 = 500;
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(1);
+
+impl SyncControl {
+    fn set_full(&mut self, conn: &Connection, full: bool) -> rusqlite::Result<()> {
+        if self.durable && self.full != full {
+            conn.execute_batch(if full {
+                "PRAGMA synchronous=FULL"
+            } else {
+                "PRAGMA synchronous=OFF"
+            })?;
+            self.full = full;
+        }
+        Ok(())
+    }
+
+    fn after_round(&mut self, conn: &Connection) {
+        if !self.durable {
+            return;
+        }
+        self.rounds_since_checkpoint += 1;
+        if self.rounds_since_checkpoint < CHECKPOINT_EVERY_ROUNDS
+            && self.last_checkpoint.elapsed() < CHECKPOINT_EVERY
+        {
+            return;
+        }
+        let checkpoint = self
+            .set_full(conn, true)
+            .and_then(|()| conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())));
+        if let Err(error) = checkpoint {
+            tracing::warn!(%error, "WAL checkpoint failed; will retry");
+        }
+        self.rounds_since_checkpoint = 0;
+        self.last_checkpoint = Instant::now();
+    }
+}
+
 pub(crate) fn run_writer(
     conn: Connection,
     ops: Receiver<Op>,
     clock: Arc<dyn Clock>,
     options: StoreOptions,
     wakeup: Arc<Notify>,
+    durable: bool,
 ) {
+    let mut sync = SyncControl {
+        durable,
+        full: true,
+        rounds_since_checkpoint: 0,
+        last_checkpoint: Instant::now(),
+    };
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     while let Ok(first) = ops.recv() {
         batch.push(first);
@@ -153,6 +228,7 @@ pub(crate) fn run_writer(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        let needs_fsync = batch.iter().any(|op| op.needs_fsync());
         let mut ctx = WriteCtx {
             conn: &conn,
             now: clock.now(),
@@ -161,7 +237,10 @@ pub(crate) fn run_writer(
             promoted: false,
             counts: Vec::new(),
         };
-        let commit = match conn.execute_batch("BEGIN IMMEDIATE") {
+        let begin = sync
+            .set_full(&conn, needs_fsync)
+            .and_then(|()| conn.execute_batch("BEGIN IMMEDIATE"));
+        let commit = match begin {
             Ok(()) => {
                 for op in batch.iter_mut() {
                     op.run(&mut ctx);
@@ -189,5 +268,6 @@ pub(crate) fn run_writer(
         if wake {
             wakeup.notify_waiters();
         }
+        sync.after_round(&conn);
     }
 }

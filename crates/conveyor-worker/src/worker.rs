@@ -189,6 +189,7 @@ impl WorkerBuilder {
                 running: Mutex::new(HashMap::new()),
             }),
             queues: self.queues,
+            stop_fetching: CancellationToken::new(),
             drain_timeout: self.drain_timeout,
             poll: self.poll,
             maintenance: self.maintenance,
@@ -222,6 +223,8 @@ impl Shared {
 pub struct Worker {
     shared: Arc<Shared>,
     queues: Vec<(String, usize)>,
+    /// Cancelled when shutdown begins: fetch loops stop.
+    stop_fetching: CancellationToken,
     drain_timeout: Duration,
     poll: Duration,
     maintenance: Option<Maintenance>,
@@ -246,9 +249,15 @@ impl Worker {
         &self.shared.id
     }
 
+    /// Resolves once this worker has begun shutting down and stopped fetching: nothing enqueued
+    /// after that is claimed by it. For readiness probes and for tests that need the moment.
+    pub fn drain_started(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.stop_fetching.clone().cancelled_owned()
+    }
+
     /// Runs until `shutdown` resolves, then drains and returns.
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> ShutdownReport {
-        let stop_fetching = CancellationToken::new();
+        let stop_fetching = self.stop_fetching.clone();
         let stop_background = CancellationToken::new();
         let (completions, completion_rx) = mpsc::unbounded_channel();
         let completer = tokio::spawn(run_completer(self.shared.clone(), completion_rx));
@@ -277,6 +286,7 @@ impl Worker {
         shutdown.await;
         tracing::info!(worker_id = %self.shared.id, drain_timeout = ?self.drain_timeout,
             "shutdown requested: no more fetching, draining running jobs");
+        let running_at_shutdown = self.shared.running().len();
         stop_fetching.cancel();
         while fetchers.join_next().await.is_some() {}
 
@@ -285,7 +295,7 @@ impl Worker {
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner()),
         );
-        let running_at_shutdown = executors.len();
+
         let drained_in_time = tokio::time::timeout(self.drain_timeout, async {
             while executors.join_next().await.is_some() {}
         })
@@ -409,6 +419,23 @@ async fn run_fetcher(lp: FetchLoop) {
                 continue;
             }
         };
+        if lp.stop.is_cancelled() && !jobs.is_empty() {
+            // Claimed by a fetch that was in flight when shutdown began: hand them straight
+            // back rather than start new work while draining.
+            let leases: Vec<LeaseRef> = jobs
+                .iter()
+                .filter_map(|job| {
+                    job.lease.as_ref().map(|lease| LeaseRef {
+                        id: job.id,
+                        lease_token: lease.token,
+                    })
+                })
+                .collect();
+            if let Err(error) = lp.shared.store.jobs_release_many(leases).await {
+                tracing::warn!(%error, "could not release jobs fetched during shutdown; they will be rescued");
+            }
+            return;
+        }
         let mut executors = lp.executors.lock().unwrap_or_else(|p| p.into_inner());
         for job in jobs {
             let Some(permit) = permits.pop() else {

@@ -362,9 +362,11 @@ async fn shutdown_lets_running_jobs_finish_within_the_drain_timeout() {
         .build()
         .unwrap();
     let id = enqueue(&env.store, job("report", 3)).await;
+    let drain_started = w.drain_started();
     let (stop, handle) = spawn_worker(w);
     started.recv().await.unwrap();
     stop.send(()).unwrap();
+    drain_started.await;
     // Jobs enqueued after shutdown began are not fetched by this worker.
     let later = enqueue(&env.store, job("report", 3)).await;
     finish_tx.send(true).unwrap();

@@ -248,12 +248,19 @@ async fn latency(
     let begin = Instant::now();
     for n in 0..samples {
         let sent = Instant::now();
-        store.jobs_insert_many(vec![bench_job(queue, n)]).await?;
+        let id = store.jobs_insert_many(vec![bench_job(queue, n)]).await?[0]
+            .job
+            .id;
         let began = tokio::time::timeout(Duration::from_secs(10), started_rx.recv())
             .await
             .context("a job did not start within 10 s")?
             .context("worker stopped")?;
         latencies.push(began.saturating_duration_since(sent).as_secs_f64() * 1000.0);
+        // Idle means idle: let this job's completion commit before the next enqueue, so no
+        // sample waits behind the previous job's write.
+        while store.job_get(id).await?.map(|job| job.state) != Some(conveyor::JobState::Completed) {
+            tokio::time::sleep(Duration::from_micros(200)).await;
+        }
     }
     let seconds = begin.elapsed().as_secs_f64();
     stop.notify_one();

@@ -23,6 +23,8 @@ use super::http::{ApiClient, ApiFailure};
 
 pub(crate) const EXIT_RETRY: i32 = 75;
 pub(crate) const EXIT_PERMANENT: i32 = 65;
+/// Long-poll length: bounds how long a SIGTERM waits for an in-flight fetch to return.
+const LONG_POLL_MS: u64 = 1000;
 /// Most bytes of stdout/stderr kept for results and error messages.
 const OUTPUT_LIMIT: usize = 64 * 1024;
 
@@ -114,7 +116,7 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
         }
         let request = json!({
             "worker_id": worker_id, "queues": args.queues, "max": permits.len(),
-            "lease_ms": args.lease_ms, "wait_ms": 5000,
+            "lease_ms": args.lease_ms, "wait_ms": LONG_POLL_MS,
         });
         // A fetch in flight is not interrupted: jobs it claims are run (or released at drain).
         let fetched = ctx.api.post("/v1/fetch", &request).await;
@@ -133,6 +135,17 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
         };
+        if stop.is_cancelled() {
+            // Claimed by a long-poll that was in flight when the signal came: give them back.
+            for job in batch {
+                let id = job["id"].as_str().unwrap_or_default();
+                let body = json!({"lease_token": job["lease_token"]});
+                if let Err(error) = ctx.api.post(&format!("/v1/jobs/{id}/release"), &body).await {
+                    tracing::warn!(job_id = %id, %error, "could not release a job fetched during shutdown; it will be rescued");
+                }
+            }
+            break;
+        }
         for job in batch {
             let permit = permits.pop();
             let ctx = ctx.clone();
