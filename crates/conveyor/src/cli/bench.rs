@@ -52,10 +52,10 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.jobs == 0 || args.concurrency == 0 || args.batch == 0 {
         anyhow::bail!("--jobs, --concurrency and --batch must be at least 1");
     }
-    let temp = tempfile_dir()?;
+    let temp = TempDir::create()?;
     let url = match &args.store {
         Some(url) => url.clone(),
-        None => format!("sqlite://{}", temp.join("bench.db").display()),
+        None => format!("sqlite://{}", temp.0.join("bench.db").display()),
     };
     let store = conveyor::open_store(&url, args.durability.open_options())
         .with_context(|| format!("cannot open store {url}"))?;
@@ -108,7 +108,6 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         }
     }
     drop(store);
-    let _ = std::fs::remove_dir_all(&temp);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -135,11 +134,22 @@ fn describe(line: &serde_json::Value) -> String {
     text
 }
 
-fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
-    let dir =
-        std::env::temp_dir().join(format!("conveyor-bench-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    Ok(dir)
+/// The default bench store's directory, removed when the bench ends, however it ends.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn create() -> anyhow::Result<Self> {
+        let dir =
+            std::env::temp_dir().join(format!("conveyor-bench-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self(dir))
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 fn bench_job(queue: &str, n: usize) -> NewJob {

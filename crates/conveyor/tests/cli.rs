@@ -1,0 +1,287 @@
+//! The `conveyor` command line against a real server: client commands, the dead-letter queue,
+//! bad input, the demo and the benchmark.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::process::{Command, Output};
+
+fn conveyor(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .env("CONVEYOR_LOG", "warn")
+        .output()
+        .expect("run conveyor")
+}
+
+fn stdout_json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "command failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).expect("JSON on stdout")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn client_commands_enqueue_show_cancel_and_count() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    let job = stdout_json(&conveyor(&[
+        "enqueue",
+        "report.build",
+        "--payload",
+        r#"{"month": "2026-11"}"#,
+        "--queue",
+        "reports",
+        "--priority",
+        "5",
+        "--tag",
+        "monthly",
+        "--idempotency-key",
+        "nov-report",
+        "--server",
+        s,
+        "--json",
+    ]));
+    assert_eq!(job["state"], "available");
+    assert_eq!(job["duplicate"], false);
+    let id = job["id"].as_str().unwrap();
+
+    let again = stdout_json(&conveyor(&[
+        "enqueue",
+        "report.build",
+        "--idempotency-key",
+        "nov-report",
+        "--server",
+        s,
+        "--json",
+    ]));
+    assert_eq!(again["id"], id, "same idempotency key returns the same job");
+    assert_eq!(again["duplicate"], true);
+
+    let shown = stdout_json(&conveyor(&["job", "show", id, "--server", s, "--json"]));
+    assert_eq!(shown["payload"], json!({"month": "2026-11"}));
+    assert_eq!(shown["priority"], 5);
+    assert_eq!(shown["tags"], json!(["monthly"]));
+
+    let queues = stdout_json(&conveyor(&["queues", "--server", s, "--json"]));
+    let reports = queues["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|q| q["name"] == "reports")
+        .unwrap();
+    assert_eq!(reports["available"], 1);
+
+    let cancelled = stdout_json(&conveyor(&["job", "cancel", id, "--server", s, "--json"]));
+    assert_eq!(cancelled["state"], "cancelled");
+    let twice = conveyor(&["job", "cancel", id, "--server", s]);
+    assert!(!twice.status.success());
+    assert!(stderr(&twice).contains("409"), "{}", stderr(&twice));
+
+    let table = conveyor(&["queues", "--server", s]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("QUEUE") && text.contains("reports"), "{text}");
+}
+
+#[test]
+fn dead_letter_queue_list_replay_and_discard() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    let http = http();
+    let kill = |id: &str| {
+        let fetched: Value = http
+            .post(format!("{s}/v1/fetch"))
+            .json(&json!({"worker_id": "test", "queues": ["default"]}))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        let job = &fetched["jobs"][0];
+        assert_eq!(job["id"], id);
+        let failed: Value = http
+            .post(format!("{s}/v1/jobs/{id}/fail"))
+            .json(&json!({"lease_token": job["lease_token"], "retry": "never",
+                          "error": {"class": "permanent", "message": "bad address"}}))
+            .send()
+            .unwrap()
+            .json()
+            .unwrap();
+        assert_eq!(failed["state"], "dead");
+    };
+    let job = enqueue(
+        s,
+        json!({"kind": "email.send", "payload": {"to": "nobody"}}),
+    );
+    let id = job["id"].as_str().unwrap();
+    kill(id);
+
+    let listed = stdout_json(&conveyor(&["dead", "list", "--server", s, "--json"]));
+    assert_eq!(listed["jobs"][0]["id"], id);
+    let table = conveyor(&["dead", "list", "--server", s]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("bad address"));
+
+    let replayed = stdout_json(&conveyor(&["dead", "replay", id, "--server", s, "--json"]));
+    assert_eq!(replayed["replayed"], 1);
+    let back = get_job(s, id);
+    assert_eq!(back["state"], "available");
+    assert_eq!(
+        back["errors"][0]["message"], "bad address",
+        "replay keeps the history"
+    );
+
+    kill(id);
+    let none = conveyor(&["dead", "replay", "--server", s]);
+    assert!(
+        !none.status.success(),
+        "replay without a selection must refuse"
+    );
+    assert!(stderr(&none).contains("--all"), "{}", stderr(&none));
+    stdout_json(&conveyor(&["dead", "discard", id, "--server", s, "--json"]));
+    let gone = conveyor(&["job", "show", id, "--server", s]);
+    assert!(!gone.status.success());
+    assert!(stderr(&gone).contains("404"), "{}", stderr(&gone));
+}
+
+#[test]
+fn bad_input_gets_a_clear_message_and_a_non_zero_exit() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+
+    let bad_json = conveyor(&["enqueue", "k", "--payload", "{oops", "--server", s]);
+    assert!(!bad_json.status.success());
+    assert!(
+        stderr(&bad_json).contains("--payload is not valid JSON"),
+        "{}",
+        stderr(&bad_json)
+    );
+
+    let bad_kind = conveyor(&["enqueue", "bad kind!", "--server", s]);
+    assert!(!bad_kind.status.success());
+    assert!(
+        stderr(&bad_kind).contains("field: kind"),
+        "{}",
+        stderr(&bad_kind)
+    );
+
+    let bad_id = conveyor(&["job", "show", "not-a-uuid", "--server", s]);
+    assert!(!bad_id.status.success());
+    assert!(
+        stderr(&bad_id).contains("not a job id"),
+        "{}",
+        stderr(&bad_id)
+    );
+
+    let queues = stdout_json(&conveyor(&["queues", "--server", s, "--json"]));
+    assert_eq!(
+        queues["queues"],
+        json!([]),
+        "nothing was stored by the rejected commands"
+    );
+
+    let nobody = conveyor(&["queues", "--server", "http://127.0.0.1:9"]);
+    assert!(!nobody.status.success());
+    assert!(
+        stderr(&nobody).contains("cannot reach the Conveyor server"),
+        "{}",
+        stderr(&nobody)
+    );
+}
+
+#[test]
+fn serve_refuses_a_corrupt_database_or_unknown_store_with_a_clear_error() {
+    let dir = temp_dir();
+    let corrupt = path_in(&dir, "corrupt.db");
+    std::fs::write(&corrupt, vec![0x5a; 8192]).unwrap();
+    let out = conveyor(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        &format!("sqlite://{}", corrupt.display()),
+    ]);
+    assert!(!out.status.success());
+    assert!(stderr(&out).contains("not a database"), "{}", stderr(&out));
+    assert!(!stderr(&out).contains("panicked"), "{}", stderr(&out));
+
+    let out = conveyor(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        "mysql://localhost/jobs",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("unsupported store URL"),
+        "{}",
+        stderr(&out)
+    );
+}
+
+#[test]
+fn demo_shows_jobs_completing_retrying_and_dying() {
+    let dir = temp_dir();
+    let server = start_server(
+        &path_in(&dir, "demo.db"),
+        &["--demo", "--drain-timeout-secs", "1"],
+    );
+    let s = server.url.clone();
+    let seen = wait_until("the demo to complete, retry and kill jobs", || {
+        let queues = stdout_json(&conveyor(&["queues", "--server", &s, "--json"]));
+        let total = |field: &str| -> u64 {
+            queues["queues"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|q| q[field].as_u64().unwrap())
+                .sum()
+        };
+        let errors_seen = total("retryable") > 0 || total("dead") > 0;
+        (total("completed") >= 3 && total("dead") >= 1 && errors_seen).then_some(queues)
+    });
+    let names: Vec<&str> = seen["queues"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.len() >= 2,
+        "jobs flow through several queues: {names:?}"
+    );
+    let dead = stdout_json(&conveyor(&["dead", "list", "--server", &s, "--json"]));
+    assert!(
+        !dead["jobs"][0]["errors"].as_array().unwrap().is_empty(),
+        "dead jobs carry their errors"
+    );
+}
+
+#[test]
+fn bench_reports_one_json_line_per_workload() {
+    let out = conveyor(&["bench", "--jobs", "300", "--concurrency", "8", "--json"]);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON line"))
+        .collect();
+    let workloads: Vec<&str> = lines
+        .iter()
+        .map(|l| l["workload"].as_str().unwrap())
+        .collect();
+    assert_eq!(workloads, ["enqueue", "drain", "latency"]);
+    for line in &lines {
+        assert!(line["jobs_per_s"].as_f64().unwrap() > 0.0, "{line}");
+        assert_eq!(line["durable"], true);
+    }
+    assert!(lines[2]["p50_ms"].as_f64().unwrap() <= lines[2]["p99_ms"].as_f64().unwrap());
+}
