@@ -235,6 +235,7 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             Some(JobState::Available),
             Some(JobState::Running),
         );
+        ctx.claimed_queues.insert(job.id, job.queue.clone());
     }
     Ok(jobs)
 }
@@ -272,9 +273,13 @@ pub(crate) fn complete_many(
     let mut out = Vec::with_capacity(completions.len());
     let mut completed_queues = Vec::with_capacity(completions.len());
     for completion in completions {
-        let id = completion.lease.id.to_string();
-        // Read the queue (for the counts) while checking the lease; a plain UPDATE follows.
-        let Some(queue) = held_in_queue(ctx, &completion.lease)? else {
+        let lease = completion.lease;
+        // The queue is needed for the counts: from the claim cache, else read with the lease check.
+        let queue = match ctx.claimed_queues.remove(&lease.id) {
+            Some(queue) => Some(queue),
+            None => held_in_queue(ctx, &lease)?,
+        };
+        let Some(queue) = queue else {
             out.push(LeaseOutcome::LeaseLost);
             continue;
         };
@@ -283,15 +288,28 @@ pub(crate) fn complete_many(
             .as_ref()
             .map(|value| json_text(value, "result"))
             .transpose()?;
-        ctx.conn
+        let changed = ctx
+            .conn
             .prepare_cached(
                 "UPDATE jobs SET state = 'completed', result = ?1, finished_at = ?2, \
-                 lease_token = NULL, lease_expires_at = NULL WHERE id = ?3",
+                 lease_token = NULL, lease_expires_at = NULL \
+                 WHERE id = ?3 AND state = 'running' AND lease_token = ?4",
             )
-            .and_then(|mut stmt| stmt.execute(params![result, millis(ctx.now), id]))
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    result,
+                    millis(ctx.now),
+                    lease.id.to_string(),
+                    lease.lease_token.to_string()
+                ])
+            })
             .map_err(backend)?;
-        completed_queues.push(queue);
-        out.push(LeaseOutcome::Applied);
+        if changed == 1 {
+            completed_queues.push(queue);
+            out.push(LeaseOutcome::Applied);
+        } else {
+            out.push(LeaseOutcome::LeaseLost);
+        }
     }
     for queue in &completed_queues {
         ctx.count_move(queue, Some(JobState::Running), Some(JobState::Completed));

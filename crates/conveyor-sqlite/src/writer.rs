@@ -15,6 +15,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
+/// Bound on `WriteCtx::claimed_queues`.
+const MAX_CLAIMED_QUEUES: usize = 200_000;
 /// Most operations committed together; bounds transaction size and reply latency.
 const MAX_BATCH: usize = 512;
 
@@ -29,6 +31,9 @@ pub(crate) struct WriteCtx<'c> {
     pub promoted: bool,
     /// Per-queue state count changes of this round, written just before the commit.
     pub counts: Vec<(String, JobState, i64)>,
+    /// Queues of jobs this writer claimed, so completing them needs no extra read for the
+    /// counts. A job's queue never changes, so an entry is never wrong, only possibly absent.
+    pub claimed_queues: &'c mut HashMap<uuid::Uuid, String>,
 }
 
 impl WriteCtx<'_> {
@@ -220,7 +225,13 @@ pub(crate) fn run_writer(
         last_checkpoint: Instant::now(),
     };
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
+    let mut claimed_queues = HashMap::new();
     while let Ok(first) = ops.recv() {
+        // Entries of jobs that left `running` other than by completion are not removed one by
+        // one; dropping the cache now and then bounds it (a miss only costs a read).
+        if claimed_queues.len() > MAX_CLAIMED_QUEUES {
+            claimed_queues.clear();
+        }
         batch.push(first);
         while batch.len() < MAX_BATCH {
             match ops.try_recv() {
@@ -236,6 +247,7 @@ pub(crate) fn run_writer(
             wake: false,
             promoted: false,
             counts: Vec::new(),
+            claimed_queues: &mut claimed_queues,
         };
         let begin = sync
             .set_full(&conn, needs_fsync)
