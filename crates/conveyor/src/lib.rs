@@ -37,9 +37,11 @@ use std::sync::Arc;
 pub const DEFAULT_STORE_URL: &str = "sqlite://./conveyor-data/conveyor.db";
 
 /// Options for [`open_store`].
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct OpenOptions {
     pub durability: Durability,
+    /// Store-wide behaviour (e.g. how long a completed job still deduplicates its idempotency key).
+    pub store: StoreOptions,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -65,9 +67,9 @@ pub fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, Ope
         path,
         SqliteOptions {
             durability: options.durability,
+            store: options.store,
             ..SqliteOptions::default()
-        },
-    )?;
+        },)?;
     Ok(Arc::new(store))
 }
 

@@ -42,6 +42,7 @@ impl DurabilityArg {
                 DurabilityArg::Durable => conveyor::Durability::Durable,
                 DurabilityArg::Relaxed => conveyor::Durability::RelaxedLosesRecentJobsOnPowerLoss,
             },
+            ..conveyor::OpenOptions::default()
         }
     }
 }

@@ -30,13 +30,20 @@ pub(crate) struct ServeArgs {
     /// How often expired leases are rescued and due jobs promoted, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     maintenance_interval_ms: u64,
+    /// How long a completed job still answers enqueues with its idempotency key, in seconds.
+    /// (Unfinished jobs always do; dead and cancelled jobs never do.)
+    #[arg(long, default_value_t = 24 * 3600)]
+    idempotency_window_secs: u64,
     /// How long the demo worker may drain at shutdown, in seconds.
     #[arg(long, default_value_t = 30)]
     drain_timeout_secs: u64,
 }
 
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let store = conveyor::open_store(&args.store, args.durability.open_options())
+    let mut open_options = args.durability.open_options();
+    open_options.store.completed_idempotency_window =
+        Duration::from_secs(args.idempotency_window_secs);
+    let store = conveyor::open_store(&args.store, open_options)
         .with_context(|| format!("cannot open store {}", args.store))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
