@@ -23,6 +23,8 @@ use crate::maintenance::Maintenance;
 const MAX_FETCH_BATCH: usize = 100;
 /// Longest a busy fetch loop waits for more free slots before fetching (see `run_fetcher`).
 const FETCH_GATHER_WAIT: Duration = Duration::from_millis(2);
+/// How long a cancelled handler may take to stop by itself before it is aborted.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
 /// Most completions written in one store call.
 const MAX_COMPLETION_BATCH: usize = 1000;
 
@@ -605,8 +607,12 @@ async fn run_handler(
             })
         }
         _ = cancel.cancelled() => {
-            task.abort();
-            let _ = task.await;
+            // Give a cooperative handler (one awaiting `ctx.cancelled()`) a moment to stop
+            // cleanly before it is dropped.
+            if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
             Attempt::Interrupted
         }
     }
