@@ -69,7 +69,8 @@ pub fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, Ope
             durability: options.durability,
             store: options.store,
             ..SqliteOptions::default()
-        },)?;
+        },
+    )?;
     Ok(Arc::new(store))
 }
 
