@@ -188,6 +188,26 @@ pub trait Store: Send + Sync + 'static {
     /// Earliest run_at among scheduled/retryable jobs in `queues`, so a waiting fetcher knows
     /// when to look again.
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>>;
+
+    /// Stores jobs exactly as given (ids, states, attempts, history, leases, timestamps): the
+    /// target side of `conveyor store copy`. A job whose id already exists is left alone, so a
+    /// copy can be resumed. Returns how many were inserted.
+    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64>;
+
+    /// Takes or renews the maintenance leadership for `holder` for `ttl`: true while `holder`
+    /// leads. Exactly one holder leads at a time across every process sharing the store; when
+    /// the leader stops renewing, another takes over once `ttl` has passed. The default suits
+    /// stores that only one process opens (embedded SQLite): the caller always leads.
+    async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {
+        let _ = (holder, ttl);
+        Ok(true)
+    }
+
+    /// Gives up the leadership if `holder` has it, so another node takes over at once.
+    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
+        let _ = holder;
+        Ok(())
+    }
 }
 
 /// Fetches, waiting (asynchronously) until jobs are claimed, `wait` passes, or `stop` resolves:

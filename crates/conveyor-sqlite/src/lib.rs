@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-const SCHEMA_VERSION: i64 = 1;
+const SCHEMA_VERSION: i64 = 2;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// How commits reach the disk.
@@ -300,6 +300,27 @@ impl Store for SqliteStore {
     async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
         self.write(move |ctx| ops::dead_replay(ctx, &selector))
             .await
+    }
+
+    async fn leader_try_acquire(
+        &self,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> StoreResult<bool> {
+        let holder = holder.to_string();
+        // A lost renewal (power failure) only delays maintenance; no fsync of its own.
+        self.claim(move |ctx| ops::leader_try_acquire(ctx, &holder, ttl))
+            .await
+    }
+
+    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
+        let holder = holder.to_string();
+        self.write(move |ctx| ops::leader_release(ctx, &holder))
+            .await
+    }
+
+    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
+        self.write(move |ctx| ops::import(ctx, jobs)).await
     }
 
     async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {

@@ -594,3 +594,97 @@ pub(crate) fn dead_discard(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<bool
     }
     Ok(queue.is_some())
 }
+
+pub(crate) fn import(ctx: &mut WriteCtx<'_>, jobs: Vec<Job>) -> StoreResult<u64> {
+    let mut imported = 0;
+    for job in jobs {
+        let lease = job.lease.as_ref();
+        let payload = json_text(&job.payload, "payload")?;
+        let tags = json_text(&job.tags, "tags")?;
+        let errors = json_text(&job.errors, "errors")?;
+        let result = job
+            .result
+            .as_ref()
+            .map(|r| json_text(r, "result"))
+            .transpose()?;
+        let changed = ctx
+            .conn
+            .prepare_cached(&format!(
+                "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
+                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) ON CONFLICT (id) DO NOTHING"
+            ))
+            .and_then(|mut stmt| {
+                stmt.execute(rusqlite::params![
+                    job.id.to_string(),
+                    job.kind,
+                    job.queue,
+                    payload,
+                    job.priority,
+                    millis(job.run_at),
+                    job.attempt,
+                    job.max_attempts,
+                    job.timeout_ms.map(|ms| ms.min(i64::MAX as u64) as i64),
+                    job.idempotency_key,
+                    tags,
+                    job.tenant,
+                    job.state.as_str(),
+                    errors,
+                    lease.map(|l| l.worker_id.clone()),
+                    lease.map(|l| l.token.to_string()),
+                    lease.map(|l| millis(l.expires_at)),
+                    result,
+                    millis(job.created_at),
+                    job.started_at.map(millis),
+                    job.finished_at.map(millis),
+                ])
+            })
+            .map_err(backend)?;
+        if changed == 1 {
+            ctx.count_move(&job.queue, None, Some(job.state));
+            if matches!(job.state, JobState::Available) {
+                ctx.wake = true;
+            }
+            imported += 1;
+        }
+    }
+    Ok(imported)
+}
+
+/// The one leadership role maintenance uses.
+const MAINTENANCE_ROLE: &str = "maintenance";
+
+pub(crate) fn leader_try_acquire(
+    ctx: &mut WriteCtx<'_>,
+    holder: &str,
+    ttl: std::time::Duration,
+) -> StoreResult<bool> {
+    let expires = millis(ctx.now + chrono_duration(ttl));
+    // Take the role if it is free, expired, or already ours; otherwise leave it.
+    let current: String = ctx
+        .conn
+        .prepare_cached(
+            "INSERT INTO leadership (name, holder, expires_at) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, \
+             expires_at = excluded.expires_at \
+             WHERE leadership.holder = excluded.holder OR leadership.expires_at <= ?4 \
+             RETURNING holder",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![MAINTENANCE_ROLE, holder, expires, millis(ctx.now)],
+                |row| row.get(0),
+            )
+            .optional()
+        })
+        .map_err(backend)?
+        .unwrap_or_default();
+    Ok(current == holder)
+}
+
+pub(crate) fn leader_release(ctx: &mut WriteCtx<'_>, holder: &str) -> StoreResult<()> {
+    ctx.conn
+        .prepare_cached("DELETE FROM leadership WHERE name = ?1 AND holder = ?2")
+        .and_then(|mut stmt| stmt.execute(params![MAINTENANCE_ROLE, holder]))
+        .map_err(backend)?;
+    Ok(())
+}

@@ -1,4 +1,5 @@
--- Conveyor embedded store, schema version 1.
+-- Conveyor embedded store. Every statement is idempotent (IF NOT EXISTS), so upgrading from an
+-- older version re-runs this file; the version is kept in PRAGMA user_version.
 -- Timestamps are milliseconds since the Unix epoch; JSON columns hold text.
 CREATE TABLE IF NOT EXISTS jobs (
     id               TEXT PRIMARY KEY,      -- UUIDv7: time-ordered, so inserts append
@@ -47,4 +48,12 @@ CREATE TABLE IF NOT EXISTS queue_state_counts (
     state TEXT NOT NULL,
     n     INTEGER NOT NULL,
     PRIMARY KEY (queue, state)
+) WITHOUT ROWID;
+
+-- Version 2: maintenance leadership. One row per role; a holder keeps it by renewing before
+-- `expires_at`.
+CREATE TABLE IF NOT EXISTS leadership (
+    name       TEXT PRIMARY KEY,
+    holder     TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;

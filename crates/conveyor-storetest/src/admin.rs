@@ -641,3 +641,85 @@ pub async fn wakeup_is_notified_when_jobs_become_available_again(h: &Harness) {
     })
     .await;
 }
+
+/// `jobs_import` stores a job exactly as given (state, attempts, history, lease, timestamps),
+/// counts it in its queue, and leaves an id that already exists alone.
+pub async fn import_preserves_every_field_and_skips_existing_ids(h: &Harness) {
+    let mut source = job_in("imports", "imported");
+    source.max_attempts = 2;
+    source.tags = vec!["t1".into()];
+    source.tenant = Some("acme".into());
+    insert(h, source).await;
+    let running = fetch_one(h, "imports").await;
+    let dead = fail(h, lease_of(&running), "boom", RetryPlan::Never)
+        .await
+        .expect("fail");
+
+    let mut copy = dead.clone();
+    copy.id = Uuid::now_v7();
+    let mut leased = running.clone();
+    leased.id = Uuid::now_v7();
+    let imported = h
+        .store
+        .jobs_import(vec![copy.clone(), leased.clone()])
+        .await
+        .expect("import");
+    assert_eq!(imported, 2);
+    assert_eq!(
+        get(h, copy.id).await,
+        copy,
+        "a dead job is imported as it was"
+    );
+    assert_eq!(
+        get(h, leased.id).await,
+        leased,
+        "a running job keeps its lease"
+    );
+
+    let again = h
+        .store
+        .jobs_import(vec![copy.clone()])
+        .await
+        .expect("import again");
+    assert_eq!(again, 0, "an existing id is skipped");
+    let stats = h.store.queues_stats().await.expect("stats");
+    let imports = stats
+        .iter()
+        .find(|q| q.name == "imports")
+        .expect("queue counted");
+    assert_eq!((imports.dead, imports.running), (2, 1));
+}
+
+/// Maintenance leadership: one holder at a time; renewing keeps it; another takes over once
+/// the holder stops renewing for `ttl`, or at once when the holder releases it.
+pub async fn leadership_is_exclusive_until_released_or_expired(h: &Harness) {
+    let ttl = secs(10);
+    let lead = |holder: &'static str| async move {
+        h.store
+            .leader_try_acquire(holder, ttl)
+            .await
+            .expect("leader election")
+    };
+    assert!(lead("node-a").await, "the first node leads");
+    assert!(!lead("node-b").await, "a second node does not");
+    h.advance(secs(9));
+    assert!(lead("node-a").await, "the leader renews");
+    h.advance(secs(9));
+    assert!(!lead("node-b").await, "renewed leadership has not expired");
+    h.advance(secs(2));
+    assert!(
+        lead("node-b").await,
+        "an unrenewed leadership expires and moves"
+    );
+    assert!(!lead("node-a").await, "the old leader lost it");
+    h.store.leader_release("node-a").await.expect("release");
+    assert!(
+        !lead("node-a").await,
+        "releasing what one does not hold changes nothing"
+    );
+    h.store.leader_release("node-b").await.expect("release");
+    assert!(
+        lead("node-a").await,
+        "a released leadership is taken at once"
+    );
+}

@@ -149,6 +149,8 @@ macro_rules! __conveyor_behaviours {
             next_due_reports_earliest_scheduled_run_at,
             wakeup_is_notified_after_insert,
             wakeup_is_notified_when_jobs_become_available_again,
+            import_preserves_every_field_and_skips_existing_ids,
+            leadership_is_exclusive_until_released_or_expired,
         }
     };
 }

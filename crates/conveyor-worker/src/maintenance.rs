@@ -14,6 +14,8 @@ pub struct Maintenance {
     interval: Duration,
     retry: RetryPolicy,
     batch: usize,
+    holder: String,
+    leader_ttl: Duration,
 }
 
 impl Maintenance {
@@ -23,7 +25,22 @@ impl Maintenance {
             interval: Duration::from_secs(1),
             retry: RetryPolicy::default(),
             batch: 1000,
+            holder: crate::default_worker_id(),
+            leader_ttl: Duration::from_secs(10),
         }
+    }
+
+    /// Who this node is in leader election (default: host, pid and a random suffix).
+    pub fn holder_id(mut self, holder: impl Into<String>) -> Self {
+        self.holder = holder.into();
+        self
+    }
+
+    /// How long leadership lasts without renewal: the longest a dead leader's maintenance is
+    /// missed before another node takes over (default 10 s). Renewed every interval.
+    pub fn leader_ttl(mut self, ttl: Duration) -> Self {
+        self.leader_ttl = ttl;
+        self
     }
 
     /// How often to look for expired leases and due jobs (default 1 s).
@@ -65,18 +82,53 @@ impl Maintenance {
         Ok((rescued, promoted))
     }
 
-    /// Runs passes every interval until `stop` is cancelled. Store errors are logged and retried.
+    /// Runs passes every interval until `stop` is cancelled, but only while this node holds the
+    /// store's maintenance leadership (renewed each pass; given up at stop). Store errors are
+    /// logged and retried.
     pub async fn run(self, stop: CancellationToken) {
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut leading = false;
         loop {
             tokio::select! {
-                _ = stop.cancelled() => return,
+                _ = stop.cancelled() => break,
                 _ = ticker.tick() => {}
+            }
+            let now_leading = match self
+                .store
+                .leader_try_acquire(&self.holder, self.leader_ttl)
+                .await
+            {
+                Ok(lead) => lead,
+                Err(error) => {
+                    tracing::error!(%error, "leader election failed; will retry");
+                    false
+                }
+            };
+            if now_leading != leading {
+                leading = now_leading;
+                if leading {
+                    tracing::info!(holder = %self.holder, "this node now leads maintenance");
+                } else {
+                    tracing::info!(holder = %self.holder, "this node no longer leads maintenance");
+                }
+            }
+            if !leading {
+                continue;
             }
             if let Err(error) = self.run_once().await {
                 tracing::error!(%error, "maintenance pass failed; will retry");
             }
         }
+        if leading {
+            if let Err(error) = self.store.leader_release(&self.holder).await {
+                tracing::warn!(%error, "could not give up leadership; it will expire");
+            }
+        }
+    }
+
+    /// This node's identity in leader election.
+    pub fn holder(&self) -> &str {
+        &self.holder
     }
 }
