@@ -72,10 +72,11 @@ pub fn start_server(db: &Path, extra: &[&str]) -> Server {
         .spawn()
         .expect("spawn conveyor serve");
     let stdout = child.stdout.take().expect("stdout");
+    let mut reader = BufReader::new(stdout);
     let mut first = String::new();
-    BufReader::new(stdout)
-        .read_line(&mut first)
-        .expect("read listen line");
+    reader.read_line(&mut first).expect("read listen line");
+    // Keep reading so the server never writes into a closed pipe.
+    std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
     let url = first
         .split_whitespace()
         .find(|w| w.starts_with("http://"))

@@ -77,13 +77,16 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         ))
     });
 
-    // The first stdout line tells scripts and tests where we listen.
-    println!(
+    // The first stdout line tells scripts and tests where we listen. Written without println!,
+    // which panics when whoever started us has closed our stdout.
+    announce(&format!(
         "conveyor listening on http://{local} (store: {}, durability: {:?})",
         args.store, args.durability
-    );
+    ));
     if args.demo {
-        println!("demo running: watch it with `conveyor queues --watch --server http://{local}`");
+        announce(&format!(
+            "demo running: watch it with `conveyor queues --watch --server http://{local}`"
+        ));
     }
     tracing::info!(%local, store = %args.store, "server started");
 
@@ -104,4 +107,10 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let _ = maintenance.await;
     tracing::info!("server stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+fn announce(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
 }
