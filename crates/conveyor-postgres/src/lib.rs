@@ -1,0 +1,414 @@
+//! Conveyor's shared store: PostgreSQL.
+//!
+//! Many worker and server processes share one database. Claims use `FOR UPDATE SKIP LOCKED`, so
+//! concurrent fetchers never claim a job twice and never wait for each other; every change to a
+//! running job is conditional on its lease token. Wake-ups travel between processes over
+//! `LISTEN`/`NOTIFY`. Every "now" comes from the injected [`Clock`] (never from SQL `now()`), so
+//! the same code runs under the conformance suite's manual clock.
+//!
+//! Besides the [`Store`] trait, [`PgStore::enqueue_tx`] and [`PgStore::complete_tx`] work inside
+//! the application's own transaction: a job enqueued there exists if and only if the
+//! application's transaction commits, and a job completed there is completed if and only if the
+//! handler's own writes commit.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), conveyor_core::StoreError> {
+//! use conveyor_postgres::{PgOptions, PgStore};
+//! let store = PgStore::connect("postgres://postgres@127.0.0.1:5432/app", PgOptions::default()).await?;
+//! # Ok(()) }
+//! ```
+
+#![warn(missing_docs)]
+
+mod errors;
+mod listener;
+mod migrate;
+mod names;
+mod ops;
+mod rows;
+mod sql;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use conveyor_core::clock::truncate_to_millis;
+use conveyor_core::{
+    Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobListParams,
+    LeaseOutcome, LeaseRef, NewJob, QueueStats, ReplaySelector, RescueParams, RescueReport,
+    SnoozeParams, Store, StoreError, StoreOptions, StoreResult, SystemClock, ValidationError,
+};
+use serde_json::Value;
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
+use sqlx::{Connection, PgConnection, Postgres, Transaction};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+pub use migrate::{migrate, SCHEMA_VERSION};
+
+use errors::db;
+use ops::Ctx;
+use sql::Sql;
+
+/// Settings of a [`PgStore`].
+#[derive(Clone)]
+pub struct PgOptions {
+    /// The schema holding Conveyor's tables (created by the migrations when missing): one per
+    /// independent set of queues. `[a-z_][a-z0-9_]*`, at most 63 characters. Default `conveyor`.
+    pub schema: String,
+    /// Store-wide settings shared by every backend (idempotency window).
+    pub store: StoreOptions,
+    /// Where "now" comes from for every job timestamp.
+    pub clock: Arc<dyn Clock>,
+    /// Connections in the store's pool (the wake-up listener has one more of its own).
+    pub max_connections: u32,
+    /// Apply pending migrations at connect (default). When false, connecting fails unless the
+    /// schema is already at [`SCHEMA_VERSION`]: for deployments that migrate separately.
+    pub run_migrations: bool,
+}
+
+impl Default for PgOptions {
+    fn default() -> Self {
+        Self {
+            schema: "conveyor".to_string(),
+            store: StoreOptions::default(),
+            clock: Arc::new(SystemClock),
+            max_connections: 10,
+            run_migrations: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for PgOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgOptions")
+            .field("schema", &self.schema)
+            .field("store", &self.store)
+            .field("max_connections", &self.max_connections)
+            .field("run_migrations", &self.run_migrations)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The PostgreSQL store. Cheap to clone; clones share one pool and one wake-up listener, which
+/// stops when the last clone is dropped.
+#[derive(Clone)]
+pub struct PgStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: PgPool,
+    schema: String,
+    sql: Sql,
+    clock: Arc<dyn Clock>,
+    options: StoreOptions,
+    wakeup: Arc<Notify>,
+    /// Held only to stop the listener when the store goes away.
+    _listener: listener::ListenerTask,
+}
+
+impl PgStore {
+    /// Connects to the database at `url` (a `postgres://` URL), applies pending migrations
+    /// (unless `options.run_migrations` is false) and starts the wake-up listener.
+    pub async fn connect(url: &str, options: PgOptions) -> StoreResult<Self> {
+        names::validate_schema(&options.schema)?;
+        let connect_options = PgConnectOptions::from_str(url).map_err(|e| {
+            ValidationError::new("url", format!("not a usable PostgreSQL URL: {e}"))
+        })?;
+        // Named by host, port and database only: the URL may carry a password.
+        let unreachable = |e: sqlx::Error| {
+            StoreError::Backend(format!(
+                "postgres: cannot connect to {}:{}/{}: {e}",
+                connect_options.get_host(),
+                connect_options.get_port(),
+                connect_options
+                    .get_database()
+                    .unwrap_or("(default database)"),
+            ))
+        };
+        // One direct connection first: the pool retries a refused connection until its acquire
+        // timeout (30 s), but a stopped server or wrong credentials should fail at start, at once.
+        PgConnection::connect_with(&connect_options)
+            .await
+            .map_err(unreachable)?
+            .close()
+            .await
+            .map_err(unreachable)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections.max(1))
+            .connect_with(connect_options.clone())
+            .await
+            .map_err(unreachable)?;
+        Self::from_pool(pool, options).await
+    }
+
+    /// Builds a store on an existing pool (for applications that already have one);
+    /// `options.max_connections` is not used. Migrates and starts the listener as
+    /// [`PgStore::connect`] does.
+    pub async fn from_pool(pool: PgPool, options: PgOptions) -> StoreResult<Self> {
+        names::validate_schema(&options.schema)?;
+        if options.run_migrations {
+            migrate(&pool, &options.schema).await?;
+        } else {
+            migrate::check_version(&pool, &options.schema).await?;
+        }
+        let sql = Sql::new(&options.schema);
+        let wakeup = Arc::new(Notify::new());
+        let listener = listener::start(
+            (*pool.connect_options()).clone(),
+            sql.channel.clone(),
+            wakeup.clone(),
+        )
+        .await?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                pool,
+                schema: options.schema,
+                sql,
+                clock: options.clock,
+                options: options.store,
+                wakeup,
+                _listener: listener,
+            }),
+        })
+    }
+
+    /// The store's connection pool, e.g. to begin the transactions given to
+    /// [`PgStore::enqueue_tx`] and [`PgStore::complete_tx`].
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The schema holding this store's tables.
+    pub fn schema(&self) -> &str {
+        &self.inner.schema
+    }
+
+    /// The NOTIFY channel on which this store announces jobs that became available.
+    pub fn channel(&self) -> &str {
+        &self.inner.sql.channel
+    }
+
+    /// Enqueues jobs inside the caller's transaction: they exist if and only if `tx` commits,
+    /// and waiting fetchers (in every process) are woken when it does. Same rules as
+    /// [`Store::jobs_insert_many`] (validation, all-or-nothing, idempotency keys).
+    ///
+    /// Keyed jobs hold a lock per idempotency key until `tx` ends, so keep such transactions
+    /// short. An error leaves `tx` aborted; roll it back.
+    pub async fn enqueue_tx(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        jobs: Vec<NewJob>,
+    ) -> StoreResult<Vec<Inserted>> {
+        validate_all(&jobs)?;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ctx = self.ctx();
+        // No local wake-up here: this commit is the caller's, so the listener delivers it.
+        Ok(ops::insert_many(tx, &ctx, jobs).await?.inserted)
+    }
+
+    /// Completes a running job inside the handler's own transaction: it is completed if and
+    /// only if `tx` commits, atomically with the handler's writes. `LeaseLost` (and no change)
+    /// when the lease no longer holds, as for [`Store::jobs_complete_many`].
+    pub async fn complete_tx(
+        &self,
+        tx: &mut Transaction<'_, Postgres>,
+        lease: LeaseRef,
+        result: Option<Value>,
+    ) -> StoreResult<LeaseOutcome> {
+        let ctx = self.ctx();
+        let outcomes = ops::complete_many(tx, &ctx, vec![CompleteParams { lease, result }]).await?;
+        outcomes.into_iter().next().ok_or_else(|| {
+            StoreError::Backend("postgres: completion returned no outcome".to_string())
+        })
+    }
+
+    /// The context of one operation, with "now" read from the clock once.
+    fn ctx(&self) -> Ctx<'_> {
+        Ctx {
+            sql: &self.inner.sql,
+            schema: &self.inner.schema,
+            now: truncate_to_millis(self.inner.clock.now()),
+            options: &self.inner.options,
+        }
+    }
+
+    async fn conn(&self) -> StoreResult<PoolConnection<Postgres>> {
+        self.inner
+            .pool
+            .acquire()
+            .await
+            .map_err(db("acquire a connection"))
+    }
+
+    async fn begin(&self) -> StoreResult<Transaction<'static, Postgres>> {
+        self.inner
+            .pool
+            .begin()
+            .await
+            .map_err(db("begin transaction"))
+    }
+
+    /// Wakes this process's waiting fetchers at once, without waiting for the NOTIFY round trip.
+    /// Called only after the change committed.
+    fn wake_local(&self, made_available: bool) {
+        if made_available {
+            self.inner.wakeup.notify_waiters();
+        }
+    }
+}
+
+fn validate_all(jobs: &[NewJob]) -> StoreResult<()> {
+    for job in jobs {
+        conveyor_core::validate::new_job(job)?;
+    }
+    Ok(())
+}
+
+async fn commit(tx: Transaction<'static, Postgres>) -> StoreResult<()> {
+    tx.commit().await.map_err(db("commit"))
+}
+
+#[async_trait]
+impl Store for PgStore {
+    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
+        validate_all(&jobs)?;
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut tx = self.begin().await?;
+        let insertion = ops::insert_many(&mut tx, &self.ctx(), jobs).await?;
+        commit(tx).await?;
+        self.wake_local(insertion.made_available);
+        Ok(insertion.inserted)
+    }
+
+    async fn job_get(&self, id: Uuid) -> StoreResult<Option<Job>> {
+        ops::get(&mut *self.conn().await?, &self.inner.sql, id).await
+    }
+
+    async fn jobs_list(&self, params: JobListParams) -> StoreResult<Vec<Job>> {
+        ops::list(&mut *self.conn().await?, &self.inner.sql, &params).await
+    }
+
+    async fn job_cancel(&self, id: Uuid) -> StoreResult<Job> {
+        let mut tx = self.begin().await?;
+        let job = ops::cancel(&mut tx, &self.ctx(), id).await?;
+        commit(tx).await?;
+        Ok(job)
+    }
+
+    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
+        if params.max == 0 || params.queues.is_empty() {
+            return Ok(Vec::new());
+        }
+        let fetched = ops::fetch(&mut *self.conn().await?, &self.ctx(), &params).await?;
+        // Promoted jobs may be in queues other fetchers of this process wait on.
+        self.wake_local(fetched.promoted > 0);
+        Ok(fetched.jobs)
+    }
+
+    async fn jobs_heartbeat_many(
+        &self,
+        params: Vec<HeartbeatParams>,
+    ) -> StoreResult<Vec<Option<DateTime<Utc>>>> {
+        if params.is_empty() {
+            return Ok(Vec::new());
+        }
+        ops::heartbeat_many(&mut *self.conn().await?, &self.ctx(), &params).await
+    }
+
+    async fn jobs_complete_many(
+        &self,
+        params: Vec<CompleteParams>,
+    ) -> StoreResult<Vec<LeaseOutcome>> {
+        if params.is_empty() {
+            return Ok(Vec::new());
+        }
+        ops::complete_many(&mut *self.conn().await?, &self.ctx(), params).await
+    }
+
+    async fn job_fail(&self, params: FailParams) -> StoreResult<Job> {
+        ops::fail(&mut *self.conn().await?, &self.ctx(), params).await
+    }
+
+    async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job> {
+        let mut tx = self.begin().await?;
+        let (job, woke) = ops::snooze(&mut tx, &self.ctx(), params).await?;
+        commit(tx).await?;
+        self.wake_local(woke);
+        Ok(job)
+    }
+
+    async fn jobs_release_many(&self, leases: Vec<LeaseRef>) -> StoreResult<u64> {
+        let released = ops::release_many(&mut *self.conn().await?, &self.ctx(), &leases).await?;
+        self.wake_local(released > 0);
+        Ok(released)
+    }
+
+    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
+        let mut tx = self.begin().await?;
+        let report = ops::rescue_expired(&mut tx, &self.ctx(), &params).await?;
+        commit(tx).await?;
+        Ok(report)
+    }
+
+    async fn jobs_promote_due(&self) -> StoreResult<u64> {
+        let mut conn = self.conn().await?;
+        let ctx = self.ctx();
+        // Batches keep each statement short; a short batch means nothing due is left.
+        let mut promoted = 0;
+        loop {
+            let batch = ops::promote_due(&mut conn, &ctx, ops::PROMOTE_BATCH).await?;
+            promoted += batch;
+            if batch < ops::PROMOTE_BATCH as u64 {
+                break;
+            }
+        }
+        self.wake_local(promoted > 0);
+        Ok(promoted)
+    }
+
+    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
+        let replayed = ops::dead_replay(&mut *self.conn().await?, &self.ctx(), &selector).await?;
+        self.wake_local(replayed > 0);
+        Ok(replayed)
+    }
+
+    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
+        ops::dead_discard(&mut *self.conn().await?, &self.inner.sql, id).await
+    }
+
+    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        ops::queues_stats(&mut *self.conn().await?, &self.ctx()).await
+    }
+
+    fn wakeup(&self) -> Arc<Notify> {
+        self.inner.wakeup.clone()
+    }
+
+    async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
+        ops::next_due(&mut *self.conn().await?, &self.inner.sql, queues).await
+    }
+
+    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
+        let mut tx = self.begin().await?;
+        let (imported, woke) = ops::import(&mut tx, &self.inner.sql, &jobs).await?;
+        commit(tx).await?;
+        self.wake_local(woke);
+        Ok(imported)
+    }
+
+    async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {
+        ops::leader_try_acquire(&mut *self.conn().await?, &self.ctx(), holder, ttl).await
+    }
+
+    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
+        ops::leader_release(&mut *self.conn().await?, &self.inner.sql, holder).await
+    }
+}

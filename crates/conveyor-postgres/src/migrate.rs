@@ -1,0 +1,186 @@
+//! Versioned, forward-only schema migrations, recorded in `schema_migrations` inside the
+//! configured schema.
+//!
+//! All pending migrations run in one transaction under an advisory lock derived from the schema
+//! name, so processes starting at the same time apply each migration exactly once: the others
+//! wait for the lock and then find nothing left to do. DDL is transactional in PostgreSQL, so a
+//! failed migration leaves no half-built schema behind.
+
+use conveyor_core::{StoreError, StoreResult};
+use sqlx::{AssertSqlSafe, PgConnection, PgPool};
+
+use crate::errors::db;
+use crate::names::{migration_lock_key, quoted, validate_schema};
+
+/// One schema change. `sql` may hold several statements; `@schema@` stands for the schema.
+struct Migration {
+    version: i32,
+    name: &'static str,
+    sql: &'static str,
+}
+
+/// Every migration, in order; versions are 1, 2, 3, ... Never edit a released entry: add one.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        name: "jobs",
+        sql: include_str!("migrations/0001_jobs.sql"),
+    },
+    Migration {
+        version: 2,
+        name: "leadership",
+        sql: include_str!("migrations/0002_leadership.sql"),
+    },
+];
+
+/// The migration version this code expects a schema to be at.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
+/// how many were applied (0 when it was already up to date).
+///
+/// Safe to call from several processes at once. Fails with a clear error when the database was
+/// migrated by a newer Conveyor than this one.
+pub async fn migrate(pool: &PgPool, schema: &str) -> StoreResult<u32> {
+    validate_schema(schema)?;
+    let mut tx = pool.begin().await.map_err(db("begin migration"))?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(migration_lock_key(schema))
+        .execute(&mut *tx)
+        .await
+        .map_err(db("lock schema for migration"))?;
+
+    let schema_exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)")
+            .bind(schema)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db("look up schema"))?;
+    // Created only when missing, so a role without CREATE on the database can still run against
+    // a schema an administrator made for it.
+    if !schema_exists {
+        sqlx::raw_sql(AssertSqlSafe(format!("CREATE SCHEMA {}", quoted(schema))))
+            .execute(&mut *tx)
+            .await
+            .map_err(db("create schema"))?;
+    }
+    if !migrations_table_exists(&mut tx, schema).await? {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "CREATE TABLE {}.schema_migrations (\
+                 version integer PRIMARY KEY, \
+                 name text NOT NULL, \
+                 applied_at timestamptz NOT NULL DEFAULT now())",
+            quoted(schema)
+        )))
+        .execute(&mut *tx)
+        .await
+        .map_err(db("create schema_migrations"))?;
+    }
+
+    let current = current_version(&mut tx, schema).await?;
+    if current > SCHEMA_VERSION {
+        return Err(newer_than_code(schema, current));
+    }
+    let mut applied = 0;
+    for migration in MIGRATIONS
+        .iter()
+        .filter(|m| i64::from(m.version) > i64::from(current))
+    {
+        let sql = migration.sql.replace("@schema@", &quoted(schema));
+        sqlx::raw_sql(AssertSqlSafe(sql))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| {
+                StoreError::Backend(format!(
+                    "postgres: migration {} ({}) of schema {schema} failed: {e}",
+                    migration.version, migration.name
+                ))
+            })?;
+        sqlx::query(AssertSqlSafe(format!(
+            "INSERT INTO {}.schema_migrations (version, name) VALUES ($1, $2)",
+            quoted(schema)
+        )))
+        .bind(migration.version)
+        .bind(migration.name)
+        .execute(&mut *tx)
+        .await
+        .map_err(db("record migration"))?;
+        applied += 1;
+        tracing::info!(
+            schema,
+            version = migration.version,
+            name = migration.name,
+            "applied migration"
+        );
+    }
+    tx.commit().await.map_err(db("commit migration"))?;
+    Ok(applied)
+}
+
+/// Fails unless `schema` is at exactly [`SCHEMA_VERSION`]: for stores opened with
+/// `run_migrations: false`, whose schema someone else manages.
+pub(crate) async fn check_version(pool: &PgPool, schema: &str) -> StoreResult<()> {
+    let mut conn = pool.acquire().await.map_err(db("check schema version"))?;
+    let current = if migrations_table_exists(&mut conn, schema).await? {
+        current_version(&mut conn, schema).await?
+    } else {
+        0
+    };
+    match current.cmp(&SCHEMA_VERSION) {
+        std::cmp::Ordering::Equal => Ok(()),
+        std::cmp::Ordering::Greater => Err(newer_than_code(schema, current)),
+        std::cmp::Ordering::Less => Err(StoreError::Backend(format!(
+            "postgres: schema {schema} is at migration version {current} but this Conveyor \
+             needs version {SCHEMA_VERSION}; run the migrations (PgOptions::run_migrations, or \
+             conveyor_postgres::migrate)"
+        ))),
+    }
+}
+
+async fn migrations_table_exists(conn: &mut PgConnection, schema: &str) -> StoreResult<bool> {
+    sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+        .bind(format!("{}.schema_migrations", quoted(schema)))
+        .fetch_one(conn)
+        .await
+        .map_err(db("look up schema_migrations"))
+}
+
+async fn current_version(conn: &mut PgConnection, schema: &str) -> StoreResult<u32> {
+    let version: i32 = sqlx::query_scalar(AssertSqlSafe(format!(
+        "SELECT COALESCE(MAX(version), 0) FROM {}.schema_migrations",
+        quoted(schema)
+    )))
+    .fetch_one(conn)
+    .await
+    .map_err(db("read migration version"))?;
+    u32::try_from(version).map_err(|_| {
+        StoreError::Backend(format!(
+            "postgres: schema {schema} records a negative migration version ({version})"
+        ))
+    })
+}
+
+fn newer_than_code(schema: &str, found: u32) -> StoreError {
+    StoreError::Backend(format!(
+        "postgres: schema {schema} is at migration version {found}, newer than this Conveyor \
+         knows ({SCHEMA_VERSION}); upgrade Conveyor before using this database"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_numbered_one_to_latest() {
+        for (i, migration) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(migration.version as usize, i + 1, "{}", migration.name);
+            assert!(
+                migration.sql.contains("@schema@"),
+                "every statement is schema-qualified: {}",
+                migration.name
+            );
+        }
+        assert_eq!(MIGRATIONS.len(), SCHEMA_VERSION as usize);
+    }
+}

@@ -1,0 +1,992 @@
+//! The store's operations, written against `&mut PgConnection` so the same SQL serves both the
+//! pooled paths (the `Store` methods) and a caller's own transaction (`enqueue_tx`,
+//! `complete_tx`). Semantics follow the SQLite reference store (`conveyor-sqlite/src/ops.rs`)
+//! rule for rule; every change to a running job is conditional on
+//! `state = 'running' AND lease_token = $token`.
+
+use chrono::{DateTime, Utc};
+use conveyor_core::clock::truncate_to_millis;
+use conveyor_core::{
+    error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
+    Job, JobListParams, JobState, LeaseOutcome, LeaseRef, NewJob, QueueStats, ReplaySelector,
+    RescueParams, RescueReport, RetryPlan, SnoozeParams, StoreError, StoreOptions, StoreResult,
+    ValidationError,
+};
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::{AssertSqlSafe, PgConnection, Row};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::str::FromStr;
+use uuid::Uuid;
+
+use crate::errors::{corrupt, db};
+use crate::names::idempotency_lock_key;
+use crate::rows;
+use crate::sql::{Sql, COLUMNS};
+
+/// Most due jobs one promotion statement moves, so it stays a short transaction.
+pub(crate) const PROMOTE_BATCH: i64 = 1_000;
+
+/// What every operation needs besides its connection. `now` is read from the store's clock once
+/// per operation and truncated to the milliseconds the store keeps.
+pub(crate) struct Ctx<'a> {
+    pub sql: &'a Sql,
+    pub schema: &'a str,
+    pub now: DateTime<Utc>,
+    pub options: &'a StoreOptions,
+}
+
+fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
+    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+}
+
+/// `now + d`, or a validation error naming `field` when the sum leaves the calendar.
+fn after(
+    now: DateTime<Utc>,
+    d: std::time::Duration,
+    field: &'static str,
+) -> StoreResult<DateTime<Utc>> {
+    now.checked_add_signed(chrono_duration(d))
+        .map(truncate_to_millis)
+        .ok_or_else(|| ValidationError::new(field, "too long").into())
+}
+
+fn to_i32(value: u32, field: &'static str) -> StoreResult<i32> {
+    i32::try_from(value).map_err(|_| ValidationError::new(field, "too large").into())
+}
+
+/// A lease as a hashable key (`LeaseRef` itself does not implement `Hash`).
+type LeaseKey = (Uuid, Uuid);
+
+fn lease_key(lease: &LeaseRef) -> LeaseKey {
+    (lease.id, lease.lease_token)
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Sends one NOTIFY per queue on the schema's channel, delivered when the transaction commits.
+async fn notify(conn: &mut PgConnection, sql: &Sql, queues: &[String]) -> StoreResult<()> {
+    if queues.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(sql.notify.clone())
+        .bind(&sql.channel)
+        .bind(queues)
+        .execute(conn)
+        .await
+        .map_err(db("notify"))?;
+    Ok(())
+}
+
+/// Sums the per-queue counts returned by a statement ending in `notify_changed` (see `sql.rs`).
+fn changed_count(rows: &[PgRow]) -> StoreResult<u64> {
+    rows.iter().try_fold(0u64, |total, row| {
+        let n: i64 = row.try_get("n").map_err(|e| corrupt(e.to_string()))?;
+        Ok(total + n.max(0) as u64)
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reads
+// ---------------------------------------------------------------------------------------------
+
+pub(crate) async fn get(conn: &mut PgConnection, sql: &Sql, id: Uuid) -> StoreResult<Option<Job>> {
+    let row = sqlx::query(sql.get.clone())
+        .bind(id)
+        .fetch_optional(conn)
+        .await
+        .map_err(db("get job"))?;
+    row.as_ref().map(rows::job).transpose()
+}
+
+pub(crate) async fn list(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    params: &JobListParams,
+) -> StoreResult<Vec<Job>> {
+    // Only the filters given become conditions, so each combination gets a plan that can use
+    // the primary key (for the cursor) and the partial indexes.
+    let mut text = format!("SELECT {COLUMNS} FROM {} WHERE TRUE", sql.jobs);
+    let mut placeholders = 0;
+    let mut condition = |column: &str| {
+        placeholders += 1;
+        format!(" AND {column} ${placeholders}")
+    };
+    let mut binds: Vec<Bind<'_>> = Vec::new();
+    if let Some(queue) = &params.queue {
+        text.push_str(&condition("queue ="));
+        binds.push(Bind::Text(queue));
+    }
+    if let Some(state) = params.state {
+        text.push_str(&condition("state ="));
+        binds.push(Bind::Text(state.as_str()));
+    }
+    if let Some(kind) = &params.kind {
+        text.push_str(&condition("kind ="));
+        binds.push(Bind::Text(kind));
+    }
+    if let Some(after) = params.after {
+        text.push_str(&condition("id <"));
+        binds.push(Bind::Id(after));
+    }
+    placeholders += 1;
+    text.push_str(&format!(" ORDER BY id DESC LIMIT ${placeholders}"));
+    let mut query = sqlx::query(AssertSqlSafe(text));
+    for bind in binds {
+        query = match bind {
+            Bind::Text(value) => query.bind(value),
+            Bind::Id(value) => query.bind(value),
+        };
+    }
+    let found = query
+        .bind(limit(params.limit))
+        .fetch_all(conn)
+        .await
+        .map_err(db("list jobs"))?;
+    rows::jobs(&found)
+}
+
+/// A parameter of a statement assembled at run time.
+enum Bind<'a> {
+    Text(&'a str),
+    Id(Uuid),
+}
+
+pub(crate) async fn queues_stats(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+) -> StoreResult<Vec<QueueStats>> {
+    let found = sqlx::query(ctx.sql.stats.clone())
+        .fetch_all(conn)
+        .await
+        .map_err(db("queue stats"))?;
+    let mut by_queue: BTreeMap<String, QueueStats> = BTreeMap::new();
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let queue: String = row.try_get("queue").map_err(read)?;
+        let state: String = row.try_get("state").map_err(read)?;
+        let n: i64 = row.try_get("n").map_err(read)?;
+        let oldest: Option<DateTime<Utc>> = row.try_get("oldest_run_at").map_err(read)?;
+        let stats = by_queue.entry(queue.clone()).or_insert_with(|| QueueStats {
+            name: queue,
+            ..QueueStats::default()
+        });
+        stats.add(
+            JobState::from_str(&state).map_err(corrupt)?,
+            n.max(0) as u64,
+        );
+        if let Some(oldest) = oldest {
+            stats.oldest_available_age_ms = (ctx.now - oldest).num_milliseconds().max(0) as u64;
+        }
+    }
+    Ok(by_queue.into_values().collect())
+}
+
+pub(crate) async fn next_due(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    queues: &[String],
+) -> StoreResult<Option<DateTime<Utc>>> {
+    if queues.is_empty() {
+        return Ok(None);
+    }
+    sqlx::query_scalar(sql.next_due.clone())
+        .bind(queues)
+        .fetch_optional(conn)
+        .await
+        .map_err(db("next due"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Insert and idempotency
+// ---------------------------------------------------------------------------------------------
+
+/// Whether `job` still holds its idempotency key at `now` (see `StoreOptions`).
+fn holds_key(job: &Job, now: DateTime<Utc>, options: &StoreOptions) -> bool {
+    match job.state {
+        JobState::Completed => job.finished_at.is_some_and(|finished| {
+            finished
+                .checked_add_signed(chrono_duration(options.completed_idempotency_window))
+                .is_none_or(|window_end| window_end > now)
+        }),
+        JobState::Dead | JobState::Cancelled => false,
+        _ => true,
+    }
+}
+
+/// Where each job of a batch ends up.
+enum Slot {
+    /// Inserted as a new job with this id.
+    New(Uuid),
+    /// A duplicate of a job inserted earlier in the same batch.
+    SameBatch(Uuid),
+    /// A duplicate of the stored job holding this key.
+    Stored(String),
+}
+
+/// The new jobs of a batch, column by column, for one `INSERT ... SELECT FROM unnest(...)`.
+#[derive(Default)]
+struct Columns {
+    ids: Vec<Uuid>,
+    kinds: Vec<String>,
+    queues: Vec<String>,
+    payloads: Vec<Json<Value>>,
+    priorities: Vec<i32>,
+    run_ats: Vec<DateTime<Utc>>,
+    max_attempts: Vec<i32>,
+    timeouts: Vec<Option<i64>>,
+    keys: Vec<Option<String>>,
+    tags: Vec<Json<Vec<String>>>,
+    tenants: Vec<Option<String>>,
+    states: Vec<&'static str>,
+}
+
+/// The outcome of an insert: one result per job, and whether any job became available.
+pub(crate) struct Insertion {
+    pub inserted: Vec<Inserted>,
+    pub made_available: bool,
+}
+
+/// Inserts validated jobs. Must run inside a transaction: the idempotency locks are
+/// transaction-scoped, and the batch must be all-or-nothing.
+///
+/// Keyed jobs first take an advisory lock per key (in ascending key order, so concurrent batches
+/// cannot deadlock), then look for a job holding the key. A concurrent insert of the same key
+/// waits on the lock until the first commits, and then finds its job: exactly one job per key.
+pub(crate) async fn insert_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    jobs: Vec<NewJob>,
+) -> StoreResult<Insertion> {
+    let keys: BTreeSet<&str> = jobs
+        .iter()
+        .filter_map(|job| job.idempotency_key.as_deref())
+        .collect();
+    let mut stored: HashMap<String, Job> = HashMap::new();
+    if !keys.is_empty() {
+        let mut lock_keys: Vec<i64> = keys
+            .iter()
+            .map(|key| idempotency_lock_key(ctx.schema, key))
+            .collect();
+        lock_keys.sort_unstable();
+        lock_keys.dedup();
+        sqlx::query(ctx.sql.lock_keys.clone())
+            .bind(&lock_keys)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("lock idempotency keys"))?;
+        let keys: Vec<&str> = keys.into_iter().collect();
+        let found = sqlx::query(ctx.sql.idempotent_matches.clone())
+            .bind(&keys)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("find idempotency keys"))?;
+        for job in rows::jobs(&found)? {
+            if holds_key(&job, ctx.now, ctx.options) {
+                if let Some(key) = job.idempotency_key.clone() {
+                    stored.insert(key, job);
+                }
+            }
+        }
+    }
+
+    let mut slots = Vec::with_capacity(jobs.len());
+    let mut batch_keys: HashMap<String, Uuid> = HashMap::new();
+    let mut columns = Columns::default();
+    for new in jobs {
+        if let Some(key) = &new.idempotency_key {
+            if stored.contains_key(key) {
+                slots.push(Slot::Stored(key.clone()));
+                continue;
+            }
+            if let Some(id) = batch_keys.get(key) {
+                slots.push(Slot::SameBatch(*id));
+                continue;
+            }
+        }
+        let id = Uuid::now_v7();
+        if let Some(key) = &new.idempotency_key {
+            batch_keys.insert(key.clone(), id);
+        }
+        // A past run_at is kept (it orders the job among others) but makes the job available.
+        let run_at = truncate_to_millis(new.run_at.unwrap_or(ctx.now));
+        let state = if run_at > ctx.now {
+            JobState::Scheduled
+        } else {
+            JobState::Available
+        };
+        columns.ids.push(id);
+        columns.kinds.push(new.kind);
+        columns.queues.push(new.queue);
+        columns.payloads.push(Json(new.payload));
+        columns.priorities.push(new.priority);
+        columns.run_ats.push(run_at);
+        columns
+            .max_attempts
+            .push(to_i32(new.max_attempts, "max_attempts")?);
+        columns.timeouts.push(
+            new.timeout_ms
+                .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
+        );
+        columns.keys.push(new.idempotency_key);
+        columns.tags.push(Json(new.tags));
+        columns.tenants.push(new.tenant);
+        columns.states.push(state.as_str());
+        slots.push(Slot::New(id));
+    }
+
+    let mut created: HashMap<Uuid, Job> = HashMap::new();
+    if !columns.ids.is_empty() {
+        let found = sqlx::query(ctx.sql.insert.clone())
+            .bind(&columns.ids)
+            .bind(&columns.kinds)
+            .bind(&columns.queues)
+            .bind(&columns.payloads)
+            .bind(&columns.priorities)
+            .bind(&columns.run_ats)
+            .bind(&columns.max_attempts)
+            .bind(&columns.timeouts)
+            .bind(&columns.keys)
+            .bind(&columns.tags)
+            .bind(&columns.tenants)
+            .bind(&columns.states)
+            .bind(ctx.now)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("insert jobs"))?;
+        for job in rows::jobs(&found)? {
+            created.insert(job.id, job);
+        }
+    }
+    let woken: BTreeSet<String> = created
+        .values()
+        .filter(|job| job.state == JobState::Available)
+        .map(|job| job.queue.clone())
+        .collect();
+    let woken: Vec<String> = woken.into_iter().collect();
+    notify(conn, ctx.sql, &woken).await?;
+
+    let mut inserted = Vec::with_capacity(slots.len());
+    for slot in slots {
+        let (job, duplicate) = match slot {
+            Slot::Stored(key) => (stored.get(&key), true),
+            Slot::New(id) => (created.get(&id), false),
+            Slot::SameBatch(id) => (created.get(&id), true),
+        };
+        let job = job.cloned().ok_or_else(|| {
+            StoreError::Backend("postgres: an inserted job was not returned".to_string())
+        })?;
+        inserted.push(Inserted { job, duplicate });
+    }
+    Ok(Insertion {
+        inserted,
+        made_available: !woken.is_empty(),
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fetch and leases
+// ---------------------------------------------------------------------------------------------
+
+/// Makes up to `batch` due scheduled/retryable jobs available (earliest first), notifying their
+/// queues in the same statement. Returns how many.
+pub(crate) async fn promote_due(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    batch: i64,
+) -> StoreResult<u64> {
+    let found = sqlx::query(ctx.sql.promote.clone())
+        .bind(ctx.now)
+        .bind(batch)
+        .bind(&ctx.sql.channel)
+        .fetch_all(conn)
+        .await
+        .map_err(db("promote due jobs"))?;
+    changed_count(&found)
+}
+
+/// Jobs claimed by one fetch, and how many due jobs it promoted first.
+pub(crate) struct Fetched {
+    pub jobs: Vec<Job>,
+    pub promoted: u64,
+}
+
+/// Promotes one batch of due jobs, then claims up to `max` available jobs in claim order.
+pub(crate) async fn fetch(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: &FetchParams,
+) -> StoreResult<Fetched> {
+    let expires_at = after(ctx.now, params.lease, "lease")?;
+    let promoted = promote_due(&mut *conn, ctx, PROMOTE_BATCH).await?;
+    let found = sqlx::query(ctx.sql.claim.clone())
+        .bind(&params.queues)
+        .bind(limit(params.max))
+        .bind(&params.worker_id)
+        .bind(expires_at)
+        .bind(ctx.now)
+        .fetch_all(conn)
+        .await
+        .map_err(db("claim jobs"))?;
+    let mut jobs = rows::jobs(&found)?;
+    // RETURNING has no order; callers get jobs in the order they were claimed by.
+    jobs.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then(a.run_at.cmp(&b.run_at))
+            .then(a.id.cmp(&b.id))
+    });
+    Ok(Fetched { jobs, promoted })
+}
+
+pub(crate) async fn heartbeat_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    beats: &[HeartbeatParams],
+) -> StoreResult<Vec<Option<DateTime<Utc>>>> {
+    let expiries = beats
+        .iter()
+        .map(|beat| after(ctx.now, beat.extend_by, "extend_by"))
+        .collect::<StoreResult<Vec<_>>>()?;
+    // One row per lease: with a lease listed twice, the later expiry is the one stored, as if
+    // the beats had been applied one after the other.
+    let mut last: HashMap<LeaseKey, DateTime<Utc>> = HashMap::new();
+    for (beat, expires) in beats.iter().zip(&expiries) {
+        last.insert(lease_key(&beat.lease), *expires);
+    }
+    let mut ids = Vec::with_capacity(last.len());
+    let mut tokens = Vec::with_capacity(last.len());
+    let mut expires = Vec::with_capacity(last.len());
+    for ((id, token), at) in last {
+        ids.push(id);
+        tokens.push(token);
+        expires.push(at);
+    }
+    let held = held_leases(
+        sqlx::query(ctx.sql.heartbeat.clone())
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&expires)
+            .fetch_all(conn)
+            .await
+            .map_err(db("heartbeat"))?,
+    )?;
+    Ok(beats
+        .iter()
+        .zip(expiries)
+        .map(|(beat, expires)| held.contains(&lease_key(&beat.lease)).then_some(expires))
+        .collect())
+}
+
+/// The `(id, token)` pairs returned by a lease-conditional batch statement.
+fn held_leases(found: Vec<PgRow>) -> StoreResult<HashSet<LeaseKey>> {
+    found
+        .iter()
+        .map(|row| {
+            let read = |e: sqlx::Error| corrupt(e.to_string());
+            Ok((row.try_get(0).map_err(read)?, row.try_get(1).map_err(read)?))
+        })
+        .collect()
+}
+
+/// Completes running jobs whose lease still holds, in one statement. Outcomes are per input, in
+/// order; a lease listed twice is applied once (the first), like two completions in sequence.
+pub(crate) async fn complete_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    completions: Vec<CompleteParams>,
+) -> StoreResult<Vec<LeaseOutcome>> {
+    let mut first: HashSet<LeaseKey> = HashSet::new();
+    let mut ids = Vec::with_capacity(completions.len());
+    let mut tokens = Vec::with_capacity(completions.len());
+    let mut results: Vec<Option<Json<&Value>>> = Vec::with_capacity(completions.len());
+    let mut is_first = Vec::with_capacity(completions.len());
+    for completion in &completions {
+        let new = first.insert(lease_key(&completion.lease));
+        is_first.push(new);
+        if new {
+            ids.push(completion.lease.id);
+            tokens.push(completion.lease.lease_token);
+            results.push(completion.result.as_ref().map(Json));
+        }
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let applied = held_leases(
+        sqlx::query(ctx.sql.complete.clone())
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&results)
+            .bind(ctx.now)
+            .fetch_all(conn)
+            .await
+            .map_err(db("complete jobs"))?,
+    )?;
+    Ok(completions
+        .iter()
+        .zip(is_first)
+        .map(|(completion, first)| {
+            if first && applied.contains(&lease_key(&completion.lease)) {
+                LeaseOutcome::Applied
+            } else {
+                LeaseOutcome::LeaseLost
+            }
+        })
+        .collect())
+}
+
+/// Records a failed attempt on the job held under `lease`: `retryable` at `retry_at` while
+/// attempts remain, else `dead` and finished. `None` when the lease no longer holds.
+#[allow(clippy::too_many_arguments)] // Every value is one column of the one statement.
+async fn record_failure(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    lease: LeaseRef,
+    attempt: u32,
+    max_attempts: u32,
+    error: &ErrorRecord,
+    retry_at: Option<DateTime<Utc>>,
+) -> StoreResult<Option<Job>> {
+    let (state, run_at, finished_at) = match retry_at {
+        Some(at) if attempt < max_attempts => {
+            (JobState::Retryable, Some(truncate_to_millis(at)), None)
+        }
+        _ => (JobState::Dead, None, Some(ctx.now)),
+    };
+    let row = sqlx::query(ctx.sql.record_failure.clone())
+        .bind(state.as_str())
+        .bind(run_at)
+        .bind(finished_at)
+        .bind(Json(error))
+        .bind(lease.id)
+        .bind(lease.lease_token)
+        .fetch_optional(conn)
+        .await
+        .map_err(db("record failure"))?;
+    row.as_ref().map(rows::job).transpose()
+}
+
+pub(crate) async fn fail(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: FailParams,
+) -> StoreResult<Job> {
+    let lease = params.lease;
+    let row = sqlx::query(ctx.sql.held.clone())
+        .bind(lease.id)
+        .bind(lease.lease_token)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db("read held job"))?
+        .ok_or(StoreError::LeaseLost(lease.id))?;
+    let attempt: i32 = row.try_get(0).map_err(|e| corrupt(e.to_string()))?;
+    let max_attempts: i32 = row.try_get(1).map_err(|e| corrupt(e.to_string()))?;
+    let (attempt, max_attempts) = (attempt.max(0) as u32, max_attempts.max(0) as u32);
+    let retry_at = match &params.retry {
+        RetryPlan::Backoff(policy) => Some(policy.next_run_at(ctx.now, attempt)),
+        RetryPlan::At(at) => Some((*at).max(ctx.now)),
+        RetryPlan::Never => None,
+    };
+    let error = ErrorRecord {
+        attempt,
+        at: ctx.now,
+        class: params.class,
+        message: params.message,
+    };
+    // The update repeats the lease check: a rescue or cancel between the two statements makes
+    // it match nothing, which is the same lost lease.
+    record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at)
+        .await?
+        .ok_or(StoreError::LeaseLost(lease.id))
+}
+
+/// Puts a held job back to `scheduled` (or `available` when `until` is not in the future),
+/// giving the attempt back. Returns the job and whether it became available. Must run inside a
+/// transaction, so that the wake-up is sent only if the change commits.
+pub(crate) async fn snooze(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: SnoozeParams,
+) -> StoreResult<(Job, bool)> {
+    let until = truncate_to_millis(params.until.max(ctx.now));
+    let state = if until > ctx.now {
+        JobState::Scheduled
+    } else {
+        JobState::Available
+    };
+    let row = sqlx::query(ctx.sql.snooze.clone())
+        .bind(state.as_str())
+        .bind(until)
+        .bind(params.lease.id)
+        .bind(params.lease.lease_token)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db("snooze job"))?
+        .ok_or(StoreError::LeaseLost(params.lease.id))?;
+    let job = rows::job(&row)?;
+    let woke = job.state == JobState::Available;
+    if woke {
+        notify(conn, ctx.sql, std::slice::from_ref(&job.queue)).await?;
+    }
+    Ok((job, woke))
+}
+
+pub(crate) async fn release_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    leases: &[LeaseRef],
+) -> StoreResult<u64> {
+    if leases.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<Uuid> = leases.iter().map(|lease| lease.id).collect();
+    let tokens: Vec<Uuid> = leases.iter().map(|lease| lease.lease_token).collect();
+    let found = sqlx::query(ctx.sql.release.clone())
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&ctx.sql.channel)
+        .fetch_all(conn)
+        .await
+        .map_err(db("release jobs"))?;
+    changed_count(&found)
+}
+
+/// Moves running jobs whose lease ran out to `retryable` (or `dead`), recording a
+/// `lease_expired` error. Must run inside a transaction: the picked rows stay locked until the
+/// failures are recorded.
+pub(crate) async fn rescue_expired(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: &RescueParams,
+) -> StoreResult<RescueReport> {
+    let expired = sqlx::query(ctx.sql.rescue_pick.clone())
+        .bind(ctx.now)
+        .bind(limit(params.limit))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("find expired leases"))?;
+    let mut report = RescueReport::default();
+    for row in &expired {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let lease = LeaseRef {
+            id: row.try_get("id").map_err(read)?,
+            lease_token: row.try_get("lease_token").map_err(read)?,
+        };
+        let attempt: i32 = row.try_get("attempt").map_err(read)?;
+        let max_attempts: i32 = row.try_get("max_attempts").map_err(read)?;
+        let worker: Option<String> = row.try_get("lease_worker").map_err(read)?;
+        let attempt = attempt.max(0) as u32;
+        let error = ErrorRecord {
+            attempt,
+            at: ctx.now,
+            class: error_class::LEASE_EXPIRED.to_string(),
+            message: format!(
+                "lease held by worker {} expired before the job finished",
+                worker.as_deref().unwrap_or("(unknown)")
+            ),
+        };
+        let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
+        let max_attempts = max_attempts.max(0) as u32;
+        let Some(job) = record_failure(
+            &mut *conn,
+            ctx,
+            lease,
+            attempt,
+            max_attempts,
+            &error,
+            retry_at,
+        )
+        .await?
+        else {
+            continue;
+        };
+        if job.state == JobState::Dead {
+            report.dead.push(job.id);
+        } else {
+            report.retried.push(job.id);
+        }
+    }
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Administration
+// ---------------------------------------------------------------------------------------------
+
+/// Cancels an unfinished job. Must run inside a transaction: the row stays locked between the
+/// state check and the change, so the `Conflict` names the state the job really had.
+pub(crate) async fn cancel(conn: &mut PgConnection, ctx: &Ctx<'_>, id: Uuid) -> StoreResult<Job> {
+    let state: Option<String> = sqlx::query_scalar(ctx.sql.cancel_lock.clone())
+        .bind(id)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db("lock job for cancel"))?;
+    let state = JobState::from_str(&state.ok_or(StoreError::NotFound(id))?).map_err(corrupt)?;
+    if state.is_finished() {
+        return Err(StoreError::Conflict {
+            id,
+            state,
+            action: "cancel",
+        });
+    }
+    let row = sqlx::query(ctx.sql.cancel.clone())
+        .bind(ctx.now)
+        .bind(id)
+        .fetch_one(conn)
+        .await
+        .map_err(db("cancel job"))?;
+    rows::job(&row)
+}
+
+pub(crate) async fn dead_replay(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    selector: &ReplaySelector,
+) -> StoreResult<u64> {
+    let found = match &selector.ids {
+        Some(ids) => {
+            sqlx::query(ctx.sql.replay_ids.clone())
+                .bind(ctx.now)
+                .bind(ids)
+                .bind(&ctx.sql.channel)
+                .fetch_all(conn)
+                .await
+        }
+        None => {
+            sqlx::query(ctx.sql.replay_filter.clone())
+                .bind(ctx.now)
+                .bind(selector.queue.as_deref())
+                .bind(selector.kind.as_deref())
+                .bind(&ctx.sql.channel)
+                .fetch_all(conn)
+                .await
+        }
+    }
+    .map_err(db("replay dead jobs"))?;
+    changed_count(&found)
+}
+
+pub(crate) async fn dead_discard(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    id: Uuid,
+) -> StoreResult<bool> {
+    let done = sqlx::query(sql.discard.clone())
+        .bind(id)
+        .execute(conn)
+        .await
+        .map_err(db("discard dead job"))?;
+    Ok(done.rows_affected() > 0)
+}
+
+/// Stores jobs exactly as given (times at the store's millisecond precision), skipping ids that
+/// already exist. Returns how many were stored and whether any of them is available. Must run
+/// inside a transaction, so that the wake-up is sent only if the import commits.
+pub(crate) async fn import(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    jobs: &[Job],
+) -> StoreResult<(u64, bool)> {
+    if jobs.is_empty() {
+        return Ok((0, false));
+    }
+    let ms = truncate_to_millis;
+    fn lease(job: &Job) -> Option<&conveyor_core::Lease> {
+        job.lease.as_ref()
+    }
+    let found = sqlx::query(sql.import.clone())
+        .bind(jobs.iter().map(|j| j.id).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.kind.as_str()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.queue.as_str()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| Json(&j.payload)).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| ms(j.run_at)).collect::<Vec<_>>())
+        .bind(
+            jobs.iter()
+                .map(|j| to_i32(j.attempt, "attempt"))
+                .collect::<StoreResult<Vec<_>>>()?,
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| to_i32(j.max_attempts, "max_attempts"))
+                .collect::<StoreResult<Vec<_>>>()?,
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| j.timeout_ms.map(|t| i64::try_from(t).unwrap_or(i64::MAX)))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| j.idempotency_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
+        .bind(jobs.iter().map(|j| Json(&j.tags)).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.tenant.as_deref()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| j.state.as_str()).collect::<Vec<_>>())
+        .bind(jobs.iter().map(|j| Json(&j.errors)).collect::<Vec<_>>())
+        .bind(
+            jobs.iter()
+                .map(|j| lease(j).map(|l| l.worker_id.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| lease(j).map(|l| l.token))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| lease(j).map(|l| ms(l.expires_at)))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| j.result.as_ref().map(Json))
+                .collect::<Vec<_>>(),
+        )
+        .bind(jobs.iter().map(|j| ms(j.created_at)).collect::<Vec<_>>())
+        .bind(
+            jobs.iter()
+                .map(|j| j.started_at.map(ms))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| j.finished_at.map(ms))
+                .collect::<Vec<_>>(),
+        )
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("import jobs"))?;
+    let mut woken = BTreeSet::new();
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let state: String = row.try_get("state").map_err(read)?;
+        if state == JobState::Available.as_str() {
+            woken.insert(row.try_get::<String, _>("queue").map_err(read)?);
+        }
+    }
+    let woken: Vec<String> = woken.into_iter().collect();
+    notify(conn, sql, &woken).await?;
+    Ok((found.len() as u64, !woken.is_empty()))
+}
+
+/// The one leadership role maintenance uses.
+const MAINTENANCE_ROLE: &str = "maintenance";
+
+/// Takes or renews the maintenance leadership for `holder` until now + `ttl`.
+pub(crate) async fn leader_try_acquire(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    holder: &str,
+    ttl: std::time::Duration,
+) -> StoreResult<bool> {
+    let expires_at = after(ctx.now, ttl, "ttl")?;
+    let row = sqlx::query(ctx.sql.leader_acquire.clone())
+        .bind(MAINTENANCE_ROLE)
+        .bind(holder)
+        .bind(expires_at)
+        .bind(ctx.now)
+        .fetch_optional(conn)
+        .await
+        .map_err(db("acquire leadership"))?;
+    Ok(row.is_some())
+}
+
+/// Gives up the maintenance leadership if `holder` has it.
+pub(crate) async fn leader_release(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    holder: &str,
+) -> StoreResult<()> {
+    sqlx::query(sql.leader_release.clone())
+        .bind(MAINTENANCE_ROLE)
+        .bind(holder)
+        .execute(conn)
+        .await
+        .map_err(db("release leadership"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn job_in(state: JobState, finished_at: Option<DateTime<Utc>>) -> Job {
+        let mut job = Job {
+            id: Uuid::now_v7(),
+            kind: "k".into(),
+            queue: "q".into(),
+            payload: Value::Null,
+            priority: 0,
+            run_at: Utc::now(),
+            attempt: 0,
+            max_attempts: 1,
+            timeout_ms: None,
+            idempotency_key: Some("key".into()),
+            tags: Vec::new(),
+            tenant: None,
+            state,
+            errors: Vec::new(),
+            lease: None,
+            result: None,
+            created_at: Utc::now(),
+            started_at: None,
+            finished_at: None,
+        };
+        job.finished_at = finished_at;
+        job
+    }
+
+    #[test]
+    fn completed_jobs_hold_their_key_only_within_the_window() {
+        let now = truncate_to_millis(Utc::now());
+        let options = StoreOptions {
+            completed_idempotency_window: Duration::from_secs(60),
+        };
+        let hour = chrono::Duration::hours(1);
+        let minute = chrono::Duration::seconds(60);
+        let recent = job_in(
+            JobState::Completed,
+            Some(now - chrono::Duration::seconds(59)),
+        );
+        let expired = job_in(JobState::Completed, Some(now - minute));
+        assert!(holds_key(&recent, now, &options));
+        assert!(
+            !holds_key(&expired, now, &options),
+            "the window is exclusive"
+        );
+        assert!(!holds_key(
+            &job_in(JobState::Dead, Some(now)),
+            now,
+            &options
+        ));
+        assert!(!holds_key(
+            &job_in(JobState::Cancelled, Some(now)),
+            now,
+            &options
+        ));
+        for state in [
+            JobState::Scheduled,
+            JobState::Available,
+            JobState::Running,
+            JobState::Retryable,
+        ] {
+            assert!(holds_key(&job_in(state, None), now, &options), "{state}");
+        }
+        let forever = StoreOptions {
+            completed_idempotency_window: Duration::MAX,
+        };
+        let old = job_in(JobState::Completed, Some(now - hour));
+        assert!(
+            holds_key(&old, now, &forever),
+            "an unbounded window never ends"
+        );
+    }
+}

@@ -1,0 +1,75 @@
+//! Mapping between `jobs` rows and [`Job`].
+
+use chrono::{DateTime, Utc};
+use conveyor_core::{ErrorRecord, Job, JobState, Lease, StoreResult};
+use serde_json::Value;
+use sqlx::postgres::PgRow;
+use sqlx::types::Json;
+use sqlx::Row;
+use std::str::FromStr;
+use uuid::Uuid;
+
+use crate::errors::corrupt;
+
+/// Reads column `name`, naming it in the error.
+fn column<'r, T>(row: &'r PgRow, name: &str) -> StoreResult<T>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(name)
+        .map_err(|e| corrupt(format!("column {name}: {e}")))
+}
+
+/// A non-negative integer column as `u32` (attempt counters).
+fn count(row: &PgRow, name: &str) -> StoreResult<u32> {
+    let value: i32 = column(row, name)?;
+    u32::try_from(value).map_err(|_| corrupt(format!("column {name} is negative ({value})")))
+}
+
+/// A row selected with [`crate::sql::COLUMNS`] as a [`Job`].
+pub(crate) fn job(row: &PgRow) -> StoreResult<Job> {
+    let state: String = column(row, "state")?;
+    let state = JobState::from_str(&state).map_err(corrupt)?;
+    // A lease exists only while all three are set: finishing a job clears the token and expiry
+    // but keeps the last worker's name, as the SQLite store does.
+    let lease = match (
+        column::<Option<String>>(row, "lease_worker")?,
+        column::<Option<Uuid>>(row, "lease_token")?,
+        column::<Option<DateTime<Utc>>>(row, "lease_expires_at")?,
+    ) {
+        (Some(worker_id), Some(token), Some(expires_at)) => Some(Lease {
+            worker_id,
+            token,
+            expires_at,
+        }),
+        _ => None,
+    };
+    let Json(payload) = column::<Json<Value>>(row, "payload")?;
+    let Json(errors) = column::<Json<Vec<ErrorRecord>>>(row, "errors")?;
+    Ok(Job {
+        id: column(row, "id")?,
+        kind: column(row, "kind")?,
+        queue: column(row, "queue")?,
+        payload,
+        priority: column(row, "priority")?,
+        run_at: column(row, "run_at")?,
+        attempt: count(row, "attempt")?,
+        max_attempts: count(row, "max_attempts")?,
+        timeout_ms: column::<Option<i64>>(row, "timeout_ms")?.map(|ms| ms.max(0) as u64),
+        idempotency_key: column(row, "idempotency_key")?,
+        tags: column(row, "tags")?,
+        tenant: column(row, "tenant")?,
+        state,
+        errors,
+        lease,
+        result: column::<Option<Json<Value>>>(row, "result")?.map(|Json(value)| value),
+        created_at: column(row, "created_at")?,
+        started_at: column(row, "started_at")?,
+        finished_at: column(row, "finished_at")?,
+    })
+}
+
+/// Every row as a job.
+pub(crate) fn jobs(rows: &[PgRow]) -> StoreResult<Vec<Job>> {
+    rows.iter().map(job).collect()
+}

@@ -1,0 +1,269 @@
+//! Every statement the store runs, built once per store for its schema.
+//!
+//! Table names cannot be bound as parameters, so the (validated, quoted) schema is spliced into
+//! the text here, once; every value is a bind parameter. Keeping the text fixed per store also
+//! lets sqlx reuse one prepared statement per connection for each.
+
+use sqlx::{AssertSqlSafe, SqlSafeStr, SqlStr};
+use std::sync::Arc;
+
+use crate::names::{channel, quoted};
+
+/// The columns of a job row, in the order `rows::job` expects by name.
+pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
+    max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
+    lease_token, lease_expires_at, result, created_at, started_at, finished_at";
+
+/// [`COLUMNS`] qualified with the alias `j`, for `UPDATE ... FROM` statements where a bare `id`
+/// would be ambiguous.
+fn columns_of_j() -> String {
+    COLUMNS
+        .split(", ")
+        .map(|column| format!("j.{column}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A statement text that clones without copying (sqlx copies plain `String`s on each clone).
+fn stmt(text: String) -> SqlStr {
+    AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
+}
+
+pub(crate) struct Sql {
+    /// `"schema".jobs`, for statements assembled per call (job listing).
+    pub jobs: String,
+    /// The NOTIFY channel of this schema.
+    pub channel: String,
+    pub get: SqlStr,
+    pub lock_keys: SqlStr,
+    pub idempotent_matches: SqlStr,
+    pub insert: SqlStr,
+    pub notify: SqlStr,
+    pub promote: SqlStr,
+    pub claim: SqlStr,
+    pub heartbeat: SqlStr,
+    pub complete: SqlStr,
+    pub held: SqlStr,
+    pub record_failure: SqlStr,
+    pub snooze: SqlStr,
+    pub release: SqlStr,
+    pub rescue_pick: SqlStr,
+    pub cancel_lock: SqlStr,
+    pub cancel: SqlStr,
+    pub replay_ids: SqlStr,
+    pub replay_filter: SqlStr,
+    pub discard: SqlStr,
+    pub stats: SqlStr,
+    pub next_due: SqlStr,
+    pub import: SqlStr,
+    pub leader_acquire: SqlStr,
+    pub leader_release: SqlStr,
+}
+
+impl Sql {
+    /// Statements for `schema`, which must already be validated.
+    pub(crate) fn new(schema: &str) -> Self {
+        let jobs = format!("{}.jobs", quoted(schema));
+        let leadership = format!("{}.leadership", quoted(schema));
+        let j_columns = columns_of_j();
+        // Statements that make jobs available end with this: one NOTIFY per queue, sent by
+        // PostgreSQL when (and only if) the statement's transaction commits. `changed` is the
+        // CTE of the modified rows; the caller sums `n`. The unnamed void column is not read.
+        let notify_changed = |param: u32| {
+            format!(
+                "SELECT queue, count(*) AS n, pg_notify(${param}, queue) \
+                 FROM changed GROUP BY queue"
+            )
+        };
+        Self {
+            channel: channel(schema),
+            get: stmt(format!("SELECT {COLUMNS} FROM {jobs} WHERE id = $1")),
+            // `unnest` reads the array in order, and the caller sorts it: every transaction takes
+            // its key locks in ascending order, so two batches sharing keys cannot deadlock.
+            lock_keys: stmt(
+                "SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) AS t(k)".to_string(),
+            ),
+            // The latest job holding each key; the caller applies the window rules.
+            idempotent_matches: stmt(format!(
+                "SELECT DISTINCT ON (idempotency_key) {COLUMNS} FROM {jobs} \
+                 WHERE idempotency_key = ANY($1) \
+                 ORDER BY idempotency_key, created_at DESC, id DESC"
+            )),
+            // One statement for the whole batch. Tags travel as one JSON array per job because a
+            // SQL array of arrays must be rectangular; they are unpacked in order.
+            insert: stmt(format!(
+                "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
+                     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
+                     created_at) \
+                 SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
+                     n.max_attempts, n.timeout_ms, n.idempotency_key, \
+                     ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
+                           WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
+                     n.tenant, n.state, '[]'::jsonb, $13 \
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
+                             $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
+                             $10::jsonb[], $11::text[], $12::text[]) \
+                     AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
+                          timeout_ms, idempotency_key, tags, tenant, state) \
+                 RETURNING {COLUMNS}"
+            )),
+            notify: stmt("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS t(q)".to_string()),
+            // Due jobs, earliest first, in a bounded batch. SKIP LOCKED: concurrent fetchers
+            // promote disjoint rows instead of queueing behind each other. MATERIALIZED pins the
+            // pick to one evaluation, so the LIMIT and the locks apply exactly once.
+            promote: stmt(format!(
+                "WITH due AS MATERIALIZED ( \
+                     SELECT id FROM {jobs} \
+                     WHERE state IN ('scheduled', 'retryable') AND run_at <= $1 \
+                     ORDER BY run_at LIMIT $2 \
+                     FOR UPDATE SKIP LOCKED), \
+                 changed AS ( \
+                     UPDATE {jobs} j SET state = 'available' FROM due \
+                     WHERE j.id = due.id RETURNING j.queue) \
+                 {}",
+                notify_changed(3)
+            )),
+            // Claim and mark running in one statement: rows another fetcher is claiming are
+            // skipped, never double-claimed, and never waited for.
+            claim: stmt(format!(
+                "WITH picked AS MATERIALIZED ( \
+                     SELECT id FROM {jobs} \
+                     WHERE state = 'available' AND queue = ANY($1) \
+                     ORDER BY priority DESC, run_at, id LIMIT $2 \
+                     FOR UPDATE SKIP LOCKED) \
+                 UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
+                     lease_worker = $3, lease_token = gen_random_uuid(), \
+                     lease_expires_at = $4, started_at = $5 \
+                 FROM picked WHERE j.id = picked.id \
+                 RETURNING {j_columns}"
+            )),
+            heartbeat: stmt(format!(
+                "UPDATE {jobs} j SET lease_expires_at = b.expires_at \
+                 FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[]) \
+                     AS b(id, token, expires_at) \
+                 WHERE j.id = b.id AND j.state = 'running' AND j.lease_token = b.token \
+                 RETURNING j.id, b.token"
+            )),
+            // `result` stays SQL NULL for "no result" and is jsonb `null` for `Some(Null)`.
+            complete: stmt(format!(
+                "UPDATE {jobs} j SET state = 'completed', result = c.result, finished_at = $4, \
+                     lease_token = NULL, lease_expires_at = NULL \
+                 FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS c(id, token, result) \
+                 WHERE j.id = c.id AND j.state = 'running' AND j.lease_token = c.token \
+                 RETURNING j.id, c.token"
+            )),
+            held: stmt(format!(
+                "SELECT attempt, max_attempts FROM {jobs} \
+                 WHERE id = $1 AND state = 'running' AND lease_token = $2"
+            )),
+            // Shared by fail and rescue. Still conditional on the token: if the lease was lost
+            // since it was read, nothing changes and no row comes back.
+            record_failure: stmt(format!(
+                "UPDATE {jobs} SET state = $1, run_at = COALESCE($2, run_at), \
+                     finished_at = $3, errors = errors || jsonb_build_array($4::jsonb), \
+                     lease_token = NULL, lease_expires_at = NULL \
+                 WHERE id = $5 AND state = 'running' AND lease_token = $6 \
+                 RETURNING {COLUMNS}"
+            )),
+            snooze: stmt(format!(
+                "UPDATE {jobs} SET state = $1, run_at = $2, attempt = GREATEST(attempt - 1, 0), \
+                     lease_token = NULL, lease_expires_at = NULL \
+                 WHERE id = $3 AND state = 'running' AND lease_token = $4 \
+                 RETURNING {COLUMNS}"
+            )),
+            release: stmt(format!(
+                "WITH changed AS ( \
+                     UPDATE {jobs} j SET state = 'available', \
+                         attempt = GREATEST(j.attempt - 1, 0), \
+                         lease_token = NULL, lease_expires_at = NULL \
+                     FROM unnest($1::uuid[], $2::uuid[]) AS r(id, token) \
+                     WHERE j.id = r.id AND j.state = 'running' AND j.lease_token = r.token \
+                     RETURNING j.queue) \
+                 {}",
+                notify_changed(3)
+            )),
+            // Locked so two rescuers (or a rescuer and the holder's completion) never both act
+            // on one job; SKIP LOCKED lets concurrent rescuers share the work.
+            rescue_pick: stmt(format!(
+                "SELECT id, attempt, max_attempts, lease_worker, lease_token FROM {jobs} \
+                 WHERE state = 'running' AND lease_expires_at <= $1 \
+                 ORDER BY lease_expires_at LIMIT $2 \
+                 FOR UPDATE SKIP LOCKED"
+            )),
+            cancel_lock: stmt(format!("SELECT state FROM {jobs} WHERE id = $1 FOR UPDATE")),
+            cancel: stmt(format!(
+                "UPDATE {jobs} SET state = 'cancelled', finished_at = $1, \
+                     lease_token = NULL, lease_expires_at = NULL \
+                 WHERE id = $2 RETURNING {COLUMNS}"
+            )),
+            replay_ids: stmt(format!(
+                "WITH changed AS ( \
+                     UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
+                         finished_at = NULL, result = NULL \
+                     WHERE id = ANY($2) AND state = 'dead' RETURNING queue) \
+                 {}",
+                notify_changed(3)
+            )),
+            replay_filter: stmt(format!(
+                "WITH changed AS ( \
+                     UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
+                         finished_at = NULL, result = NULL \
+                     WHERE state = 'dead' \
+                         AND ($2::text IS NULL OR queue = $2) \
+                         AND ($3::text IS NULL OR kind = $3) \
+                     RETURNING queue) \
+                 {}",
+                notify_changed(4)
+            )),
+            discard: stmt(format!(
+                "DELETE FROM {jobs} WHERE id = $1 AND state = 'dead'"
+            )),
+            stats: stmt(format!(
+                "SELECT queue, state, count(*) AS n, \
+                     min(run_at) FILTER (WHERE state = 'available') AS oldest_run_at \
+                 FROM {jobs} GROUP BY queue, state"
+            )),
+            next_due: stmt(format!(
+                "SELECT run_at FROM {jobs} \
+                 WHERE state IN ('scheduled', 'retryable') AND queue = ANY($1) \
+                 ORDER BY run_at LIMIT 1"
+            )),
+            // Jobs exactly as given, skipping ids that exist (so an interrupted copy resumes).
+            import: stmt(format!(
+                "INSERT INTO {jobs} ({COLUMNS}) \
+                 SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, n.attempt, \
+                     n.max_attempts, n.timeout_ms, n.idempotency_key, \
+                     ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
+                           WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
+                     n.tenant, n.state, n.errors, n.lease_worker, n.lease_token, \
+                     n.lease_expires_at, n.result, n.created_at, n.started_at, n.finished_at \
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
+                             $6::timestamptz[], $7::int4[], $8::int4[], $9::int8[], \
+                             $10::text[], $11::jsonb[], $12::text[], $13::text[], \
+                             $14::jsonb[], $15::text[], $16::uuid[], $17::timestamptz[], \
+                             $18::jsonb[], $19::timestamptz[], $20::timestamptz[], \
+                             $21::timestamptz[]) \
+                     AS n(id, kind, queue, payload, priority, run_at, attempt, max_attempts, \
+                          timeout_ms, idempotency_key, tags, tenant, state, errors, \
+                          lease_worker, lease_token, lease_expires_at, result, created_at, \
+                          started_at, finished_at) \
+                 ON CONFLICT (id) DO NOTHING \
+                 RETURNING queue, state"
+            )),
+            // Takes the role when it is free, expired, or already the caller's; otherwise the
+            // conflict's WHERE leaves the row alone and nothing is returned. One atomic
+            // statement, so two nodes racing for an expired role cannot both win.
+            leader_acquire: stmt(format!(
+                "INSERT INTO {leadership} AS l (name, holder, expires_at) VALUES ($1, $2, $3) \
+                 ON CONFLICT (name) DO UPDATE \
+                     SET holder = excluded.holder, expires_at = excluded.expires_at \
+                     WHERE l.holder = excluded.holder OR l.expires_at <= $4 \
+                 RETURNING holder"
+            )),
+            leader_release: stmt(format!(
+                "DELETE FROM {leadership} WHERE name = $1 AND holder = $2"
+            )),
+            jobs,
+        }
+    }
+}
