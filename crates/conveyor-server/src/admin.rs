@@ -129,12 +129,21 @@ pub(crate) async fn queues(State(state): State<AppState>) -> ApiResult<Json<Queu
 #[derive(Serialize)]
 pub(crate) struct Health {
     status: &'static str,
+    /// Whether this node leads maintenance (lease rescue, promotion); absent when it runs none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leader: Option<bool>,
 }
 
 /// 200 after a cheap read succeeds; 503 (`store_unavailable`) when the store errors.
 pub(crate) async fn healthz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
     state.store.job_get(Uuid::nil()).await?;
-    Ok(Json(Health { status: "ok" }))
+    Ok(Json(Health {
+        status: "ok",
+        leader: state
+            .leading
+            .as_ref()
+            .map(|leading| leading.load(std::sync::atomic::Ordering::Relaxed)),
+    }))
 }
 
 pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -23,6 +23,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
 use axum::Router;
 use conveyor_core::{Clock, RetryPolicy, Store, SystemClock};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -83,6 +84,9 @@ pub struct RouterOptions {
     /// once (a fetch already claiming jobs still returns them), so a graceful shutdown of the
     /// HTTP server is not held up by `wait_ms`.
     pub shutdown: CancellationToken,
+    /// Whether this node currently leads maintenance (shown by `GET /healthz`); `None` when
+    /// the process runs no maintenance.
+    pub leading: Option<Arc<AtomicBool>>,
 }
 
 impl Default for RouterOptions {
@@ -90,6 +94,7 @@ impl Default for RouterOptions {
         Self {
             clock: Arc::new(SystemClock),
             shutdown: CancellationToken::new(),
+            leading: None,
         }
     }
 }
@@ -101,6 +106,7 @@ pub(crate) struct AppState {
     pub config: Arc<ServerConfig>,
     pub clock: Arc<dyn Clock>,
     pub shutdown: CancellationToken,
+    pub leading: Option<Arc<AtomicBool>>,
     pub body_limit: usize,
 }
 
@@ -121,6 +127,7 @@ pub fn router_with_options(
         config: Arc::new(config),
         clock: options.clock,
         shutdown: options.shutdown,
+        leading: options.leading,
         body_limit,
     };
     Router::new()

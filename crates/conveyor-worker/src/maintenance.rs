@@ -1,6 +1,7 @@
 //! Periodic upkeep: rescue expired leases, promote due jobs.
 
 use conveyor_core::{RescueParams, RetryPolicy, Store};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -16,6 +17,7 @@ pub struct Maintenance {
     batch: usize,
     holder: String,
     leader_ttl: Duration,
+    leading: Arc<AtomicBool>,
 }
 
 impl Maintenance {
@@ -27,6 +29,7 @@ impl Maintenance {
             batch: 1000,
             holder: crate::default_worker_id(),
             leader_ttl: Duration::from_secs(10),
+            leading: Arc::new(AtomicBool::new(false)),
         }
     }
 
@@ -107,6 +110,7 @@ impl Maintenance {
             };
             if now_leading != leading {
                 leading = now_leading;
+                self.leading.store(leading, Ordering::Relaxed);
                 if leading {
                     tracing::info!(holder = %self.holder, "this node now leads maintenance");
                 } else {
@@ -120,11 +124,17 @@ impl Maintenance {
                 tracing::error!(%error, "maintenance pass failed; will retry");
             }
         }
+        self.leading.store(false, Ordering::Relaxed);
         if leading {
             if let Err(error) = self.store.leader_release(&self.holder).await {
                 tracing::warn!(%error, "could not give up leadership; it will expire");
             }
         }
+    }
+
+    /// True while this node leads (for health endpoints and status displays).
+    pub fn leading(&self) -> Arc<AtomicBool> {
+        self.leading.clone()
     }
 
     /// This node's identity in leader election.

@@ -9,7 +9,7 @@
 //! struct SendWelcomeEmail { user_id: u64 }
 //! impl TypedJob for SendWelcomeEmail { const KIND: &'static str = "send_welcome_email"; }
 //!
-//! let store = conveyor::open_store("sqlite://./conveyor-data/conveyor.db", Default::default())?;
+//! let store = conveyor::open_store("sqlite://./conveyor-data/conveyor.db", Default::default()).await?;
 //! let client = Client::new(store.clone());
 //! client.enqueue_with(SendWelcomeEmail { user_id: 7 }, JobOptions::default().queue("mail")).await?;
 //!
@@ -25,6 +25,7 @@
 //! ```
 
 pub use conveyor_core::*;
+pub use conveyor_postgres::{PgOptions, PgStore};
 pub use conveyor_sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use conveyor_worker::{
     default_worker_id, JobContext, Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder,
@@ -37,16 +38,37 @@ use std::sync::Arc;
 pub const DEFAULT_STORE_URL: &str = "sqlite://./conveyor-data/conveyor.db";
 
 /// Options for [`open_store`].
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct OpenOptions {
+    /// SQLite only: whether each commit is fsync'd (PostgreSQL follows its own
+    /// `synchronous_commit`).
     pub durability: Durability,
     /// Store-wide behaviour (e.g. how long a completed job still deduplicates its idempotency key).
     pub store: StoreOptions,
+    /// PostgreSQL only: the schema holding Conveyor's tables, unless the URL names one with
+    /// `?schema=NAME`.
+    pub schema: String,
+    /// PostgreSQL only: apply pending migrations when opening (SQLite always does).
+    pub run_migrations: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        Self {
+            durability: Durability::default(),
+            store: StoreOptions::default(),
+            schema: PgOptions::default().schema,
+            run_migrations: true,
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum OpenError {
-    #[error("unsupported store URL {0:?}: expected sqlite://PATH (e.g. {DEFAULT_STORE_URL})")]
+    #[error(
+        "unsupported store URL {0:?}: expected sqlite://PATH (e.g. {DEFAULT_STORE_URL}) or \
+         postgres://USER@HOST:PORT/DATABASE[?schema=NAME]"
+    )]
     UnsupportedUrl(String),
     #[error(transparent)]
     Store(#[from] StoreError),
@@ -60,8 +82,46 @@ pub fn sqlite_path(url: &str) -> Option<PathBuf> {
     (!rest.is_empty()).then(|| PathBuf::from(rest))
 }
 
-/// Opens the store a URL names.
-pub fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
+/// Splits a `schema=NAME` query parameter (Conveyor's, not PostgreSQL's) off a postgres URL.
+fn split_schema(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_string(), None);
+    };
+    let mut schema = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("schema=") {
+            Some(name) => {
+                schema = Some(name.to_string());
+                false
+            }
+            None => !pair.is_empty(),
+        })
+        .collect();
+    let url = if rest.is_empty() {
+        base.to_string()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, schema)
+}
+
+/// Opens the store a URL names: `sqlite://PATH` (embedded) or `postgres://...` (scale-out).
+pub async fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
+    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+        let (url, schema) = split_schema(url);
+        let store = PgStore::connect(
+            &url,
+            PgOptions {
+                schema: schema.unwrap_or(options.schema),
+                store: options.store,
+                run_migrations: options.run_migrations,
+                ..PgOptions::default()
+            },
+        )
+        .await?;
+        return Ok(Arc::new(store));
+    }
     let path = sqlite_path(url).ok_or_else(|| OpenError::UnsupportedUrl(url.to_string()))?;
     let store = SqliteStore::open(
         path,
@@ -72,6 +132,30 @@ pub fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, Ope
         },
     )?;
     Ok(Arc::new(store))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_schema;
+
+    #[test]
+    fn schema_parameter_is_taken_off_the_url() {
+        assert_eq!(
+            split_schema("postgres://u@h/db?schema=jobs"),
+            ("postgres://u@h/db".to_string(), Some("jobs".to_string()))
+        );
+        assert_eq!(
+            split_schema("postgres://u@h/db?sslmode=disable&schema=jobs&application_name=x"),
+            (
+                "postgres://u@h/db?sslmode=disable&application_name=x".to_string(),
+                Some("jobs".to_string())
+            )
+        );
+        assert_eq!(
+            split_schema("postgres://u@h/db"),
+            ("postgres://u@h/db".to_string(), None)
+        );
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C): the signal to pass to [`Worker::run`].

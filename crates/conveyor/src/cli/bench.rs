@@ -58,6 +58,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         None => format!("sqlite://{}", temp.0.join("bench.db").display()),
     };
     let store = conveyor::open_store(&url, args.durability.open_options())
+        .await
         .with_context(|| format!("cannot open store {url}"))?;
     let durable = args.durability == DurabilityArg::Durable;
     let shown_url = if args.store.is_some() {

@@ -5,6 +5,7 @@ mod bench;
 mod demo;
 mod http;
 mod serve;
+mod store;
 mod work;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -80,6 +81,13 @@ enum Command {
     Work(work::WorkArgs),
     /// Measure enqueue, drain and latency against a store.
     Bench(bench::BenchArgs),
+    /// Move jobs between stores (e.g. from the embedded SQLite file to PostgreSQL).
+    Store {
+        #[command(subcommand)]
+        command: store::StoreCommand,
+    },
+    /// Create or upgrade a store's schema (PostgreSQL: versioned, forward-only migrations).
+    Migrate(store::MigrateArgs),
 }
 
 fn init_logging(format: LogFormat) {
@@ -104,5 +112,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Queues(args) => admin::queues(args).await,
         Command::Work(args) => work::run(args).await,
         Command::Bench(args) => bench::run(args).await,
+        Command::Store { command } => store::run(command).await,
+        Command::Migrate(args) => store::migrate(args).await,
     }
 }

@@ -34,6 +34,17 @@ pub(crate) struct ServeArgs {
     /// (Unfinished jobs always do; dead and cancelled jobs never do.)
     #[arg(long, default_value_t = 24 * 3600)]
     idempotency_window_secs: u64,
+    /// PostgreSQL: schema holding Conveyor's tables (a `?schema=` in the URL wins).
+    #[arg(long, env = "CONVEYOR_SCHEMA", default_value = "conveyor")]
+    schema: String,
+    /// PostgreSQL: do not apply pending migrations at start (run `conveyor migrate` instead);
+    /// start fails if the schema is not current.
+    #[arg(long)]
+    no_migrate: bool,
+    /// How long maintenance leadership lasts unrenewed: the longest a dead leader's lease
+    /// rescue is missed before another server takes over, in milliseconds.
+    #[arg(long, default_value_t = 10_000)]
+    leader_ttl_ms: u64,
     /// How long the demo worker may drain at shutdown, in seconds.
     #[arg(long, default_value_t = 30)]
     drain_timeout_secs: u64,
@@ -43,7 +54,10 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut open_options = args.durability.open_options();
     open_options.store.completed_idempotency_window =
         Duration::from_secs(args.idempotency_window_secs);
+    open_options.schema = args.schema.clone();
+    open_options.run_migrations = !args.no_migrate;
     let store = conveyor::open_store(&args.store, open_options)
+        .await
         .with_context(|| format!("cannot open store {}", args.store))?;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -55,20 +69,21 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         max_payload_bytes: args.max_payload_bytes,
         ..ServerConfig::default()
     };
+    let maintenance = Maintenance::new(store.clone())
+        .interval(Duration::from_millis(args.maintenance_interval_ms.max(10)))
+        .leader_ttl(Duration::from_millis(args.leader_ttl_ms.max(100)));
+    let leading = maintenance.leading();
     let app = conveyor_server::router_with_options(
         store.clone(),
         config,
         RouterOptions {
             shutdown: shutdown.clone(),
+            leading: Some(leading),
             ..RouterOptions::default()
         },
     );
 
-    let maintenance = tokio::spawn(
-        Maintenance::new(store.clone())
-            .interval(Duration::from_millis(args.maintenance_interval_ms.max(10)))
-            .run(shutdown.clone()),
-    );
+    let maintenance = tokio::spawn(maintenance.run(shutdown.clone()));
     let demo = args.demo.then(|| {
         tokio::spawn(super::demo::run(
             store.clone(),
