@@ -62,9 +62,13 @@ pub struct Server {
 
 /// Starts `conveyor serve` on a free port over the SQLite file `db`; returns once it listens.
 pub fn start_server(db: &Path, extra: &[&str]) -> Server {
+    start_server_at(&format!("sqlite://{}", db.display()), extra)
+}
+
+/// Starts `conveyor serve` on a free port over the store at `url`; returns once it listens.
+pub fn start_server_at(url: &str, extra: &[&str]) -> Server {
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
-        .arg(format!("sqlite://{}", db.display()))
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", url])
         .args(extra)
         .env("CONVEYOR_LOG", "warn")
         .stdout(Stdio::piped())
@@ -102,8 +106,13 @@ pub fn start_worker(server: &str, exec: &str, extra: &[&str]) -> Proc {
 }
 
 /// Polls `check` every 20 ms until it yields a value; panics with `what` after 30 s.
-pub fn wait_until<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(30);
+pub fn wait_until<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
+    wait_until_for(what, 30, check)
+}
+
+/// Like [`wait_until`] with a deadline of `seconds`.
+pub fn wait_until_for<T>(what: &str, seconds: u64, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(seconds);
     loop {
         if let Some(value) = check() {
             return value;
