@@ -97,7 +97,7 @@ fn two_servers_three_workers_survive_kill_9_of_a_worker_and_the_leader() {
         "--leader-ttl-ms",
         "1500",
     ];
-    let mut servers = vec![
+    let mut servers = [
         start_server_at(&store, &server_args),
         start_server_at(&store, &server_args),
     ];
