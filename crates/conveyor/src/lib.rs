@@ -134,6 +134,28 @@ pub async fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store
     Ok(Arc::new(store))
 }
 
+/// Resolves on SIGTERM or SIGINT (Ctrl-C): the signal to pass to [`Worker::run`].
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {}
+        _ = terminate => {}
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::split_schema;
@@ -155,27 +177,5 @@ mod tests {
             split_schema("postgres://u@h/db"),
             ("postgres://u@h/db".to_string(), None)
         );
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT (Ctrl-C): the signal to pass to [`Worker::run`].
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {}
-        _ = terminate => {}
     }
 }
