@@ -247,7 +247,9 @@ fn demo_shows_jobs_completing_retrying_and_dying() {
                 .sum()
         };
         let errors_seen = total("retryable") > 0 || total("dead") > 0;
-        (total("completed") >= 3 && total("dead") >= 1 && errors_seen).then_some(queues)
+        let busy_queues = queues["queues"].as_array().unwrap().len();
+        (total("completed") >= 3 && total("dead") >= 1 && errors_seen && busy_queues >= 2)
+            .then_some(queues)
     });
     let names: Vec<&str> = seen["queues"]
         .as_array()
