@@ -422,8 +422,11 @@ pub(crate) async fn fetch(
 ) -> StoreResult<Fetched> {
     let expires_at = after(ctx.now, params.lease, "lease")?;
     let promoted = promote_due(&mut *conn, ctx, PROMOTE_BATCH).await?;
-    let found = sqlx::query(ctx.sql.claim.clone())
-        .bind(&params.queues)
+    let claim = match params.queues.as_slice() {
+        [queue] => sqlx::query(ctx.sql.claim_one_queue.clone()).bind(queue),
+        queues => sqlx::query(ctx.sql.claim.clone()).bind(queues),
+    };
+    let found = claim
         .bind(limit(params.max))
         .bind(&params.worker_id)
         .bind(expires_at)
