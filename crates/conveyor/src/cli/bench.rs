@@ -60,7 +60,20 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let store = conveyor::open_store(&url, args.durability.open_options())
         .await
         .with_context(|| format!("cannot open store {url}"))?;
-    let durable = args.durability == DurabilityArg::Durable;
+    // SQLite: our own fsync policy. PostgreSQL: the server's `synchronous_commit` decides.
+    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let durable = if postgres {
+        serde_json::Value::Null
+    } else {
+        json!(args.durability == DurabilityArg::Durable)
+    };
+    let durability = if postgres {
+        "postgres: commits as durable as the server's synchronous_commit"
+    } else if args.durability == DurabilityArg::Durable {
+        "sqlite: fsync before every acknowledgement"
+    } else {
+        "sqlite relaxed: no fsync per commit"
+    };
     let shown_url = if args.store.is_some() {
         url.clone()
     } else {
@@ -75,7 +88,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         );
         let mut line = json!({
             "workload": format!("{workload:?}").to_lowercase(),
-            "store": shown_url, "durable": durable,
+            "store": shown_url, "durable": durable, "durability": durability,
             "jobs": args.jobs, "concurrency": args.concurrency,
         });
         match workload {
@@ -120,11 +133,7 @@ fn describe(line: &serde_json::Value) -> String {
         line["jobs"],
         line["seconds"].as_f64().unwrap_or(0.0),
         line["concurrency"],
-        if line["durable"] == true {
-            "durable: fsync per commit"
-        } else {
-            "relaxed durability"
-        }
+        line["durability"].as_str().unwrap_or("?")
     );
     if line.get("p50_ms").is_some() {
         text.push_str(&format!(
