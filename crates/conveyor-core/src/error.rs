@@ -36,6 +36,16 @@ pub enum StoreError {
         state: JobState,
         action: &'static str,
     },
+    /// Back-pressure: the queue (or the tenant's share of it) is at its configured maximum
+    /// depth. Nothing was stored; retry after `retry_after`.
+    #[error("queue {queue} is full: {depth} unfinished jobs{} at a maximum of {limit}; retry later", tenant.as_ref().map(|t| format!(" for tenant {t}")).unwrap_or_default())]
+    QueueFull {
+        queue: String,
+        tenant: Option<String>,
+        depth: u64,
+        limit: u64,
+        retry_after: std::time::Duration,
+    },
     /// The database could not be opened or used (I/O, corruption, permissions, lost connection).
     #[error("storage error: {0}")]
     Backend(String),

@@ -212,6 +212,9 @@ pub struct QueueStats {
     pub cancelled: u64,
     /// Age of the oldest available job (time since its `run_at`), 0 when none waits.
     pub oldest_available_age_ms: u64,
+    /// Whether fetching from the queue is paused.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 impl QueueStats {
@@ -226,4 +229,27 @@ impl QueueStats {
             JobState::Cancelled => self.cancelled += count,
         }
     }
+}
+
+/// Per-queue settings, persisted in the store. Unset limits mean "no limit".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueSettings {
+    /// Fetching stops while paused; enqueuing continues.
+    #[serde(default)]
+    pub paused: bool,
+    /// Back-pressure: enqueues are refused while the queue holds this many unfinished jobs
+    /// (scheduled, available, running, retryable).
+    #[serde(default)]
+    pub max_depth: Option<u64>,
+    /// Back-pressure per tenant: the same, counting one tenant's unfinished jobs in the queue.
+    #[serde(default)]
+    pub max_depth_per_tenant: Option<u64>,
+}
+
+/// A queue's settings with its name.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedQueueSettings {
+    pub name: String,
+    #[serde(flatten)]
+    pub settings: QueueSettings,
 }

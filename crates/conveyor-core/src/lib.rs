@@ -16,7 +16,8 @@ pub use client::{Client, JobOptions, TypedJob};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{StoreError, ValidationError};
 pub use job::{
-    error_class, ErrorRecord, Inserted, Job, JobState, Lease, NewJob, QueueStats, DEFAULT_QUEUE,
+    error_class, ErrorRecord, Inserted, Job, JobState, Lease, NamedQueueSettings, NewJob,
+    QueueSettings, QueueStats, DEFAULT_QUEUE,
 };
 pub use retry::RetryPolicy;
 pub use store::*;

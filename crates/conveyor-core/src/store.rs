@@ -12,7 +12,7 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 pub use crate::error::StoreResult;
-use crate::job::{Inserted, Job, JobState, NewJob, QueueStats};
+use crate::job::{Inserted, Job, JobState, NamedQueueSettings, NewJob, QueueSettings, QueueStats};
 use crate::retry::RetryPolicy;
 
 /// Claim up to `max` available jobs from `queues` for `worker_id`.
@@ -193,6 +193,24 @@ pub trait Store: Send + Sync + 'static {
     /// target side of `conveyor store copy`. A job whose id already exists is left alone, so a
     /// copy can be resumed. Returns how many were inserted.
     async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64>;
+
+    /// A queue's settings (defaults when never set).
+    async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings>;
+
+    /// Replaces a queue's settings. Pausing stops `jobs_fetch` from claiming the queue's jobs;
+    /// depth limits make `jobs_insert_many` refuse (`StoreError::QueueFull`, nothing stored)
+    /// batches that would take the queue's unfinished jobs, or a tenant's share of them, past
+    /// the limit. Only jobs a batch would add count: an idempotent duplicate is answered with
+    /// the existing job even when the queue is full. Jobs without a tenant count towards the
+    /// queue's limit only.
+    async fn queue_settings_put(
+        &self,
+        queue: &str,
+        settings: QueueSettings,
+    ) -> StoreResult<QueueSettings>;
+
+    /// Every queue with settings of its own.
+    async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>>;
 
     /// Takes or renews the maintenance leadership for `holder` for `ttl`: true while `holder`
     /// leads. Exactly one holder leads at a time across every process sharing the store; when

@@ -33,8 +33,9 @@ use chrono::{DateTime, Utc};
 use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
     Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobListParams,
-    LeaseOutcome, LeaseRef, NewJob, QueueStats, ReplaySelector, RescueParams, RescueReport,
-    SnoozeParams, Store, StoreError, StoreOptions, StoreResult, SystemClock, ValidationError,
+    LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings, QueueStats, ReplaySelector,
+    RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
+    SystemClock, ValidationError,
 };
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
@@ -196,8 +197,12 @@ impl PgStore {
     /// and waiting fetchers (in every process) are woken when it does. Same rules as
     /// [`Store::jobs_insert_many`] (validation, all-or-nothing, idempotency keys).
     ///
-    /// Keyed jobs hold a lock per idempotency key until `tx` ends, so keep such transactions
-    /// short. An error leaves `tx` aborted; roll it back.
+    /// Keyed jobs hold a lock per idempotency key until `tx` ends, and jobs of a queue with a
+    /// depth limit (see [`Store::queue_settings_put`]) a lock on the queue (or on their tenant's
+    /// share of it), which makes other inserts into that queue wait: keep such transactions
+    /// short. The depth count assumes `tx` is READ COMMITTED (PostgreSQL's default); under
+    /// REPEATABLE READ or SERIALIZABLE it may miss jobs committed since `tx` began. An error
+    /// (including `StoreError::QueueFull`) leaves `tx` aborted; roll it back.
     pub async fn enqueue_tx(
         &self,
         tx: &mut Transaction<'_, Postgres>,
@@ -402,6 +407,28 @@ impl Store for PgStore {
         commit(tx).await?;
         self.wake_local(woke);
         Ok(imported)
+    }
+
+    async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings> {
+        ops::queue_settings_get(&mut *self.conn().await?, &self.inner.sql, queue).await
+    }
+
+    async fn queue_settings_put(
+        &self,
+        queue: &str,
+        settings: QueueSettings,
+    ) -> StoreResult<QueueSettings> {
+        conveyor_core::validate::name("queue", queue)?;
+        let mut tx = self.begin().await?;
+        let (stored, resumed) =
+            ops::queue_settings_put(&mut tx, &self.ctx(), queue, &settings).await?;
+        commit(tx).await?;
+        self.wake_local(resumed);
+        Ok(stored)
+    }
+
+    async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
+        ops::queue_settings_list(&mut *self.conn().await?, &self.inner.sql).await
     }
 
     async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {

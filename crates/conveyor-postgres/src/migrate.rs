@@ -31,10 +31,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "leadership",
         sql: include_str!("migrations/0002_leadership.sql"),
     },
+    Migration {
+        version: 3,
+        name: "queue_settings",
+        sql: include_str!("migrations/0003_queue_settings.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

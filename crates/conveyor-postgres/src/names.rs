@@ -68,6 +68,29 @@ pub(crate) fn idempotency_lock_key(schema: &str, key: &str) -> i64 {
     ]) as i64
 }
 
+/// The advisory lock key that serializes inserts into `queue` of `schema` while the queue has a
+/// maximum depth (`tenant: None`), or inserts of `tenant`'s jobs into it while it has a
+/// per-tenant maximum, so that two batches cannot both see room for themselves.
+pub(crate) fn depth_lock_key(schema: &str, queue: &str, tenant: Option<&str>) -> i64 {
+    // PostgreSQL text cannot hold NUL, so the separators keep every part apart.
+    match tenant {
+        None => fnv1a(&[
+            b"conveyor:queue-depth:",
+            schema.as_bytes(),
+            b"\0",
+            queue.as_bytes(),
+        ]) as i64,
+        Some(tenant) => fnv1a(&[
+            b"conveyor:tenant-depth:",
+            schema.as_bytes(),
+            b"\0",
+            queue.as_bytes(),
+            b"\0",
+            tenant.as_bytes(),
+        ]) as i64,
+    }
+}
+
 /// 64-bit FNV-1a over the concatenation of `parts`: tiny, fast, and fixed by its definition, so
 /// every build of every process agrees on the lock keys.
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -137,5 +160,21 @@ mod tests {
             idempotency_lock_key("t", "k")
         );
         assert_ne!(migration_lock_key("s"), migration_lock_key("t"));
+        assert_ne!(
+            depth_lock_key("s", "q", None),
+            depth_lock_key("t", "q", None)
+        );
+        assert_ne!(
+            depth_lock_key("s", "q", None),
+            depth_lock_key("s", "q", Some("a"))
+        );
+        assert_ne!(
+            depth_lock_key("s", "q", Some("ab")),
+            depth_lock_key("s", "qa", Some("b"))
+        );
+        assert_ne!(
+            depth_lock_key("s", "q", None),
+            idempotency_lock_key("s", "q")
+        );
     }
 }

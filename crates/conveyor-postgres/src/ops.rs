@@ -8,9 +8,9 @@ use chrono::{DateTime, Utc};
 use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
     error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
-    Job, JobListParams, JobState, LeaseOutcome, LeaseRef, NewJob, QueueStats, ReplaySelector,
-    RescueParams, RescueReport, RetryPlan, SnoozeParams, StoreError, StoreOptions, StoreResult,
-    ValidationError,
+    Job, JobListParams, JobState, LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob,
+    QueueSettings, QueueStats, ReplaySelector, RescueParams, RescueReport, RetryPlan, SnoozeParams,
+    StoreError, StoreOptions, StoreResult, ValidationError,
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -21,7 +21,7 @@ use std::str::FromStr;
 use uuid::Uuid;
 
 use crate::errors::{corrupt, db};
-use crate::names::idempotency_lock_key;
+use crate::names::{depth_lock_key, idempotency_lock_key};
 use crate::rows;
 use crate::sql::{Sql, COLUMNS};
 
@@ -160,9 +160,13 @@ pub(crate) async fn queues_stats(
     ctx: &Ctx<'_>,
 ) -> StoreResult<Vec<QueueStats>> {
     let found = sqlx::query(ctx.sql.stats.clone())
-        .fetch_all(conn)
+        .fetch_all(&mut *conn)
         .await
         .map_err(db("queue stats"))?;
+    let paused: Vec<String> = sqlx::query_scalar(ctx.sql.paused_queues.clone())
+        .fetch_all(conn)
+        .await
+        .map_err(db("read paused queues"))?;
     let mut by_queue: BTreeMap<String, QueueStats> = BTreeMap::new();
     for row in &found {
         let read = |e: sqlx::Error| corrupt(e.to_string());
@@ -180,6 +184,12 @@ pub(crate) async fn queues_stats(
         );
         if let Some(oldest) = oldest {
             stats.oldest_available_age_ms = (ctx.now - oldest).num_milliseconds().max(0) as u64;
+        }
+    }
+    // A paused queue without jobs has no line: stats are about jobs.
+    for queue in paused {
+        if let Some(stats) = by_queue.get_mut(&queue) {
+            stats.paused = true;
         }
     }
     Ok(by_queue.into_values().collect())
@@ -256,6 +266,9 @@ pub(crate) struct Insertion {
 /// Keyed jobs first take an advisory lock per key (in ascending key order, so concurrent batches
 /// cannot deadlock), then look for a job holding the key. A concurrent insert of the same key
 /// waits on the lock until the first commits, and then finds its job: exactly one job per key.
+///
+/// Depth limits count only the jobs the batch really adds: duplicates of stored jobs do not
+/// take up room, so resubmitting an accepted job succeeds even when its queue is full.
 pub(crate) async fn insert_many(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -340,23 +353,22 @@ pub(crate) async fn insert_many(
 
     let mut created: HashMap<Uuid, Job> = HashMap::new();
     if !columns.ids.is_empty() {
-        let found = sqlx::query(ctx.sql.insert.clone())
-            .bind(&columns.ids)
-            .bind(&columns.kinds)
-            .bind(&columns.queues)
-            .bind(&columns.payloads)
-            .bind(&columns.priorities)
-            .bind(&columns.run_ats)
-            .bind(&columns.max_attempts)
-            .bind(&columns.timeouts)
-            .bind(&columns.keys)
-            .bind(&columns.tags)
-            .bind(&columns.tenants)
-            .bind(&columns.states)
-            .bind(ctx.now)
+        // Optimistically as if no queue of the batch had a depth limit: the statement checks,
+        // and inserts nothing when one has. Only then are limits read, locked and counted.
+        let queues: BTreeSet<&str> = columns.queues.iter().map(String::as_str).collect();
+        let queues: Vec<&str> = queues.into_iter().collect();
+        let mut found = bind_columns(ctx.sql.insert_unlimited.clone(), &columns, ctx.now)
+            .bind(&queues)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("insert jobs"))?;
+        if found.is_empty() {
+            check_depth_limits(&mut *conn, ctx, &columns, &queues).await?;
+            found = bind_columns(ctx.sql.insert.clone(), &columns, ctx.now)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db("insert jobs"))?;
+        }
         for job in rows::jobs(&found)? {
             created.insert(job.id, job);
         }
@@ -385,6 +397,203 @@ pub(crate) async fn insert_many(
         inserted,
         made_available: !woken.is_empty(),
     })
+}
+
+/// The insert statement `text` with the batch's columns bound as `$1` to `$13`.
+fn bind_columns<'q>(
+    text: sqlx::SqlStr,
+    columns: &'q Columns,
+    now: DateTime<Utc>,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(text)
+        .bind(&columns.ids)
+        .bind(&columns.kinds)
+        .bind(&columns.queues)
+        .bind(&columns.payloads)
+        .bind(&columns.priorities)
+        .bind(&columns.run_ats)
+        .bind(&columns.max_attempts)
+        .bind(&columns.timeouts)
+        .bind(&columns.keys)
+        .bind(&columns.tags)
+        .bind(&columns.tenants)
+        .bind(&columns.states)
+        .bind(now)
+}
+
+/// How long a producer refused for a full queue is told to wait before trying again.
+const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Refuses the batch's new jobs (`columns`, in `queues`) with `QueueFull` when they would take a
+/// queue, or a tenant's share of one, past its maximum depth.
+///
+/// Each limited queue (and each tenant of the batch in a queue with a per-tenant limit) is
+/// locked until the transaction ends, in ascending key order, so concurrent batches cannot both
+/// see the last free places, and cannot deadlock (every transaction takes its idempotency locks
+/// before these). The counts run after the locks, so they see every batch that held them before.
+async fn check_depth_limits(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    columns: &Columns,
+    queues: &[&str],
+) -> StoreResult<()> {
+    let found = sqlx::query(ctx.sql.depth_limits.clone())
+        .bind(queues)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read queue depth limits"))?;
+    let mut limits: HashMap<String, (Option<u64>, Option<u64>)> = HashMap::new();
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let queue: String = row.try_get("queue").map_err(read)?;
+        let max_depth: Option<i64> = row.try_get("max_depth").map_err(read)?;
+        let per_tenant: Option<i64> = row.try_get("max_depth_per_tenant").map_err(read)?;
+        limits.insert(queue, (max_depth.map(depth_of), per_tenant.map(depth_of)));
+    }
+    // What the batch adds to each limited (queue, tenant) pair; `None` is the whole queue.
+    // Ordered, so the first refusal reported is the same whichever order the batch came in.
+    let mut adding: BTreeMap<(&str, Option<&str>), (u64, u64)> = BTreeMap::new();
+    for (queue, tenant) in columns.queues.iter().zip(&columns.tenants) {
+        let Some((max_depth, per_tenant)) = limits.get(queue) else {
+            continue;
+        };
+        if let Some(limit) = max_depth {
+            adding.entry((queue, None)).or_insert((0, *limit)).0 += 1;
+        }
+        if let (Some(limit), Some(tenant)) = (per_tenant, tenant) {
+            adding.entry((queue, Some(tenant))).or_insert((0, *limit)).0 += 1;
+        }
+    }
+    if adding.is_empty() {
+        return Ok(());
+    }
+    let mut lock_keys: Vec<i64> = adding
+        .keys()
+        .map(|(queue, tenant)| depth_lock_key(ctx.schema, queue, *tenant))
+        .collect();
+    lock_keys.sort_unstable();
+    lock_keys.dedup();
+    sqlx::query(ctx.sql.lock_keys.clone())
+        .bind(&lock_keys)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("lock queue depths"))?;
+    let depth_queues: Vec<&str> = adding.keys().map(|(queue, _)| *queue).collect();
+    let depth_tenants: Vec<Option<&str>> = adding.keys().map(|(_, tenant)| *tenant).collect();
+    let depths: Vec<i64> = sqlx::query_scalar(ctx.sql.depths.clone())
+        .bind(&depth_queues)
+        .bind(&depth_tenants)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("count queue depths"))?;
+    if depths.len() != adding.len() {
+        return Err(StoreError::Backend(
+            "postgres: queue depth count returned the wrong number of rows".to_string(),
+        ));
+    }
+    for (((queue, tenant), (new, limit)), depth) in adding.into_iter().zip(depths) {
+        let depth = depth_of(depth);
+        if depth.saturating_add(new) > limit {
+            return Err(StoreError::QueueFull {
+                queue: queue.to_string(),
+                tenant: tenant.map(str::to_string),
+                depth,
+                limit,
+                retry_after: QUEUE_FULL_RETRY_AFTER,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// A count or limit read from the database (never negative: the columns are checked).
+fn depth_of(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// A limit as stored: `bigint`, so limits past `i64::MAX` (no queue holds that many) are kept
+/// as `i64::MAX`.
+fn stored_depth(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queue settings
+// ---------------------------------------------------------------------------------------------
+
+fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
+    let read = |e: sqlx::Error| corrupt(e.to_string());
+    let max_depth: Option<i64> = row.try_get("max_depth").map_err(read)?;
+    let per_tenant: Option<i64> = row.try_get("max_depth_per_tenant").map_err(read)?;
+    Ok(QueueSettings {
+        paused: row.try_get("paused").map_err(read)?,
+        max_depth: max_depth.map(depth_of),
+        max_depth_per_tenant: per_tenant.map(depth_of),
+    })
+}
+
+pub(crate) async fn queue_settings_get(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    queue: &str,
+) -> StoreResult<QueueSettings> {
+    let row = sqlx::query(sql.settings_get.clone())
+        .bind(queue)
+        .fetch_optional(conn)
+        .await
+        .map_err(db("read queue settings"))?;
+    row.as_ref()
+        .map(settings_of)
+        .transpose()
+        .map(Option::unwrap_or_default)
+}
+
+/// Stores a queue's settings and returns them as stored. When the change resumes a paused
+/// queue, its waiting fetchers in every process are notified; returns whether it did. Must run
+/// inside a transaction, so that the wake-up is sent only if the change commits.
+pub(crate) async fn queue_settings_put(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+) -> StoreResult<(QueueSettings, bool)> {
+    let row = sqlx::query(ctx.sql.settings_put.clone())
+        .bind(queue)
+        .bind(settings.paused)
+        .bind(settings.max_depth.map(stored_depth))
+        .bind(settings.max_depth_per_tenant.map(stored_depth))
+        .bind(ctx.now)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("store queue settings"))?;
+    let stored = settings_of(&row)?;
+    let was_paused: bool = row
+        .try_get("was_paused")
+        .map_err(|e| corrupt(e.to_string()))?;
+    let resumed = was_paused && !stored.paused;
+    if resumed {
+        notify(conn, ctx.sql, &[queue.to_string()]).await?;
+    }
+    Ok((stored, resumed))
+}
+
+pub(crate) async fn queue_settings_list(
+    conn: &mut PgConnection,
+    sql: &Sql,
+) -> StoreResult<Vec<NamedQueueSettings>> {
+    let found = sqlx::query(sql.settings_list.clone())
+        .fetch_all(conn)
+        .await
+        .map_err(db("list queue settings"))?;
+    found
+        .iter()
+        .map(|row| {
+            Ok(NamedQueueSettings {
+                name: row.try_get("queue").map_err(|e| corrupt(e.to_string()))?,
+                settings: settings_of(row)?,
+            })
+        })
+        .collect()
 }
 
 // ---------------------------------------------------------------------------------------------

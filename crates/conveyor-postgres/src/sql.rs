@@ -38,6 +38,9 @@ pub(crate) struct Sql {
     pub lock_keys: SqlStr,
     pub idempotent_matches: SqlStr,
     pub insert: SqlStr,
+    pub insert_unlimited: SqlStr,
+    pub depth_limits: SqlStr,
+    pub depths: SqlStr,
     pub notify: SqlStr,
     pub promote: SqlStr,
     pub claim: SqlStr,
@@ -59,6 +62,10 @@ pub(crate) struct Sql {
     pub import: SqlStr,
     pub leader_acquire: SqlStr,
     pub leader_release: SqlStr,
+    pub settings_get: SqlStr,
+    pub settings_put: SqlStr,
+    pub settings_list: SqlStr,
+    pub paused_queues: SqlStr,
 }
 
 impl Sql {
@@ -66,6 +73,7 @@ impl Sql {
     pub(crate) fn new(schema: &str) -> Self {
         let jobs = format!("{}.jobs", quoted(schema));
         let leadership = format!("{}.leadership", quoted(schema));
+        let settings = format!("{}.queue_settings", quoted(schema));
         let j_columns = columns_of_j();
         // Statements that make jobs available end with this: one NOTIFY per queue, sent by
         // PostgreSQL when (and only if) the statement's transaction commits. `changed` is the
@@ -90,23 +98,42 @@ impl Sql {
                  WHERE idempotency_key = ANY($1) \
                  ORDER BY idempotency_key, created_at DESC, id DESC"
             )),
-            // One statement for the whole batch. Tags travel as one JSON array per job because a
-            // SQL array of arrays must be rectangular; they are unpacked in order.
-            insert: stmt(format!(
-                "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
-                     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-                     created_at) \
-                 SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
-                     n.max_attempts, n.timeout_ms, n.idempotency_key, \
-                     ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
-                           WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
-                     n.tenant, n.state, '[]'::jsonb, $13 \
-                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
-                             $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
-                             $10::jsonb[], $11::text[], $12::text[]) \
-                     AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
-                          timeout_ms, idempotency_key, tags, tenant, state) \
-                 RETURNING {COLUMNS}"
+            insert: stmt(insert_sql(&jobs, "")),
+            // The fast path for queues without depth limits: the same insert, guarded by a
+            // one-time check that no queue of the batch (`$14`, distinct) has a limit. When one
+            // does, nothing is inserted and no row comes back, and the caller takes the locks,
+            // counts, and uses `insert`.
+            insert_unlimited: stmt(insert_sql(
+                &jobs,
+                &format!(
+                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($14) \
+                         AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
+                ),
+            )),
+            depth_limits: stmt(format!(
+                "SELECT queue, max_depth, max_depth_per_tenant FROM {settings} \
+                 WHERE queue = ANY($1) \
+                     AND (max_depth IS NOT NULL OR max_depth_per_tenant IS NOT NULL)"
+            )),
+            // Unfinished jobs of each (queue, tenant) pair, in the order given; a NULL tenant
+            // asks for the whole queue. The queue's count is the sum over the partial indexes
+            // that together cover the unfinished states (`jobs_fetch`, `jobs_lease`,
+            // `jobs_waiting`), the tenant's count reads `jobs_tenant_unfinished`.
+            depths: stmt(format!(
+                "SELECT CASE WHEN d.tenant IS NULL THEN \
+                         (SELECT count(*) FROM {jobs} j \
+                          WHERE j.queue = d.queue AND j.state = 'available') \
+                         + (SELECT count(*) FROM {jobs} j \
+                            WHERE j.queue = d.queue AND j.state = 'running') \
+                         + (SELECT count(*) FROM {jobs} j \
+                            WHERE j.queue = d.queue AND j.state IN ('scheduled', 'retryable')) \
+                     ELSE \
+                         (SELECT count(*) FROM {jobs} j \
+                          WHERE j.queue = d.queue AND j.tenant = d.tenant \
+                              AND j.state IN ('scheduled', 'available', 'running', 'retryable')) \
+                     END AS depth \
+                 FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS d(queue, tenant, pos) \
+                 ORDER BY d.pos"
             )),
             notify: stmt("SELECT pg_notify($1, q) FROM unnest($2::text[]) AS t(q)".to_string()),
             // Due jobs, earliest first, in a bounded batch. SKIP LOCKED: concurrent fetchers
@@ -126,11 +153,28 @@ impl Sql {
             )),
             // Claim and mark running in one statement: rows another fetcher is claiming are
             // skipped, never double-claimed, and never waited for.
-            claim: stmt(claim_sql(&jobs, &j_columns, "queue = ANY($1)")),
+            // Jobs of paused queues are not claimed. With several queues the check is per row
+            // (an anti-join on the settings' primary key); with one it is a one-time check on
+            // `$1`, leaving the ordered scan of `jobs_fetch` as it was.
+            claim: stmt(claim_sql(
+                &jobs,
+                &j_columns,
+                &format!(
+                    "c.queue = ANY($1) AND NOT EXISTS (SELECT 1 FROM {settings} s \
+                         WHERE s.queue = c.queue AND s.paused)"
+                ),
+            )),
             // The common case (a worker's fetch loop serves one queue): with `queue = $1` the
             // index hands rows over in claim order, where `= ANY` makes PostgreSQL sort every
             // available job of the queues on each fetch.
-            claim_one_queue: stmt(claim_sql(&jobs, &j_columns, "queue = $1")),
+            claim_one_queue: stmt(claim_sql(
+                &jobs,
+                &j_columns,
+                &format!(
+                    "c.queue = $1 AND NOT EXISTS (SELECT 1 FROM {settings} s \
+                         WHERE s.queue = $1 AND s.paused)"
+                ),
+            )),
             heartbeat: stmt(format!(
                 "UPDATE {jobs} j SET lease_expires_at = b.expires_at \
                  FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[]) \
@@ -257,18 +301,66 @@ impl Sql {
             leader_release: stmt(format!(
                 "DELETE FROM {leadership} WHERE name = $1 AND holder = $2"
             )),
+            settings_get: stmt(format!(
+                "SELECT paused, max_depth, max_depth_per_tenant FROM {settings} WHERE queue = $1"
+            )),
+            // Also says whether the queue was paused before, so a resume can wake fetchers.
+            settings_put: stmt(format!(
+                "WITH previous AS (SELECT paused FROM {settings} WHERE queue = $1), \
+                 stored AS ( \
+                     INSERT INTO {settings} AS s \
+                         (queue, paused, max_depth, max_depth_per_tenant, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5) \
+                     ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
+                         max_depth = excluded.max_depth, \
+                         max_depth_per_tenant = excluded.max_depth_per_tenant, \
+                         updated_at = excluded.updated_at \
+                     RETURNING s.paused, s.max_depth, s.max_depth_per_tenant) \
+                 SELECT stored.paused, stored.max_depth, stored.max_depth_per_tenant, \
+                     COALESCE((SELECT paused FROM previous), false) AS was_paused \
+                 FROM stored"
+            )),
+            settings_list: stmt(format!(
+                "SELECT queue, paused, max_depth, max_depth_per_tenant FROM {settings} \
+                 ORDER BY queue"
+            )),
+            paused_queues: stmt(format!("SELECT queue FROM {settings} WHERE paused")),
             jobs,
         }
     }
 }
 
-/// The claim statement, for one queue or several (`queue_condition` binds `$1`).
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$14`.
+fn insert_sql(jobs: &str, condition: &str) -> String {
+    // One statement for the whole batch. Tags travel as one JSON array per job because a SQL
+    // array of arrays must be rectangular; they are unpacked in order.
+    format!(
+        "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
+             max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
+             created_at) \
+         SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
+             n.max_attempts, n.timeout_ms, n.idempotency_key, \
+             ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
+                   WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
+             n.tenant, n.state, '[]'::jsonb, $13 \
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
+                     $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
+                     $10::jsonb[], $11::text[], $12::text[]) \
+             AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
+                  timeout_ms, idempotency_key, tags, tenant, state) \
+         {condition} \
+         RETURNING {COLUMNS}"
+    )
+}
+
+/// The claim statement, for one queue or several (`queue_condition` binds `$1`; the picked
+/// rows are `c`).
 fn claim_sql(jobs: &str, j_columns: &str, queue_condition: &str) -> String {
     format!(
         "WITH picked AS MATERIALIZED ( \
-             SELECT id FROM {jobs} \
-             WHERE state = 'available' AND {queue_condition} \
-             ORDER BY priority DESC, run_at, id LIMIT $2 \
+             SELECT c.id FROM {jobs} c \
+             WHERE c.state = 'available' AND {queue_condition} \
+             ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
              FOR UPDATE SKIP LOCKED) \
          UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
              lease_worker = $3, lease_token = gen_random_uuid(), \

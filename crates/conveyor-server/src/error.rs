@@ -32,6 +32,13 @@ pub enum ApiError {
     /// 409: the job is in a state where the change does not apply.
     #[error("{0}")]
     Conflict(String),
+    /// 429: back-pressure; the queue (or tenant) is at its maximum depth. Sent with
+    /// `Retry-After` (whole seconds).
+    #[error("{message}")]
+    QueueFull {
+        message: String,
+        retry_after_secs: u64,
+    },
     /// 503: the store failed (details are logged, not returned).
     #[error("store unavailable: {0}")]
     StoreUnavailable(String),
@@ -77,6 +84,7 @@ impl ApiError {
             ApiError::JobNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::LeaseLost(_) | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -91,6 +99,7 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::LeaseLost(_) => "lease_lost",
             ApiError::Conflict(_) => "conflict",
+            ApiError::QueueFull { .. } => "queue_full",
             ApiError::StoreUnavailable(_) => "store_unavailable",
             ApiError::Internal(_) => "internal",
         }
@@ -146,6 +155,10 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(id) => ApiError::JobNotFound(id),
             StoreError::LeaseLost(id) => ApiError::LeaseLost(id),
             conflict @ StoreError::Conflict { .. } => ApiError::Conflict(conflict.to_string()),
+            full @ StoreError::QueueFull { retry_after, .. } => ApiError::QueueFull {
+                message: full.to_string(),
+                retry_after_secs: retry_after.as_secs_f64().ceil().max(1.0) as u64,
+            },
             StoreError::Backend(message) => ApiError::StoreUnavailable(message),
             closed @ StoreError::Closed => ApiError::StoreUnavailable(closed.to_string()),
         }
@@ -182,7 +195,20 @@ impl IntoResponse for ApiError {
                 message: self.public_message(),
             },
         };
-        (self.status(), Json(body)).into_response()
+        let retry_after = match &self {
+            ApiError::QueueFull {
+                retry_after_secs, ..
+            } => Some(*retry_after_secs),
+            _ => None,
+        };
+        let mut response = (self.status(), Json(body)).into_response();
+        if let Some(secs) = retry_after {
+            response.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from(secs),
+            );
+        }
+        response
     }
 }
 

@@ -18,6 +18,7 @@ mod error;
 mod extract;
 mod jobs;
 mod lease;
+mod settings;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
@@ -145,6 +146,7 @@ pub fn router_with_options(
         .route("/v1/dead/replay", post(admin::dead_replay))
         .route("/v1/dead/{id}", delete(admin::dead_discard))
         .route("/v1/queues", get(admin::queues))
+        .route("/v1/queues/{name}", get(settings::get).put(settings::put))
         .route("/healthz", get(admin::healthz))
         .fallback(admin::not_found)
         .method_not_allowed_fallback(admin::method_not_allowed)

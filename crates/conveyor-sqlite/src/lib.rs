@@ -13,8 +13,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use conveyor_core::{
     Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobListParams,
-    LeaseOutcome, LeaseRef, NewJob, QueueStats, ReplaySelector, RescueParams, RescueReport,
-    SnoozeParams, Store, StoreError, StoreOptions, StoreResult, SystemClock,
+    LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings, QueueStats, ReplaySelector,
+    RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
+    SystemClock,
 };
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
@@ -23,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-const SCHEMA_VERSION: i64 = 2;
+const SCHEMA_VERSION: i64 = 3;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// How commits reach the disk.
@@ -317,6 +318,33 @@ impl Store for SqliteStore {
         let holder = holder.to_string();
         self.write(move |ctx| ops::leader_release(ctx, &holder))
             .await
+    }
+
+    async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings> {
+        let queue = queue.to_string();
+        self.read(move |conn, _| {
+            Ok(reads::queue_settings(conn)?
+                .into_iter()
+                .find(|named| named.name == queue)
+                .map(|named| named.settings)
+                .unwrap_or_default())
+        })
+        .await
+    }
+
+    async fn queue_settings_put(
+        &self,
+        queue: &str,
+        settings: QueueSettings,
+    ) -> StoreResult<QueueSettings> {
+        conveyor_core::validate::name("queue", queue)?;
+        let queue = queue.to_string();
+        self.write(move |ctx| ops::queue_settings_put(ctx, &queue, settings))
+            .await
+    }
+
+    async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
+        self.read(|conn, _| reads::queue_settings(conn)).await
     }
 
     async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {

@@ -4,10 +4,11 @@
 use chrono::{DateTime, Utc};
 use conveyor_core::{
     error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
-    Job, JobState, Lease, LeaseOutcome, LeaseRef, NewJob, ReplaySelector, RescueParams,
-    RescueReport, RetryPlan, SnoozeParams, StoreError, StoreResult,
+    Job, JobState, Lease, LeaseOutcome, LeaseRef, NewJob, QueueSettings, ReplaySelector,
+    RescueParams, RescueReport, RetryPlan, SnoozeParams, StoreError, StoreResult,
 };
 use rusqlite::{params, OptionalExtension};
+use std::collections::HashMap;
 use uuid::Uuid;
 
 use crate::backend;
@@ -51,6 +52,7 @@ fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Option<Job>> {
 }
 
 pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
+    check_depth_limits(ctx, &jobs)?;
     let mut inserted = Vec::with_capacity(jobs.len());
     for new in jobs {
         if let Some(key) = &new.idempotency_key {
@@ -176,6 +178,9 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             ))
             .map_err(backend)?;
         for queue in &params.queues {
+            if ctx.settings.get(queue).is_some_and(|s| s.paused) {
+                continue;
+            }
             let rows = stmt
                 .query_map(params![queue, params.max as i64], rows::job)
                 .and_then(|rows| rows.collect::<Result<Vec<Job>, _>>())
@@ -687,4 +692,134 @@ pub(crate) fn leader_release(ctx: &mut WriteCtx<'_>, holder: &str) -> StoreResul
         .and_then(|mut stmt| stmt.execute(params![MAINTENANCE_ROLE, holder]))
         .map_err(backend)?;
     Ok(())
+}
+
+/// How long a producer refused by back-pressure is told to wait before retrying.
+const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+const UNFINISHED: [JobState; 4] = [
+    JobState::Scheduled,
+    JobState::Available,
+    JobState::Running,
+    JobState::Retryable,
+];
+
+/// Refuses the whole batch when it would take a queue, or a tenant's share of one, past its
+/// configured maximum depth. Queues without limits cost one in-memory lookup.
+fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreResult<()> {
+    let mut per_queue: HashMap<&str, u64> = HashMap::new();
+    let mut per_tenant: HashMap<(&str, &str), u64> = HashMap::new();
+    let mut keys_in_batch: std::collections::HashSet<&str> = std::collections::HashSet::new();
+    for job in jobs {
+        let Some(settings) = ctx.settings.get(&job.queue) else {
+            continue;
+        };
+        if settings.max_depth.is_none() && settings.max_depth_per_tenant.is_none() {
+            continue;
+        }
+        // A duplicate adds nothing: it returns the existing job, so it never counts.
+        if let Some(key) = &job.idempotency_key {
+            if !keys_in_batch.insert(key) || idempotent_match(ctx, key)?.is_some() {
+                continue;
+            }
+        }
+        if settings.max_depth.is_some() {
+            *per_queue.entry(&job.queue).or_default() += 1;
+        }
+        if let (Some(_), Some(tenant)) = (settings.max_depth_per_tenant, &job.tenant) {
+            *per_tenant.entry((&job.queue, tenant)).or_default() += 1;
+        }
+    }
+    for (queue, adding) in per_queue {
+        let limit = ctx
+            .settings
+            .get(queue)
+            .and_then(|s| s.max_depth)
+            .unwrap_or(u64::MAX);
+        let depth = queue_depth(ctx, queue)?;
+        if depth + adding > limit {
+            return Err(StoreError::QueueFull {
+                queue: queue.to_string(),
+                tenant: None,
+                depth,
+                limit,
+                retry_after: QUEUE_FULL_RETRY_AFTER,
+            });
+        }
+    }
+    for ((queue, tenant), adding) in per_tenant {
+        let limit = ctx
+            .settings
+            .get(queue)
+            .and_then(|s| s.max_depth_per_tenant)
+            .unwrap_or(u64::MAX);
+        let depth: i64 = ctx
+            .conn
+            .prepare_cached(
+                "SELECT COUNT(*) FROM jobs WHERE queue = ?1 AND tenant = ?2 AND tenant IS NOT NULL \
+                 AND state IN ('scheduled', 'available', 'running', 'retryable')",
+            )
+            .and_then(|mut stmt| stmt.query_row(params![queue, tenant], |row| row.get(0)))
+            .map_err(backend)?;
+        let depth = depth.max(0) as u64;
+        if depth + adding > limit {
+            return Err(StoreError::QueueFull {
+                queue: queue.to_string(),
+                tenant: Some(tenant.to_string()),
+                depth,
+                limit,
+                retry_after: QUEUE_FULL_RETRY_AFTER,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Unfinished jobs in `queue`: the stored counts plus this round's changes not yet written.
+fn queue_depth(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<u64> {
+    let stored: i64 = ctx
+        .conn
+        .prepare_cached(
+            "SELECT COALESCE(SUM(n), 0) FROM queue_state_counts WHERE queue = ?1 \
+             AND state IN ('scheduled', 'available', 'running', 'retryable')",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![queue], |row| row.get(0)))
+        .map_err(backend)?;
+    let pending: i64 = ctx
+        .counts
+        .iter()
+        .filter(|(q, state, _)| q == queue && UNFINISHED.contains(state))
+        .map(|(_, _, delta)| delta)
+        .sum();
+    Ok((stored + pending).max(0) as u64)
+}
+
+pub(crate) fn queue_settings_put(
+    ctx: &mut WriteCtx<'_>,
+    queue: &str,
+    settings: QueueSettings,
+) -> StoreResult<QueueSettings> {
+    let as_sql = |n: Option<u64>| n.map(|n| n.min(i64::MAX as u64) as i64);
+    ctx.conn
+        .prepare_cached(
+            "INSERT INTO queue_settings (queue, paused, max_depth, max_depth_per_tenant) \
+             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
+             max_depth = excluded.max_depth, max_depth_per_tenant = excluded.max_depth_per_tenant",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                queue,
+                settings.paused,
+                as_sql(settings.max_depth),
+                as_sql(settings.max_depth_per_tenant)
+            ])
+        })
+        .map_err(backend)?;
+    let was_paused = ctx.settings.get(queue).is_some_and(|s| s.paused);
+    if was_paused && !settings.paused {
+        // Resumed: its jobs are fetchable again.
+        ctx.wake = true;
+    }
+    ctx.settings.insert(queue.to_string(), settings.clone());
+    Ok(settings)
 }

@@ -2,7 +2,9 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::from_millis;
-use conveyor_core::{Job, JobListParams, JobState, QueueStats, StoreResult};
+use conveyor_core::{
+    Job, JobListParams, JobState, NamedQueueSettings, QueueSettings, QueueStats, StoreResult,
+};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 use std::collections::BTreeMap;
@@ -90,7 +92,40 @@ pub(crate) fn queues_stats(conn: &Connection, now: DateTime<Utc>) -> StoreResult
             stats.oldest_available_age_ms = (millis(now) - run_at).max(0) as u64;
         }
     }
+    for named in queue_settings(conn)? {
+        if named.settings.paused {
+            by_queue
+                .entry(named.name.clone())
+                .or_insert_with(|| QueueStats {
+                    name: named.name,
+                    ..QueueStats::default()
+                })
+                .paused = true;
+        }
+    }
     Ok(by_queue.into_values().collect())
+}
+
+pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSettings>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT queue, paused, max_depth, max_depth_per_tenant FROM queue_settings ORDER BY queue",
+        )
+        .map_err(backend)?;
+    let rows = stmt
+        .query_map([], |row| {
+            Ok(NamedQueueSettings {
+                name: row.get(0)?,
+                settings: QueueSettings {
+                    paused: row.get(1)?,
+                    max_depth: row.get::<_, Option<i64>>(2)?.map(|n| n.max(0) as u64),
+                    max_depth_per_tenant: row.get::<_, Option<i64>>(3)?.map(|n| n.max(0) as u64),
+                },
+            })
+        })
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(backend)?;
+    Ok(rows)
 }
 
 pub(crate) fn next_due(conn: &Connection, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {

@@ -57,3 +57,14 @@ CREATE TABLE IF NOT EXISTS leadership (
     holder     TEXT NOT NULL,
     expires_at INTEGER NOT NULL
 ) WITHOUT ROWID;
+
+-- Version 3: per-queue settings (pause, back-pressure). The writer keeps a copy in memory.
+CREATE TABLE IF NOT EXISTS queue_settings (
+    queue                TEXT PRIMARY KEY,
+    paused               INTEGER NOT NULL DEFAULT 0,
+    max_depth            INTEGER,
+    max_depth_per_tenant INTEGER
+) WITHOUT ROWID;
+-- Unfinished jobs per tenant, for the per-tenant depth limit (jobs without a tenant cost nothing).
+CREATE INDEX IF NOT EXISTS jobs_tenant_unfinished ON jobs (queue, tenant)
+    WHERE tenant IS NOT NULL AND state IN ('scheduled', 'available', 'running', 'retryable');

@@ -7,7 +7,7 @@
 //! grows with load while every acknowledgement still follows the commit.
 
 use chrono::{DateTime, Utc};
-use conveyor_core::{Clock, JobState, StoreError, StoreOptions, StoreResult};
+use conveyor_core::{Clock, JobState, QueueSettings, StoreError, StoreOptions, StoreResult};
 use rusqlite::Connection;
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
@@ -34,6 +34,9 @@ pub(crate) struct WriteCtx<'c> {
     /// Queues of jobs this writer claimed, so completing them needs no extra read for the
     /// counts. A job's queue never changes, so an entry is never wrong, only possibly absent.
     pub claimed_queues: &'c mut HashMap<uuid::Uuid, String>,
+    /// Every queue's settings, loaded at start and kept in step by `queue_settings_put`, so
+    /// the fetch and insert paths check pauses and limits without a read.
+    pub settings: &'c mut HashMap<String, QueueSettings>,
 }
 
 impl WriteCtx<'_> {
@@ -226,6 +229,7 @@ pub(crate) fn run_writer(
     };
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     let mut claimed_queues = HashMap::new();
+    let mut settings = load_settings(&conn);
     while let Ok(first) = ops.recv() {
         // Entries of jobs that left `running` other than by completion are not removed one by
         // one; dropping the cache now and then bounds it (a miss only costs a read).
@@ -248,6 +252,7 @@ pub(crate) fn run_writer(
             promoted: false,
             counts: Vec::new(),
             claimed_queues: &mut claimed_queues,
+            settings: &mut settings,
         };
         let begin = sync
             .set_full(&conn, needs_fsync)
@@ -274,6 +279,10 @@ pub(crate) fn run_writer(
         if let Err(message) = &commit {
             tracing::error!(error = %message, ops = batch.len(), "sqlite write round failed");
         }
+        if commit.is_err() {
+            // A settings change may have been rolled back with the round: re-read them.
+            settings = load_settings(&conn);
+        }
         for op in batch.drain(..) {
             op.finish(commit.clone());
         }
@@ -281,5 +290,19 @@ pub(crate) fn run_writer(
             wakeup.notify_waiters();
         }
         sync.after_round(&conn);
+    }
+}
+
+/// Every queue's settings as stored; empty (all defaults) if they cannot be read.
+pub(crate) fn load_settings(conn: &Connection) -> HashMap<String, QueueSettings> {
+    match crate::reads::queue_settings(conn) {
+        Ok(all) => all
+            .into_iter()
+            .map(|named| (named.name, named.settings))
+            .collect(),
+        Err(error) => {
+            tracing::error!(%error, "cannot read queue settings; using defaults");
+            HashMap::new()
+        }
     }
 }

@@ -32,12 +32,14 @@ mod fetch;
 mod finish;
 mod insert;
 mod rescue;
+mod settings;
 
 pub use admin::*;
 pub use fetch::*;
 pub use finish::*;
 pub use insert::*;
 pub use rescue::*;
+pub use settings::*;
 
 /// A store under test and the clock it reads "now" from.
 #[derive(Clone)]
@@ -151,6 +153,12 @@ macro_rules! __conveyor_behaviours {
             wakeup_is_notified_when_jobs_become_available_again,
             import_preserves_every_field_and_skips_existing_ids,
             leadership_is_exclusive_until_released_or_expired,
+            // queue settings
+            queue_settings_default_then_round_trip_and_list,
+            paused_queue_accepts_enqueues_but_is_not_fetched,
+            max_depth_refuses_enqueues_past_the_limit_and_stores_nothing,
+            max_depth_per_tenant_limits_each_tenant_separately,
+            duplicate_enqueue_into_a_full_queue_returns_the_existing_job,
         }
     };
 }

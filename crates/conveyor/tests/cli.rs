@@ -287,3 +287,65 @@ fn bench_reports_one_json_line_per_workload() {
     }
     assert!(lines[2]["p50_ms"].as_f64().unwrap() <= lines[2]["p99_ms"].as_f64().unwrap());
 }
+
+#[test]
+fn queue_commands_pause_resume_and_limit_depth() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    let paused = stdout_json(&conveyor(&[
+        "queue", "pause", "mail", "--server", s, "--json",
+    ]));
+    assert_eq!(paused["paused"], true);
+    let table = conveyor(&["queue", "show", "mail", "--server", s]);
+    assert!(String::from_utf8_lossy(&table.stdout).contains("mail: paused"));
+
+    let limited = stdout_json(&conveyor(&[
+        "queue",
+        "set",
+        "mail",
+        "--max-depth",
+        "1",
+        "--server",
+        s,
+        "--json",
+    ]));
+    assert_eq!(
+        (limited["max_depth"].as_u64(), limited["paused"].as_bool()),
+        (Some(1), Some(true))
+    );
+    stdout_json(&conveyor(&[
+        "enqueue", "k", "--queue", "mail", "--server", s, "--json",
+    ]));
+    let full = conveyor(&["enqueue", "k", "--queue", "mail", "--server", s]);
+    assert!(!full.status.success());
+    assert!(
+        stderr(&full).contains("429") && stderr(&full).contains("queue_full"),
+        "{}",
+        stderr(&full)
+    );
+
+    let resumed = stdout_json(&conveyor(&[
+        "queue", "resume", "mail", "--server", s, "--json",
+    ]));
+    assert_eq!(resumed["paused"], false);
+    let cleared = stdout_json(&conveyor(&[
+        "queue",
+        "set",
+        "mail",
+        "--max-depth",
+        "none",
+        "--server",
+        s,
+        "--json",
+    ]));
+    assert_eq!(cleared["max_depth"], Value::Null);
+    let bad = conveyor(&["queue", "set", "mail", "--max-depth", "-3", "--server", s]);
+    assert!(!bad.status.success());
+    let nothing = conveyor(&["queue", "set", "mail", "--server", s]);
+    assert!(
+        stderr(&nothing).contains("nothing to set"),
+        "{}",
+        stderr(&nothing)
+    );
+}

@@ -349,7 +349,7 @@ pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
                 print!("\x1b[2J\x1b[H");
             }
             println!(
-                "{:<16} {:>9} {:>9} {:>8} {:>9} {:>6} {:>10} {:>9} {:>10}",
+                "{:<16} {:>9} {:>9} {:>8} {:>9} {:>6} {:>10} {:>9} {:>10}  STATE",
                 "QUEUE",
                 "AVAILABLE",
                 "SCHEDULED",
@@ -358,11 +358,11 @@ pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
                 "DEAD",
                 "COMPLETED",
                 "CANCELLED",
-                "OLDEST_MS"
+                "OLDEST_MS",
             );
             for q in answer["queues"].as_array().cloned().unwrap_or_default() {
                 println!(
-                    "{:<16} {:>9} {:>9} {:>8} {:>9} {:>6} {:>10} {:>9} {:>10}",
+                    "{:<16} {:>9} {:>9} {:>8} {:>9} {:>6} {:>10} {:>9} {:>10}  {}",
                     q["name"].as_str().unwrap_or("?"),
                     q["available"].to_string(),
                     q["scheduled"].to_string(),
@@ -371,7 +371,8 @@ pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
                     q["dead"].to_string(),
                     q["completed"].to_string(),
                     q["cancelled"].to_string(),
-                    q["oldest_available_age_ms"].to_string()
+                    q["oldest_available_age_ms"].to_string(),
+                    if q["paused"] == true { "paused" } else { "" }
                 );
             }
         }
@@ -383,4 +384,105 @@ pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
             _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
     }
+}
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum QueueCommand {
+    /// Show a queue's settings.
+    Show {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Stop handing out the queue's jobs (enqueuing continues).
+    Pause {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Hand out the queue's jobs again.
+    Resume {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Change limits: a number sets one, `none` clears it.
+    Set {
+        name: String,
+        /// Refuse enqueues (HTTP 429) while this many jobs are unfinished.
+        #[arg(long)]
+        max_depth: Option<Limit>,
+        /// The same per tenant.
+        #[arg(long)]
+        max_depth_per_tenant: Option<Limit>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+/// A limit on the command line: a positive number, or `none` to clear it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limit(Option<u64>);
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(Limit(None));
+        }
+        match s.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Limit(Some(n))),
+            _ => Err(format!("{s:?} is not a positive number or `none`")),
+        }
+    }
+}
+
+pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
+    let (name, server, change) = match command {
+        QueueCommand::Show { name, server } => (name, server, None),
+        QueueCommand::Pause { name, server } => (name, server, Some(json!({"paused": true}))),
+        QueueCommand::Resume { name, server } => (name, server, Some(json!({"paused": false}))),
+        QueueCommand::Set {
+            name,
+            max_depth,
+            max_depth_per_tenant,
+            server,
+        } => {
+            let mut change = json!({});
+            if let Some(Limit(limit)) = max_depth {
+                change["max_depth"] = json!(limit);
+            }
+            if let Some(Limit(limit)) = max_depth_per_tenant {
+                change["max_depth_per_tenant"] = json!(limit);
+            }
+            if change.as_object().is_some_and(|o| o.is_empty()) {
+                bail!("nothing to set: give --max-depth and/or --max-depth-per-tenant");
+            }
+            (name, server, Some(change))
+        }
+    };
+    conveyor::validate::name("queue", &name)?;
+    let client = ApiClient::new(&server.server)?;
+    let path = format!("/v1/queues/{name}");
+    let settings = match change {
+        Some(body) => client.call(Method::PUT, &path, Some(&body)).await?.1,
+        None => client.get(&path).await?,
+    };
+    if server.json {
+        print_json(&settings);
+    } else {
+        let limit = |v: &Value| v.as_u64().map_or("none".to_string(), |n| n.to_string());
+        println!(
+            "{}: {}; max depth {}; max depth per tenant {}",
+            name,
+            if settings["paused"] == true {
+                "paused"
+            } else {
+                "running"
+            },
+            limit(&settings["max_depth"]),
+            limit(&settings["max_depth_per_tenant"])
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }

@@ -77,6 +77,11 @@ enum Command {
     },
     /// Per-queue counts by state.
     Queues(admin::QueuesArgs),
+    /// One queue's settings: show, pause, resume, set limits.
+    Queue {
+        #[command(subcommand)]
+        command: admin::QueueCommand,
+    },
     /// Run a worker that executes a shell command for each job.
     Work(work::WorkArgs),
     /// Measure enqueue, drain and latency against a store.
@@ -110,6 +115,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Job { command } => admin::job(command).await,
         Command::Dead { command } => admin::dead(command).await,
         Command::Queues(args) => admin::queues(args).await,
+        Command::Queue { command } => admin::queue(command).await,
         Command::Work(args) => work::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Store { command } => store::run(command).await,

@@ -1,0 +1,207 @@
+//! `GET/PUT /v1/queues/{name}` over HTTP: pause and resume, back-pressure with 429 and
+//! Retry-After, and bad input.
+
+use conveyor_server::{router, ServerConfig};
+use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Api {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
+        .expect("open store");
+    let app = router(Arc::new(store), ServerConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    Api {
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        _dir: dir,
+    }
+}
+
+impl Api {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> (u16, Value, Option<String>) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("send");
+        let status = response.status().as_u16();
+        let retry_after = response
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_string());
+        (
+            status,
+            response.json().await.expect("JSON body"),
+            retry_after,
+        )
+    }
+    async fn put(&self, queue: &str, body: Value) -> (u16, Value) {
+        let (status, body, _) = self
+            .send(
+                reqwest::Method::PUT,
+                &format!("/v1/queues/{queue}"),
+                Some(body),
+            )
+            .await;
+        (status, body)
+    }
+    async fn enqueue(&self, body: Value) -> (u16, Value, Option<String>) {
+        self.send(reqwest::Method::POST, "/v1/jobs", Some(body))
+            .await
+    }
+    async fn queue(&self, name: &str) -> Value {
+        let (_, all, _) = self.send(reqwest::Method::GET, "/v1/queues", None).await;
+        all["queues"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|q| q["name"] == name)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+}
+
+#[tokio::test]
+async fn max_depth_answers_429_with_retry_after_and_stores_nothing_until_drained() {
+    let api = start().await;
+    let (status, settings) = api.put("mail", json!({"max_depth": 3})).await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        settings,
+        json!({"name": "mail", "paused": false, "max_depth": 3, "max_depth_per_tenant": null})
+    );
+    for _ in 0..3 {
+        assert_eq!(
+            api.enqueue(json!({"kind": "k", "queue": "mail"})).await.0,
+            201
+        );
+    }
+    let (status, body, retry_after) = api.enqueue(json!({"kind": "k", "queue": "mail"})).await;
+    assert_eq!(status, 429);
+    assert_eq!(body["error"]["code"], "queue_full");
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    let (status, _, _) = api
+        .send(
+            reqwest::Method::POST,
+            "/v1/jobs/batch",
+            Some(
+                json!({"jobs": [{"kind": "k", "queue": "other"}, {"kind": "k", "queue": "mail"}]}),
+            ),
+        )
+        .await;
+    assert_eq!(
+        status, 429,
+        "a batch touching a full queue is refused whole"
+    );
+    assert_eq!(api.queue("mail").await["available"], 3);
+    assert_eq!(
+        api.queue("other").await,
+        Value::Null,
+        "nothing of the refused batch was stored"
+    );
+
+    let (_, fetched, _) = api
+        .send(
+            reqwest::Method::POST,
+            "/v1/fetch",
+            Some(json!({"worker_id": "w", "queues": ["mail"]})),
+        )
+        .await;
+    let job = &fetched["jobs"][0];
+    let (status, _, _) = api
+        .send(
+            reqwest::Method::POST,
+            &format!("/v1/jobs/{}/complete", job["id"].as_str().unwrap()),
+            Some(json!({"lease_token": job["lease_token"]})),
+        )
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(
+        api.enqueue(json!({"kind": "k", "queue": "mail"})).await.0,
+        201,
+        "room again after draining"
+    );
+
+    let (status, cleared) = api.put("mail", json!({"max_depth": null})).await;
+    assert_eq!(status, 200);
+    assert_eq!(cleared["max_depth"], Value::Null);
+    assert_eq!(
+        api.enqueue(json!({"kind": "k", "queue": "mail"})).await.0,
+        201,
+        "null cleared the limit"
+    );
+}
+
+#[tokio::test]
+async fn paused_queue_keeps_accepting_jobs_but_fetch_hands_out_none_until_resumed() {
+    let api = start().await;
+    assert_eq!(api.put("reports", json!({"paused": true})).await.0, 200);
+    let (status, job, _) = api.enqueue(json!({"kind": "k", "queue": "reports"})).await;
+    assert_eq!(status, 201);
+    let fetch = json!({"worker_id": "w", "queues": ["reports"]});
+    let (_, fetched, _) = api
+        .send(reqwest::Method::POST, "/v1/fetch", Some(fetch.clone()))
+        .await;
+    assert_eq!(fetched["jobs"], json!([]));
+    assert_eq!(api.queue("reports").await["paused"], true);
+
+    let (status, resumed) = api.put("reports", json!({"paused": false})).await;
+    assert_eq!((status, resumed["paused"].clone()), (200, json!(false)));
+    let (_, fetched, _) = api
+        .send(reqwest::Method::POST, "/v1/fetch", Some(fetch))
+        .await;
+    assert_eq!(fetched["jobs"][0]["id"], job["id"]);
+    let (status, got, _) = api
+        .send(reqwest::Method::GET, "/v1/queues/reports", None)
+        .await;
+    assert_eq!((status, got["paused"].clone()), (200, json!(false)));
+}
+
+#[tokio::test]
+async fn bad_settings_are_refused_naming_the_field_and_change_nothing() {
+    let api = start().await;
+    assert_eq!(api.put("q", json!({"max_depth": 10})).await.0, 200);
+    for (body, field) in [
+        (json!({"max_depth": -1}), "max_depth"),
+        (json!({"max_depth": 0}), "max_depth"),
+        (
+            json!({"max_depth_per_tenant": "many"}),
+            "max_depth_per_tenant",
+        ),
+        (json!({"paused": "yes"}), "paused"),
+        (
+            json!({"rate_limit": {"count": 20, "period_ms": 1000}}),
+            "rate_limit",
+        ),
+        (json!({"colour": "blue"}), "colour"),
+    ] {
+        let (status, error) = api.put("q", body.clone()).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(error["error"]["field"], field, "{body}: {error}");
+    }
+    let (status, error) = api.put("bad%20name", json!({"paused": true})).await;
+    assert_eq!(
+        (status, error["error"]["field"].clone()),
+        (400, json!("name"))
+    );
+    let (_, unchanged, _) = api.send(reqwest::Method::GET, "/v1/queues/q", None).await;
+    assert_eq!(unchanged["max_depth"], 10);
+    assert_eq!(unchanged["paused"], false);
+}
