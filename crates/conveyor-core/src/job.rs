@@ -244,6 +244,9 @@ pub struct QueueSettings {
     /// Back-pressure per tenant: the same, counting one tenant's unfinished jobs in the queue.
     #[serde(default)]
     pub max_depth_per_tenant: Option<u64>,
+    /// At most this many of the queue's jobs run at once, across every worker and node.
+    #[serde(default)]
+    pub concurrency_limit: Option<u64>,
 }
 
 /// A queue's settings with its name.

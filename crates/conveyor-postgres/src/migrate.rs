@@ -36,10 +36,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "queue_settings",
         sql: include_str!("migrations/0003_queue_settings.sql"),
     },
+    Migration {
+        version: 4,
+        name: "concurrency_limit",
+        sql: include_str!("migrations/0004_concurrency_limit.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

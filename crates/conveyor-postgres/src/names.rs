@@ -91,6 +91,17 @@ pub(crate) fn depth_lock_key(schema: &str, queue: &str, tenant: Option<&str>) ->
     }
 }
 
+/// The advisory lock key that serializes fetches claiming jobs of `queue` in `schema` while the
+/// queue has a concurrency limit, so that two fetchers cannot both see its last free places.
+pub(crate) fn concurrency_lock_key(schema: &str, queue: &str) -> i64 {
+    fnv1a(&[
+        b"conveyor:queue-concurrency:",
+        schema.as_bytes(),
+        b"\0",
+        queue.as_bytes(),
+    ]) as i64
+}
+
 /// 64-bit FNV-1a over the concatenation of `parts`: tiny, fast, and fixed by its definition, so
 /// every build of every process agrees on the lock keys.
 fn fnv1a(parts: &[&[u8]]) -> u64 {
@@ -175,6 +186,14 @@ mod tests {
         assert_ne!(
             depth_lock_key("s", "q", None),
             idempotency_lock_key("s", "q")
+        );
+        assert_ne!(
+            concurrency_lock_key("s", "q"),
+            depth_lock_key("s", "q", None)
+        );
+        assert_ne!(
+            concurrency_lock_key("s", "q"),
+            concurrency_lock_key("t", "q")
         );
     }
 }

@@ -15,13 +15,13 @@ use conveyor_core::{
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
-use sqlx::{AssertSqlSafe, PgConnection, Row};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 use uuid::Uuid;
 
 use crate::errors::{corrupt, db};
-use crate::names::{depth_lock_key, idempotency_lock_key};
+use crate::names::{concurrency_lock_key, depth_lock_key, idempotency_lock_key};
 use crate::rows;
 use crate::sql::{Sql, COLUMNS};
 
@@ -525,10 +525,12 @@ fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
     let read = |e: sqlx::Error| corrupt(e.to_string());
     let max_depth: Option<i64> = row.try_get("max_depth").map_err(read)?;
     let per_tenant: Option<i64> = row.try_get("max_depth_per_tenant").map_err(read)?;
+    let concurrency: Option<i64> = row.try_get("concurrency_limit").map_err(read)?;
     Ok(QueueSettings {
         paused: row.try_get("paused").map_err(read)?,
         max_depth: max_depth.map(depth_of),
         max_depth_per_tenant: per_tenant.map(depth_of),
+        concurrency_limit: concurrency.map(depth_of),
     })
 }
 
@@ -563,6 +565,7 @@ pub(crate) async fn queue_settings_put(
         .bind(settings.max_depth.map(stored_depth))
         .bind(settings.max_depth_per_tenant.map(stored_depth))
         .bind(ctx.now)
+        .bind(settings.concurrency_limit.map(stored_depth))
         .fetch_one(&mut *conn)
         .await
         .map_err(db("store queue settings"))?;
@@ -624,6 +627,10 @@ pub(crate) struct Fetched {
 }
 
 /// Promotes one batch of due jobs, then claims up to `max` available jobs in claim order.
+///
+/// Queues without a concurrency limit are claimed from in one statement. That statement refuses
+/// (claiming nothing) when a queue of the fetch has a limit; only then does the fetch take the
+/// limited path, [`claim_limited`].
 pub(crate) async fn fetch(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -640,18 +647,174 @@ pub(crate) async fn fetch(
         .bind(&params.worker_id)
         .bind(expires_at)
         .bind(ctx.now)
-        .fetch_all(conn)
+        .fetch_all(&mut *conn)
         .await
         .map_err(db("claim jobs"))?;
-    let mut jobs = rows::jobs(&found)?;
+    let mut limited = false;
+    let mut jobs = Vec::with_capacity(found.len());
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        limited |= row.try_get::<bool, _>("limited").map_err(read)?;
+        // The gate's row when nothing was claimed has no job.
+        if row
+            .try_get::<Option<Uuid>, _>("id")
+            .map_err(read)?
+            .is_some()
+        {
+            jobs.push(rows::job(row)?);
+        }
+    }
+    if limited {
+        let mut tx = conn.begin().await.map_err(db("begin limited claim"))?;
+        jobs = claim_limited(&mut tx, ctx, params, expires_at).await?;
+        tx.commit().await.map_err(db("commit limited claim"))?;
+    }
     // RETURNING has no order; callers get jobs in the order they were claimed by.
+    sort_in_claim_order(&mut jobs);
+    Ok(Fetched { jobs, promoted })
+}
+
+fn sort_in_claim_order(jobs: &mut [Job]) {
     jobs.sort_by(|a, b| {
         b.priority
             .cmp(&a.priority)
             .then(a.run_at.cmp(&b.run_at))
             .then(a.id.cmp(&b.id))
     });
-    Ok(Fetched { jobs, promoted })
+}
+
+/// Claims for a fetch of which some queue has a concurrency limit. Must run in a transaction.
+///
+/// Each limited queue's claim lock is taken (in ascending key order, so fetchers cannot
+/// deadlock) and held until the transaction commits, so the running jobs counted next include
+/// every claim of the fetchers that held it before, in any process; each limited queue then
+/// gets at most `limit - running` of the fetch's jobs, and none when it is full.
+///
+/// With one queue that is a single capped claim. With several, the fetch keeps the global claim
+/// order across its queues: it picks the first `max` available jobs of all of them, and each
+/// limited queue keeps at most its cap of those (`claim_capped`). When a cap cut the batch
+/// short, the fetch claims again for the rest, without the queues now full, so each further
+/// round drops at least one queue.
+async fn claim_limited(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: &FetchParams,
+    expires_at: DateTime<Utc>,
+) -> StoreResult<Vec<Job>> {
+    let queues: BTreeSet<&str> = params.queues.iter().map(String::as_str).collect();
+    let queues: Vec<&str> = queues.into_iter().collect();
+    let found = sqlx::query(ctx.sql.concurrency_limits.clone())
+        .bind(&queues)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read queue concurrency limits"))?;
+    let mut limits: BTreeMap<String, u64> = BTreeMap::new();
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let queue: String = row.try_get("queue").map_err(read)?;
+        let limit: i64 = row.try_get("concurrency_limit").map_err(read)?;
+        limits.insert(queue, depth_of(limit));
+    }
+    // The caps: what each limited queue may still start.
+    let mut caps: BTreeMap<String, u64> = BTreeMap::new();
+    if !limits.is_empty() {
+        let mut lock_keys: Vec<i64> = limits
+            .keys()
+            .map(|queue| concurrency_lock_key(ctx.schema, queue))
+            .collect();
+        lock_keys.sort_unstable();
+        lock_keys.dedup();
+        sqlx::query(ctx.sql.lock_keys.clone())
+            .bind(&lock_keys)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("lock queue concurrency"))?;
+        let limited: Vec<&str> = limits.keys().map(String::as_str).collect();
+        let running: Vec<i64> = sqlx::query_scalar(ctx.sql.running_counts.clone())
+            .bind(&limited)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("count running jobs"))?;
+        if running.len() != limits.len() {
+            return Err(StoreError::Backend(
+                "postgres: running job count returned the wrong number of rows".to_string(),
+            ));
+        }
+        for ((queue, limit), running) in limits.iter().zip(running) {
+            caps.insert(queue.clone(), limit.saturating_sub(depth_of(running)));
+        }
+    }
+
+    let mut eligible: Vec<&str> = queues
+        .into_iter()
+        .filter(|queue| caps.get(*queue).is_none_or(|cap| *cap > 0))
+        .collect();
+    let mut jobs: Vec<Job> = Vec::new();
+    while !eligible.is_empty() && jobs.len() < params.max {
+        let remaining = params.max - jobs.len();
+        let claim = match eligible.as_slice() {
+            [queue] => {
+                let cap = caps.get(*queue).map_or(remaining, |cap| {
+                    usize::try_from(*cap).map_or(remaining, |cap| cap.min(remaining))
+                });
+                sqlx::query(ctx.sql.claim_one_queue_locked.clone())
+                    .bind(*queue)
+                    .bind(limit(cap))
+            }
+            queues => sqlx::query(ctx.sql.claim_capped.clone())
+                .bind(queues.to_vec())
+                .bind(limit(remaining)),
+        };
+        let capped: Vec<&str> = eligible
+            .iter()
+            .copied()
+            .filter(|queue| caps.contains_key(*queue))
+            .collect();
+        let cap_values: Vec<i64> = capped
+            .iter()
+            .map(|queue| caps.get(*queue).copied().map_or(0, stored_depth))
+            .collect();
+        let claim = claim.bind(&params.worker_id).bind(expires_at).bind(ctx.now);
+        // Only the several-queue statement reads the caps.
+        let claim = if eligible.len() > 1 {
+            claim.bind(capped).bind(cap_values)
+        } else {
+            claim
+        };
+        let found = claim
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("claim jobs"))?;
+        let full = claimed_round(found, &mut caps, &mut jobs)?;
+        // A single queue was claimed up to its cap or the fetch's maximum, and a round no cap
+        // cut short found every queue out of jobs: either way there is nothing more to claim.
+        if eligible.len() == 1 || full.is_empty() {
+            break;
+        }
+        eligible.retain(|queue| !full.contains(*queue));
+    }
+    Ok(jobs)
+}
+
+/// Adds one round of claimed rows to `jobs`, takes them off their queues' `caps`, and returns
+/// the queues that became full in this round. An empty set means the round was not cut short
+/// by a cap, so every eligible queue ran out of available jobs or the fetch is complete.
+fn claimed_round(
+    found: Vec<PgRow>,
+    caps: &mut BTreeMap<String, u64>,
+    jobs: &mut Vec<Job>,
+) -> StoreResult<HashSet<String>> {
+    let mut full = HashSet::new();
+    for job in rows::jobs(&found)? {
+        if let Some(cap) = caps.get_mut(&job.queue) {
+            *cap = cap.saturating_sub(1);
+            if *cap == 0 {
+                full.insert(job.queue.clone());
+            }
+        }
+        jobs.push(job);
+    }
+    Ok(full)
 }
 
 pub(crate) async fn heartbeat_many(

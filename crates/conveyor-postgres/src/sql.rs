@@ -45,6 +45,10 @@ pub(crate) struct Sql {
     pub promote: SqlStr,
     pub claim: SqlStr,
     pub claim_one_queue: SqlStr,
+    pub concurrency_limits: SqlStr,
+    pub running_counts: SqlStr,
+    pub claim_capped: SqlStr,
+    pub claim_one_queue_locked: SqlStr,
     pub heartbeat: SqlStr,
     pub complete: SqlStr,
     pub held: SqlStr,
@@ -156,24 +160,73 @@ impl Sql {
             // Jobs of paused queues are not claimed. With several queues the check is per row
             // (an anti-join on the settings' primary key); with one it is a one-time check on
             // `$1`, leaving the ordered scan of `jobs_fetch` as it was.
-            claim: stmt(claim_sql(
+            // Both are the fast path for queues without a concurrency limit: a one-time check
+            // (`gate`) refuses to claim anything when a (not paused) queue of `$1` has one, and
+            // says so in the `limited` column of the single row then returned. The caller then
+            // takes the queues' claim locks and uses `claim_capped` / `claim_one_queue_locked`.
+            claim: stmt(gated_claim_sql(
                 &jobs,
                 &j_columns,
                 &format!(
                     "c.queue = ANY($1) AND NOT EXISTS (SELECT 1 FROM {settings} s \
                          WHERE s.queue = c.queue AND s.paused)"
                 ),
+                &settings,
+                "s.queue = ANY($1)",
             )),
             // The common case (a worker's fetch loop serves one queue): with `queue = $1` the
             // index hands rows over in claim order, where `= ANY` makes PostgreSQL sort every
             // available job of the queues on each fetch.
-            claim_one_queue: stmt(claim_sql(
+            claim_one_queue: stmt(gated_claim_sql(
                 &jobs,
                 &j_columns,
-                &format!(
-                    "c.queue = $1 AND NOT EXISTS (SELECT 1 FROM {settings} s \
-                         WHERE s.queue = $1 AND s.paused)"
-                ),
+                &one_queue_condition(&settings),
+                &settings,
+                "s.queue = $1",
+            )),
+            concurrency_limits: stmt(format!(
+                "SELECT queue, concurrency_limit FROM {settings} \
+                 WHERE queue = ANY($1) AND concurrency_limit IS NOT NULL AND NOT paused"
+            )),
+            // Running jobs of each queue, in the order given, from the `jobs_running` index.
+            running_counts: stmt(format!(
+                "SELECT (SELECT count(*) FROM {jobs} j \
+                         WHERE j.queue = q.queue AND j.state = 'running') AS n \
+                 FROM unnest($1::text[]) WITH ORDINALITY AS q(queue, pos) ORDER BY q.pos"
+            )),
+            // The claim of several queues, some limited, under their claim locks: the first `$2`
+            // available jobs of the queues in claim order, of which each queue named in `$6`
+            // keeps at most its cap (`$7`, same position). Rows dropped by a cap stay locked
+            // until the transaction ends; the caller claims again without the capped queues
+            // when a cap cut the batch short.
+            claim_capped: stmt(format!(
+                "WITH picked AS MATERIALIZED ( \
+                     SELECT c.id, c.queue, c.priority, c.run_at FROM {jobs} c \
+                     WHERE c.state = 'available' AND c.queue = ANY($1) \
+                         AND NOT EXISTS (SELECT 1 FROM {settings} s \
+                             WHERE s.queue = c.queue AND s.paused) \
+                     ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
+                     FOR UPDATE SKIP LOCKED), \
+                 ranked AS ( \
+                     SELECT p.id, p.queue, row_number() OVER ( \
+                         PARTITION BY p.queue ORDER BY p.priority DESC, p.run_at, p.id) AS rn \
+                     FROM picked p), \
+                 capped AS ( \
+                     SELECT r.id FROM ranked r \
+                     LEFT JOIN unnest($6::text[], $7::int8[]) AS k(queue, cap) \
+                         ON k.queue = r.queue \
+                     WHERE k.cap IS NULL OR r.rn <= k.cap) \
+                 UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
+                     lease_worker = $3, lease_token = gen_random_uuid(), \
+                     lease_expires_at = $4, started_at = $5 \
+                 FROM capped WHERE j.id = capped.id \
+                 RETURNING {j_columns}"
+            )),
+            // One limited queue under its claim lock; the caller caps `$2`.
+            claim_one_queue_locked: stmt(claim_sql(
+                &jobs,
+                &j_columns,
+                &one_queue_condition(&settings),
             )),
             heartbeat: stmt(format!(
                 "UPDATE {jobs} j SET lease_expires_at = b.expires_at \
@@ -302,27 +355,32 @@ impl Sql {
                 "DELETE FROM {leadership} WHERE name = $1 AND holder = $2"
             )),
             settings_get: stmt(format!(
-                "SELECT paused, max_depth, max_depth_per_tenant FROM {settings} WHERE queue = $1"
+                "SELECT paused, max_depth, max_depth_per_tenant, concurrency_limit \
+                 FROM {settings} WHERE queue = $1"
             )),
             // Also says whether the queue was paused before, so a resume can wake fetchers.
             settings_put: stmt(format!(
                 "WITH previous AS (SELECT paused FROM {settings} WHERE queue = $1), \
                  stored AS ( \
                      INSERT INTO {settings} AS s \
-                         (queue, paused, max_depth, max_depth_per_tenant, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5) \
+                         (queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
+                          updated_at) \
+                     VALUES ($1, $2, $3, $4, $6, $5) \
                      ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
                          max_depth = excluded.max_depth, \
                          max_depth_per_tenant = excluded.max_depth_per_tenant, \
+                         concurrency_limit = excluded.concurrency_limit, \
                          updated_at = excluded.updated_at \
-                     RETURNING s.paused, s.max_depth, s.max_depth_per_tenant) \
+                     RETURNING s.paused, s.max_depth, s.max_depth_per_tenant, \
+                         s.concurrency_limit) \
                  SELECT stored.paused, stored.max_depth, stored.max_depth_per_tenant, \
+                     stored.concurrency_limit, \
                      COALESCE((SELECT paused FROM previous), false) AS was_paused \
                  FROM stored"
             )),
             settings_list: stmt(format!(
-                "SELECT queue, paused, max_depth, max_depth_per_tenant FROM {settings} \
-                 ORDER BY queue"
+                "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit \
+                 FROM {settings} ORDER BY queue"
             )),
             paused_queues: stmt(format!("SELECT queue FROM {settings} WHERE paused")),
             jobs,
@@ -350,6 +408,45 @@ fn insert_sql(jobs: &str, condition: &str) -> String {
                   timeout_ms, idempotency_key, tags, tenant, state) \
          {condition} \
          RETURNING {COLUMNS}"
+    )
+}
+
+/// The single-queue claim condition: the queue, unless it is paused (a one-time check).
+fn one_queue_condition(settings: &str) -> String {
+    format!(
+        "c.queue = $1 AND NOT EXISTS (SELECT 1 FROM {settings} s \
+             WHERE s.queue = $1 AND s.paused)"
+    )
+}
+
+/// [`claim_sql`] behind the concurrency-limit gate: nothing is claimed when a settings row `s`
+/// matching `limited_condition` (which binds `$1`) has a limit and is not paused. Returns one
+/// row per claimed job, or one row of NULL job columns when none was claimed; `limited` says
+/// whether the gate refused.
+fn gated_claim_sql(
+    jobs: &str,
+    j_columns: &str,
+    queue_condition: &str,
+    settings: &str,
+    limited_condition: &str,
+) -> String {
+    format!(
+        "WITH gate AS MATERIALIZED ( \
+             SELECT EXISTS (SELECT 1 FROM {settings} s WHERE {limited_condition} \
+                 AND s.concurrency_limit IS NOT NULL AND NOT s.paused) AS limited), \
+         picked AS MATERIALIZED ( \
+             SELECT c.id FROM {jobs} c \
+             WHERE c.state = 'available' AND {queue_condition} \
+                 AND NOT (SELECT g.limited FROM gate g) \
+             ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
+             FOR UPDATE SKIP LOCKED), \
+         claimed AS ( \
+             UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
+                 lease_worker = $3, lease_token = gen_random_uuid(), \
+                 lease_expires_at = $4, started_at = $5 \
+             FROM picked WHERE j.id = picked.id \
+             RETURNING {j_columns}) \
+         SELECT gate.limited, claimed.* FROM gate LEFT JOIN claimed ON true"
     )
 }
 

@@ -262,3 +262,59 @@ async fn enqueue_tx_counts_its_own_jobs_and_refuses_past_the_limit() {
     tx.rollback().await.expect("rollback");
     assert_eq!(unfinished(&store, "small").await, 0);
 }
+
+/// Ten fetchers on two instances at once, half of them also serving an unlimited queue, against
+/// a concurrency limit of three: never more than three of the limited queue's jobs are claimed
+/// in total (none is completed during the test), while the unlimited queue is fetched freely.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_fetches_from_two_instances_never_pass_the_concurrency_limit() {
+    let (first, clock, _guard) = common::fresh_store().await;
+    let second = common::connect(first.schema(), clock).await;
+    let limited = QueueSettings {
+        concurrency_limit: Some(3),
+        ..QueueSettings::default()
+    };
+    first
+        .queue_settings_put("capped", limited)
+        .await
+        .expect("limit");
+    first
+        .jobs_insert_many((0..20).map(|_| job_in("capped", None)).collect())
+        .await
+        .expect("capped jobs");
+    first
+        .jobs_insert_many((0..20).map(|_| job_in("open", None)).collect())
+        .await
+        .expect("open jobs");
+    let stores = [first.clone(), second];
+    for round in 0..3 {
+        let tasks: Vec<_> = (0..10)
+            .map(|i| {
+                let store = stores[i % 2].clone();
+                let queues: &[&str] = if i % 4 < 2 {
+                    &["capped"]
+                } else {
+                    &["capped", "open"]
+                };
+                let mut params = fetch_params(queues);
+                params.max = 5;
+                tokio::spawn(async move { store.jobs_fetch(params).await })
+            })
+            .collect();
+        let mut capped = 0;
+        for outcome in futures::future::join_all(tasks).await {
+            let jobs = outcome.expect("task").expect("fetch");
+            capped += jobs.iter().filter(|job| job.queue == "capped").count();
+        }
+        let expected = if round == 0 { 3 } else { 0 };
+        assert_eq!(capped, expected, "round {round}: claimed past the limit");
+    }
+    let stats = first.queues_stats().await.expect("stats");
+    let of = |name: &str| stats.iter().find(|q| q.name == name).expect("counted");
+    assert_eq!((of("capped").running, of("capped").available), (3, 17));
+    assert_eq!(
+        of("open").running,
+        20,
+        "the unlimited queue is not held back"
+    );
+}

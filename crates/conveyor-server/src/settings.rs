@@ -1,4 +1,4 @@
-//! `GET/PUT /v1/queues/{name}`: per-queue settings (pause, back-pressure).
+//! `GET/PUT /v1/queues/{name}`: per-queue settings (pause, back-pressure, concurrency limit).
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -19,9 +19,10 @@ pub(crate) struct SettingsPatch {
     max_depth: Option<Option<u64>>,
     #[serde(default, deserialize_with = "present")]
     max_depth_per_tenant: Option<Option<u64>>,
+    #[serde(default, deserialize_with = "present")]
+    concurrency_limit: Option<Option<u64>>,
     // Settings of the full queue-settings API that this version does not enforce yet. They are
     // named here so that a request using them is refused clearly rather than half-applied.
-    concurrency_limit: Option<Value>,
     per_key_concurrency_limit: Option<Value>,
     rate_limit: Option<Value>,
     weight: Option<Value>,
@@ -52,7 +53,6 @@ pub(crate) async fn put(
 ) -> ApiResult<Json<NamedQueueSettings>> {
     queue_name(&name)?;
     let unsupported = [
-        ("concurrency_limit", patch.concurrency_limit.is_some()),
         (
             "per_key_concurrency_limit",
             patch.per_key_concurrency_limit.is_some(),
@@ -63,12 +63,12 @@ pub(crate) async fn put(
     if let Some((field, _)) = unsupported.iter().find(|(_, given)| *given) {
         return Err(ApiError::invalid(
             *field,
-            "not supported yet by this version of Conveyor (pause and depth limits are)",
-        ));
+            "not supported yet by this version of Conveyor (pause, depth and concurrency limits are)",));
     }
     for (field, value) in [
         ("max_depth", patch.max_depth),
         ("max_depth_per_tenant", patch.max_depth_per_tenant),
+        ("concurrency_limit", patch.concurrency_limit),
     ] {
         if value == Some(Some(0)) {
             return Err(ApiError::invalid(
@@ -86,6 +86,9 @@ pub(crate) async fn put(
     }
     if let Some(max_depth_per_tenant) = patch.max_depth_per_tenant {
         settings.max_depth_per_tenant = max_depth_per_tenant;
+    }
+    if let Some(concurrency_limit) = patch.concurrency_limit {
+        settings.concurrency_limit = concurrency_limit;
     }
     let settings = state.store.queue_settings_put(&name, settings).await?;
     Ok(Json(NamedQueueSettings { name, settings }))

@@ -85,7 +85,7 @@ async fn max_depth_answers_429_with_retry_after_and_stores_nothing_until_drained
     assert_eq!(status, 200);
     assert_eq!(
         settings,
-        json!({"name": "mail", "paused": false, "max_depth": 3, "max_depth_per_tenant": null})
+        json!({"name": "mail", "paused": false, "max_depth": 3, "max_depth_per_tenant": null, "concurrency_limit": null})
     );
     for _ in 0..3 {
         assert_eq!(
@@ -186,6 +186,8 @@ async fn bad_settings_are_refused_naming_the_field_and_change_nothing() {
             "max_depth_per_tenant",
         ),
         (json!({"paused": "yes"}), "paused"),
+        (json!({"concurrency_limit": 0}), "concurrency_limit"),
+        (json!({"concurrency_limit": -2}), "concurrency_limit"),
         (
             json!({"rate_limit": {"count": 20, "period_ms": 1000}}),
             "rate_limit",

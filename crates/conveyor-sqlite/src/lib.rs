@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-const SCHEMA_VERSION: i64 = 3;
+const SCHEMA_VERSION: i64 = 4;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// How commits reach the disk.
@@ -218,6 +218,29 @@ fn migrate(conn: &Connection) -> StoreResult<()> {
             "database schema version {version} is newer than this Conveyor understands \
              ({SCHEMA_VERSION}); upgrade Conveyor"
         )));
+    }
+    if (1..4).contains(&version) {
+        // Version 4 added a column to a table that version 3 created; IF NOT EXISTS in the
+        // schema cannot add columns, so older databases get it here.
+        let has_column: bool = conn
+            .query_row(
+                "SELECT COUNT(*) > 0 FROM pragma_table_info('queue_settings') \
+                 WHERE name = 'concurrency_limit'",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(backend)?;
+        let has_table: bool = conn
+            .query_row(
+                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'queue_settings'",
+                [],
+                |row| row.get(0),
+            )
+            .map_err(backend)?;
+        if has_table && !has_column {
+            conn.execute_batch("ALTER TABLE queue_settings ADD COLUMN concurrency_limit INTEGER")
+                .map_err(backend)?;
+        }
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

@@ -178,11 +178,24 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             ))
             .map_err(backend)?;
         for queue in &params.queues {
-            if ctx.settings.get(queue).is_some_and(|s| s.paused) {
+            let settings = ctx.settings.get(queue).cloned().unwrap_or_default();
+            if settings.paused {
+                continue;
+            }
+            // A concurrency limit leaves only the free places (the writer is the only claimer,
+            // so this count is exact across every worker).
+            let free = match settings.concurrency_limit {
+                Some(limit) => {
+                    let running = queue_count(ctx, queue, &[JobState::Running])?;
+                    limit.saturating_sub(running).min(params.max as u64) as usize
+                }
+                None => params.max,
+            };
+            if free == 0 {
                 continue;
             }
             let rows = stmt
-                .query_map(params![queue, params.max as i64], rows::job)
+                .query_map(params![queue, free as i64], rows::job)
                 .and_then(|rows| rows.collect::<Result<Vec<Job>, _>>())
                 .map_err(backend)?;
             candidates.extend(rows);
@@ -775,23 +788,32 @@ fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreResult<()> {
     Ok(())
 }
 
-/// Unfinished jobs in `queue`: the stored counts plus this round's changes not yet written.
+/// Unfinished jobs in `queue`.
 fn queue_depth(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<u64> {
-    let stored: i64 = ctx
+    queue_count(ctx, queue, &UNFINISHED)
+}
+
+/// Jobs of `queue` in `states`: the stored counts plus this round's changes not yet written.
+fn queue_count(ctx: &WriteCtx<'_>, queue: &str, states: &[JobState]) -> StoreResult<u64> {
+    let mut stmt = ctx
         .conn
-        .prepare_cached(
-            "SELECT COALESCE(SUM(n), 0) FROM queue_state_counts WHERE queue = ?1 \
-             AND state IN ('scheduled', 'available', 'running', 'retryable')",
-        )
-        .and_then(|mut stmt| stmt.query_row(params![queue], |row| row.get(0)))
+        .prepare_cached("SELECT n FROM queue_state_counts WHERE queue = ?1 AND state = ?2")
         .map_err(backend)?;
+    let mut total: i64 = 0;
+    for state in states {
+        let stored: Option<i64> = stmt
+            .query_row(params![queue, state.as_str()], |row| row.get(0))
+            .optional()
+            .map_err(backend)?;
+        total += stored.unwrap_or(0);
+    }
     let pending: i64 = ctx
         .counts
         .iter()
-        .filter(|(q, state, _)| q == queue && UNFINISHED.contains(state))
+        .filter(|(q, state, _)| q == queue && states.contains(state))
         .map(|(_, _, delta)| delta)
         .sum();
-    Ok((stored + pending).max(0) as u64)
+    Ok((total + pending).max(0) as u64)
 }
 
 pub(crate) fn queue_settings_put(
@@ -802,16 +824,19 @@ pub(crate) fn queue_settings_put(
     let as_sql = |n: Option<u64>| n.map(|n| n.min(i64::MAX as u64) as i64);
     ctx.conn
         .prepare_cached(
-            "INSERT INTO queue_settings (queue, paused, max_depth, max_depth_per_tenant) \
-             VALUES (?1, ?2, ?3, ?4) ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
-             max_depth = excluded.max_depth, max_depth_per_tenant = excluded.max_depth_per_tenant",
+            "INSERT INTO queue_settings (queue, paused, max_depth, max_depth_per_tenant, \
+             concurrency_limit) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (queue) DO UPDATE SET \
+             paused = excluded.paused, max_depth = excluded.max_depth, \
+             max_depth_per_tenant = excluded.max_depth_per_tenant, \
+             concurrency_limit = excluded.concurrency_limit",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
                 queue,
                 settings.paused,
                 as_sql(settings.max_depth),
-                as_sql(settings.max_depth_per_tenant)
+                as_sql(settings.max_depth_per_tenant),
+                as_sql(settings.concurrency_limit)
             ])
         })
         .map_err(backend)?;

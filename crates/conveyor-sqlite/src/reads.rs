@@ -109,7 +109,8 @@ pub(crate) fn queues_stats(conn: &Connection, now: DateTime<Utc>) -> StoreResult
 pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSettings>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT queue, paused, max_depth, max_depth_per_tenant FROM queue_settings ORDER BY queue",
+            "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit \
+             FROM queue_settings ORDER BY queue",
         )
         .map_err(backend)?;
     let rows = stmt
@@ -120,6 +121,7 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
                     paused: row.get(1)?,
                     max_depth: row.get::<_, Option<i64>>(2)?.map(|n| n.max(0) as u64),
                     max_depth_per_tenant: row.get::<_, Option<i64>>(3)?.map(|n| n.max(0) as u64),
+                    concurrency_limit: row.get::<_, Option<i64>>(4)?.map(|n| n.max(0) as u64),
                 },
             })
         })

@@ -63,8 +63,11 @@ CREATE TABLE IF NOT EXISTS queue_settings (
     queue                TEXT PRIMARY KEY,
     paused               INTEGER NOT NULL DEFAULT 0,
     max_depth            INTEGER,
-    max_depth_per_tenant INTEGER
+    max_depth_per_tenant INTEGER,
+    concurrency_limit    INTEGER
 ) WITHOUT ROWID;
 -- Unfinished jobs per tenant, for the per-tenant depth limit (jobs without a tenant cost nothing).
 CREATE INDEX IF NOT EXISTS jobs_tenant_unfinished ON jobs (queue, tenant)
     WHERE tenant IS NOT NULL AND state IN ('scheduled', 'available', 'running', 'retryable');
+
+-- Version 4: concurrency_limit (added above for new databases; this upgrades version 3 ones).

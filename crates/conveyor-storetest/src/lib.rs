@@ -159,6 +159,7 @@ macro_rules! __conveyor_behaviours {
             max_depth_refuses_enqueues_past_the_limit_and_stores_nothing,
             max_depth_per_tenant_limits_each_tenant_separately,
             duplicate_enqueue_into_a_full_queue_returns_the_existing_job,
+            concurrency_limit_caps_running_jobs_across_fetches,
         }
     };
 }

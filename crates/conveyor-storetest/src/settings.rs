@@ -32,6 +32,7 @@ pub async fn queue_settings_default_then_round_trip_and_list(h: &Harness) {
         paused: true,
         max_depth: Some(100),
         max_depth_per_tenant: Some(10),
+        concurrency_limit: Some(4),
     };
     let stored = store
         .queue_settings_put("mail", wanted.clone())
@@ -209,4 +210,39 @@ pub async fn duplicate_enqueue_into_a_full_queue_returns_the_existing_job(h: &Ha
         .await
         .expect_err("a new job is refused");
     assert_eq!(queue_full(refused).2, 1);
+}
+
+/// A concurrency limit caps the queue's running jobs across every fetch (and so every worker
+/// and node): fetches hand out only the free places; finishing a job frees one.
+pub async fn concurrency_limit_caps_running_jobs_across_fetches(h: &Harness) {
+    let limited = QueueSettings {
+        concurrency_limit: Some(2),
+        ..QueueSettings::default()
+    };
+    h.store
+        .queue_settings_put("narrow", limited)
+        .await
+        .expect("limit");
+    for _ in 0..5 {
+        insert(h, job_in("narrow", "k")).await;
+    }
+    insert(h, job_in("wide", "k")).await;
+    let first = crate::fetch(h, &["narrow"], 5).await;
+    assert_eq!(first.len(), 2, "only two places");
+    fetch_none(h, "narrow", "both places are taken").await;
+    assert_eq!(
+        crate::fetch(h, &["narrow", "wide"], 5).await.len(),
+        1,
+        "other queues are not limited"
+    );
+    complete(h, lease_of(&first[0]), None).await;
+    assert_eq!(
+        crate::fetch(h, &["narrow"], 5).await.len(),
+        1,
+        "a finished job frees a place"
+    );
+    fetch_none(h, "narrow", "full again").await;
+    let stats = h.store.queues_stats().await.expect("stats");
+    let narrow = stats.iter().find(|q| q.name == "narrow").expect("counted");
+    assert_eq!((narrow.running, narrow.available), (2, 2));
 }

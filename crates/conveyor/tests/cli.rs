@@ -349,3 +349,62 @@ fn queue_commands_pause_resume_and_limit_depth() {
         stderr(&nothing)
     );
 }
+
+/// Three worker processes with four slots each share a queue limited to 3 running jobs: the
+/// handlers' own records never show more than 3 at once.
+#[test]
+fn concurrency_limit_holds_across_three_worker_processes() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    stdout_json(&conveyor(&[
+        "queue",
+        "set",
+        "default",
+        "--concurrency-limit",
+        "3",
+        "--server",
+        s,
+        "--json",
+    ]));
+    let ids: Vec<String> = (0..12)
+        .map(|_| {
+            enqueue(s, json!({"kind": "slow"}))["id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    let log = path_in(&dir, "runs.log");
+    // Each run appends "start <ns>" and "end <ns>"; a run's end precedes its completion, which
+    // must commit before the freed place can be claimed.
+    let exec = format!(
+        "echo \"start $(date +%s%N)\" >> {log}; sleep 0.2; echo \"end $(date +%s%N)\" >> {log}",
+        log = log.display()
+    );
+    let _workers: Vec<_> = (0..3)
+        .map(|_| start_worker(s, &exec, &["--concurrency", "4"]))
+        .collect();
+    for id in &ids {
+        wait_until("every job to complete", || {
+            (get_job(s, id)["state"] == "completed").then_some(())
+        });
+    }
+    let mut events: Vec<(u128, i32)> = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .map(|line| {
+            let (what, at) = line.split_once(' ').unwrap();
+            (at.parse().unwrap(), if what == "start" { 1 } else { -1 })
+        })
+        .collect();
+    // Ends sort before starts at the same instant.
+    events.sort();
+    let (mut running, mut peak) = (0, 0);
+    for (_, delta) in &events {
+        running += delta;
+        peak = peak.max(running);
+    }
+    assert_eq!(events.len(), 24);
+    assert_eq!(peak, 3, "the limit is reached but never passed");
+}

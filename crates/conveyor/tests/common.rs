@@ -159,3 +159,36 @@ pub fn temp_dir() -> tempfile::TempDir {
 pub fn path_in(dir: &tempfile::TempDir, name: &str) -> PathBuf {
     dir.path().join(name)
 }
+
+/// The PostgreSQL database the tests use (`CONVEYOR_TEST_PG_URL` overrides it).
+pub fn pg_base() -> String {
+    std::env::var("CONVEYOR_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// A PostgreSQL schema of the test's own, dropped when the test ends however it ends.
+pub struct Schema(pub String);
+
+impl Schema {
+    pub fn fresh(prefix: &str) -> Self {
+        Schema(format!("{prefix}_{}", uuid::Uuid::new_v4().simple()))
+    }
+
+    /// The store URL naming this schema.
+    pub fn url(&self) -> String {
+        format!("{}?schema={}", pg_base(), self.0)
+    }
+}
+
+impl Drop for Schema {
+    fn drop(&mut self) {
+        let _ = Command::new("psql")
+            .args([
+                &pg_base(),
+                "-q",
+                "-c",
+                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0),
+            ])
+            .output();
+    }
+}

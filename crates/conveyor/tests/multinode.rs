@@ -15,27 +15,6 @@ const JOBS: usize = 20_000;
 const BATCH: usize = 1_000;
 const CONCURRENCY: &str = "8";
 
-fn pg_base() -> String {
-    std::env::var("CONVEYOR_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
-}
-
-/// A schema of its own, dropped when the test ends however it ends.
-struct Schema(String);
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                &pg_base(),
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0),
-            ])
-            .output();
-    }
-}
-
 fn healthz(server: &str) -> Option<Value> {
     http()
         .get(format!("{server}/healthz"))
@@ -79,8 +58,8 @@ fn completed(server: &str) -> u64 {
 #[test]
 fn two_servers_three_workers_survive_kill_9_of_a_worker_and_the_leader() {
     let dir = temp_dir();
-    let schema = Schema(format!("conveyor_mn_{}", uuid::Uuid::new_v4().simple()));
-    let store = format!("{}?schema={}", pg_base(), schema.0);
+    let schema = Schema::fresh("conveyor_mn");
+    let store = schema.url();
     let migrate = Command::new(BIN)
         .args(["migrate", "--store", &store])
         .output()

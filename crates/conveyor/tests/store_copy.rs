@@ -7,26 +7,6 @@ use common::*;
 use serde_json::{json, Value};
 use std::process::Command;
 
-fn pg_base() -> String {
-    std::env::var("CONVEYOR_TEST_PG_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
-}
-
-struct Schema(String);
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        let _ = Command::new("psql")
-            .args([
-                &pg_base(),
-                "-q",
-                "-c",
-                &format!("DROP SCHEMA IF EXISTS {} CASCADE", self.0),
-            ])
-            .output();
-    }
-}
-
 #[test]
 fn store_copy_moves_every_job_and_its_history_from_sqlite_to_postgres() {
     let dir = temp_dir();
@@ -75,8 +55,8 @@ fn store_copy_moves_every_job_and_its_history_from_sqlite_to_postgres() {
     }
     assert_eq!(before.len(), 27);
 
-    let schema = Schema(format!("conveyor_copy_{}", uuid::Uuid::new_v4().simple()));
-    let postgres = format!("{}?schema={}", pg_base(), schema.0);
+    let schema = Schema::fresh("conveyor_copy");
+    let postgres = schema.url();
     let out = Command::new(BIN)
         .args(["store", "copy", "--from", &sqlite, "--to", &postgres])
         .output()

@@ -415,6 +415,9 @@ pub(crate) enum QueueCommand {
         /// The same per tenant.
         #[arg(long)]
         max_depth_per_tenant: Option<Limit>,
+        /// At most this many of the queue's jobs run at once, across all workers and servers.
+        #[arg(long)]
+        concurrency_limit: Option<Limit>,
         #[command(flatten)]
         server: ServerArg,
     },
@@ -446,6 +449,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             name,
             max_depth,
             max_depth_per_tenant,
+            concurrency_limit,
             server,
         } => {
             let mut change = json!({});
@@ -455,8 +459,11 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             if let Some(Limit(limit)) = max_depth_per_tenant {
                 change["max_depth_per_tenant"] = json!(limit);
             }
+            if let Some(Limit(limit)) = concurrency_limit {
+                change["concurrency_limit"] = json!(limit);
+            }
             if change.as_object().is_some_and(|o| o.is_empty()) {
-                bail!("nothing to set: give --max-depth and/or --max-depth-per-tenant");
+                bail!("nothing to set: give --max-depth, --max-depth-per-tenant or --concurrency-limit");
             }
             (name, server, Some(change))
         }
@@ -473,7 +480,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
     } else {
         let limit = |v: &Value| v.as_u64().map_or("none".to_string(), |n| n.to_string());
         println!(
-            "{}: {}; max depth {}; max depth per tenant {}",
+            "{}: {}; max depth {}; max depth per tenant {}; concurrency limit {}",
             name,
             if settings["paused"] == true {
                 "paused"
@@ -481,7 +488,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
                 "running"
             },
             limit(&settings["max_depth"]),
-            limit(&settings["max_depth_per_tenant"])
+            limit(&settings["max_depth_per_tenant"]),
+            limit(&settings["concurrency_limit"])
         );
     }
     Ok(ExitCode::SUCCESS)
