@@ -62,6 +62,18 @@ pub enum RetryPlan {
     Never,
 }
 
+impl RetryPlan {
+    /// When the job should run again after failing attempt number `attempt` at `now`; `None`
+    /// for "never" (the store then moves it to `dead`, as it does when attempts run out).
+    pub fn retry_at(&self, now: DateTime<Utc>, attempt: u32) -> Option<DateTime<Utc>> {
+        match self {
+            RetryPlan::Backoff(policy) => Some(policy.next_run_at(now, attempt)),
+            RetryPlan::At(at) => Some((*at).max(now)),
+            RetryPlan::Never => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct FailParams {
     pub lease: LeaseRef,

@@ -9,7 +9,7 @@ use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
     error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
     Job, JobListParams, JobState, LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob,
-    QueueSettings, QueueStats, ReplaySelector, RescueParams, RescueReport, RetryPlan, SnoozeParams,
+    QueueSettings, QueueStats, ReplaySelector, RescueParams, RescueReport, SnoozeParams,
     StoreError, StoreOptions, StoreResult, ValidationError,
 };
 use serde_json::Value;
@@ -961,11 +961,7 @@ pub(crate) async fn fail(
     let attempt: i32 = row.try_get(0).map_err(|e| corrupt(e.to_string()))?;
     let max_attempts: i32 = row.try_get(1).map_err(|e| corrupt(e.to_string()))?;
     let (attempt, max_attempts) = (attempt.max(0) as u32, max_attempts.max(0) as u32);
-    let retry_at = match &params.retry {
-        RetryPlan::Backoff(policy) => Some(policy.next_run_at(ctx.now, attempt)),
-        RetryPlan::At(at) => Some((*at).max(ctx.now)),
-        RetryPlan::Never => None,
-    };
+    let retry_at = params.retry.retry_at(ctx.now, attempt);
     let error = ErrorRecord {
         attempt,
         at: ctx.now,

@@ -5,7 +5,7 @@ use chrono::{DateTime, Utc};
 use conveyor_core::{
     error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
     Job, JobState, Lease, LeaseOutcome, LeaseRef, NewJob, QueueSettings, ReplaySelector,
-    RescueParams, RescueReport, RetryPlan, SnoozeParams, StoreError, StoreResult,
+    RescueParams, RescueReport, SnoozeParams, StoreError, StoreResult,
 };
 use rusqlite::{params, OptionalExtension};
 use std::collections::HashMap;
@@ -410,11 +410,7 @@ fn held(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<(u32, u32)> {
 
 pub(crate) fn fail(ctx: &mut WriteCtx<'_>, params: FailParams) -> StoreResult<Job> {
     let (attempt, max_attempts) = held(ctx, &params.lease)?;
-    let retry_at = match &params.retry {
-        RetryPlan::Backoff(policy) => Some(policy.next_run_at(ctx.now, attempt)),
-        RetryPlan::At(at) => Some((*at).max(ctx.now)),
-        RetryPlan::Never => None,
-    };
+    let retry_at = params.retry.retry_at(ctx.now, attempt);
     let error = ErrorRecord {
         attempt,
         at: ctx.now,
