@@ -122,6 +122,21 @@ pub struct ErrorRecord {
     pub message: String,
 }
 
+impl ErrorRecord {
+    /// The history entry a store writes when it rescues a job whose lease ran out.
+    pub fn lease_expired(attempt: u32, at: DateTime<Utc>, worker: Option<&str>) -> Self {
+        Self {
+            attempt,
+            at,
+            class: error_class::LEASE_EXPIRED.to_string(),
+            message: format!(
+                "lease held by worker {} expired before the job finished",
+                worker.unwrap_or("(unknown)")
+            ),
+        }
+    }
+}
+
 /// Who holds a running job, and until when.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Lease {

@@ -7,10 +7,10 @@
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
-    error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
-    Job, JobListParams, JobState, LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob,
-    QueueSettings, QueueStats, ReplaySelector, RescueParams, RescueReport, SnoozeParams,
-    StoreError, StoreOptions, StoreResult, ValidationError,
+    CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
+    JobListParams, JobState, LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings,
+    QueueStats, ReplaySelector, RescueParams, RescueReport, SnoozeParams, StoreError, StoreOptions,
+    StoreResult, ValidationError,
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -1051,15 +1051,7 @@ pub(crate) async fn rescue_expired(
         let max_attempts: i32 = row.try_get("max_attempts").map_err(read)?;
         let worker: Option<String> = row.try_get("lease_worker").map_err(read)?;
         let attempt = attempt.max(0) as u32;
-        let error = ErrorRecord {
-            attempt,
-            at: ctx.now,
-            class: error_class::LEASE_EXPIRED.to_string(),
-            message: format!(
-                "lease held by worker {} expired before the job finished",
-                worker.as_deref().unwrap_or("(unknown)")
-            ),
-        };
+        let error = ErrorRecord::lease_expired(attempt, ctx.now, worker.as_deref());
         let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
         let max_attempts = max_attempts.max(0) as u32;
         let Some(job) = record_failure(

@@ -3,9 +3,9 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::{
-    error_class, CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted,
-    Job, JobState, Lease, LeaseOutcome, LeaseRef, NewJob, QueueSettings, ReplaySelector,
-    RescueParams, RescueReport, SnoozeParams, StoreError, StoreResult,
+    CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobState,
+    Lease, LeaseOutcome, LeaseRef, NewJob, QueueSettings, ReplaySelector, RescueParams,
+    RescueReport, SnoozeParams, StoreError, StoreResult,
 };
 use rusqlite::{params, OptionalExtension};
 use std::collections::HashMap;
@@ -505,15 +505,7 @@ pub(crate) fn rescue_expired(
         .map_err(backend)?;
     let mut report = RescueReport::default();
     for (id, attempt, max_attempts, worker) in expired {
-        let error = ErrorRecord {
-            attempt,
-            at: ctx.now,
-            class: error_class::LEASE_EXPIRED.to_string(),
-            message: format!(
-                "lease held by worker {} expired before the job finished",
-                worker.as_deref().unwrap_or("(unknown)")
-            ),
-        };
+        let error = ErrorRecord::lease_expired(attempt, ctx.now, worker.as_deref());
         let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
         let job = record_failure(ctx, &id, attempt, max_attempts, error, retry_at)?;
         if job.state == JobState::Dead {
