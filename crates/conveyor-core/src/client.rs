@@ -9,6 +9,7 @@ use crate::error::{StoreError, ValidationError};
 use crate::job::{Inserted, NewJob};
 use crate::retry::RetryPolicy;
 use crate::store::{Store, StoreResult};
+use crate::unique::UniqueSpec;
 use crate::validate;
 
 /// A job type: its kind name and its payload (the type itself, as JSON).
@@ -45,6 +46,7 @@ pub struct JobOptions {
     pub idempotency_key: Option<String>,
     pub tags: Vec<String>,
     pub tenant: Option<String>,
+    pub unique: Option<UniqueSpec>,
 }
 
 impl JobOptions {
@@ -84,6 +86,12 @@ impl JobOptions {
         self.tenant = Some(tenant.into());
         self
     }
+    /// Makes the enqueue unique (see [`UniqueSpec`]): a job with the same identity in one of
+    /// the spec's states is returned with `duplicate: true` instead of a new one.
+    pub fn unique(mut self, spec: UniqueSpec) -> Self {
+        self.unique = Some(spec);
+        self
+    }
 
     /// Applies these options to a job of `kind` with `payload`.
     pub fn into_new_job(
@@ -120,6 +128,7 @@ impl JobOptions {
         job.idempotency_key = self.idempotency_key;
         job.tags = self.tags;
         job.tenant = self.tenant;
+        job.unique = self.unique;
         validate::new_job(&job)?;
         Ok(job)
     }

@@ -17,6 +17,7 @@ use std::str::FromStr;
 use uuid::Uuid;
 
 use crate::error::ValidationError;
+use crate::unique::UniqueSpec;
 
 pub const DEFAULT_QUEUE: &str = "default";
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
@@ -171,6 +172,10 @@ pub struct Job {
     pub created_at: DateTime<Utc>,
     pub started_at: Option<DateTime<Utc>>,
     pub finished_at: Option<DateTime<Utc>>,
+    /// Set for jobs enqueued with a [`UniqueSpec`]: the identity later unique enqueues are
+    /// compared on (see [`crate::unique::unique_key`]). Absent from JSON when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique_key: Option<String>,
 }
 
 /// A job to insert. Build one with [`NewJob::new`] and set fields directly; `validate` checks them.
@@ -187,6 +192,9 @@ pub struct NewJob {
     pub idempotency_key: Option<String>,
     pub tags: Vec<String>,
     pub tenant: Option<String>,
+    /// Makes the enqueue unique by the job's kind, queue and payload (see [`UniqueSpec`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unique: Option<UniqueSpec>,
 }
 
 impl NewJob {
@@ -202,7 +210,15 @@ impl NewJob {
             idempotency_key: None,
             tags: Vec::new(),
             tenant: None,
+            unique: None,
         }
+    }
+
+    /// The unique key this job is stored with, when it has a [`UniqueSpec`].
+    pub fn unique_key(&self) -> Option<String> {
+        self.unique
+            .as_ref()
+            .map(|spec| crate::unique::unique_key(&self.kind, &self.queue, &self.payload, spec))
     }
 }
 
@@ -210,7 +226,8 @@ impl NewJob {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Inserted {
     pub job: Job,
-    /// True when an existing job with the same idempotency key was returned instead.
+    /// True when an existing job with the same idempotency key, or the same unique key in one
+    /// of the spec's states, was returned instead.
     pub duplicate: bool,
 }
 
@@ -262,6 +279,58 @@ pub struct QueueSettings {
     /// At most this many of the queue's jobs run at once, across every worker and node.
     #[serde(default)]
     pub concurrency_limit: Option<u64>,
+    /// At most this many jobs of one key (the job's `tenant`) run at once, across every worker
+    /// and node. Jobs without a tenant are not limited by it.
+    #[serde(default)]
+    pub per_key_concurrency_limit: Option<u64>,
+    /// At most `count` of the queue's jobs start in any window of `period_ms`, across every
+    /// worker and node.
+    #[serde(default)]
+    pub rate_limit: Option<RateLimit>,
+    /// The same per key (the job's `tenant`); jobs without a tenant are not limited by it.
+    #[serde(default)]
+    pub per_key_rate_limit: Option<RateLimit>,
+    /// A fetch serving several queues shares its capacity among them in proportion to their
+    /// weights (a queue without one weighs 1), so a flood in one cannot starve another. A
+    /// fetch where no queue has a weight takes jobs in priority order across its queues.
+    #[serde(default)]
+    pub weight: Option<u32>,
+}
+
+impl QueueSettings {
+    /// Whether claims from this queue must count running jobs or recent starts, and so take the
+    /// stores' flow-controlled claim path rather than the plain one.
+    pub fn limits_starts(&self) -> bool {
+        self.concurrency_limit.is_some()
+            || self.per_key_concurrency_limit.is_some()
+            || self.rate_limit.is_some()
+            || self.per_key_rate_limit.is_some()
+    }
+
+    /// The longest period of the queue's rate limits: start records older than this count for
+    /// nothing and may be pruned.
+    pub fn longest_rate_period_ms(&self) -> Option<u64> {
+        [self.rate_limit, self.per_key_rate_limit]
+            .into_iter()
+            .flatten()
+            .map(|rate| rate.period_ms)
+            .max()
+    }
+}
+
+/// At most `count` starts in any window of `period_ms` milliseconds (a sliding window: the
+/// stores keep the start times, so a burst at the end of one period cannot be followed by a
+/// full one at the start of the next).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RateLimit {
+    pub count: u64,
+    pub period_ms: u64,
+}
+
+impl RateLimit {
+    pub fn period(&self) -> chrono::Duration {
+        chrono::Duration::milliseconds(self.period_ms.min(i64::MAX as u64) as i64)
+    }
 }
 
 /// A queue's settings with its name.

@@ -7,9 +7,12 @@
 pub mod client;
 pub mod clock;
 pub mod error;
+pub mod flow;
 pub mod job;
 pub mod retry;
+pub mod schedule;
 pub mod store;
+pub mod unique;
 pub mod validate;
 
 pub use client::{Client, JobOptions, TypedJob};
@@ -17,7 +20,12 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{StoreError, ValidationError};
 pub use job::{
     error_class, ErrorRecord, Inserted, Job, JobState, Lease, NamedQueueSettings, NewJob,
-    QueueSettings, QueueStats, DEFAULT_QUEUE,
+    QueueSettings, QueueStats, RateLimit, DEFAULT_QUEUE,
 };
 pub use retry::RetryPolicy;
+pub use schedule::{
+    FireOutcome, FireRequest, JobTemplate, MissedPolicy, OverlapPolicy, Schedule, ScheduleRun,
+    ScheduleSpec, ScheduleView,
+};
 pub use store::*;
+pub use unique::UniqueSpec;

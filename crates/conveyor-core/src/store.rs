@@ -14,6 +14,7 @@ use uuid::Uuid;
 pub use crate::error::StoreResult;
 use crate::job::{Inserted, Job, JobState, NamedQueueSettings, NewJob, QueueSettings, QueueStats};
 use crate::retry::RetryPolicy;
+use crate::schedule::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 
 /// Claim up to `max` available jobs from `queues` for `worker_id`.
 #[derive(Debug, Clone)]
@@ -238,6 +239,32 @@ pub trait Store: Send + Sync + 'static {
         let _ = holder;
         Ok(())
     }
+
+    // Cron schedules (see `crate::schedule`).
+
+    /// Creates or replaces the schedule of that name. A new schedule, or one whose expression
+    /// or time zone changed, counts ticks from now on; changing only its job or policies keeps
+    /// its place (so re-applying an unchanged definition at every start loses no tick).
+    async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView>;
+
+    /// One schedule with its state, next run and [`crate::schedule::RECENT_RUNS`] latest runs.
+    async fn schedule_get(&self, name: &str) -> StoreResult<Option<ScheduleView>>;
+
+    /// Every schedule by name, each with its last run (and no `recent_runs`).
+    async fn schedules_list(&self) -> StoreResult<Vec<ScheduleView>>;
+
+    /// Deletes a schedule and its run history (its jobs stay). False when there was none.
+    async fn schedule_delete(&self, name: &str) -> StoreResult<bool>;
+
+    /// Fires ticks atomically: if the schedule is still at `request.revision`, records one run
+    /// per tick (enqueuing the schedule's job, unless `overlap: skip` finds the previous run's
+    /// job unfinished or the store refuses the job) and moves the schedule's `due_after`, all
+    /// in one transaction. Otherwise nothing changes and the outcome is `Conflict`: of two
+    /// nodes racing to fire the same tick, exactly one records it.
+    async fn schedule_fire(&self, request: FireRequest) -> StoreResult<FireOutcome>;
+
+    /// A schedule's latest runs, newest first, with their jobs' states.
+    async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>>;
 }
 
 /// Fetches, waiting (asynchronously) until jobs are claimed, `wait` passes, or `stop` resolves:

@@ -65,5 +65,50 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
     if let Some(tenant) = &job.tenant {
         name("tenant", tenant)?;
     }
+    if let Some(unique) = &job.unique {
+        unique.validate()?;
+    }
+    Ok(())
+}
+
+/// Longest rate-limit period accepted: a day. Start records are kept this long at most.
+pub const MAX_RATE_PERIOD_MS: u64 = 24 * 3600 * 1000;
+/// Most starts a rate limit may allow per period (each start is recorded while it counts).
+pub const MAX_RATE_COUNT: u64 = 1_000_000;
+
+/// Checks a queue's settings: every limit at least 1, rate periods from 1 ms to a day.
+pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), ValidationError> {
+    for (field, value) in [
+        ("max_depth", settings.max_depth),
+        ("max_depth_per_tenant", settings.max_depth_per_tenant),
+        ("concurrency_limit", settings.concurrency_limit),
+        ("per_key_concurrency_limit", settings.per_key_concurrency_limit),
+        ("weight", settings.weight.map(u64::from)),
+    ] {
+        if value == Some(0) {
+            return Err(ValidationError::new(
+                field,
+                "must be at least 1 (or null for no limit)",
+            ));
+        }
+    }
+    for (field, rate) in [
+        ("rate_limit", settings.rate_limit),
+        ("per_key_rate_limit", settings.per_key_rate_limit),
+    ] {
+        let Some(rate) = rate else { continue };
+        if rate.count == 0 || rate.count > MAX_RATE_COUNT {
+            return Err(ValidationError::new(
+                format!("{field}.count"),
+                format!("must be from 1 to {MAX_RATE_COUNT}"),
+            ));
+        }
+        if rate.period_ms == 0 || rate.period_ms > MAX_RATE_PERIOD_MS {
+            return Err(ValidationError::new(
+                format!("{field}.period_ms"),
+                format!("must be from 1 to {MAX_RATE_PERIOD_MS} (a day)"),
+            ));
+        }
+    }
     Ok(())
 }

@@ -21,12 +21,15 @@
 #![warn(missing_docs)]
 
 mod errors;
+mod flow;
 mod listener;
 mod migrate;
 mod names;
 mod ops;
 mod rows;
+mod schedules;
 mod sql;
+mod unique;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -37,6 +40,7 @@ use conveyor_core::{
     RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
     SystemClock, ValidationError,
 };
+use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -104,6 +108,7 @@ struct Inner {
     pool: PgPool,
     schema: String,
     sql: Sql,
+    schedule_sql: schedules::ScheduleSql,
     clock: Arc<dyn Clock>,
     options: StoreOptions,
     wakeup: Arc<Notify>,
@@ -157,6 +162,7 @@ impl PgStore {
             migrate::check_version(&pool, &options.schema).await?;
         }
         let sql = Sql::new(&options.schema);
+        let schedule_sql = schedules::ScheduleSql::new(&options.schema);
         let wakeup = Arc::new(Notify::new());
         let listener = listener::start(
             (*pool.connect_options()).clone(),
@@ -169,6 +175,7 @@ impl PgStore {
                 pool,
                 schema: options.schema,
                 sql,
+                schedule_sql,
                 clock: options.clock,
                 options: options.store,
                 wakeup,
@@ -419,6 +426,7 @@ impl Store for PgStore {
         settings: QueueSettings,
     ) -> StoreResult<QueueSettings> {
         conveyor_core::validate::name("queue", queue)?;
+        conveyor_core::validate::queue_settings(&settings)?;
         let mut tx = self.begin().await?;
         let (stored, resumed) =
             ops::queue_settings_put(&mut tx, &self.ctx(), queue, &settings).await?;
@@ -437,5 +445,45 @@ impl Store for PgStore {
 
     async fn leader_release(&self, holder: &str) -> StoreResult<()> {
         ops::leader_release(&mut *self.conn().await?, &self.inner.sql, holder).await
+    }
+
+    async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
+        let mut tx = self.begin().await?;
+        schedules::put(&mut tx, &self.ctx(), &self.inner.schedule_sql, &schedule).await?;
+        commit(tx).await?;
+        self.schedule_get(schedule.name()).await?.ok_or_else(|| {
+            StoreError::Backend(format!(
+                "postgres: schedule {:?} was deleted right after being stored",
+                schedule.name()
+            ))
+        })
+    }
+
+    async fn schedule_get(&self, name: &str) -> StoreResult<Option<ScheduleView>> {
+        let (now, mut conn) = (self.ctx().now, self.conn().await?);
+        schedules::get(&mut conn, &self.inner.schedule_sql, name, now).await
+    }
+
+    async fn schedules_list(&self) -> StoreResult<Vec<ScheduleView>> {
+        let now = self.ctx().now;
+        schedules::list(&mut *self.conn().await?, &self.inner.schedule_sql, now).await
+    }
+
+    async fn schedule_delete(&self, name: &str) -> StoreResult<bool> {
+        schedules::delete(&mut *self.conn().await?, &self.inner.schedule_sql, name).await
+    }
+
+    async fn schedule_fire(&self, request: FireRequest) -> StoreResult<FireOutcome> {
+        let mut tx = self.begin().await?;
+        let fired =
+            schedules::fire(&mut tx, &self.ctx(), &self.inner.schedule_sql, &request).await?;
+        commit(tx).await?;
+        self.wake_local(fired.made_available);
+        Ok(fired.outcome)
+    }
+
+    async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
+        let mut conn = self.conn().await?;
+        schedules::runs(&mut conn, &self.inner.schedule_sql, name, limit).await
     }
 }

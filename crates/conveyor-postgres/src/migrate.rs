@@ -41,10 +41,25 @@ const MIGRATIONS: &[Migration] = &[
         name: "concurrency_limit",
         sql: include_str!("migrations/0004_concurrency_limit.sql"),
     },
+    Migration {
+        version: 5,
+        name: "schedules",
+        sql: include_str!("migrations/0005_schedules.sql"),
+    },
+    Migration {
+        version: 6,
+        name: "unique_jobs",
+        sql: include_str!("migrations/0006_unique_jobs.sql"),
+    },
+    Migration {
+        version: 7,
+        name: "flow_control",
+        sql: include_str!("migrations/0007_flow_control.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

@@ -68,6 +68,17 @@ pub(crate) fn idempotency_lock_key(schema: &str, key: &str) -> i64 {
     ]) as i64
 }
 
+/// The advisory lock key that serializes inserts of jobs with unique `key` (a hex digest) in
+/// `schema`. Its own prefix keeps it apart from an idempotency key spelled the same.
+pub(crate) fn unique_lock_key(schema: &str, key: &str) -> i64 {
+    fnv1a(&[
+        b"conveyor:unique:",
+        schema.as_bytes(),
+        b"\0",
+        key.as_bytes(),
+    ]) as i64
+}
+
 /// The advisory lock key that serializes inserts into `queue` of `schema` while the queue has a
 /// maximum depth (`tenant: None`), or inserts of `tenant`'s jobs into it while it has a
 /// per-tenant maximum, so that two batches cannot both see room for themselves.
@@ -171,6 +182,8 @@ mod tests {
             idempotency_lock_key("t", "k")
         );
         assert_ne!(migration_lock_key("s"), migration_lock_key("t"));
+        assert_ne!(unique_lock_key("s", "k"), idempotency_lock_key("s", "k"));
+        assert_ne!(unique_lock_key("s", "k"), unique_lock_key("t", "k"));
         assert_ne!(
             depth_lock_key("s", "q", None),
             depth_lock_key("t", "q", None)

@@ -9,7 +9,7 @@ use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
     CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
     JobListParams, JobState, LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings,
-    QueueStats, ReplaySelector, RescueParams, RescueReport, SnoozeParams, StoreError, StoreOptions,
+    QueueStats, RateLimit, ReplaySelector, RescueParams, RescueReport, SnoozeParams, StoreError, StoreOptions,
     StoreResult, ValidationError,
 };
 use serde_json::Value;
@@ -21,9 +21,10 @@ use std::str::FromStr;
 use uuid::Uuid;
 
 use crate::errors::{corrupt, db};
-use crate::names::{concurrency_lock_key, depth_lock_key, idempotency_lock_key};
+use crate::names::{depth_lock_key, idempotency_lock_key};
 use crate::rows;
 use crate::sql::{Sql, COLUMNS};
+use crate::unique;
 
 /// Most due jobs one promotion statement moves, so it stays a short transaction.
 pub(crate) const PROMOTE_BATCH: i64 = 1_000;
@@ -235,6 +236,8 @@ enum Slot {
     SameBatch(Uuid),
     /// A duplicate of the stored job holding this key.
     Stored(String),
+    /// A duplicate of the stored job holding the unique key of the batch's job at this position.
+    StoredUnique(usize),
 }
 
 /// The new jobs of a batch, column by column, for one `INSERT ... SELECT FROM unnest(...)`.
@@ -252,6 +255,7 @@ struct Columns {
     tags: Vec<Json<Vec<String>>>,
     tenants: Vec<Option<String>>,
     states: Vec<&'static str>,
+    unique_keys: Vec<Option<String>>,
 }
 
 /// The outcome of an insert: one result per job, and whether any job became available.
@@ -266,6 +270,8 @@ pub(crate) struct Insertion {
 /// Keyed jobs first take an advisory lock per key (in ascending key order, so concurrent batches
 /// cannot deadlock), then look for a job holding the key. A concurrent insert of the same key
 /// waits on the lock until the first commits, and then finds its job: exactly one job per key.
+/// Unique jobs do the same with their unique keys (locked in the same sorted acquisition), after
+/// the idempotency key, which keeps precedence (see `unique`).
 ///
 /// Depth limits count only the jobs the batch really adds: duplicates of stored jobs do not
 /// take up room, so resubmitting an accepted job succeeds even when its queue is full.
@@ -278,19 +284,23 @@ pub(crate) async fn insert_many(
         .iter()
         .filter_map(|job| job.idempotency_key.as_deref())
         .collect();
-    let mut stored: HashMap<String, Job> = HashMap::new();
-    if !keys.is_empty() {
-        let mut lock_keys: Vec<i64> = keys
-            .iter()
-            .map(|key| idempotency_lock_key(ctx.schema, key))
-            .collect();
+    let unique_keys = unique::keys(&jobs);
+    let mut lock_keys: Vec<i64> = keys
+        .iter()
+        .map(|key| idempotency_lock_key(ctx.schema, key))
+        .chain(unique::lock_keys(ctx.schema, &unique_keys))
+        .collect();
+    if !lock_keys.is_empty() {
         lock_keys.sort_unstable();
         lock_keys.dedup();
         sqlx::query(ctx.sql.lock_keys.clone())
             .bind(&lock_keys)
             .execute(&mut *conn)
             .await
-            .map_err(db("lock idempotency keys"))?;
+            .map_err(db("lock idempotency and unique keys"))?;
+    }
+    let mut stored: HashMap<String, Job> = HashMap::new();
+    if !keys.is_empty() {
         let keys: Vec<&str> = keys.into_iter().collect();
         let found = sqlx::query(ctx.sql.idempotent_matches.clone())
             .bind(&keys)
@@ -306,10 +316,14 @@ pub(crate) async fn insert_many(
         }
     }
 
+    let stored_unique = unique::stored_matches(&mut *conn, ctx, &jobs, &unique_keys).await?;
+
     let mut slots = Vec::with_capacity(jobs.len());
     let mut batch_keys: HashMap<String, Uuid> = HashMap::new();
+    // The jobs this batch adds, with their initial states, by unique key (latest last).
+    let mut batch_unique: HashMap<String, Vec<(Uuid, JobState)>> = HashMap::new();
     let mut columns = Columns::default();
-    for new in jobs {
+    for (index, (new, unique_key)) in jobs.into_iter().zip(unique_keys).enumerate() {
         if let Some(key) = &new.idempotency_key {
             if stored.contains_key(key) {
                 slots.push(Slot::Stored(key.clone()));
@@ -317,6 +331,24 @@ pub(crate) async fn insert_many(
             }
             if let Some(id) = batch_keys.get(key) {
                 slots.push(Slot::SameBatch(*id));
+                continue;
+            }
+        }
+        if let (Some(spec), Some(key)) = (&new.unique, &unique_key) {
+            // The latest job holding the key wins: one this batch added (created now, so inside
+            // any window) whose state the spec counts, else the stored one.
+            let in_batch = batch_unique.get(key).and_then(|added| {
+                added
+                    .iter()
+                    .rev()
+                    .find(|(_, state)| spec.blocks_in(*state))
+            });
+            if let Some((id, _)) = in_batch {
+                slots.push(Slot::SameBatch(*id));
+                continue;
+            }
+            if stored_unique.contains_key(&index) {
+                slots.push(Slot::StoredUnique(index));
                 continue;
             }
         }
@@ -348,6 +380,13 @@ pub(crate) async fn insert_many(
         columns.tags.push(Json(new.tags));
         columns.tenants.push(new.tenant);
         columns.states.push(state.as_str());
+        if let Some(key) = &unique_key {
+            batch_unique
+                .entry(key.clone())
+                .or_default()
+                .push((id, state));
+        }
+        columns.unique_keys.push(unique_key);
         slots.push(Slot::New(id));
     }
 
@@ -385,6 +424,7 @@ pub(crate) async fn insert_many(
     for slot in slots {
         let (job, duplicate) = match slot {
             Slot::Stored(key) => (stored.get(&key), true),
+            Slot::StoredUnique(index) => (stored_unique.get(&index), true),
             Slot::New(id) => (created.get(&id), false),
             Slot::SameBatch(id) => (created.get(&id), true),
         };
@@ -399,7 +439,7 @@ pub(crate) async fn insert_many(
     })
 }
 
-/// The insert statement `text` with the batch's columns bound as `$1` to `$13`.
+/// The insert statement `text` with the batch's columns bound as `$1` to `$14`.
 fn bind_columns<'q>(
     text: sqlx::SqlStr,
     columns: &'q Columns,
@@ -419,6 +459,7 @@ fn bind_columns<'q>(
         .bind(&columns.tenants)
         .bind(&columns.states)
         .bind(now)
+        .bind(&columns.unique_keys)
 }
 
 /// How long a producer refused for a full queue is told to wait before trying again.
@@ -429,8 +470,9 @@ const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_se
 ///
 /// Each limited queue (and each tenant of the batch in a queue with a per-tenant limit) is
 /// locked until the transaction ends, in ascending key order, so concurrent batches cannot both
-/// see the last free places, and cannot deadlock (every transaction takes its idempotency locks
-/// before these). The counts run after the locks, so they see every batch that held them before.
+/// see the last free places, and cannot deadlock (every transaction takes its idempotency and
+/// unique key locks before these). The counts run after the locks, so they see every batch that
+/// held them before.
 async fn check_depth_limits(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -521,16 +563,30 @@ fn stored_depth(n: u64) -> i64 {
 // Queue settings
 // ---------------------------------------------------------------------------------------------
 
-fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
+pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
     let read = |e: sqlx::Error| corrupt(e.to_string());
-    let max_depth: Option<i64> = row.try_get("max_depth").map_err(read)?;
-    let per_tenant: Option<i64> = row.try_get("max_depth_per_tenant").map_err(read)?;
-    let concurrency: Option<i64> = row.try_get("concurrency_limit").map_err(read)?;
+    let count = |column: &str| -> StoreResult<Option<u64>> {
+        Ok(row
+            .try_get::<Option<i64>, _>(column)
+            .map_err(read)?
+            .map(depth_of))
+    };
+    let rate = |count_column: &str, period_column: &str| -> StoreResult<Option<RateLimit>> {
+        Ok(match (count(count_column)?, count(period_column)?) {
+            (Some(count), Some(period_ms)) => Some(RateLimit { count, period_ms }),
+            _ => None,
+        })
+    };
+    let weight: Option<i32> = row.try_get("weight").map_err(read)?;
     Ok(QueueSettings {
         paused: row.try_get("paused").map_err(read)?,
-        max_depth: max_depth.map(depth_of),
-        max_depth_per_tenant: per_tenant.map(depth_of),
-        concurrency_limit: concurrency.map(depth_of),
+        max_depth: count("max_depth")?,
+        max_depth_per_tenant: count("max_depth_per_tenant")?,
+        concurrency_limit: count("concurrency_limit")?,
+        per_key_concurrency_limit: count("per_key_concurrency_limit")?,
+        rate_limit: rate("rate_count", "rate_period_ms")?,
+        per_key_rate_limit: rate("per_key_rate_count", "per_key_rate_period_ms")?,
+        weight: weight.map(|w| u32::try_from(w).unwrap_or(1)),
     })
 }
 
@@ -566,6 +622,16 @@ pub(crate) async fn queue_settings_put(
         .bind(settings.max_depth_per_tenant.map(stored_depth))
         .bind(ctx.now)
         .bind(settings.concurrency_limit.map(stored_depth))
+        .bind(settings.per_key_concurrency_limit.map(stored_depth))
+        .bind(settings.rate_limit.map(|r| stored_depth(r.count)))
+        .bind(settings.rate_limit.map(|r| stored_depth(r.period_ms)))
+        .bind(settings.per_key_rate_limit.map(|r| stored_depth(r.count)))
+        .bind(settings.per_key_rate_limit.map(|r| stored_depth(r.period_ms)))
+        .bind(
+            settings
+                .weight
+                .map(|w| i32::try_from(w).unwrap_or(i32::MAX)),
+        )
         .fetch_one(&mut *conn)
         .await
         .map_err(db("store queue settings"))?;
@@ -628,9 +694,9 @@ pub(crate) struct Fetched {
 
 /// Promotes one batch of due jobs, then claims up to `max` available jobs in claim order.
 ///
-/// Queues without a concurrency limit are claimed from in one statement. That statement refuses
-/// (claiming nothing) when a queue of the fetch has a limit; only then does the fetch take the
-/// limited path, [`claim_limited`].
+/// Queues without flow control are claimed from in one statement. That statement refuses
+/// (claiming nothing) when a queue of the fetch has limits or tenanted jobs waiting; only then
+/// does the fetch take the flow-controlled claim (`flow::claim_controlled`).
 pub(crate) async fn fetch(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -666,11 +732,13 @@ pub(crate) async fn fetch(
     }
     if limited {
         let mut tx = conn.begin().await.map_err(db("begin limited claim"))?;
-        jobs = claim_limited(&mut tx, ctx, params, expires_at).await?;
+        jobs = crate::flow::claim_controlled(&mut tx, ctx, params, expires_at).await?;
         tx.commit().await.map_err(db("commit limited claim"))?;
     }
-    // RETURNING has no order; callers get jobs in the order they were claimed by.
-    sort_in_claim_order(&mut jobs);
+    else {
+        // RETURNING has no order; callers get jobs in the order they were claimed by.
+        sort_in_claim_order(&mut jobs);
+    }
     Ok(Fetched { jobs, promoted })
 }
 
@@ -681,140 +749,6 @@ fn sort_in_claim_order(jobs: &mut [Job]) {
             .then(a.run_at.cmp(&b.run_at))
             .then(a.id.cmp(&b.id))
     });
-}
-
-/// Claims for a fetch of which some queue has a concurrency limit. Must run in a transaction.
-///
-/// Each limited queue's claim lock is taken (in ascending key order, so fetchers cannot
-/// deadlock) and held until the transaction commits, so the running jobs counted next include
-/// every claim of the fetchers that held it before, in any process; each limited queue then
-/// gets at most `limit - running` of the fetch's jobs, and none when it is full.
-///
-/// With one queue that is a single capped claim. With several, the fetch keeps the global claim
-/// order across its queues: it picks the first `max` available jobs of all of them, and each
-/// limited queue keeps at most its cap of those (`claim_capped`). When a cap cut the batch
-/// short, the fetch claims again for the rest, without the queues now full, so each further
-/// round drops at least one queue.
-async fn claim_limited(
-    conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
-    params: &FetchParams,
-    expires_at: DateTime<Utc>,
-) -> StoreResult<Vec<Job>> {
-    let queues: BTreeSet<&str> = params.queues.iter().map(String::as_str).collect();
-    let queues: Vec<&str> = queues.into_iter().collect();
-    let found = sqlx::query(ctx.sql.concurrency_limits.clone())
-        .bind(&queues)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db("read queue concurrency limits"))?;
-    let mut limits: BTreeMap<String, u64> = BTreeMap::new();
-    for row in &found {
-        let read = |e: sqlx::Error| corrupt(e.to_string());
-        let queue: String = row.try_get("queue").map_err(read)?;
-        let limit: i64 = row.try_get("concurrency_limit").map_err(read)?;
-        limits.insert(queue, depth_of(limit));
-    }
-    // The caps: what each limited queue may still start.
-    let mut caps: BTreeMap<String, u64> = BTreeMap::new();
-    if !limits.is_empty() {
-        let mut lock_keys: Vec<i64> = limits
-            .keys()
-            .map(|queue| concurrency_lock_key(ctx.schema, queue))
-            .collect();
-        lock_keys.sort_unstable();
-        lock_keys.dedup();
-        sqlx::query(ctx.sql.lock_keys.clone())
-            .bind(&lock_keys)
-            .execute(&mut *conn)
-            .await
-            .map_err(db("lock queue concurrency"))?;
-        let limited: Vec<&str> = limits.keys().map(String::as_str).collect();
-        let running: Vec<i64> = sqlx::query_scalar(ctx.sql.running_counts.clone())
-            .bind(&limited)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db("count running jobs"))?;
-        if running.len() != limits.len() {
-            return Err(StoreError::Backend(
-                "postgres: running job count returned the wrong number of rows".to_string(),
-            ));
-        }
-        for ((queue, limit), running) in limits.iter().zip(running) {
-            caps.insert(queue.clone(), limit.saturating_sub(depth_of(running)));
-        }
-    }
-
-    let mut eligible: Vec<&str> = queues
-        .into_iter()
-        .filter(|queue| caps.get(*queue).is_none_or(|cap| *cap > 0))
-        .collect();
-    let mut jobs: Vec<Job> = Vec::new();
-    while !eligible.is_empty() && jobs.len() < params.max {
-        let remaining = params.max - jobs.len();
-        let claim = match eligible.as_slice() {
-            [queue] => {
-                let cap = caps.get(*queue).map_or(remaining, |cap| {
-                    usize::try_from(*cap).map_or(remaining, |cap| cap.min(remaining))
-                });
-                sqlx::query(ctx.sql.claim_one_queue_locked.clone())
-                    .bind(*queue)
-                    .bind(limit(cap))
-            }
-            queues => sqlx::query(ctx.sql.claim_capped.clone())
-                .bind(queues.to_vec())
-                .bind(limit(remaining)),
-        };
-        let capped: Vec<&str> = eligible
-            .iter()
-            .copied()
-            .filter(|queue| caps.contains_key(*queue))
-            .collect();
-        let cap_values: Vec<i64> = capped
-            .iter()
-            .map(|queue| caps.get(*queue).copied().map_or(0, stored_depth))
-            .collect();
-        let claim = claim.bind(&params.worker_id).bind(expires_at).bind(ctx.now);
-        // Only the several-queue statement reads the caps.
-        let claim = if eligible.len() > 1 {
-            claim.bind(capped).bind(cap_values)
-        } else {
-            claim
-        };
-        let found = claim
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db("claim jobs"))?;
-        let full = claimed_round(found, &mut caps, &mut jobs)?;
-        // A single queue was claimed up to its cap or the fetch's maximum, and a round no cap
-        // cut short found every queue out of jobs: either way there is nothing more to claim.
-        if eligible.len() == 1 || full.is_empty() {
-            break;
-        }
-        eligible.retain(|queue| !full.contains(*queue));
-    }
-    Ok(jobs)
-}
-
-/// Adds one round of claimed rows to `jobs`, takes them off their queues' `caps`, and returns
-/// the queues that became full in this round. An empty set means the round was not cut short
-/// by a cap, so every eligible queue ran out of available jobs or the fetch is complete.
-fn claimed_round(
-    found: Vec<PgRow>,
-    caps: &mut BTreeMap<String, u64>,
-    jobs: &mut Vec<Job>,
-) -> StoreResult<HashSet<String>> {
-    let mut full = HashSet::new();
-    for job in rows::jobs(&found)? {
-        if let Some(cap) = caps.get_mut(&job.queue) {
-            *cap = cap.saturating_sub(1);
-            if *cap == 0 {
-                full.insert(job.queue.clone());
-            }
-        }
-        jobs.push(job);
-    }
-    Ok(full)
 }
 
 pub(crate) async fn heartbeat_many(
@@ -1223,6 +1157,11 @@ pub(crate) async fn import(
                 .map(|j| j.finished_at.map(ms))
                 .collect::<Vec<_>>(),
         )
+        .bind(
+            jobs.iter()
+                .map(|j| j.unique_key.as_deref())
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await
         .map_err(db("import jobs"))?;
@@ -1302,6 +1241,7 @@ mod tests {
             created_at: Utc::now(),
             started_at: None,
             finished_at: None,
+            unique_key: None,
         };
         job.finished_at = finished_at;
         job

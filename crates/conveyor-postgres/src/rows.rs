@@ -66,6 +66,7 @@ pub(crate) fn job(row: &PgRow) -> StoreResult<Job> {
         created_at: column(row, "created_at")?,
         started_at: column(row, "started_at")?,
         finished_at: column(row, "finished_at")?,
+        unique_key: column(row, "unique_key")?,
     })
 }
 

@@ -12,7 +12,12 @@ use crate::names::{channel, quoted};
 /// The columns of a job row, in the order `rows::job` expects by name.
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
-    lease_token, lease_expires_at, result, created_at, started_at, finished_at";
+    lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key";
+
+/// The columns of a queue settings row, as `ops::settings_of` reads them by name.
+pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tenant, \
+    concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
+    per_key_rate_count, per_key_rate_period_ms, weight";
 
 /// [`COLUMNS`] qualified with the alias `j`, for `UPDATE ... FROM` statements where a bare `id`
 /// would be ambiguous.
@@ -25,7 +30,7 @@ fn columns_of_j() -> String {
 }
 
 /// A statement text that clones without copying (sqlx copies plain `String`s on each clone).
-fn stmt(text: String) -> SqlStr {
+pub(crate) fn stmt(text: String) -> SqlStr {
     AssertSqlSafe(Arc::<str>::from(text)).into_sql_str()
 }
 
@@ -37,6 +42,7 @@ pub(crate) struct Sql {
     pub get: SqlStr,
     pub lock_keys: SqlStr,
     pub idempotent_matches: SqlStr,
+    pub unique_matches: SqlStr,
     pub insert: SqlStr,
     pub insert_unlimited: SqlStr,
     pub depth_limits: SqlStr,
@@ -45,10 +51,6 @@ pub(crate) struct Sql {
     pub promote: SqlStr,
     pub claim: SqlStr,
     pub claim_one_queue: SqlStr,
-    pub concurrency_limits: SqlStr,
-    pub running_counts: SqlStr,
-    pub claim_capped: SqlStr,
-    pub claim_one_queue_locked: SqlStr,
     pub heartbeat: SqlStr,
     pub complete: SqlStr,
     pub held: SqlStr,
@@ -70,6 +72,8 @@ pub(crate) struct Sql {
     pub settings_put: SqlStr,
     pub settings_list: SqlStr,
     pub paused_queues: SqlStr,
+    /// The flow-controlled claim's statements and state.
+    pub flow: crate::flow::Flow,
 }
 
 impl Sql {
@@ -102,15 +106,30 @@ impl Sql {
                  WHERE idempotency_key = ANY($1) \
                  ORDER BY idempotency_key, created_at DESC, id DESC"
             )),
+            // For each unique job of a batch (`$1` keys, `$2` comma-separated states, `$3` the
+            // window's start or NULL), the latest job holding the key in one of the states,
+            // created after the start; `pos` is the entry's 1-based position. The caller applies
+            // no further rule. Each lookup is a range scan of `jobs_unique`.
+            unique_matches: stmt(format!(
+                "SELECT u.pos, m.* \
+                 FROM unnest($1::text[], $2::text[], $3::timestamptz[]) WITH ORDINALITY \
+                     AS u(key, states, since, pos) \
+                 CROSS JOIN LATERAL ( \
+                     SELECT {COLUMNS} FROM {jobs} j \
+                     WHERE j.unique_key = u.key AND j.unique_key IS NOT NULL \
+                         AND j.state = ANY (string_to_array(u.states, ',')) \
+                         AND (u.since IS NULL OR j.created_at > u.since) \
+                     ORDER BY j.created_at DESC, j.id DESC LIMIT 1) m"
+            )),
             insert: stmt(insert_sql(&jobs, "")),
             // The fast path for queues without depth limits: the same insert, guarded by a
-            // one-time check that no queue of the batch (`$14`, distinct) has a limit. When one
+            // one-time check that no queue of the batch (`$15`, distinct) has a limit. When one
             // does, nothing is inserted and no row comes back, and the caller takes the locks,
             // counts, and uses `insert`.
             insert_unlimited: stmt(insert_sql(
                 &jobs,
                 &format!(
-                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($14) \
+                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($15) \
                          AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
                 ),
             )),
@@ -160,10 +179,10 @@ impl Sql {
             // Jobs of paused queues are not claimed. With several queues the check is per row
             // (an anti-join on the settings' primary key); with one it is a one-time check on
             // `$1`, leaving the ordered scan of `jobs_fetch` as it was.
-            // Both are the fast path for queues without a concurrency limit: a one-time check
-            // (`gate`) refuses to claim anything when a (not paused) queue of `$1` has one, and
-            // says so in the `limited` column of the single row then returned. The caller then
-            // takes the queues' claim locks and uses `claim_capped` / `claim_one_queue_locked`.
+            // Both are the fast path for queues without flow control: a one-time check (`gate`)
+            // refuses to claim anything when a (not paused) queue of `$1` has limits or tenanted
+            // jobs waiting, and says so in the `limited` column of the single row then
+            // returned. The caller then takes the flow-controlled claim (`flow.rs`).
             claim: stmt(gated_claim_sql(
                 &jobs,
                 &j_columns,
@@ -173,6 +192,8 @@ impl Sql {
                 ),
                 &settings,
                 "s.queue = ANY($1)",
+                "t.queue = ANY($1)",
+                true,
             )),
             // The common case (a worker's fetch loop serves one queue): with `queue = $1` the
             // index hands rows over in claim order, where `= ANY` makes PostgreSQL sort every
@@ -183,50 +204,8 @@ impl Sql {
                 &one_queue_condition(&settings),
                 &settings,
                 "s.queue = $1",
-            )),
-            concurrency_limits: stmt(format!(
-                "SELECT queue, concurrency_limit FROM {settings} \
-                 WHERE queue = ANY($1) AND concurrency_limit IS NOT NULL AND NOT paused"
-            )),
-            // Running jobs of each queue, in the order given, from the `jobs_running` index.
-            running_counts: stmt(format!(
-                "SELECT (SELECT count(*) FROM {jobs} j \
-                         WHERE j.queue = q.queue AND j.state = 'running') AS n \
-                 FROM unnest($1::text[]) WITH ORDINALITY AS q(queue, pos) ORDER BY q.pos"
-            )),
-            // The claim of several queues, some limited, under their claim locks: the first `$2`
-            // available jobs of the queues in claim order, of which each queue named in `$6`
-            // keeps at most its cap (`$7`, same position). Rows dropped by a cap stay locked
-            // until the transaction ends; the caller claims again without the capped queues
-            // when a cap cut the batch short.
-            claim_capped: stmt(format!(
-                "WITH picked AS MATERIALIZED ( \
-                     SELECT c.id, c.queue, c.priority, c.run_at FROM {jobs} c \
-                     WHERE c.state = 'available' AND c.queue = ANY($1) \
-                         AND NOT EXISTS (SELECT 1 FROM {settings} s \
-                             WHERE s.queue = c.queue AND s.paused) \
-                     ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
-                     FOR UPDATE SKIP LOCKED), \
-                 ranked AS ( \
-                     SELECT p.id, p.queue, row_number() OVER ( \
-                         PARTITION BY p.queue ORDER BY p.priority DESC, p.run_at, p.id) AS rn \
-                     FROM picked p), \
-                 capped AS ( \
-                     SELECT r.id FROM ranked r \
-                     LEFT JOIN unnest($6::text[], $7::int8[]) AS k(queue, cap) \
-                         ON k.queue = r.queue \
-                     WHERE k.cap IS NULL OR r.rn <= k.cap) \
-                 UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
-                     lease_worker = $3, lease_token = gen_random_uuid(), \
-                     lease_expires_at = $4, started_at = $5 \
-                 FROM capped WHERE j.id = capped.id \
-                 RETURNING {j_columns}"
-            )),
-            // One limited queue under its claim lock; the caller caps `$2`.
-            claim_one_queue_locked: stmt(claim_sql(
-                &jobs,
-                &j_columns,
-                &one_queue_condition(&settings),
+                "t.queue = $1",
+                false,
             )),
             heartbeat: stmt(format!(
                 "UPDATE {jobs} j SET lease_expires_at = b.expires_at \
@@ -327,17 +306,18 @@ impl Sql {
                      ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
                            WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
                      n.tenant, n.state, n.errors, n.lease_worker, n.lease_token, \
-                     n.lease_expires_at, n.result, n.created_at, n.started_at, n.finished_at \
+                     n.lease_expires_at, n.result, n.created_at, n.started_at, n.finished_at, \
+                     n.unique_key \
                  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                              $6::timestamptz[], $7::int4[], $8::int4[], $9::int8[], \
                              $10::text[], $11::jsonb[], $12::text[], $13::text[], \
                              $14::jsonb[], $15::text[], $16::uuid[], $17::timestamptz[], \
                              $18::jsonb[], $19::timestamptz[], $20::timestamptz[], \
-                             $21::timestamptz[]) \
+                             $21::timestamptz[], $22::text[]) \
                      AS n(id, kind, queue, payload, priority, run_at, attempt, max_attempts, \
                           timeout_ms, idempotency_key, tags, tenant, state, errors, \
                           lease_worker, lease_token, lease_expires_at, result, created_at, \
-                          started_at, finished_at) \
+                          started_at, finished_at, unique_key) \
                  ON CONFLICT (id) DO NOTHING \
                  RETURNING queue, state"
             )),
@@ -355,8 +335,7 @@ impl Sql {
                 "DELETE FROM {leadership} WHERE name = $1 AND holder = $2"
             )),
             settings_get: stmt(format!(
-                "SELECT paused, max_depth, max_depth_per_tenant, concurrency_limit \
-                 FROM {settings} WHERE queue = $1"
+                "SELECT {SETTINGS_COLUMNS} FROM {settings} WHERE queue = $1"
             )),
             // Also says whether the queue was paused before, so a resume can wake fetchers.
             settings_put: stmt(format!(
@@ -364,48 +343,53 @@ impl Sql {
                  stored AS ( \
                      INSERT INTO {settings} AS s \
                          (queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
-                          updated_at) \
-                     VALUES ($1, $2, $3, $4, $6, $5) \
+                          updated_at, per_key_concurrency_limit, rate_count, rate_period_ms, \
+                          per_key_rate_count, per_key_rate_period_ms, weight) \
+                     VALUES ($1, $2, $3, $4, $6, $5, $7, $8, $9, $10, $11, $12) \
                      ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
                          max_depth = excluded.max_depth, \
                          max_depth_per_tenant = excluded.max_depth_per_tenant, \
                          concurrency_limit = excluded.concurrency_limit, \
+                         per_key_concurrency_limit = excluded.per_key_concurrency_limit, \
+                         rate_count = excluded.rate_count, \
+                         rate_period_ms = excluded.rate_period_ms, \
+                         per_key_rate_count = excluded.per_key_rate_count, \
+                         per_key_rate_period_ms = excluded.per_key_rate_period_ms, \
+                         weight = excluded.weight, \
                          updated_at = excluded.updated_at \
-                     RETURNING s.paused, s.max_depth, s.max_depth_per_tenant, \
-                         s.concurrency_limit) \
-                 SELECT stored.paused, stored.max_depth, stored.max_depth_per_tenant, \
-                     stored.concurrency_limit, \
+                     RETURNING {SETTINGS_COLUMNS}) \
+                 SELECT stored.*, \
                      COALESCE((SELECT paused FROM previous), false) AS was_paused \
                  FROM stored"
             )),
             settings_list: stmt(format!(
-                "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit \
-                 FROM {settings} ORDER BY queue"
+                "SELECT queue, {SETTINGS_COLUMNS} FROM {settings} ORDER BY queue"
             )),
             paused_queues: stmt(format!("SELECT queue FROM {settings} WHERE paused")),
+            flow: crate::flow::Flow::new(schema),
             jobs,
         }
     }
 }
 
-/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$14`.
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$15`.
 fn insert_sql(jobs: &str, condition: &str) -> String {
     // One statement for the whole batch. Tags travel as one JSON array per job because a SQL
     // array of arrays must be rectangular; they are unpacked in order.
     format!(
         "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
              max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-             created_at) \
+             created_at, unique_key) \
          SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
              n.max_attempts, n.timeout_ms, n.idempotency_key, \
              ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
                    WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
-             n.tenant, n.state, '[]'::jsonb, $13 \
+             n.tenant, n.state, '[]'::jsonb, $13, n.unique_key \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                      $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
-                     $10::jsonb[], $11::text[], $12::text[]) \
+                     $10::jsonb[], $11::text[], $12::text[], $14::text[]) \
              AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
-                  timeout_ms, idempotency_key, tags, tenant, state) \
+                  timeout_ms, idempotency_key, tags, tenant, state, unique_key) \
          {condition} \
          RETURNING {COLUMNS}"
     )
@@ -419,21 +403,35 @@ fn one_queue_condition(settings: &str) -> String {
     )
 }
 
-/// [`claim_sql`] behind the concurrency-limit gate: nothing is claimed when a settings row `s`
-/// matching `limited_condition` (which binds `$1`) has a limit and is not paused. Returns one
-/// row per claimed job, or one row of NULL job columns when none was claimed; `limited` says
-/// whether the gate refused.
+/// The claim statement behind the flow-control gate: nothing is claimed when a queue of the fetch
+/// needs the flow-controlled claim (`flow.rs`): a settings row `s` matching `settings_condition`
+/// (which binds `$1`) that is not paused and has a concurrency or rate limit (or, when
+/// `weights_count`, a weight), or an available job `t` with a tenant matching
+/// `tenanted_condition`. Returns one row per claimed job, or one row of NULL job columns when
+/// none was claimed; `limited` says whether the gate refused. Both checks are index probes,
+/// so the fast path stays one statement.
 fn gated_claim_sql(
     jobs: &str,
     j_columns: &str,
     queue_condition: &str,
     settings: &str,
-    limited_condition: &str,
+    settings_condition: &str,
+    tenanted_condition: &str,
+    weights_count: bool,
 ) -> String {
+    let weight = if weights_count {
+        " OR s.weight IS NOT NULL"
+    } else {
+        ""
+    };
     format!(
         "WITH gate AS MATERIALIZED ( \
-             SELECT EXISTS (SELECT 1 FROM {settings} s WHERE {limited_condition} \
-                 AND s.concurrency_limit IS NOT NULL AND NOT s.paused) AS limited), \
+             SELECT (EXISTS (SELECT 1 FROM {settings} s WHERE {settings_condition} \
+                 AND NOT s.paused AND (s.concurrency_limit IS NOT NULL \
+                     OR s.per_key_concurrency_limit IS NOT NULL OR s.rate_count IS NOT NULL \
+                     OR s.per_key_rate_count IS NOT NULL{weight})) \
+             OR EXISTS (SELECT 1 FROM {jobs} t WHERE t.state = 'available' \
+                 AND {tenanted_condition} AND t.tenant IS NOT NULL)) AS limited), \
          picked AS MATERIALIZED ( \
              SELECT c.id FROM {jobs} c \
              WHERE c.state = 'available' AND {queue_condition} \
@@ -450,19 +448,3 @@ fn gated_claim_sql(
     )
 }
 
-/// The claim statement, for one queue or several (`queue_condition` binds `$1`; the picked
-/// rows are `c`).
-fn claim_sql(jobs: &str, j_columns: &str, queue_condition: &str) -> String {
-    format!(
-        "WITH picked AS MATERIALIZED ( \
-             SELECT c.id FROM {jobs} c \
-             WHERE c.state = 'available' AND {queue_condition} \
-             ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
-             FOR UPDATE SKIP LOCKED) \
-         UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
-             lease_worker = $3, lease_token = gen_random_uuid(), \
-             lease_expires_at = $4, started_at = $5 \
-         FROM picked WHERE j.id = picked.id \
-         RETURNING {j_columns}"
-    )
-}

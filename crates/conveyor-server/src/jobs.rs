@@ -5,7 +5,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::job::DEFAULT_MAX_ATTEMPTS;
-use conveyor_core::{validate, Job, JobListParams, JobState, NewJob};
+use conveyor_core::{unique, validate, Job, JobListParams, JobState, NewJob, UniqueSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
@@ -42,6 +42,41 @@ pub(crate) struct EnqueueRequest {
     tags: Option<Vec<String>>,
     #[serde(default)]
     tenant: Option<String>,
+    #[serde(default)]
+    unique: Option<UniqueRequest>,
+}
+
+/// `unique` of an enqueue request: a [`UniqueSpec`] whose unset fields take its defaults. States
+/// arrive as names and are parsed here, so an unknown one is a 400 naming `unique.states`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct UniqueRequest {
+    #[serde(default)]
+    args: Option<Vec<String>>,
+    #[serde(default)]
+    by_queue: Option<bool>,
+    #[serde(default)]
+    period_ms: Option<u64>,
+    #[serde(default)]
+    states: Option<Vec<String>>,
+}
+
+impl UniqueRequest {
+    fn into_spec(self) -> ApiResult<UniqueSpec> {
+        let mut spec = UniqueSpec::whole_payload();
+        spec.args = self.args;
+        if let Some(by_queue) = self.by_queue {
+            spec.by_queue = by_queue;
+        }
+        spec.period_ms = self.period_ms;
+        if let Some(states) = self.states {
+            spec.states = states
+                .iter()
+                .map(|name| unique::parse_state(name))
+                .collect::<Result<_, _>>()?;
+        }
+        Ok(spec)
+    }
 }
 
 impl EnqueueRequest {
@@ -82,6 +117,7 @@ impl EnqueueRequest {
             idempotency_key: self.idempotency_key,
             tags: self.tags.unwrap_or_default(),
             tenant: self.tenant,
+            unique: self.unique.map(UniqueRequest::into_spec).transpose()?,
         };
         validate::new_job(&job)?;
         Ok(job)

@@ -1,8 +1,9 @@
-//! `GET/PUT /v1/queues/{name}`: per-queue settings (pause, back-pressure, concurrency limit).
+//! `GET/PUT /v1/queues/{name}`: per-queue settings (pause, back-pressure, concurrency and rate
+//! limits, weights).
 
 use axum::extract::{Path, State};
 use axum::Json;
-use conveyor_core::{validate, NamedQueueSettings};
+use conveyor_core::{validate, NamedQueueSettings, RateLimit};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -16,25 +17,77 @@ use crate::AppState;
 pub(crate) struct SettingsPatch {
     paused: Option<bool>,
     #[serde(default, deserialize_with = "present")]
-    max_depth: Option<Option<u64>>,
+    max_depth: Option<Option<Value>>,
     #[serde(default, deserialize_with = "present")]
-    max_depth_per_tenant: Option<Option<u64>>,
+    max_depth_per_tenant: Option<Option<Value>>,
     #[serde(default, deserialize_with = "present")]
-    concurrency_limit: Option<Option<u64>>,
-    // Settings of the full queue-settings API that this version does not enforce yet. They are
-    // named here so that a request using them is refused clearly rather than half-applied.
-    per_key_concurrency_limit: Option<Value>,
-    rate_limit: Option<Value>,
-    weight: Option<Value>,
+    concurrency_limit: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    per_key_concurrency_limit: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    rate_limit: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    per_key_rate_limit: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    weight: Option<Option<Value>>,
 }
 
-/// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`).
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<u64>>, D::Error> {
-    Option::<u64>::deserialize(deserializer).map(Some)
+/// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`). Values
+/// are checked field by field afterwards, so a wrong type is reported with its field's name.
+fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<Value>>, D::Error> {
+    Option::<Value>::deserialize(deserializer).map(Some)
 }
 
 fn queue_name(name: &str) -> ApiResult<()> {
     validate::name("name", name).map_err(ApiError::from)
+}
+
+/// A limit: a whole number of at least 1.
+fn positive(field: &str, value: &Value) -> ApiResult<u64> {
+    value
+        .as_u64()
+        .filter(|n| *n >= 1)
+        .ok_or_else(|| ApiError::invalid(field, "must be a whole number of at least 1 (or null)"))
+}
+
+fn rate(field: &str, value: &Value) -> ApiResult<RateLimit> {
+    let Some(object) = value.as_object() else {
+        return Err(ApiError::invalid(
+            field,
+            "must be an object {\"count\": N, \"period_ms\": MS} (or null)",
+        ));
+    };
+    if let Some(unknown) = object.keys().find(|k| *k != "count" && *k != "period_ms") {
+        return Err(ApiError::invalid(
+            format!("{field}.{unknown}"),
+            "unknown field; expected count and period_ms",
+        ));
+    }
+    let part = |name: &str| -> ApiResult<u64> {
+        let path = format!("{field}.{name}");
+        match object.get(name) {
+            Some(value) => positive(&path, value),
+            None => Err(ApiError::invalid(path, "is required")),
+        }
+    };
+    Ok(RateLimit {
+        count: part("count")?,
+        period_ms: part("period_ms")?,
+    })
+}
+
+/// Applies one field of a patch: absent keeps `current`, null clears it, a value is parsed.
+fn patched<T>(
+    current: &mut Option<T>,
+    change: Option<Option<Value>>,
+    parse: impl FnOnce(&Value) -> ApiResult<T>,
+) -> ApiResult<()> {
+    match change {
+        None => {}
+        Some(None) => *current = None,
+        Some(Some(value)) => *current = Some(parse(&value)?),
+    }
+    Ok(())
 }
 
 pub(crate) async fn get(
@@ -52,44 +105,37 @@ pub(crate) async fn put(
     ApiJson(patch): ApiJson<SettingsPatch>,
 ) -> ApiResult<Json<NamedQueueSettings>> {
     queue_name(&name)?;
-    let unsupported = [
-        (
-            "per_key_concurrency_limit",
-            patch.per_key_concurrency_limit.is_some(),
-        ),
-        ("rate_limit", patch.rate_limit.is_some()),
-        ("weight", patch.weight.is_some()),
-    ];
-    if let Some((field, _)) = unsupported.iter().find(|(_, given)| *given) {
-        return Err(ApiError::invalid(
-            *field,
-            "not supported yet by this version of Conveyor (pause, depth and concurrency limits are)",));
-    }
-    for (field, value) in [
-        ("max_depth", patch.max_depth),
-        ("max_depth_per_tenant", patch.max_depth_per_tenant),
-        ("concurrency_limit", patch.concurrency_limit),
-    ] {
-        if value == Some(Some(0)) {
-            return Err(ApiError::invalid(
-                field,
-                "must be at least 1 (or null for no limit)",
-            ));
-        }
-    }
     let mut settings = state.store.queue_settings_get(&name).await?;
     if let Some(paused) = patch.paused {
         settings.paused = paused;
     }
-    if let Some(max_depth) = patch.max_depth {
-        settings.max_depth = max_depth;
-    }
-    if let Some(max_depth_per_tenant) = patch.max_depth_per_tenant {
-        settings.max_depth_per_tenant = max_depth_per_tenant;
-    }
-    if let Some(concurrency_limit) = patch.concurrency_limit {
-        settings.concurrency_limit = concurrency_limit;
-    }
+    patched(&mut settings.max_depth, patch.max_depth, |v| {
+        positive("max_depth", v)
+    })?;
+    patched(
+        &mut settings.max_depth_per_tenant,
+        patch.max_depth_per_tenant,
+        |v| positive("max_depth_per_tenant", v),
+    )?;
+    patched(&mut settings.concurrency_limit, patch.concurrency_limit, |v| {
+        positive("concurrency_limit", v)
+    })?;
+    patched(
+        &mut settings.per_key_concurrency_limit,
+        patch.per_key_concurrency_limit,
+        |v| positive("per_key_concurrency_limit", v),
+    )?;
+    patched(&mut settings.rate_limit, patch.rate_limit, |v| {
+        rate("rate_limit", v)
+    })?;
+    patched(&mut settings.per_key_rate_limit, patch.per_key_rate_limit, |v| {
+        rate("per_key_rate_limit", v)
+    })?;
+    patched(&mut settings.weight, patch.weight, |v| {
+        let weight = positive("weight", v)?;
+        u32::try_from(weight).map_err(|_| ApiError::invalid("weight", "must be at most 4294967295"))
+    })?;
+    // The store checks the ranges again (and the Rust API relies on that).
     let settings = state.store.queue_settings_put(&name, settings).await?;
     Ok(Json(NamedQueueSettings { name, settings }))
 }

@@ -85,7 +85,11 @@ async fn max_depth_answers_429_with_retry_after_and_stores_nothing_until_drained
     assert_eq!(status, 200);
     assert_eq!(
         settings,
-        json!({"name": "mail", "paused": false, "max_depth": 3, "max_depth_per_tenant": null, "concurrency_limit": null})
+        json!({
+            "name": "mail", "paused": false, "max_depth": 3, "max_depth_per_tenant": null,
+            "concurrency_limit": null, "per_key_concurrency_limit": null, "rate_limit": null,
+            "per_key_rate_limit": null, "weight": null
+        })
     );
     for _ in 0..3 {
         assert_eq!(
@@ -189,9 +193,29 @@ async fn bad_settings_are_refused_naming_the_field_and_change_nothing() {
         (json!({"concurrency_limit": 0}), "concurrency_limit"),
         (json!({"concurrency_limit": -2}), "concurrency_limit"),
         (
-            json!({"rate_limit": {"count": 20, "period_ms": 1000}}),
-            "rate_limit",
+            json!({"rate_limit": {"count": 20, "period_ms": 0}}),
+            "rate_limit.period_ms",
         ),
+        (
+            json!({"rate_limit": {"count": -1, "period_ms": 1000}}),
+            "rate_limit.count",
+        ),
+        (json!({"rate_limit": {"count": 5}}), "rate_limit.period_ms"),
+        (json!({"rate_limit": 20}), "rate_limit"),
+        (
+            json!({"per_key_rate_limit": {"count": 1, "period_ms": 10, "burst": 3}}),
+            "per_key_rate_limit.burst",
+        ),
+        (
+            json!({"rate_limit": {"count": 1, "period_ms": 86_400_001u64}}),
+            "rate_limit.period_ms",
+        ),
+        (
+            json!({"per_key_concurrency_limit": -3}),
+            "per_key_concurrency_limit",
+        ),
+        (json!({"weight": 0}), "weight"),
+        (json!({"weight": 1.5}), "weight"),
         (json!({"colour": "blue"}), "colour"),
     ] {
         let (status, error) = api.put("q", body.clone()).await;
@@ -206,4 +230,40 @@ async fn bad_settings_are_refused_naming_the_field_and_change_nothing() {
     let (_, unchanged, _) = api.send(reqwest::Method::GET, "/v1/queues/q", None).await;
     assert_eq!(unchanged["max_depth"], 10);
     assert_eq!(unchanged["paused"], false);
+}
+
+#[tokio::test]
+async fn flow_settings_round_trip_and_null_clears_each() {
+    let api = start().await;
+    let (status, stored) = api
+        .put(
+            "mail",
+            json!({
+                "concurrency_limit": 10,
+                "per_key_concurrency_limit": 2,
+                "rate_limit": {"count": 20, "period_ms": 1000},
+                "per_key_rate_limit": {"count": 5, "period_ms": 60000},
+                "weight": 3
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{stored}");
+    assert_eq!(stored["rate_limit"], json!({"count": 20, "period_ms": 1000}));
+    assert_eq!(stored["per_key_concurrency_limit"], 2);
+    assert_eq!(stored["weight"], 3);
+    // A partial update keeps the rest; null clears one.
+    let (status, stored) = api
+        .put("mail", json!({"rate_limit": null, "weight": 1}))
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(stored["rate_limit"], Value::Null);
+    assert_eq!(stored["weight"], 1);
+    assert_eq!(
+        stored["per_key_rate_limit"],
+        json!({"count": 5, "period_ms": 60000})
+    );
+    let (_, read, _) = api
+        .send(reqwest::Method::GET, "/v1/queues/mail", None)
+        .await;
+    assert_eq!(read, stored);
 }

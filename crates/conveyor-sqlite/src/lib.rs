@@ -4,9 +4,12 @@
 //! of connections on tokio's blocking threads. In [`Durability::Durable`] mode (the default) every
 //! commit is fsync'd before any caller is answered.
 
+mod flow;
 mod ops;
 mod reads;
 mod rows;
+mod schedules;
+mod unique;
 mod writer;
 
 use async_trait::async_trait;
@@ -17,6 +20,7 @@ use conveyor_core::{
     RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
     SystemClock,
 };
+use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Sender};
@@ -24,7 +28,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-const SCHEMA_VERSION: i64 = 4;
+const SCHEMA_VERSION: i64 = 7;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// How commits reach the disk.
@@ -209,6 +213,32 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     Ok(conn)
 }
 
+/// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
+/// schema then creates it whole).
+fn add_missing_columns(
+    conn: &Connection,
+    table: &str,
+    columns: &[(&str, &str)],
+) -> StoreResult<()> {
+    let existing: Vec<String> = conn
+        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| row.get(0))?
+                .collect::<Result<Vec<String>, _>>()
+        })
+        .map_err(backend)?;
+    if existing.is_empty() {
+        return Ok(());
+    }
+    for (column, sql_type) in columns {
+        if !existing.iter().any(|name| name == column) {
+            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
+                .map_err(backend)?;
+        }
+    }
+    Ok(())
+}
+
 fn migrate(conn: &Connection) -> StoreResult<()> {
     let version: i64 = conn
         .query_row("PRAGMA user_version", [], |row| row.get(0))
@@ -219,28 +249,24 @@ fn migrate(conn: &Connection) -> StoreResult<()> {
              ({SCHEMA_VERSION}); upgrade Conveyor"
         )));
     }
-    if (1..4).contains(&version) {
-        // Version 4 added a column to a table that version 3 created; IF NOT EXISTS in the
-        // schema cannot add columns, so older databases get it here.
-        let has_column: bool = conn
-            .query_row(
-                "SELECT COUNT(*) > 0 FROM pragma_table_info('queue_settings') \
-                 WHERE name = 'concurrency_limit'",
-                [],
-                |row| row.get(0),
-            )
-            .map_err(backend)?;
-        let has_table: bool = conn
-            .query_row(
-                "SELECT COUNT(*) > 0 FROM sqlite_master WHERE name = 'queue_settings'",
-                [],
-                |row| row.get(0),
-            )
-            .map_err(backend)?;
-        if has_table && !has_column {
-            conn.execute_batch("ALTER TABLE queue_settings ADD COLUMN concurrency_limit INTEGER")
-                .map_err(backend)?;
-        }
+    if (1..SCHEMA_VERSION).contains(&version) {
+        // Columns added to tables that an older version created: IF NOT EXISTS in the schema
+        // cannot add columns, so older databases get them here.
+        add_missing_columns(
+            conn,
+            "queue_settings",
+            &[
+                ("concurrency_limit", "INTEGER"),
+                ("per_key_concurrency_limit", "INTEGER"),
+                ("rate_count", "INTEGER"),
+                ("rate_period_ms", "INTEGER"),
+                ("per_key_rate_count", "INTEGER"),
+                ("per_key_rate_period_ms", "INTEGER"),
+                ("weight", "INTEGER"),
+            ],
+        )?;
+        // Version 6: unique jobs.
+        add_missing_columns(conn, "jobs", &[("unique_key", "TEXT")])?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(
@@ -361,6 +387,7 @@ impl Store for SqliteStore {
         settings: QueueSettings,
     ) -> StoreResult<QueueSettings> {
         conveyor_core::validate::name("queue", queue)?;
+        conveyor_core::validate::queue_settings(&settings)?;
         let queue = queue.to_string();
         self.write(move |ctx| ops::queue_settings_put(ctx, &queue, settings))
             .await
@@ -389,6 +416,35 @@ impl Store for SqliteStore {
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
         let queues = queues.to_vec();
         self.read(move |conn, _| reads::next_due(conn, &queues))
+            .await
+    }
+
+    async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
+        self.write(move |ctx| schedules::put(ctx, schedule)).await
+    }
+
+    async fn schedule_get(&self, name: &str) -> StoreResult<Option<ScheduleView>> {
+        let name = name.to_string();
+        self.read(move |conn, now| schedules::get(conn, &name, now))
+            .await
+    }
+
+    async fn schedules_list(&self) -> StoreResult<Vec<ScheduleView>> {
+        self.read(schedules::list).await
+    }
+
+    async fn schedule_delete(&self, name: &str) -> StoreResult<bool> {
+        let name = name.to_string();
+        self.write(move |ctx| schedules::delete(ctx, &name)).await
+    }
+
+    async fn schedule_fire(&self, request: FireRequest) -> StoreResult<FireOutcome> {
+        self.write(move |ctx| schedules::fire(ctx, request)).await
+    }
+
+    async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
+        let name = name.to_string();
+        self.read(move |conn, _| schedules::runs(conn, &name, limit))
             .await
     }
 }

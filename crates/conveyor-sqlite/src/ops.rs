@@ -2,9 +2,10 @@
 //! running job is conditional on `state = 'running' AND lease_token = ?`.
 
 use chrono::{DateTime, Utc};
+use conveyor_core::flow as planner;
 use conveyor_core::{
     CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobState,
-    Lease, LeaseOutcome, LeaseRef, NewJob, QueueSettings, ReplaySelector, RescueParams,
+    Lease, LeaseOutcome, LeaseRef, NewJob, QueueSettings, RateLimit, ReplaySelector, RescueParams,
     RescueReport, SnoozeParams, StoreError, StoreResult,
 };
 use rusqlite::{params, OptionalExtension};
@@ -12,7 +13,10 @@ use std::collections::HashMap;
 use uuid::Uuid;
 
 use crate::backend;
+use crate::flow;
 use crate::rows::{self, millis, COLUMNS};
+use crate::unique;
+use conveyor_core::unique::unique_key;
 use crate::writer::WriteCtx;
 
 fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
@@ -24,7 +28,7 @@ fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
     chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
 }
 
-fn job_by_id(ctx: &WriteCtx<'_>, id: &str) -> StoreResult<Option<Job>> {
+pub(crate) fn job_by_id(ctx: &WriteCtx<'_>, id: &str) -> StoreResult<Option<Job>> {
     ctx.conn
         .prepare_cached(&format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"))
         .and_then(|mut stmt| stmt.query_row(params![id], rows::job).optional())
@@ -64,6 +68,21 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
                 continue;
             }
         }
+        // Checked after the idempotency key, which keeps precedence.
+        let unique_key = match &new.unique {
+            Some(spec) => {
+                let key = unique_key(&new.kind, &new.queue, &new.payload, spec);
+                if let Some(existing) = unique::existing(ctx, &key, spec)? {
+                    inserted.push(Inserted {
+                        job: existing,
+                        duplicate: true,
+                    });
+                    continue;
+                }
+                Some(key)
+            }
+            None => None,
+        };
         let run_at = new.run_at.map_or(ctx.now, |at| at.max(ctx.now));
         let state = if run_at > ctx.now {
             JobState::Scheduled
@@ -92,13 +111,15 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
             created_at: ctx.now,
             started_at: None,
             finished_at: None,
+            unique_key,
         };
         let mut stmt = ctx
             .conn
             .prepare_cached(
                 "INSERT INTO jobs (id, kind, queue, payload, priority, run_at, attempt, \
                  max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-                 created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, '[]', ?13)",
+                 created_at, unique_key) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, '[]', ?13, ?14)",
             )
             .map_err(backend)?;
         stmt.execute(params![
@@ -115,6 +136,7 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
             job.tenant,
             job.state.as_str(),
             millis(job.created_at),
+            job.unique_key,
         ])
         .map_err(backend)?;
         ctx.count_move(&job.queue, None, Some(job.state));
@@ -167,50 +189,78 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
     if !ctx.promoted {
         promote_due(ctx)?;
     }
-    // Candidates per queue (each an index range scan), merged into one claim order.
-    let mut candidates: Vec<Job> = Vec::new();
-    {
-        let mut stmt = ctx
-            .conn
-            .prepare_cached(&format!(
-                "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \
-                 ORDER BY priority DESC, run_at, id LIMIT ?2"
-            ))
-            .map_err(backend)?;
-        for queue in &params.queues {
-            let settings = ctx.settings.get(queue).cloned().unwrap_or_default();
-            if settings.paused {
-                continue;
-            }
-            // A concurrency limit leaves only the free places (the writer is the only claimer,
-            // so this count is exact across every worker).
-            let free = match settings.concurrency_limit {
-                Some(limit) => {
-                    let running = queue_count(ctx, queue, &[JobState::Running])?;
-                    limit.saturating_sub(running).min(params.max as u64) as usize
-                }
-                None => params.max,
-            };
-            if free == 0 {
-                continue;
-            }
-            let rows = stmt
-                .query_map(params![queue, free as i64], rows::job)
-                .and_then(|rows| rows.collect::<Result<Vec<Job>, _>>())
-                .map_err(backend)?;
-            candidates.extend(rows);
+    let mut queues: Vec<(String, QueueSettings)> = Vec::with_capacity(params.queues.len());
+    for queue in &params.queues {
+        let settings = ctx.settings.get(queue).cloned().unwrap_or_default();
+        if !settings.paused && !queues.iter().any(|(q, _)| q == queue) {
+            queues.push((queue.clone(), settings));
         }
     }
-    if params.queues.len() > 1 {
-        candidates.sort_by(|a, b| {
-            b.priority
-                .cmp(&a.priority)
-                .then(a.run_at.cmp(&b.run_at))
-                .then(a.id.cmp(&b.id))
-        });
+    if queues.len() > 1 && queues.iter().any(|(_, settings)| settings.weight.is_some()) {
+        // Weighted queues: each gets its share of the fetch, then capacity a queue could not
+        // use goes to the others in turn.
+        let weights: Vec<u32> = queues.iter().map(|(_, s)| s.weight.unwrap_or(1)).collect();
+        let shares = planner::weighted_split(&weights, params.max, &mut rand::rng());
+        let mut jobs = Vec::with_capacity(params.max);
+        for ((queue, settings), share) in queues.iter().zip(shares) {
+            if share > 0 {
+                let found = queue_candidates(ctx, queue, settings, share)?;
+                jobs.extend(claim(ctx, params, found)?);
+            }
+        }
+        for (queue, settings) in &queues {
+            let left = params.max.saturating_sub(jobs.len());
+            if left == 0 {
+                break;
+            }
+            let found = queue_candidates(ctx, queue, settings, left)?;
+            jobs.extend(claim(ctx, params, found)?);
+        }
+        return Ok(jobs);
     }
-    candidates.truncate(params.max);
+    let mut lists = Vec::with_capacity(queues.len());
+    for (queue, settings) in &queues {
+        lists.push(queue_candidates(ctx, queue, settings, params.max)?);
+    }
+    let candidates =
+        planner::merge_in_claim_order(lists, params.max, |job| (job.priority, job.run_at, job.id));
+    claim(ctx, params, candidates)
+}
 
+/// Up to `want` of `queue`'s available jobs, in the order a fetch should claim them: plain
+/// claim order, or through flow control when the queue has limits or tenanted jobs waiting.
+fn queue_candidates(
+    ctx: &mut WriteCtx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+    want: usize,
+) -> StoreResult<Vec<Job>> {
+    let tenanted = flow::has_tenanted(ctx, queue)?;
+    if settings.limits_starts() || tenanted {
+        return flow::candidates(ctx, queue, settings, want, tenanted);
+    }
+    ctx.conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \
+             ORDER BY priority DESC, run_at, id LIMIT ?2"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map(params![queue, want as i64], rows::job)?
+                .collect::<Result<Vec<Job>, _>>()
+        })
+        .map_err(backend)
+}
+
+/// Marks the candidates running under fresh leases (each only if still available) and
+/// returns those claimed.
+fn claim(
+    ctx: &mut WriteCtx<'_>,
+    params: &FetchParams,
+    candidates: Vec<Job>,
+) -> StoreResult<Vec<Job>> {
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
     let expires_at = ctx.now + chrono_duration(params.lease);
     // No RETURNING here: SQLite buffers returned rows in a temporary table per statement, which
     // costs more than updating the already-read rows in memory.
@@ -255,6 +305,7 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         );
         ctx.claimed_queues.insert(job.id, job.queue.clone());
     }
+    flow::record_claims(ctx, &jobs)?;
     Ok(jobs)
 }
 
@@ -331,6 +382,12 @@ pub(crate) fn complete_many(
     }
     for queue in &completed_queues {
         ctx.count_move(queue, Some(JobState::Running), Some(JobState::Completed));
+        // A finished job frees a place under a concurrency limit: waiting fetchers may claim.
+        if ctx.settings.get(queue).is_some_and(|s| {
+            s.concurrency_limit.is_some() || s.per_key_concurrency_limit.is_some()
+        }) {
+            ctx.wake = true;
+        }
     }
     Ok(out)
 }
@@ -617,7 +674,8 @@ pub(crate) fn import(ctx: &mut WriteCtx<'_>, jobs: Vec<Job>) -> StoreResult<u64>
             .conn
             .prepare_cached(&format!(
                 "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
-                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21) ON CONFLICT (id) DO NOTHING"
+                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22) \
+                 ON CONFLICT (id) DO NOTHING"
             ))
             .and_then(|mut stmt| {
                 stmt.execute(rusqlite::params![
@@ -642,6 +700,7 @@ pub(crate) fn import(ctx: &mut WriteCtx<'_>, jobs: Vec<Job>) -> StoreResult<u64>
                     millis(job.created_at),
                     job.started_at.map(millis),
                     job.finished_at.map(millis),
+                    job.unique_key,
                 ])
             })
             .map_err(backend)?;
@@ -708,21 +767,29 @@ const UNFINISHED: [JobState; 4] = [
 /// Refuses the whole batch when it would take a queue, or a tenant's share of one, past its
 /// configured maximum depth. Queues without limits cost one in-memory lookup.
 fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreResult<()> {
+    let depth_limited = |queue: &str| {
+        ctx.settings
+            .get(queue)
+            .is_some_and(|s| s.max_depth.is_some() || s.max_depth_per_tenant.is_some())
+    };
+    if !jobs.iter().any(|job| depth_limited(&job.queue)) {
+        return Ok(());
+    }
+    // A duplicate adds nothing: it returns the existing job, so it never counts.
+    let duplicates = unique::duplicates(ctx, jobs, |key| {
+        idempotent_match(ctx, key).map(|found| found.is_some())
+    })?;
     let mut per_queue: HashMap<&str, u64> = HashMap::new();
     let mut per_tenant: HashMap<(&str, &str), u64> = HashMap::new();
-    let mut keys_in_batch: std::collections::HashSet<&str> = std::collections::HashSet::new();
-    for job in jobs {
+    for (index, job) in jobs.iter().enumerate() {
         let Some(settings) = ctx.settings.get(&job.queue) else {
             continue;
         };
         if settings.max_depth.is_none() && settings.max_depth_per_tenant.is_none() {
             continue;
         }
-        // A duplicate adds nothing: it returns the existing job, so it never counts.
-        if let Some(key) = &job.idempotency_key {
-            if !keys_in_batch.insert(key) || idempotent_match(ctx, key)?.is_some() {
-                continue;
-            }
+        if duplicates.contains(&index) {
+            continue;
         }
         if settings.max_depth.is_some() {
             *per_queue.entry(&job.queue).or_default() += 1;
@@ -782,7 +849,7 @@ fn queue_depth(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<u64> {
 }
 
 /// Jobs of `queue` in `states`: the stored counts plus this round's changes not yet written.
-fn queue_count(ctx: &WriteCtx<'_>, queue: &str, states: &[JobState]) -> StoreResult<u64> {
+pub(crate) fn queue_count(ctx: &WriteCtx<'_>, queue: &str, states: &[JobState]) -> StoreResult<u64> {
     let mut stmt = ctx
         .conn
         .prepare_cached("SELECT n FROM queue_state_counts WHERE queue = ?1 AND state = ?2")
@@ -810,13 +877,23 @@ pub(crate) fn queue_settings_put(
     settings: QueueSettings,
 ) -> StoreResult<QueueSettings> {
     let as_sql = |n: Option<u64>| n.map(|n| n.min(i64::MAX as u64) as i64);
+    let rate_count = |rate: Option<RateLimit>| as_sql(rate.map(|r| r.count));
+    let rate_period = |rate: Option<RateLimit>| as_sql(rate.map(|r| r.period_ms));
     ctx.conn
         .prepare_cached(
             "INSERT INTO queue_settings (queue, paused, max_depth, max_depth_per_tenant, \
-             concurrency_limit) VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (queue) DO UPDATE SET \
+             concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
+             per_key_rate_count, per_key_rate_period_ms, weight) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             ON CONFLICT (queue) DO UPDATE SET \
              paused = excluded.paused, max_depth = excluded.max_depth, \
              max_depth_per_tenant = excluded.max_depth_per_tenant, \
-             concurrency_limit = excluded.concurrency_limit",
+             concurrency_limit = excluded.concurrency_limit, \
+             per_key_concurrency_limit = excluded.per_key_concurrency_limit, \
+             rate_count = excluded.rate_count, rate_period_ms = excluded.rate_period_ms, \
+             per_key_rate_count = excluded.per_key_rate_count, \
+             per_key_rate_period_ms = excluded.per_key_rate_period_ms, \
+             weight = excluded.weight",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -824,7 +901,13 @@ pub(crate) fn queue_settings_put(
                 settings.paused,
                 as_sql(settings.max_depth),
                 as_sql(settings.max_depth_per_tenant),
-                as_sql(settings.concurrency_limit)
+                as_sql(settings.concurrency_limit),
+                as_sql(settings.per_key_concurrency_limit),
+                rate_count(settings.rate_limit),
+                rate_period(settings.rate_limit),
+                rate_count(settings.per_key_rate_limit),
+                rate_period(settings.per_key_rate_limit),
+                settings.weight,
             ])
         })
         .map_err(backend)?;

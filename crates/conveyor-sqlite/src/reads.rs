@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::from_millis;
 use conveyor_core::{
-    Job, JobListParams, JobState, NamedQueueSettings, QueueSettings, QueueStats, StoreResult,
+    Job, JobListParams, JobState, NamedQueueSettings, RateLimit, QueueSettings, QueueStats, StoreResult,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
@@ -109,19 +109,33 @@ pub(crate) fn queues_stats(conn: &Connection, now: DateTime<Utc>) -> StoreResult
 pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSettings>> {
     let mut stmt = conn
         .prepare_cached(
-            "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit \
-             FROM queue_settings ORDER BY queue",
+            "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
+             per_key_concurrency_limit, rate_count, rate_period_ms, per_key_rate_count, \
+             per_key_rate_period_ms, weight FROM queue_settings ORDER BY queue",
         )
         .map_err(backend)?;
+    let count = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<u64>> {
+        Ok(row.get::<_, Option<i64>>(index)?.map(|n| n.max(0) as u64))
+    };
+    let rate = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<RateLimit>> {
+        Ok(match (count(row, index)?, count(row, index + 1)?) {
+            (Some(count), Some(period_ms)) => Some(RateLimit { count, period_ms }),
+            _ => None,
+        })
+    };
     let rows = stmt
         .query_map([], |row| {
             Ok(NamedQueueSettings {
                 name: row.get(0)?,
                 settings: QueueSettings {
                     paused: row.get(1)?,
-                    max_depth: row.get::<_, Option<i64>>(2)?.map(|n| n.max(0) as u64),
-                    max_depth_per_tenant: row.get::<_, Option<i64>>(3)?.map(|n| n.max(0) as u64),
-                    concurrency_limit: row.get::<_, Option<i64>>(4)?.map(|n| n.max(0) as u64),
+                    max_depth: count(row, 2)?,
+                    max_depth_per_tenant: count(row, 3)?,
+                    concurrency_limit: count(row, 4)?,
+                    per_key_concurrency_limit: count(row, 5)?,
+                    rate_limit: rate(row, 6)?,
+                    per_key_rate_limit: rate(row, 8)?,
+                    weight: count(row, 10)?.map(|w| w.min(u64::from(u32::MAX)) as u32),
                 },
             })
         })

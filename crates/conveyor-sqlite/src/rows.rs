@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
-    lease_token, lease_expires_at, result, created_at, started_at, finished_at";
+    lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key";
 
 fn conversion(
     column: usize,
@@ -68,6 +68,7 @@ pub(crate) fn job(row: &Row<'_>) -> rusqlite::Result<Job> {
         created_at: from_millis(row.get(18)?),
         started_at: row.get::<_, Option<i64>>(19)?.map(from_millis),
         finished_at: row.get::<_, Option<i64>>(20)?.map(from_millis),
+        unique_key: row.get(21)?,
     })
 }
 

@@ -22,7 +22,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     result           TEXT,
     created_at       INTEGER NOT NULL,
     started_at       INTEGER,
-    finished_at      INTEGER
+    finished_at      INTEGER,
+    unique_key       TEXT                   -- version 6: set for jobs enqueued with a UniqueSpec
 ) WITHOUT ROWID;
 
 -- The fetch path: only available jobs, in claim order.
@@ -64,10 +65,71 @@ CREATE TABLE IF NOT EXISTS queue_settings (
     paused               INTEGER NOT NULL DEFAULT 0,
     max_depth            INTEGER,
     max_depth_per_tenant INTEGER,
-    concurrency_limit    INTEGER
+    concurrency_limit    INTEGER,
+    -- Version 7: flow control (see `QueueSettings`). A rate limit is its two columns.
+    per_key_concurrency_limit INTEGER,
+    rate_count                INTEGER,
+    rate_period_ms            INTEGER,
+    per_key_rate_count        INTEGER,
+    per_key_rate_period_ms    INTEGER,
+    weight                    INTEGER
 ) WITHOUT ROWID;
 -- Unfinished jobs per tenant, for the per-tenant depth limit (jobs without a tenant cost nothing).
 CREATE INDEX IF NOT EXISTS jobs_tenant_unfinished ON jobs (queue, tenant)
     WHERE tenant IS NOT NULL AND state IN ('scheduled', 'available', 'running', 'retryable');
 
 -- Version 4: concurrency_limit (added above for new databases; this upgrades version 3 ones).
+
+-- Version 5: cron schedules. `definition` is the schedule's spec as JSON (cron, timezone, job
+-- template, policies). Every tick up to `due_after` has been handled; `revision` changes with
+-- every update and firing, and a firing applies only at the revision it was planned from, so
+-- a tick is recorded once however many nodes try. `last_job_id` is the job of the latest
+-- enqueued run, which `overlap: skip` checks.
+CREATE TABLE IF NOT EXISTS schedules (
+    name        TEXT PRIMARY KEY,
+    definition  TEXT NOT NULL,
+    revision    INTEGER NOT NULL,
+    due_after   INTEGER NOT NULL,
+    last_tick   INTEGER,
+    last_job_id TEXT,
+    created_at  INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+-- One row per fired tick (the key makes a second firing of a tick impossible), newest kept.
+CREATE TABLE IF NOT EXISTS schedule_runs (
+    schedule TEXT NOT NULL,
+    tick     INTEGER NOT NULL,
+    fired_at INTEGER NOT NULL,
+    status   TEXT NOT NULL,
+    catch_up INTEGER NOT NULL,
+    job_id   TEXT,
+    detail   TEXT,
+    PRIMARY KEY (schedule, tick)
+) WITHOUT ROWID;
+
+-- Version 6: unique jobs. The insert path looks up the latest job with a key in the spec's
+-- states (and window). The state is in the index so that a key's long history of finished jobs
+-- is not scanned when only unfinished ones count; only unique jobs have entries, so the state
+-- changes of other jobs never touch it. (`unique_key` is added above, or by `migrate`.)
+CREATE INDEX IF NOT EXISTS jobs_unique ON jobs (unique_key, state, created_at)
+    WHERE unique_key IS NOT NULL;
+
+-- Version 7: flow control.
+-- Tenant fairness: each tenant's available jobs in claim order, and the distinct tenants of a
+-- queue (read by skipping through this index). Jobs without a tenant are not in it, so the
+-- common path pays nothing for it.
+CREATE INDEX IF NOT EXISTS jobs_fair ON jobs (queue, tenant, priority DESC, run_at, id)
+    WHERE state = 'available' AND tenant IS NOT NULL;
+-- Per-key concurrency limits: running jobs per tenant.
+CREATE INDEX IF NOT EXISTS jobs_running_tenant ON jobs (queue, tenant)
+    WHERE state = 'running' AND tenant IS NOT NULL;
+-- Rate limits: the start times that still count, per queue (`scope` '') and per tenant
+-- (`scope` the tenant). Only queues with a rate limit write here; rows older than the
+-- queue's longest rate period are pruned by the next fetch from the queue.
+CREATE TABLE IF NOT EXISTS rate_starts (
+    queue      TEXT NOT NULL,
+    scope      TEXT NOT NULL,
+    started_at INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS rate_starts_window ON rate_starts (queue, scope, started_at);
+CREATE INDEX IF NOT EXISTS rate_starts_age ON rate_starts (queue, started_at);

@@ -37,6 +37,8 @@ pub(crate) struct WriteCtx<'c> {
     /// Every queue's settings, loaded at start and kept in step by `queue_settings_put`, so
     /// the fetch and insert paths check pauses and limits without a read.
     pub settings: &'c mut HashMap<String, QueueSettings>,
+    /// Where each queue's tenant round-robin resumes (see `flow`).
+    pub cursors: &'c mut crate::flow::Cursors,
 }
 
 impl WriteCtx<'_> {
@@ -230,6 +232,7 @@ pub(crate) fn run_writer(
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     let mut claimed_queues = HashMap::new();
     let mut settings = load_settings(&conn);
+    let mut cursors = crate::flow::Cursors::new();
     while let Ok(first) = ops.recv() {
         // Entries of jobs that left `running` other than by completion are not removed one by
         // one; dropping the cache now and then bounds it (a miss only costs a read).
@@ -253,6 +256,7 @@ pub(crate) fn run_writer(
             counts: Vec::new(),
             claimed_queues: &mut claimed_queues,
             settings: &mut settings,
+            cursors: &mut cursors,
         };
         let begin = sync
             .set_full(&conn, needs_fsync)

@@ -30,16 +30,22 @@ use uuid::Uuid;
 mod admin;
 mod fetch;
 mod finish;
+mod flow;
 mod insert;
 mod rescue;
+mod schedules;
 mod settings;
+mod unique;
 
 pub use admin::*;
 pub use fetch::*;
 pub use finish::*;
+pub use flow::*;
 pub use insert::*;
 pub use rescue::*;
+pub use schedules::*;
 pub use settings::*;
+pub use unique::*;
 
 /// A store under test and the clock it reads "now" from.
 #[derive(Clone)]
@@ -160,6 +166,36 @@ macro_rules! __conveyor_behaviours {
             max_depth_per_tenant_limits_each_tenant_separately,
             duplicate_enqueue_into_a_full_queue_returns_the_existing_job,
             concurrency_limit_caps_running_jobs_across_fetches,
+            // flow control
+            per_key_concurrency_limit_caps_each_tenant,
+            rate_limit_caps_starts_per_period,
+            per_key_rate_limit_budgets_each_tenant,
+            tenants_are_served_round_robin,
+            untenanted_jobs_take_a_turn_among_tenants,
+            fairness_keeps_priority_within_a_tenant,
+            weighted_queues_share_a_fetch,
+            invalid_flow_settings_are_refused,
+            // unique jobs
+            unique_by_whole_payload_returns_the_existing_job,
+            unique_by_args_ignores_other_fields,
+            unique_key_ignores_payload_key_order,
+            unique_distinguishes_kinds_and_queues,
+            unique_blocks_only_in_the_given_states,
+            unique_period_counts_only_jobs_created_within_it,
+            unique_deduplicates_within_one_batch,
+            unique_idempotency_key_takes_precedence,
+            unique_duplicate_into_a_full_queue_returns_the_existing_job,
+            unique_concurrent_inserters_yield_one_job,
+            unique_spec_is_validated,
+            unique_key_survives_import,
+            // cron schedules
+            schedule_put_get_list_delete_round_trip,
+            schedule_fire_is_exactly_once_under_a_race,
+            schedule_overlap_skip_records_a_skipped_run,
+            schedule_catch_up_fires_at_most_the_maximum_of_missed_ticks,
+            schedule_run_history_shows_a_dead_runs_state,
+            schedule_refused_job_is_recorded_as_a_refused_run,
+            schedule_dst_edges_fire_at_the_right_utc_instants,
         }
     };
 }

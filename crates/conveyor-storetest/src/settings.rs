@@ -1,6 +1,6 @@
 //! Queue settings: pause and resume, and back-pressure by maximum depth.
 
-use conveyor_core::{JobState, NamedQueueSettings, QueueSettings, StoreError};
+use conveyor_core::{JobState, NamedQueueSettings, QueueSettings, RateLimit, StoreError};
 
 use crate::{complete, fetch_none, fetch_one, insert, job_in, lease_of, Harness};
 
@@ -33,6 +33,16 @@ pub async fn queue_settings_default_then_round_trip_and_list(h: &Harness) {
         max_depth: Some(100),
         max_depth_per_tenant: Some(10),
         concurrency_limit: Some(4),
+        per_key_concurrency_limit: Some(2),
+        rate_limit: Some(RateLimit {
+            count: 20,
+            period_ms: 1000,
+        }),
+        per_key_rate_limit: Some(RateLimit {
+            count: 5,
+            period_ms: 60_000,
+        }),
+        weight: Some(3),
     };
     let stored = store
         .queue_settings_put("mail", wanted.clone())

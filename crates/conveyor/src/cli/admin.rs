@@ -40,7 +40,61 @@ pub(crate) struct EnqueueArgs {
     #[arg(long)]
     tenant: Option<String>,
     #[command(flatten)]
+    unique: UniqueArgs,
+    #[command(flatten)]
     server: ServerArg,
+}
+
+/// Unique enqueue: while a job of the same kind, queue and payload (or the chosen fields of it)
+/// exists in one of the states, the server answers it instead of storing a new one. Any
+/// `--unique-*` option implies `--unique`.
+#[derive(Args, Debug, Default)]
+pub(crate) struct UniqueArgs {
+    /// Unique by kind, queue and the whole payload, while scheduled, available, running or
+    /// retryable (unless --unique-states says otherwise).
+    #[arg(long)]
+    unique: bool,
+    /// Unique by these top-level payload fields only, e.g. `customer_id,report`.
+    #[arg(long, value_delimiter = ',', value_name = "FIELDS")]
+    unique_args: Option<Vec<String>>,
+    /// Only jobs created within this many seconds count.
+    #[arg(long, value_name = "SECS")]
+    unique_period_secs: Option<u64>,
+    /// States in which an existing job blocks the new one, e.g. `available,running,completed`.
+    #[arg(long, value_delimiter = ',', value_name = "STATES")]
+    unique_states: Option<Vec<String>>,
+    /// The same job in another queue counts too.
+    #[arg(long)]
+    unique_across_queues: bool,
+}
+
+impl UniqueArgs {
+    /// The request's `unique` object, or `None` when no unique option was given. The server
+    /// validates it (unknown states, empty field lists, a zero period).
+    fn to_json(&self) -> Option<Value> {
+        let wanted = self.unique
+            || self.unique_args.is_some()
+            || self.unique_period_secs.is_some()
+            || self.unique_states.is_some()
+            || self.unique_across_queues;
+        if !wanted {
+            return None;
+        }
+        let mut unique = json!({});
+        if let Some(args) = &self.unique_args {
+            unique["args"] = json!(args);
+        }
+        if let Some(secs) = self.unique_period_secs {
+            unique["period_ms"] = json!(secs.saturating_mul(1000));
+        }
+        if let Some(states) = &self.unique_states {
+            unique["states"] = json!(states);
+        }
+        if self.unique_across_queues {
+            unique["by_queue"] = json!(false);
+        }
+        Some(unique)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -134,6 +188,9 @@ pub(crate) async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
     }
     if !args.tags.is_empty() {
         body["tags"] = json!(args.tags);
+    }
+    if let Some(unique) = args.unique.to_json() {
+        body["unique"] = unique;
     }
     let client = ApiClient::new(&args.server.server)?;
     let (_, job) = client.post("/v1/jobs", &body).await?;
@@ -418,9 +475,57 @@ pub(crate) enum QueueCommand {
         /// At most this many of the queue's jobs run at once, across all workers and servers.
         #[arg(long)]
         concurrency_limit: Option<Limit>,
+        /// At most this many jobs of one tenant run at once.
+        #[arg(long)]
+        per_key_concurrency_limit: Option<Limit>,
+        /// At most COUNT job starts per PERIOD: `20/1s`, `100/500ms`, `1000/1m` (or `none`).
+        #[arg(long)]
+        rate_limit: Option<Rate>,
+        /// The same per tenant.
+        #[arg(long)]
+        per_key_rate_limit: Option<Rate>,
+        /// This queue's share of a worker's capacity when it serves several queues.
+        #[arg(long)]
+        weight: Option<Limit>,
         #[command(flatten)]
         server: ServerArg,
     },
+}
+
+/// A rate limit on the command line: `COUNT/PERIOD` with the period in ms, s, m or h, or
+/// `none` to clear it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rate(Option<(u64, u64)>);
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(Rate(None));
+        }
+        let bad = || format!("{s:?} is not COUNT/PERIOD (e.g. 20/1s, 100/500ms, 1000/1m) or `none`");
+        let (count, period) = s.split_once('/').ok_or_else(bad)?;
+        let count: u64 = count.trim().parse().map_err(|_| bad())?;
+        let period = period.trim();
+        let digits = period.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let unit_ms: u64 = match &period[digits.len()..] {
+            "ms" => 1,
+            "s" | "" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return Err(bad()),
+        };
+        let amount: u64 = if digits.is_empty() {
+            1
+        } else {
+            digits.parse().map_err(|_| bad())?
+        };
+        let period_ms = amount.checked_mul(unit_ms).ok_or_else(bad)?;
+        if count == 0 || period_ms == 0 {
+            return Err(format!("{s:?}: count and period must be positive"));
+        }
+        Ok(Rate(Some((count, period_ms))))
+    }
 }
 
 /// A limit on the command line: a positive number, or `none` to clear it.
@@ -450,6 +555,10 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             max_depth,
             max_depth_per_tenant,
             concurrency_limit,
+            per_key_concurrency_limit,
+            rate_limit,
+            per_key_rate_limit,
+            weight,
             server,
         } => {
             let mut change = json!({});
@@ -462,8 +571,27 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             if let Some(Limit(limit)) = concurrency_limit {
                 change["concurrency_limit"] = json!(limit);
             }
+            if let Some(Limit(limit)) = per_key_concurrency_limit {
+                change["per_key_concurrency_limit"] = json!(limit);
+            }
+            if let Some(Limit(weight)) = weight {
+                change["weight"] = json!(weight);
+            }
+            for (field, rate) in [
+                ("rate_limit", rate_limit),
+                ("per_key_rate_limit", per_key_rate_limit),
+            ] {
+                if let Some(Rate(rate)) = rate {
+                    change[field] =
+                        json!(rate.map(|(count, period_ms)| json!({"count": count, "period_ms": period_ms})));
+                }
+            }
             if change.as_object().is_some_and(|o| o.is_empty()) {
-                bail!("nothing to set: give --max-depth, --max-depth-per-tenant or --concurrency-limit");
+                bail!(
+                    "nothing to set: give --max-depth, --max-depth-per-tenant, \
+                     --concurrency-limit, --per-key-concurrency-limit, --rate-limit, \
+                     --per-key-rate-limit or --weight"
+                );
             }
             (name, server, Some(change))
         }
@@ -479,8 +607,13 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
         print_json(&settings);
     } else {
         let limit = |v: &Value| v.as_u64().map_or("none".to_string(), |n| n.to_string());
+        let rate = |v: &Value| match (v["count"].as_u64(), v["period_ms"].as_u64()) {
+            (Some(count), Some(period_ms)) => format!("{count} per {period_ms} ms"),
+            _ => "none".to_string(),
+        };
         println!(
-            "{}: {}; max depth {}; max depth per tenant {}; concurrency limit {}",
+            "{}: {}; max depth {}; max depth per tenant {}; concurrency limit {}; \
+             per-tenant concurrency limit {}; rate limit {}; per-tenant rate limit {}; weight {}",
             name,
             if settings["paused"] == true {
                 "paused"
@@ -489,7 +622,11 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             },
             limit(&settings["max_depth"]),
             limit(&settings["max_depth_per_tenant"]),
-            limit(&settings["concurrency_limit"])
+            limit(&settings["concurrency_limit"]),
+            limit(&settings["per_key_concurrency_limit"]),
+            rate(&settings["rate_limit"]),
+            rate(&settings["per_key_rate_limit"]),
+            settings["weight"].as_u64().unwrap_or(1)
         );
     }
     Ok(ExitCode::SUCCESS)

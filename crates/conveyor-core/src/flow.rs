@@ -1,0 +1,328 @@
+//! Flow control shared by every store: how many of a queue's jobs a fetch may start, which
+//! ones (tenants served round-robin, per-key limits), and how a fetch over several weighted
+//! queues splits its capacity. The stores read the counts under their claim lock and claim
+//! what these functions pick; nothing here does I/O.
+
+use chrono::{DateTime, Utc};
+use rand::Rng;
+use uuid::Uuid;
+
+use crate::job::QueueSettings;
+
+/// Jobs without a tenant form one more group in the round-robin. They are looked for among
+/// this many of the queue's first available jobs in claim order, which bounds the read when
+/// a flood of tenanted jobs sits ahead of them (their turn comes as the flood drains).
+pub const UNTENANTED_WINDOW: usize = 1024;
+
+/// How many of a queue's jobs a fetch wanting `want` may start now: cut by the queue's free
+/// concurrency (`running` jobs now) and its rate budget (`recent_starts` within the rate
+/// limit's period).
+pub fn queue_quota(
+    settings: &QueueSettings,
+    want: usize,
+    running: u64,
+    recent_starts: u64,
+) -> usize {
+    let mut quota = want as u64;
+    if let Some(limit) = settings.concurrency_limit {
+        quota = quota.min(limit.saturating_sub(running));
+    }
+    if let Some(rate) = settings.rate_limit {
+        quota = quota.min(rate.count.saturating_sub(recent_starts));
+    }
+    usize::try_from(quota).unwrap_or(usize::MAX)
+}
+
+/// How many more jobs of one key (tenant) may start now under the per-key limits, given its
+/// `running` jobs and its `recent_starts` within the per-key rate period.
+pub fn key_budget(settings: &QueueSettings, running: u64, recent_starts: u64) -> usize {
+    let mut budget = u64::MAX;
+    if let Some(limit) = settings.per_key_concurrency_limit {
+        budget = budget.min(limit.saturating_sub(running));
+    }
+    if let Some(rate) = settings.per_key_rate_limit {
+        budget = budget.min(rate.count.saturating_sub(recent_starts));
+    }
+    usize::try_from(budget).unwrap_or(usize::MAX)
+}
+
+/// One group of a queue's available jobs: one tenant's, or (tenant `None`) those without one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    pub tenant: Option<String>,
+    /// The group's first available jobs, in claim order (priority, then run_at, then age).
+    pub jobs: Vec<Uuid>,
+    /// How many of them may start (per-key limits); `usize::MAX` when unlimited.
+    pub budget: usize,
+}
+
+/// What [`round_robin`] picked.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Picked {
+    /// Job ids in the order they were picked.
+    pub jobs: Vec<Uuid>,
+    /// Index of the group that got the last pick: the next fetch starts after it, so the
+    /// rotation carries on across fetches rather than restarting at the first tenant.
+    pub last_group: Option<usize>,
+}
+
+/// Takes one job from each group in turn (in the order given: the stores rotate it to start
+/// after the group served last), skipping groups that are out of jobs or budget, until
+/// `quota` jobs are picked or no group can give more. A tenant with one job therefore waits
+/// at most one turn, however many jobs another tenant has queued.
+pub fn round_robin(groups: &[Group], quota: usize) -> Picked {
+    let mut picked = Picked::default();
+    let mut taken = vec![0usize; groups.len()];
+    while picked.jobs.len() < quota {
+        let before = picked.jobs.len();
+        for (index, group) in groups.iter().enumerate() {
+            if picked.jobs.len() >= quota {
+                break;
+            }
+            let next = taken[index];
+            if next < group.jobs.len() && next < group.budget {
+                picked.jobs.push(group.jobs[next]);
+                taken[index] += 1;
+                picked.last_group = Some(index);
+            }
+        }
+        if picked.jobs.len() == before {
+            break;
+        }
+    }
+    picked
+}
+
+/// How many jobs to read per group so that `groups` groups can fill `quota` in one round-robin
+/// pass: an even share, at least one.
+pub fn per_group_reads(quota: usize, groups: usize) -> usize {
+    quota.div_ceil(groups.max(1)).max(1)
+}
+
+/// Splits a fetch of `max` jobs over queues with the given weights (0 is treated as 1): each
+/// gets its whole-number share, and the remainder goes by weighted random draws, so even a
+/// fetch of one job serves each queue in proportion to its weight over time.
+pub fn weighted_split(weights: &[u32], max: usize, rng: &mut impl Rng) -> Vec<usize> {
+    if weights.is_empty() {
+        return Vec::new();
+    }
+    let weights: Vec<u64> = weights.iter().map(|w| u64::from((*w).max(1))).collect();
+    let total: u64 = weights.iter().sum();
+    let mut shares: Vec<usize> = weights
+        .iter()
+        .map(|w| usize::try_from(max as u64 * w / total).unwrap_or(0))
+        .collect();
+    let mut left = max.saturating_sub(shares.iter().sum());
+    while left > 0 {
+        let mut draw = rng.random_range(0..total);
+        for (index, weight) in weights.iter().enumerate() {
+            if draw < *weight {
+                shares[index] += 1;
+                break;
+            }
+            draw -= weight;
+        }
+        left -= 1;
+    }
+    shares
+}
+
+/// Orders tenants for a round-robin pass: those after `cursor` (the tenant served last) first,
+/// then the rest from the start. `after` holds tenants greater than the cursor in ascending
+/// order and `from_start` tenants from the smallest on; duplicates between them are dropped.
+/// The group without a tenant, when present, takes its turn after the last tenant.
+/// `start_from_first` is true when no tenant was served last (no fetch yet, or the group
+/// without a tenant went last): the pass then starts at the first tenant.
+pub fn rotation(
+    after: Vec<String>,
+    from_start: Vec<String>,
+    untenanted: bool,
+    start_from_first: bool,
+) -> Vec<Option<String>> {
+    let mut order: Vec<Option<String>> = Vec::with_capacity(after.len() + from_start.len() + 1);
+    let wrap = |order: &mut Vec<Option<String>>, from_start: Vec<String>| {
+        for tenant in from_start {
+            if !order.iter().any(|t| t.as_deref() == Some(tenant.as_str())) {
+                order.push(Some(tenant));
+            }
+        }
+    };
+    if start_from_first {
+        wrap(&mut order, from_start);
+        if untenanted {
+            order.push(None);
+        }
+    } else {
+        order.extend(after.into_iter().map(Some));
+        if untenanted {
+            order.push(None);
+        }
+        wrap(&mut order, from_start);
+    }
+    order
+}
+
+/// Merges per-queue candidate lists into the first `max` by priority (higher first), then
+/// run_at, then id, keeping each list's own order: a flow-controlled list is in round-robin
+/// order, which the merge must not undo. `key` gives (priority, run_at, id) of a candidate.
+pub fn merge_in_claim_order<T>(
+    lists: Vec<Vec<T>>,
+    max: usize,
+    key: impl Fn(&T) -> (i32, DateTime<Utc>, Uuid),
+) -> Vec<T> {
+    let mut lists: Vec<std::collections::VecDeque<T>> = lists.into_iter().map(Into::into).collect();
+    let mut merged = Vec::with_capacity(max);
+    while merged.len() < max {
+        let best = lists
+            .iter()
+            .enumerate()
+            .filter_map(|(index, list)| list.front().map(|item| (index, key(item))))
+            .min_by(|(_, a), (_, b)| b.0.cmp(&a.0).then(a.1.cmp(&b.1)).then(a.2.cmp(&b.2)))
+            .map(|(index, _)| index);
+        let Some(item) = best.and_then(|index| lists[index].pop_front()) else {
+            break;
+        };
+        merged.push(item);
+    }
+    merged
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::RateLimit;
+    use rand::SeedableRng;
+
+    fn ids(n: usize) -> Vec<Uuid> {
+        (0..n).map(|_| Uuid::new_v4()).collect()
+    }
+
+    #[test]
+    fn quota_is_cut_by_concurrency_and_rate() {
+        let mut settings = QueueSettings::default();
+        assert_eq!(queue_quota(&settings, 10, 50, 50), 10);
+        settings.concurrency_limit = Some(3);
+        assert_eq!(queue_quota(&settings, 10, 1, 0), 2);
+        assert_eq!(queue_quota(&settings, 10, 5, 0), 0);
+        settings.rate_limit = Some(RateLimit {
+            count: 20,
+            period_ms: 1000,
+        });
+        settings.concurrency_limit = None;
+        assert_eq!(queue_quota(&settings, 100, 0, 15), 5);
+        assert_eq!(queue_quota(&settings, 100, 0, 25), 0);
+    }
+
+    #[test]
+    fn key_budget_takes_the_tighter_limit() {
+        let mut settings = QueueSettings::default();
+        assert_eq!(key_budget(&settings, 9, 9), usize::MAX);
+        settings.per_key_concurrency_limit = Some(2);
+        settings.per_key_rate_limit = Some(RateLimit {
+            count: 5,
+            period_ms: 1000,
+        });
+        assert_eq!(key_budget(&settings, 1, 0), 1);
+        assert_eq!(key_budget(&settings, 0, 4), 1);
+        assert_eq!(key_budget(&settings, 0, 7), 0);
+    }
+
+    #[test]
+    fn round_robin_serves_a_small_tenant_in_the_first_turn() {
+        let flood = ids(100);
+        let single = ids(1);
+        let groups = vec![
+            Group {
+                tenant: Some("a".into()),
+                jobs: flood.clone(),
+                budget: usize::MAX,
+            },
+            Group {
+                tenant: Some("b".into()),
+                jobs: single.clone(),
+                budget: usize::MAX,
+            },
+        ];
+        let picked = round_robin(&groups, 4);
+        assert_eq!(picked.jobs, vec![flood[0], single[0], flood[1], flood[2]]);
+        assert_eq!(picked.last_group, Some(0));
+    }
+
+    #[test]
+    fn round_robin_honours_budgets_and_stops_when_nothing_is_left() {
+        let a = ids(5);
+        let b = ids(5);
+        let groups = vec![
+            Group {
+                tenant: Some("a".into()),
+                jobs: a.clone(),
+                budget: 1,
+            },
+            Group {
+                tenant: Some("b".into()),
+                jobs: b.clone(),
+                budget: 2,
+            },
+        ];
+        let picked = round_robin(&groups, 10);
+        assert_eq!(picked.jobs, vec![a[0], b[0], b[1]]);
+        assert_eq!(picked.last_group, Some(1));
+        assert_eq!(round_robin(&[], 5), Picked::default());
+    }
+
+    #[test]
+    fn weighted_split_shares_in_proportion() {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        assert_eq!(weighted_split(&[3, 1], 8, &mut rng), vec![6, 2]);
+        // Single-job fetches: over many, each queue gets its share.
+        let mut counts = [0usize; 2];
+        for _ in 0..4000 {
+            let split = weighted_split(&[3, 1], 1, &mut rng);
+            assert_eq!(split.iter().sum::<usize>(), 1);
+            counts[0] += split[0];
+            counts[1] += split[1];
+        }
+        assert!((2800..3200).contains(&counts[0]), "{counts:?}");
+        assert!(weighted_split(&[], 3, &mut rng).is_empty());
+        assert_eq!(
+            weighted_split(&[0, 0], 2, &mut rng).iter().sum::<usize>(),
+            2
+        );
+    }
+
+    #[test]
+    fn rotation_starts_after_the_cursor_and_wraps() {
+        let order = rotation(
+            vec!["c".into(), "d".into()],
+            vec!["a".into(), "b".into(), "c".into()],
+            true,
+            false,
+        );
+        let names: Vec<Option<&str>> = order.iter().map(|t| t.as_deref()).collect();
+        assert_eq!(
+            names,
+            vec![Some("c"), Some("d"), None, Some("a"), Some("b")]
+        );
+        let order = rotation(Vec::new(), vec!["a".into()], true, true);
+        assert_eq!(order, vec![Some("a".to_string()), None]);
+    }
+
+    #[test]
+    fn merge_keeps_list_order_and_prefers_priority() {
+        let t = DateTime::<Utc>::UNIX_EPOCH;
+        let a = ids(3);
+        let b = ids(1);
+        // List one is round-robin ordered (not sorted); list two has a higher priority job.
+        let one = vec![(0, a[0]), (0, a[1]), (0, a[2])];
+        let two = vec![(5, b[0])];
+        let merged = merge_in_claim_order(vec![one, two], 3, |(p, id)| (*p, t, *id));
+        assert_eq!(merged, vec![(5, b[0]), (0, a[0]), (0, a[1])]);
+    }
+
+    #[test]
+    fn per_group_reads_is_an_even_share() {
+        assert_eq!(per_group_reads(100, 2), 50);
+        assert_eq!(per_group_reads(3, 10), 1);
+        assert_eq!(per_group_reads(5, 0), 5);
+    }
+}

@@ -1,0 +1,506 @@
+//! The flow-controlled claim: concurrency and rate limits (per queue and per tenant), tenant
+//! fairness and queue weights. Fetches take this path only when the fast claim statement's
+//! gate sends them here (a queue of the fetch has limits, tenanted jobs waiting, or, with
+//! several queues, a weight).
+//!
+//! It runs in one transaction holding each of the fetch's queues' claim locks (advisory, taken
+//! in ascending key order so fetchers cannot deadlock), so the running jobs and recent starts
+//! it counts include every claim of the fetchers that held the locks before, in any process.
+//! The picking itself is `conveyor_core::flow`, shared with the SQLite store.
+
+use chrono::{DateTime, Utc};
+use conveyor_core::flow::{self, Group};
+use conveyor_core::{FetchParams, Job, QueueSettings, RateLimit, StoreResult};
+use sqlx::{PgConnection, Row};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use uuid::Uuid;
+
+use crate::errors::{corrupt, db};
+use crate::names::{concurrency_lock_key, quoted};
+use crate::ops::{settings_of, Ctx};
+use crate::rows;
+use crate::sql::{stmt, COLUMNS, SETTINGS_COLUMNS};
+use sqlx::SqlStr;
+
+/// Total ids read for one fetch's tenant groups before reads per group are cut to an even
+/// share of the quota.
+const GROUP_READ_BUDGET: usize = 4096;
+
+/// The statements of the flow-controlled claim for one schema, and the round-robin cursors.
+pub(crate) struct Flow {
+    settings_for: SqlStr,
+    running: SqlStr,
+    running_of_tenant: SqlStr,
+    prune_starts: SqlStr,
+    recent_starts: SqlStr,
+    record_starts: SqlStr,
+    has_tenanted: SqlStr,
+    first: SqlStr,
+    tenants: SqlStr,
+    untenanted: SqlStr,
+    tenant_jobs: SqlStr,
+    claim_ids: SqlStr,
+    /// Per queue, the tenant group this process served last (`None`: jobs without a tenant),
+    /// so its next fetch continues the rotation. Kept per process: with several nodes each
+    /// rotates on its own, which still serves every tenant in turn.
+    cursors: Mutex<HashMap<String, Option<String>>>,
+}
+
+impl Flow {
+    pub(crate) fn new(schema: &str) -> Self {
+        let jobs = format!("{}.jobs", quoted(schema));
+        let settings = format!("{}.queue_settings", quoted(schema));
+        let starts = format!("{}.rate_starts", quoted(schema));
+        let order = "ORDER BY priority DESC, run_at, id";
+        Self {
+            settings_for: stmt(format!(
+                "SELECT queue, {SETTINGS_COLUMNS} FROM {settings} WHERE queue = ANY($1)"
+            )),
+            running: stmt(format!(
+                "SELECT count(*) FROM {jobs} WHERE state = 'running' AND queue = $1"
+            )),
+            running_of_tenant: stmt(format!(
+                "SELECT count(*) FROM {jobs} WHERE state = 'running' AND queue = $1 \
+                 AND tenant = $2 AND tenant IS NOT NULL"
+            )),
+            prune_starts: stmt(format!(
+                "DELETE FROM {starts} WHERE queue = $1 AND started_at <= $2"
+            )),
+            recent_starts: stmt(format!(
+                "SELECT count(*) FROM {starts} WHERE queue = $1 AND scope = $2 \
+                 AND started_at > $3"
+            )),
+            record_starts: stmt(format!(
+                "INSERT INTO {starts} (queue, scope, started_at) \
+                 SELECT s.queue, s.scope, $3 FROM unnest($1::text[], $2::text[]) AS s(queue, scope)"
+            )),
+            has_tenanted: stmt(format!(
+                "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
+                 AND tenant IS NOT NULL)"
+            )),
+            first: stmt(format!(
+                "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+                 AND queue = $1 {order} LIMIT $2"
+            )),
+            // Distinct tenants after `$2` (from the first when NULL), one index seek each.
+            tenants: stmt(format!(
+                "WITH RECURSIVE t(tenant) AS ( \
+                     SELECT (SELECT min(tenant) FROM {jobs} WHERE state = 'available' \
+                             AND queue = $1 AND tenant IS NOT NULL \
+                             AND ($2::text IS NULL OR tenant > $2::text)) \
+                     UNION ALL \
+                     SELECT (SELECT min(j.tenant) FROM {jobs} j WHERE j.state = 'available' \
+                             AND j.queue = $1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant) \
+                     FROM t WHERE t.tenant IS NOT NULL) \
+                 SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $3"
+            )),
+            untenanted: stmt(format!(
+                "SELECT id, priority, run_at FROM ( \
+                     SELECT id, tenant, priority, run_at FROM {jobs} \
+                     WHERE state = 'available' AND queue = $1 {order} LIMIT $2) w \
+                 WHERE tenant IS NULL {order} LIMIT $3"
+            )),
+            tenant_jobs: stmt(format!(
+                "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+                 AND queue = $1 AND tenant = $2 AND tenant IS NOT NULL {order} LIMIT $3"
+            )),
+            claim_ids: stmt(format!(
+                "UPDATE {jobs} SET state = 'running', attempt = attempt + 1, \
+                     lease_worker = $2, lease_token = gen_random_uuid(), \
+                     lease_expires_at = $3, started_at = $4 \
+                 WHERE id = ANY($1) AND state = 'available' \
+                 RETURNING {COLUMNS}"
+            )),
+            cursors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn cursor(&self, queue: &str) -> Option<Option<String>> {
+        self.cursors
+            .lock()
+            .map(|cursors| cursors.get(queue).cloned())
+            .unwrap_or(None)
+    }
+
+    fn set_cursor(&self, queue: &str, tenant: Option<String>) {
+        if let Ok(mut cursors) = self.cursors.lock() {
+            if tenant.is_some() || cursors.contains_key(queue) {
+                cursors.insert(queue.to_string(), tenant);
+            }
+        }
+    }
+}
+
+/// A job a fetch may claim, with what the claim order needs.
+#[derive(Debug, Clone, Copy)]
+struct Candidate {
+    id: Uuid,
+    priority: i32,
+    run_at: DateTime<Utc>,
+}
+
+fn candidates_of(rows: Vec<sqlx::postgres::PgRow>) -> StoreResult<Vec<Candidate>> {
+    rows.iter()
+        .map(|row| {
+            let read = |e: sqlx::Error| corrupt(e.to_string());
+            Ok(Candidate {
+                id: row.try_get("id").map_err(read)?,
+                priority: row.try_get("priority").map_err(read)?,
+                run_at: row.try_get("run_at").map_err(read)?,
+            })
+        })
+        .collect()
+}
+
+fn count_of(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// Claims for a fetch that the gate sent here. Must run in a transaction.
+pub(crate) async fn claim_controlled(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: &FetchParams,
+    expires_at: DateTime<Utc>,
+) -> StoreResult<Vec<Job>> {
+    let flow = &ctx.sql.flow;
+    let mut names: Vec<&str> = params.queues.iter().map(String::as_str).collect();
+    names.sort_unstable();
+    names.dedup();
+    let found = sqlx::query(flow.settings_for.clone())
+        .bind(&names)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read queue settings"))?;
+    let mut stored: BTreeMap<String, QueueSettings> = BTreeMap::new();
+    for row in &found {
+        let queue: String = row.try_get("queue").map_err(|e| corrupt(e.to_string()))?;
+        stored.insert(queue, settings_of(row)?);
+    }
+    // The fetch's queues in the order given, without paused ones.
+    let mut queues: Vec<(&str, QueueSettings)> = Vec::with_capacity(names.len());
+    for queue in &params.queues {
+        let settings = stored.get(queue).cloned().unwrap_or_default();
+        if !settings.paused && !queues.iter().any(|(q, _)| q == queue) {
+            queues.push((queue, settings));
+        }
+    }
+    let mut lock_keys: Vec<i64> = queues
+        .iter()
+        .map(|(queue, _)| concurrency_lock_key(ctx.schema, queue))
+        .collect();
+    lock_keys.sort_unstable();
+    lock_keys.dedup();
+    sqlx::query(ctx.sql.lock_keys.clone())
+        .bind(&lock_keys)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("lock queue claims"))?;
+
+    let claim = Claim {
+        params,
+        expires_at,
+        ctx,
+        queues: &queues,
+    };
+    if queues.len() > 1 && queues.iter().any(|(_, settings)| settings.weight.is_some()) {
+        // Each weighted queue gets its share; capacity one could not use goes to the others.
+        let weights: Vec<u32> = queues.iter().map(|(_, s)| s.weight.unwrap_or(1)).collect();
+        let shares = flow::weighted_split(&weights, params.max, &mut rand::rng());
+        let mut jobs = Vec::with_capacity(params.max);
+        for ((queue, settings), share) in queues.iter().zip(shares) {
+            if share > 0 {
+                let picked = queue_candidates(conn, ctx, queue, settings, share).await?;
+                jobs.extend(claim.ids(conn, picked).await?);
+            }
+        }
+        for (queue, settings) in &queues {
+            let left = params.max.saturating_sub(jobs.len());
+            if left == 0 {
+                break;
+            }
+            let picked = queue_candidates(conn, ctx, queue, settings, left).await?;
+            jobs.extend(claim.ids(conn, picked).await?);
+        }
+        return Ok(jobs);
+    }
+    let mut lists = Vec::with_capacity(queues.len());
+    for (queue, settings) in &queues {
+        lists.push(queue_candidates(conn, ctx, queue, settings, params.max).await?);
+    }
+    let picked = flow::merge_in_claim_order(lists, params.max, |c| (c.priority, c.run_at, c.id));
+    claim.ids(conn, picked).await
+}
+
+struct Claim<'a, 'c> {
+    params: &'a FetchParams,
+    expires_at: DateTime<Utc>,
+    ctx: &'a Ctx<'c>,
+    /// The fetch's queues with their settings.
+    queues: &'a [(&'a str, QueueSettings)],
+}
+
+impl Claim<'_, '_> {
+    /// Claims the candidates that are still available, returns them in candidate order, records
+    /// their starts for rate limits and moves the queues' round-robin cursors.
+    async fn ids(&self, conn: &mut PgConnection, picked: Vec<Candidate>) -> StoreResult<Vec<Job>> {
+        if picked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let ids: Vec<Uuid> = picked.iter().map(|c| c.id).collect();
+        let found = sqlx::query(self.ctx.sql.flow.claim_ids.clone())
+            .bind(&ids)
+            .bind(&self.params.worker_id)
+            .bind(self.expires_at)
+            .bind(self.ctx.now)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("claim jobs"))?;
+        let mut by_id: HashMap<Uuid, Job> = rows::jobs(&found)?
+            .into_iter()
+            .map(|job| (job.id, job))
+            .collect();
+        let jobs: Vec<Job> = ids.iter().filter_map(|id| by_id.remove(id)).collect();
+        record_starts(conn, self.ctx, self.queues, &jobs).await?;
+        for job in &jobs {
+            self.ctx.sql.flow.set_cursor(&job.queue, job.tenant.clone());
+        }
+        Ok(jobs)
+    }
+}
+
+/// Records the claimed jobs' starts for the rate limits of their queues.
+async fn record_starts(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    settings: &[(&str, QueueSettings)],
+    jobs: &[Job],
+) -> StoreResult<()> {
+    let mut queues: Vec<&str> = Vec::new();
+    let mut scopes: Vec<&str> = Vec::new();
+    for job in jobs {
+        let Some((_, queue_settings)) = settings.iter().find(|(q, _)| *q == job.queue) else {
+            continue;
+        };
+        if queue_settings.rate_limit.is_some() {
+            queues.push(&job.queue);
+            scopes.push("");
+        }
+        if let (Some(_), Some(tenant)) = (queue_settings.per_key_rate_limit, &job.tenant) {
+            queues.push(&job.queue);
+            scopes.push(tenant);
+        }
+    }
+    if queues.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(ctx.sql.flow.record_starts.clone())
+        .bind(&queues)
+        .bind(&scopes)
+        .bind(ctx.now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("record job starts"))?;
+    Ok(())
+}
+
+/// Up to `want` of `queue`'s available jobs that may start now, in the order to claim them.
+async fn queue_candidates(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+    want: usize,
+) -> StoreResult<Vec<Candidate>> {
+    let flow = &ctx.sql.flow;
+    let running = if settings.concurrency_limit.is_some() {
+        let n: i64 = sqlx::query_scalar(flow.running.clone())
+            .bind(queue)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("count running jobs"))?;
+        count_of(n)
+    } else {
+        0
+    };
+    if let Some(period_ms) = settings.longest_rate_period_ms() {
+        let horizon = ctx.now
+            - RateLimit {
+                count: 1,
+                period_ms,
+            }
+            .period();
+        sqlx::query(flow.prune_starts.clone())
+            .bind(queue)
+            .bind(horizon)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("prune job starts"))?;
+    }
+    let recent = match settings.rate_limit {
+        Some(rate) => recent_starts(conn, ctx, queue, "", rate).await?,
+        None => 0,
+    };
+    let quota = flow::queue_quota(settings, want, running, recent);
+    if quota == 0 {
+        return Ok(Vec::new());
+    }
+    let tenanted: bool = sqlx::query_scalar(flow.has_tenanted.clone())
+        .bind(queue)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("look for tenanted jobs"))?;
+    if !tenanted {
+        let found = sqlx::query(flow.first.clone())
+            .bind(queue)
+            .bind(limit(quota))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("read available jobs"))?;
+        return candidates_of(found);
+    }
+    let (groups, candidates) = tenant_groups(conn, ctx, queue, settings, quota).await?;
+    let picked = flow::round_robin(&groups, quota);
+    Ok(picked
+        .jobs
+        .iter()
+        .filter_map(|id| candidates.get(id).copied())
+        .collect())
+}
+
+async fn recent_starts(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    queue: &str,
+    scope: &str,
+    rate: RateLimit,
+) -> StoreResult<u64> {
+    let n: i64 = sqlx::query_scalar(ctx.sql.flow.recent_starts.clone())
+        .bind(queue)
+        .bind(scope)
+        .bind(ctx.now - rate.period())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db("count recent job starts"))?;
+    Ok(count_of(n))
+}
+
+async fn tenants(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    queue: &str,
+    after: Option<&str>,
+    max: usize,
+) -> StoreResult<Vec<String>> {
+    sqlx::query_scalar(ctx.sql.flow.tenants.clone())
+        .bind(queue)
+        .bind(after)
+        .bind(limit(max))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read tenants"))
+}
+
+/// The queue's groups in round-robin order (starting after the group served last), each with
+/// its first jobs and per-key budget, and every candidate read by id.
+async fn tenant_groups(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+    quota: usize,
+) -> StoreResult<(Vec<Group>, HashMap<Uuid, Candidate>)> {
+    let flow = &ctx.sql.flow;
+    let cursor = flow.cursor(queue);
+    let after = match &cursor {
+        Some(Some(tenant)) => tenants(conn, ctx, queue, Some(tenant), quota).await?,
+        _ => Vec::new(),
+    };
+    let from_start = if after.len() < quota {
+        tenants(conn, ctx, queue, None, quota).await?
+    } else {
+        Vec::new()
+    };
+    let untenanted = candidates_of(
+        sqlx::query(flow.untenanted.clone())
+            .bind(queue)
+            .bind(limit(flow::UNTENANTED_WINDOW))
+            .bind(limit(quota))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("read jobs without a tenant"))?,
+    )?;
+    let mut order = flow::rotation(
+        after,
+        from_start,
+        !untenanted.is_empty(),
+        !matches!(cursor, Some(Some(_))),
+    );
+    order.truncate(quota);
+    let reads = if order.len().saturating_mul(quota) <= GROUP_READ_BUDGET {
+        quota
+    } else {
+        flow::per_group_reads(quota, order.len())
+    };
+    let per_key =
+        settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
+    let mut all: HashMap<Uuid, Candidate> = HashMap::new();
+    let mut groups = Vec::with_capacity(order.len());
+    for tenant in order {
+        let Some(tenant) = tenant else {
+            let jobs: Vec<Uuid> = untenanted.iter().take(reads).map(|c| c.id).collect();
+            all.extend(untenanted.iter().map(|c| (c.id, *c)));
+            groups.push(Group {
+                tenant: None,
+                jobs,
+                budget: usize::MAX,
+            });
+            continue;
+        };
+        let budget = if per_key {
+            let running = if settings.per_key_concurrency_limit.is_some() {
+                let n: i64 = sqlx::query_scalar(flow.running_of_tenant.clone())
+                    .bind(queue)
+                    .bind(&tenant)
+                    .fetch_one(&mut *conn)
+                    .await
+                    .map_err(db("count a tenant's running jobs"))?;
+                count_of(n)
+            } else {
+                0
+            };
+            let recent = match settings.per_key_rate_limit {
+                Some(rate) => recent_starts(conn, ctx, queue, &tenant, rate).await?,
+                None => 0,
+            };
+            flow::key_budget(settings, running, recent)
+        } else {
+            usize::MAX
+        };
+        let found = if budget == 0 {
+            Vec::new()
+        } else {
+            candidates_of(
+                sqlx::query(flow.tenant_jobs.clone())
+                    .bind(queue)
+                    .bind(&tenant)
+                    .bind(limit(reads.min(budget)))
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db("read a tenant's jobs"))?,
+            )?
+        };
+        groups.push(Group {
+            tenant: Some(tenant),
+            jobs: found.iter().map(|c| c.id).collect(),
+            budget,
+        });
+        all.extend(found.into_iter().map(|c| (c.id, c)));
+    }
+    Ok((groups, all))
+}

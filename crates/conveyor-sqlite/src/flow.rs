@@ -1,0 +1,316 @@
+//! Flow-controlled claims on the writer thread: concurrency and rate limits (per queue and per
+//! tenant) and tenant fairness. The writer is the only claimer, so the counts read here are
+//! exact across every worker; the picking itself is `conveyor_core::flow`.
+
+use chrono::Duration;
+use conveyor_core::flow::{self, Group};
+use conveyor_core::{Job, JobState, QueueSettings, RateLimit, StoreResult};
+use rusqlite::params;
+use uuid::Uuid;
+
+use crate::backend;
+use crate::rows::millis;
+use crate::writer::WriteCtx;
+
+/// Per queue, the tenant group served last by a flow-controlled fetch (`None`: the group of
+/// jobs without a tenant), so the next fetch's round-robin starts after it.
+pub(crate) type Cursors = std::collections::HashMap<String, Option<String>>;
+
+/// Total ids read for one fetch's tenant groups before reads per group are cut to an even
+/// share of the quota.
+const GROUP_READ_BUDGET: usize = 4096;
+
+/// Whether `queue` has available jobs with a tenant: such queues are claimed from
+/// round-robin by tenant. One probe of the `jobs_fair` index.
+pub(crate) fn has_tenanted(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'available' AND queue = ?1 \
+             AND tenant IS NOT NULL)",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![queue], |row| row.get(0)))
+        .map_err(backend)
+}
+
+/// The jobs a fetch wanting `want` may claim from `queue` now, in pick order: as many as the
+/// queue's concurrency and rate limits leave, taken round-robin across its tenants within
+/// each tenant's own limits.
+pub(crate) fn candidates(
+    ctx: &mut WriteCtx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+    want: usize,
+    tenanted: bool,
+) -> StoreResult<Vec<Job>> {
+    let running = if settings.concurrency_limit.is_some() {
+        crate::ops::queue_count(ctx, queue, &[JobState::Running])?
+    } else {
+        0
+    };
+    if let Some(period_ms) = settings.longest_rate_period_ms() {
+        prune_starts(ctx, queue, period_ms)?;
+    }
+    let recent = match settings.rate_limit {
+        Some(rate) => recent_starts(ctx, queue, "", rate)?,
+        None => 0,
+    };
+    let quota = flow::queue_quota(settings, want, running, recent);
+    if quota == 0 {
+        return Ok(Vec::new());
+    }
+    let groups = if tenanted {
+        tenant_groups(ctx, queue, settings, quota)?
+    } else {
+        vec![Group {
+            tenant: None,
+            jobs: first_ids(ctx, queue, quota)?,
+            budget: usize::MAX,
+        }]
+    };
+    let picked = flow::round_robin(&groups, quota);
+    let mut jobs = Vec::with_capacity(picked.jobs.len());
+    for id in picked.jobs {
+        if let Some(job) = crate::ops::job_by_id(ctx, &id.to_string())? {
+            jobs.push(job);
+        }
+    }
+    Ok(jobs)
+}
+
+/// After a claim: records the claimed jobs' starts for the rate limits of their queues and
+/// moves each queue's round-robin cursor to the group of its last claimed job.
+pub(crate) fn record_claims(ctx: &mut WriteCtx<'_>, jobs: &[Job]) -> StoreResult<()> {
+    for job in jobs {
+        let Some(settings) = ctx.settings.get(&job.queue) else {
+            continue;
+        };
+        let mut scopes: Vec<&str> = Vec::with_capacity(2);
+        if settings.rate_limit.is_some() {
+            scopes.push("");
+        }
+        if let (Some(_), Some(tenant)) = (settings.per_key_rate_limit, &job.tenant) {
+            scopes.push(tenant);
+        }
+        if !scopes.is_empty() {
+            let mut insert = ctx
+                .conn
+                .prepare_cached(
+                    "INSERT INTO rate_starts (queue, scope, started_at) VALUES (?1, ?2, ?3)",
+                )
+                .map_err(backend)?;
+            for scope in scopes {
+                insert
+                    .execute(params![job.queue, scope, millis(ctx.now)])
+                    .map_err(backend)?;
+            }
+        }
+    }
+    // Jobs are in pick order per queue, so the last one of each queue sets its cursor.
+    for job in jobs {
+        if ctx.cursors.contains_key(&job.queue) || job.tenant.is_some() {
+            ctx.cursors.insert(job.queue.clone(), job.tenant.clone());
+        }
+    }
+    Ok(())
+}
+
+fn prune_starts(ctx: &WriteCtx<'_>, queue: &str, period_ms: u64) -> StoreResult<()> {
+    let horizon = ctx.now - Duration::milliseconds(period_ms.min(i64::MAX as u64) as i64);
+    ctx.conn
+        .prepare_cached("DELETE FROM rate_starts WHERE queue = ?1 AND started_at <= ?2")
+        .and_then(|mut stmt| stmt.execute(params![queue, millis(horizon)]))
+        .map_err(backend)?;
+    Ok(())
+}
+
+/// Starts recorded for `queue` and `scope` ('' for the whole queue, else a tenant) within the
+/// rate limit's period up to now.
+fn recent_starts(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    scope: &str,
+    rate: RateLimit,
+) -> StoreResult<u64> {
+    let since = ctx.now - rate.period();
+    let n: i64 = ctx
+        .conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM rate_starts WHERE queue = ?1 AND scope = ?2 AND started_at > ?3",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![queue, scope, millis(since)], |row| row.get(0)))
+        .map_err(backend)?;
+    Ok(n.max(0) as u64)
+}
+
+fn running_of_tenant(ctx: &WriteCtx<'_>, queue: &str, tenant: &str) -> StoreResult<u64> {
+    let n: i64 = ctx
+        .conn
+        .prepare_cached(
+            "SELECT COUNT(*) FROM jobs WHERE state = 'running' AND queue = ?1 AND tenant = ?2 \
+             AND tenant IS NOT NULL",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![queue, tenant], |row| row.get(0)))
+        .map_err(backend)?;
+    Ok(n.max(0) as u64)
+}
+
+fn ids(rows: rusqlite::Result<Vec<String>>) -> StoreResult<Vec<Uuid>> {
+    rows.map_err(backend)?
+        .iter()
+        .map(|id| {
+            Uuid::parse_str(id)
+                .map_err(|e| conveyor_core::StoreError::Backend(format!("bad job id {id:?}: {e}")))
+        })
+        .collect()
+}
+
+/// The queue's first `limit` available jobs in claim order.
+fn first_ids(ctx: &WriteCtx<'_>, queue: &str, limit: usize) -> StoreResult<Vec<Uuid>> {
+    ids(ctx
+        .conn
+        .prepare_cached(
+            "SELECT id FROM jobs WHERE state = 'available' AND queue = ?1 \
+             ORDER BY priority DESC, run_at, id LIMIT ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![queue, limit as i64], |row| row.get(0))?
+                .collect()
+        }))
+}
+
+/// Up to `limit` distinct tenants with available jobs in `queue`, in ascending order, after
+/// `after` (from the first when `None`). Each step is one seek in `jobs_fair`, so the cost
+/// follows the number of tenants read, not the number of jobs they have.
+fn tenants(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> StoreResult<Vec<String>> {
+    ctx.conn
+        .prepare_cached(
+            "WITH RECURSIVE t(tenant) AS ( \
+                 SELECT (SELECT MIN(tenant) FROM jobs WHERE state = 'available' AND queue = ?1 \
+                         AND tenant IS NOT NULL AND (?2 IS NULL OR tenant > ?2)) \
+                 UNION ALL \
+                 SELECT (SELECT MIN(j.tenant) FROM jobs j WHERE j.state = 'available' \
+                         AND j.queue = ?1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant) \
+                 FROM t WHERE t.tenant IS NOT NULL) \
+             SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![queue, after, limit as i64], |row| row.get(0))?
+                .collect()
+        })
+        .map_err(backend)
+}
+
+/// Available jobs without a tenant, looked for among the queue's first
+/// [`flow::UNTENANTED_WINDOW`] available jobs.
+fn untenanted_ids(ctx: &WriteCtx<'_>, queue: &str, limit: usize) -> StoreResult<Vec<Uuid>> {
+    ids(ctx
+        .conn
+        .prepare_cached(
+            "SELECT id FROM (SELECT id, tenant, priority, run_at FROM jobs \
+                 WHERE state = 'available' AND queue = ?1 \
+                 ORDER BY priority DESC, run_at, id LIMIT ?2) \
+             WHERE tenant IS NULL ORDER BY priority DESC, run_at, id LIMIT ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(
+                params![queue, flow::UNTENANTED_WINDOW as i64, limit as i64],
+                |row| row.get(0),
+            )?
+            .collect()
+        }))
+}
+
+fn tenant_ids(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    tenant: &str,
+    limit: usize,
+) -> StoreResult<Vec<Uuid>> {
+    ids(ctx
+        .conn
+        .prepare_cached(
+            "SELECT id FROM jobs WHERE state = 'available' AND queue = ?1 AND tenant = ?2 \
+             AND tenant IS NOT NULL ORDER BY priority DESC, run_at, id LIMIT ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![queue, tenant, limit as i64], |row| row.get(0))?
+                .collect()
+        }))
+}
+
+/// The queue's groups in round-robin order (starting after the group served last), each
+/// with its first jobs and its per-key budget.
+fn tenant_groups(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+    quota: usize,
+) -> StoreResult<Vec<Group>> {
+    let cursor = ctx.cursors.get(queue).cloned();
+    let after = match &cursor {
+        Some(Some(tenant)) => tenants(ctx, queue, Some(tenant), quota)?,
+        _ => Vec::new(),
+    };
+    let from_start = if after.len() < quota {
+        tenants(ctx, queue, None, quota)?
+    } else {
+        Vec::new()
+    };
+    let untenanted = untenanted_ids(ctx, queue, quota)?;
+    let mut order = flow::rotation(
+        after,
+        from_start,
+        !untenanted.is_empty(),
+        !matches!(cursor, Some(Some(_))),
+    );
+    // Each group gets at least one job per pass, so more than `quota` groups cannot be served.
+    order.truncate(quota);
+    let reads = if order.len().saturating_mul(quota) <= GROUP_READ_BUDGET {
+        quota
+    } else {
+        flow::per_group_reads(quota, order.len())
+    };
+    let per_key =
+        settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
+    let mut groups = Vec::with_capacity(order.len());
+    for tenant in order {
+        let Some(tenant) = tenant else {
+            groups.push(Group {
+                tenant: None,
+                jobs: untenanted.iter().copied().take(reads).collect(),
+                budget: usize::MAX,
+            });
+            continue;
+        };
+        let budget = if per_key {
+            let running = if settings.per_key_concurrency_limit.is_some() {
+                running_of_tenant(ctx, queue, &tenant)?
+            } else {
+                0
+            };
+            let recent = match settings.per_key_rate_limit {
+                Some(rate) => recent_starts(ctx, queue, &tenant, rate)?,
+                None => 0,
+            };
+            flow::key_budget(settings, running, recent)
+        } else {
+            usize::MAX
+        };
+        let jobs = if budget == 0 {
+            Vec::new()
+        } else {
+            tenant_ids(ctx, queue, &tenant, reads.min(budget))?
+        };
+        groups.push(Group {
+            tenant: Some(tenant),
+            jobs,
+            budget,
+        });
+    }
+    Ok(groups)
+}
