@@ -139,7 +139,10 @@ impl Default for StoreOptions {
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// Inserts all jobs or none. A job whose idempotency key matches an unfinished job (or one
-    /// completed within the window) yields the existing job with `duplicate: true`.
+    /// completed within the window) yields the existing job with `duplicate: true`; so does a
+    /// job with a [`crate::UniqueSpec`] whose unique key is held by a job in one of the spec's
+    /// states, created within its period (checked after the idempotency key). Within a batch,
+    /// jobs count as inserted one after another.
     async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>>;
 
     /// One job by id, with its full error history.

@@ -349,8 +349,10 @@ mod tests {
             "unique.args"
         );
         assert_eq!(field(UniqueSpec::by_args([""])), "unique.args");
-        let mut zero = UniqueSpec::default();
-        zero.period_ms = Some(0);
+        let zero = UniqueSpec {
+            period_ms: Some(0),
+            ..UniqueSpec::default()
+        };
         assert_eq!(field(zero), "unique.period_ms");
         assert_eq!(field(UniqueSpec::default().states([])), "unique.states");
         assert_eq!(
@@ -358,6 +360,26 @@ mod tests {
             "unique.states"
         );
         assert_eq!(parse_state("running"), Ok(JobState::Running));
+    }
+
+    #[test]
+    fn job_options_carry_the_spec_and_validate_it() {
+        use crate::client::JobOptions;
+        let job = JobOptions::default()
+            .unique(UniqueSpec::by_args(["id"]).period(Duration::from_secs(60)))
+            .into_new_job("k", json!({"id": 1}))
+            .expect("valid");
+        let spec = job.unique.clone().expect("set");
+        assert_eq!(spec.period_ms, Some(60_000));
+        assert_eq!(
+            job.unique_key(),
+            Some(unique_key("k", "default", &json!({"id": 1}), &spec))
+        );
+        let err = JobOptions::default()
+            .unique(UniqueSpec::by_args(Vec::<String>::new()))
+            .into_new_job("k", json!({}))
+            .expect_err("empty args");
+        assert_eq!(err.field, "unique.args");
     }
 
     #[test]

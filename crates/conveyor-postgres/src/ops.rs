@@ -337,12 +337,9 @@ pub(crate) async fn insert_many(
         if let (Some(spec), Some(key)) = (&new.unique, &unique_key) {
             // The latest job holding the key wins: one this batch added (created now, so inside
             // any window) whose state the spec counts, else the stored one.
-            let in_batch = batch_unique.get(key).and_then(|added| {
-                added
-                    .iter()
-                    .rev()
-                    .find(|(_, state)| spec.blocks_in(*state))
-            });
+            let in_batch = batch_unique
+                .get(key)
+                .and_then(|added| added.iter().rev().find(|(_, state)| spec.blocks_in(*state)));
             if let Some((id, _)) = in_batch {
                 slots.push(Slot::SameBatch(*id));
                 continue;

@@ -108,18 +108,22 @@ impl Sql {
             )),
             // For each unique job of a batch (`$1` keys, `$2` comma-separated states, `$3` the
             // window's start or NULL), the latest job holding the key in one of the states,
-            // created after the start; `pos` is the entry's 1-based position. The caller applies
-            // no further rule. Each lookup is a range scan of `jobs_unique`.
+            // created after the start; `pos` is the entry's 1-based position. One backward
+            // range scan of `jobs_unique` per state, so a key's long history in other states
+            // is never read (with the states as one `= ANY` filter the planner cannot estimate
+            // them and scans every job of the key).
             unique_matches: stmt(format!(
                 "SELECT u.pos, m.* \
                  FROM unnest($1::text[], $2::text[], $3::timestamptz[]) WITH ORDINALITY \
                      AS u(key, states, since, pos) \
                  CROSS JOIN LATERAL ( \
-                     SELECT {COLUMNS} FROM {jobs} j \
-                     WHERE j.unique_key = u.key AND j.unique_key IS NOT NULL \
-                         AND j.state = ANY (string_to_array(u.states, ',')) \
-                         AND (u.since IS NULL OR j.created_at > u.since) \
-                     ORDER BY j.created_at DESC, j.id DESC LIMIT 1) m"
+                     SELECT x.* FROM unnest(string_to_array(u.states, ',')) AS s(state) \
+                     CROSS JOIN LATERAL ( \
+                         SELECT {j_columns} FROM {jobs} j \
+                         WHERE j.unique_key = u.key AND j.state = s.state \
+                             AND j.created_at > COALESCE(u.since, '-infinity') \
+                         ORDER BY j.created_at DESC, j.id DESC LIMIT 1) x \
+                     ORDER BY x.created_at DESC, x.id DESC LIMIT 1) m"
             )),
             insert: stmt(insert_sql(&jobs, "")),
             // The fast path for queues without depth limits: the same insert, guarded by a

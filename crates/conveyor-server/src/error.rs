@@ -20,6 +20,9 @@ pub enum ApiError {
     /// 404: no such job (or no dead job, for discard).
     #[error("job {0} not found")]
     JobNotFound(Uuid),
+    /// 404: no such cron schedule.
+    #[error("schedule {0:?} not found")]
+    ScheduleNotFound(String),
     /// 404: no such route.
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
@@ -81,7 +84,9 @@ impl ApiError {
         match self {
             ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-            ApiError::JobNotFound(_) | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::JobNotFound(_)
+            | ApiError::ScheduleNotFound(_)
+            | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::LeaseLost(_) | ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -95,7 +100,9 @@ impl ApiError {
         match self {
             ApiError::Invalid { .. } => "invalid_request",
             ApiError::TooLarge { .. } => "payload_too_large",
-            ApiError::JobNotFound(_) | ApiError::RouteNotFound { .. } => "not_found",
+            ApiError::JobNotFound(_)
+            | ApiError::ScheduleNotFound(_)
+            | ApiError::RouteNotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::LeaseLost(_) => "lease_lost",
             ApiError::Conflict(_) => "conflict",

@@ -18,6 +18,7 @@ mod error;
 mod extract;
 mod jobs;
 mod lease;
+mod schedules;
 mod settings;
 
 use axum::extract::DefaultBodyLimit;
@@ -147,6 +148,14 @@ pub fn router_with_options(
         .route("/v1/dead/{id}", delete(admin::dead_discard))
         .route("/v1/queues", get(admin::queues))
         .route("/v1/queues/{name}", get(settings::get).put(settings::put))
+        .route("/v1/schedules", get(schedules::list))
+        .route(
+            "/v1/schedules/{name}",
+            get(schedules::get)
+                .put(schedules::put)
+                .delete(schedules::delete),
+        )
+        .route("/v1/schedules/{name}/runs", get(schedules::runs))
         .route("/healthz", get(admin::healthz))
         .fallback(admin::not_found)
         .method_not_allowed_fallback(admin::method_not_allowed)

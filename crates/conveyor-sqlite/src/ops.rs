@@ -16,7 +16,6 @@ use crate::backend;
 use crate::flow;
 use crate::rows::{self, millis, COLUMNS};
 use crate::unique;
-use conveyor_core::unique::unique_key;
 use crate::writer::WriteCtx;
 
 fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
@@ -69,20 +68,16 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
             }
         }
         // Checked after the idempotency key, which keeps precedence.
-        let unique_key = match &new.unique {
-            Some(spec) => {
-                let key = unique_key(&new.kind, &new.queue, &new.payload, spec);
-                if let Some(existing) = unique::existing(ctx, &key, spec)? {
-                    inserted.push(Inserted {
-                        job: existing,
-                        duplicate: true,
-                    });
-                    continue;
-                }
-                Some(key)
+        let unique_key = new.unique_key();
+        if let (Some(spec), Some(key)) = (&new.unique, &unique_key) {
+            if let Some(existing) = unique::existing(ctx, key, spec)? {
+                inserted.push(Inserted {
+                    job: existing,
+                    duplicate: true,
+                });
+                continue;
             }
-            None => None,
-        };
+        }
         let run_at = new.run_at.map_or(ctx.now, |at| at.max(ctx.now));
         let state = if run_at > ctx.now {
             JobState::Scheduled

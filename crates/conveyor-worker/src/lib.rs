@@ -6,14 +6,17 @@
 //! stops fetching, lets running jobs finish within the drain timeout, then cancels the rest and
 //! releases them at once for another worker.
 //!
-//! [`Maintenance`] returns expired leases (crashed or hung workers) and promotes due jobs.
+//! [`Maintenance`] returns expired leases (crashed or hung workers) and promotes due jobs, and
+//! while its node leads runs the [`Scheduler`], which fires cron schedules.
 
 mod handler;
 mod maintenance;
+mod scheduler;
 mod worker;
 
 pub use handler::{JobContext, Outcome};
 pub use maintenance::Maintenance;
+pub use scheduler::{Scheduler, SchedulerPass};
 pub use worker::{ShutdownReport, Worker, WorkerBuilder, WorkerError};
 
 /// A default worker id: host, process id and a random suffix, so restarts are distinguishable.

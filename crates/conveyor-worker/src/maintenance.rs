@@ -1,4 +1,4 @@
-//! Periodic upkeep: rescue expired leases, promote due jobs.
+//! Periodic upkeep: rescue expired leases, promote due jobs, fire cron schedules.
 
 use conveyor_core::{RescueParams, RetryPolicy, Store};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -6,9 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
+use crate::scheduler::Scheduler;
+
 /// Rescues jobs whose lease expired (their worker crashed, hung or was partitioned) and makes
-/// due scheduled and retryable jobs available. Run one per store: in the server, or in an
-/// embedded worker.
+/// due scheduled and retryable jobs available; while leading, it also runs the cron
+/// [`Scheduler`]. Run one per store: in the server, or in an embedded worker.
 #[derive(Clone)]
 pub struct Maintenance {
     store: Arc<dyn Store>,
@@ -18,19 +20,34 @@ pub struct Maintenance {
     holder: String,
     leader_ttl: Duration,
     leading: Arc<AtomicBool>,
+    scheduler: Option<Scheduler>,
 }
 
 impl Maintenance {
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
-            store,
             interval: Duration::from_secs(1),
             retry: RetryPolicy::default(),
             batch: 1000,
             holder: crate::default_worker_id(),
             leader_ttl: Duration::from_secs(10),
             leading: Arc::new(AtomicBool::new(false)),
+            scheduler: Some(Scheduler::new(store.clone())),
+            store,
         }
+    }
+
+    /// The cron scheduler to run while this node leads (default: [`Scheduler::new`] on the
+    /// same store, with the wall clock).
+    pub fn scheduler(mut self, scheduler: Scheduler) -> Self {
+        self.scheduler = Some(scheduler);
+        self
+    }
+
+    /// Runs no cron scheduler (another process fires the schedules).
+    pub fn without_scheduler(mut self) -> Self {
+        self.scheduler = None;
+        self
     }
 
     /// Who this node is in leader election (default: host, pid and a random suffix).
@@ -89,6 +106,11 @@ impl Maintenance {
     /// store's maintenance leadership (renewed each pass; given up at stop). Store errors are
     /// logged and retried.
     pub async fn run(self, stop: CancellationToken) {
+        // The scheduler ticks faster than maintenance (per-second schedules), so it runs beside
+        // this loop, gated by the leadership this loop maintains.
+        let scheduler = self.scheduler.clone().map(|scheduler| {
+            tokio::spawn(scheduler.run_while(stop.child_token(), self.leading.clone()))
+        });
         let mut ticker = tokio::time::interval(self.interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut leading = false;
@@ -125,6 +147,10 @@ impl Maintenance {
             }
         }
         self.leading.store(false, Ordering::Relaxed);
+        if let Some(scheduler) = scheduler {
+            // Stopped by `stop` too; wait so that no firing runs past the leadership's release.
+            let _ = scheduler.await;
+        }
         if leading {
             if let Err(error) = self.store.leader_release(&self.holder).await {
                 tracing::warn!(%error, "could not give up leadership; it will expire");

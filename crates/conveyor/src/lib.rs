@@ -30,6 +30,10 @@ pub use conveyor_sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use conveyor_worker::{
     default_worker_id, JobContext, Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder,
 };
+pub use conveyor_worker::{Scheduler, SchedulerPass};
+pub use schedule_file::{load_schedules, parse_schedules, ScheduleFileError};
+
+pub mod schedule_file;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -497,6 +497,14 @@ pub(crate) enum QueueCommand {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Rate(Option<(u64, u64)>);
 
+impl Rate {
+    /// The limit given, `None` for `none`.
+    pub(crate) fn limit(self) -> Option<conveyor::RateLimit> {
+        self.0
+            .map(|(count, period_ms)| conveyor::RateLimit { count, period_ms })
+    }
+}
+
 impl std::str::FromStr for Rate {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, Self::Err> {

@@ -39,6 +39,31 @@ pub(crate) struct BenchArgs {
     /// One JSON object per line instead of text.
     #[arg(long)]
     json: bool,
+    /// Spread the jobs over this many tenants (round-robin), so fetches go through tenant
+    /// fairness. 0: jobs have no tenant.
+    #[arg(long, default_value_t = 0)]
+    tenants: usize,
+    /// Run the workloads with this concurrency limit on their queue.
+    #[arg(long)]
+    concurrency_limit: Option<u64>,
+    /// ... and this per-tenant concurrency limit.
+    #[arg(long)]
+    per_key_concurrency_limit: Option<u64>,
+    /// ... and this rate limit (`COUNT/PERIOD`, e.g. `50000/1s`).
+    #[arg(long)]
+    rate_limit: Option<super::admin::Rate>,
+}
+
+impl BenchArgs {
+    /// The settings each workload's queue gets: the limits asked for, else none.
+    fn queue_settings(&self) -> conveyor::QueueSettings {
+        conveyor::QueueSettings {
+            concurrency_limit: self.concurrency_limit,
+            per_key_concurrency_limit: self.per_key_concurrency_limit,
+            rate_limit: self.rate_limit.and_then(|rate| rate.limit()),
+            ..conveyor::QueueSettings::default()
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
@@ -86,20 +111,35 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             format!("{workload:?}").to_lowercase(),
             uuid::Uuid::new_v4().simple()
         );
+        let settings = args.queue_settings();
+        if settings != conveyor::QueueSettings::default() {
+            store
+                .queue_settings_put(&queue, settings.clone())
+                .await
+                .context("setting the bench queue's limits")?;
+        }
         let mut line = json!({
             "workload": format!("{workload:?}").to_lowercase(),
             "store": shown_url, "durable": durable, "durability": durability,
             "jobs": args.jobs, "concurrency": args.concurrency,
+            "tenants": args.tenants,
+            "concurrency_limit": settings.concurrency_limit,
+            "per_key_concurrency_limit": settings.per_key_concurrency_limit,
+            "rate_limit": settings.rate_limit,
         });
+        let shape = Shape {
+            queue: queue.clone(),
+            tenants: args.tenants,
+        };
         match workload {
             Workload::Enqueue => {
-                let seconds = enqueue(&store, &queue, args.jobs, args.batch).await?;
+                let seconds = enqueue(&store, &shape, args.jobs, args.batch).await?;
                 line["batch"] = json!(args.batch);
                 line["seconds"] = json!(seconds);
                 line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
             }
             Workload::Drain => {
-                enqueue(&store, &queue, args.jobs, args.batch).await?;
+                enqueue(&store, &shape, args.jobs, args.batch).await?;
                 let seconds = drain(&store, &queue, args.jobs, args.concurrency).await?;
                 line["seconds"] = json!(seconds);
                 line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
@@ -107,7 +147,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             Workload::Latency => {
                 let samples = args.jobs.min(2000);
                 let (p50, p99, seconds) =
-                    latency(&store, &queue, samples, args.concurrency).await?;
+                    latency(&store, &shape, samples, args.concurrency).await?;
                 line["jobs"] = json!(samples);
                 line["seconds"] = json!(seconds);
                 line["jobs_per_s"] = json!((samples as f64 / seconds).round());
@@ -162,16 +202,28 @@ impl Drop for TempDir {
     }
 }
 
-fn bench_job(queue: &str, n: usize) -> NewJob {
-    let mut job = NewJob::new("bench.noop", json!({"n": n}));
-    job.queue = queue.to_string();
-    job
+/// Where a workload's jobs go and how they are spread over tenants.
+#[derive(Clone)]
+struct Shape {
+    queue: String,
+    tenants: usize,
+}
+
+impl Shape {
+    fn job(&self, n: usize) -> NewJob {
+        let mut job = NewJob::new("bench.noop", json!({"n": n}));
+        job.queue = self.queue.clone();
+        if self.tenants > 0 {
+            job.tenant = Some(format!("tenant-{}", n % self.tenants));
+        }
+        job
+    }
 }
 
 /// Bulk insert in batches from a few concurrent producers; returns seconds.
 async fn enqueue(
     store: &Arc<dyn Store>,
-    queue: &str,
+    shape: &Shape,
     jobs: usize,
     batch: usize,
 ) -> anyhow::Result<f64> {
@@ -180,12 +232,12 @@ async fn enqueue(
     let mut tasks = tokio::task::JoinSet::new();
     for p in 0..producers {
         let store = store.clone();
-        let queue = queue.to_string();
+        let shape = shape.clone();
         tasks.spawn(async move {
             let mut n = p * batch;
             while n < jobs {
                 let end = (n + batch).min(jobs);
-                let chunk = (n..end).map(|i| bench_job(&queue, i)).collect();
+                let chunk = (n..end).map(|i| shape.job(i)).collect();
                 store.jobs_insert_many(chunk).await?;
                 n += producers * batch;
             }
@@ -243,10 +295,11 @@ async fn drain(
 /// Enqueue-to-handler-start on an idle queue, one job at a time; returns (p50, p99, seconds).
 async fn latency(
     store: &Arc<dyn Store>,
-    queue: &str,
+    shape: &Shape,
     samples: usize,
     concurrency: usize,
 ) -> anyhow::Result<(f64, f64, f64)> {
+    let queue = shape.queue.as_str();
     let (started_tx, mut started_rx) = mpsc::unbounded_channel::<Instant>();
     let worker = Worker::builder(store.clone())
         .queue(queue, concurrency)
@@ -268,7 +321,7 @@ async fn latency(
     let begin = Instant::now();
     for n in 0..samples {
         let sent = Instant::now();
-        let id = store.jobs_insert_many(vec![bench_job(queue, n)]).await?[0]
+        let id = store.jobs_insert_many(vec![shape.job(n)]).await?[0]
             .job
             .id;
         let began = tokio::time::timeout(Duration::from_secs(10), started_rx.recv())

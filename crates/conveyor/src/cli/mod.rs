@@ -4,6 +4,7 @@ mod admin;
 mod bench;
 mod demo;
 mod http;
+mod schedule;
 mod serve;
 mod store;
 mod work;
@@ -82,6 +83,11 @@ enum Command {
         #[command(subcommand)]
         command: admin::QueueCommand,
     },
+    /// Cron schedules: list, show, set, runs, delete.
+    Schedule {
+        #[command(subcommand)]
+        command: schedule::ScheduleCommand,
+    },
     /// Run a worker that executes a shell command for each job.
     Work(work::WorkArgs),
     /// Measure enqueue, drain and latency against a store.
@@ -116,6 +122,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Dead { command } => admin::dead(command).await,
         Command::Queues(args) => admin::queues(args).await,
         Command::Queue { command } => admin::queue(command).await,
+        Command::Schedule { command } => schedule::run(command).await,
         Command::Work(args) => work::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Store { command } => store::run(command).await,

@@ -2,9 +2,10 @@
 
 use anyhow::Context;
 use clap::Args;
-use conveyor::{Maintenance, DEFAULT_STORE_URL};
+use conveyor::{Maintenance, Scheduler, DEFAULT_STORE_URL};
 use conveyor_server::{RouterOptions, ServerConfig};
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +46,14 @@ pub(crate) struct ServeArgs {
     /// rescue is missed before another server takes over, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     leader_ttl_ms: u64,
+    /// Cron schedules to create or update at start (TOML, or JSON when the name ends in
+    /// `.json`). Schedules not in the file are left as they are.
+    #[arg(long, env = "CONVEYOR_SCHEDULES")]
+    schedules: Option<PathBuf>,
+    /// How late a schedule tick may fire and still count as on time, in milliseconds (at least
+    /// 1000). Older ticks were missed during downtime and follow the schedule's `missed` policy.
+    #[arg(long, default_value_t = 5000)]
+    schedule_misfire_ms: u64,
     /// How long the demo worker may drain at shutdown, in seconds.
     #[arg(long, default_value_t = 30)]
     drain_timeout_secs: u64,
@@ -59,6 +68,16 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let store = conveyor::open_store(&args.store, open_options)
         .await
         .with_context(|| format!("cannot open store {}", args.store))?;
+    if let Some(path) = &args.schedules {
+        let schedules = conveyor::load_schedules(path)?;
+        for schedule in schedules {
+            let name = schedule.name().to_string();
+            store.schedule_put(schedule).await.with_context(|| {
+                format!("cannot store schedule {name:?} from {}", path.display())
+            })?;
+        }
+        tracing::info!(file = %path.display(), "schedules applied");
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -71,7 +90,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     };
     let maintenance = Maintenance::new(store.clone())
         .interval(Duration::from_millis(args.maintenance_interval_ms.max(10)))
-        .leader_ttl(Duration::from_millis(args.leader_ttl_ms.max(100)));
+        .leader_ttl(Duration::from_millis(args.leader_ttl_ms.max(100)))
+        .scheduler(
+            Scheduler::new(store.clone())
+                .misfire_threshold(Duration::from_millis(args.schedule_misfire_ms)),
+        );
     let leading = maintenance.leading();
     let app = conveyor_server::router_with_options(
         store.clone(),

@@ -1,0 +1,116 @@
+//! Cron schedules: `PUT/GET/DELETE /v1/schedules/{name}`, `GET /v1/schedules` and
+//! `GET /v1/schedules/{name}/runs`.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use conveyor_core::{validate, Schedule, ScheduleRun, ScheduleSpec, ScheduleView};
+use serde::Serialize;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{check_json_size, ApiJson, QueryPairs};
+use crate::AppState;
+
+/// Runs listed when the request names no `limit`, and the most it may name.
+const DEFAULT_RUNS_LIMIT: usize = 50;
+const MAX_RUNS_LIMIT: usize = 1000;
+
+fn schedule_name(name: &str) -> ApiResult<()> {
+    validate::name("name", name).map_err(ApiError::from)
+}
+
+/// Creates or replaces a schedule. The body is a [`ScheduleSpec`]; every 400 names its field
+/// (`cron`, `timezone`, `job.kind`, `max_catch_up`, ...).
+pub(crate) async fn put(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    ApiJson(spec): ApiJson<ScheduleSpec>,
+) -> ApiResult<Json<ScheduleView>> {
+    schedule_name(&name)?;
+    check_json_size(
+        "job.payload",
+        &spec.job.payload,
+        state.config.max_payload_bytes,
+    )?;
+    let schedule = Schedule::from_spec(name, spec)?;
+    Ok(Json(state.store.schedule_put(schedule).await?))
+}
+
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ScheduleView>> {
+    schedule_name(&name)?;
+    state
+        .store
+        .schedule_get(&name)
+        .await?
+        .map(Json)
+        .ok_or(ApiError::ScheduleNotFound(name))
+}
+
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> ApiResult<StatusCode> {
+    schedule_name(&name)?;
+    if state.store.schedule_delete(&name).await? {
+        Ok(StatusCode::NO_CONTENT)
+    } else {
+        Err(ApiError::ScheduleNotFound(name))
+    }
+}
+
+#[derive(Serialize)]
+pub(crate) struct ScheduleList {
+    schedules: Vec<ScheduleView>,
+}
+
+pub(crate) async fn list(State(state): State<AppState>) -> ApiResult<Json<ScheduleList>> {
+    Ok(Json(ScheduleList {
+        schedules: state.store.schedules_list().await?,
+    }))
+}
+
+#[derive(Serialize)]
+pub(crate) struct RunList {
+    runs: Vec<ScheduleRun>,
+}
+
+/// A schedule's latest runs, newest first (`?limit=`, default 50, at most 1000).
+pub(crate) async fn runs(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    QueryPairs(pairs): QueryPairs,
+) -> ApiResult<Json<RunList>> {
+    schedule_name(&name)?;
+    let mut limit = DEFAULT_RUNS_LIMIT;
+    for (key, value) in pairs {
+        match key.as_str() {
+            "limit" => {
+                limit = value
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|limit| (1..=MAX_RUNS_LIMIT).contains(limit))
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "limit",
+                            format!("must be an integer from 1 to {MAX_RUNS_LIMIT}"),
+                        )
+                    })?;
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    "unknown query parameter; expected limit",
+                ))
+            }
+        }
+    }
+    if state.store.schedule_get(&name).await?.is_none() {
+        return Err(ApiError::ScheduleNotFound(name));
+    }
+    Ok(Json(RunList {
+        runs: state.store.schedule_runs(&name, limit).await?,
+    }))
+}

@@ -1,0 +1,221 @@
+//! `/v1/schedules` over HTTP: define, read, list, delete, run history, and bad input answered
+//! 400 naming the field.
+
+use conveyor_core::Store;
+use conveyor_server::{router, ServerConfig};
+use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+    store: Arc<dyn Store>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Api {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
+            .expect("open store"),
+    );
+    let app = router(store.clone(), ServerConfig::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+    Api {
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        store,
+        _dir: dir,
+    }
+}
+
+impl Api {
+    async fn send(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        let response = request.send().await.expect("send");
+        let status = response.status().as_u16();
+        let text = response.text().await.expect("body");
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).expect("JSON body")
+        };
+        (status, body)
+    }
+
+    async fn put(&self, name: &str, body: Value) -> (u16, Value) {
+        self.send(Method::PUT, &format!("/v1/schedules/{name}"), Some(body))
+            .await
+    }
+
+    /// Asserts a 400 naming `field`, and returns the message.
+    async fn bad(&self, name: &str, body: Value, field: &str) -> String {
+        let (status, answer) = self.put(name, body.clone()).await;
+        assert_eq!(status, 400, "{body} -> {answer}");
+        assert_eq!(answer["error"]["code"], "invalid_request", "{answer}");
+        assert_eq!(answer["error"]["field"], field, "{body} -> {answer}");
+        answer["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    }
+}
+
+#[tokio::test]
+async fn define_read_list_and_delete() {
+    let api = start().await;
+    let (status, created) = api
+        .put(
+            "nightly-report",
+            json!({
+                "cron": "0 3 * * *",
+                "timezone": "Europe/Berlin",
+                "job": {"kind": "report", "payload": {"day": "yesterday"}, "queue": "reports"},
+                "overlap": "allow",
+                "missed": "catch_up",
+                "max_catch_up": 3
+            }),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["name"], "nightly-report");
+    assert_eq!(created["cron"], "0 3 * * *");
+    assert_eq!(created["timezone"], "Europe/Berlin");
+    assert_eq!(created["job"]["kind"], "report");
+    assert_eq!(created["job"]["queue"], "reports");
+    assert_eq!(created["job"]["payload"], json!({"day": "yesterday"}));
+    assert_eq!(created["overlap"], "allow");
+    assert_eq!(created["missed"], "catch_up");
+    assert_eq!(created["max_catch_up"], 3);
+    assert!(created["next_run_at"].is_string(), "{created}");
+    assert!(created["last_run"].is_null());
+    assert_eq!(created["recent_runs"], json!([]));
+
+    // Defaults: UTC, skip and skip.
+    let (status, minimal) = api
+        .put(
+            "every-minute",
+            json!({"cron": "* * * * *", "job": {"kind": "ping"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{minimal}");
+    assert_eq!(minimal["timezone"], "UTC");
+    assert_eq!(minimal["overlap"], "skip");
+    assert_eq!(minimal["missed"], "skip");
+    assert_eq!(minimal["job"]["queue"], "default");
+
+    let (status, got) = api
+        .send(Method::GET, "/v1/schedules/nightly-report", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(got["name"], "nightly-report");
+    let (status, all) = api.send(Method::GET, "/v1/schedules", None).await;
+    assert_eq!(status, 200);
+    let names: Vec<&str> = all["schedules"]
+        .as_array()
+        .expect("array")
+        .iter()
+        .map(|s| s["name"].as_str().unwrap_or_default())
+        .collect();
+    assert_eq!(names, vec!["every-minute", "nightly-report"]);
+    assert!(all["schedules"][0]["next_run_at"].is_string());
+
+    let (status, runs) = api
+        .send(Method::GET, "/v1/schedules/every-minute/runs?limit=5", None)
+        .await;
+    assert_eq!(status, 200);
+    assert_eq!(runs["runs"], json!([]));
+
+    let (status, _) = api
+        .send(Method::DELETE, "/v1/schedules/every-minute", None)
+        .await;
+    assert_eq!(status, 204);
+    for (method, path) in [
+        (Method::GET, "/v1/schedules/every-minute"),
+        (Method::DELETE, "/v1/schedules/every-minute"),
+        (Method::GET, "/v1/schedules/every-minute/runs"),
+    ] {
+        let (status, answer) = api.send(method, path, None).await;
+        assert_eq!(status, 404, "{path}");
+        assert_eq!(answer["error"]["code"], "not_found");
+    }
+}
+
+#[tokio::test]
+async fn bad_input_is_400_naming_the_field() {
+    let api = start().await;
+    let job = json!({"kind": "k"});
+    let message = api
+        .bad("s", json!({"cron": "61 * * * *", "job": job}), "cron")
+        .await;
+    assert!(message.contains("61 * * * *"), "{message}");
+    api.bad("s", json!({"cron": "* * * *", "job": job}), "cron")
+        .await;
+    api.bad("s", json!({"cron": "0 0 30 2 *", "job": job}), "cron")
+        .await;
+    let message = api
+        .bad(
+            "s",
+            json!({"cron": "* * * * *", "timezone": "Europe/Atlantis", "job": job}),
+            "timezone",
+        )
+        .await;
+    assert!(message.contains("Europe/Atlantis"), "{message}");
+    api.bad("s", json!({"job": job}), "cron").await;
+    api.bad("s", json!({"cron": "* * * * *"}), "job").await;
+    api.bad("s", json!({"cron": "* * * * *", "job": {}}), "job.kind")
+        .await;
+    api.bad(
+        "s",
+        json!({"cron": "* * * * *", "job": {"kind": "bad kind"}}),
+        "job.kind",
+    )
+    .await;
+    api.bad(
+        "s",
+        json!({"cron": "* * * * *", "job": {"kind": "k", "bogus": 1}}),
+        "job.bogus",
+    )
+    .await;
+    api.bad(
+        "s",
+        json!({"cron": "* * * * *", "job": job, "overlap": "sometimes"}),
+        "overlap",
+    )
+    .await;
+    api.bad(
+        "s",
+        json!({"cron": "* * * * *", "job": job, "missed": "later"}),
+        "missed",
+    )
+    .await;
+    api.bad(
+        "s",
+        json!({"cron": "* * * * *", "job": job, "max_catch_up": 3}),
+        "max_catch_up",
+    )
+    .await;
+    api.bad(
+        "s",
+        json!({"cron": "* * * * *", "job": job, "missed": "catch_up", "max_catch_up": 0}),
+        "max_catch_up",
+    )
+    .await;
+    api.bad("bad name", json!({"cron": "* * * * *", "job": job}), "name")
+        .await;
+    let (status, answer) = api
+        .send(Method::GET, "/v1/schedules/s/runs?limit=0", None)
+        .await;
+    assert_eq!((status, &answer["error"]["field"]), (400, &json!("limit")));
+    // Nothing was stored by any of them.
+    assert!(api.store.schedules_list().await.expect("list").is_empty());
+}
