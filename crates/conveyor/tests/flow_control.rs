@@ -230,3 +230,55 @@ fn concurrency_limit_holds_across_two_postgres_nodes() {
     assert_eq!(events.len(), 30);
     assert_eq!(peak, 3, "the limit is reached but never passed");
 }
+
+/// Back-pressure: with a maximum depth of 100, the 101st enqueue is refused with 429 and a
+/// Retry-After header, and nothing is stored; once a worker has drained the queue, the same
+/// enqueue succeeds.
+fn max_depth_refuses_the_101st_until_drained(backend: Backend) {
+    let servers = backend.servers();
+    let server = &servers[0].url;
+    set_queue(server, "inbox", json!({"max_depth": 100}));
+    let jobs: Vec<Value> = (0..100)
+        .map(|n| json!({"kind": "mail", "queue": "inbox", "payload": {"n": n}}))
+        .collect();
+    enqueue_many(server, jobs);
+    let extra = json!({"kind": "mail", "queue": "inbox", "payload": {"n": 100}});
+    // On PostgreSQL the other server refuses it too: the limit is the store's, not a process's.
+    let refused = http()
+        .post(format!("{}/v1/jobs", servers[servers.len() - 1].url))
+        .json(&extra)
+        .send()
+        .expect("POST job");
+    assert_eq!(refused.status(), 429);
+    let retry_after: u64 = refused
+        .headers()
+        .get("retry-after")
+        .expect("Retry-After header")
+        .to_str()
+        .expect("ascii")
+        .parse()
+        .expect("seconds");
+    assert!(retry_after >= 1);
+    let body: Value = refused.json().expect("error JSON");
+    assert_eq!(body["error"]["code"], "queue_full");
+    let _worker = start_worker(server, "true", &["--queues", "inbox", "--concurrency", "8"]);
+    wait_until("the queue to drain", || {
+        (completed(server, "inbox") == 100).then_some(())
+    });
+    let accepted = enqueue(server, extra);
+    let id = accepted["id"].as_str().expect("id");
+    assert_eq!(get_job(server, id)["queue"], "inbox", "stored once accepted");
+    wait_until("the accepted job to run", || {
+        (completed(server, "inbox") == 101).then_some(())
+    });
+}
+
+#[test]
+fn max_depth_refuses_the_101st_until_drained_on_sqlite() {
+    max_depth_refuses_the_101st_until_drained(Backend::Sqlite(temp_dir()));
+}
+
+#[test]
+fn max_depth_refuses_the_101st_until_drained_across_two_postgres_nodes() {
+    max_depth_refuses_the_101st_until_drained(Backend::Postgres(Schema::fresh("flow_depth")));
+}
