@@ -82,7 +82,10 @@ pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), Valida
         ("max_depth", settings.max_depth),
         ("max_depth_per_tenant", settings.max_depth_per_tenant),
         ("concurrency_limit", settings.concurrency_limit),
-        ("per_key_concurrency_limit", settings.per_key_concurrency_limit),
+        (
+            "per_key_concurrency_limit",
+            settings.per_key_concurrency_limit,
+        ),
         ("weight", settings.weight.map(u64::from)),
     ] {
         if value == Some(0) {

@@ -83,12 +83,12 @@ impl Flow {
                 "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
                  AND queue = $1 {order} LIMIT $2"
             )),
-            // Distinct tenants after `$2` (from the first when NULL), one index seek each.
+            // Distinct tenants after `$2` ('' for from the first), one index seek each.
             tenants: stmt(format!(
                 "WITH RECURSIVE t(tenant) AS ( \
                      SELECT (SELECT min(tenant) FROM {jobs} WHERE state = 'available' \
                              AND queue = $1 AND tenant IS NOT NULL \
-                             AND ($2::text IS NULL OR tenant > $2::text)) \
+                             AND tenant > $2) \
                      UNION ALL \
                      SELECT (SELECT min(j.tenant) FROM {jobs} j WHERE j.state = 'available' \
                              AND j.queue = $1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant) \
@@ -399,7 +399,8 @@ async fn tenants(
 ) -> StoreResult<Vec<String>> {
     sqlx::query_scalar(ctx.sql.flow.tenants.clone())
         .bind(queue)
-        .bind(after)
+        // Tenants are never empty (names are validated), so '' stands for "from the first".
+        .bind(after.unwrap_or(""))
         .bind(limit(max))
         .fetch_all(&mut *conn)
         .await

@@ -9,8 +9,8 @@ use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
     CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
     JobListParams, JobState, LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings,
-    QueueStats, RateLimit, ReplaySelector, RescueParams, RescueReport, SnoozeParams, StoreError, StoreOptions,
-    StoreResult, ValidationError,
+    QueueStats, RateLimit, ReplaySelector, RescueParams, RescueReport, SnoozeParams, StoreError,
+    StoreOptions, StoreResult, ValidationError,
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -623,7 +623,11 @@ pub(crate) async fn queue_settings_put(
         .bind(settings.rate_limit.map(|r| stored_depth(r.count)))
         .bind(settings.rate_limit.map(|r| stored_depth(r.period_ms)))
         .bind(settings.per_key_rate_limit.map(|r| stored_depth(r.count)))
-        .bind(settings.per_key_rate_limit.map(|r| stored_depth(r.period_ms)))
+        .bind(
+            settings
+                .per_key_rate_limit
+                .map(|r| stored_depth(r.period_ms)),
+        )
         .bind(
             settings
                 .weight
@@ -731,8 +735,7 @@ pub(crate) async fn fetch(
         let mut tx = conn.begin().await.map_err(db("begin limited claim"))?;
         jobs = crate::flow::claim_controlled(&mut tx, ctx, params, expires_at).await?;
         tx.commit().await.map_err(db("commit limited claim"))?;
-    }
-    else {
+    } else {
         // RETURNING has no order; callers get jobs in the order they were claimed by.
         sort_in_claim_order(&mut jobs);
     }

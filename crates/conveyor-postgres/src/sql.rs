@@ -451,4 +451,3 @@ fn gated_claim_sql(
          SELECT gate.limited, claimed.* FROM gate LEFT JOIN claimed ON true"
     )
 }
-

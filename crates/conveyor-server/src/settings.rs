@@ -117,9 +117,11 @@ pub(crate) async fn put(
         patch.max_depth_per_tenant,
         |v| positive("max_depth_per_tenant", v),
     )?;
-    patched(&mut settings.concurrency_limit, patch.concurrency_limit, |v| {
-        positive("concurrency_limit", v)
-    })?;
+    patched(
+        &mut settings.concurrency_limit,
+        patch.concurrency_limit,
+        |v| positive("concurrency_limit", v),
+    )?;
     patched(
         &mut settings.per_key_concurrency_limit,
         patch.per_key_concurrency_limit,
@@ -128,9 +130,11 @@ pub(crate) async fn put(
     patched(&mut settings.rate_limit, patch.rate_limit, |v| {
         rate("rate_limit", v)
     })?;
-    patched(&mut settings.per_key_rate_limit, patch.per_key_rate_limit, |v| {
-        rate("per_key_rate_limit", v)
-    })?;
+    patched(
+        &mut settings.per_key_rate_limit,
+        patch.per_key_rate_limit,
+        |v| rate("per_key_rate_limit", v),
+    )?;
     patched(&mut settings.weight, patch.weight, |v| {
         let weight = positive("weight", v)?;
         u32::try_from(weight).map_err(|_| ApiError::invalid("weight", "must be at most 4294967295"))

@@ -248,7 +248,10 @@ async fn flow_settings_round_trip_and_null_clears_each() {
         )
         .await;
     assert_eq!(status, 200, "{stored}");
-    assert_eq!(stored["rate_limit"], json!({"count": 20, "period_ms": 1000}));
+    assert_eq!(
+        stored["rate_limit"],
+        json!({"count": 20, "period_ms": 1000})
+    );
     assert_eq!(stored["per_key_concurrency_limit"], 2);
     assert_eq!(stored["weight"], 3);
     // A partial update keeps the rest; null clears one.

@@ -191,7 +191,7 @@ fn tenants(
         .prepare_cached(
             "WITH RECURSIVE t(tenant) AS ( \
                  SELECT (SELECT MIN(tenant) FROM jobs WHERE state = 'available' AND queue = ?1 \
-                         AND tenant IS NOT NULL AND (?2 IS NULL OR tenant > ?2)) \
+                         AND tenant IS NOT NULL AND tenant > ?2) \
                  UNION ALL \
                  SELECT (SELECT MIN(j.tenant) FROM jobs j WHERE j.state = 'available' \
                          AND j.queue = ?1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant) \
@@ -199,8 +199,11 @@ fn tenants(
              SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT ?3",
         )
         .and_then(|mut stmt| {
-            stmt.query_map(params![queue, after, limit as i64], |row| row.get(0))?
-                .collect()
+            // Tenants are never empty (names are validated), so '' stands for "from the first".
+            stmt.query_map(params![queue, after.unwrap_or(""), limit as i64], |row| {
+                row.get(0)
+            })?
+            .collect()
         })
         .map_err(backend)
 }

@@ -232,8 +232,10 @@ fn add_missing_columns(
     }
     for (column, sql_type) in columns {
         if !existing.iter().any(|name| name == column) {
-            conn.execute_batch(&format!("ALTER TABLE {table} ADD COLUMN {column} {sql_type}"))
-                .map_err(backend)?;
+            conn.execute_batch(&format!(
+                "ALTER TABLE {table} ADD COLUMN {column} {sql_type}"
+            ))
+            .map_err(backend)?;
         }
     }
     Ok(())

@@ -378,9 +378,11 @@ pub(crate) fn complete_many(
     for queue in &completed_queues {
         ctx.count_move(queue, Some(JobState::Running), Some(JobState::Completed));
         // A finished job frees a place under a concurrency limit: waiting fetchers may claim.
-        if ctx.settings.get(queue).is_some_and(|s| {
-            s.concurrency_limit.is_some() || s.per_key_concurrency_limit.is_some()
-        }) {
+        if ctx
+            .settings
+            .get(queue)
+            .is_some_and(|s| s.concurrency_limit.is_some() || s.per_key_concurrency_limit.is_some())
+        {
             ctx.wake = true;
         }
     }
@@ -844,7 +846,11 @@ fn queue_depth(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<u64> {
 }
 
 /// Jobs of `queue` in `states`: the stored counts plus this round's changes not yet written.
-pub(crate) fn queue_count(ctx: &WriteCtx<'_>, queue: &str, states: &[JobState]) -> StoreResult<u64> {
+pub(crate) fn queue_count(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    states: &[JobState],
+) -> StoreResult<u64> {
     let mut stmt = ctx
         .conn
         .prepare_cached("SELECT n FROM queue_state_counts WHERE queue = ?1 AND state = ?2")

@@ -3,7 +3,8 @@
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::from_millis;
 use conveyor_core::{
-    Job, JobListParams, JobState, NamedQueueSettings, RateLimit, QueueSettings, QueueStats, StoreResult,
+    Job, JobListParams, JobState, NamedQueueSettings, QueueSettings, QueueStats, RateLimit,
+    StoreResult,
 };
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};

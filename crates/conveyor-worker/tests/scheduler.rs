@@ -112,17 +112,17 @@ async fn maintenance_runs_the_scheduler_on_time() {
         .scheduler(Scheduler::new(store.clone()).interval(Duration::from_millis(50)));
     let running = tokio::spawn(maintenance.run(stop.clone()));
     let deadline = Instant::now() + Duration::from_secs(20);
-    let fired = loop {
+    loop {
         let fired = runs(&store, "heartbeat").await;
         if fired.len() >= 3 {
-            break fired;
+            break;
         }
         assert!(
             Instant::now() < deadline,
             "three ticks within 20 s: {fired:?}"
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    }
     stop.cancel();
     running.await.expect("maintenance stops");
     let fired = runs(&store, "heartbeat").await;

@@ -372,21 +372,35 @@ fn queue_set_takes_rate_limits_weights_and_per_tenant_limits() {
         "--json",
     ]));
     assert_eq!(set["rate_limit"], json!({"count": 20, "period_ms": 1000}));
-    assert_eq!(set["per_key_rate_limit"], json!({"count": 100, "period_ms": 500}));
+    assert_eq!(
+        set["per_key_rate_limit"],
+        json!({"count": 100, "period_ms": 500})
+    );
     assert_eq!(set["per_key_concurrency_limit"], 2);
     assert_eq!(set["weight"], 3);
     let shown = conveyor(&["queue", "show", "api", "--server", s]);
     let text = String::from_utf8_lossy(&shown.stdout).to_string();
     assert!(text.contains("rate limit 20 per 1000 ms"), "{text}");
     let cleared = stdout_json(&conveyor(&[
-        "queue", "set", "api", "--rate-limit", "none", "--server", s, "--json",
+        "queue",
+        "set",
+        "api",
+        "--rate-limit",
+        "none",
+        "--server",
+        s,
+        "--json",
     ]));
     assert_eq!(cleared["rate_limit"], Value::Null);
     assert_eq!(cleared["weight"], 3, "other settings kept");
     for bad in ["0/1s", "20/0s", "20", "20/1y", "x/1s"] {
         let refused = conveyor(&["queue", "set", "api", "--rate-limit", bad, "--server", s]);
         assert!(!refused.status.success(), "{bad} accepted");
-        assert!(stderr(&refused).contains("rate"), "{bad}: {}", stderr(&refused));
+        assert!(
+            stderr(&refused).contains("rate"),
+            "{bad}: {}",
+            stderr(&refused)
+        );
     }
 }
 

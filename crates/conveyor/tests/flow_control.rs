@@ -133,7 +133,10 @@ fn rate_limit_spreads_starts(backend: Backend) {
         .collect();
     assert_eq!(starts.len(), 200);
     let span_ms = (starts[199] - starts[0]) / 1_000_000;
-    assert!(span_ms >= 8_500, "200 starts at 20/s took only {span_ms} ms");
+    assert!(
+        span_ms >= 8_500,
+        "200 starts at 20/s took only {span_ms} ms"
+    );
     // The 21st start after any start comes at least a period later (less the handlers' own
     // start-up jitter, which the store's clock does not see).
     for (first, twenty_first) in starts.iter().zip(starts.iter().skip(20)) {
@@ -172,9 +175,7 @@ fn tenant_flood_does_not_delay_another_tenant(backend: Backend) {
     let mut worker = start_worker(server, &exec, &["--queues", "shared", "--concurrency", "2"]);
     let position = wait_until("tenant b's job to start", || {
         let order = std::fs::read_to_string(&log).unwrap_or_default();
-        order
-            .lines()
-            .position(|id| id == b_id)
+        order.lines().position(|id| id == b_id)
     });
     worker.kill_9();
     assert!(
@@ -267,7 +268,11 @@ fn max_depth_refuses_the_101st_until_drained(backend: Backend) {
     });
     let accepted = enqueue(server, extra);
     let id = accepted["id"].as_str().expect("id");
-    assert_eq!(get_job(server, id)["queue"], "inbox", "stored once accepted");
+    assert_eq!(
+        get_job(server, id)["queue"],
+        "inbox",
+        "stored once accepted"
+    );
     wait_until("the accepted job to run", || {
         (completed(server, "inbox") == 101).then_some(())
     });

@@ -511,7 +511,8 @@ impl std::str::FromStr for Rate {
         if s.eq_ignore_ascii_case("none") {
             return Ok(Rate(None));
         }
-        let bad = || format!("{s:?} is not COUNT/PERIOD (e.g. 20/1s, 100/500ms, 1000/1m) or `none`");
+        let bad =
+            || format!("{s:?} is not COUNT/PERIOD (e.g. 20/1s, 100/500ms, 1000/1m) or `none`");
         let (count, period) = s.split_once('/').ok_or_else(bad)?;
         let count: u64 = count.trim().parse().map_err(|_| bad())?;
         let period = period.trim();
@@ -590,8 +591,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
                 ("per_key_rate_limit", per_key_rate_limit),
             ] {
                 if let Some(Rate(rate)) = rate {
-                    change[field] =
-                        json!(rate.map(|(count, period_ms)| json!({"count": count, "period_ms": period_ms})));
+                    change[field] = json!(rate
+                        .map(|(count, period_ms)| json!({"count": count, "period_ms": period_ms})));
                 }
             }
             if change.as_object().is_some_and(|o| o.is_empty()) {

@@ -321,9 +321,7 @@ async fn latency(
     let begin = Instant::now();
     for n in 0..samples {
         let sent = Instant::now();
-        let id = store.jobs_insert_many(vec![shape.job(n)]).await?[0]
-            .job
-            .id;
+        let id = store.jobs_insert_many(vec![shape.job(n)]).await?[0].job.id;
         let began = tokio::time::timeout(Duration::from_secs(10), started_rx.recv())
             .await
             .context("a job did not start within 10 s")?
