@@ -56,10 +56,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "flow_control",
         sql: include_str!("migrations/0007_flow_control.sql"),
     },
+    Migration {
+        version: 8,
+        name: "drop_jobs_running",
+        sql: include_str!("migrations/0008_drop_jobs_running.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

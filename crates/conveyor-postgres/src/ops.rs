@@ -717,24 +717,22 @@ pub(crate) async fn fetch(
         .fetch_all(&mut *conn)
         .await
         .map_err(db("claim jobs"))?;
-    let mut limited = false;
-    let mut jobs = Vec::with_capacity(found.len());
-    for row in &found {
-        let read = |e: sqlx::Error| corrupt(e.to_string());
-        limited |= row.try_get::<bool, _>("limited").map_err(read)?;
-        // The gate's row when nothing was claimed has no job.
-        if row
-            .try_get::<Option<Uuid>, _>("id")
-            .map_err(read)?
-            .is_some()
-        {
-            jobs.push(rows::job(row)?);
+    let mut jobs = rows::jobs(&found)?;
+    if jobs.is_empty() {
+        // Nothing available, or the gate refused: only the gate can tell.
+        let gate = match params.queues.as_slice() {
+            [queue] => sqlx::query_scalar(ctx.sql.claim_one_queue_gate.clone()).bind(queue),
+            queues => sqlx::query_scalar(ctx.sql.claim_gate.clone()).bind(queues),
+        };
+        let limited: bool = gate
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("check the flow-control gate"))?;
+        if limited {
+            let mut tx = conn.begin().await.map_err(db("begin limited claim"))?;
+            jobs = crate::flow::claim_controlled(&mut tx, ctx, params, expires_at).await?;
+            tx.commit().await.map_err(db("commit limited claim"))?;
         }
-    }
-    if limited {
-        let mut tx = conn.begin().await.map_err(db("begin limited claim"))?;
-        jobs = crate::flow::claim_controlled(&mut tx, ctx, params, expires_at).await?;
-        tx.commit().await.map_err(db("commit limited claim"))?;
     } else {
         // RETURNING has no order; callers get jobs in the order they were claimed by.
         sort_in_claim_order(&mut jobs);

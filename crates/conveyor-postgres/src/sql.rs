@@ -51,6 +51,8 @@ pub(crate) struct Sql {
     pub promote: SqlStr,
     pub claim: SqlStr,
     pub claim_one_queue: SqlStr,
+    pub claim_gate: SqlStr,
+    pub claim_one_queue_gate: SqlStr,
     pub heartbeat: SqlStr,
     pub complete: SqlStr,
     pub held: SqlStr,
@@ -83,6 +85,14 @@ impl Sql {
         let leadership = format!("{}.leadership", quoted(schema));
         let settings = format!("{}.queue_settings", quoted(schema));
         let j_columns = columns_of_j();
+        let many_gate = flow_gate(
+            &jobs,
+            &settings,
+            "s.queue = ANY($1)",
+            "t.queue = ANY($1)",
+            true,
+        );
+        let one_gate = flow_gate(&jobs, &settings, "s.queue = $1", "t.queue = $1", false);
         // Statements that make jobs available end with this: one NOTIFY per queue, sent by
         // PostgreSQL when (and only if) the statement's transaction commits. `changed` is the
         // CTE of the modified rows; the caller sums `n`. The unnamed void column is not read.
@@ -183,10 +193,10 @@ impl Sql {
             // Jobs of paused queues are not claimed. With several queues the check is per row
             // (an anti-join on the settings' primary key); with one it is a one-time check on
             // `$1`, leaving the ordered scan of `jobs_fetch` as it was.
-            // Both are the fast path for queues without flow control: a one-time check (`gate`)
-            // refuses to claim anything when a (not paused) queue of `$1` has limits or tenanted
-            // jobs waiting, and says so in the `limited` column of the single row then
-            // returned. The caller then takes the flow-controlled claim (`flow.rs`).
+            // Both are the fast path for queues without flow control: a one-time check (the
+            // gate) refuses to claim anything when a (not paused) queue of `$1` has limits or
+            // tenanted jobs waiting. When nothing was claimed the caller asks the gate alone
+            // (`claim_gate`), and if it says so takes the flow-controlled claim (`flow.rs`).
             claim: stmt(gated_claim_sql(
                 &jobs,
                 &j_columns,
@@ -194,11 +204,9 @@ impl Sql {
                     "c.queue = ANY($1) AND NOT EXISTS (SELECT 1 FROM {settings} s \
                          WHERE s.queue = c.queue AND s.paused)"
                 ),
-                &settings,
-                "s.queue = ANY($1)",
-                "t.queue = ANY($1)",
-                true,
+                &many_gate,
             )),
+            claim_gate: stmt(format!("SELECT {many_gate}")),
             // The common case (a worker's fetch loop serves one queue): with `queue = $1` the
             // index hands rows over in claim order, where `= ANY` makes PostgreSQL sort every
             // available job of the queues on each fetch.
@@ -206,11 +214,9 @@ impl Sql {
                 &jobs,
                 &j_columns,
                 &one_queue_condition(&settings),
-                &settings,
-                "s.queue = $1",
-                "t.queue = $1",
-                false,
+                &one_gate,
             )),
+            claim_one_queue_gate: stmt(format!("SELECT {one_gate}")),
             heartbeat: stmt(format!(
                 "UPDATE {jobs} j SET lease_expires_at = b.expires_at \
                  FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[]) \
@@ -407,17 +413,12 @@ fn one_queue_condition(settings: &str) -> String {
     )
 }
 
-/// The claim statement behind the flow-control gate: nothing is claimed when a queue of the fetch
-/// needs the flow-controlled claim (`flow.rs`): a settings row `s` matching `settings_condition`
-/// (which binds `$1`) that is not paused and has a concurrency or rate limit (or, when
-/// `weights_count`, a weight), or an available job `t` with a tenant matching
-/// `tenanted_condition`. Returns one row per claimed job, or one row of NULL job columns when
-/// none was claimed; `limited` says whether the gate refused. Both checks are index probes,
-/// so the fast path stays one statement.
-fn gated_claim_sql(
+/// The flow-control gate: true when a queue of the fetch needs the flow-controlled claim
+/// (`flow.rs`): a settings row `s` matching `settings_condition` (which binds `$1`) that is not
+/// paused and has a concurrency or rate limit (or, when `weights_count`, a weight), or an
+/// available job `t` with a tenant matching `tenanted_condition`. Both are index probes.
+fn flow_gate(
     jobs: &str,
-    j_columns: &str,
-    queue_condition: &str,
     settings: &str,
     settings_condition: &str,
     tenanted_condition: &str,
@@ -429,25 +430,31 @@ fn gated_claim_sql(
         ""
     };
     format!(
-        "WITH gate AS MATERIALIZED ( \
-             SELECT (EXISTS (SELECT 1 FROM {settings} s WHERE {settings_condition} \
-                 AND NOT s.paused AND (s.concurrency_limit IS NOT NULL \
-                     OR s.per_key_concurrency_limit IS NOT NULL OR s.rate_count IS NOT NULL \
-                     OR s.per_key_rate_count IS NOT NULL{weight})) \
-             OR EXISTS (SELECT 1 FROM {jobs} t WHERE t.state = 'available' \
-                 AND {tenanted_condition} AND t.tenant IS NOT NULL)) AS limited), \
-         picked AS MATERIALIZED ( \
+        "EXISTS (SELECT 1 FROM {settings} s WHERE {settings_condition} \
+             AND NOT s.paused AND (s.concurrency_limit IS NOT NULL \
+                 OR s.per_key_concurrency_limit IS NOT NULL OR s.rate_count IS NOT NULL \
+                 OR s.per_key_rate_count IS NOT NULL{weight})) \
+         OR EXISTS (SELECT 1 FROM {jobs} t WHERE t.state = 'available' \
+             AND {tenanted_condition} AND t.tenant IS NOT NULL)"
+    )
+}
+
+/// The plain claim behind the flow-control `gate` (which binds `$1`; PostgreSQL evaluates it
+/// once per statement): claims nothing when the gate is true. A claim that returns no rows is
+/// followed by the gate alone, to tell "nothing available" from "take the flow-controlled
+/// claim"; a claim that returns rows costs nothing more, which keeps the common path one
+/// statement with no wrapper around the `UPDATE ... RETURNING`.
+fn gated_claim_sql(jobs: &str, j_columns: &str, queue_condition: &str, gate: &str) -> String {
+    format!(
+        "WITH picked AS MATERIALIZED ( \
              SELECT c.id FROM {jobs} c \
-             WHERE c.state = 'available' AND {queue_condition} \
-                 AND NOT (SELECT g.limited FROM gate g) \
+             WHERE c.state = 'available' AND {queue_condition} AND NOT ({gate}) \
              ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
-             FOR UPDATE SKIP LOCKED), \
-         claimed AS ( \
-             UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
-                 lease_worker = $3, lease_token = gen_random_uuid(), \
-                 lease_expires_at = $4, started_at = $5 \
-             FROM picked WHERE j.id = picked.id \
-             RETURNING {j_columns}) \
-         SELECT gate.limited, claimed.* FROM gate LEFT JOIN claimed ON true"
+             FOR UPDATE SKIP LOCKED) \
+         UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
+             lease_worker = $3, lease_token = gen_random_uuid(), \
+             lease_expires_at = $4, started_at = $5 \
+         FROM picked WHERE j.id = picked.id \
+         RETURNING {j_columns}"
     )
 }
