@@ -31,7 +31,6 @@ const GROUP_READ_BUDGET: usize = 4096;
 pub(crate) struct Flow {
     settings_for: SqlStr,
     running: SqlStr,
-    running_of_tenant: SqlStr,
     prune_starts: SqlStr,
     recent_starts: SqlStr,
     record_starts: SqlStr,
@@ -40,6 +39,7 @@ pub(crate) struct Flow {
     tenants: SqlStr,
     untenanted: SqlStr,
     tenant_jobs: SqlStr,
+    key_counts: SqlStr,
     claim_ids: SqlStr,
     /// Per queue, the tenant group this process served last (`None`: jobs without a tenant),
     /// so its next fetch continues the rotation. Kept per process: with several nodes each
@@ -59,10 +59,6 @@ impl Flow {
             )),
             running: stmt(format!(
                 "SELECT count(*) FROM {jobs} WHERE state = 'running' AND queue = $1"
-            )),
-            running_of_tenant: stmt(format!(
-                "SELECT count(*) FROM {jobs} WHERE state = 'running' AND queue = $1 \
-                 AND tenant = $2 AND tenant IS NOT NULL"
             )),
             prune_starts: stmt(format!(
                 "DELETE FROM {starts} WHERE queue = $1 AND started_at <= $2"
@@ -84,14 +80,17 @@ impl Flow {
                  AND queue = $1 {order} LIMIT $2"
             )),
             // Distinct tenants after `$2` ('' for from the first), one index seek each.
+            // Distinct tenants after `$2` ('' for from the first), one seek in `jobs_fair` each
+            // (the ORDER BY is that index's order, so no other index can serve it unsorted).
             tenants: stmt(format!(
                 "WITH RECURSIVE t(tenant) AS ( \
-                     SELECT (SELECT min(tenant) FROM {jobs} WHERE state = 'available' \
-                             AND queue = $1 AND tenant IS NOT NULL \
-                             AND tenant > $2) \
+                     SELECT (SELECT tenant FROM {jobs} WHERE state = 'available' \
+                             AND queue = $1 AND tenant IS NOT NULL AND tenant > $2 \
+                             ORDER BY tenant, priority DESC, run_at, id LIMIT 1) \
                      UNION ALL \
-                     SELECT (SELECT min(j.tenant) FROM {jobs} j WHERE j.state = 'available' \
-                             AND j.queue = $1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant) \
+                     SELECT (SELECT j.tenant FROM {jobs} j WHERE j.state = 'available' \
+                             AND j.queue = $1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant \
+                             ORDER BY j.tenant, j.priority DESC, j.run_at, j.id LIMIT 1) \
                      FROM t WHERE t.tenant IS NOT NULL) \
                  SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $3"
             )),
@@ -101,9 +100,24 @@ impl Flow {
                      WHERE state = 'available' AND queue = $1 {order} LIMIT $2) w \
                  WHERE tenant IS NULL {order} LIMIT $3"
             )),
+            // Each tenant's first `n` available jobs (`$2`, `$3` side by side).
             tenant_jobs: stmt(format!(
-                "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
-                 AND queue = $1 AND tenant = $2 AND tenant IS NOT NULL {order} LIMIT $3"
+                "SELECT t.tenant, j.id, j.priority, j.run_at \
+                 FROM unnest($2::text[], $3::int8[]) AS t(tenant, n) \
+                 CROSS JOIN LATERAL ( \
+                     SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+                     AND queue = $1 AND tenant = t.tenant AND tenant IS NOT NULL \
+                     {order} LIMIT t.n) j"
+            )),
+            // Each tenant's running jobs and starts since `$3`, in the order of `$2`.
+            key_counts: stmt(format!(
+                "SELECT \
+                     (SELECT count(*) FROM {jobs} r WHERE r.state = 'running' \
+                      AND r.queue = $1 AND r.tenant = t.tenant AND r.tenant IS NOT NULL) \
+                         AS running, \
+                     (SELECT count(*) FROM {starts} s WHERE s.queue = $1 \
+                      AND s.scope = t.tenant AND s.started_at > $3) AS recent \
+                 FROM unnest($2::text[]) WITH ORDINALITY AS t(tenant, pos) ORDER BY t.pos"
             )),
             claim_ids: stmt(format!(
                 "UPDATE {jobs} SET state = 'running', attempt = attempt + 1, \
@@ -140,7 +154,7 @@ struct Candidate {
     run_at: DateTime<Utc>,
 }
 
-fn candidates_of(rows: Vec<sqlx::postgres::PgRow>) -> StoreResult<Vec<Candidate>> {
+fn candidates_of(rows: &[sqlx::postgres::PgRow]) -> StoreResult<Vec<Candidate>> {
     rows.iter()
         .map(|row| {
             let read = |e: sqlx::Error| corrupt(e.to_string());
@@ -362,7 +376,7 @@ async fn queue_candidates(
             .fetch_all(&mut *conn)
             .await
             .map_err(db("read available jobs"))?;
-        return candidates_of(found);
+        return candidates_of(&found);
     }
     let (groups, candidates) = tenant_groups(conn, ctx, queue, settings, quota).await?;
     let picked = flow::round_robin(&groups, quota);
@@ -407,6 +421,48 @@ async fn tenants(
         .map_err(db("read tenants"))
 }
 
+/// Each tenant's per-key budget (in the order given), from its running jobs and recent starts
+/// read in one statement; unlimited when the queue has no per-key limits.
+async fn key_budgets(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+    tenants: &[&str],
+) -> StoreResult<Vec<usize>> {
+    if settings.per_key_concurrency_limit.is_none() && settings.per_key_rate_limit.is_none() {
+        return Ok(vec![usize::MAX; tenants.len()]);
+    }
+    let since = settings
+        .per_key_rate_limit
+        .map_or(ctx.now, |rate| ctx.now - rate.period());
+    let found = sqlx::query(ctx.sql.flow.key_counts.clone())
+        .bind(queue)
+        .bind(tenants)
+        .bind(since)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("count tenants' running jobs and starts"))?;
+    if found.len() != tenants.len() {
+        return Err(corrupt(
+            "tenant counts returned the wrong number of rows".to_string(),
+        ));
+    }
+    found
+        .iter()
+        .map(|row| {
+            let read = |e: sqlx::Error| corrupt(e.to_string());
+            let running: i64 = row.try_get("running").map_err(read)?;
+            let recent: i64 = row.try_get("recent").map_err(read)?;
+            Ok(flow::key_budget(
+                settings,
+                count_of(running),
+                count_of(recent),
+            ))
+        })
+        .collect()
+}
+
 /// The queue's groups in round-robin order (starting after the group served last), each with
 /// its first jobs and per-key budget, and every candidate read by id.
 async fn tenant_groups(
@@ -428,7 +484,7 @@ async fn tenant_groups(
         Vec::new()
     };
     let untenanted = candidates_of(
-        sqlx::query(flow.untenanted.clone())
+        &sqlx::query(flow.untenanted.clone())
             .bind(queue)
             .bind(limit(flow::UNTENANTED_WINDOW))
             .bind(limit(quota))
@@ -448,10 +504,26 @@ async fn tenant_groups(
     } else {
         flow::per_group_reads(quota, order.len())
     };
-    let per_key =
-        settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
+    let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
+    let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
+    // Every tenant's first jobs in one statement (a LATERAL read per tenant).
+    let wanted: Vec<i64> = budgets.iter().map(|b| limit(reads.min(*b))).collect();
+    let found = sqlx::query(flow.tenant_jobs.clone())
+        .bind(queue)
+        .bind(&tenants)
+        .bind(&wanted)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read tenants' jobs"))?;
+    let mut by_tenant: HashMap<String, Vec<Candidate>> = HashMap::new();
+    for row in &found {
+        let tenant: String = row.try_get("tenant").map_err(|e| corrupt(e.to_string()))?;
+        let candidate = candidates_of(std::slice::from_ref(row))?;
+        by_tenant.entry(tenant).or_default().extend(candidate);
+    }
     let mut all: HashMap<Uuid, Candidate> = HashMap::new();
     let mut groups = Vec::with_capacity(order.len());
+    let mut budgets = budgets.into_iter();
     for tenant in order {
         let Some(tenant) = tenant else {
             let jobs: Vec<Uuid> = untenanted.iter().take(reads).map(|c| c.id).collect();
@@ -463,42 +535,11 @@ async fn tenant_groups(
             });
             continue;
         };
-        let budget = if per_key {
-            let running = if settings.per_key_concurrency_limit.is_some() {
-                let n: i64 = sqlx::query_scalar(flow.running_of_tenant.clone())
-                    .bind(queue)
-                    .bind(&tenant)
-                    .fetch_one(&mut *conn)
-                    .await
-                    .map_err(db("count a tenant's running jobs"))?;
-                count_of(n)
-            } else {
-                0
-            };
-            let recent = match settings.per_key_rate_limit {
-                Some(rate) => recent_starts(conn, ctx, queue, &tenant, rate).await?,
-                None => 0,
-            };
-            flow::key_budget(settings, running, recent)
-        } else {
-            usize::MAX
-        };
-        let found = if budget == 0 {
-            Vec::new()
-        } else {
-            candidates_of(
-                sqlx::query(flow.tenant_jobs.clone())
-                    .bind(queue)
-                    .bind(&tenant)
-                    .bind(limit(reads.min(budget)))
-                    .fetch_all(&mut *conn)
-                    .await
-                    .map_err(db("read a tenant's jobs"))?,
-            )?
-        };
+        let budget = budgets.next().unwrap_or(0);
+        let found = by_tenant.remove(&tenant).unwrap_or_default();
         groups.push(Group {
-            tenant: Some(tenant),
             jobs: found.iter().map(|c| c.id).collect(),
+            tenant: Some(tenant),
             budget,
         });
         all.extend(found.into_iter().map(|c| (c.id, c)));

@@ -155,7 +155,8 @@ impl Sql {
             // Unfinished jobs of each (queue, tenant) pair, in the order given; a NULL tenant
             // asks for the whole queue. The queue's count is the sum over the partial indexes
             // that together cover the unfinished states (`jobs_fetch`, `jobs_lease`,
-            // `jobs_waiting`), the tenant's count reads `jobs_tenant_unfinished`.
+            // `jobs_waiting`), the tenant's likewise (`jobs_fair`, `jobs_running_tenant`,
+            // `jobs_waiting_tenant`; migration 7).
             depths: stmt(format!(
                 "SELECT CASE WHEN d.tenant IS NULL THEN \
                          (SELECT count(*) FROM {jobs} j \
@@ -167,7 +168,14 @@ impl Sql {
                      ELSE \
                          (SELECT count(*) FROM {jobs} j \
                           WHERE j.queue = d.queue AND j.tenant = d.tenant \
-                              AND j.state IN ('scheduled', 'available', 'running', 'retryable')) \
+                              AND j.tenant IS NOT NULL AND j.state = 'available') \
+                         + (SELECT count(*) FROM {jobs} j \
+                            WHERE j.queue = d.queue AND j.tenant = d.tenant \
+                                AND j.tenant IS NOT NULL AND j.state = 'running') \
+                         + (SELECT count(*) FROM {jobs} j \
+                            WHERE j.queue = d.queue AND j.tenant = d.tenant \
+                                AND j.tenant IS NOT NULL \
+                                AND j.state IN ('scheduled', 'retryable')) \
                      END AS depth \
                  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS d(queue, tenant, pos) \
                  ORDER BY d.pos"

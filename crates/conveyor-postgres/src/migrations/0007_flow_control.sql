@@ -17,6 +17,14 @@ CREATE INDEX jobs_fair ON @schema@.jobs (queue, tenant, priority DESC, run_at, i
 -- Per-key concurrency limits: running jobs per tenant.
 CREATE INDEX jobs_running_tenant ON @schema@.jobs (queue, tenant)
     WHERE state = 'running' AND tenant IS NOT NULL;
+-- A tenant's depth is now the sum over three partial indexes of one state each (`jobs_fair`,
+-- `jobs_running_tenant` and this one), like a queue's. The single index over all unfinished
+-- states that migration 3 made is dropped: it also matched the fairness reads of available
+-- jobs, and PostgreSQL, estimating from stale statistics, preferred it to `jobs_fair` and then
+-- visited every running and waiting entry on the way.
+CREATE INDEX jobs_waiting_tenant ON @schema@.jobs (queue, tenant)
+    WHERE state IN ('scheduled', 'retryable') AND tenant IS NOT NULL;
+DROP INDEX @schema@.jobs_tenant_unfinished;
 
 -- Rate limits: the start times that still count, per queue (`scope` '') and per tenant
 -- (`scope` the tenant). Only queues with a rate limit write here; rows older than the queue's
