@@ -266,6 +266,13 @@ fn demo_shows_jobs_completing_retrying_and_dying() {
         !dead["jobs"][0]["errors"].as_array().unwrap().is_empty(),
         "dead jobs carry their errors"
     );
+    let schedule: Value = http()
+        .get(format!("{s}/v1/schedules/demo-digest"))
+        .send()
+        .expect("GET schedule")
+        .json()
+        .expect("schedule JSON");
+    assert_eq!(schedule["cron"], "*/15 * * * * *", "{schedule}");
 }
 
 #[test]

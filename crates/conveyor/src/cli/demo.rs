@@ -1,7 +1,9 @@
 //! The demo behind `conveyor serve --demo`: a producer and a worker on the server's own store,
 //! so a new user sees jobs flow, fail, retry and land in the dead-letter queue.
 
-use conveyor::{JobContext, NewJob, Outcome, RetryPolicy, Store, Worker};
+use conveyor::{
+    JobContext, JobTemplate, NewJob, Outcome, RetryPolicy, Schedule, ScheduleSpec, Store, Worker,
+};
 use rand::Rng;
 use serde_json::json;
 use std::sync::Arc;
@@ -21,6 +23,22 @@ pub(crate) async fn run(
     shutdown: CancellationToken,
     drain_timeout: Duration,
 ) {
+    // A cron schedule too, fired by the server's scheduler: a digest every 15 seconds.
+    let digest = ScheduleSpec::new(
+        "*/15 * * * * *",
+        JobTemplate {
+            queue: "reports".to_string(),
+            ..JobTemplate::new("report.generate", json!({"report": "digest"}))
+        },
+    );
+    match Schedule::from_spec("demo-digest", digest) {
+        Ok(schedule) => {
+            if let Err(error) = store.schedule_put(schedule).await {
+                tracing::error!(%error, "demo could not define its schedule");
+            }
+        }
+        Err(error) => tracing::error!(%error, "demo schedule is invalid"),
+    }
     let producer = tokio::spawn(produce(store.clone(), shutdown.clone()));
     let worker = Worker::builder(store)
         .queue("default", 4)
@@ -110,6 +128,11 @@ async fn produce(store: Arc<dyn Store>, shutdown: CancellationToken) {
         job.queue = queue.to_string();
         job.max_attempts = max_attempts;
         job.priority = if chance(0.1) { 10 } else { 0 };
+        if queue == "mail" {
+            // Mail is sent for three customers: their jobs are started round-robin.
+            let tenants = ["acme", "globex", "initech"];
+            job.tenant = Some(tenants[rand::rng().random_range(0..tenants.len())].to_string());
+        }
         if chance(0.1) {
             job.run_at = Some(chrono::Utc::now() + chrono::Duration::seconds(5));
         }
