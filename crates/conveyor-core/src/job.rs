@@ -295,6 +295,13 @@ pub struct QueueSettings {
     /// fetch where no queue has a weight takes jobs in priority order across its queues.
     #[serde(default)]
     pub weight: Option<u32>,
+    /// Completed and cancelled jobs are deleted this long after they finished (default: the
+    /// server's retention, 24 h).
+    #[serde(default)]
+    pub completed_retention_secs: Option<u64>,
+    /// Dead jobs are deleted this long after they died (default: the server's, 14 days).
+    #[serde(default)]
+    pub dead_retention_secs: Option<u64>,
 }
 
 impl QueueSettings {

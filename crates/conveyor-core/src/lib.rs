@@ -4,20 +4,29 @@
 //! Nothing here does I/O of its own; stores (`conveyor-sqlite`, ...) and the worker runtime
 //! (`conveyor-worker`) build on these types.
 
+pub mod access;
 pub mod client;
 pub mod clock;
 pub mod error;
+pub mod events;
 pub mod flow;
 pub mod job;
 pub mod retry;
 pub mod schedule;
 pub mod store;
+pub mod stuck;
 pub mod unique;
 pub mod validate;
+pub mod workers;
 
+pub use access::{
+    ApiToken, AuditAction, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, Role,
+    StoredSession, StoredToken, TokenSelector,
+};
 pub use client::{Client, JobOptions, TypedJob};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{StoreError, ValidationError};
+pub use events::{AttemptEvent, AttemptStatus, JobObserver};
 pub use job::{
     error_class, ErrorRecord, Inserted, Job, JobState, Lease, NamedQueueSettings, NewJob,
     QueueSettings, QueueStats, RateLimit, DEFAULT_QUEUE,
@@ -28,4 +37,8 @@ pub use schedule::{
     ScheduleSpec, ScheduleView,
 };
 pub use store::*;
+pub use stuck::{StuckBasis, StuckJob, StuckParams};
 pub use unique::UniqueSpec;
+pub use workers::{
+    StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo, WorkerState,
+};

@@ -11,10 +11,16 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
+use crate::access::{
+    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
+    StoredToken, TokenSelector,
+};
 pub use crate::error::StoreResult;
 use crate::job::{Inserted, Job, JobState, NamedQueueSettings, NewJob, QueueSettings, QueueStats};
 use crate::retry::RetryPolicy;
 use crate::schedule::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
+use crate::stuck::{StuckJob, StuckParams};
+use crate::workers::{StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo};
 
 /// Claim up to `max` available jobs from `queues` for `worker_id`.
 #[derive(Debug, Clone)]
@@ -118,6 +124,56 @@ pub struct ReplaySelector {
     pub ids: Option<Vec<Uuid>>,
     pub queue: Option<String>,
     pub kind: Option<String>,
+}
+
+/// How long finished jobs are kept before [`Store::jobs_prune`] deletes them, unless their
+/// queue's settings say otherwise.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetentionPolicy {
+    /// Completed and cancelled jobs, counted from when they finished.
+    pub completed: Duration,
+    /// Dead jobs, counted from when they died.
+    pub dead: Duration,
+}
+
+impl Default for RetentionPolicy {
+    fn default() -> Self {
+        Self {
+            completed: Duration::from_secs(24 * 3600),
+            dead: Duration::from_secs(14 * 24 * 3600),
+        }
+    }
+}
+
+/// One bounded pruning step.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PruneParams {
+    pub retention: RetentionPolicy,
+    /// Most jobs deleted by the call, so one call stays a short transaction.
+    pub limit: usize,
+}
+
+/// What a pruning step deleted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub completed: u64,
+    pub cancelled: u64,
+    pub dead: u64,
+}
+
+impl PruneReport {
+    pub fn total(&self) -> u64 {
+        self.completed + self.cancelled + self.dead
+    }
+}
+
+/// The smallest UUIDv7 of the millisecond `at`: jobs with a smaller id were created before
+/// `at`. Pruning scans ids from the oldest up to this bound, since a job cannot have finished
+/// before it was created.
+pub fn uuid_v7_floor(at: DateTime<Utc>) -> Uuid {
+    let ms = u64::try_from(at.timestamp_millis()).unwrap_or(0) & 0xFFFF_FFFF_FFFF;
+    // 48 bits of milliseconds, version 7, variant 0b10, all random bits zero.
+    Uuid::from_u128((u128::from(ms) << 80) | (0x7u128 << 76) | (0x2u128 << 62))
 }
 
 /// Store-wide settings that every backend honours identically.
@@ -228,6 +284,11 @@ pub trait Store: Send + Sync + 'static {
     /// Every queue with settings of its own.
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>>;
 
+    /// Deletes up to `limit` finished jobs past their retention (their queue's
+    /// `completed_retention_secs` / `dead_retention_secs`, else `params.retention`), oldest
+    /// first. Run repeatedly by the maintenance leader until it deletes fewer than `limit`.
+    async fn jobs_prune(&self, params: PruneParams) -> StoreResult<PruneReport>;
+
     /// Takes or renews the maintenance leadership for `holder` for `ttl`: true while `holder`
     /// leads. Exactly one holder leads at a time across every process sharing the store; when
     /// the leader stops renewing, another takes over once `ttl` has passed. The default suits
@@ -268,6 +329,60 @@ pub trait Store: Send + Sync + 'static {
 
     /// A schedule's latest runs, newest first, with their jobs' states.
     async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>>;
+
+    // Access control and audit (see `crate::access`).
+
+    /// Stores a new token. Names are unique among active tokens (a revoked token's name may
+    /// be used again): a clash is `Invalid` naming `name`.
+    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken>;
+
+    /// Every token, revoked ones included, oldest first.
+    async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>>;
+
+    /// Revokes a token (by id, or the active token of that name) and deletes its sessions.
+    /// Revoking a revoked token by id changes nothing and returns it; `None` when there is no
+    /// such token.
+    async fn token_revoke(&self, selector: TokenSelector) -> StoreResult<Option<ApiToken>>;
+
+    /// A token by id with its secret's hash, revoked or not (the caller checks both).
+    async fn token_get(&self, id: Uuid) -> StoreResult<Option<StoredToken>>;
+
+    /// Stores a session for an existing token (`Invalid` naming `token` when there is none),
+    /// pruning expired sessions.
+    async fn session_insert(&self, session: NewSession) -> StoreResult<()>;
+
+    /// A session that has not expired, with its token (which may have been revoked since).
+    async fn session_get(&self, id: Uuid) -> StoreResult<Option<StoredSession>>;
+
+    /// Deletes a session (logout). False when there was none.
+    async fn session_delete(&self, id: Uuid) -> StoreResult<bool>;
+
+    /// Appends an entry to the audit log, bounded as [`NewAuditEntry::bounded`] says, stamped
+    /// with the store's clock.
+    async fn audit_append(&self, entry: NewAuditEntry) -> StoreResult<AuditEntry>;
+
+    /// Audit entries newest first (see [`AuditListParams`]).
+    async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>>;
+
+    // Observability: the worker registry and stuck jobs (see `crate::workers`, `crate::stuck`).
+
+    /// Records a worker's heartbeat (creating or updating its registry entry) at the store's
+    /// "now": `alive`, or `stopped` when `beat.stopping`. A worker marked dead that heartbeats
+    /// again is alive again (its rescued jobs stay rescued).
+    async fn workers_heartbeat(&self, beat: WorkerHeartbeat) -> StoreResult<WorkerInfo>;
+
+    /// Every registered worker, alive ones first, then by id.
+    async fn workers_list(&self) -> StoreResult<Vec<WorkerInfo>>;
+
+    /// In one transaction: marks `dead` every alive worker not heard from for
+    /// `params.older_than`, rescues the running jobs leased to them as an expired lease would
+    /// be (`retryable` with backoff, or `dead` when out of attempts, recording a
+    /// `lease_expired` error), and forgets workers that ended more than `params.forget_after`
+    /// ago.
+    async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport>;
+
+    /// Running jobs past their stuck threshold (see `crate::stuck`), longest-running first.
+    async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>>;
 }
 
 /// Fetches, waiting (asynchronously) until jobs are claimed, `wait` passes, or `stop` resolves:
@@ -307,5 +422,32 @@ pub async fn fetch_waiting(
             _ = &mut notified => {}
             _ = tokio::time::sleep_until(until) => {}
         }
+    }
+}
+
+#[cfg(test)]
+mod retention_tests {
+    use super::*;
+
+    #[test]
+    fn uuid_v7_floor_orders_below_every_id_of_its_millisecond_and_after() {
+        let at = DateTime::<Utc>::from_timestamp_millis(1_780_000_000_123).expect("time");
+        let floor = uuid_v7_floor(at);
+        assert_eq!(floor.get_version_num(), 7);
+        let same_ms = Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            1_780_000_000,
+            123_000_000,
+        ));
+        let earlier = Uuid::new_v7(uuid::Timestamp::from_unix(
+            uuid::NoContext,
+            1_780_000_000,
+            122_000_000,
+        ));
+        assert!(floor <= same_ms);
+        assert!(earlier < floor);
+        // Text order (the SQLite store keeps ids as text) agrees with byte order.
+        assert!(earlier.to_string() < floor.to_string());
+        assert!(floor.to_string() <= same_ms.to_string());
     }
 }

@@ -73,6 +73,8 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
 
 /// Longest rate-limit period accepted: a day. Start records are kept this long at most.
 pub const MAX_RATE_PERIOD_MS: u64 = 24 * 3600 * 1000;
+/// Longest retention accepted for finished jobs: 100 years (keeps time arithmetic in range).
+pub const MAX_RETENTION_SECS: u64 = 100 * 365 * 24 * 3600;
 /// Most starts a rate limit may allow per period (each start is recorded while it counts).
 pub const MAX_RATE_COUNT: u64 = 1_000_000;
 
@@ -87,11 +89,30 @@ pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), Valida
             settings.per_key_concurrency_limit,
         ),
         ("weight", settings.weight.map(u64::from)),
+        (
+            "completed_retention_secs",
+            settings.completed_retention_secs,
+        ),
+        ("dead_retention_secs", settings.dead_retention_secs),
     ] {
         if value == Some(0) {
             return Err(ValidationError::new(
                 field,
                 "must be at least 1 (or null for no limit)",
+            ));
+        }
+    }
+    for (field, value) in [
+        (
+            "completed_retention_secs",
+            settings.completed_retention_secs,
+        ),
+        ("dead_retention_secs", settings.dead_retention_secs),
+    ] {
+        if value.is_some_and(|secs| secs > MAX_RETENTION_SECS) {
+            return Err(ValidationError::new(
+                field,
+                format!("must be at most {MAX_RETENTION_SECS} (100 years)"),
             ));
         }
     }

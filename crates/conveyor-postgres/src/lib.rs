@@ -20,8 +20,10 @@
 
 #![warn(missing_docs)]
 
+mod access;
 mod errors;
 mod flow;
+mod retention;
 mod listener;
 mod migrate;
 mod names;
@@ -30,6 +32,7 @@ mod rows;
 mod schedules;
 mod sql;
 mod unique;
+mod workers;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -40,7 +43,14 @@ use conveyor_core::{
     RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
     SystemClock, ValidationError,
 };
+use conveyor_core::{
+    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
+    StoredToken, TokenSelector,
+};
 use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
+use conveyor_core::{
+    StaleReport, StaleWorkerParams, StuckJob, StuckParams, WorkerHeartbeat, WorkerInfo,
+};
 use serde_json::Value;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -109,6 +119,8 @@ struct Inner {
     schema: String,
     sql: Sql,
     schedule_sql: schedules::ScheduleSql,
+    access_sql: access::AccessSql,
+    worker_sql: workers::WorkerSql,
     clock: Arc<dyn Clock>,
     options: StoreOptions,
     wakeup: Arc<Notify>,
@@ -163,6 +175,8 @@ impl PgStore {
         }
         let sql = Sql::new(&options.schema);
         let schedule_sql = schedules::ScheduleSql::new(&options.schema);
+        let access_sql = access::AccessSql::new(&options.schema);
+        let worker_sql = workers::WorkerSql::new(&options.schema);
         let wakeup = Arc::new(Notify::new());
         let listener = listener::start(
             (*pool.connect_options()).clone(),
@@ -176,6 +190,8 @@ impl PgStore {
                 schema: options.schema,
                 sql,
                 schedule_sql,
+                access_sql,
+                worker_sql,
                 clock: options.clock,
                 options: options.store,
                 wakeup,
@@ -435,6 +451,13 @@ impl Store for PgStore {
         Ok(stored)
     }
 
+    async fn jobs_prune(
+        &self,
+        params: conveyor_core::PruneParams,
+    ) -> StoreResult<conveyor_core::PruneReport> {
+        retention::prune(&mut *self.conn().await?, &self.ctx(), &params).await
+    }
+
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
         ops::queue_settings_list(&mut *self.conn().await?, &self.inner.sql).await
     }
@@ -485,5 +508,73 @@ impl Store for PgStore {
     async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
         let mut conn = self.conn().await?;
         schedules::runs(&mut conn, &self.inner.schedule_sql, name, limit).await
+    }
+
+    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
+        conveyor_core::validate::name("name", &token.name)?;
+        let (now, mut conn) = (self.ctx().now, self.conn().await?);
+        access::tokens_insert(&mut conn, &self.inner.access_sql, now, token).await
+    }
+
+    async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>> {
+        access::tokens_list(&mut *self.conn().await?, &self.inner.access_sql).await
+    }
+
+    async fn token_revoke(&self, selector: TokenSelector) -> StoreResult<Option<ApiToken>> {
+        let now = self.ctx().now;
+        let mut tx = self.begin().await?;
+        let revoked = access::token_revoke(&mut tx, &self.inner.access_sql, now, &selector).await?;
+        commit(tx).await?;
+        Ok(revoked)
+    }
+
+    async fn token_get(&self, id: Uuid) -> StoreResult<Option<StoredToken>> {
+        access::token_get(&mut *self.conn().await?, &self.inner.access_sql, id).await
+    }
+
+    async fn session_insert(&self, session: NewSession) -> StoreResult<()> {
+        let (now, mut conn) = (self.ctx().now, self.conn().await?);
+        access::session_insert(&mut conn, &self.inner.access_sql, now, session).await
+    }
+
+    async fn session_get(&self, id: Uuid) -> StoreResult<Option<StoredSession>> {
+        let (now, mut conn) = (self.ctx().now, self.conn().await?);
+        access::session_get(&mut conn, &self.inner.access_sql, now, id).await
+    }
+
+    async fn session_delete(&self, id: Uuid) -> StoreResult<bool> {
+        access::session_delete(&mut *self.conn().await?, &self.inner.access_sql, id).await
+    }
+
+    async fn audit_append(&self, entry: NewAuditEntry) -> StoreResult<AuditEntry> {
+        let (now, mut conn) = (self.ctx().now, self.conn().await?);
+        access::audit_append(&mut conn, &self.inner.access_sql, now, entry).await
+    }
+
+    async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>> {
+        access::audit_list(&mut *self.conn().await?, &self.inner.access_sql, &params).await
+    }
+
+    async fn workers_heartbeat(&self, beat: WorkerHeartbeat) -> StoreResult<WorkerInfo> {
+        conveyor_core::workers::heartbeat(&beat)?;
+        let (ctx, mut conn) = (self.ctx(), self.conn().await?);
+        workers::heartbeat(&mut conn, &ctx, &self.inner.worker_sql, &beat).await
+    }
+
+    async fn workers_list(&self) -> StoreResult<Vec<WorkerInfo>> {
+        workers::list(&mut *self.conn().await?, &self.inner.worker_sql).await
+    }
+
+    async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport> {
+        let mut tx = self.begin().await?;
+        let sql = &self.inner.worker_sql;
+        let report = workers::mark_stale(&mut tx, &self.ctx(), sql, &params).await?;
+        commit(tx).await?;
+        Ok(report)
+    }
+
+    async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>> {
+        let (ctx, mut conn) = (self.ctx(), self.conn().await?);
+        workers::stuck(&mut conn, &ctx, &self.inner.worker_sql, &params).await
     }
 }

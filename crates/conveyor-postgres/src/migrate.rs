@@ -61,10 +61,25 @@ const MIGRATIONS: &[Migration] = &[
         name: "drop_jobs_running",
         sql: include_str!("migrations/0008_drop_jobs_running.sql"),
     },
+    Migration {
+        version: 9,
+        name: "access",
+        sql: include_str!("migrations/0009_access.sql"),
+    },
+    Migration {
+        version: 10,
+        name: "workers",
+        sql: include_str!("migrations/0010_workers.sql"),
+    },
+    Migration {
+        version: 11,
+        name: "retention",
+        sql: include_str!("migrations/0011_retention.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 11;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

@@ -584,6 +584,8 @@ pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
         rate_limit: rate("rate_count", "rate_period_ms")?,
         per_key_rate_limit: rate("per_key_rate_count", "per_key_rate_period_ms")?,
         weight: weight.map(|w| u32::try_from(w).unwrap_or(1)),
+        completed_retention_secs: count("completed_retention_secs")?,
+        dead_retention_secs: count("dead_retention_secs")?,
     })
 }
 
@@ -633,6 +635,8 @@ pub(crate) async fn queue_settings_put(
                 .weight
                 .map(|w| i32::try_from(w).unwrap_or(i32::MAX)),
         )
+        .bind(settings.completed_retention_secs.map(stored_depth))
+        .bind(settings.dead_retention_secs.map(stored_depth))
         .fetch_one(&mut *conn)
         .await
         .map_err(db("store queue settings"))?;
@@ -849,7 +853,7 @@ pub(crate) async fn complete_many(
 /// Records a failed attempt on the job held under `lease`: `retryable` at `retry_at` while
 /// attempts remain, else `dead` and finished. `None` when the lease no longer holds.
 #[allow(clippy::too_many_arguments)] // Every value is one column of the one statement.
-async fn record_failure(
+pub(crate) async fn record_failure(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
     lease: LeaseRef,

@@ -17,7 +17,8 @@ pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, at
 /// The columns of a queue settings row, as `ops::settings_of` reads them by name.
 pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tenant, \
     concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
-    per_key_rate_count, per_key_rate_period_ms, weight";
+    per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
+    dead_retention_secs";
 
 /// [`COLUMNS`] qualified with the alias `j`, for `UPDATE ... FROM` statements where a bare `id`
 /// would be ambiguous.
@@ -76,6 +77,7 @@ pub(crate) struct Sql {
     pub paused_queues: SqlStr,
     /// The flow-controlled claim's statements and state.
     pub flow: crate::flow::Flow,
+    pub retention: crate::retention::Retention,
 }
 
 impl Sql {
@@ -362,8 +364,9 @@ impl Sql {
                      INSERT INTO {settings} AS s \
                          (queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
                           updated_at, per_key_concurrency_limit, rate_count, rate_period_ms, \
-                          per_key_rate_count, per_key_rate_period_ms, weight) \
-                     VALUES ($1, $2, $3, $4, $6, $5, $7, $8, $9, $10, $11, $12) \
+                          per_key_rate_count, per_key_rate_period_ms, weight, \
+                          completed_retention_secs, dead_retention_secs) \
+                     VALUES ($1, $2, $3, $4, $6, $5, $7, $8, $9, $10, $11, $12, $13, $14) \
                      ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
                          max_depth = excluded.max_depth, \
                          max_depth_per_tenant = excluded.max_depth_per_tenant, \
@@ -374,6 +377,8 @@ impl Sql {
                          per_key_rate_count = excluded.per_key_rate_count, \
                          per_key_rate_period_ms = excluded.per_key_rate_period_ms, \
                          weight = excluded.weight, \
+                         completed_retention_secs = excluded.completed_retention_secs, \
+                         dead_retention_secs = excluded.dead_retention_secs, \
                          updated_at = excluded.updated_at \
                      RETURNING {SETTINGS_COLUMNS}) \
                  SELECT stored.*, \
@@ -385,6 +390,7 @@ impl Sql {
             )),
             paused_queues: stmt(format!("SELECT queue FROM {settings} WHERE paused")),
             flow: crate::flow::Flow::new(schema),
+            retention: crate::retention::Retention::new(schema),
             jobs,
         }
     }

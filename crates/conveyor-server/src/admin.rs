@@ -3,10 +3,12 @@
 use axum::extract::State;
 use axum::http::{Method, Uri};
 use axum::Json;
-use conveyor_core::{validate, JobState, QueueStats, ReplaySelector};
+use conveyor_core::{validate, AuditAction, JobState, QueueStats, ReplaySelector};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
+use crate::audit;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, JobId, QueryPairs};
 use crate::jobs::{list_params, page, JobPage};
@@ -42,6 +44,7 @@ pub(crate) struct ReplayResponse {
 
 pub(crate) async fn dead_replay(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request): ApiJson<ReplayRequest>,
 ) -> ApiResult<Json<ReplayResponse>> {
     let all = request.all.unwrap_or(false);
@@ -96,7 +99,8 @@ pub(crate) async fn dead_replay(
                 "give ids, a queue and/or kind filter, or \"all\": true to replay every dead job",
             )),
         };
-    let replayed = state.store.dead_replay(selector).await?;
+    let replayed = state.store.dead_replay(selector.clone()).await?;
+    audit::record(&state, audit::replayed(&caller, &selector, replayed)).await;
     Ok(Json(ReplayResponse { replayed }))
 }
 
@@ -107,9 +111,12 @@ pub(crate) struct DiscardResponse {
 
 pub(crate) async fn dead_discard(
     State(state): State<AppState>,
+    caller: Caller,
     JobId(id): JobId,
 ) -> ApiResult<Json<DiscardResponse>> {
     if state.store.dead_discard(id).await? {
+        let entry = caller.audit(AuditAction::DeadDiscard).jobs(vec![id]);
+        audit::record(&state, entry).await;
         Ok(Json(DiscardResponse { discarded: true }))
     } else {
         Err(ApiError::JobNotFound(id))

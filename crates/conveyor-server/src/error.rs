@@ -23,6 +23,9 @@ pub enum ApiError {
     /// 404: no such cron schedule.
     #[error("schedule {0:?} not found")]
     ScheduleNotFound(String),
+    /// 404: no such API token.
+    #[error("token {0:?} not found")]
+    TokenNotFound(String),
     /// 404: no such route.
     #[error("no route for {method} {path}")]
     RouteNotFound { method: String, path: String },
@@ -86,6 +89,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::JobNotFound(_)
             | ApiError::ScheduleNotFound(_)
+            | ApiError::TokenNotFound(_)
             | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::LeaseLost(_) | ApiError::Conflict(_) => StatusCode::CONFLICT,
@@ -102,6 +106,7 @@ impl ApiError {
             ApiError::TooLarge { .. } => "payload_too_large",
             ApiError::JobNotFound(_)
             | ApiError::ScheduleNotFound(_)
+            | ApiError::TokenNotFound(_)
             | ApiError::RouteNotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::LeaseLost(_) => "lease_lost",

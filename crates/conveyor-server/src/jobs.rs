@@ -5,11 +5,15 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::job::DEFAULT_MAX_ATTEMPTS;
-use conveyor_core::{unique, validate, Job, JobListParams, JobState, NewJob, UniqueSpec};
+use conveyor_core::{
+    unique, validate, AuditAction, Job, JobListParams, JobState, NewJob, UniqueSpec,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use uuid::Uuid;
 
+use crate::audit;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{after_ms, check_json_size, parse_uuid, ApiJson, JobId, QueryPairs};
 use crate::AppState;
@@ -133,6 +137,7 @@ pub(crate) struct EnqueuedJob {
 
 pub(crate) async fn enqueue(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request): ApiJson<EnqueueRequest>,
 ) -> ApiResult<(StatusCode, Json<EnqueuedJob>)> {
     let job = request.into_new_job(&state, state.clock.now())?;
@@ -142,6 +147,11 @@ pub(crate) async fn enqueue(
         .await?
         .pop()
         .ok_or_else(|| ApiError::Internal("store returned no row for an insert".to_string()))?;
+    audit::record(
+        &state,
+        audit::enqueued(&caller, std::slice::from_ref(&inserted)),
+    )
+    .await;
     let status = if inserted.duplicate {
         StatusCode::OK
     } else {
@@ -170,6 +180,7 @@ pub(crate) struct BatchResponse {
 
 pub(crate) async fn enqueue_batch(
     State(state): State<AppState>,
+    caller: Caller,
     ApiJson(request): ApiJson<BatchRequest>,
 ) -> ApiResult<(StatusCode, Json<BatchResponse>)> {
     if request.jobs.is_empty() {
@@ -198,6 +209,7 @@ pub(crate) async fn enqueue_batch(
             inserted.len()
         )));
     }
+    audit::record(&state, audit::enqueued(&caller, &inserted)).await;
     let (ids, duplicates) = inserted
         .into_iter()
         .map(|i| (i.job.id, i.duplicate))
@@ -291,7 +303,13 @@ pub(crate) async fn list(
 
 pub(crate) async fn cancel(
     State(state): State<AppState>,
+    caller: Caller,
     JobId(id): JobId,
 ) -> ApiResult<Json<Job>> {
-    Ok(Json(state.store.job_cancel(id).await?))
+    let job = state.store.job_cancel(id).await?;
+    let entry = caller
+        .audit(AuditAction::JobCancel)
+        .target(job.queue.clone());
+    audit::record(&state, entry.jobs(vec![id])).await;
+    Ok(Json(job))
 }

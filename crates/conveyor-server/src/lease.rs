@@ -4,8 +4,8 @@ use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::{
-    error_class, fetch_waiting, validate, CompleteParams, FailParams, FetchParams, HeartbeatParams,
-    Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams,
+    error_class, fetch_waiting, validate, AttemptStatus, CompleteParams, FailParams, FetchParams,
+    HeartbeatParams, Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -205,7 +205,10 @@ pub(crate) async fn complete(
         .pop()
         .ok_or_else(|| ApiError::Internal("store answered no completion outcome".to_string()))?;
     match outcome {
-        LeaseOutcome::Applied => Ok(Json(CompleteResponse { state: "completed" })),
+        LeaseOutcome::Applied => {
+            crate::observe::count_completed(&state, id).await;
+            Ok(Json(CompleteResponse { state: "completed" }))
+        }
         LeaseOutcome::LeaseLost => Err(ApiError::LeaseLost(id)),
     }
 }
@@ -292,7 +295,9 @@ pub(crate) async fn fail(
         message,
         retry,
     };
-    Ok(Json(state.store.job_fail(params).await?))
+    let job = state.store.job_fail(params).await?;
+    crate::observe::count_reported(&state, &job, AttemptStatus::of_failure(job.state));
+    Ok(Json(job))
 }
 
 #[derive(Debug, Deserialize)]
@@ -343,5 +348,7 @@ pub(crate) async fn snooze(
         },
         until,
     };
-    Ok(Json(state.store.job_snooze(params).await?))
+    let job = state.store.job_snooze(params).await?;
+    crate::observe::count_reported(&state, &job, AttemptStatus::Snoozed);
+    Ok(Json(job))
 }

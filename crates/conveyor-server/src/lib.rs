@@ -14,24 +14,32 @@
 //! ```
 
 mod admin;
+mod audit;
+mod auth;
 mod error;
 mod extract;
 mod jobs;
 mod lease;
+mod metrics;
+mod observe;
 mod schedules;
 mod settings;
+mod tokens;
+mod ui;
 
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{delete, get, post};
 use axum::Router;
-use conveyor_core::{Clock, RetryPolicy, Store, SystemClock};
+use conveyor_core::{Clock, RetryPolicy, Store, StuckParams, SystemClock};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
 
+pub use auth::{rule_for, Access, AuthOptions, CSRF_HEADER, RULES, SESSION_COOKIE};
 pub use error::{ApiError, ApiResult};
+pub use metrics::{Metrics, MetricsError, Snapshot};
 
 /// Limits and defaults of the HTTP API.
 #[derive(Debug, Clone)]
@@ -53,6 +61,8 @@ pub struct ServerConfig {
     pub max_fetch_batch: usize,
     /// Most jobs in one `POST /v1/jobs/batch` (and ids in one dead replay).
     pub max_batch_jobs: usize,
+    /// What counts as a stuck job (`GET /v1/jobs/stuck`, the `stuck_jobs` gauge).
+    pub stuck: StuckParams,
 }
 
 impl Default for ServerConfig {
@@ -65,6 +75,7 @@ impl Default for ServerConfig {
             default_retry: RetryPolicy::default(),
             max_fetch_batch: 1000,
             max_batch_jobs: 10_000,
+            stuck: StuckParams::default(),
         }
     }
 }
@@ -89,6 +100,11 @@ pub struct RouterOptions {
     /// Whether this node currently leads maintenance (shown by `GET /healthz`); `None` when
     /// the process runs no maintenance.
     pub leading: Option<Arc<AtomicBool>>,
+    /// Access control (off by default: everyone acts as the anonymous admin).
+    pub auth: AuthOptions,
+    /// The process's metrics, to share them with in-process workers (as their observer);
+    /// `None`: the router makes its own.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 impl Default for RouterOptions {
@@ -97,6 +113,8 @@ impl Default for RouterOptions {
             clock: Arc::new(SystemClock),
             shutdown: CancellationToken::new(),
             leading: None,
+            auth: AuthOptions::default(),
+            metrics: None,
         }
     }
 }
@@ -110,6 +128,9 @@ pub(crate) struct AppState {
     pub shutdown: CancellationToken,
     pub leading: Option<Arc<AtomicBool>>,
     pub body_limit: usize,
+    pub auth: Arc<auth::AuthState>,
+    /// `None` only if the metrics registry could not be built.
+    pub metrics: Option<Arc<Metrics>>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -124,6 +145,15 @@ pub fn router_with_options(
     options: RouterOptions,
 ) -> Router {
     let body_limit = config.body_limit();
+    // Building the registry fails only on a programming error (a clashing metric name); the
+    // API then serves everything but `/metrics` rather than not at all.
+    let metrics = match options.metrics {
+        Some(metrics) => Some(metrics),
+        None => Metrics::new()
+            .map(Arc::new)
+            .map_err(|error| tracing::error!(%error, "metrics disabled"))
+            .ok(),
+    };
     let state = AppState {
         store,
         config: Arc::new(config),
@@ -131,6 +161,8 @@ pub fn router_with_options(
         shutdown: options.shutdown,
         leading: options.leading,
         body_limit,
+        auth: Arc::new(auth::AuthState::new(options.auth)),
+        metrics,
     };
     Router::new()
         .route("/v1/jobs", post(jobs::enqueue).get(jobs::list))
@@ -157,8 +189,25 @@ pub fn router_with_options(
         )
         .route("/v1/schedules/{name}/runs", get(schedules::runs))
         .route("/healthz", get(admin::healthz))
+        .route("/metrics", get(observe::metrics))
+        .route("/v1/jobs/stuck", get(observe::stuck))
+        .route("/v1/workers", get(observe::workers))
+        .route("/v1/workers/heartbeat", post(observe::worker_heartbeat))
+        .route(
+            "/v1/session",
+            post(auth::login).get(auth::whoami).delete(auth::logout),
+        )
+        .route("/v1/tokens", get(tokens::list).post(tokens::create))
+        .route("/v1/tokens/{token}", delete(tokens::revoke))
+        .route("/v1/audit", get(audit::list))
+        .merge(ui::router())
         .fallback(admin::not_found)
         .method_not_allowed_fallback(admin::method_not_allowed)
+        // After every route: a layer covers only the routes added before it.
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::guard,
+        ))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(TraceLayer::new_for_http())
         .with_state(state)

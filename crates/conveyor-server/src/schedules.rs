@@ -4,9 +4,11 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use conveyor_core::{validate, Schedule, ScheduleRun, ScheduleSpec, ScheduleView};
+use conveyor_core::{validate, AuditAction, Schedule, ScheduleRun, ScheduleSpec, ScheduleView};
 use serde::Serialize;
 
+use crate::audit;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{check_json_size, ApiJson, QueryPairs};
 use crate::AppState;
@@ -23,6 +25,7 @@ fn schedule_name(name: &str) -> ApiResult<()> {
 /// (`cron`, `timezone`, `job.kind`, `max_catch_up`, ...).
 pub(crate) async fn put(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     ApiJson(spec): ApiJson<ScheduleSpec>,
 ) -> ApiResult<Json<ScheduleView>> {
@@ -32,8 +35,16 @@ pub(crate) async fn put(
         &spec.job.payload,
         state.config.max_payload_bytes,
     )?;
-    let schedule = Schedule::from_spec(name, spec)?;
-    Ok(Json(state.store.schedule_put(schedule).await?))
+    // The when and the what, never the job's payload.
+    let detail = format!(
+        "cron={:?} timezone={} kind={}",
+        spec.cron, spec.timezone, spec.job.kind
+    );
+    let schedule = Schedule::from_spec(name.clone(), spec)?;
+    let view = state.store.schedule_put(schedule).await?;
+    let entry = caller.audit(AuditAction::SchedulePut).target(name);
+    audit::record(&state, entry.detail(detail)).await;
+    Ok(Json(view))
 }
 
 pub(crate) async fn get(
@@ -51,10 +62,13 @@ pub(crate) async fn get(
 
 pub(crate) async fn delete(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
 ) -> ApiResult<StatusCode> {
     schedule_name(&name)?;
     if state.store.schedule_delete(&name).await? {
+        let entry = caller.audit(AuditAction::ScheduleDelete).target(name);
+        audit::record(&state, entry).await;
         Ok(StatusCode::NO_CONTENT)
     } else {
         Err(ApiError::ScheduleNotFound(name))

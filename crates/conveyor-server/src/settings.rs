@@ -3,10 +3,12 @@
 
 use axum::extract::{Path, State};
 use axum::Json;
-use conveyor_core::{validate, NamedQueueSettings, RateLimit};
+use conveyor_core::{validate, AuditAction, NamedQueueSettings, RateLimit};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
+use crate::audit;
+use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
 use crate::AppState;
@@ -30,6 +32,10 @@ pub(crate) struct SettingsPatch {
     per_key_rate_limit: Option<Option<Value>>,
     #[serde(default, deserialize_with = "present")]
     weight: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    completed_retention_secs: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    dead_retention_secs: Option<Option<Value>>,
 }
 
 /// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`). Values
@@ -101,6 +107,7 @@ pub(crate) async fn get(
 
 pub(crate) async fn put(
     State(state): State<AppState>,
+    caller: Caller,
     Path(name): Path<String>,
     ApiJson(patch): ApiJson<SettingsPatch>,
 ) -> ApiResult<Json<NamedQueueSettings>> {
@@ -139,7 +146,23 @@ pub(crate) async fn put(
         let weight = positive("weight", v)?;
         u32::try_from(weight).map_err(|_| ApiError::invalid("weight", "must be at most 4294967295"))
     })?;
+    patched(
+        &mut settings.completed_retention_secs,
+        patch.completed_retention_secs,
+        |v| positive("completed_retention_secs", v),
+    )?;
+    patched(
+        &mut settings.dead_retention_secs,
+        patch.dead_retention_secs,
+        |v| positive("dead_retention_secs", v),
+    )?;
     // The store checks the ranges again (and the Rust API relies on that).
     let settings = state.store.queue_settings_put(&name, settings).await?;
+    // The settings as stored (limits and the pause flag; nothing from any job).
+    let detail = serde_json::to_string(&settings).unwrap_or_default();
+    let entry = caller
+        .audit(AuditAction::QueueSettings)
+        .target(name.clone());
+    audit::record(&state, entry.detail(detail)).await;
     Ok(Json(NamedQueueSettings { name, settings }))
 }

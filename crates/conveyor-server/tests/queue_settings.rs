@@ -88,7 +88,8 @@ async fn max_depth_answers_429_with_retry_after_and_stores_nothing_until_drained
         json!({
             "name": "mail", "paused": false, "max_depth": 3, "max_depth_per_tenant": null,
             "concurrency_limit": null, "per_key_concurrency_limit": null, "rate_limit": null,
-            "per_key_rate_limit": null, "weight": null
+            "per_key_rate_limit": null, "weight": null, "completed_retention_secs": null,
+            "dead_retention_secs": null
         })
     );
     for _ in 0..3 {
@@ -215,6 +216,11 @@ async fn bad_settings_are_refused_naming_the_field_and_change_nothing() {
             "per_key_concurrency_limit",
         ),
         (json!({"weight": 0}), "weight"),
+        (json!({"dead_retention_secs": 0}), "dead_retention_secs"),
+        (
+            json!({"completed_retention_secs": 4_000_000_000u64}),
+            "completed_retention_secs",
+        ),
         (json!({"weight": 1.5}), "weight"),
         (json!({"colour": "blue"}), "colour"),
     ] {
@@ -243,7 +249,8 @@ async fn flow_settings_round_trip_and_null_clears_each() {
                 "per_key_concurrency_limit": 2,
                 "rate_limit": {"count": 20, "period_ms": 1000},
                 "per_key_rate_limit": {"count": 5, "period_ms": 60000},
-                "weight": 3
+                "weight": 3,
+                "completed_retention_secs": 3600
             }),
         )
         .await;
@@ -254,6 +261,7 @@ async fn flow_settings_round_trip_and_null_clears_each() {
     );
     assert_eq!(stored["per_key_concurrency_limit"], 2);
     assert_eq!(stored["weight"], 3);
+    assert_eq!(stored["completed_retention_secs"], 3600);
     // A partial update keeps the rest; null clears one.
     let (status, stored) = api
         .put("mail", json!({"rate_limit": null, "weight": 1}))

@@ -4,12 +4,15 @@
 //! of connections on tokio's blocking threads. In [`Durability::Durable`] mode (the default) every
 //! commit is fsync'd before any caller is answered.
 
+mod access;
 mod flow;
+mod retention;
 mod ops;
 mod reads;
 mod rows;
 mod schedules;
 mod unique;
+mod workers;
 mod writer;
 
 use async_trait::async_trait;
@@ -20,7 +23,14 @@ use conveyor_core::{
     RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
     SystemClock,
 };
+use conveyor_core::{
+    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
+    StoredToken, TokenSelector,
+};
 use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
+use conveyor_core::{
+    StaleReport, StaleWorkerParams, StuckJob, StuckParams, WorkerHeartbeat, WorkerInfo,
+};
 use rusqlite::{Connection, OpenFlags};
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{self, Sender};
@@ -28,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-const SCHEMA_VERSION: i64 = 7;
+const SCHEMA_VERSION: i64 = 9;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// How commits reach the disk.
@@ -265,6 +275,8 @@ fn migrate(conn: &Connection) -> StoreResult<()> {
                 ("per_key_rate_count", "INTEGER"),
                 ("per_key_rate_period_ms", "INTEGER"),
                 ("weight", "INTEGER"),
+                ("completed_retention_secs", "INTEGER"),
+                ("dead_retention_secs", "INTEGER"),
             ],
         )?;
         // Version 6: unique jobs.
@@ -395,6 +407,13 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn jobs_prune(
+        &self,
+        params: conveyor_core::PruneParams,
+    ) -> StoreResult<conveyor_core::PruneReport> {
+        self.write(move |ctx| retention::prune(ctx, &params)).await
+    }
+
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
         self.read(|conn, _| reads::queue_settings(conn)).await
     }
@@ -447,6 +466,72 @@ impl Store for SqliteStore {
     async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
         let name = name.to_string();
         self.read(move |conn, _| schedules::runs(conn, &name, limit))
+            .await
+    }
+
+    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
+        conveyor_core::validate::name("name", &token.name)?;
+        self.write(move |ctx| access::tokens_insert(ctx, token))
+            .await
+    }
+
+    async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>> {
+        self.read(|conn, _| access::tokens_list(conn)).await
+    }
+
+    async fn token_revoke(&self, selector: TokenSelector) -> StoreResult<Option<ApiToken>> {
+        self.write(move |ctx| access::token_revoke(ctx, &selector))
+            .await
+    }
+
+    async fn token_get(&self, id: Uuid) -> StoreResult<Option<StoredToken>> {
+        self.read(move |conn, _| access::token_get(conn, id)).await
+    }
+
+    async fn session_insert(&self, session: NewSession) -> StoreResult<()> {
+        self.write(move |ctx| access::session_insert(ctx, session))
+            .await
+    }
+
+    async fn session_get(&self, id: Uuid) -> StoreResult<Option<StoredSession>> {
+        self.read(move |conn, now| access::session_get(conn, id, now))
+            .await
+    }
+
+    async fn session_delete(&self, id: Uuid) -> StoreResult<bool> {
+        self.write(move |ctx| access::session_delete(ctx, id)).await
+    }
+
+    async fn audit_append(&self, entry: NewAuditEntry) -> StoreResult<AuditEntry> {
+        // Committed before the caller is answered, but not fsync'd on its own: the entry rides
+        // on the next durable commit's fsync (as claims do), so auditing every enqueue does not
+        // add a second fsync to each. A power failure can lose the latest entries.
+        self.claim(move |ctx| access::audit_append(ctx, entry))
+            .await
+    }
+
+    async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>> {
+        self.read(move |conn, _| access::audit_list(conn, &params))
+            .await
+    }
+
+    async fn workers_heartbeat(&self, beat: WorkerHeartbeat) -> StoreResult<WorkerInfo> {
+        conveyor_core::workers::heartbeat(&beat)?;
+        // A heartbeat lost to a power failure is repeated seconds later: no fsync of its own.
+        self.claim(move |ctx| workers::heartbeat(ctx, beat)).await
+    }
+
+    async fn workers_list(&self) -> StoreResult<Vec<WorkerInfo>> {
+        self.read(|conn, _| workers::list(conn)).await
+    }
+
+    async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport> {
+        self.write(move |ctx| workers::mark_stale(ctx, &params))
+            .await
+    }
+
+    async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>> {
+        self.read(move |conn, now| workers::stuck(conn, now, &params))
             .await
     }
 }

@@ -406,7 +406,7 @@ fn held_in_queue(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<Option<Str
 }
 
 /// Records a failed attempt on a running job and decides between `retryable` and `dead`.
-fn record_failure(
+pub(crate) fn record_failure(
     ctx: &mut WriteCtx<'_>,
     id: &str,
     attempt: u32,
@@ -884,8 +884,9 @@ pub(crate) fn queue_settings_put(
         .prepare_cached(
             "INSERT INTO queue_settings (queue, paused, max_depth, max_depth_per_tenant, \
              concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
-             per_key_rate_count, per_key_rate_period_ms, weight) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
+             per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
+             dead_retention_secs) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
              ON CONFLICT (queue) DO UPDATE SET \
              paused = excluded.paused, max_depth = excluded.max_depth, \
              max_depth_per_tenant = excluded.max_depth_per_tenant, \
@@ -894,7 +895,9 @@ pub(crate) fn queue_settings_put(
              rate_count = excluded.rate_count, rate_period_ms = excluded.rate_period_ms, \
              per_key_rate_count = excluded.per_key_rate_count, \
              per_key_rate_period_ms = excluded.per_key_rate_period_ms, \
-             weight = excluded.weight",
+             weight = excluded.weight, \
+             completed_retention_secs = excluded.completed_retention_secs, \
+             dead_retention_secs = excluded.dead_retention_secs",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -909,6 +912,8 @@ pub(crate) fn queue_settings_put(
                 rate_count(settings.per_key_rate_limit),
                 rate_period(settings.per_key_rate_limit),
                 settings.weight,
+                as_sql(settings.completed_retention_secs),
+                as_sql(settings.dead_retention_secs),
             ])
         })
         .map_err(backend)?;

@@ -72,7 +72,10 @@ CREATE TABLE IF NOT EXISTS queue_settings (
     rate_period_ms            INTEGER,
     per_key_rate_count        INTEGER,
     per_key_rate_period_ms    INTEGER,
-    weight                    INTEGER
+    weight                    INTEGER,
+    -- Version 10: retention per queue (seconds; NULL: the server's default).
+    completed_retention_secs  INTEGER,
+    dead_retention_secs       INTEGER
 ) WITHOUT ROWID;
 -- Unfinished jobs per tenant, for the per-tenant depth limit (jobs without a tenant cost nothing).
 CREATE INDEX IF NOT EXISTS jobs_tenant_unfinished ON jobs (queue, tenant)
@@ -133,3 +136,58 @@ CREATE TABLE IF NOT EXISTS rate_starts (
 );
 CREATE INDEX IF NOT EXISTS rate_starts_window ON rate_starts (queue, scope, started_at);
 CREATE INDEX IF NOT EXISTS rate_starts_age ON rate_starts (queue, started_at);
+
+-- Version 8: access control and audit (see `conveyor_core::access`). Only the SHA-256 of each
+-- secret is kept; a credential is looked up by its id, then its secret's hash compared.
+-- A name belongs to one active token at a time; a revoked token keeps its name.
+CREATE TABLE IF NOT EXISTS api_tokens (
+    id          TEXT PRIMARY KEY,
+    name        TEXT NOT NULL,
+    role        TEXT NOT NULL,
+    secret_hash TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    revoked_at  INTEGER
+) WITHOUT ROWID;
+CREATE UNIQUE INDEX IF NOT EXISTS api_tokens_active_name ON api_tokens (name)
+    WHERE revoked_at IS NULL;
+-- Browser sessions made by logging in with a token; revoking the token deletes them.
+CREATE TABLE IF NOT EXISTS sessions (
+    id          TEXT PRIMARY KEY,
+    secret_hash TEXT NOT NULL,
+    token_id    TEXT NOT NULL,
+    created_at  INTEGER NOT NULL,
+    expires_at  INTEGER NOT NULL
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS sessions_token ON sessions (token_id);
+CREATE INDEX IF NOT EXISTS sessions_expiry ON sessions (expires_at);
+-- Who did what. `id` grows with every append (AUTOINCREMENT: never reused, so a page cursor
+-- stays valid); `job_ids` is a JSON array of at most 100 ids, `job_count` the full number.
+CREATE TABLE IF NOT EXISTS audit_log (
+    id             INTEGER PRIMARY KEY AUTOINCREMENT,
+    at             INTEGER NOT NULL,
+    actor          TEXT NOT NULL,
+    actor_token_id TEXT,
+    action         TEXT NOT NULL,
+    target         TEXT,
+    job_ids        TEXT NOT NULL,
+    job_count      INTEGER NOT NULL,
+    detail         TEXT
+);
+CREATE INDEX IF NOT EXISTS audit_log_action ON audit_log (action, id);
+
+-- Version 9: the worker registry (see `conveyor_core::workers`). One row per worker id;
+-- `queues` is a JSON array, `state` alive | stopped | dead. Small (one row per worker process),
+-- so it has no index of its own.
+CREATE TABLE IF NOT EXISTS workers (
+    id           TEXT PRIMARY KEY,
+    host         TEXT NOT NULL,
+    pid          INTEGER,
+    queues       TEXT NOT NULL,
+    concurrency  INTEGER NOT NULL,
+    busy         INTEGER NOT NULL,
+    version      TEXT NOT NULL,
+    started_at   INTEGER NOT NULL,
+    last_seen_at INTEGER NOT NULL,
+    state        TEXT NOT NULL,
+    ended_at     INTEGER
+) WITHOUT ROWID;

@@ -27,25 +27,31 @@ use std::sync::Arc;
 use std::time::Duration;
 use uuid::Uuid;
 
+mod access;
 mod admin;
 mod fetch;
 mod finish;
 mod flow;
 mod insert;
 mod rescue;
+mod retention;
 mod schedules;
 mod settings;
 mod unique;
+mod workers;
 
+pub use access::*;
 pub use admin::*;
 pub use fetch::*;
 pub use finish::*;
 pub use flow::*;
 pub use insert::*;
 pub use rescue::*;
+pub use retention::*;
 pub use schedules::*;
 pub use settings::*;
 pub use unique::*;
+pub use workers::*;
 
 /// A store under test and the clock it reads "now" from.
 #[derive(Clone)]
@@ -196,6 +202,23 @@ macro_rules! __conveyor_behaviours {
             schedule_run_history_shows_a_dead_runs_state,
             schedule_refused_job_is_recorded_as_a_refused_run,
             schedule_dst_edges_fire_at_the_right_utc_instants,
+            // access control and audit
+            token_insert_get_and_list,
+            token_names_are_unique_among_active_tokens,
+            token_revoke_by_name_or_id_ends_its_sessions,
+            session_round_trip_expiry_and_delete,
+            audit_append_and_list_newest_first_with_filters,
+            // worker registry and stuck jobs
+            workers_heartbeat_registers_and_updates_a_worker,
+            workers_stopping_heartbeat_records_a_stopped_worker,
+            workers_mark_stale_rescues_the_jobs_of_dead_workers,
+            workers_dead_worker_that_heartbeats_is_alive_again,
+            workers_ended_long_ago_are_forgotten,
+            workers_heartbeat_is_validated,
+            stuck_jobs_are_judged_by_history_then_timeout_then_default,
+            // retention
+            prune_deletes_finished_jobs_past_their_retention,
+            prune_honours_queue_retention_and_limit,
         }
     };
 }

@@ -43,6 +43,8 @@ pub async fn queue_settings_default_then_round_trip_and_list(h: &Harness) {
             period_ms: 60_000,
         }),
         weight: Some(3),
+        completed_retention_secs: Some(3600),
+        dead_retention_secs: Some(30 * 24 * 3600),
     };
     let stored = store
         .queue_settings_put("mail", wanted.clone())

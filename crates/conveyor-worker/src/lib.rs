@@ -15,18 +15,22 @@ mod scheduler;
 mod worker;
 
 pub use handler::{JobContext, Outcome};
-pub use maintenance::Maintenance;
+pub use maintenance::{Maintenance, MaintenancePass, DEFAULT_WORKER_STALE_AFTER};
 pub use scheduler::{Scheduler, SchedulerPass};
-pub use worker::{ShutdownReport, Worker, WorkerBuilder, WorkerError};
+pub use worker::{ShutdownReport, Worker, WorkerBuilder, WorkerError, JOB_LOG_TARGET};
 
-/// A default worker id: host, process id and a random suffix, so restarts are distinguishable.
-pub fn default_worker_id() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+/// This machine's host name, as workers report it to the registry.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
         .ok()
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_string());
+        .unwrap_or_else(|| "localhost".to_string())
+}
+
+/// A default worker id: host, process id and a random suffix, so restarts are distinguishable.
+pub fn default_worker_id() -> String {
     let suffix = &uuid::Uuid::new_v4().simple().to_string()[..6];
-    format!("{host}-{}-{suffix}", std::process::id())
+    format!("{}-{}-{suffix}", hostname(), std::process::id())
 }

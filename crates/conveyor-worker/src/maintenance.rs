@@ -1,12 +1,18 @@
-//! Periodic upkeep: rescue expired leases, promote due jobs, fire cron schedules.
+//! Periodic upkeep: rescue expired leases, mark silent workers dead (rescuing their jobs),
+//! promote due jobs, fire cron schedules.
 
-use conveyor_core::{RescueParams, RetryPolicy, Store};
+use conveyor_core::{
+    PruneParams, RescueParams, RetentionPolicy, RetryPolicy, StaleWorkerParams, Store,
+};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::scheduler::Scheduler;
+
+/// The default for [`Maintenance::worker_stale_after`].
+pub const DEFAULT_WORKER_STALE_AFTER: Duration = Duration::from_secs(120);
 
 /// Rescues jobs whose lease expired (their worker crashed, hung or was partitioned) and makes
 /// due scheduled and retryable jobs available; while leading, it also runs the cron
@@ -21,6 +27,26 @@ pub struct Maintenance {
     leader_ttl: Duration,
     leading: Arc<AtomicBool>,
     scheduler: Option<Scheduler>,
+    worker_stale_after: Option<Duration>,
+    retention: Option<RetentionPolicy>,
+}
+/// Most prune steps per pass (each deletes up to the batch size), so a backlog of expired jobs
+/// is worked off over several passes rather than in one long one.
+const MAX_PRUNE_STEPS: usize = 10;
+
+/// What one maintenance pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MaintenancePass {
+    /// Jobs whose lease expired, rescued (retried or dead).
+    pub rescued: usize,
+    /// Workers marked dead for not heartbeating.
+    pub dead_workers: Vec<String>,
+    /// Jobs of those workers, rescued at once.
+    pub rescued_from_dead_workers: usize,
+    /// Scheduled and retryable jobs made available.
+    pub promoted: u64,
+    /// Finished jobs deleted for retention.
+    pub pruned: u64,
 }
 
 impl Maintenance {
@@ -33,8 +59,30 @@ impl Maintenance {
             leader_ttl: Duration::from_secs(10),
             leading: Arc::new(AtomicBool::new(false)),
             scheduler: Some(Scheduler::new(store.clone())),
+            worker_stale_after: Some(DEFAULT_WORKER_STALE_AFTER),
+            retention: Some(RetentionPolicy::default()),
             store,
         }
+    }
+
+    /// How long finished jobs are kept (default: completed and cancelled 24 h, dead 14 days;
+    /// a queue's own retention settings win). `None` never deletes jobs.
+    pub fn retention(mut self, retention: Option<RetentionPolicy>) -> Self {
+        self.retention = retention;
+        self
+    }
+
+    /// How long a registered worker may go without heartbeating before it is marked dead and
+    /// the jobs it holds are rescued (default 2 min). Workers heartbeat every 10 s by default.
+    pub fn worker_stale_after(mut self, after: Duration) -> Self {
+        self.worker_stale_after = Some(after);
+        self
+    }
+
+    /// Never marks workers dead: their jobs are rescued only when their leases expire.
+    pub fn without_stale_workers(mut self) -> Self {
+        self.worker_stale_after = None;
+        self
     }
 
     /// The cron scheduler to run while this node leads (default: [`Scheduler::new`] on the
@@ -75,8 +123,9 @@ impl Maintenance {
         self
     }
 
-    /// One pass: rescues in batches until none is left, then promotes due jobs.
-    pub async fn run_once(&self) -> conveyor_core::StoreResult<(usize, u64)> {
+    /// One pass: rescues expired leases in batches until none is left, marks silent workers
+    /// dead (rescuing their jobs), then promotes due jobs.
+    pub async fn run_once(&self) -> conveyor_core::StoreResult<MaintenancePass> {
         let mut rescued = 0;
         loop {
             let report = self
@@ -98,8 +147,56 @@ impl Maintenance {
                 break;
             }
         }
-        let promoted = self.store.jobs_promote_due().await?;
-        Ok((rescued, promoted))
+        let mut pass = MaintenancePass {
+            rescued,
+            ..MaintenancePass::default()
+        };
+        if let Some(older_than) = self.worker_stale_after {
+            let report = self
+                .store
+                .workers_mark_stale(StaleWorkerParams {
+                    older_than,
+                    retry: self.retry,
+                    ..StaleWorkerParams::default()
+                })
+                .await?;
+            for worker in &report.workers {
+                tracing::warn!(worker_id = %worker, stale_after = ?older_than,
+                    "worker stopped heartbeating; marked dead, its jobs rescued");
+            }
+            for id in &report.rescued.retried {
+                tracing::warn!(job_id = %id, "worker marked dead; job will be retried");
+            }
+            for id in &report.rescued.dead {
+                tracing::warn!(job_id = %id, "worker marked dead on the job's last attempt; job moved to dead");
+            }
+            pass.rescued_from_dead_workers =
+                report.rescued.retried.len() + report.rescued.dead.len();
+            pass.dead_workers = report.workers;
+        }
+        pass.promoted = self.store.jobs_promote_due().await?;
+        if let Some(retention) = self.retention {
+            for _ in 0..MAX_PRUNE_STEPS {
+                let report = self
+                    .store
+                    .jobs_prune(PruneParams {
+                        retention,
+                        limit: self.batch,
+                    })
+                    .await?;
+                pass.pruned += report.total();
+                if report.total() < self.batch as u64 {
+                    break;
+                }
+            }
+            if pass.pruned > 0 {
+                tracing::info!(
+                    pruned = pass.pruned,
+                    "deleted finished jobs past their retention"
+                );
+            }
+        }
+        Ok(pass)
     }
 
     /// Runs passes every interval until `stop` is cancelled, but only while this node holds the

@@ -2,8 +2,9 @@
 
 use chrono::Utc;
 use conveyor_core::{
-    error_class, fetch_waiting, CompleteParams, FailParams, FetchParams, HeartbeatParams, Job,
-    LeaseOutcome, LeaseRef, RetryPlan, RetryPolicy, SnoozeParams, Store, TypedJob,
+    error_class, fetch_waiting, AttemptEvent, AttemptStatus, CompleteParams, FailParams,
+    FetchParams, HeartbeatParams, Job, JobObserver, LeaseOutcome, LeaseRef, RetryPlan, RetryPolicy,
+    SnoozeParams, Store, TypedJob, WorkerHeartbeat,
 };
 use futures::FutureExt;
 use serde_json::Value;
@@ -27,6 +28,9 @@ const FETCH_GATHER_WAIT: Duration = Duration::from_millis(2);
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 /// Most completions written in one store call.
 const MAX_COMPLETION_BATCH: usize = 1000;
+/// The `tracing` target of the per-job lifecycle events (start, completion, failure), so they
+/// can be filtered on their own: `CONVEYOR_LOG=info,conveyor::job=warn` keeps only failures.
+pub const JOB_LOG_TARGET: &str = "conveyor::job";
 
 #[derive(Debug, thiserror::Error)]
 pub enum WorkerError {
@@ -53,6 +57,8 @@ pub struct WorkerBuilder {
     poll: Duration,
     default_retry: RetryPolicy,
     maintenance: Option<Maintenance>,
+    observer: Option<Arc<dyn JobObserver>>,
+    registry_interval: Option<Duration>,
 }
 
 impl WorkerBuilder {
@@ -163,6 +169,27 @@ impl WorkerBuilder {
         self
     }
 
+    /// Tells `observer` of every attempt outcome this worker writes (for metrics: give it the
+    /// server's metrics when the worker runs in the server's process).
+    pub fn observer(mut self, observer: Arc<dyn JobObserver>) -> Self {
+        self.observer = Some(observer);
+        self
+    }
+
+    /// How often the worker reports itself to the store's worker registry (default 10 s; keep
+    /// it well under the maintenance's stale interval, 2 min by default).
+    pub fn registry_interval(mut self, interval: Duration) -> Self {
+        self.registry_interval = Some(interval);
+        self
+    }
+
+    /// Does not report to the worker registry (the worker is then invisible to
+    /// `GET /v1/workers`, and its jobs are rescued only when their leases expire).
+    pub fn without_registry(mut self) -> Self {
+        self.registry_interval = None;
+        self
+    }
+
     pub fn build(self) -> Result<Worker, WorkerError> {
         if self.queues.is_empty() {
             return Err(WorkerError::Config(
@@ -181,6 +208,14 @@ impl WorkerBuilder {
         if self.lease < Duration::from_millis(100) {
             return Err(WorkerError::Config("lease must be at least 100 ms".into()));
         }
+        if self
+            .registry_interval
+            .is_some_and(|interval| interval < Duration::from_millis(10))
+        {
+            return Err(WorkerError::Config(
+                "registry interval must be at least 10 ms".into(),
+            ));
+        }
         Ok(Worker {
             shared: Arc::new(Shared {
                 store: self.store,
@@ -189,7 +224,9 @@ impl WorkerBuilder {
                 lease: self.lease,
                 default_retry: self.default_retry,
                 running: Mutex::new(HashMap::new()),
+                observer: self.observer,
             }),
+            registry_interval: self.registry_interval,
             queues: self.queues,
             stop_fetching: CancellationToken::new(),
             drain_timeout: self.drain_timeout,
@@ -211,6 +248,7 @@ struct Shared {
     lease: Duration,
     default_retry: RetryPolicy,
     running: Mutex<HashMap<Uuid, RunningJob>>,
+    observer: Option<Arc<dyn JobObserver>>,
 }
 
 impl Shared {
@@ -220,6 +258,31 @@ impl Shared {
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
+
+    fn observe(&self, job: &JobMeta, status: AttemptStatus) {
+        if let Some(observer) = &self.observer {
+            observer.attempt_finished(&AttemptEvent {
+                queue: &job.queue,
+                kind: &job.kind,
+                status,
+                duration: job.duration,
+            });
+        }
+    }
+}
+
+/// What the completer needs to log and count a completion it writes.
+struct JobMeta {
+    id: Uuid,
+    queue: String,
+    kind: String,
+    attempt: u32,
+    duration: Duration,
+}
+
+struct Completion {
+    params: CompleteParams,
+    job: JobMeta,
 }
 
 pub struct Worker {
@@ -230,6 +293,7 @@ pub struct Worker {
     drain_timeout: Duration,
     poll: Duration,
     maintenance: Option<Maintenance>,
+    registry_interval: Option<Duration>,
 }
 
 impl Worker {
@@ -244,6 +308,8 @@ impl Worker {
             poll: Duration::from_secs(1),
             default_retry: RetryPolicy::default(),
             maintenance: None,
+            observer: None,
+            registry_interval: Some(Duration::from_secs(10)),
         }
     }
 
@@ -264,6 +330,14 @@ impl Worker {
         let (completions, completion_rx) = mpsc::unbounded_channel();
         let completer = tokio::spawn(run_completer(self.shared.clone(), completion_rx));
         let heartbeat = tokio::spawn(run_heartbeats(self.shared.clone(), stop_background.clone()));
+        let registry = self.registry_interval.map(|interval| {
+            tokio::spawn(run_registry(
+                self.shared.clone(),
+                self.queues.clone(),
+                interval,
+                stop_background.clone(),
+            ))
+        });
         let maintenance = self
             .maintenance
             .clone()
@@ -333,6 +407,9 @@ impl Worker {
         let _ = completer.await;
         stop_background.cancel();
         let _ = heartbeat.await;
+        if let Some(registry) = registry {
+            let _ = registry.await;
+        }
         if let Some(maintenance) = maintenance {
             let _ = maintenance.await;
         }
@@ -350,7 +427,7 @@ struct FetchLoop {
     poll: Duration,
     stop: CancellationToken,
     executors: Arc<Mutex<JoinSet<()>>>,
-    completions: mpsc::UnboundedSender<CompleteParams>,
+    completions: mpsc::UnboundedSender<Completion>,
 }
 
 fn take_free_permits(slots: &Arc<Semaphore>, permits: &mut Vec<OwnedSemaphorePermit>) {
@@ -467,7 +544,7 @@ enum Attempt {
 async fn execute(
     shared: Arc<Shared>,
     job: Job,
-    completions: mpsc::UnboundedSender<CompleteParams>,
+    completions: mpsc::UnboundedSender<Completion>,
     permit: Option<OwnedSemaphorePermit>,
 ) {
     let Some(lease) = job.lease.as_ref() else {
@@ -491,7 +568,9 @@ async fn execute(
         .as_ref()
         .map_or(shared.default_retry, |r| r.retry);
     let started = std::time::Instant::now();
-    tracing::debug!(job_id = %job.id, queue = %job.queue, kind = %job.kind, attempt = job.attempt, "job started");
+    // Lifecycle events name the job, never its payload (which may hold personal data).
+    tracing::info!(target: JOB_LOG_TARGET, job_id = %job.id, queue = %job.queue,
+        kind = %job.kind, attempt = job.attempt, worker_id = %shared.id, "job started");
 
     let attempt = match registered {
         None => Attempt::Failed(RuntimeFailure {
@@ -514,24 +593,41 @@ async fn execute(
     shared.running().remove(&job.id);
     drop(permit);
 
-    let elapsed_ms = started.elapsed().as_millis() as u64;
+    let meta = JobMeta {
+        id: job.id,
+        queue: job.queue,
+        kind: job.kind,
+        attempt: job.attempt,
+        duration: started.elapsed(),
+    };
+    let duration_ms = meta.duration.as_millis() as u64;
     let (class, message, plan) = match attempt {
         Attempt::Interrupted => {
-            tracing::info!(job_id = %job.id, kind = %job.kind, "job interrupted (shutdown or lost lease)");
+            tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id, queue = %meta.queue,
+                kind = %meta.kind, attempt = meta.attempt, duration_ms, outcome = "interrupted",
+                "job interrupted (shutdown or lost lease)");
             return;
         }
         Attempt::Handler(Outcome::Complete(result)) => {
-            tracing::debug!(job_id = %job.id, queue = %job.queue, kind = %job.kind,
-                attempt = job.attempt, duration_ms = elapsed_ms, outcome = "completed", "job finished");
-            // Batched by the completer; if the worker dies first, the lease expires and the job reruns.
-            let _ = completions.send(CompleteParams { lease, result });
+            // Batched by the completer, which logs and counts it once written; if the worker
+            // dies first, the lease expires and the job reruns.
+            let _ = completions.send(Completion {
+                params: CompleteParams { lease, result },
+                job: meta,
+            });
             return;
         }
         Attempt::Handler(Outcome::Snooze(delay)) => {
             let until =
                 Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
-            if let Err(error) = shared.store.job_snooze(SnoozeParams { lease, until }).await {
-                tracing::warn!(job_id = %job.id, %error, "snooze not recorded");
+            match shared.store.job_snooze(SnoozeParams { lease, until }).await {
+                Ok(_) => {
+                    tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id,
+                        queue = %meta.queue, kind = %meta.kind, attempt = meta.attempt,
+                        duration_ms, outcome = "snoozed", "job snoozed");
+                    shared.observe(&meta, AttemptStatus::Snoozed);
+                }
+                Err(error) => tracing::warn!(job_id = %meta.id, %error, "snooze not recorded"),
             }
             return;
         }
@@ -565,10 +661,15 @@ async fn execute(
         })
         .await;
     match failed {
-        Ok(after) => tracing::warn!(job_id = %job.id, queue = %job.queue, kind = %job.kind,
-            attempt = job.attempt, duration_ms = elapsed_ms, outcome = %after.state,
-            error_class = class, error = %message, "job failed"),
-        Err(error) => tracing::warn!(job_id = %job.id, %error, "failure not recorded"),
+        Ok(after) => {
+            let status = AttemptStatus::of_failure(after.state);
+            tracing::warn!(target: JOB_LOG_TARGET, job_id = %meta.id, queue = %meta.queue,
+                kind = %meta.kind, attempt = meta.attempt, duration_ms,
+                outcome = status.as_str(), state = %after.state, error_class = class,
+                error = %message, "job failed");
+            shared.observe(&meta, status);
+        }
+        Err(error) => tracing::warn!(job_id = %meta.id, %error, "failure not recorded"),
     }
 }
 
@@ -628,30 +729,77 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 }
 
 /// Writes completions in batches: one store call (one commit) for everything finished meanwhile.
-async fn run_completer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<CompleteParams>) {
+async fn run_completer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Completion>) {
     let mut batch = Vec::with_capacity(64);
     while rx.recv_many(&mut batch, MAX_COMPLETION_BATCH).await > 0 {
-        let pending: Vec<CompleteParams> = std::mem::take(&mut batch);
-        let ids: Vec<Uuid> = pending.iter().map(|c| c.lease.id).collect();
+        let pending: Vec<Completion> = std::mem::take(&mut batch);
+        let params: Vec<CompleteParams> = pending.iter().map(|c| c.params.clone()).collect();
         let mut delay = Duration::from_millis(50);
         // Retry store errors a few times; a completion that never lands is rescued and rerun.
         for _ in 0..5 {
-            match shared.store.jobs_complete_many(pending.clone()).await {
+            match shared.store.jobs_complete_many(params.clone()).await {
                 Ok(outcomes) => {
-                    for (id, outcome) in ids.iter().zip(outcomes) {
+                    for (completion, outcome) in pending.iter().zip(outcomes) {
+                        let job = &completion.job;
                         if outcome == LeaseOutcome::LeaseLost {
-                            tracing::warn!(job_id = %id, "completion rejected: lease was lost (job rescued or cancelled)");
+                            tracing::warn!(target: JOB_LOG_TARGET, job_id = %job.id,
+                                queue = %job.queue, kind = %job.kind, attempt = job.attempt,
+                                outcome = "lease_lost",
+                                "completion rejected: lease was lost (job rescued or cancelled)");
+                            continue;
                         }
+                        tracing::info!(target: JOB_LOG_TARGET, job_id = %job.id,
+                            queue = %job.queue, kind = %job.kind, attempt = job.attempt,
+                            duration_ms = job.duration.as_millis() as u64,
+                            outcome = "completed", "job completed");
+                        shared.observe(job, AttemptStatus::Completed);
                     }
                     break;
                 }
                 Err(error) => {
-                    tracing::error!(%error, jobs = ids.len(), "completion batch failed; retrying");
+                    tracing::error!(%error, jobs = pending.len(), "completion batch failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay *= 2;
                 }
             }
         }
+    }
+}
+
+/// Reports the worker to the store's registry every `interval`, and once more at shutdown as
+/// `stopping`, so a graceful stop is never mistaken for a crash.
+async fn run_registry(
+    shared: Arc<Shared>,
+    queues: Vec<(String, usize)>,
+    interval: Duration,
+    stop: CancellationToken,
+) {
+    let concurrency = queues.iter().map(|(_, slots)| *slots).sum::<usize>();
+    let mut beat = WorkerHeartbeat {
+        id: shared.id.clone(),
+        host: crate::hostname(),
+        pid: Some(std::process::id()),
+        queues: queues.into_iter().map(|(queue, _)| queue).collect(),
+        concurrency: u32::try_from(concurrency).unwrap_or(u32::MAX),
+        busy: 0,
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        started_at: Utc::now(),
+        stopping: false,
+    };
+    loop {
+        beat.busy = u32::try_from(shared.running().len()).unwrap_or(u32::MAX);
+        if let Err(error) = shared.store.workers_heartbeat(beat.clone()).await {
+            tracing::warn!(%error, "worker registry heartbeat failed; will retry");
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+    beat.busy = 0;
+    beat.stopping = true;
+    if let Err(error) = shared.store.workers_heartbeat(beat).await {
+        tracing::warn!(%error, "could not record the worker's stop in the registry");
     }
 }
 

@@ -31,8 +31,10 @@ pub use conveyor_worker::{
     default_worker_id, JobContext, Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder,
 };
 pub use conveyor_worker::{Scheduler, SchedulerPass};
+pub use conveyor_worker::{hostname, MaintenancePass, JOB_LOG_TARGET};
 pub use schedule_file::{load_schedules, parse_schedules, ScheduleFileError};
 
+pub mod alerts;
 pub mod schedule_file;
 
 use std::path::PathBuf;

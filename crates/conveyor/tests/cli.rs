@@ -357,6 +357,47 @@ fn queue_commands_pause_resume_and_limit_depth() {
     );
 }
 
+/// A running server deletes completed jobs once they are past their retention, and keeps
+/// unfinished ones.
+#[test]
+fn retention_deletes_completed_jobs_in_a_running_server() {
+    let dir = temp_dir();
+    let server = start_server(
+        &path_in(&dir, "jobs.db"),
+        &[
+            "--retain-completed-secs",
+            "1",
+            "--maintenance-interval-ms",
+            "100",
+        ],
+    );
+    let s = server.url.as_str();
+    let done = enqueue(s, json!({"kind": "k", "queue": "quick"}));
+    let done_id = done["id"].as_str().unwrap().to_string();
+    let waiting = enqueue(
+        s,
+        json!({"kind": "k", "queue": "held", "run_at": "2099-01-01T00:00:00Z"}),
+    );
+    let waiting_id = waiting["id"].as_str().unwrap().to_string();
+    let _worker = start_worker(s, "true", &["--queues", "quick"]);
+    wait_until("the job to complete", || {
+        (get_job(s, &done_id)["state"] == "completed").then_some(())
+    });
+    wait_until("the completed job to be pruned", || {
+        let status = http()
+            .get(format!("{s}/v1/jobs/{done_id}"))
+            .send()
+            .expect("GET job")
+            .status();
+        (status == 404).then_some(())
+    });
+    assert_eq!(
+        get_job(s, &waiting_id)["state"],
+        "scheduled",
+        "unfinished jobs stay"
+    );
+}
+
 #[test]
 fn queue_set_takes_rate_limits_weights_and_per_tenant_limits() {
     let dir = temp_dir();

@@ -7,7 +7,6 @@ use serde_json::{json, Value};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::http::ApiClient;
 use super::ServerArg;
 
 #[derive(Args, Debug)]
@@ -192,7 +191,7 @@ pub(crate) async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
     if let Some(unique) = args.unique.to_json() {
         body["unique"] = unique;
     }
-    let client = ApiClient::new(&args.server.server)?;
+    let client = args.server.client()?;
     let (_, job) = client.post("/v1/jobs", &body).await?;
     if args.server.json {
         print_json(&job);
@@ -265,7 +264,7 @@ pub(crate) async fn job(command: JobCommand) -> anyhow::Result<ExitCode> {
         JobCommand::Cancel { id, server } => (id, server, true),
     };
     check_id(&id)?;
-    let client = ApiClient::new(&server.server)?;
+    let client = server.client()?;
     let job = if cancel {
         client
             .post(&format!("/v1/jobs/{id}/cancel"), &json!({}))
@@ -314,7 +313,7 @@ pub(crate) async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
             limit,
             server,
         } => {
-            let client = ApiClient::new(&server.server)?;
+            let client = server.client()?;
             let page = client
                 .get(&format!(
                     "/v1/dead{}",
@@ -371,7 +370,7 @@ pub(crate) async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
             } else {
                 bail!("say which dead jobs to replay: ids, --queue/--kind, or --all");
             };
-            let client = ApiClient::new(&server.server)?;
+            let client = server.client()?;
             let (_, answer) = client.post("/v1/dead/replay", &body).await?;
             if server.json {
                 print_json(&answer);
@@ -381,7 +380,7 @@ pub(crate) async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
         }
         DeadCommand::Discard { id, server } => {
             check_id(&id)?;
-            let client = ApiClient::new(&server.server)?;
+            let client = server.client()?;
             let (_, answer) = client
                 .call(Method::DELETE, &format!("/v1/dead/{id}"), None)
                 .await?;
@@ -396,7 +395,7 @@ pub(crate) async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
 }
 
 pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
-    let client = ApiClient::new(&args.server.server)?;
+    let client = args.server.client()?;
     loop {
         let answer = client.get("/v1/queues").await?;
         if args.server.json {
@@ -487,6 +486,13 @@ pub(crate) enum QueueCommand {
         /// This queue's share of a worker's capacity when it serves several queues.
         #[arg(long)]
         weight: Option<Limit>,
+        /// Delete completed and cancelled jobs this many seconds after they finish (`none`:
+        /// the server's default).
+        #[arg(long)]
+        completed_retention_secs: Option<Limit>,
+        /// Delete dead jobs this many seconds after they die (`none`: the server's default).
+        #[arg(long)]
+        dead_retention_secs: Option<Limit>,
         #[command(flatten)]
         server: ServerArg,
     },
@@ -568,6 +574,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             rate_limit,
             per_key_rate_limit,
             weight,
+            completed_retention_secs,
+            dead_retention_secs,
             server,
         } => {
             let mut change = json!({});
@@ -586,6 +594,12 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             if let Some(Limit(weight)) = weight {
                 change["weight"] = json!(weight);
             }
+            if let Some(Limit(secs)) = completed_retention_secs {
+                change["completed_retention_secs"] = json!(secs);
+            }
+            if let Some(Limit(secs)) = dead_retention_secs {
+                change["dead_retention_secs"] = json!(secs);
+            }
             for (field, rate) in [
                 ("rate_limit", rate_limit),
                 ("per_key_rate_limit", per_key_rate_limit),
@@ -599,14 +613,15 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
                 bail!(
                     "nothing to set: give --max-depth, --max-depth-per-tenant, \
                      --concurrency-limit, --per-key-concurrency-limit, --rate-limit, \
-                     --per-key-rate-limit or --weight"
+                     --per-key-rate-limit, --weight, --completed-retention-secs or \
+                     --dead-retention-secs"
                 );
             }
             (name, server, Some(change))
         }
     };
     conveyor::validate::name("queue", &name)?;
-    let client = ApiClient::new(&server.server)?;
+    let client = server.client()?;
     let path = format!("/v1/queues/{name}");
     let settings = match change {
         Some(body) => client.call(Method::PUT, &path, Some(&body)).await?.1,

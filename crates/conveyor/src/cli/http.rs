@@ -9,6 +9,8 @@ use std::time::Duration;
 pub(crate) struct ApiClient {
     base: String,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` on every request when set.
+    token: Option<String>,
 }
 
 /// A non-2xx answer: its status and the server's JSON error.
@@ -22,6 +24,11 @@ impl std::fmt::Display for ApiFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let error = &self.body["error"];
         let message = error["message"].as_str().unwrap_or("request failed");
+        let message = if self.status == StatusCode::UNAUTHORIZED {
+            format!("{message} (give an API token with --token or CONVEYOR_TOKEN)")
+        } else {
+            message.to_string()
+        };
         match error["field"].as_str() {
             Some(field) => write!(
                 f,
@@ -42,7 +49,7 @@ impl std::fmt::Display for ApiFailure {
 impl std::error::Error for ApiFailure {}
 
 impl ApiClient {
-    pub fn new(base: &str) -> anyhow::Result<Self> {
+    pub fn new(base: &str, token: Option<&str>) -> anyhow::Result<Self> {
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(5))
             .build()
@@ -50,6 +57,7 @@ impl ApiClient {
         Ok(Self {
             base: base.trim_end_matches('/').to_string(),
             http,
+            token: token.map(str::to_string).filter(|t| !t.is_empty()),
         })
     }
 
@@ -65,6 +73,9 @@ impl ApiClient {
             .http
             .request(method, &url)
             .timeout(Duration::from_secs(60));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
         if let Some(body) = body {
             request = request.json(body);
         }

@@ -1,12 +1,14 @@
 //! Command-line interface.
 
 mod admin;
+mod audit;
 mod bench;
 mod demo;
 mod http;
 mod schedule;
 mod serve;
 mod store;
+mod token;
 mod work;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -58,6 +60,16 @@ pub(crate) struct ServerArg {
     /// Print raw JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// API token, for a server with access control on (`conveyor token create`).
+    #[arg(long, env = "CONVEYOR_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+}
+
+impl ServerArg {
+    /// A client for the server, sending the token when one was given.
+    pub fn client(&self) -> anyhow::Result<http::ApiClient> {
+        http::ApiClient::new(&self.server, self.token.as_deref())
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -97,6 +109,13 @@ enum Command {
         #[command(subcommand)]
         command: store::StoreCommand,
     },
+    /// API tokens for a server with access control (`serve --auth`): create, list, revoke.
+    Token {
+        #[command(subcommand)]
+        command: token::TokenCommand,
+    },
+    /// The audit log: who enqueued, cancelled, replayed, discarded, changed what.
+    Audit(audit::AuditArgs),
     /// Create or upgrade a store's schema (PostgreSQL: versioned, forward-only migrations).
     Migrate(store::MigrateArgs),
 }
@@ -127,5 +146,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Bench(args) => bench::run(args).await,
         Command::Store { command } => store::run(command).await,
         Command::Migrate(args) => store::migrate(args).await,
+        Command::Token { command } => token::run(command).await,
+        Command::Audit(args) => audit::run(args).await,
     }
 }

@@ -6,7 +6,6 @@ use reqwest::Method;
 use serde_json::{json, Value};
 use std::process::ExitCode;
 
-use super::http::ApiClient;
 use super::ServerArg;
 
 #[derive(Subcommand, Debug)]
@@ -182,7 +181,7 @@ fn print_schedule(schedule: &Value) {
 pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
     match command {
         ScheduleCommand::List { server } => {
-            let client = ApiClient::new(&server.server)?;
+            let client = server.client()?;
             let answer = client.get("/v1/schedules").await?;
             if server.json {
                 print_json(&answer);
@@ -209,7 +208,7 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
             println!("{} schedule(s)", schedules.len());
         }
         ScheduleCommand::Show { name, server } => {
-            let client = ApiClient::new(&server.server)?;
+            let client = server.client()?;
             let schedule = client.get(&path(&name)).await?;
             if server.json {
                 print_json(&schedule);
@@ -257,7 +256,7 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
             if let Some(max) = args.max_catch_up {
                 body["max_catch_up"] = json!(max);
             }
-            let client = ApiClient::new(&args.server.server)?;
+            let client = args.server.client()?;
             let (_, schedule) = client
                 .call(Method::PUT, &path(&args.name), Some(&body))
                 .await?;
@@ -276,7 +275,7 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
             limit,
             server,
         } => {
-            let client = ApiClient::new(&server.server)?;
+            let client = server.client()?;
             let answer = client
                 .get(&format!("{}/runs?limit={limit}", path(&name)))
                 .await?;
@@ -291,7 +290,7 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
             println!("{} run(s) shown", runs.len());
         }
         ScheduleCommand::Delete { name, server } => {
-            let client = ApiClient::new(&server.server)?;
+            let client = server.client()?;
             client.call(Method::DELETE, &path(&name), None).await?;
             if server.json {
                 print_json(&json!({"deleted": name}));

@@ -46,6 +46,14 @@ pub(crate) struct ServeArgs {
     /// rescue is missed before another server takes over, in milliseconds.
     #[arg(long, default_value_t = 10_000)]
     leader_ttl_ms: u64,
+    /// Completed and cancelled jobs are deleted this many seconds after they finished (a
+    /// queue's `completed_retention_secs` wins). 0 keeps them forever.
+    #[arg(long, default_value_t = 24 * 3600)]
+    retain_completed_secs: u64,
+    /// Dead jobs are deleted this many seconds after they died (a queue's
+    /// `dead_retention_secs` wins). 0 keeps them forever.
+    #[arg(long, default_value_t = 14 * 24 * 3600)]
+    retain_dead_secs: u64,
     /// Cron schedules to create or update at start (TOML, or JSON when the name ends in
     /// `.json`). Schedules not in the file are left as they are.
     #[arg(long, env = "CONVEYOR_SCHEDULES")]
@@ -54,12 +62,62 @@ pub(crate) struct ServeArgs {
     /// 1000). Older ticks were missed during downtime and follow the schedule's `missed` policy.
     #[arg(long, default_value_t = 5000)]
     schedule_misfire_ms: u64,
+    /// Require API tokens (`conveyor token create`): on by default when listening on a
+    /// non-loopback address, off on loopback. `--auth=false` turns it off.
+    #[arg(long, env = "CONVEYOR_AUTH", num_args = 0..=1, default_missing_value = "true")]
+    auth: Option<bool>,
+    /// Allow listening on a non-loopback address with access control off: anyone who can
+    /// reach the port can then enqueue, replay, discard and change settings.
+    #[arg(long)]
+    insecure_no_auth: bool,
+    /// With access control: enqueue requests each token may make per second (`N` or `N/s`;
+    /// a batch counts once), with bursts of one second's worth; beyond it, 429.
+    #[arg(long, value_parser = parse_rate)]
+    enqueue_rate_per_token: Option<f64>,
+    /// How long a dashboard login (session cookie) lasts, in seconds.
+    #[arg(long, default_value_t = 12 * 3600)]
+    session_ttl_secs: u64,
     /// How long the demo worker may drain at shutdown, in seconds.
     #[arg(long, default_value_t = 30)]
     drain_timeout_secs: u64,
 }
 
+/// `N` or `N/s`: a positive number of requests per second.
+fn parse_rate(raw: &str) -> Result<f64, String> {
+    let number = raw.strip_suffix("/s").unwrap_or(raw).trim();
+    match number.parse::<f64>() {
+        Ok(rate) if rate.is_finite() && rate > 0.0 => Ok(rate),
+        _ => Err(format!(
+            "{raw:?} is not a rate; expected a positive number per second, e.g. 100 or 100/s"
+        )),
+    }
+}
+
+/// Whether access control is on, or why the server must not start: listening beyond this
+/// machine without it needs `--insecure-no-auth`.
+fn auth_enabled(args: &ServeArgs) -> anyhow::Result<bool> {
+    let loopback = args.listen.ip().is_loopback();
+    let enabled = match (args.auth, args.insecure_no_auth) {
+        (Some(true), true) => anyhow::bail!("--auth and --insecure-no-auth contradict each other"),
+        (Some(enabled), false) => enabled,
+        (None, insecure) => !loopback && !insecure,
+        (Some(false), true) => false,
+    };
+    if !enabled && !loopback && !args.insecure_no_auth {
+        anyhow::bail!(
+            "refusing to listen on {} without access control: anyone who can reach it could \
+             enqueue, replay, discard and change settings. Drop --auth=false (and create a token \
+             with `conveyor token create --role admin`), listen on 127.0.0.1, or pass \
+             --insecure-no-auth if something in front of it controls access",
+            args.listen
+        );
+    }
+    Ok(enabled)
+}
+
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    // Checked before anything is opened or bound, so a refusal leaves nothing behind.
+    let auth = auth_enabled(&args)?;
     let mut open_options = args.durability.open_options();
     open_options.store.completed_idempotency_window =
         Duration::from_secs(args.idempotency_window_secs);
@@ -91,6 +149,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let maintenance = Maintenance::new(store.clone())
         .interval(Duration::from_millis(args.maintenance_interval_ms.max(10)))
         .leader_ttl(Duration::from_millis(args.leader_ttl_ms.max(100)))
+        .retention(retention(&args))
         .scheduler(
             Scheduler::new(store.clone())
                 .misfire_threshold(Duration::from_millis(args.schedule_misfire_ms)),
@@ -102,6 +161,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         RouterOptions {
             shutdown: shutdown.clone(),
             leading: Some(leading),
+            auth: conveyor_server::AuthOptions {
+                enabled: auth,
+                enqueue_rate_per_token: args.enqueue_rate_per_token,
+                session_ttl: Duration::from_secs(args.session_ttl_secs.max(60)),
+            },
             ..RouterOptions::default()
         },
     );
@@ -118,15 +182,23 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // The first stdout line tells scripts and tests where we listen. Written without println!,
     // which panics when whoever started us has closed our stdout.
     announce(&format!(
-        "conveyor listening on http://{local} (store: {}, durability: {:?})",
-        args.store, args.durability
+        "conveyor listening on http://{local} (store: {}, durability: {:?}, auth: {})",
+        args.store,
+        args.durability,
+        if auth { "on" } else { "off" }
     ));
     if args.demo {
         announce(&format!(
             "demo running: watch it with `conveyor queues --watch --server http://{local}`"
         ));
     }
-    tracing::info!(%local, store = %args.store, "server started");
+    tracing::info!(%local, store = %args.store, auth, "server started");
+    if auth && !store.tokens_list().await?.iter().any(|t| t.is_active()) {
+        tracing::warn!(
+            "access control is on but the store has no active token: every request but \
+             /healthz gets 401; create one with `conveyor token create --role admin`"
+        );
+    }
 
     let signal = shutdown.clone();
     tokio::spawn(async move {
@@ -151,4 +223,18 @@ fn announce(line: &str) {
     use std::io::Write;
     let mut stdout = std::io::stdout().lock();
     let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
+}
+
+/// The default retention from the flags; 0 for either keeps those jobs forever (a queue may
+/// still set its own).
+fn retention(args: &ServeArgs) -> Option<conveyor::RetentionPolicy> {
+    let forever = Duration::from_secs(conveyor::validate::MAX_RETENTION_SECS);
+    let or_forever = |secs: u64| match secs {
+        0 => forever,
+        secs => Duration::from_secs(secs.min(conveyor::validate::MAX_RETENTION_SECS)),
+    };
+    Some(conveyor::RetentionPolicy {
+        completed: or_forever(args.retain_completed_secs),
+        dead: or_forever(args.retain_dead_secs),
+    })
 }

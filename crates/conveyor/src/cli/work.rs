@@ -51,6 +51,9 @@ pub(crate) struct WorkArgs {
     /// Base URL of a running `conveyor serve`.
     #[arg(long, env = "CONVEYOR_SERVER", default_value = "http://127.0.0.1:7700")]
     server: String,
+    /// API token (role worker or admin), for a server with access control on.
+    #[arg(long, env = "CONVEYOR_TOKEN", hide_env_values = true)]
+    token: Option<String>,
 }
 
 #[derive(Clone)]
@@ -74,7 +77,7 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
     for queue in &args.queues {
         conveyor::validate::name("queues", queue)?;
     }
-    let api = ApiClient::new(&args.server)?;
+    let api = ApiClient::new(&args.server, args.token.as_deref())?;
     api.get("/healthz")
         .await
         .context("checking the server before starting")?;

@@ -1,0 +1,61 @@
+//! Attempt outcomes as events, for metrics.
+//!
+//! Counters must come out right however many processes run: every ended attempt is counted
+//! once, by the process that wrote its outcome to the store. The HTTP server counts the
+//! outcomes HTTP workers report to it; an in-process [`Worker`] counts its own through a
+//! [`JobObserver`] (the server's metrics, when it runs in the server's process). Both report
+//! the same [`AttemptEvent`]s.
+//!
+//! [`Worker`]: https://docs.rs/conveyor-worker
+
+use std::time::Duration;
+
+use crate::job::JobState;
+
+/// How an attempt ended, as written to the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum AttemptStatus {
+    Completed,
+    /// Failed; the job will be retried (`retryable`).
+    Failed,
+    /// Failed for the last time; the job is in the dead-letter queue.
+    Dead,
+    /// Put back until later without counting the attempt.
+    Snoozed,
+}
+
+impl AttemptStatus {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            AttemptStatus::Completed => "completed",
+            AttemptStatus::Failed => "failed",
+            AttemptStatus::Dead => "dead",
+            AttemptStatus::Snoozed => "snoozed",
+        }
+    }
+
+    /// The status of a failure that left the job in `state` (`dead`, else a retry).
+    pub fn of_failure(state: JobState) -> Self {
+        if state == JobState::Dead {
+            AttemptStatus::Dead
+        } else {
+            AttemptStatus::Failed
+        }
+    }
+}
+
+/// One ended attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttemptEvent<'a> {
+    pub queue: &'a str,
+    pub kind: &'a str,
+    pub status: AttemptStatus,
+    /// From the attempt's start to its outcome.
+    pub duration: Duration,
+}
+
+/// Told of every attempt outcome a process writes. Must be cheap and must not block: it is
+/// called on the job path.
+pub trait JobObserver: Send + Sync + 'static {
+    fn attempt_finished(&self, event: &AttemptEvent<'_>);
+}

@@ -1,0 +1,228 @@
+//! The worker registry: every worker process (the Rust [`Worker`], `conveyor work`, any HTTP
+//! worker) reports itself every few seconds, so operators can see who serves which queues, how
+//! busy they are, and which ones stopped answering.
+//!
+//! A worker that stops heartbeating for longer than the stale interval is marked `dead` by the
+//! maintenance leader ([`crate::Store::workers_mark_stale`]), and the jobs it still held are
+//! rescued at once, as if their leases had expired, instead of waiting for the leases to run out.
+//!
+//! [`Worker`]: https://docs.rs/conveyor-worker
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::ValidationError;
+use crate::job::ErrorRecord;
+use crate::retry::RetryPolicy;
+use crate::store::RescueReport;
+
+/// Longest worker id, host name or version string accepted.
+pub const MAX_WORKER_FIELD_LEN: usize = 256;
+/// Most queues one worker may report serving.
+pub const MAX_WORKER_QUEUES: usize = 256;
+
+/// Where a registered worker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkerState {
+    /// Heartbeating.
+    Alive,
+    /// Said goodbye at a graceful shutdown: not an incident.
+    Stopped,
+    /// Stopped heartbeating without saying goodbye (crashed, hung, partitioned); marked so by
+    /// the maintenance leader, which rescued its jobs.
+    Dead,
+}
+
+impl WorkerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerState::Alive => "alive",
+            WorkerState::Stopped => "stopped",
+            WorkerState::Dead => "dead",
+        }
+    }
+}
+
+impl fmt::Display for WorkerState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for WorkerState {
+    type Err = ValidationError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        [WorkerState::Alive, WorkerState::Stopped, WorkerState::Dead]
+            .into_iter()
+            .find(|state| state.as_str() == s)
+            .ok_or_else(|| {
+                ValidationError::new(
+                    "state",
+                    format!("unknown worker state {s:?}; expected alive, stopped or dead"),
+                )
+            })
+    }
+}
+
+/// What a worker reports about itself on every heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerHeartbeat {
+    /// The id the worker fetches with (`FetchParams::worker_id`): the registry and the leases
+    /// name workers the same way, which is how a dead worker's jobs are found.
+    pub id: String,
+    pub host: String,
+    pub pid: Option<u32>,
+    pub queues: Vec<String>,
+    /// Job slots (jobs it may run at once, over all its queues).
+    pub concurrency: u32,
+    /// Slots in use right now.
+    pub busy: u32,
+    pub version: String,
+    pub started_at: DateTime<Utc>,
+    /// True on the last heartbeat of a graceful shutdown: the worker is recorded as `stopped`
+    /// (never alerted on, never rescued from).
+    #[serde(default)]
+    pub stopping: bool,
+}
+
+/// A registered worker, as the store keeps it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub id: String,
+    pub host: String,
+    pub pid: Option<u32>,
+    pub queues: Vec<String>,
+    pub concurrency: u32,
+    pub busy: u32,
+    pub version: String,
+    pub started_at: DateTime<Utc>,
+    /// The store's time of the latest heartbeat.
+    pub last_seen_at: DateTime<Utc>,
+    pub state: WorkerState,
+    /// When it stopped or was marked dead; `None` while alive.
+    pub ended_at: Option<DateTime<Utc>>,
+}
+
+/// What [`crate::Store::workers_mark_stale`] does.
+#[derive(Debug, Clone)]
+pub struct StaleWorkerParams {
+    /// Alive workers not heard from for this long are marked `dead`.
+    pub older_than: Duration,
+    /// Backoff for the rescued jobs' next attempt.
+    pub retry: RetryPolicy,
+    /// Stopped and dead workers are deleted from the registry this long after they ended.
+    pub forget_after: Duration,
+}
+
+impl Default for StaleWorkerParams {
+    fn default() -> Self {
+        Self {
+            older_than: Duration::from_secs(120),
+            retry: RetryPolicy::default(),
+            forget_after: Duration::from_secs(24 * 3600),
+        }
+    }
+}
+
+/// The outcome of one [`crate::Store::workers_mark_stale`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StaleReport {
+    /// Workers marked dead by this call.
+    pub workers: Vec<String>,
+    /// Their running jobs, moved to `retryable` (or `dead` when out of attempts).
+    pub rescued: RescueReport,
+}
+
+/// Checks a heartbeat's fields; errors name the field as the HTTP API spells it.
+pub fn heartbeat(beat: &WorkerHeartbeat) -> Result<(), ValidationError> {
+    let text = |field: &str, value: &str, required: bool| {
+        if required && value.is_empty() {
+            return Err(ValidationError::new(field, "must not be empty"));
+        }
+        if value.len() > MAX_WORKER_FIELD_LEN {
+            return Err(ValidationError::new(
+                field,
+                format!("must be at most {MAX_WORKER_FIELD_LEN} bytes"),
+            ));
+        }
+        if value.chars().any(char::is_control) {
+            return Err(ValidationError::new(
+                field,
+                "must not contain control characters",
+            ));
+        }
+        Ok(())
+    };
+    text("worker_id", &beat.id, true)?;
+    text("host", &beat.host, false)?;
+    text("version", &beat.version, false)?;
+    if beat.queues.len() > MAX_WORKER_QUEUES {
+        return Err(ValidationError::new(
+            "queues",
+            format!("at most {MAX_WORKER_QUEUES} queues"),
+        ));
+    }
+    for (index, queue) in beat.queues.iter().enumerate() {
+        crate::validate::name(&format!("queues[{index}]"), queue)?;
+    }
+    Ok(())
+}
+
+/// The history entry a store writes for a job whose worker was marked dead: the class is
+/// `lease_expired`, as for an expired lease, because it is the same event detected sooner.
+pub fn worker_lost_error(attempt: u32, at: DateTime<Utc>, worker: &str) -> ErrorRecord {
+    ErrorRecord {
+        attempt,
+        at,
+        class: crate::job::error_class::LEASE_EXPIRED.to_string(),
+        message: format!(
+            "worker {worker} stopped heartbeating and was marked dead before the job finished"
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn beat() -> WorkerHeartbeat {
+        WorkerHeartbeat {
+            id: "w1".into(),
+            host: "h".into(),
+            pid: Some(1),
+            queues: vec!["default".into()],
+            concurrency: 4,
+            busy: 0,
+            version: "0.1.0".into(),
+            started_at: Utc::now(),
+            stopping: false,
+        }
+    }
+
+    #[test]
+    fn heartbeat_fields_are_checked() {
+        assert!(heartbeat(&beat()).is_ok());
+        let mut empty = beat();
+        empty.id.clear();
+        assert_eq!(heartbeat(&empty).unwrap_err().field, "worker_id");
+        let mut bad_queue = beat();
+        bad_queue.queues.push("no spaces".into());
+        assert_eq!(heartbeat(&bad_queue).unwrap_err().field, "queues[1]");
+        let mut control = beat();
+        control.host = "a\nb".into();
+        assert_eq!(heartbeat(&control).unwrap_err().field, "host");
+    }
+
+    #[test]
+    fn worker_states_round_trip() {
+        for state in [WorkerState::Alive, WorkerState::Stopped, WorkerState::Dead] {
+            assert_eq!(state.as_str().parse::<WorkerState>().unwrap(), state);
+        }
+        assert!("zombie".parse::<WorkerState>().is_err());
+    }
+}

@@ -1,0 +1,312 @@
+//! `GET /metrics`: Prometheus text exposition.
+//!
+//! Two kinds of series, counted in two ways:
+//! - **Counters and the duration histogram** (`jobs_processed_total`, `jobs_retried_total`,
+//!   `job_duration_seconds`) count attempt outcomes this process wrote to the store: those HTTP
+//!   workers report to this server (complete, fail, snooze), and those of in-process workers
+//!   given these metrics as their [`JobObserver`]. Each outcome is written by exactly one
+//!   process, so summing a counter over every server gives the cluster's total.
+//! - **Gauges** (`queue_depth`, `queue_oldest_age_seconds`, `dead_jobs`, `worker_utilization`,
+//!   `workers_alive`, `stuck_jobs`) describe the whole store, read at scrape time (cached for
+//!   [`SNAPSHOT_TTL`], so frequent scrapes cost one set of reads a second). Every server reports
+//!   the same values: aggregate them with `max`, not `sum`.
+
+use conveyor_core::{
+    AttemptEvent, AttemptStatus, JobObserver, JobState, QueueStats, Store, StoreResult, StuckJob,
+    StuckParams, WorkerInfo, WorkerState,
+};
+use prometheus::{
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
+};
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+/// How long the store-wide gauges are reused before being read again.
+pub const SNAPSHOT_TTL: Duration = Duration::from_secs(1);
+
+/// The `Content-Type` of the text exposition format.
+pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Buckets of `job_duration_seconds`: from 5 ms to an hour, as background jobs range widely.
+const DURATION_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("metrics registry: {0}")]
+    Registry(#[from] prometheus::Error),
+}
+
+/// What the store-wide gauges are computed from.
+#[derive(Debug, Clone, Default)]
+pub struct Snapshot {
+    pub queues: Vec<QueueStats>,
+    pub workers: Vec<WorkerInfo>,
+    pub stuck: Vec<StuckJob>,
+}
+
+impl Snapshot {
+    /// Reads the queues, the worker registry and the stuck jobs.
+    pub async fn read(store: &dyn Store, stuck: &StuckParams) -> StoreResult<Self> {
+        Ok(Self {
+            queues: store.queues_stats().await?,
+            workers: store.workers_list().await?,
+            stuck: store.jobs_stuck(stuck.clone()).await?,
+        })
+    }
+}
+
+/// The process's metrics. Cheap to share (`Arc`); implements [`JobObserver`] for in-process
+/// workers.
+pub struct Metrics {
+    registry: Registry,
+    processed: IntCounterVec,
+    retried: IntCounterVec,
+    duration: HistogramVec,
+    queue_depth: IntGaugeVec,
+    oldest_age: GaugeVec,
+    dead_jobs: IntGaugeVec,
+    utilization: GaugeVec,
+    workers_alive: IntGauge,
+    stuck_jobs: IntGaugeVec,
+    /// When the gauges were last read from the store; the lock also makes concurrent scrapes
+    /// wait for one read instead of each reading.
+    refreshed: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Result<Self, MetricsError> {
+        let registry = Registry::new();
+        let processed = IntCounterVec::new(
+            Opts::new(
+                "jobs_processed_total",
+                "Attempts that ended, by outcome (completed, failed: will retry, dead, snoozed), \
+                 as written by this process",
+            ),
+            &["queue", "kind", "status"],
+        )?;
+        let retried = IntCounterVec::new(
+            Opts::new(
+                "jobs_retried_total",
+                "Failed attempts that scheduled a retry, as written by this process",
+            ),
+            &["queue", "kind"],
+        )?;
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "job_duration_seconds",
+                "Time from an attempt's start to its completion or failure",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+            &["queue", "kind"],
+        )?;
+        let queue_depth = IntGaugeVec::new(
+            Opts::new("queue_depth", "Jobs per queue and state (store-wide)"),
+            &["queue", "state"],
+        )?;
+        let oldest_age = GaugeVec::new(
+            Opts::new(
+                "queue_oldest_age_seconds",
+                "How long the oldest available job of the queue has waited (store-wide)",
+            ),
+            &["queue"],
+        )?;
+        let dead_jobs = IntGaugeVec::new(
+            Opts::new("dead_jobs", "Jobs in the dead-letter queue (store-wide)"),
+            &["queue"],
+        )?;
+        let utilization = GaugeVec::new(
+            Opts::new(
+                "worker_utilization",
+                "Busy slots over all slots of the live workers serving the queue (a worker's \
+                 slots count for every queue it serves)",
+            ),
+            &["queue"],
+        )?;
+        let workers_alive = IntGauge::new("workers_alive", "Registered workers heartbeating")?;
+        let stuck_jobs = IntGaugeVec::new(
+            Opts::new(
+                "stuck_jobs",
+                "Running jobs past their stuck threshold (see GET /v1/jobs/stuck)",
+            ),
+            &["queue"],
+        )?;
+        registry.register(Box::new(processed.clone()))?;
+        registry.register(Box::new(retried.clone()))?;
+        registry.register(Box::new(duration.clone()))?;
+        registry.register(Box::new(queue_depth.clone()))?;
+        registry.register(Box::new(oldest_age.clone()))?;
+        registry.register(Box::new(dead_jobs.clone()))?;
+        registry.register(Box::new(utilization.clone()))?;
+        registry.register(Box::new(workers_alive.clone()))?;
+        registry.register(Box::new(stuck_jobs.clone()))?;
+        Ok(Self {
+            registry,
+            processed,
+            retried,
+            duration,
+            queue_depth,
+            oldest_age,
+            dead_jobs,
+            utilization,
+            workers_alive,
+            stuck_jobs,
+            refreshed: Mutex::new(None),
+        })
+    }
+
+    /// Counts one ended attempt.
+    pub fn record(&self, event: &AttemptEvent<'_>) {
+        self.processed
+            .with_label_values(&[event.queue, event.kind, event.status.as_str()])
+            .inc();
+        if event.status == AttemptStatus::Failed {
+            self.retried
+                .with_label_values(&[event.queue, event.kind])
+                .inc();
+        }
+        if event.status != AttemptStatus::Snoozed {
+            self.duration
+                .with_label_values(&[event.queue, event.kind])
+                .observe(event.duration.as_secs_f64());
+        }
+    }
+
+    /// Sets the store-wide gauges from `snapshot`. Series of queues that no longer appear are
+    /// dropped.
+    pub fn set_gauges(&self, snapshot: &Snapshot) {
+        self.queue_depth.reset();
+        self.oldest_age.reset();
+        self.dead_jobs.reset();
+        self.utilization.reset();
+        self.stuck_jobs.reset();
+        for queue in &snapshot.queues {
+            let name = queue.name.as_str();
+            for state in JobState::ALL {
+                let count = match state {
+                    JobState::Scheduled => queue.scheduled,
+                    JobState::Available => queue.available,
+                    JobState::Running => queue.running,
+                    JobState::Retryable => queue.retryable,
+                    JobState::Completed => queue.completed,
+                    JobState::Dead => queue.dead,
+                    JobState::Cancelled => queue.cancelled,
+                };
+                self.queue_depth
+                    .with_label_values(&[name, state.as_str()])
+                    .set(gauge_int(count));
+            }
+            self.oldest_age
+                .with_label_values(&[name])
+                .set(queue.oldest_available_age_ms as f64 / 1000.0);
+            self.dead_jobs
+                .with_label_values(&[name])
+                .set(gauge_int(queue.dead));
+            self.stuck_jobs.with_label_values(&[name]).set(0);
+        }
+        for job in &snapshot.stuck {
+            self.stuck_jobs.with_label_values(&[&job.queue]).inc();
+        }
+        let alive: Vec<&WorkerInfo> = snapshot
+            .workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Alive)
+            .collect();
+        self.workers_alive.set(alive.len() as i64);
+        let mut slots: BTreeMap<&str, (u64, u64)> = BTreeMap::new();
+        for worker in alive {
+            for queue in &worker.queues {
+                let entry = slots.entry(queue).or_default();
+                entry.0 += u64::from(worker.busy);
+                entry.1 += u64::from(worker.concurrency);
+            }
+        }
+        for (queue, (busy, total)) in slots {
+            if total > 0 {
+                self.utilization
+                    .with_label_values(&[queue])
+                    .set(busy as f64 / total as f64);
+            }
+        }
+    }
+
+    /// The exposition text, with the gauges refreshed from `store` when older than
+    /// [`SNAPSHOT_TTL`]. A store error leaves the previous gauges and is returned after the
+    /// counters were still rendered (so a scrape during an outage keeps the counters).
+    pub async fn render(&self, store: &dyn Store, stuck: &StuckParams) -> (String, Option<String>) {
+        let mut problem = None;
+        {
+            let mut refreshed = self.refreshed.lock().await;
+            if refreshed.is_none_or(|at| at.elapsed() >= SNAPSHOT_TTL) {
+                match Snapshot::read(store, stuck).await {
+                    Ok(snapshot) => {
+                        self.set_gauges(&snapshot);
+                        *refreshed = Some(Instant::now());
+                    }
+                    Err(error) => problem = Some(error.to_string()),
+                }
+            }
+        }
+        (self.encode(), problem)
+    }
+
+    /// The exposition text of everything as it stands.
+    pub fn encode(&self) -> String {
+        let mut buffer = Vec::new();
+        // Encoding into memory only fails on a malformed family, which the typed vectors above
+        // cannot produce; an empty scrape is the safe answer if it ever does.
+        if let Err(error) = TextEncoder::new().encode(&self.registry.gather(), &mut buffer) {
+            tracing::error!(%error, "cannot encode metrics");
+            return String::new();
+        }
+        String::from_utf8_lossy(&buffer).into_owned()
+    }
+}
+
+impl JobObserver for Metrics {
+    fn attempt_finished(&self, event: &AttemptEvent<'_>) {
+        self.record(event);
+    }
+}
+
+fn gauge_int(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outcomes_are_counted_by_status_and_retries_separately() {
+        let metrics = Metrics::new().expect("metrics");
+        for status in [
+            AttemptStatus::Completed,
+            AttemptStatus::Failed,
+            AttemptStatus::Failed,
+            AttemptStatus::Dead,
+            AttemptStatus::Snoozed,
+        ] {
+            metrics.record(&AttemptEvent {
+                queue: "q",
+                kind: "k",
+                status,
+                duration: Duration::from_millis(20),
+            });
+        }
+        let text = metrics.encode();
+        assert!(text.contains(r#"jobs_processed_total{kind="k",queue="q",status="failed"} 2"#));
+        assert!(text.contains(r#"jobs_retried_total{kind="k",queue="q"} 2"#));
+        // Snoozes are not attempts that ran to an end: no duration.
+        assert!(text.contains(r#"job_duration_seconds_count{kind="k",queue="q"} 4"#));
+    }
+}

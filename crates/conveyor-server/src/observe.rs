@@ -1,0 +1,177 @@
+//! Observability endpoints: the worker registry, stuck jobs and `GET /metrics`.
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use conveyor_core::{
+    validate, AttemptEvent, AttemptStatus, Job, StuckJob, WorkerHeartbeat, WorkerInfo, WorkerState,
+};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, QueryPairs};
+use crate::AppState;
+
+/// Body of `POST /v1/workers/heartbeat`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct HeartbeatRequest {
+    worker_id: String,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    pid: Option<u32>,
+    queues: Vec<String>,
+    concurrency: u32,
+    #[serde(default)]
+    busy: u32,
+    #[serde(default)]
+    version: Option<String>,
+    started_at: DateTime<Utc>,
+    #[serde(default)]
+    stopping: bool,
+}
+
+pub(crate) async fn worker_heartbeat(
+    State(state): State<AppState>,
+    ApiJson(request): ApiJson<HeartbeatRequest>,
+) -> ApiResult<Json<WorkerInfo>> {
+    let beat = WorkerHeartbeat {
+        id: request.worker_id,
+        host: request.host.unwrap_or_default(),
+        pid: request.pid,
+        queues: request.queues,
+        concurrency: request.concurrency,
+        busy: request.busy,
+        version: request.version.unwrap_or_default(),
+        started_at: request.started_at,
+        stopping: request.stopping,
+    };
+    Ok(Json(state.store.workers_heartbeat(beat).await?))
+}
+
+#[derive(Serialize)]
+pub(crate) struct WorkersResponse {
+    workers: Vec<WorkerInfo>,
+}
+
+/// `GET /v1/workers[?state=alive|stopped|dead]`.
+pub(crate) async fn workers(
+    State(state): State<AppState>,
+    QueryPairs(pairs): QueryPairs,
+) -> ApiResult<Json<WorkersResponse>> {
+    let mut only: Option<WorkerState> = None;
+    for (key, value) in pairs {
+        match key.as_str() {
+            "state" => only = Some(value.parse()?),
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    "unknown query parameter; expected state",
+                ))
+            }
+        }
+    }
+    let mut workers = state.store.workers_list().await?;
+    if let Some(only) = only {
+        workers.retain(|worker| worker.state == only);
+    }
+    Ok(Json(WorkersResponse { workers }))
+}
+
+#[derive(Serialize)]
+pub(crate) struct StuckResponse {
+    jobs: Vec<StuckJob>,
+}
+
+/// `GET /v1/jobs/stuck[?queue=NAME]`: running jobs past their stuck threshold, longest first.
+pub(crate) async fn stuck(
+    State(state): State<AppState>,
+    QueryPairs(pairs): QueryPairs,
+) -> ApiResult<Json<StuckResponse>> {
+    let mut queue: Option<String> = None;
+    for (key, value) in pairs {
+        match key.as_str() {
+            "queue" => {
+                validate::name("queue", &value)?;
+                queue = Some(value);
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    "unknown query parameter; expected queue",
+                ))
+            }
+        }
+    }
+    let mut jobs = state.store.jobs_stuck(state.config.stuck.clone()).await?;
+    if let Some(queue) = queue {
+        jobs.retain(|job| job.queue == queue);
+    }
+    Ok(Json(StuckResponse { jobs }))
+}
+
+/// `GET /metrics`. A store failure still answers 200 with the counters (the gauges keep their
+/// last values), so one bad read does not blank every graph; it is logged.
+pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
+    let Some(metrics) = &state.metrics else {
+        return ApiError::Internal("metrics are disabled (see the server's log)".to_string())
+            .into_response();
+    };
+    let (text, problem) = metrics
+        .render(state.store.as_ref(), &state.config.stuck)
+        .await;
+    if let Some(error) = problem {
+        tracing::warn!(%error, "metrics: store-wide gauges not refreshed");
+    }
+    ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// Counts an attempt outcome an HTTP worker reported: `job` as the store returned it after the
+/// change (failure, snooze).
+pub(crate) fn count_reported(state: &AppState, job: &Job, status: AttemptStatus) {
+    let ended = job
+        .errors
+        .last()
+        .filter(|_| matches!(status, AttemptStatus::Failed | AttemptStatus::Dead))
+        .map(|error| error.at)
+        .unwrap_or_else(|| state.clock.now());
+    count(state, job, status, ended);
+}
+
+/// Counts a completion an HTTP worker reported; the store's answer to a completion carries no
+/// job, so it is read back (one primary-key read) for its queue, kind and times.
+pub(crate) async fn count_completed(state: &AppState, id: Uuid) {
+    if state.metrics.is_none() {
+        return;
+    }
+    match state.store.job_get(id).await {
+        Ok(Some(job)) => {
+            let ended = job.finished_at.unwrap_or_else(|| state.clock.now());
+            count(state, &job, AttemptStatus::Completed, ended);
+        }
+        // Completed but gone already (another node pruned it): nothing to label it with.
+        Ok(None) => {}
+        Err(error) => {
+            tracing::warn!(job_id = %id, %error, "metrics: completion not counted")
+        }
+    }
+}
+
+fn count(state: &AppState, job: &Job, status: AttemptStatus, ended: DateTime<Utc>) {
+    let duration = job
+        .started_at
+        .map(|started| (ended - started).to_std().unwrap_or_default())
+        .unwrap_or_default();
+    if let Some(metrics) = &state.metrics {
+        metrics.record(&AttemptEvent {
+            queue: &job.queue,
+            kind: &job.kind,
+            status,
+            duration,
+        });
+    }
+}

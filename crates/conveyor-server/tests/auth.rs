@@ -1,0 +1,783 @@
+//! Access control and the audit log over HTTP: a real SQLite store, the router with access
+//! control on, and reqwest as the client.
+
+use conveyor_core::access::{create_token, Actor};
+use conveyor_core::{Role, Store};
+use conveyor_server::{router_with_options, AuthOptions, RouterOptions, ServerConfig};
+use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+struct Api {
+    base: String,
+    http: reqwest::Client,
+    store: Arc<dyn Store>,
+    producer: String,
+    worker: String,
+    admin: String,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(auth: AuthOptions) -> Api {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
+            .expect("open store"),
+    );
+    let mut secrets = Vec::new();
+    for role in [Role::Producer, Role::Worker, Role::Admin] {
+        let created = create_token(
+            store.as_ref(),
+            role,
+            Some(format!("{role}-token")),
+            Actor::anonymous(),
+        )
+        .await
+        .expect("create token");
+        secrets.push(created.secret.plaintext);
+    }
+    let app = router_with_options(
+        store.clone(),
+        ServerConfig::default(),
+        RouterOptions {
+            auth,
+            ..RouterOptions::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    let [producer, worker, admin]: [String; 3] = secrets.try_into().expect("three tokens");
+    Api {
+        base: format!("http://{addr}"),
+        http: reqwest::Client::new(),
+        store,
+        producer,
+        worker,
+        admin,
+        _dir: dir,
+    }
+}
+
+fn enabled() -> AuthOptions {
+    AuthOptions {
+        enabled: true,
+        ..AuthOptions::default()
+    }
+}
+
+/// How a request authenticates.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Who {
+    Nobody,
+    Producer,
+    Worker,
+    Admin,
+}
+
+impl Api {
+    fn secret(&self, who: Who) -> Option<&str> {
+        match who {
+            Who::Nobody => None,
+            Who::Producer => Some(&self.producer),
+            Who::Worker => Some(&self.worker),
+            Who::Admin => Some(&self.admin),
+        }
+    }
+
+    fn request(&self, method: Method, path: &str, who: Who) -> reqwest::RequestBuilder {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if let Some(secret) = self.secret(who) {
+            request = request.bearer_auth(secret);
+        }
+        request
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        who: Who,
+        body: Option<Value>,
+    ) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+        let mut request = self.request(method, path, who);
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        read(request.send().await.expect("send")).await
+    }
+}
+
+async fn read(response: reqwest::Response) -> (StatusCode, Value, reqwest::header::HeaderMap) {
+    let status = response.status();
+    let headers = response.headers().clone();
+    let text = response.text().await.expect("body");
+    let value = serde_json::from_str(&text).unwrap_or(Value::String(text));
+    (status, value, headers)
+}
+
+/// Who may call a route, as this test expects it (written independently of the server's
+/// `RULES`, so a wrong rule there fails here).
+#[derive(Clone, Copy, Debug)]
+enum Expect {
+    Public,
+    AnyToken,
+    /// These roles and admin.
+    Roles(&'static [Role]),
+}
+
+const PRODUCER: Expect = Expect::Roles(&[Role::Producer]);
+const WORKER: Expect = Expect::Roles(&[Role::Worker]);
+const ADMIN: Expect = Expect::Roles(&[]);
+
+fn expected(method: &Method, route: &str) -> Option<Expect> {
+    let m = method.as_str();
+    Some(match (m, route) {
+        ("GET", "/healthz") | ("GET", "/") | ("GET", "/ui/{*path}") => Expect::Public,
+        ("POST", "/v1/session") => Expect::Public,
+        ("GET", "/v1/session") | ("DELETE", "/v1/session") => Expect::AnyToken,
+        ("GET", "/metrics") => Expect::AnyToken,
+        ("POST", "/v1/jobs") | ("POST", "/v1/jobs/batch") => PRODUCER,
+        ("GET", "/v1/jobs") | ("GET", "/v1/jobs/{id}") => PRODUCER,
+        ("POST", "/v1/fetch") | ("POST", "/v1/workers/heartbeat") => WORKER,
+        (
+            "POST",
+            "/v1/jobs/{id}/heartbeat"
+            | "/v1/jobs/{id}/complete"
+            | "/v1/jobs/{id}/fail"
+            | "/v1/jobs/{id}/release"
+            | "/v1/jobs/{id}/snooze",
+        ) => WORKER,
+        ("POST", "/v1/jobs/{id}/cancel") => ADMIN,
+        ("GET", "/v1/jobs/stuck" | "/v1/workers" | "/v1/dead" | "/v1/queues") => ADMIN,
+        ("POST", "/v1/dead/replay") | ("DELETE", "/v1/dead/{id}") => ADMIN,
+        ("GET" | "PUT", "/v1/queues/{name}") => ADMIN,
+        ("GET", "/v1/schedules" | "/v1/schedules/{name}/runs") => ADMIN,
+        ("GET" | "PUT" | "DELETE", "/v1/schedules/{name}") => ADMIN,
+        ("GET" | "POST", "/v1/tokens") | ("DELETE", "/v1/tokens/{token}") => ADMIN,
+        ("GET", "/v1/audit") => ADMIN,
+        _ => return None,
+    })
+}
+
+/// Every route path registered anywhere in the server's source (`.route("PATH", ...)`), so
+/// a route added later is probed too.
+fn routes_in_source() -> BTreeSet<String> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut routes = BTreeSet::new();
+    for entry in std::fs::read_dir(&dir).expect("read src") {
+        let path = entry.expect("dir entry").path();
+        if path.extension().is_none_or(|ext| ext != "rs") {
+            continue;
+        }
+        let source = std::fs::read_to_string(&path).expect("read source");
+        for (at, _) in source.match_indices(".route(") {
+            let rest = source[at + ".route(".len()..].trim_start();
+            if let Some(literal) = rest.strip_prefix('"') {
+                if let Some(end) = literal.find('"') {
+                    routes.insert(literal[..end].to_string());
+                }
+            }
+        }
+    }
+    assert!(routes.contains("/v1/jobs"), "found routes: {routes:?}");
+    routes
+}
+
+/// A concrete path for a route pattern: a fresh UUID for `{id}`, a plain name elsewhere.
+fn concrete(route: &str) -> String {
+    route
+        .split('/')
+        .map(|segment| match segment {
+            "{id}" => uuid::Uuid::new_v4().to_string(),
+            s if s.starts_with("{*") => "app.js".to_string(),
+            s if s.starts_with('{') => "probe".to_string(),
+            s => s.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_answers_each_role_as_its_rule_says() {
+    let api = start(enabled()).await;
+    let methods = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::PATCH,
+    ];
+    let mut missing = Vec::new();
+    let mut checked = 0;
+    for route in routes_in_source() {
+        for method in &methods {
+            let path = concrete(&route);
+            // An admin passes every rule, so 405 means the route has no such method.
+            let (status, _, _) = api
+                .send(method.clone(), &path, Who::Admin, Some(json!({})))
+                .await;
+            if status == StatusCode::METHOD_NOT_ALLOWED {
+                continue;
+            }
+            let Some(expect) = expected(method, &route) else {
+                missing.push(format!("{method} {route}"));
+                continue;
+            };
+            for who in [Who::Nobody, Who::Producer, Who::Worker, Who::Admin] {
+                let (status, body, headers) = api
+                    .send(method.clone(), &path, who, Some(json!({})))
+                    .await;
+                let what = format!("{method} {path} as {who:?}: {status} {body}");
+                let allowed = match (expect, who) {
+                    (Expect::Public, _) => true,
+                    (_, Who::Nobody) => {
+                        assert_eq!(status, StatusCode::UNAUTHORIZED, "{what}");
+                        assert_eq!(body["error"]["code"], "unauthorized", "{what}");
+                        let challenge = headers
+                            .get("www-authenticate")
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or_default();
+                        assert!(challenge.starts_with("Bearer"), "{what}: {challenge:?}");
+                        continue;
+                    }
+                    (Expect::AnyToken, _) | (_, Who::Admin) => true,
+                    (Expect::Roles(roles), Who::Producer) => roles.contains(&Role::Producer),
+                    (Expect::Roles(roles), Who::Worker) => roles.contains(&Role::Worker),
+                };
+                if allowed {
+                    assert!(
+                        status != StatusCode::UNAUTHORIZED
+                            && status != StatusCode::FORBIDDEN
+                            && !status.is_server_error(),
+                        "{what}"
+                    );
+                } else {
+                    assert_eq!(status, StatusCode::FORBIDDEN, "{what}");
+                    assert_eq!(body["error"]["code"], "forbidden", "{what}");
+                }
+                checked += 1;
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "routes without an expectation in this test (add one, and a rule in auth::RULES): \
+         {missing:?}"
+    );
+    assert!(checked >= 100, "only {checked} checks ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allowed_calls_succeed_end_to_end() {
+    let api = start(enabled()).await;
+    let (status, job, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs",
+            Who::Producer,
+            Some(json!({"kind": "mail", "queue": "q"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{job}");
+    let id = job["id"].as_str().expect("id").to_string();
+    let (status, _, _) = api
+        .send(Method::GET, &format!("/v1/jobs/{id}"), Who::Producer, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, fetched, _) = api
+        .send(
+            Method::POST,
+            "/v1/fetch",
+            Who::Worker,
+            Some(json!({"worker_id": "w", "queues": ["q"]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{fetched}");
+    let lease = fetched["jobs"][0]["lease_token"].as_str().expect("lease");
+    let (status, _, _) = api
+        .send(
+            Method::POST,
+            &format!("/v1/jobs/{id}/complete"),
+            Who::Worker,
+            Some(json!({"lease_token": lease})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, queues, _) = api.send(Method::GET, "/v1/queues", Who::Admin, None).await;
+    assert_eq!(status, StatusCode::OK, "{queues}");
+    let (status, _, _) = api.send(Method::GET, "/healthz", Who::Nobody, None).await;
+    assert_eq!(status, StatusCode::OK);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_unknown_and_revoked_tokens_are_unauthorized() {
+    let api = start(enabled()).await;
+    let forged = format!(
+        "cv_{}_{}",
+        uuid::Uuid::new_v4().simple(),
+        "0".repeat(64)
+    );
+    // The producer token's id with a wrong secret.
+    let tampered = format!("{}0", &api.producer[..api.producer.len() - 1]);
+    let tampered = if tampered == api.producer {
+        format!("{}1", &api.producer[..api.producer.len() - 1])
+    } else {
+        tampered
+    };
+    for bad in ["nonsense", forged.as_str(), tampered.as_str()] {
+        let response = api
+            .http
+            .get(format!("{}/v1/jobs", api.base))
+            .bearer_auth(bad)
+            .send()
+            .await
+            .expect("send");
+        let (status, body, _) = read(response).await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{bad}: {body}");
+    }
+    let response = api
+        .http
+        .get(format!("{}/v1/jobs", api.base))
+        .header("authorization", "Basic YWRtaW46YWRtaW4=")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+
+    let (status, _, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, revoked, _) = api
+        .send(
+            Method::DELETE,
+            "/v1/tokens/producer-token",
+            Who::Admin,
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{revoked}");
+    assert!(revoked["revoked_at"].is_string(), "{revoked}");
+    let (status, body, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+    let (status, _, _) = api
+        .send(Method::DELETE, "/v1/tokens/producer-token", Who::Admin, None)
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no active token of that name");
+}
+
+/// The `conveyor_session` cookie of a login response.
+fn session_cookie(headers: &reqwest::header::HeaderMap) -> String {
+    let set = headers
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .expect("set-cookie");
+    for attribute in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/"] {
+        assert!(set.contains(attribute), "{attribute} missing in {set}");
+    }
+    let pair = set.split(';').next().expect("cookie pair");
+    assert!(pair.starts_with("conveyor_session=cvs_"), "{set}");
+    pair.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_cookie_login_whoami_csrf_and_logout() {
+    let api = start(enabled()).await;
+    let login = |token: String| {
+        api.http
+            .post(format!("{}/v1/session", api.base))
+            .json(&json!({"token": token}))
+            .send()
+    };
+    let (status, body, _) = read(login("cv_wrong".into()).await.expect("send")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
+
+    let (status, body, headers) = read(login(api.admin.clone()).await.expect("send")).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["name"], "admin-token");
+    assert_eq!(body["role"], "admin");
+    let cookie = session_cookie(&headers);
+    assert!(!cookie.contains(&api.admin), "the cookie is not the token");
+
+    let with_cookie = |method: Method, path: &str| {
+        api.http
+            .request(method, format!("{}{path}", api.base))
+            .header("cookie", cookie.clone())
+    };
+    let (status, me, _) = read(
+        with_cookie(Method::GET, "/v1/session")
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(me["name"], "admin-token");
+    assert_eq!(me["auth_enabled"], true);
+    assert!(me["expires_at"].is_string(), "{me}");
+    let (status, _, _) = read(with_cookie(Method::GET, "/v1/queues").send().await.expect("send")).await;
+    assert_eq!(status, StatusCode::OK, "reads need no CSRF header");
+
+    // A state change by cookie needs the CSRF header; the same with the header passes.
+    let pause = json!({"paused": true});
+    let (status, body, _) = read(
+        with_cookie(Method::PUT, "/v1/queues/mail")
+            .json(&pause)
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("x-conveyor-csrf")),
+        "{body}"
+    );
+    assert_eq!(
+        api.store
+            .queue_settings_get("mail")
+            .await
+            .expect("settings")
+            .paused,
+        false,
+        "the refused request changed nothing"
+    );
+    let (status, body, _) = read(
+        with_cookie(Method::PUT, "/v1/queues/mail")
+            .header("x-conveyor-csrf", "1")
+            .json(&pause)
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Bearer tokens need no CSRF header.
+    let (status, _, _) = api
+        .send(
+            Method::PUT,
+            "/v1/queues/mail",
+            Who::Admin,
+            Some(json!({"paused": false})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let audit = api.store.audit_list(Default::default()).await.expect("audit");
+    assert_eq!(audit[0].actor, "admin-token", "{audit:?}");
+    assert_eq!(audit[1].actor, "admin-token", "cookie calls act as the token");
+
+    // Logout needs the header too, then the cookie stops working.
+    let (status, _, _) = read(with_cookie(Method::DELETE, "/v1/session").send().await.expect("send")).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let response = with_cookie(Method::DELETE, "/v1/session")
+        .header("x-conveyor-csrf", "1")
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    let cleared = response
+        .headers()
+        .get("set-cookie")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(cleared.contains("Max-Age=0"), "{cleared}");
+    let (status, _, _) = read(with_cookie(Method::GET, "/v1/session").send().await.expect("send")).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_token_ends_its_sessions() {
+    let api = start(enabled()).await;
+    let response = api
+        .http
+        .post(format!("{}/v1/session", api.base))
+        .json(&json!({"token": api.producer}))
+        .send()
+        .await
+        .expect("send");
+    let cookie = session_cookie(response.headers());
+    let whoami = || {
+        api.http
+            .get(format!("{}/v1/session", api.base))
+            .header("cookie", cookie.clone())
+            .send()
+    };
+    assert_eq!(whoami().await.expect("send").status(), StatusCode::OK);
+    let (status, _, _) = api
+        .send(Method::DELETE, "/v1/tokens/producer-token", Who::Admin, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        whoami().await.expect("send").status(),
+        StatusCode::UNAUTHORIZED
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_action_is_audited_without_payloads() {
+    let api = start(enabled()).await;
+    let secret_payload = "s3cr3t-payload-value-7f1c";
+    let (status, job, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs",
+            Who::Producer,
+            Some(json!({"kind": "mail", "queue": "q", "payload": {"card": secret_payload}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let first = job["id"].as_str().expect("id").to_string();
+    let (status, batch, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs/batch",
+            Who::Producer,
+            Some(json!({"jobs": [
+                {"kind": "mail", "queue": "q", "payload": {"card": secret_payload}},
+                {"kind": "mail", "queue": "q", "max_attempts": 1}
+            ]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{batch}");
+    let (status, _, _) = api
+        .send(Method::POST, &format!("/v1/jobs/{first}/cancel"), Who::Admin, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    // Send the single-attempt job to the dead-letter queue, replay it, kill it, discard it.
+    let dead_id = batch["ids"][1].as_str().expect("id").to_string();
+    let kill = |api: &Api| {
+        let dead_id = dead_id.clone();
+        async move {
+            loop {
+                let (_, fetched, _) = api
+                    .send(
+                        Method::POST,
+                        "/v1/fetch",
+                        Who::Worker,
+                        Some(json!({"worker_id": "w", "queues": ["q"], "max": 10})),
+                    )
+                    .await;
+                let jobs = fetched["jobs"].as_array().cloned().unwrap_or_default();
+                assert!(!jobs.is_empty(), "the job to kill is available");
+                for job in jobs {
+                    let id = job["id"].as_str().expect("id");
+                    let lease = job["lease_token"].as_str().expect("lease");
+                    let (status, _, _) = api
+                        .send(
+                            Method::POST,
+                            &format!("/v1/jobs/{id}/fail"),
+                            Who::Worker,
+                            Some(json!({"lease_token": lease, "message": "boom", "retry": "never"})),
+                        )
+                        .await;
+                    assert_eq!(status, StatusCode::OK);
+                    if id == dead_id {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    kill(&api).await;
+    let (status, _, _) = api
+        .send(
+            Method::POST,
+            "/v1/dead/replay",
+            Who::Admin,
+            Some(json!({"ids": [dead_id]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    kill(&api).await;
+    let (status, _, _) = api
+        .send(Method::DELETE, &format!("/v1/dead/{dead_id}"), Who::Admin, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    for body in [json!({"paused": true}), json!({"paused": false, "max_depth": 10})] {
+        let (status, _, _) = api
+            .send(Method::PUT, "/v1/queues/q", Who::Admin, Some(body))
+            .await;
+        assert_eq!(status, StatusCode::OK);
+    }
+    let (status, view, _) = api
+        .send(
+            Method::PUT,
+            "/v1/schedules/nightly",
+            Who::Admin,
+            Some(json!({"cron": "0 3 * * *", "job": {"kind": "report", "payload": {"card": secret_payload}}})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{view}");
+    let (status, _, _) = api
+        .send(Method::DELETE, "/v1/schedules/nightly", Who::Admin, None)
+        .await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, created, _) = api
+        .send(
+            Method::POST,
+            "/v1/tokens",
+            Who::Admin,
+            Some(json!({"role": "worker", "name": "ci"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{created}");
+    let new_secret = created["secret"].as_str().expect("secret").to_string();
+    let (status, _, _) = api
+        .send(Method::DELETE, "/v1/tokens/ci", Who::Admin, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+
+    let (status, page, _) = api
+        .send(Method::GET, "/v1/audit?limit=100", Who::Admin, None)
+        .await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    let entries = page["entries"].as_array().expect("entries");
+    let actions: Vec<&str> = entries
+        .iter()
+        .rev()
+        .map(|e| e["action"].as_str().expect("action"))
+        .filter(|a| *a != "token.create" || true)
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            // The three tokens made by the test's setup.
+            "token.create",
+            "token.create",
+            "token.create",
+            "job.enqueue",
+            "job.enqueue",
+            "job.cancel",
+            "dead.replay",
+            "dead.discard",
+            "queue.settings",
+            "queue.settings",
+            "schedule.put",
+            "schedule.delete",
+            "token.create",
+            "token.revoke",
+        ]
+    );
+    let by_action = |action: &str| -> Vec<&Value> {
+        entries.iter().filter(|e| e["action"] == action).collect()
+    };
+    let enqueues = by_action("job.enqueue");
+    assert_eq!(enqueues[1]["actor"], "producer-token");
+    assert_eq!(enqueues[1]["job_ids"], json!([first]));
+    assert_eq!(enqueues[1]["target"], "q");
+    assert_eq!(enqueues[0]["job_ids"], batch["ids"], "one entry per batch");
+    assert_eq!(enqueues[0]["job_count"], 2);
+    assert_eq!(by_action("job.cancel")[0]["actor"], "admin-token");
+    assert_eq!(by_action("dead.replay")[0]["job_ids"], json!([dead_id]));
+    assert_eq!(by_action("dead.discard")[0]["job_ids"], json!([dead_id]));
+    let paused = by_action("queue.settings")[1]["detail"].as_str().expect("detail");
+    assert!(paused.contains("\"paused\":true"), "{paused}");
+    assert_eq!(by_action("schedule.delete")[0]["target"], "nightly");
+    assert_eq!(by_action("token.revoke")[0]["target"], "ci");
+
+    let text = serde_json::to_string(&page).expect("json");
+    assert!(!text.contains(secret_payload), "a payload leaked into the audit log: {text}");
+    assert!(!text.contains(&new_secret[3..]), "a token secret leaked into the audit log");
+    for secret in [&api.producer, &api.worker, &api.admin] {
+        let raw = secret.rsplit('_').next().expect("secret part");
+        assert!(!text.contains(raw), "a token secret leaked into the audit log");
+    }
+
+    // Filters and paging.
+    let (_, filtered, _) = api
+        .send(Method::GET, "/v1/audit?action=job.enqueue", Who::Admin, None)
+        .await;
+    assert_eq!(filtered["entries"].as_array().expect("entries").len(), 2);
+    let (_, first_page, _) = api
+        .send(Method::GET, "/v1/audit?limit=2", Who::Admin, None)
+        .await;
+    let next = first_page["next"].as_i64().expect("a full page has a cursor");
+    let (_, second_page, _) = api
+        .send(Method::GET, &format!("/v1/audit?limit=2&before={next}"), Who::Admin, None)
+        .await;
+    assert_eq!(second_page["entries"][0]["action"], "schedule.delete");
+    let (status, body, _) = api
+        .send(Method::GET, "/v1/audit?action=bogus", Who::Admin, None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["field"], "action");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_rate_is_limited_per_token() {
+    let api = start(AuthOptions {
+        enabled: true,
+        // A burst of 2, refilled at one every 20 minutes: the test never waits for a refill.
+        enqueue_rate_per_token: Some(2.0 / 1200.0 * 600.0 / 600.0),
+        ..AuthOptions::default()
+    })
+    .await;
+    let job = json!({"kind": "mail"});
+    let (status, _, _) = api
+        .send(Method::POST, "/v1/jobs", Who::Producer, Some(job.clone()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body, headers) = api
+        .send(Method::POST, "/v1/jobs", Who::Producer, Some(job.clone()))
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{body}");
+    assert_eq!(body["error"]["code"], "rate_limited");
+    let retry_after: u64 = headers
+        .get("retry-after")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .expect("Retry-After in seconds");
+    assert!(retry_after >= 1, "{retry_after}");
+    // Batches count too; other tokens have buckets of their own; reads are not limited.
+    let (status, _, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs/batch",
+            Who::Producer,
+            Some(json!({"jobs": [job.clone()]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::TOO_MANY_REQUESTS);
+    let (status, _, _) = api
+        .send(Method::POST, "/v1/jobs", Who::Admin, Some(job.clone()))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, _, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let stored = api.store.jobs_list(conveyor_core::JobListParams {
+        limit: 10,
+        ..Default::default()
+    });
+    assert_eq!(stored.await.expect("list").len(), 2, "refused enqueues stored nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_access_control_off_everything_is_open_and_audited_as_anonymous() {
+    let api = start(AuthOptions::default()).await;
+    let (status, job, _) = api
+        .send(Method::POST, "/v1/jobs", Who::Nobody, Some(json!({"kind": "mail"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let id = job["id"].as_str().expect("id");
+    let (status, _, _) = api
+        .send(Method::POST, &format!("/v1/jobs/{id}/cancel"), Who::Nobody, None)
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, me, _) = api.send(Method::GET, "/v1/session", Who::Nobody, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(me, json!({"name": "anonymous", "role": "admin", "auth_enabled": false}));
+    let (status, page, _) = api.send(Method::GET, "/v1/audit", Who::Nobody, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let latest = &page["entries"][0];
+    assert_eq!(latest["action"], "job.cancel");
+    assert_eq!(latest["actor"], "anonymous");
+    assert_eq!(latest["actor_token_id"], Value::Null);
+}

@@ -1,0 +1,193 @@
+// One job: its state (live), details, payload and result as the API returns them (sensitive
+// fields are redacted by the server, not here), and its attempts with the error history.
+// Dead jobs can be replayed or discarded, unfinished ones cancelled.
+
+import { h, mount, update, stateBadge, when, localTime, prettyJson, emptyState, duration, routeHref } from '../dom.js';
+import * as api from '../api.js';
+
+const UNFINISHED = ['scheduled', 'available', 'running', 'retryable'];
+
+function detail(label, value) {
+  return [h('dt', { text: label }), h('dd', {}, value === null || value === undefined || value === '' ? h('span', { class: 'muted', text: '—' }) : value)];
+}
+
+function jsonBlock(value, id) {
+  return h('pre', { class: 'code', id, tabindex: '0' }, prettyJson(value));
+}
+
+function attempts(job) {
+  const errors = job.errors || [];
+  const items = errors.map((error) => h('li', { class: 'timeline-item timeline-failed' },
+    h('div', { class: 'timeline-head' },
+      h('span', { class: 'strong', text: `Attempt ${error.attempt}` }),
+      h('span', { class: 'error-class', text: error.class }),
+      h('span', { class: 'muted small' }, when(error.at))),
+    h('pre', { class: 'error-message', text: error.message })));
+  // The attempt in progress or the one that completed. A replay starts the attempts afresh but
+  // keeps the history, so the number may repeat one of the failures above.
+  const replayed = errors.some((e) => e.attempt >= job.attempt) && job.attempt > 0;
+  const label = `Attempt ${job.attempt}${replayed ? ' (after replay)' : ''}`;
+  if (job.state === 'running') {
+    items.push(h('li', { class: 'timeline-item timeline-running' },
+      h('div', { class: 'timeline-head' },
+        h('span', { class: 'strong', text: label }),
+        stateBadge('running'),
+        h('span', { class: 'muted small' }, 'started ', when(job.started_at),
+          job.lease ? ` on ${job.lease.worker_id}, lease until ${localTime(job.lease.expires_at)}` : ''))));
+  } else if (job.state === 'completed') {
+    items.push(h('li', { class: 'timeline-item timeline-ok' },
+      h('div', { class: 'timeline-head' },
+        h('span', { class: 'strong', text: label }),
+        stateBadge('completed'),
+        h('span', { class: 'muted small' }, when(job.finished_at)))));
+  }
+  const summary = `${job.attempt} of ${job.max_attempts} attempts used · ${errors.length} error${errors.length === 1 ? '' : 's'} recorded`;
+  return [
+    h('p', { class: 'muted small flush', text: summary }),
+    items.length
+      ? h('ol', { class: 'timeline', id: 'job-attempts' }, items)
+      : emptyState('No attempts yet', job.state === 'scheduled' ? 'The job waits for its run time.' : 'The job waits for a worker.'),
+  ];
+}
+
+export default {
+  title: 'Job',
+  create(ctx, _params, id) {
+    const errors = h('div', { class: 'slot-error' });
+    const actionError = h('div', { class: 'slot-error' });
+    const body = h('div', { id: 'job-body' });
+    const header = h('div', { class: 'view-head' });
+    const el = h('section', { id: 'view-job', dataset: { job: id } }, header, errors, actionError, body);
+    let missing = false;
+    let job = null;
+
+    async function act(run, failurePrefix) {
+      await ctx.guard(actionError, async () => {
+        await run();
+        await ctx.refreshNow();
+      }, failurePrefix);
+    }
+
+    async function replay() {
+      const ok = await ctx.confirm({
+        title: 'Replay this job?',
+        text: `${job.kind} goes back to ${job.queue} as available, with a fresh set of ${job.max_attempts} attempts. Its error history is kept.`,
+        ok: 'Replay',
+      });
+      if (!ok) return;
+      await act(async () => {
+        const answer = await api.dead.replay({ ids: [id] });
+        ctx.notify(answer.replayed ? 'Job replayed: it is available again.' : 'Nothing replayed: the job was no longer dead.');
+      }, 'Cannot replay:');
+    }
+
+    async function discard() {
+      const ok = await ctx.confirm({
+        title: 'Discard this job for good?',
+        text: `${job.kind} and its payload and error history are deleted. This cannot be undone.`,
+        ok: 'Discard',
+        danger: true,
+      });
+      if (!ok) return;
+      await ctx.guard(actionError, async () => {
+        await api.dead.discard(id);
+        ctx.notify('Job discarded.');
+        location.hash = '#/dead';
+      }, 'Cannot discard:');
+    }
+
+    async function cancel() {
+      const ok = await ctx.confirm({
+        title: 'Cancel this job?',
+        text: job.state === 'running'
+          ? 'Its worker loses the lease: its next heartbeat or completion is refused.'
+          : 'It will not run.',
+        ok: 'Cancel job',
+        danger: true,
+      });
+      if (!ok) return;
+      await act(async () => {
+        await api.jobs.cancel(id);
+        ctx.notify('Job cancelled.');
+      }, 'Cannot cancel:');
+    }
+
+    function renderHeader() {
+      const canOperate = ctx.canOperate;
+      const buttons = [];
+      const hint = canOperate ? null : 'Needs the admin role';
+      if (job.state === 'dead') {
+        buttons.push(h('button', { class: 'btn btn-primary', type: 'button', id: 'job-replay', text: 'Replay', disabled: !canOperate, title: hint, onclick: replay }));
+        buttons.push(h('button', { class: 'btn btn-danger-outline', type: 'button', id: 'job-discard', text: 'Discard', disabled: !canOperate, title: hint, onclick: discard }));
+      } else if (UNFINISHED.includes(job.state)) {
+        buttons.push(h('button', { class: 'btn btn-danger-outline', type: 'button', id: 'job-cancel', text: 'Cancel job', disabled: !canOperate, title: hint, onclick: cancel }));
+      }
+      update(header, JSON.stringify([job.state, job.kind, job.queue, canOperate]), () => [
+        h('div', {},
+          h('p', { class: 'crumbs' },
+            h('a', { href: '#/jobs', text: 'Jobs' }), ' / ',
+            h('a', { href: routeHref('/jobs', { queue: job.queue }), text: job.queue })),
+          h('h1', { class: 'job-title' }, h('span', { text: job.kind }), h('span', { id: 'job-state' }, stateBadge(job.state))),
+          h('p', { class: 'subtitle mono', text: job.id })),
+        h('div', { class: 'view-actions' }, buttons),
+      ]);
+    }
+
+    function renderBody() {
+      const started = job.started_at ? Date.parse(job.started_at) : null;
+      const finished = job.finished_at ? Date.parse(job.finished_at) : null;
+      update(body, JSON.stringify(job), () => h('div', { class: 'job-grid' },
+        h('div', { class: 'panel' },
+          h('h2', { text: 'Details' }),
+          h('dl', { class: 'details' },
+            detail('State', stateBadge(job.state)),
+            detail('Queue', h('a', { href: routeHref('/jobs', { queue: job.queue }), text: job.queue })),
+            detail('Kind', job.kind),
+            detail('Priority', String(job.priority)),
+            detail('Attempts', `${job.attempt} of ${job.max_attempts}`),
+            detail('Created', h('span', {}, when(job.created_at), h('span', { class: 'muted small', text: ` · ${localTime(job.created_at)}` }))),
+            detail('Run at', when(job.run_at)),
+            detail('Started', job.started_at ? when(job.started_at) : null),
+            detail('Finished', job.finished_at ? when(job.finished_at) : null),
+            detail('Took', started && finished && finished >= started ? duration(finished - started) : null),
+            detail('Timeout', job.timeout_ms ? duration(job.timeout_ms) : null),
+            detail('Tenant', job.tenant),
+            detail('Tags', job.tags && job.tags.length ? h('span', { class: 'tags' }, job.tags.map((t) => h('span', { class: 'tag', text: t }))) : null),
+            detail('Idempotency key', job.idempotency_key ? h('span', { class: 'mono small', text: job.idempotency_key }) : null),
+            job.unique_key ? detail('Unique key', h('span', { class: 'mono small', title: job.unique_key, text: `${job.unique_key.slice(0, 16)}…` })) : null,
+            job.lease ? detail('Lease', `${job.lease.worker_id}, until ${localTime(job.lease.expires_at)}`) : null)),
+        h('div', { class: 'stack' },
+          h('div', { class: 'panel' }, h('h2', { text: 'Payload' }), jsonBlock(job.payload, 'job-payload')),
+          job.result !== null && job.result !== undefined
+            ? h('div', { class: 'panel' }, h('h2', { text: 'Result' }), jsonBlock(job.result, 'job-result'))
+            : null,
+          h('div', { class: 'panel' }, h('h2', { text: 'Attempts and errors' }), attempts(job)))));
+    }
+
+    return {
+      el,
+      get title() { return `Job ${id.slice(0, 8)}`; },
+      async refresh() {
+        if (missing) return;
+        await ctx.guard(errors, async () => {
+          try {
+            job = await api.jobs.get(id);
+          } catch (error) {
+            if (error.status === 404 || (error.status === 400 && error.field === 'id')) {
+              missing = true;
+              mount(header, h('div', {}, h('h1', { text: 'Job not found' })));
+              mount(body, emptyState(
+                error.status === 404 ? 'No job has this id' : 'This is not a job id',
+                h('span', {}, 'It may have been discarded from the dead-letter queue. ',
+                  h('a', { href: '#/jobs', text: 'Back to the jobs' }))));
+              return;
+            }
+            throw error;
+          }
+          renderHeader();
+          renderBody();
+        }, 'Cannot load the job:');
+      },
+    };
+  },
+};

@@ -1,0 +1,194 @@
+// Overview: totals per state, throughput and failure charts, and one row per queue with its
+// counts, oldest waiting job and pause/resume. Everything comes from `GET /v1/queues`, which
+// the shell polls every second; rates are differences between successive answers.
+
+import { h, mount, update, num, duration, emptyState, errorBox, routeHref } from '../dom.js';
+import { lineChart } from '../charts.js';
+import * as api from '../api.js';
+
+const CARD_STATES = [
+  ['available', 'Available', 'waiting for a worker'],
+  ['running', 'Running', 'leased by a worker'],
+  ['scheduled', 'Scheduled', 'due later'],
+  ['retryable', 'Retryable', 'failed, will retry'],
+  ['dead', 'Dead', 'out of attempts'],
+  ['completed', 'Completed', 'finished'],
+];
+const TABLE_STATES = ['available', 'running', 'scheduled', 'retryable', 'dead', 'completed', 'cancelled'];
+const RATE_WINDOW_MS = 60 * 1000;
+
+/** Per-second rates of `pick(sample)` between successive samples; drops (replays, purges) count as 0. */
+function rates(history, pick) {
+  const points = [];
+  for (let i = 1; i < history.length; i += 1) {
+    const dt = (history[i].t - history[i - 1].t) / 1000;
+    if (dt <= 0) continue;
+    const delta = pick(history[i]) - pick(history[i - 1]);
+    points.push({ t: history[i].t, v: Math.max(0, delta) / dt });
+  }
+  return points;
+}
+
+/** How much `pick` grew over the last `windowMs` (only increases count). */
+function growth(history, pick, windowMs, now) {
+  let total = 0;
+  for (let i = 1; i < history.length; i += 1) {
+    if (history[i].t < now - windowMs) continue;
+    total += Math.max(0, pick(history[i]) - pick(history[i - 1]));
+  }
+  return total;
+}
+
+function perSecond(value) {
+  if (value >= 100) return `${Math.round(value)}/s`;
+  if (value >= 10) return `${value.toFixed(1)}/s`;
+  return `${value.toFixed(value > 0 && value < 1 ? 2 : 1)}/s`;
+}
+
+export default {
+  title: 'Overview',
+  create(ctx) {
+    const errors = h('div', { class: 'slot-error' });
+    const cards = h('div', { class: 'cards', id: 'overview-cards' });
+    const throughputHead = h('div', { class: 'panel-figure' });
+    const failureHead = h('div', { class: 'panel-figure' });
+    const throughput = h('div', { class: 'chart-slot', id: 'chart-throughput' });
+    const failures = h('div', { class: 'chart-slot', id: 'chart-failures' });
+    const table = h('div', { id: 'queues-table' });
+    const actionError = h('div', { class: 'slot-error' });
+    const el = h('section', { id: 'view-overview' },
+      h('div', { class: 'view-head' },
+        h('div', {},
+          h('h1', { text: 'Overview' }),
+          h('p', { class: 'subtitle', text: 'Live counts of every queue, refreshed every second.' }))),
+      errors,
+      cards,
+      h('div', { class: 'charts' },
+        h('div', { class: 'panel' },
+          h('div', { class: 'panel-head' },
+            h('div', {}, h('h2', { text: 'Throughput' }), h('p', { class: 'muted small', text: 'Jobs completed per second' })),
+            throughputHead),
+          throughput),
+        h('div', { class: 'panel' },
+          h('div', { class: 'panel-head' },
+            h('div', {}, h('h2', { text: 'Failures' }), h('p', { class: 'muted small', text: 'Jobs moved to the dead-letter queue per second' })),
+            failureHead),
+          failures)),
+      h('div', { class: 'panel' },
+        h('div', { class: 'panel-head' }, h('h2', { text: 'Queues' })),
+        actionError,
+        table));
+
+    async function setPaused(name, paused) {
+      await ctx.guard(actionError, async () => {
+        await api.queues.setPaused(name, paused);
+        ctx.notify(paused ? `Queue ${name} paused: workers get no more of its jobs.` : `Queue ${name} resumed.`);
+        await ctx.refreshNow();
+      }, paused ? `Cannot pause ${name}:` : `Cannot resume ${name}:`);
+    }
+
+    function renderCards(queues) {
+      const totals = Object.fromEntries(TABLE_STATES.map((s) => [s, 0]));
+      let oldest = { ms: 0, queue: null };
+      for (const queue of queues) {
+        for (const s of TABLE_STATES) totals[s] += queue[s] || 0;
+        if ((queue.oldest_available_age_ms || 0) > oldest.ms) oldest = { ms: queue.oldest_available_age_ms, queue: queue.name };
+      }
+      update(cards, JSON.stringify([totals, oldest]), () => [
+        ...CARD_STATES.map(([state, label, hint]) => h('a', {
+          class: `card card-${state}`,
+          href: state === 'dead' ? '#/dead' : routeHref('/jobs', { state }),
+          dataset: { state },
+        },
+        h('span', { class: 'card-label', text: label }),
+        h('span', { class: 'card-value', text: num(totals[state]) }),
+        h('span', { class: 'card-hint', text: hint }))),
+        h('div', { class: `card card-age${oldest.ms > 60000 ? ' card-warn' : ''}`, dataset: { state: 'oldest' } },
+          h('span', { class: 'card-label', text: 'Oldest waiting' }),
+          h('span', { class: 'card-value', text: oldest.ms ? duration(oldest.ms) : '—' }),
+          h('span', { class: 'card-hint', text: oldest.queue ? `in ${oldest.queue}` : 'nothing waits' })),
+      ]);
+    }
+
+    function renderCharts() {
+      const history = ctx.history;
+      const now = history.length ? history[history.length - 1].t : Date.now();
+      const done = rates(history, (s) => s.totals.completed);
+      const died = rates(history, (s) => s.totals.dead);
+      const recent = (points) => {
+        const window = points.filter((p) => p.t >= now - 10000);
+        return window.length ? window.reduce((a, p) => a + p.v, 0) / window.length : 0;
+      };
+      const completedMinute = growth(history, (s) => s.totals.completed, RATE_WINDOW_MS, now);
+      const deadMinute = growth(history, (s) => s.totals.dead, RATE_WINDOW_MS, now);
+      const ratio = completedMinute + deadMinute > 0 ? (100 * deadMinute) / (completedMinute + deadMinute) : null;
+
+      mount(throughputHead,
+        h('span', { class: 'figure', id: 'throughput-now', text: perSecond(recent(done)) }),
+        h('span', { class: 'muted small', text: `${num(completedMinute)} in the last minute` }));
+      mount(failureHead,
+        h('span', { class: `figure${ratio ? ' figure-bad' : ''}`, id: 'failure-rate', text: ratio === null ? '—' : `${ratio.toFixed(ratio < 10 ? 1 : 0)} %` }),
+        h('span', { class: 'muted small', text: ratio === null ? 'no jobs finished in the last minute' : `of jobs finished in the last minute died (${num(deadMinute)})` }));
+      mount(throughput, lineChart({ points: done, windowMs: ctx.historyMs, now, format: perSecond, tone: 'ok', label: 'Completed jobs per second, last 5 minutes' }));
+      mount(failures, lineChart({ points: died, windowMs: ctx.historyMs, now, format: perSecond, tone: 'bad', label: 'Dead-lettered jobs per second, last 5 minutes' }));
+    }
+
+    function renderTable(queues) {
+      const history = ctx.history;
+      const now = history.length ? history[history.length - 1].t : Date.now();
+      const perMinute = Object.fromEntries(queues.map((q) => [q.name,
+        growth(history, (s) => (s.perQueue[q.name] ? s.perQueue[q.name].completed : 0), RATE_WINDOW_MS, now)]));
+      const canOperate = ctx.canOperate;
+      update(table, JSON.stringify([queues, perMinute, canOperate]), () => {
+        if (!queues.length) {
+          return emptyState('No queues yet',
+            h('span', {}, 'A queue appears as soon as a job is enqueued into it, e.g. ',
+              h('code', { text: 'conveyor enqueue hello --queue default' }), '.'));
+        }
+        return h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
+          h('thead', {}, h('tr', {},
+            h('th', { text: 'Queue' }),
+            h('th', { text: 'Status' }),
+            TABLE_STATES.map((s) => h('th', { class: 'num', text: s[0].toUpperCase() + s.slice(1) })),
+            h('th', { class: 'num', text: 'Oldest waiting' }),
+            h('th', { class: 'num', text: 'Done / min' }),
+            h('th', { class: 'actions', text: '' }))),
+          h('tbody', {}, queues.map((queue) => h('tr', { dataset: { queue: queue.name } },
+            h('td', {}, h('a', { class: 'strong', href: routeHref('/jobs', { queue: queue.name }), text: queue.name })),
+            h('td', {}, queue.paused
+              ? h('span', { class: 'badge badge-paused', text: 'paused' })
+              : h('span', { class: 'badge badge-active', text: 'active' })),
+            TABLE_STATES.map((s) => h('td', { class: `num${queue[s] ? '' : ' zero'}`, dataset: { state: s } },
+              h('a', {
+                href: s === 'dead' ? routeHref('/dead', { queue: queue.name }) : routeHref('/jobs', { queue: queue.name, state: s }),
+                text: num(queue[s] || 0),
+              }))),
+            h('td', { class: `num${queue.oldest_available_age_ms > 60000 ? ' warn' : ''}`, text: queue.oldest_available_age_ms ? duration(queue.oldest_available_age_ms) : '—' }),
+            h('td', { class: 'num', text: num(perMinute[queue.name]) }),
+            h('td', { class: 'actions' }, h('button', {
+              class: 'btn btn-small', type: 'button',
+              dataset: { action: queue.paused ? 'resume' : 'pause' },
+              disabled: !canOperate,
+              title: canOperate ? null : 'Needs the admin role',
+              text: queue.paused ? 'Resume' : 'Pause',
+              onclick: () => setPaused(queue.name, !queue.paused),
+            })))))));
+      });
+    }
+
+    return {
+      el,
+      render() {
+        if (ctx.queuesError) {
+          update(errors, `e:${ctx.queuesError.message}`, () => errorBox(ctx.queuesError, 'Cannot read the queues:'));
+        } else {
+          update(errors, 'ok', () => []);
+        }
+        if (!ctx.queues) return;
+        renderCards(ctx.queues);
+        renderCharts();
+        renderTable(ctx.queues);
+      },
+    };
+  },
+};

@@ -1,0 +1,71 @@
+//! Retention: deleting finished jobs past their queue's (or the default) retention, in bounded
+//! steps on the writer thread.
+
+use conveyor_core::{uuid_v7_floor, JobState, PruneParams, PruneReport, StoreResult};
+use rusqlite::params;
+use std::str::FromStr;
+
+use crate::backend;
+use crate::rows::millis;
+use crate::writer::WriteCtx;
+
+fn secs(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_secs()).unwrap_or(i64::MAX)
+}
+
+/// Deletes up to `params.limit` expired finished jobs, oldest id first.
+pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult<PruneReport> {
+    let default_completed = secs(params.retention.completed);
+    let default_dead = secs(params.retention.dead);
+    // No job created after now minus the shortest retention in force can have expired, so the
+    // scan (in id order, which is creation order for UUIDv7) stops there.
+    let shortest = ctx
+        .settings
+        .values()
+        .flat_map(|s| [s.completed_retention_secs, s.dead_retention_secs])
+        .flatten()
+        .map(|n| i64::try_from(n).unwrap_or(i64::MAX))
+        .chain([default_completed, default_dead])
+        .min()
+        .unwrap_or(0);
+    let bound = uuid_v7_floor(ctx.now - chrono::Duration::seconds(shortest));
+    let deleted: Vec<(String, String)> = ctx
+        .conn
+        .prepare_cached(
+            "DELETE FROM jobs WHERE id IN ( \
+                 SELECT j.id FROM jobs j \
+                 WHERE j.id < ?1 AND j.state IN ('completed', 'cancelled', 'dead') \
+                 AND j.finished_at < ?2 - 1000 * COALESCE( \
+                     (SELECT CASE WHEN j.state = 'dead' THEN s.dead_retention_secs \
+                             ELSE s.completed_retention_secs END \
+                      FROM queue_settings s WHERE s.queue = j.queue), \
+                     CASE WHEN j.state = 'dead' THEN ?3 ELSE ?4 END) \
+                 ORDER BY j.id LIMIT ?5) \
+             RETURNING queue, state",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(
+                params![
+                    bound.to_string(),
+                    millis(ctx.now),
+                    default_dead,
+                    default_completed,
+                    params.limit as i64
+                ],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )?
+            .collect()
+        })
+        .map_err(backend)?;
+    let mut report = PruneReport::default();
+    for (queue, state) in deleted {
+        let state = JobState::from_str(&state)?;
+        match state {
+            JobState::Completed => report.completed += 1,
+            JobState::Cancelled => report.cancelled += 1,
+            _ => report.dead += 1,
+        }
+        ctx.count_move(&queue, Some(state), None);
+    }
+    Ok(report)
+}

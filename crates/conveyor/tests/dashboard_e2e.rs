@@ -1,0 +1,580 @@
+//! The dashboard in a real browser: `conveyor serve` (with `--auth` when this build has access
+//! control) on a temp SQLite store, a `conveyor work --exec` worker, and headless Chromium
+//! driven through chromedriver (WebDriver, via fantoccini). The test signs in, reads the live
+//! counts, opens the dead job, replays it and watches it complete without reloading the page,
+//! and writes screenshots of the main pages to `docs/screenshots/`.
+//!
+//! Needs `chromium` and `chromedriver` on the PATH (Debian: `apt-get install chromium
+//! chromium-driver`; `.ci/run` installs them), or `CONVEYOR_CHROMIUM` / `CONVEYOR_CHROMEDRIVER`.
+
+mod common;
+
+use anyhow::{anyhow, bail, ensure, Context};
+use common::{path_in, start_server, temp_dir, Server, BIN};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::{json, Value};
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Longest any one condition may take to show up in the page.
+const DEADLINE: Duration = Duration::from_secs(30);
+/// The laptop screen the dashboard is laid out for; screenshots are taken at this size.
+const WINDOW: (u32, u32) = (1366, 768);
+
+/// A process in a process group of its own, killed as a group when dropped: chromedriver
+/// starts Chromium and its helpers, and none of them may outlive the test, even when it fails
+/// before the WebDriver session is closed.
+struct Group {
+    child: Child,
+}
+
+impl Group {
+    fn spawn(command: &mut Command) -> anyhow::Result<Self> {
+        use std::os::unix::process::CommandExt;
+        let child = command
+            .process_group(0)
+            .spawn()
+            .with_context(|| format!("cannot start {command:?}"))?;
+        Ok(Group { child })
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        // SAFETY: signals the process group this test created (its id is the child's pid).
+        unsafe {
+            libc::kill(-(self.child.id() as i32), libc::SIGKILL);
+        }
+        let _ = self.child.wait();
+    }
+}
+
+fn find_program(env: &str, names: &[&str]) -> Option<PathBuf> {
+    if let Some(path) = std::env::var_os(env) {
+        return Some(PathBuf::from(path));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+        .find(|candidate| candidate.is_file())
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+/// Whether this build has access control (`conveyor serve --auth`).
+fn auth_supported() -> bool {
+    Command::new(BIN)
+        .args(["serve", "--help"])
+        .output()
+        .map(|out| String::from_utf8_lossy(&out.stdout).contains("--auth"))
+        .unwrap_or(false)
+}
+
+/// `conveyor token create --role admin` on the store; the token is the `cv_...` word it prints.
+fn create_admin_token(store: &str) -> anyhow::Result<String> {
+    let out = Command::new(BIN)
+        .args([
+            "token", "create", "--role", "admin", "--name", "dashboard-e2e", "--store", store,
+        ])
+        .env("CONVEYOR_LOG", "warn")
+        .output()
+        .context("running conveyor token create")?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "token create failed: {}{}",
+        stdout,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+        .split(|c: char| c.is_whitespace() || c == '"' || c == ',')
+        .find(|word| word.starts_with("cv_"))
+        .map(str::to_string)
+        .ok_or_else(|| anyhow!("no cv_ token in {stdout:?}"))
+}
+
+/// The JSON API as the test's producer uses it.
+struct Api {
+    base: String,
+    token: Option<String>,
+    http: reqwest::Client,
+}
+
+impl Api {
+    async fn send(&self, method: reqwest::Method, path: &str, body: Value) -> anyhow::Result<Value> {
+        let mut request = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.base))
+            .json(&body);
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let response = request.send().await?;
+        let status = response.status();
+        let text = response.text().await?;
+        ensure!(status.is_success(), "{method} {path}: {status} {text}");
+        Ok(serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    async fn enqueue(&self, body: Value) -> anyhow::Result<String> {
+        let job = self.send(reqwest::Method::POST, "/v1/jobs", body).await?;
+        job["id"]
+            .as_str()
+            .map(str::to_string)
+            .ok_or_else(|| anyhow!("no id in {job}"))
+    }
+}
+
+/// Polls `check` until it yields a value or the deadline passes; no fixed sleeps anywhere.
+async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + DEADLINE;
+    let mut last_error = None;
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(error) => last_error = Some(error),
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what} (last error: {last_error:?})");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The text of the first element matching `css`, or None. Read in one script call, so a view
+/// re-rendering in between cannot leave the test with a stale element.
+async fn text(client: &Client, css: &str) -> anyhow::Result<Option<String>> {
+    let value = client
+        .execute(
+            "const el = document.querySelector(arguments[0]); return el ? el.textContent : null;",
+            vec![json!(css)],
+        )
+        .await?;
+    Ok(value.as_str().map(|s| s.trim().to_string()))
+}
+
+async fn count(client: &Client, css: &str) -> anyhow::Result<usize> {
+    let value = client
+        .execute(
+            "return document.querySelectorAll(arguments[0]).length;",
+            vec![json!(css)],
+        )
+        .await?;
+    Ok(value.as_u64().unwrap_or(0) as usize)
+}
+
+async fn wait_text(client: &Client, css: &str, expected: &str) -> anyhow::Result<()> {
+    wait_for(&format!("{css} to read {expected:?}"), || async {
+        Ok(text(client, css)
+            .await?
+            .filter(|t| t.contains(expected))
+            .map(|_| ()))
+    })
+    .await
+}
+
+async fn wait_present(client: &Client, css: &str) -> anyhow::Result<()> {
+    wait_for(&format!("{css} to appear"), || async {
+        Ok((count(client, css).await? > 0).then_some(()))
+    })
+    .await
+}
+
+/// Clicks the element once it exists and accepts the click (it may be re-rendered meanwhile).
+async fn click(client: &Client, css: &str) -> anyhow::Result<()> {
+    wait_for(&format!("{css} to be clickable"), || async {
+        let element = client.find(Locator::Css(css)).await?;
+        element.click().await?;
+        Ok(Some(()))
+    })
+    .await
+}
+
+async fn screenshot(client: &Client, name: &str) -> anyhow::Result<()> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/screenshots");
+    std::fs::create_dir_all(&dir)?;
+    let png = client.screenshot().await?;
+    std::fs::write(dir.join(format!("{name}.png")), png)?;
+    Ok(())
+}
+
+/// The dashboard's confirmation dialog is open: press its confirm button.
+async fn confirm(client: &Client) -> anyhow::Result<()> {
+    wait_present(client, "dialog#confirm[open]").await?;
+    click(client, "#confirm-ok").await?;
+    wait_for("the dialog to close", || async {
+        Ok((count(client, "dialog#confirm[open]").await? == 0).then_some(()))
+    })
+    .await
+}
+
+struct Ids {
+    doomed: String,
+    legacy: Vec<String>,
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_end_to_end_in_headless_chromium() {
+    let chromium = find_program("CONVEYOR_CHROMIUM", &["chromium", "chromium-browser"]);
+    let driver = find_program("CONVEYOR_CHROMEDRIVER", &["chromedriver"]);
+    let (Some(chromium), Some(driver)) = (chromium, driver) else {
+        panic!(
+            "the dashboard test needs chromium and chromedriver: \
+             apt-get install -y chromium chromium-driver (as .ci/run does)"
+        );
+    };
+
+    let dir = temp_dir();
+    let store = format!("sqlite://{}", path_in(&dir, "jobs.db").display());
+    let auth = auth_supported();
+    let token = if auth {
+        Some(create_admin_token(&store).expect("admin token"))
+    } else {
+        None
+    };
+    let server = start_server(
+        &path_in(&dir, "jobs.db"),
+        if auth { &["--auth"] } else { &[] },
+    );
+    let api = Api {
+        base: server.url.clone(),
+        token: token.clone(),
+        http: reqwest::Client::new(),
+    };
+
+    // One worker for every queue but `media` (whose jobs therefore wait, and age). `report.build`
+    // fails permanently until the marker file exists, `legacy.import` always does.
+    let marker = path_in(&dir, "templates-fixed");
+    let script = format!(
+        "cat >/dev/null; case \"$CONVEYOR_JOB_KIND\" in \
+           report.build) [ -f '{}' ] && exit 0; echo 'report template missing' >&2; exit 65;; \
+           legacy.import) echo 'legacy format is no longer supported' >&2; exit 65;; \
+           *) echo '{{\"ok\": true}}';; \
+         esac",
+        marker.display()
+    );
+    let mut worker_cmd = Command::new(BIN);
+    worker_cmd
+        .args(["work", "--server", &server.url, "--exec", &script])
+        .args(["--queues", "mail,reports,default", "--concurrency", "2"])
+        .env("CONVEYOR_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit());
+    if let Some(token) = &token {
+        worker_cmd.env("CONVEYOR_TOKEN", token);
+    }
+    let worker = Group::spawn(&mut worker_cmd).expect("worker");
+
+    let ids = seed(&api).await.expect("seed jobs");
+
+    let port = free_port().expect("free port");
+    let profile = path_in(&dir, "chromium-profile");
+    let chromedriver = Group::spawn(
+        Command::new(&driver)
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null()),
+    )
+    .expect("chromedriver");
+    let webdriver = format!("http://127.0.0.1:{port}");
+    let client = connect(&webdriver, &chromium, &profile)
+        .await
+        .expect("WebDriver session");
+
+    let outcome = drive(&client, &server, token.as_deref(), &marker, &ids).await;
+    if outcome.is_err() {
+        // Leave the page as it was at the failure next to the test binaries, for debugging.
+        if let Ok(png) = client.screenshot().await {
+            let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("dashboard-e2e-failure.png");
+            let _ = std::fs::write(&path, png);
+            eprintln!("screenshot of the failure: {}", path.display());
+        }
+    }
+    let _ = client.close().await;
+    drop(chromedriver);
+    drop(worker);
+    drop(server);
+    drop(dir);
+    outcome.expect("dashboard end to end");
+}
+
+async fn connect(webdriver: &str, chromium: &Path, profile: &Path) -> anyhow::Result<Client> {
+    let capabilities = json!({
+        "browserName": "chrome",
+        "goog:chromeOptions": {
+            "binary": chromium.display().to_string(),
+            "args": [
+                "--headless=new",
+                // The test may run as root (CI), where Chromium's sandbox cannot start.
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--hide-scrollbars",
+                "--force-device-scale-factor=1",
+                "--lang=en-US",
+                format!("--window-size={},{}", WINDOW.0, WINDOW.1),
+                format!("--user-data-dir={}", profile.display()),
+            ],
+        },
+    });
+    let Value::Object(capabilities) = capabilities else {
+        bail!("capabilities must be an object");
+    };
+    let mut builder =
+        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
+    builder.capabilities(capabilities);
+    // chromedriver needs a moment to listen; the first successful session is the signal.
+    wait_for("chromedriver to start a session", || async {
+        match builder.connect(webdriver).await {
+            Ok(client) => Ok(Some(client)),
+            Err(error) => Err(anyhow!("{error}")),
+        }
+    })
+    .await
+}
+
+/// Jobs in several queues and states, and two schedules, so every page has something to show.
+async fn seed(api: &Api) -> anyhow::Result<Ids> {
+    for n in 0..12 {
+        api.enqueue(json!({"kind": "email.send", "queue": "mail",
+                           "payload": {"to": format!("user{n}@example.com"), "template": "welcome"}}))
+            .await?;
+    }
+    let doomed = api
+        .enqueue(json!({"kind": "report.build", "queue": "reports",
+                        "payload": {"month": "2026-11", "format": "pdf"}, "max_attempts": 3}))
+        .await?;
+    let mut legacy = Vec::new();
+    for n in 0..2 {
+        legacy.push(
+            api.enqueue(json!({"kind": "legacy.import", "queue": "reports", "payload": {"file": format!("batch-{n}.csv")}}))
+                .await?,
+        );
+    }
+    for n in 0..4 {
+        api.enqueue(json!({"kind": "image.resize", "queue": "media", "payload": {"image": n}}))
+            .await?;
+    }
+    api.enqueue(json!({"kind": "digest.send", "queue": "mail", "delay_ms": 3_600_000}))
+        .await?;
+    api.send(
+        reqwest::Method::PUT,
+        "/v1/schedules/nightly-report",
+        json!({"cron": "0 3 * * *", "timezone": "Europe/Berlin",
+               "job": {"kind": "report.build", "queue": "reports"}, "missed": "catch_up", "max_catch_up": 3}),
+    )
+    .await?;
+    api.send(
+        reqwest::Method::PUT,
+        "/v1/schedules/cache-sweep",
+        json!({"cron": "*/5 * * * * *", "job": {"kind": "cache.sweep", "queue": "default"}}),
+    )
+    .await?;
+    Ok(Ids { doomed, legacy })
+}
+
+async fn drive(
+    client: &Client,
+    server: &Server,
+    token: Option<&str>,
+    marker: &Path,
+    ids: &Ids,
+) -> anyhow::Result<()> {
+    // The page itself: served with a strict CSP and no token needed.
+    let page = reqwest::get(format!("{}/", server.url)).await?;
+    ensure!(page.status().is_success(), "GET / answered {}", page.status());
+    let csp = page
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    ensure!(csp.contains("default-src 'self'"), "CSP: {csp:?}");
+
+    client.goto(&format!("{}/", server.url)).await?;
+
+    // Sign in: a wrong token is refused inline, the right one opens the overview.
+    if let Some(token) = token {
+        wait_present(client, "#token").await?;
+        screenshot(client, "login").await?;
+        let input = client.find(Locator::Css("#token")).await?;
+        input.send_keys("cv_not_a_real_token").await?;
+        click(client, "#login-submit").await?;
+        wait_text(client, "#login-error", "not accepted").await?;
+        let input = client.find(Locator::Css("#token")).await?;
+        input.clear().await?;
+        input.send_keys(token).await?;
+        click(client, "#login-submit").await?;
+    }
+    wait_present(client, "#view-overview").await?;
+    ensure!(
+        count(client, "#token").await? == 0,
+        "no login step without a token"
+    );
+
+    // Live counts: the worker completes the mail jobs and kills the reports.
+    wait_text(client, "tr[data-queue='mail'] td[data-state='completed']", "12").await?;
+    wait_text(client, "tr[data-queue='reports'] td[data-state='dead']", "3").await?;
+    wait_text(client, "tr[data-queue='media'] td[data-state='available']", "4").await?;
+    wait_text(client, "tr[data-queue='mail'] td[data-state='scheduled']", "1").await?;
+    // The charts need a few successive polls before they draw a line.
+    wait_for("the throughput chart to have points", || async {
+        let points = client
+            .execute(
+                "const c = document.querySelector('#chart-throughput .chart'); \
+                 return c ? Number(c.dataset.points) : 0;",
+                vec![],
+            )
+            .await?;
+        Ok((points.as_u64().unwrap_or(0) >= 4).then_some(()))
+    })
+    .await?;
+    ensure!(
+        text(client, "#overview-cards [data-state='dead'] .card-value")
+            .await?
+            .as_deref()
+            == Some("3"),
+        "the dead card counts the three dead jobs"
+    );
+    screenshot(client, "overview").await?;
+
+    // Pause and resume a queue from the table.
+    click(client, "tr[data-queue='media'] button[data-action='pause']").await?;
+    wait_text(client, "tr[data-queue='media'] .badge", "paused").await?;
+    click(client, "tr[data-queue='media'] button[data-action='resume']").await?;
+    wait_text(client, "tr[data-queue='media'] .badge", "active").await?;
+
+    // Job list: everything, then filtered by queue and state, then by a kind nothing has.
+    click(client, "a[data-nav='jobs']").await?;
+    wait_present(client, "#view-jobs #jobs-table tr[data-job]").await?;
+    screenshot(client, "jobs").await?;
+    client
+        .find(Locator::Css("#filter-queue"))
+        .await?
+        .select_by_value("mail")
+        .await?;
+    client
+        .find(Locator::Css("#filter-state"))
+        .await?
+        .select_by_value("completed")
+        .await?;
+    wait_for("12 completed mail jobs listed", || async {
+        let rows = count(client, "#jobs-table tr[data-job]").await?;
+        let completed = count(client, "#jobs-table tr[data-job][data-state='completed']").await?;
+        Ok((rows == 12 && completed == 12).then_some(()))
+    })
+    .await?;
+    let url = client.current_url().await?;
+    ensure!(
+        url.fragment().unwrap_or_default().contains("queue=mail"),
+        "filters are kept in the address: {url}"
+    );
+    let kind = client.find(Locator::Css("#filter-kind")).await?;
+    kind.send_keys("no.such.kind\n").await?;
+    wait_text(client, "#jobs-table .empty-title", "No jobs match").await?;
+
+    // Dead letters: the three dead jobs with their last errors.
+    click(client, "a[data-nav='dead']").await?;
+    let doomed_row = format!("#dead-table tr[data-job='{}']", ids.doomed);
+    wait_text(client, &format!("{doomed_row} .last-error"), "report template missing").await?;
+    wait_for("three dead jobs listed", || async {
+        Ok((count(client, "#dead-table tr[data-job]").await? == 3).then_some(()))
+    })
+    .await?;
+    screenshot(client, "dead-letters").await?;
+
+    // The dead job's page: payload and error history.
+    click(client, &format!("{doomed_row} a")).await?;
+    let view = format!("#view-job[data-job='{}']", ids.doomed);
+    wait_present(client, &view).await?;
+    wait_text(client, "#job-state", "dead").await?;
+    wait_text(client, "#job-payload", "2026-11").await?;
+    wait_text(client, "#job-attempts", "report template missing").await?;
+    wait_text(client, "#job-attempts", "permanent").await?;
+    screenshot(client, "job-detail").await?;
+
+    // Fix the cause, replay from the page, and watch the job complete, with no reload: a
+    // marker set on this document must still be there at the end.
+    client
+        .execute("window.__conveyorE2e = 'same document'; return true;", vec![])
+        .await?;
+    std::fs::write(marker, b"fixed")?;
+    click(client, "#job-replay").await?;
+    confirm(client).await?;
+    wait_text(client, "#job-state", "completed").await?;
+    wait_text(client, "#job-attempts", "Attempt 2").await?;
+    let same = client
+        .execute("return window.__conveyorE2e || null;", vec![])
+        .await?;
+    ensure!(
+        same == json!("same document"),
+        "the page reloaded during the replay"
+    );
+
+    // Bulk discard of the two jobs still dead, behind the confirmation dialog.
+    click(client, "a[data-nav='dead']").await?;
+    wait_for("the two legacy jobs listed", || async {
+        let mut all = true;
+        for id in &ids.legacy {
+            all &= count(client, &format!("#dead-table tr[data-job='{id}']")).await? == 1;
+        }
+        Ok((all && count(client, "#dead-table tr[data-job]").await? == 2).then_some(()))
+    })
+    .await?;
+    click(client, "#dead-table thead input[type='checkbox']").await?;
+    wait_text(client, "#dead-selection", "2 selected").await?;
+    click(client, "#dead-discard-selected").await?;
+    confirm(client).await?;
+    wait_text(client, "#dead-table .empty-title", "dead-letter queue is empty").await?;
+
+    // Workers and schedules.
+    click(client, "a[data-nav='workers']").await?;
+    wait_present(client, "#view-workers").await?;
+    wait_for("the worker registry (or its absence) shown", || async {
+        let table = count(client, "#workers-registry table").await?;
+        let absent = count(client, "#workers-registry [data-available='false']").await?;
+        Ok((table + absent > 0).then_some(()))
+    })
+    .await?;
+    screenshot(client, "workers").await?;
+
+    click(client, "a[data-nav='schedules']").await?;
+    wait_present(client, "tr[data-schedule='nightly-report']").await?;
+    wait_for("the sweep schedule's first run", || async {
+        Ok(text(client, "tr[data-schedule='cache-sweep']")
+            .await?
+            .filter(|t| t.contains("enqueued"))
+            .map(|_| ()))
+    })
+    .await?;
+    screenshot(client, "schedules").await?;
+
+    let violations = client
+        .execute(
+            "return document.documentElement.dataset.cspViolations || '0';",
+            vec![],
+        )
+        .await?;
+    ensure!(
+        violations == json!("0"),
+        "Content-Security-Policy violations: {violations}"
+    );
+
+    // Signing out returns to the sign-in page.
+    if token.is_some() {
+        click(client, "#logout").await?;
+        wait_present(client, "#token").await?;
+    }
+    Ok(())
+}
