@@ -11,6 +11,7 @@ pub mod error;
 pub mod events;
 pub mod flow;
 pub mod job;
+pub mod redact;
 pub mod retry;
 pub mod schedule;
 pub mod store;

@@ -222,7 +222,7 @@ pub(crate) async fn get(State(state): State<AppState>, JobId(id): JobId) -> ApiR
         .store
         .job_get(id)
         .await?
-        .map(Json)
+        .map(|job| Json(state.config.redacted(job)))
         .ok_or(ApiError::JobNotFound(id))
 }
 
@@ -284,7 +284,13 @@ pub(crate) fn list_params(
 
 pub(crate) async fn page(state: &AppState, params: JobListParams) -> ApiResult<Json<JobPage>> {
     let limit = params.limit;
-    let jobs = state.store.jobs_list(params).await?;
+    let jobs: Vec<Job> = state
+        .store
+        .jobs_list(params)
+        .await?
+        .into_iter()
+        .map(|job| state.config.redacted(job))
+        .collect();
     let next = if jobs.len() >= limit {
         jobs.last().map(|job| job.id)
     } else {
@@ -311,5 +317,5 @@ pub(crate) async fn cancel(
         .audit(AuditAction::JobCancel)
         .target(job.queue.clone());
     audit::record(&state, entry.jobs(vec![id])).await;
-    Ok(Json(job))
+    Ok(Json(state.config.redacted(job)))
 }

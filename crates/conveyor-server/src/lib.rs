@@ -63,6 +63,10 @@ pub struct ServerConfig {
     pub max_batch_jobs: usize,
     /// What counts as a stuck job (`GET /v1/jobs/stuck`, the `stuck_jobs` gauge).
     pub stuck: StuckParams,
+    /// Payload keys (at any depth) whose values job views show as `[redacted]`: `GET
+    /// /v1/jobs`, `/v1/jobs/{id}`, `/v1/dead` and the dashboard. Fetches still hand workers
+    /// the whole payload.
+    pub sensitive_fields: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -76,11 +80,18 @@ impl Default for ServerConfig {
             max_fetch_batch: 1000,
             max_batch_jobs: 10_000,
             stuck: StuckParams::default(),
+            sensitive_fields: Vec::new(),
         }
     }
 }
 
 impl ServerConfig {
+    /// A job as people see it: sensitive payload fields redacted.
+    pub(crate) fn redacted(&self, mut job: conveyor_core::Job) -> conveyor_core::Job {
+        conveyor_core::redact::redact_fields(&mut job.payload, &self.sensitive_fields);
+        job
+    }
+
     /// The overall request body limit: 64 payloads, and never below 1 MiB.
     pub fn body_limit(&self) -> usize {
         self.max_payload_bytes.saturating_mul(64).max(1024 * 1024)

@@ -231,9 +231,8 @@ async fn every_route_answers_each_role_as_its_rule_says() {
                 continue;
             };
             for who in [Who::Nobody, Who::Producer, Who::Worker, Who::Admin] {
-                let (status, body, headers) = api
-                    .send(method.clone(), &path, who, Some(json!({})))
-                    .await;
+                let (status, body, headers) =
+                    api.send(method.clone(), &path, who, Some(json!({}))).await;
                 let what = format!("{method} {path} as {who:?}: {status} {body}");
                 let allowed = match (expect, who) {
                     (Expect::Public, _) => true,
@@ -319,11 +318,7 @@ async fn allowed_calls_succeed_end_to_end() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn malformed_unknown_and_revoked_tokens_are_unauthorized() {
     let api = start(enabled()).await;
-    let forged = format!(
-        "cv_{}_{}",
-        uuid::Uuid::new_v4().simple(),
-        "0".repeat(64)
-    );
+    let forged = format!("cv_{}_{}", uuid::Uuid::new_v4().simple(), "0".repeat(64));
     // The producer token's id with a wrong secret.
     let tampered = format!("{}0", &api.producer[..api.producer.len() - 1]);
     let tampered = if tampered == api.producer {
@@ -366,9 +361,18 @@ async fn malformed_unknown_and_revoked_tokens_are_unauthorized() {
     let (status, body, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     let (status, _, _) = api
-        .send(Method::DELETE, "/v1/tokens/producer-token", Who::Admin, None)
+        .send(
+            Method::DELETE,
+            "/v1/tokens/producer-token",
+            Who::Admin,
+            None,
+        )
         .await;
-    assert_eq!(status, StatusCode::NOT_FOUND, "no active token of that name");
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "no active token of that name"
+    );
 }
 
 /// The `conveyor_session` cookie of a login response.
@@ -420,7 +424,13 @@ async fn session_cookie_login_whoami_csrf_and_logout() {
     assert_eq!(me["name"], "admin-token");
     assert_eq!(me["auth_enabled"], true);
     assert!(me["expires_at"].is_string(), "{me}");
-    let (status, _, _) = read(with_cookie(Method::GET, "/v1/queues").send().await.expect("send")).await;
+    let (status, _, _) = read(
+        with_cookie(Method::GET, "/v1/queues")
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
     assert_eq!(status, StatusCode::OK, "reads need no CSRF header");
 
     // A state change by cookie needs the CSRF header; the same with the header passes.
@@ -469,12 +479,25 @@ async fn session_cookie_login_whoami_csrf_and_logout() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let audit = api.store.audit_list(Default::default()).await.expect("audit");
+    let audit = api
+        .store
+        .audit_list(Default::default())
+        .await
+        .expect("audit");
     assert_eq!(audit[0].actor, "admin-token", "{audit:?}");
-    assert_eq!(audit[1].actor, "admin-token", "cookie calls act as the token");
+    assert_eq!(
+        audit[1].actor, "admin-token",
+        "cookie calls act as the token"
+    );
 
     // Logout needs the header too, then the cookie stops working.
-    let (status, _, _) = read(with_cookie(Method::DELETE, "/v1/session").send().await.expect("send")).await;
+    let (status, _, _) = read(
+        with_cookie(Method::DELETE, "/v1/session")
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
     assert_eq!(status, StatusCode::FORBIDDEN);
     let response = with_cookie(Method::DELETE, "/v1/session")
         .header("x-conveyor-csrf", "1")
@@ -489,7 +512,13 @@ async fn session_cookie_login_whoami_csrf_and_logout() {
         .unwrap_or_default()
         .to_string();
     assert!(cleared.contains("Max-Age=0"), "{cleared}");
-    let (status, _, _) = read(with_cookie(Method::GET, "/v1/session").send().await.expect("send")).await;
+    let (status, _, _) = read(
+        with_cookie(Method::GET, "/v1/session")
+            .send()
+            .await
+            .expect("send"),
+    )
+    .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED);
 }
 
@@ -512,13 +541,52 @@ async fn revoking_a_token_ends_its_sessions() {
     };
     assert_eq!(whoami().await.expect("send").status(), StatusCode::OK);
     let (status, _, _) = api
-        .send(Method::DELETE, "/v1/tokens/producer-token", Who::Admin, None)
+        .send(
+            Method::DELETE,
+            "/v1/tokens/producer-token",
+            Who::Admin,
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         whoami().await.expect("send").status(),
         StatusCode::UNAUTHORIZED
     );
+}
+
+/// Fetches from queue `q` and fails what comes back for good until `dead_id` is dead.
+async fn kill(api: &Api, dead_id: &str) {
+    loop {
+        let (_, fetched, _) = api
+            .send(
+                Method::POST,
+                "/v1/fetch",
+                Who::Worker,
+                Some(json!({"worker_id": "w", "queues": ["q"], "max": 10})),
+            )
+            .await;
+        let jobs = fetched["jobs"].as_array().cloned().unwrap_or_default();
+        assert!(!jobs.is_empty(), "the job to kill is available");
+        for job in jobs {
+            let id = job["id"].as_str().expect("id");
+            let lease = job["lease_token"].as_str().expect("lease");
+            let failure =
+                json!({"lease_token": lease, "error": {"message": "boom"}, "retry": "never"});
+            let (status, _, _) = api
+                .send(
+                    Method::POST,
+                    &format!("/v1/jobs/{id}/fail"),
+                    Who::Worker,
+                    Some(failure),
+                )
+                .await;
+            assert_eq!(status, StatusCode::OK);
+            if id == dead_id {
+                return;
+            }
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -548,45 +616,17 @@ async fn every_action_is_audited_without_payloads() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{batch}");
     let (status, _, _) = api
-        .send(Method::POST, &format!("/v1/jobs/{first}/cancel"), Who::Admin, None)
+        .send(
+            Method::POST,
+            &format!("/v1/jobs/{first}/cancel"),
+            Who::Admin,
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
     // Send the single-attempt job to the dead-letter queue, replay it, kill it, discard it.
     let dead_id = batch["ids"][1].as_str().expect("id").to_string();
-    let kill = |api: &Api| {
-        let dead_id = dead_id.clone();
-        async move {
-            loop {
-                let (_, fetched, _) = api
-                    .send(
-                        Method::POST,
-                        "/v1/fetch",
-                        Who::Worker,
-                        Some(json!({"worker_id": "w", "queues": ["q"], "max": 10})),
-                    )
-                    .await;
-                let jobs = fetched["jobs"].as_array().cloned().unwrap_or_default();
-                assert!(!jobs.is_empty(), "the job to kill is available");
-                for job in jobs {
-                    let id = job["id"].as_str().expect("id");
-                    let lease = job["lease_token"].as_str().expect("lease");
-                    let (status, _, _) = api
-                        .send(
-                            Method::POST,
-                            &format!("/v1/jobs/{id}/fail"),
-                            Who::Worker,
-                            Some(json!({"lease_token": lease, "message": "boom", "retry": "never"})),
-                        )
-                        .await;
-                    assert_eq!(status, StatusCode::OK);
-                    if id == dead_id {
-                        return;
-                    }
-                }
-            }
-        }
-    };
-    kill(&api).await;
+    kill(&api, &dead_id).await;
     let (status, _, _) = api
         .send(
             Method::POST,
@@ -596,12 +636,20 @@ async fn every_action_is_audited_without_payloads() {
         )
         .await;
     assert_eq!(status, StatusCode::OK);
-    kill(&api).await;
+    kill(&api, &dead_id).await;
     let (status, _, _) = api
-        .send(Method::DELETE, &format!("/v1/dead/{dead_id}"), Who::Admin, None)
+        .send(
+            Method::DELETE,
+            &format!("/v1/dead/{dead_id}"),
+            Who::Admin,
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
-    for body in [json!({"paused": true}), json!({"paused": false, "max_depth": 10})] {
+    for body in [
+        json!({"paused": true}),
+        json!({"paused": false, "max_depth": 10}),
+    ] {
         let (status, _, _) = api
             .send(Method::PUT, "/v1/queues/q", Who::Admin, Some(body))
             .await;
@@ -644,7 +692,6 @@ async fn every_action_is_audited_without_payloads() {
         .iter()
         .rev()
         .map(|e| e["action"].as_str().expect("action"))
-        .filter(|a| *a != "token.create" || true)
         .collect();
     assert_eq!(
         actions,
@@ -666,8 +713,12 @@ async fn every_action_is_audited_without_payloads() {
             "token.revoke",
         ]
     );
-    let by_action = |action: &str| -> Vec<&Value> {
-        entries.iter().filter(|e| e["action"] == action).collect()
+    let by_action = |action: &str| -> Vec<Value> {
+        entries
+            .iter()
+            .filter(|e| e["action"] == action)
+            .cloned()
+            .collect()
     };
     let enqueues = by_action("job.enqueue");
     assert_eq!(enqueues[1]["actor"], "producer-token");
@@ -678,30 +729,54 @@ async fn every_action_is_audited_without_payloads() {
     assert_eq!(by_action("job.cancel")[0]["actor"], "admin-token");
     assert_eq!(by_action("dead.replay")[0]["job_ids"], json!([dead_id]));
     assert_eq!(by_action("dead.discard")[0]["job_ids"], json!([dead_id]));
-    let paused = by_action("queue.settings")[1]["detail"].as_str().expect("detail");
+    let paused = by_action("queue.settings")[1]["detail"]
+        .as_str()
+        .expect("detail")
+        .to_string();
     assert!(paused.contains("\"paused\":true"), "{paused}");
     assert_eq!(by_action("schedule.delete")[0]["target"], "nightly");
     assert_eq!(by_action("token.revoke")[0]["target"], "ci");
 
     let text = serde_json::to_string(&page).expect("json");
-    assert!(!text.contains(secret_payload), "a payload leaked into the audit log: {text}");
-    assert!(!text.contains(&new_secret[3..]), "a token secret leaked into the audit log");
+    assert!(
+        !text.contains(secret_payload),
+        "a payload leaked into the audit log: {text}"
+    );
+    assert!(
+        !text.contains(&new_secret[3..]),
+        "a token secret leaked into the audit log"
+    );
     for secret in [&api.producer, &api.worker, &api.admin] {
         let raw = secret.rsplit('_').next().expect("secret part");
-        assert!(!text.contains(raw), "a token secret leaked into the audit log");
+        assert!(
+            !text.contains(raw),
+            "a token secret leaked into the audit log"
+        );
     }
 
     // Filters and paging.
     let (_, filtered, _) = api
-        .send(Method::GET, "/v1/audit?action=job.enqueue", Who::Admin, None)
+        .send(
+            Method::GET,
+            "/v1/audit?action=job.enqueue",
+            Who::Admin,
+            None,
+        )
         .await;
     assert_eq!(filtered["entries"].as_array().expect("entries").len(), 2);
     let (_, first_page, _) = api
         .send(Method::GET, "/v1/audit?limit=2", Who::Admin, None)
         .await;
-    let next = first_page["next"].as_i64().expect("a full page has a cursor");
+    let next = first_page["next"]
+        .as_i64()
+        .expect("a full page has a cursor");
     let (_, second_page, _) = api
-        .send(Method::GET, &format!("/v1/audit?limit=2&before={next}"), Who::Admin, None)
+        .send(
+            Method::GET,
+            &format!("/v1/audit?limit=2&before={next}"),
+            Who::Admin,
+            None,
+        )
         .await;
     assert_eq!(second_page["entries"][0]["action"], "schedule.delete");
     let (status, body, _) = api
@@ -715,8 +790,8 @@ async fn every_action_is_audited_without_payloads() {
 async fn enqueue_rate_is_limited_per_token() {
     let api = start(AuthOptions {
         enabled: true,
-        // A burst of 2, refilled at one every 20 minutes: the test never waits for a refill.
-        enqueue_rate_per_token: Some(2.0 / 1200.0 * 600.0 / 600.0),
+        // One request, refilled after 20 minutes: the test never sees a refill.
+        enqueue_rate_per_token: Some(1.0 / 1200.0),
         ..AuthOptions::default()
     })
     .await;
@@ -756,24 +831,43 @@ async fn enqueue_rate_is_limited_per_token() {
         limit: 10,
         ..Default::default()
     });
-    assert_eq!(stored.await.expect("list").len(), 2, "refused enqueues stored nothing");
+    assert_eq!(
+        stored.await.expect("list").len(),
+        2,
+        "refused enqueues stored nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_access_control_off_everything_is_open_and_audited_as_anonymous() {
     let api = start(AuthOptions::default()).await;
     let (status, job, _) = api
-        .send(Method::POST, "/v1/jobs", Who::Nobody, Some(json!({"kind": "mail"})))
+        .send(
+            Method::POST,
+            "/v1/jobs",
+            Who::Nobody,
+            Some(json!({"kind": "mail"})),
+        )
         .await;
     assert_eq!(status, StatusCode::CREATED);
     let id = job["id"].as_str().expect("id");
     let (status, _, _) = api
-        .send(Method::POST, &format!("/v1/jobs/{id}/cancel"), Who::Nobody, None)
+        .send(
+            Method::POST,
+            &format!("/v1/jobs/{id}/cancel"),
+            Who::Nobody,
+            None,
+        )
         .await;
     assert_eq!(status, StatusCode::OK);
-    let (status, me, _) = api.send(Method::GET, "/v1/session", Who::Nobody, None).await;
+    let (status, me, _) = api
+        .send(Method::GET, "/v1/session", Who::Nobody, None)
+        .await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(me, json!({"name": "anonymous", "role": "admin", "auth_enabled": false}));
+    assert_eq!(
+        me,
+        json!({"name": "anonymous", "role": "admin", "auth_enabled": false})
+    );
     let (status, page, _) = api.send(Method::GET, "/v1/audit", Who::Nobody, None).await;
     assert_eq!(status, StatusCode::OK);
     let latest = &page["entries"][0];

@@ -43,6 +43,9 @@ const state = {
   history: [],
   queues: null,
   queuesError: null,
+  // Attempt counters from /metrics: null until read, false once the server turned out not to
+  // serve them (or not to this role), so they are not asked for again.
+  attempts: null,
   lastUpdate: 0,
   shell: null,
 };
@@ -56,13 +59,24 @@ function recordSample(queues) {
     for (const key of Object.keys(totals)) totals[key] += queue[key] || 0;
     perQueue[queue.name] = { completed: queue.completed || 0, dead: queue.dead || 0 };
   }
-  state.history.push({ t: now, totals, perQueue });
+  state.history.push({ t: now, totals, perQueue, attempts: state.attempts || null });
   while (state.history.length && state.history[0].t < now - HISTORY_MS - 5000) state.history.shift();
 }
 
+async function sampleMetrics() {
+  if (state.attempts === false) return;
+  try {
+    state.attempts = await api.attemptCounters();
+  } catch (error) {
+    if (api.notAvailable(error) || error.status === 401 || error.status === 403) state.attempts = false;
+  }
+}
+
 async function sampleQueues() {
+  const metrics = sampleMetrics();
   try {
     const answer = await api.queues.stats();
+    await metrics;
     state.queues = answer.queues || [];
     state.queuesError = null;
     recordSample(state.queues);
@@ -88,6 +102,15 @@ const ctx = {
   },
   confirm,
   notify,
+  /** How a failed call is shown: a refusal by role is explained, anything else is an error. */
+  problem(error, prefix) {
+    if (error.status === 403) {
+      const role = state.session ? state.session.role : 'this';
+      return h('div', { class: 'alert alert-info', role: 'status' },
+        `The ${role} role may not see or do this. Sign in with an admin token to use it.`);
+    }
+    return errorBox(error, prefix);
+  },
   /** Runs `fn`; shows its error (or clears the previous one) in `slot`. */
   async guard(slot, fn, prefix) {
     try {
@@ -102,7 +125,7 @@ const ctx = {
       const key = `${error.status}:${error.message}`;
       if (slot.dataset.error !== key) {
         slot.dataset.error = key;
-        mount(slot, errorBox(error, prefix));
+        mount(slot, ctx.problem(error, prefix));
       }
       return undefined;
     }

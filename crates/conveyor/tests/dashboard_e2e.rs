@@ -335,13 +335,25 @@ async fn connect(webdriver: &str, chromium: &Path, profile: &Path) -> anyhow::Re
         ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
     builder.capabilities(capabilities);
     // chromedriver needs a moment to listen; the first successful session is the signal.
-    wait_for("chromedriver to start a session", || async {
+    let client = wait_for("chromedriver to start a session", || async {
         match builder.connect(webdriver).await {
             Ok(client) => Ok(Some(client)),
             Err(error) => Err(anyhow!("{error}")),
         }
     })
-    .await
+    .await?;
+    // `--window-size` sizes the window, not the page: grow it by the difference so the page
+    // itself (and every screenshot) is exactly WINDOW.
+    let inner = client
+        .execute("return [window.innerWidth, window.innerHeight];", vec![])
+        .await?;
+    let (width, height) = client.get_window_size().await?;
+    let dx = width.saturating_sub(inner[0].as_u64().unwrap_or(width));
+    let dy = height.saturating_sub(inner[1].as_u64().unwrap_or(height));
+    client
+        .set_window_size(WINDOW.0 + dx as u32, WINDOW.1 + dy as u32)
+        .await?;
+    Ok(client)
 }
 
 /// Jobs in several queues and states, and two schedules, so every page has something to show.
@@ -513,7 +525,7 @@ async fn drive(
     click(client, "#job-replay").await?;
     confirm(client).await?;
     wait_text(client, "#job-state", "completed").await?;
-    wait_text(client, "#job-attempts", "Attempt 2").await?;
+    wait_text(client, "#job-attempts .timeline-ok", "completed").await?;
     let same = client
         .execute("return window.__conveyorE2e || null;", vec![])
         .await?;
@@ -541,12 +553,14 @@ async fn drive(
     // Workers and schedules.
     click(client, "a[data-nav='workers']").await?;
     wait_present(client, "#view-workers").await?;
-    wait_for("the worker registry (or its absence) shown", || async {
-        let table = count(client, "#workers-registry table").await?;
-        let absent = count(client, "#workers-registry [data-available='false']").await?;
-        Ok((table + absent > 0).then_some(()))
+    // The registry lists workers that report themselves (or says the server has none, or
+    // that it does not keep a registry); the leases always show who runs what.
+    wait_for("the worker registry shown", || async {
+        let shown = count(client, "#workers-registry table, #workers-registry .empty").await?;
+        Ok((shown > 0).then_some(()))
     })
     .await?;
+    wait_present(client, "#workers-leases table, #workers-leases .empty").await?;
     screenshot(client, "workers").await?;
 
     click(client, "a[data-nav='schedules']").await?;

@@ -22,7 +22,14 @@ export function loginView({ message, onLogin }) {
       error.replaceChildren();
       try {
         const session = await api.login(token);
-        if (!session) throw new api.ApiError(401, 'unauthorized', null, 'the server did not keep the session');
+        if (!session) {
+          // The token was accepted but the cookie did not come back: the server marks it
+          // Secure, which browsers keep only over HTTPS (and on localhost).
+          mount(error, h('p', { class: 'alert alert-error', text: 'The token was accepted, but the browser did not keep the session cookie. Open the dashboard over HTTPS (or on localhost) and sign in again.' }));
+          submit.disabled = false;
+          submit.textContent = 'Sign in';
+          return;
+        }
         input.value = '';
         onLogin(session);
       } catch (failure) {

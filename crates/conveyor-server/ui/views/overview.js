@@ -2,7 +2,7 @@
 // counts, oldest waiting job and pause/resume. Everything comes from `GET /v1/queues`, which
 // the shell polls every second; rates are differences between successive answers.
 
-import { h, mount, update, num, duration, emptyState, errorBox, routeHref } from '../dom.js';
+import { h, mount, update, num, duration, emptyState, routeHref } from '../dom.js';
 import { lineChart } from '../charts.js';
 import * as api from '../api.js';
 
@@ -52,6 +52,7 @@ export default {
     const cards = h('div', { class: 'cards', id: 'overview-cards' });
     const throughputHead = h('div', { class: 'panel-figure' });
     const failureHead = h('div', { class: 'panel-figure' });
+    const failureLabel = h('p', { class: 'muted small' });
     const throughput = h('div', { class: 'chart-slot', id: 'chart-throughput' });
     const failures = h('div', { class: 'chart-slot', id: 'chart-failures' });
     const table = h('div', { id: 'queues-table' });
@@ -71,7 +72,7 @@ export default {
           throughput),
         h('div', { class: 'panel' },
           h('div', { class: 'panel-head' },
-            h('div', {}, h('h2', { text: 'Failures' }), h('p', { class: 'muted small', text: 'Jobs moved to the dead-letter queue per second' })),
+            h('div', {}, h('h2', { text: 'Failures' }), failureLabel),
             failureHead),
           failures)),
       h('div', { class: 'panel' },
@@ -114,23 +115,39 @@ export default {
       const history = ctx.history;
       const now = history.length ? history[history.length - 1].t : Date.now();
       const done = rates(history, (s) => s.totals.completed);
-      const died = rates(history, (s) => s.totals.dead);
+      // Failed attempts (retries included) come from /metrics when the server has it; without
+      // it, the store-wide counts only show jobs that died.
+      const counted = history.filter((s) => s.attempts);
+      const fromMetrics = counted.length >= 2 && Boolean(history[history.length - 1].attempts);
+      const failed = (s) => (s.attempts.failed || 0) + (s.attempts.dead || 0);
+      const died = fromMetrics ? rates(counted, failed) : rates(history, (s) => s.totals.dead);
       const recent = (points) => {
         const window = points.filter((p) => p.t >= now - 10000);
         return window.length ? window.reduce((a, p) => a + p.v, 0) / window.length : 0;
       };
       const completedMinute = growth(history, (s) => s.totals.completed, RATE_WINDOW_MS, now);
-      const deadMinute = growth(history, (s) => s.totals.dead, RATE_WINDOW_MS, now);
-      const ratio = completedMinute + deadMinute > 0 ? (100 * deadMinute) / (completedMinute + deadMinute) : null;
+      const badMinute = fromMetrics
+        ? growth(counted, failed, RATE_WINDOW_MS, now)
+        : growth(history, (s) => s.totals.dead, RATE_WINDOW_MS, now);
+      const goodMinute = fromMetrics
+        ? growth(counted, (s) => s.attempts.completed || 0, RATE_WINDOW_MS, now)
+        : completedMinute;
+      const ratio = goodMinute + badMinute > 0 ? (100 * badMinute) / (goodMinute + badMinute) : null;
+      failureLabel.textContent = fromMetrics
+        ? 'Failed attempts per second, retries included'
+        : 'Jobs moved to the dead-letter queue per second';
+      const ratioText = fromMetrics
+        ? `of attempts failed in the last minute (${num(badMinute)})`
+        : `of jobs finished in the last minute died (${num(badMinute)})`;
 
       mount(throughputHead,
         h('span', { class: 'figure', id: 'throughput-now', text: perSecond(recent(done)) }),
         h('span', { class: 'muted small', text: `${num(completedMinute)} in the last minute` }));
       mount(failureHead,
         h('span', { class: `figure${ratio ? ' figure-bad' : ''}`, id: 'failure-rate', text: ratio === null ? '—' : `${ratio.toFixed(ratio < 10 ? 1 : 0)} %` }),
-        h('span', { class: 'muted small', text: ratio === null ? 'no jobs finished in the last minute' : `of jobs finished in the last minute died (${num(deadMinute)})` }));
+        h('span', { class: 'muted small', text: ratio === null ? 'nothing finished in the last minute' : ratioText }));
       mount(throughput, lineChart({ points: done, windowMs: ctx.historyMs, now, format: perSecond, tone: 'ok', label: 'Completed jobs per second, last 5 minutes' }));
-      mount(failures, lineChart({ points: died, windowMs: ctx.historyMs, now, format: perSecond, tone: 'bad', label: 'Dead-lettered jobs per second, last 5 minutes' }));
+      mount(failures, lineChart({ points: died, windowMs: ctx.historyMs, now, format: perSecond, tone: 'bad', label: `${failureLabel.textContent}, last 5 minutes` }));
     }
 
     function renderTable(queues) {
@@ -180,7 +197,7 @@ export default {
       el,
       render() {
         if (ctx.queuesError) {
-          update(errors, `e:${ctx.queuesError.message}`, () => errorBox(ctx.queuesError, 'Cannot read the queues:'));
+          update(errors, `e:${ctx.queuesError.message}`, () => ctx.problem(ctx.queuesError, 'Cannot read the queues:'));
         } else {
           update(errors, 'ok', () => []);
         }

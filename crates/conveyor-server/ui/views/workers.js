@@ -4,7 +4,6 @@
 
 import { h, mount, update, when, num, duration, emptyState, jobLink } from '../dom.js';
 import * as api from '../api.js';
-import { jobHead, jobRow } from './jobs.js';
 import { rowLinks } from './shared.js';
 
 // Columns first when present; other fields follow in the order the server sends them.
@@ -51,6 +50,27 @@ function records(answer, name) {
   if (answer && Array.isArray(answer[name])) return answer[name];
   const first = answer && Object.values(answer).find(Array.isArray);
   return first || [];
+}
+
+/** Stuck jobs: running longer than their threshold (a fixed one, or the kind's usual p95). */
+function stuckTable(list) {
+  return h('div', { class: 'table-wrap' }, h('table', { class: 'table table-rows', id: 'stuck-table' },
+    h('thead', {}, h('tr', {},
+      ['Job', 'Kind', 'Queue', 'Worker'].map((t) => h('th', { text: t })),
+      h('th', { class: 'num', text: 'Attempt' }),
+      h('th', { class: 'num', text: 'Running for' }),
+      h('th', { class: 'num', text: 'Threshold' }),
+      h('th', { text: 'Started' }))),
+    h('tbody', {}, list.map((job) => h('tr', { dataset: { job: job.id } },
+      h('td', {}, jobLink(job.id)),
+      h('td', { class: 'strong', text: job.kind }),
+      h('td', { text: job.queue }),
+      h('td', { class: 'mono small', text: job.worker_id || '—' }),
+      h('td', { class: 'num', text: num(job.attempt) }),
+      h('td', { class: 'num warn', text: duration(job.running_ms) }),
+      h('td', { class: 'num', title: job.typical_ms ? `usually ${duration(job.typical_ms)} (p95)` : null },
+        duration(job.threshold_ms), job.basis ? h('span', { class: 'muted small', text: ` (${String(job.basis).replace(/_/g, ' ')})` }) : null),
+      h('td', {}, when(job.started_at)))))));
 }
 
 function notAvailable(what, detail) {
@@ -143,10 +163,8 @@ export default {
         const list = records(answer, 'jobs');
         update(stuck, JSON.stringify(list), () => {
           if (!list.length) return emptyState('Nothing looks stuck', 'Every running job is heartbeating within its lease.');
-          const looksLikeJobs = list.every((item) => item && item.id && item.state && item.kind);
-          return looksLikeJobs
-            ? h('div', { class: 'table-wrap' }, h('table', { class: 'table table-rows' }, jobHead(), h('tbody', {}, list.map((job) => jobRow(job)))))
-            : recordTable(list, 'stuck-table');
+          if (list.every((item) => item && item.id && typeof item.running_ms === 'number')) return stuckTable(list);
+          return recordTable(list, 'stuck-table');
         });
       }, 'Cannot list stuck jobs:');
     }

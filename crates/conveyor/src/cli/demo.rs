@@ -2,7 +2,8 @@
 //! so a new user sees jobs flow, fail, retry and land in the dead-letter queue.
 
 use conveyor::{
-    JobContext, JobTemplate, NewJob, Outcome, RetryPolicy, Schedule, ScheduleSpec, Store, Worker,
+    JobContext, JobObserver, JobTemplate, NewJob, Outcome, RetryPolicy, Schedule, ScheduleSpec,
+    Store, Worker,
 };
 use rand::Rng;
 use serde_json::json;
@@ -22,6 +23,7 @@ pub(crate) async fn run(
     store: Arc<dyn Store>,
     shutdown: CancellationToken,
     drain_timeout: Duration,
+    observer: Arc<dyn JobObserver>,
 ) {
     // A cron schedule too, fired by the server's scheduler: a digest every 15 seconds.
     let digest = ScheduleSpec::new(
@@ -51,6 +53,7 @@ pub(crate) async fn run(
             jitter: 0.2,
         })
         .drain_timeout(drain_timeout)
+        .observer(observer)
         .handle_json("email.send", |_ctx: JobContext, _| async move {
             pause(20, 150).await;
             if chance(0.15) {

@@ -2,11 +2,13 @@
 
 use anyhow::Context;
 use clap::Args;
-use conveyor::{Maintenance, Scheduler, DEFAULT_STORE_URL};
-use conveyor_server::{RouterOptions, ServerConfig};
+use conveyor::alerts::{AlertConfig, AlertEngine, Thresholds};
+use conveyor::{Maintenance, Scheduler, StuckParams, DEFAULT_STORE_URL};
+use conveyor_server::{Metrics, RouterOptions, ServerConfig};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -54,6 +56,10 @@ pub(crate) struct ServeArgs {
     /// `dead_retention_secs` wins). 0 keeps them forever.
     #[arg(long, default_value_t = 14 * 24 * 3600)]
     retain_dead_secs: u64,
+    /// Payload keys (at any depth, comma-separated) shown as `[redacted]` in job views and the
+    /// dashboard, e.g. `password,card_number`. Workers still receive them.
+    #[arg(long, value_delimiter = ',', env = "CONVEYOR_SENSITIVE_FIELDS")]
+    sensitive_fields: Vec<String>,
     /// Cron schedules to create or update at start (TOML, or JSON when the name ends in
     /// `.json`). Schedules not in the file are left as they are.
     #[arg(long, env = "CONVEYOR_SCHEDULES")]
@@ -80,6 +86,19 @@ pub(crate) struct ServeArgs {
     /// How long the demo worker may drain at shutdown, in seconds.
     #[arg(long, default_value_t = 30)]
     drain_timeout_secs: u64,
+    /// A registered worker not heard from for this long is marked dead by the maintenance
+    /// leader, and the jobs it held are rescued at once, in seconds (fractions allowed).
+    #[arg(long, default_value_t = 120.0)]
+    worker_stale_secs: f64,
+    /// A running job is stuck past this multiple of its kind's p95 duration (or of its
+    /// timeout when its kind has no recent history).
+    #[arg(long, default_value_t = 3.0)]
+    stuck_factor: f64,
+    /// A running job without history or timeout is stuck after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    stuck_default_secs: u64,
+    #[command(flatten)]
+    alerts: AlertArgs,
 }
 
 /// `N` or `N/s`: a positive number of requests per second.
@@ -115,6 +134,73 @@ fn auth_enabled(args: &ServeArgs) -> anyhow::Result<bool> {
     Ok(enabled)
 }
 
+/// Webhook alerts (see `conveyor::alerts`); off unless `--alert-webhook` is given.
+#[derive(Args, Debug)]
+pub(crate) struct AlertArgs {
+    /// POST signed alerts to this http:// URL: jobs entering the dead-letter queue, queues past
+    /// their thresholds, workers going stale. Only the maintenance leader alerts.
+    #[arg(long, env = "CONVEYOR_ALERT_WEBHOOK")]
+    alert_webhook: Option<String>,
+    /// The environment variable holding the webhook's HMAC secret.
+    #[arg(long, default_value = "CONVEYOR_ALERT_SECRET")]
+    alert_secret_env: String,
+    /// Alert when a queue holds more unfinished jobs than this: `N` for every queue or
+    /// `QUEUE=N` for one (repeat the flag for several).
+    #[arg(long, value_name = "[QUEUE=]N")]
+    alert_max_depth: Vec<String>,
+    /// Alert when a queue's oldest available job has waited longer than this many seconds:
+    /// `SECS` for every queue or `QUEUE=SECS` (repeatable).
+    #[arg(long, value_name = "[QUEUE=]SECS")]
+    alert_max_age_secs: Vec<String>,
+    /// How long a threshold must stay crossed before it alerts, in seconds.
+    #[arg(long, default_value_t = 60.0)]
+    alert_sustain_secs: f64,
+    /// How long the same alert for the same queue or worker stays quiet after firing, in
+    /// seconds.
+    #[arg(long, default_value_t = 900.0)]
+    alert_cooldown_secs: f64,
+    /// How often the alert rules look at the store, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    alert_check_ms: u64,
+}
+
+impl AlertArgs {
+    /// The alert configuration, or `None` when no webhook is set.
+    fn config(&self) -> anyhow::Result<Option<AlertConfig>> {
+        let Some(webhook) = &self.alert_webhook else {
+            return Ok(None);
+        };
+        let secret = std::env::var(&self.alert_secret_env).map_err(|_| {
+            anyhow::anyhow!(
+                "--alert-webhook needs a secret: set the environment variable {} (or name \
+                 another with --alert-secret-env)",
+                self.alert_secret_env
+            )
+        })?;
+        let mut config = AlertConfig::new(webhook.clone(), secret.into_bytes());
+        config.sustain = seconds("--alert-sustain-secs", self.alert_sustain_secs)?;
+        config.cooldown = seconds("--alert-cooldown-secs", self.alert_cooldown_secs)?;
+        config.check_interval = Duration::from_millis(self.alert_check_ms.max(10));
+        config.max_depth = thresholds(&self.alert_max_depth, "--alert-max-depth")?;
+        config.max_age_secs = thresholds(&self.alert_max_age_secs, "--alert-max-age-secs")?;
+        Ok(Some(config))
+    }
+}
+
+fn thresholds(settings: &[String], flag: &'static str) -> anyhow::Result<Thresholds> {
+    let mut thresholds = Thresholds::default();
+    for setting in settings {
+        thresholds.add(setting, flag)?;
+    }
+    Ok(thresholds)
+}
+
+/// A duration given in (possibly fractional) seconds.
+fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
+    Duration::try_from_secs_f64(value)
+        .map_err(|_| anyhow::anyhow!("{flag} must be a non-negative number of seconds"))
+}
+
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Checked before anything is opened or bound, so a refusal leaves nothing behind.
     let auth = auth_enabled(&args)?;
@@ -142,25 +228,47 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let local = listener.local_addr().context("reading the bound address")?;
 
     let shutdown = CancellationToken::new();
+    if !(args.stuck_factor.is_finite() && args.stuck_factor >= 1.0) {
+        anyhow::bail!("--stuck-factor must be at least 1");
+    }
+    let worker_stale = seconds("--worker-stale-secs", args.worker_stale_secs)?;
+    if worker_stale < Duration::from_millis(100) {
+        anyhow::bail!("--worker-stale-secs must be at least 0.1");
+    }
+    let alert_config = args.alerts.config()?;
+    // One registry for the process: HTTP workers' outcomes and the demo worker's own.
+    let metrics = Arc::new(Metrics::new().context("building the metrics registry")?);
     let config = ServerConfig {
         max_payload_bytes: args.max_payload_bytes,
+        stuck: StuckParams {
+            factor: args.stuck_factor,
+            default_threshold: Duration::from_secs(args.stuck_default_secs.max(1)),
+            ..StuckParams::default()
+        },
+        sensitive_fields: args.sensitive_fields.clone(),
         ..ServerConfig::default()
     };
     let maintenance = Maintenance::new(store.clone())
         .interval(Duration::from_millis(args.maintenance_interval_ms.max(10)))
         .leader_ttl(Duration::from_millis(args.leader_ttl_ms.max(100)))
+        .worker_stale_after(worker_stale)
         .retention(retention(&args))
         .scheduler(
             Scheduler::new(store.clone())
                 .misfire_threshold(Duration::from_millis(args.schedule_misfire_ms)),
         );
     let leading = maintenance.leading();
+    let alerts = alert_config
+        .map(|config| AlertEngine::new(store.clone(), config, leading.clone()))
+        .transpose()
+        .context("configuring alerts")?;
     let app = conveyor_server::router_with_options(
         store.clone(),
         config,
         RouterOptions {
             shutdown: shutdown.clone(),
             leading: Some(leading),
+            metrics: Some(metrics.clone()),
             auth: conveyor_server::AuthOptions {
                 enabled: auth,
                 enqueue_rate_per_token: args.enqueue_rate_per_token,
@@ -171,11 +279,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     );
 
     let maintenance = tokio::spawn(maintenance.run(shutdown.clone()));
+    let alerts = alerts.map(|engine| tokio::spawn(engine.run(shutdown.clone())));
     let demo = args.demo.then(|| {
         tokio::spawn(super::demo::run(
             store.clone(),
             shutdown.clone(),
             Duration::from_secs(args.drain_timeout_secs),
+            metrics.clone(),
         ))
     });
 
@@ -215,6 +325,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = demo.await;
     }
     let _ = maintenance.await;
+    if let Some(alerts) = alerts {
+        let _ = alerts.await;
+    }
     tracing::info!("server stopped");
     Ok(ExitCode::SUCCESS)
 }

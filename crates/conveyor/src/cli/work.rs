@@ -54,6 +54,10 @@ pub(crate) struct WorkArgs {
     /// API token (role worker or admin), for a server with access control on.
     #[arg(long, env = "CONVEYOR_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// How often the worker reports itself to the server's worker registry, in milliseconds
+    /// (keep it well under the server's `--worker-stale-secs`).
+    #[arg(long, default_value_t = 10_000)]
+    registry_heartbeat_ms: u64,
 }
 
 #[derive(Clone)]
@@ -104,6 +108,18 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
         args.queues, args.server
     );
     tracing::info!(%worker_id, queues = ?args.queues, "exec worker started");
+    let stop_registry = CancellationToken::new();
+    let registry = tokio::spawn(run_registry(
+        ctx.clone(),
+        Registration {
+            worker_id: worker_id.clone(),
+            queues: args.queues.clone(),
+            concurrency: args.concurrency,
+            started_at: chrono::Utc::now(),
+        },
+        Duration::from_millis(args.registry_heartbeat_ms.max(10)),
+        stop_registry.clone(),
+    ));
 
     let slots = Arc::new(Semaphore::new(args.concurrency));
     let mut jobs = JoinSet::new();
@@ -176,6 +192,8 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
         ctx.abort.cancel();
         while jobs.join_next().await.is_some() {}
     }
+    stop_registry.cancel();
+    let _ = registry.await;
     tracing::info!("exec worker stopped");
     Ok(ExitCode::SUCCESS)
 }
@@ -192,13 +210,60 @@ enum CommandEnd {
     SpawnFailed(String),
 }
 
+/// Who this worker is, for the registry.
+struct Registration {
+    worker_id: String,
+    queues: Vec<String>,
+    concurrency: usize,
+    started_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Reports the worker to `POST /v1/workers/heartbeat` every `interval` (with its busy slots),
+/// and once more as `stopping` at a graceful shutdown, so the server can tell a stop from a
+/// crash. Failures are logged and retried at the next beat; jobs never wait on it.
+async fn run_registry(ctx: Ctx, me: Registration, interval: Duration, stop: CancellationToken) {
+    let beat = |busy: usize, stopping: bool| {
+        json!({
+            "worker_id": me.worker_id, "host": conveyor::hostname(), "pid": std::process::id(),
+            "queues": me.queues, "concurrency": me.concurrency, "busy": busy,
+            "version": env!("CARGO_PKG_VERSION"), "started_at": me.started_at,
+            "stopping": stopping,
+        })
+    };
+    loop {
+        let busy = ctx.running.lock().map(|r| r.len()).unwrap_or(0);
+        if let Err(error) = ctx
+            .api
+            .post("/v1/workers/heartbeat", &beat(busy, false))
+            .await
+        {
+            tracing::warn!(%error, "worker registry heartbeat failed; will retry");
+        }
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            _ = tokio::time::sleep(interval) => {}
+        }
+    }
+    if let Err(error) = ctx.api.post("/v1/workers/heartbeat", &beat(0, true)).await {
+        tracing::warn!(%error, "could not record the worker's stop in the registry");
+    }
+}
+
 async fn run_job(ctx: &Ctx, job: Value) {
     let id = job["id"].as_str().unwrap_or_default().to_string();
     let token = job["lease_token"].as_str().unwrap_or_default().to_string();
+    let queue = job["queue"].as_str().unwrap_or_default().to_string();
+    let kind = job["kind"].as_str().unwrap_or_default().to_string();
+    let attempt = job["attempt"].as_u64().unwrap_or(0);
     if let Ok(mut running) = ctx.running.lock() {
         running.insert(id.clone(), token.clone());
     }
+    // Lifecycle events name the job, never its payload (which may hold personal data).
+    tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind, attempt,
+        "job started");
+    let started = std::time::Instant::now();
     let end = execute(ctx, &job, &id, &token).await;
+    let duration_ms = started.elapsed().as_millis() as u64;
     if let Ok(mut running) = ctx.running.lock() {
         running.remove(&id);
     }
@@ -255,17 +320,36 @@ async fn run_job(ctx: &Ctx, job: Value) {
         ),
         CommandEnd::Aborted => ("release", json!({"lease_token": token})),
         CommandEnd::LeaseLost => {
-            tracing::warn!(job_id = %id, "lease lost (cancelled or rescued); command killed");
+            tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
+                attempt, duration_ms, outcome = "lease_lost",
+                "lease lost (cancelled or rescued); command killed");
             return;
         }
     };
     match ctx.api.post(&format!("/v1/jobs/{id}/{path}"), &body).await {
-        Ok(_) => {
-            tracing::info!(job_id = %id, kind = %job["kind"].as_str().unwrap_or("?"), outcome = path, "job reported")
-        }
+        Ok((_, answer)) => match path {
+            "complete" => tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id,
+                %queue, %kind, attempt, duration_ms, outcome = "completed", "job completed"),
+            "fail" => {
+                // The server answers with the job: `dead` when this was the last attempt.
+                let outcome = if answer["state"] == "dead" {
+                    "dead"
+                } else {
+                    "failed"
+                };
+                tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
+                    attempt, duration_ms, outcome,
+                    error_class = body["error"]["class"].as_str().unwrap_or_default(),
+                    error = body["error"]["message"].as_str().unwrap_or_default(),
+                    "job failed")
+            }
+            _ => tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
+                attempt, duration_ms, outcome = "released", "job released at shutdown"),
+        },
         Err(error) => match error.downcast_ref::<ApiFailure>() {
             Some(failure) if failure.status.as_u16() == 409 => {
-                tracing::warn!(job_id = %id, "report rejected: lease was lost")
+                tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
+                    attempt, duration_ms, outcome = "lease_lost", "report rejected: lease was lost")
             }
             _ => {
                 tracing::error!(job_id = %id, %error, "could not report the outcome; the lease will expire and the job rerun")
