@@ -1,13 +1,14 @@
 //! Access control and the audit log: API tokens with roles, browser sessions, and the record of
 //! who did what.
 //!
-//! A credential (an API token or a session cookie) is `PREFIX` + the record's id (32 hex digits)
-//! + `_` + a random secret (64 hex digits, 32 bytes from the OS). Stores keep only the SHA-256
-//! of the secret. Verifying a credential looks the record up by its id, which is not secret, and
-//! then compares the hashes in constant time: the lookup never depends on secret bytes, so
-//! neither the database's index nor its comparisons can leak them through timing. SHA-256
-//! without a salt or a slow hash is enough because the secrets are 256 random bits, not
-//! passwords: there is nothing to guess from a leaked hash.
+//! A credential (an API token or a session cookie) is a prefix, the record's id (32 hex
+//! digits), `_` and a random secret (64 hex digits, 32 bytes from the OS), e.g.
+//! `cv_<id>_<secret>`. Stores keep only the SHA-256 of the secret. Verifying a credential looks
+//! the record up by its id, which is not secret, and then compares the hashes in constant
+//! time: the lookup never depends on secret bytes, so neither the database's index nor its
+//! comparisons can leak them through timing. SHA-256 without a salt or a slow hash is enough
+//! because the secrets are 256 random bits, not passwords: there is nothing to guess from a
+//! leaked hash.
 
 use chrono::{DateTime, Utc};
 use rand::TryRngCore;
@@ -60,7 +61,7 @@ impl Role {
 
 impl fmt::Display for Role {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -270,7 +271,7 @@ impl AuditAction {
 
 impl fmt::Display for AuditAction {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 

@@ -5,11 +5,13 @@
 //! store flags exactly the same jobs:
 //!
 //! 1. *History*: with at least [`StuckParams::min_samples`] recent completions of the kind, the
-//!    threshold is `factor x p95` of their durations (never below [`StuckParams::min_threshold`],
-//!    so a kind that usually takes 5 ms is not flagged after 16 ms).
+//!    threshold is `factor x p95` of their durations.
 //! 2. *Timeout*: otherwise, when the job has a `timeout_ms`, `factor x timeout`. (A worker kills
 //!    a job at its timeout, so one running three times longer means its worker is not.)
 //! 3. *Default*: otherwise [`StuckParams::default_threshold`] (10 minutes).
+//!
+//! No threshold is below [`StuckParams::min_threshold`] (1 s), so a kind that usually takes
+//! 5 ms is not flagged after 16 ms.
 //!
 //! The p95 is the nearest-rank one: the duration at rank `ceil(0.95 n)` of the `n` samples in
 //! ascending order, which both stores compute with the same integer arithmetic.
@@ -27,7 +29,7 @@ pub struct StuckParams {
     pub factor: f64,
     /// The threshold for jobs of kinds without enough history and without a timeout.
     pub default_threshold: Duration,
-    /// No history-based threshold is shorter than this.
+    /// No threshold is shorter than this.
     pub min_threshold: Duration,
     /// Completions that finished longer ago than this are not history any more.
     pub window: Duration,
@@ -145,7 +147,7 @@ pub fn classify(
                 .filter(|k| k.samples >= u64::from(params.min_samples));
             let (threshold_ms, basis, typical_ms) = match (known, job.timeout_ms) {
                 (Some(k), _) => (
-                    scaled(k.p95_ms, params.factor).max(ms(params.min_threshold)),
+                    scaled(k.p95_ms, params.factor),
                     StuckBasis::History,
                     Some(k.p95_ms),
                 ),
@@ -154,6 +156,7 @@ pub fn classify(
                 }
                 (None, None) => (ms(params.default_threshold), StuckBasis::Default, None),
             };
+            let threshold_ms = threshold_ms.max(ms(params.min_threshold));
             let running_ms = (now - job.started_at).num_milliseconds().max(0) as u64;
             (running_ms > threshold_ms).then_some(StuckJob {
                 id: job.id,
@@ -253,6 +256,12 @@ mod tests {
         let mut young = running("tiny", 0, None);
         young.started_at = now() - chrono::Duration::milliseconds(900);
         assert!(classify(vec![young], &history, &params, now()).is_empty());
+        let mut short_timeout = running("other", 0, Some(10));
+        short_timeout.started_at = now() - chrono::Duration::milliseconds(900);
+        assert!(
+            classify(vec![short_timeout], &history, &params, now()).is_empty(),
+            "3 x 10 ms is floored at 1 s too"
+        );
         let old = running("tiny", 2, None);
         assert_eq!(
             classify(vec![old], &history, &params, now())[0].threshold_ms,

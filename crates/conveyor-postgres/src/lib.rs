@@ -38,14 +38,14 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
+    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
+    StoredToken, TokenSelector,
+};
+use conveyor_core::{
     Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobListParams,
     LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings, QueueStats, ReplaySelector,
     RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
     SystemClock, ValidationError,
-};
-use conveyor_core::{
-    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
-    StoredToken, TokenSelector,
 };
 use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use conveyor_core::{

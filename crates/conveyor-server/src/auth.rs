@@ -114,7 +114,7 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/v1/dead", ADMIN),
     (Method::POST, "/v1/dead/replay", ADMIN),
     (Method::DELETE, "/v1/dead/{id}", ADMIN),
-    (Method::GET, "/v1/queues", PRODUCER),
+    (Method::GET, "/v1/queues", ADMIN),
     (Method::GET, "/v1/jobs/stuck", ADMIN),
     (Method::GET, "/v1/workers", ADMIN),
     (Method::GET, "/v1/queues/{name}", ADMIN),
@@ -127,7 +127,7 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/v1/tokens", ADMIN),
     (Method::POST, "/v1/tokens", ADMIN),
     (Method::DELETE, "/v1/tokens/{token}", ADMIN),
-
+    (Method::GET, "/v1/audit", ADMIN),
 ];
 
 /// Routes whose calls count against the per-token enqueue rate.

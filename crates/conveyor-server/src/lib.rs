@@ -2,8 +2,11 @@
 //!
 //! [`router`] builds an axum [`Router`] over any [`Store`]: producers enqueue and inspect jobs,
 //! HTTP workers fetch (with long-poll), heartbeat, complete, fail, snooze and release them, and
-//! operators manage the dead-letter queue and read per-queue counts. Every error answers
-//! `{"error": {"code", "field", "message"}}`; see `docs/openapi.yaml` for the full contract.
+//! operators manage the dead-letter queue and read per-queue counts. With access control on
+//! ([`AuthOptions`]), every route but a few public ones needs an API token or a session cookie
+//! whose role its rule in [`RULES`] allows, and admin actions and enqueues go to the audit log.
+//! Every error answers `{"error": {"code", "field", "message"}}`; see `docs/openapi.yaml` for
+//! the full contract.
 //!
 //! ```no_run
 //! # async fn run(store: std::sync::Arc<dyn conveyor_core::Store>) -> std::io::Result<()> {

@@ -69,5 +69,5 @@ pub(crate) async fn revoke(
     )
     .await?
     .map(Json)
-    .ok_or_else(|| ApiError::TokenNotFound(token))
+    .ok_or(ApiError::TokenNotFound(token))
 }

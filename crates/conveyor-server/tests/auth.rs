@@ -450,15 +450,12 @@ async fn session_cookie_login_whoami_csrf_and_logout() {
             .is_some_and(|m| m.contains("x-conveyor-csrf")),
         "{body}"
     );
-    assert_eq!(
-        api.store
-            .queue_settings_get("mail")
-            .await
-            .expect("settings")
-            .paused,
-        false,
-        "the refused request changed nothing"
-    );
+    let settings = api
+        .store
+        .queue_settings_get("mail")
+        .await
+        .expect("settings");
+    assert!(!settings.paused, "the refused request changed nothing");
     let (status, body, _) = read(
         with_cookie(Method::PUT, "/v1/queues/mail")
             .header("x-conveyor-csrf", "1")

@@ -48,7 +48,7 @@ export function lineChart({ points, windowMs, now, format, tone = 'ok', label })
     svg.appendChild(h('svg:polyline', { class: 'chart-line', points: coords.join(' ') }));
   }
 
-  const minutes = Math.round(windowMs / 60000);
+  const minutes = Math.max(1, Math.round(windowMs / 60000));
   return h('div', { class: 'chart', dataset: { points: String(visible.length) } },
     h('div', { class: 'chart-y' },
       h('span', { text: format(max) }),

@@ -7,6 +7,7 @@ use conveyor_core::{
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::scheduler::Scheduler;
@@ -26,6 +27,8 @@ pub struct Maintenance {
     holder: String,
     leader_ttl: Duration,
     leading: Arc<AtomicBool>,
+    /// The same, for those who must act the moment it changes (the alert engine).
+    leadership: Arc<watch::Sender<bool>>,
     scheduler: Option<Scheduler>,
     worker_stale_after: Option<Duration>,
     retention: Option<RetentionPolicy>,
@@ -58,6 +61,7 @@ impl Maintenance {
             holder: crate::default_worker_id(),
             leader_ttl: Duration::from_secs(10),
             leading: Arc::new(AtomicBool::new(false)),
+            leadership: Arc::new(watch::Sender::new(false)),
             scheduler: Some(Scheduler::new(store.clone())),
             worker_stale_after: Some(DEFAULT_WORKER_STALE_AFTER),
             retention: Some(RetentionPolicy::default()),
@@ -230,6 +234,7 @@ impl Maintenance {
             if now_leading != leading {
                 leading = now_leading;
                 self.leading.store(leading, Ordering::Relaxed);
+                self.leadership.send_replace(leading);
                 if leading {
                     tracing::info!(holder = %self.holder, "this node now leads maintenance");
                 } else {
@@ -244,6 +249,7 @@ impl Maintenance {
             }
         }
         self.leading.store(false, Ordering::Relaxed);
+        self.leadership.send_replace(false);
         if let Some(scheduler) = scheduler {
             // Stopped by `stop` too; wait so that no firing runs past the leadership's release.
             let _ = scheduler.await;
@@ -258,6 +264,12 @@ impl Maintenance {
     /// True while this node leads (for health endpoints and status displays).
     pub fn leading(&self) -> Arc<AtomicBool> {
         self.leading.clone()
+    }
+
+    /// Follows this node's leadership as it changes (for tasks that must act at once when it
+    /// begins or ends, such as the alert engine).
+    pub fn leadership(&self) -> watch::Receiver<bool> {
+        self.leadership.subscribe()
     }
 
     /// This node's identity in leader election.

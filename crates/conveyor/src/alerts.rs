@@ -32,10 +32,9 @@ use serde_json::{json, Value};
 use sha2::Sha256;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::str::FromStr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -496,16 +495,16 @@ impl Evaluator {
 pub struct AlertEngine {
     store: Arc<dyn Store>,
     config: AlertConfig,
-    leading: Arc<AtomicBool>,
+    leadership: watch::Receiver<bool>,
     client: reqwest::Client,
 }
 
 impl AlertEngine {
-    /// `leading` is the maintenance leadership flag ([`crate::Maintenance::leading`]).
+    /// `leadership` follows the maintenance leadership ([`crate::Maintenance::leadership`]).
     pub fn new(
         store: Arc<dyn Store>,
         config: AlertConfig,
-        leading: Arc<AtomicBool>,
+        leadership: watch::Receiver<bool>,
     ) -> Result<Self, AlertError> {
         config.validate()?;
         let client = reqwest::Client::builder()
@@ -514,14 +513,14 @@ impl AlertEngine {
         Ok(Self {
             store,
             config,
-            leading,
+            leadership,
             client,
         })
     }
 
     /// Checks every interval until `stop`, delivering in a background task that ends with it
     /// (alerts still queued then are dropped).
-    pub async fn run(self, stop: CancellationToken) {
+    pub async fn run(mut self, stop: CancellationToken) {
         let (outbox, inbox) = mpsc::channel::<Alert>(self.config.queue_capacity);
         let delivery = tokio::spawn(deliver(
             self.client.clone(),
@@ -531,24 +530,40 @@ impl AlertEngine {
         ));
         let mut evaluator = Evaluator::new(&self.config);
         let mut leading = false;
+        let mut watching = true;
+        // Whether the current leadership's baseline has been taken.
+        let mut armed = false;
         let mut ticker = tokio::time::interval(self.config.check_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
+            // A change of leadership is acted on at once: the baseline a new leader takes
+            // should be as close as possible to the moment it took over.
             tokio::select! {
                 _ = stop.cancelled() => break,
                 _ = ticker.tick() => {}
+                changed = self.leadership.changed(), if watching => {
+                    // An error means the maintenance loop is gone: nobody leads here any more.
+                    watching = changed.is_ok();
+                }
             }
-            let now_leading = self.leading.load(Ordering::Relaxed);
+            let now_leading = watching && *self.leadership.borrow_and_update();
             if now_leading != leading {
                 // A new leader takes what it sees as its baseline.
                 evaluator = Evaluator::new(&self.config);
                 leading = now_leading;
+                armed = false;
             }
             if !leading {
                 continue;
             }
-            if let Err(error) = self.check(&mut evaluator, &outbox).await {
-                tracing::warn!(%error, "alert check failed; will retry");
+            match self.check(&mut evaluator, &outbox).await {
+                Ok(()) if !armed => {
+                    armed = true;
+                    tracing::info!(webhook = %self.config.webhook,
+                        "this node leads: alerting on what happens from now on");
+                }
+                Ok(()) => {}
+                Err(error) => tracing::warn!(%error, "alert check failed; will retry"),
             }
         }
         drop(outbox);

@@ -79,7 +79,14 @@ fn auth_supported() -> bool {
 fn create_admin_token(store: &str) -> anyhow::Result<String> {
     let out = Command::new(BIN)
         .args([
-            "token", "create", "--role", "admin", "--name", "dashboard-e2e", "--store", store,
+            "token",
+            "create",
+            "--role",
+            "admin",
+            "--name",
+            "dashboard-e2e",
+            "--store",
+            store,
         ])
         .env("CONVEYOR_LOG", "warn")
         .output()
@@ -99,6 +106,7 @@ fn create_admin_token(store: &str) -> anyhow::Result<String> {
 }
 
 /// The JSON API as the test's producer uses it.
+#[derive(Clone)]
 struct Api {
     base: String,
     token: Option<String>,
@@ -106,7 +114,12 @@ struct Api {
 }
 
 impl Api {
-    async fn send(&self, method: reqwest::Method, path: &str, body: Value) -> anyhow::Result<Value> {
+    async fn send(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Value,
+    ) -> anyhow::Result<Value> {
         let mut request = self
             .http
             .request(method.clone(), format!("{}{path}", self.base))
@@ -259,6 +272,7 @@ async fn dashboard_end_to_end_in_headless_chromium() {
         "cat >/dev/null; case \"$CONVEYOR_JOB_KIND\" in \
            report.build) [ -f '{}' ] && exit 0; echo 'report template missing' >&2; exit 65;; \
            legacy.import) echo 'legacy format is no longer supported' >&2; exit 65;; \
+           sync.flaky) [ \"$CONVEYOR_JOB_ATTEMPT\" -gt 1 ] && exit 0; echo 'upstream timed out' >&2; exit 75;; \
            *) echo '{{\"ok\": true}}';; \
          esac",
         marker.display()
@@ -266,7 +280,12 @@ async fn dashboard_end_to_end_in_headless_chromium() {
     let mut worker_cmd = Command::new(BIN);
     worker_cmd
         .args(["work", "--server", &server.url, "--exec", &script])
-        .args(["--queues", "mail,reports,default", "--concurrency", "2"])
+        .args([
+            "--queues",
+            "mail,reports,default,notifications",
+            "--concurrency",
+            "2",
+        ])
         .env("CONVEYOR_LOG", "warn")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit());
@@ -282,6 +301,8 @@ async fn dashboard_end_to_end_in_headless_chromium() {
     let chromedriver = Group::spawn(
         Command::new(&driver)
             .arg(format!("--port={port}"))
+            // Chromium's scratch directories go into the test's temp dir, removed with it.
+            .env("TMPDIR", dir.path())
             .stdout(Stdio::null())
             .stderr(Stdio::null()),
     )
@@ -291,7 +312,7 @@ async fn dashboard_end_to_end_in_headless_chromium() {
         .await
         .expect("WebDriver session");
 
-    let outcome = drive(&client, &server, token.as_deref(), &marker, &ids).await;
+    let outcome = drive(&client, &server, &api, token.as_deref(), &marker, &ids).await;
     if outcome.is_err() {
         // Leave the page as it was at the failure next to the test binaries, for debugging.
         if let Ok(png) = client.screenshot().await {
@@ -331,8 +352,7 @@ async fn connect(webdriver: &str, chromium: &Path, profile: &Path) -> anyhow::Re
     let Value::Object(capabilities) = capabilities else {
         bail!("capabilities must be an object");
     };
-    let mut builder =
-        ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
+    let mut builder = ClientBuilder::new(hyper_util::client::legacy::connect::HttpConnector::new());
     builder.capabilities(capabilities);
     // chromedriver needs a moment to listen; the first successful session is the signal.
     let client = wait_for("chromedriver to start a session", || async {
@@ -399,13 +419,18 @@ async fn seed(api: &Api) -> anyhow::Result<Ids> {
 async fn drive(
     client: &Client,
     server: &Server,
+    api: &Api,
     token: Option<&str>,
     marker: &Path,
     ids: &Ids,
 ) -> anyhow::Result<()> {
     // The page itself: served with a strict CSP and no token needed.
     let page = reqwest::get(format!("{}/", server.url)).await?;
-    ensure!(page.status().is_success(), "GET / answered {}", page.status());
+    ensure!(
+        page.status().is_success(),
+        "GET / answered {}",
+        page.status()
+    );
     let csp = page
         .headers()
         .get("content-security-policy")
@@ -436,22 +461,63 @@ async fn drive(
     );
 
     // Live counts: the worker completes the mail jobs and kills the reports.
-    wait_text(client, "tr[data-queue='mail'] td[data-state='completed']", "12").await?;
-    wait_text(client, "tr[data-queue='reports'] td[data-state='dead']", "3").await?;
-    wait_text(client, "tr[data-queue='media'] td[data-state='available']", "4").await?;
-    wait_text(client, "tr[data-queue='mail'] td[data-state='scheduled']", "1").await?;
-    // The charts need a few successive polls before they draw a line.
-    wait_for("the throughput chart to have points", || async {
-        let points = client
+    wait_text(
+        client,
+        "tr[data-queue='mail'] td[data-state='completed']",
+        "12",
+    )
+    .await?;
+    wait_text(
+        client,
+        "tr[data-queue='reports'] td[data-state='dead']",
+        "3",
+    )
+    .await?;
+    wait_text(
+        client,
+        "tr[data-queue='media'] td[data-state='available']",
+        "4",
+    )
+    .await?;
+    wait_text(
+        client,
+        "tr[data-queue='mail'] td[data-state='scheduled']",
+        "1",
+    )
+    .await?;
+    // Traffic while the page watches, so the charts have something to draw: a steady trickle
+    // into `notifications`, every fifth job failing its first attempt and retrying. Bounded:
+    // 80 jobs over about 8 seconds.
+    let producer = api.clone();
+    let trickle = tokio::spawn(async move {
+        for n in 0..80 {
+            let kind = if n % 5 == 0 {
+                "sync.flaky"
+            } else {
+                "push.send"
+            };
+            producer
+                .enqueue(json!({"kind": kind, "queue": "notifications", "payload": {"n": n}}))
+                .await?;
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        anyhow::Ok(())
+    });
+    wait_for("both charts to show the traffic", || async {
+        let drawn = client
             .execute(
-                "const c = document.querySelector('#chart-throughput .chart'); \
-                 return c ? Number(c.dataset.points) : 0;",
+                "const points = (id) => Number((document.querySelector(id + ' .chart') || \
+                   {dataset: {}}).dataset.points || 0); \
+                 const rate = document.querySelector('#failure-rate'); \
+                 return points('#chart-throughput') >= 8 && rate && rate.textContent !== '—' \
+                   && rate.textContent !== '0.0 %';",
                 vec![],
             )
             .await?;
-        Ok((points.as_u64().unwrap_or(0) >= 4).then_some(()))
+        Ok((drawn == json!(true)).then_some(()))
     })
     .await?;
+    trickle.await??;
     ensure!(
         text(client, "#overview-cards [data-state='dead'] .card-value")
             .await?
@@ -461,11 +527,29 @@ async fn drive(
     );
     screenshot(client, "overview").await?;
 
-    // Pause and resume a queue from the table.
-    click(client, "tr[data-queue='media'] button[data-action='pause']").await?;
-    wait_text(client, "tr[data-queue='media'] .badge", "paused").await?;
-    click(client, "tr[data-queue='media'] button[data-action='resume']").await?;
-    wait_text(client, "tr[data-queue='media'] .badge", "active").await?;
+    // Workers and schedules (before any action, so no notice covers the screenshots).
+    click(client, "a[data-nav='workers']").await?;
+    wait_present(client, "#view-workers").await?;
+    // The registry lists workers that report themselves (or says the server has none, or
+    // that it does not keep a registry); the leases always show who runs what.
+    wait_for("the worker registry shown", || async {
+        let shown = count(client, "#workers-registry table, #workers-registry .empty").await?;
+        Ok((shown > 0).then_some(()))
+    })
+    .await?;
+    wait_present(client, "#workers-leases table, #workers-leases .empty").await?;
+    screenshot(client, "workers").await?;
+
+    click(client, "a[data-nav='schedules']").await?;
+    wait_present(client, "tr[data-schedule='nightly-report']").await?;
+    wait_for("the sweep schedule's first run", || async {
+        Ok(text(client, "tr[data-schedule='cache-sweep']")
+            .await?
+            .filter(|t| t.contains("enqueued"))
+            .map(|_| ()))
+    })
+    .await?;
+    screenshot(client, "schedules").await?;
 
     // Job list: everything, then filtered by queue and state, then by a kind nothing has.
     click(client, "a[data-nav='jobs']").await?;
@@ -499,7 +583,12 @@ async fn drive(
     // Dead letters: the three dead jobs with their last errors.
     click(client, "a[data-nav='dead']").await?;
     let doomed_row = format!("#dead-table tr[data-job='{}']", ids.doomed);
-    wait_text(client, &format!("{doomed_row} .last-error"), "report template missing").await?;
+    wait_text(
+        client,
+        &format!("{doomed_row} .last-error"),
+        "report template missing",
+    )
+    .await?;
     wait_for("three dead jobs listed", || async {
         Ok((count(client, "#dead-table tr[data-job]").await? == 3).then_some(()))
     })
@@ -519,7 +608,10 @@ async fn drive(
     // Fix the cause, replay from the page, and watch the job complete, with no reload: a
     // marker set on this document must still be there at the end.
     client
-        .execute("window.__conveyorE2e = 'same document'; return true;", vec![])
+        .execute(
+            "window.__conveyorE2e = 'same document'; return true;",
+            vec![],
+        )
         .await?;
     std::fs::write(marker, b"fixed")?;
     click(client, "#job-replay").await?;
@@ -548,31 +640,23 @@ async fn drive(
     wait_text(client, "#dead-selection", "2 selected").await?;
     click(client, "#dead-discard-selected").await?;
     confirm(client).await?;
-    wait_text(client, "#dead-table .empty-title", "dead-letter queue is empty").await?;
-
-    // Workers and schedules.
-    click(client, "a[data-nav='workers']").await?;
-    wait_present(client, "#view-workers").await?;
-    // The registry lists workers that report themselves (or says the server has none, or
-    // that it does not keep a registry); the leases always show who runs what.
-    wait_for("the worker registry shown", || async {
-        let shown = count(client, "#workers-registry table, #workers-registry .empty").await?;
-        Ok((shown > 0).then_some(()))
-    })
+    wait_text(
+        client,
+        "#dead-table .empty-title",
+        "dead-letter queue is empty",
+    )
     .await?;
-    wait_present(client, "#workers-leases table, #workers-leases .empty").await?;
-    screenshot(client, "workers").await?;
 
-    click(client, "a[data-nav='schedules']").await?;
-    wait_present(client, "tr[data-schedule='nightly-report']").await?;
-    wait_for("the sweep schedule's first run", || async {
-        Ok(text(client, "tr[data-schedule='cache-sweep']")
-            .await?
-            .filter(|t| t.contains("enqueued"))
-            .map(|_| ()))
-    })
+    // Pause and resume a queue from the overview's table.
+    click(client, "a[data-nav='overview']").await?;
+    click(client, "tr[data-queue='media'] button[data-action='pause']").await?;
+    wait_text(client, "tr[data-queue='media'] .badge", "paused").await?;
+    click(
+        client,
+        "tr[data-queue='media'] button[data-action='resume']",
+    )
     .await?;
-    screenshot(client, "schedules").await?;
+    wait_text(client, "tr[data-queue='media'] .badge", "active").await?;
 
     let violations = client
         .execute(

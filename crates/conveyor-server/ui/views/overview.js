@@ -146,8 +146,12 @@ export default {
       mount(failureHead,
         h('span', { class: `figure${ratio ? ' figure-bad' : ''}`, id: 'failure-rate', text: ratio === null ? '—' : `${ratio.toFixed(ratio < 10 ? 1 : 0)} %` }),
         h('span', { class: 'muted small', text: ratio === null ? 'nothing finished in the last minute' : ratioText }));
-      mount(throughput, lineChart({ points: done, windowMs: ctx.historyMs, now, format: perSecond, tone: 'ok', label: 'Completed jobs per second, last 5 minutes' }));
-      mount(failures, lineChart({ points: died, windowMs: ctx.historyMs, now, format: perSecond, tone: 'bad', label: `${failureLabel.textContent}, last 5 minutes` }));
+      // The x axis spans what has been seen, from one minute up to the whole history kept, so
+      // a freshly opened page does not squeeze its first points against the right edge.
+      const span = history.length ? now - history[0].t : 0;
+      const windowMs = Math.min(ctx.historyMs, Math.max(RATE_WINDOW_MS, span));
+      mount(throughput, lineChart({ points: done, windowMs, now, format: perSecond, tone: 'ok', label: 'Completed jobs per second' }));
+      mount(failures, lineChart({ points: died, windowMs, now, format: perSecond, tone: 'bad', label: failureLabel.textContent }));
     }
 
     function renderTable(queues) {

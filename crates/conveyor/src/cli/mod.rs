@@ -120,9 +120,9 @@ enum Command {
     Migrate(store::MigrateArgs),
 }
 
-fn init_logging(format: LogFormat) {
+fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONVEYOR_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -133,7 +133,12 @@ fn init_logging(format: LogFormat) {
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
-    init_logging(cli.log_format);
+    // A benchmark runs far too many jobs to log each one's start and end (failures still are).
+    let default_filter = match cli.command {
+        Command::Bench(_) => format!("info,{}=warn", conveyor::JOB_LOG_TARGET),
+        _ => "info".to_string(),
+    };
+    init_logging(cli.log_format, &default_filter);
     match cli.command {
         Command::Serve(args) => serve::run(args).await,
         Command::Enqueue(args) => admin::enqueue(args).await,

@@ -259,7 +259,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         );
     let leading = maintenance.leading();
     let alerts = alert_config
-        .map(|config| AlertEngine::new(store.clone(), config, leading.clone()))
+        .map(|config| AlertEngine::new(store.clone(), config, maintenance.leadership()))
         .transpose()
         .context("configuring alerts")?;
     let app = conveyor_server::router_with_options(

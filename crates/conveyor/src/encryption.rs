@@ -1,0 +1,385 @@
+//! Payload encryption at rest: [`EncryptedStore`] wraps any [`Store`] and seals every job
+//! payload with an AEAD (XChaCha20-Poly1305, random 192-bit nonces) before it reaches the
+//! store, and opens it again on the way out. The store only ever holds an envelope:
+//!
+//! ```json
+//! {"$conveyor_enc": 1, "key": "k2", "nonce": "<base64>", "data": "<base64>"}
+//! ```
+//!
+//! Keys come from configuration (`CONVEYOR_ENCRYPTION_KEYS`): `id:base64key` entries separated
+//! by commas, newest first. New payloads are sealed with the first key; any listed key opens
+//! the payloads sealed with it, so rotating is: put a new key first, keep the old ones until
+//! no job sealed with them remains (finished jobs are pruned by retention). Payloads stored
+//! before encryption was turned on are returned as they are.
+//!
+//! Wrapping, rather than encrypting inside each store, keeps the stores and their conformance
+//! suite unaware of it. Two things need care: unique jobs (the store derives their key from
+//! the payload, which it can no longer read) get the key computed here from the plaintext and
+//! carried in the envelope as `$unique`; and a payload that cannot be opened (a key removed
+//! too early, tampering) is handed over as `{"$conveyor_decrypt_error": "..."}` rather than
+//! failing whole listings or fetches, so the job stays visible and its handler fails it.
+
+use async_trait::async_trait;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use base64::Engine;
+use chacha20poly1305::aead::{Aead, KeyInit, Payload};
+use chacha20poly1305::{XChaCha20Poly1305, XNonce};
+use chrono::{DateTime, Utc};
+use conveyor_core::schedule::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
+use conveyor_core::*;
+use rand::RngCore;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use uuid::Uuid;
+
+/// The environment variable `open_store` reads keys from when none are given.
+pub const KEYS_ENV: &str = "CONVEYOR_ENCRYPTION_KEYS";
+const ENVELOPE: &str = "$conveyor_enc";
+const UNIQUE_FIELD: &str = "$unique";
+const DECRYPT_ERROR: &str = "$conveyor_decrypt_error";
+
+#[derive(Debug, thiserror::Error)]
+pub enum EncryptionError {
+    #[error("encryption keys: {0}")]
+    BadKeys(String),
+    #[error("cannot seal a payload: {0}")]
+    Seal(String),
+}
+
+/// The keys payloads are sealed and opened with; the first seals.
+pub struct PayloadKeys {
+    keys: Vec<(String, XChaCha20Poly1305)>,
+}
+
+impl std::fmt::Debug for PayloadKeys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key material.
+        let ids: Vec<&str> = self.keys.iter().map(|(id, _)| id.as_str()).collect();
+        f.debug_struct("PayloadKeys").field("ids", &ids).finish()
+    }
+}
+
+impl PayloadKeys {
+    /// Parses `id:base64key[,id:base64key...]`, newest first; each key is 32 random bytes
+    /// (`openssl rand -base64 32`). Ids are short names (`[A-Za-z0-9_.-]`, unique).
+    pub fn parse(spec: &str) -> Result<Self, EncryptionError> {
+        let mut keys: Vec<(String, XChaCha20Poly1305)> = Vec::new();
+        for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+            let (id, encoded) = entry.split_once(':').ok_or_else(|| {
+                EncryptionError::BadKeys(format!(
+                    "entry {:?} is not id:base64key",
+                    id_hint(entry)
+                ))
+            })?;
+            if id.is_empty()
+                || !id
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+            {
+                return Err(EncryptionError::BadKeys(format!(
+                    "key id {id:?} must be letters, digits, '_', '-' or '.'"
+                )));
+            }
+            if keys.iter().any(|(known, _)| known == id) {
+                return Err(EncryptionError::BadKeys(format!("key id {id:?} is listed twice")));
+            }
+            let bytes = BASE64.decode(encoded.trim()).map_err(|_| {
+                EncryptionError::BadKeys(format!("key {id:?} is not valid base64"))
+            })?;
+            let cipher = XChaCha20Poly1305::new_from_slice(&bytes).map_err(|_| {
+                EncryptionError::BadKeys(format!(
+                    "key {id:?} must be 32 bytes (it is {})",
+                    bytes.len()
+                ))
+            })?;
+            keys.push((id.to_string(), cipher));
+        }
+        if keys.is_empty() {
+            return Err(EncryptionError::BadKeys("no keys given".to_string()));
+        }
+        Ok(Self { keys })
+    }
+
+    /// The id of the key new payloads are sealed with.
+    pub fn current_id(&self) -> &str {
+        self.keys.first().map_or("", |(id, _)| id.as_str())
+    }
+
+    /// Seals `payload` with the current key. The job's id is not known before insert, so the
+    /// associated data binds the envelope to the key id only.
+    pub fn seal(&self, payload: &Value) -> Result<Value, EncryptionError> {
+        let (id, cipher) = self
+            .keys
+            .first()
+            .ok_or_else(|| EncryptionError::Seal("no key".to_string()))?;
+        let plaintext =
+            serde_json::to_vec(payload).map_err(|e| EncryptionError::Seal(e.to_string()))?;
+        let mut nonce = [0u8; 24];
+        rand::rng().fill_bytes(&mut nonce);
+        let sealed = cipher
+            .encrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: &plaintext,
+                    aad: id.as_bytes(),
+                },
+            )
+            .map_err(|_| EncryptionError::Seal("encryption failed".to_string()))?;
+        Ok(json!({
+            ENVELOPE: 1,
+            "key": id,
+            "nonce": BASE64.encode(nonce),
+            "data": BASE64.encode(sealed),
+        }))
+    }
+
+    /// Opens an envelope; anything else (payloads stored before encryption was on) is returned
+    /// as it is.
+    pub fn open(&self, stored: Value) -> Result<Value, String> {
+        let Some(envelope) = stored.as_object().filter(|o| o.contains_key(ENVELOPE)) else {
+            return Ok(stored);
+        };
+        let field = |name: &str| {
+            envelope
+                .get(name)
+                .and_then(Value::as_str)
+                .ok_or_else(|| format!("encrypted payload has no {name}"))
+        };
+        let id = field("key")?;
+        let (_, cipher) = self
+            .keys
+            .iter()
+            .find(|(known, _)| known == id)
+            .ok_or_else(|| format!("payload sealed with key {id:?}, which is not configured"))?;
+        let nonce = BASE64
+            .decode(field("nonce")?)
+            .map_err(|_| "encrypted payload has a bad nonce".to_string())?;
+        if nonce.len() != 24 {
+            return Err("encrypted payload has a bad nonce".to_string());
+        }
+        let data = BASE64
+            .decode(field("data")?)
+            .map_err(|_| "encrypted payload has bad data".to_string())?;
+        let plaintext = cipher
+            .decrypt(
+                XNonce::from_slice(&nonce),
+                Payload {
+                    msg: &data,
+                    aad: id.as_bytes(),
+                },
+            )
+            .map_err(|_| format!("payload does not open with key {id:?} (corrupt or tampered)"))?;
+        serde_json::from_slice(&plaintext).map_err(|e| format!("decrypted payload: {e}"))
+    }
+}
+
+/// The first characters of a key entry, for error messages that must not print keys.
+fn id_hint(entry: &str) -> String {
+    entry.chars().take(8).collect::<String>() + "…"
+}
+
+/// A [`Store`] that keeps payloads encrypted in `inner`.
+pub struct EncryptedStore {
+    inner: Arc<dyn Store>,
+    keys: Arc<PayloadKeys>,
+}
+
+impl EncryptedStore {
+    pub fn new(inner: Arc<dyn Store>, keys: Arc<PayloadKeys>) -> Self {
+        Self { inner, keys }
+    }
+
+    fn open_job(&self, mut job: Job) -> Job {
+        let stored = std::mem::take(&mut job.payload);
+        job.payload = match self.keys.open(stored) {
+            Ok(payload) => payload,
+            Err(error) => {
+                tracing::error!(job_id = %job.id, %error, "cannot decrypt a job's payload");
+                json!({ DECRYPT_ERROR: error })
+            }
+        };
+        job
+    }
+
+    fn open_jobs(&self, jobs: Vec<Job>) -> Vec<Job> {
+        jobs.into_iter().map(|job| self.open_job(job)).collect()
+    }
+
+    fn seal_new(&self, mut job: NewJob) -> StoreResult<NewJob> {
+        let unique_key = job.unique_key();
+        let mut sealed = self
+            .keys
+            .seal(&job.payload)
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        if let (Some(key), Some(spec)) = (unique_key, job.unique.as_mut()) {
+            // The store derives the unique key from the fields `args` names: give it the key
+            // computed from the plaintext, in the clear, as the only such field.
+            sealed[UNIQUE_FIELD] = Value::String(key);
+            spec.args = Some(vec![UNIQUE_FIELD.to_string()]);
+        }
+        job.payload = sealed;
+        Ok(job)
+    }
+
+    fn seal_job(&self, mut job: Job) -> StoreResult<Job> {
+        job.payload = self
+            .keys
+            .seal(&job.payload)
+            .map_err(|e| StoreError::Backend(e.to_string()))?;
+        Ok(job)
+    }
+}
+
+#[async_trait]
+impl Store for EncryptedStore {
+    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
+        // Validate the plaintext job, so errors name the caller's fields.
+        for job in &jobs {
+            conveyor_core::validate::new_job(job)?;
+        }
+        let sealed = jobs
+            .into_iter()
+            .map(|job| self.seal_new(job))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let inserted = self.inner.jobs_insert_many(sealed).await?;
+        Ok(inserted
+            .into_iter()
+            .map(|i| Inserted {
+                job: self.open_job(i.job),
+                duplicate: i.duplicate,
+            })
+            .collect())
+    }
+
+    async fn job_get(&self, id: Uuid) -> StoreResult<Option<Job>> {
+        Ok(self.inner.job_get(id).await?.map(|job| self.open_job(job)))
+    }
+
+    async fn jobs_list(&self, params: JobListParams) -> StoreResult<Vec<Job>> {
+        Ok(self.open_jobs(self.inner.jobs_list(params).await?))
+    }
+
+    async fn job_cancel(&self, id: Uuid) -> StoreResult<Job> {
+        Ok(self.open_job(self.inner.job_cancel(id).await?))
+    }
+
+    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
+        Ok(self.open_jobs(self.inner.jobs_fetch(params).await?))
+    }
+
+    async fn jobs_heartbeat_many(
+        &self,
+        params: Vec<HeartbeatParams>,
+    ) -> StoreResult<Vec<Option<DateTime<Utc>>>> {
+        self.inner.jobs_heartbeat_many(params).await
+    }
+
+    async fn jobs_complete_many(
+        &self,
+        params: Vec<CompleteParams>,
+    ) -> StoreResult<Vec<LeaseOutcome>> {
+        self.inner.jobs_complete_many(params).await
+    }
+
+    async fn job_fail(&self, params: FailParams) -> StoreResult<Job> {
+        Ok(self.open_job(self.inner.job_fail(params).await?))
+    }
+
+    async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job> {
+        Ok(self.open_job(self.inner.job_snooze(params).await?))
+    }
+
+    async fn jobs_release_many(&self, leases: Vec<LeaseRef>) -> StoreResult<u64> {
+        self.inner.jobs_release_many(leases).await
+    }
+
+    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
+        self.inner.jobs_rescue_expired(params).await
+    }
+
+    async fn jobs_promote_due(&self) -> StoreResult<u64> {
+        self.inner.jobs_promote_due().await
+    }
+
+    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
+        self.inner.dead_replay(selector).await
+    }
+
+    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
+        self.inner.dead_discard(id).await
+    }
+
+    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        self.inner.queues_stats().await
+    }
+
+    fn wakeup(&self) -> Arc<Notify> {
+        self.inner.wakeup()
+    }
+
+    async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
+        self.inner.jobs_next_due(queues).await
+    }
+
+    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
+        let sealed = jobs
+            .into_iter()
+            .map(|job| self.seal_job(job))
+            .collect::<StoreResult<Vec<_>>>()?;
+        self.inner.jobs_import(sealed).await
+    }
+
+    async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings> {
+        self.inner.queue_settings_get(queue).await
+    }
+
+    async fn queue_settings_put(
+        &self,
+        queue: &str,
+        settings: QueueSettings,
+    ) -> StoreResult<QueueSettings> {
+        self.inner.queue_settings_put(queue, settings).await
+    }
+
+    async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
+        self.inner.queue_settings_list().await
+    }
+
+    async fn jobs_prune(&self, params: PruneParams) -> StoreResult<PruneReport> {
+        self.inner.jobs_prune(params).await
+    }
+
+    async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {
+        self.inner.leader_try_acquire(holder, ttl).await
+    }
+
+    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
+        self.inner.leader_release(holder).await
+    }
+
+    async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
+        self.inner.schedule_put(schedule).await
+    }
+
+    async fn schedule_get(&self, name: &str) -> StoreResult<Option<ScheduleView>> {
+        self.inner.schedule_get(name).await
+    }
+
+    async fn schedules_list(&self) -> StoreResult<Vec<ScheduleView>> {
+        self.inner.schedules_list().await
+    }
+
+    async fn schedule_delete(&self, name: &str) -> StoreResult<bool> {
+        self.inner.schedule_delete(name).await
+    }
+
+    async fn schedule_fire(&self, request: FireRequest) -> StoreResult<FireOutcome> {
+        self.inner.schedule_fire(request).await
+    }
+
+    async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
+        self.inner.schedule_runs(name, limit).await
+    }
+}
