@@ -732,15 +732,16 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
 async fn run_completer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Completion>) {
     let mut batch = Vec::with_capacity(64);
     while rx.recv_many(&mut batch, MAX_COMPLETION_BATCH).await > 0 {
-        let pending: Vec<Completion> = std::mem::take(&mut batch);
-        let params: Vec<CompleteParams> = pending.iter().map(|c| c.params.clone()).collect();
+        let (params, jobs): (Vec<CompleteParams>, Vec<JobMeta>) = std::mem::take(&mut batch)
+            .into_iter()
+            .map(|completion| (completion.params, completion.job))
+            .unzip();
         let mut delay = Duration::from_millis(50);
         // Retry store errors a few times; a completion that never lands is rescued and rerun.
         for _ in 0..5 {
             match shared.store.jobs_complete_many(params.clone()).await {
                 Ok(outcomes) => {
-                    for (completion, outcome) in pending.iter().zip(outcomes) {
-                        let job = &completion.job;
+                    for (job, outcome) in jobs.iter().zip(outcomes) {
                         if outcome == LeaseOutcome::LeaseLost {
                             tracing::warn!(target: JOB_LOG_TARGET, job_id = %job.id,
                                 queue = %job.queue, kind = %job.kind, attempt = job.attempt,
@@ -757,7 +758,7 @@ async fn run_completer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Comp
                     break;
                 }
                 Err(error) => {
-                    tracing::error!(%error, jobs = pending.len(), "completion batch failed; retrying");
+                    tracing::error!(%error, jobs = jobs.len(), "completion batch failed; retrying");
                     tokio::time::sleep(delay).await;
                     delay *= 2;
                 }
