@@ -68,10 +68,7 @@ impl PayloadKeys {
         let mut keys: Vec<(String, XChaCha20Poly1305)> = Vec::new();
         for entry in spec.split(',').map(str::trim).filter(|e| !e.is_empty()) {
             let (id, encoded) = entry.split_once(':').ok_or_else(|| {
-                EncryptionError::BadKeys(format!(
-                    "entry {:?} is not id:base64key",
-                    id_hint(entry)
-                ))
+                EncryptionError::BadKeys(format!("entry {:?} is not id:base64key", id_hint(entry)))
             })?;
             if id.is_empty()
                 || !id
@@ -83,11 +80,13 @@ impl PayloadKeys {
                 )));
             }
             if keys.iter().any(|(known, _)| known == id) {
-                return Err(EncryptionError::BadKeys(format!("key id {id:?} is listed twice")));
+                return Err(EncryptionError::BadKeys(format!(
+                    "key id {id:?} is listed twice"
+                )));
             }
-            let bytes = BASE64.decode(encoded.trim()).map_err(|_| {
-                EncryptionError::BadKeys(format!("key {id:?} is not valid base64"))
-            })?;
+            let bytes = BASE64
+                .decode(encoded.trim())
+                .map_err(|_| EncryptionError::BadKeys(format!("key {id:?} is not valid base64")))?;
             let cipher = XChaCha20Poly1305::new_from_slice(&bytes).map_err(|_| {
                 EncryptionError::BadKeys(format!(
                     "key {id:?} must be 32 bytes (it is {})",
@@ -120,7 +119,7 @@ impl PayloadKeys {
         rand::rng().fill_bytes(&mut nonce);
         let sealed = cipher
             .encrypt(
-                XNonce::from_slice(&nonce),
+                &XNonce::from(nonce),
                 Payload {
                     msg: &plaintext,
                     aad: id.as_bytes(),
@@ -153,18 +152,17 @@ impl PayloadKeys {
             .iter()
             .find(|(known, _)| known == id)
             .ok_or_else(|| format!("payload sealed with key {id:?}, which is not configured"))?;
-        let nonce = BASE64
+        let nonce: [u8; 24] = BASE64
             .decode(field("nonce")?)
-            .map_err(|_| "encrypted payload has a bad nonce".to_string())?;
-        if nonce.len() != 24 {
-            return Err("encrypted payload has a bad nonce".to_string());
-        }
+            .ok()
+            .and_then(|bytes| bytes.try_into().ok())
+            .ok_or_else(|| "encrypted payload has a bad nonce".to_string())?;
         let data = BASE64
             .decode(field("data")?)
             .map_err(|_| "encrypted payload has bad data".to_string())?;
         let plaintext = cipher
             .decrypt(
-                XNonce::from_slice(&nonce),
+                &XNonce::from(nonce),
                 Payload {
                     msg: &data,
                     aad: id.as_bytes(),
@@ -381,5 +379,117 @@ impl Store for EncryptedStore {
 
     async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
         self.inner.schedule_runs(name, limit).await
+    }
+
+    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
+        self.inner.tokens_insert(token).await
+    }
+
+    async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>> {
+        self.inner.tokens_list().await
+    }
+
+    async fn token_revoke(&self, selector: TokenSelector) -> StoreResult<Option<ApiToken>> {
+        self.inner.token_revoke(selector).await
+    }
+
+    async fn token_get(&self, id: Uuid) -> StoreResult<Option<StoredToken>> {
+        self.inner.token_get(id).await
+    }
+
+    async fn session_insert(&self, session: NewSession) -> StoreResult<()> {
+        self.inner.session_insert(session).await
+    }
+
+    async fn session_get(&self, id: Uuid) -> StoreResult<Option<StoredSession>> {
+        self.inner.session_get(id).await
+    }
+
+    async fn session_delete(&self, id: Uuid) -> StoreResult<bool> {
+        self.inner.session_delete(id).await
+    }
+
+    async fn audit_append(&self, entry: NewAuditEntry) -> StoreResult<AuditEntry> {
+        self.inner.audit_append(entry).await
+    }
+
+    async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>> {
+        self.inner.audit_list(params).await
+    }
+
+    async fn workers_heartbeat(&self, beat: WorkerHeartbeat) -> StoreResult<WorkerInfo> {
+        self.inner.workers_heartbeat(beat).await
+    }
+
+    async fn workers_list(&self) -> StoreResult<Vec<WorkerInfo>> {
+        self.inner.workers_list().await
+    }
+
+    async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport> {
+        self.inner.workers_mark_stale(params).await
+    }
+
+    async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>> {
+        self.inner.jobs_stuck(params).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(byte: u8) -> String {
+        BASE64.encode([byte; 32])
+    }
+
+    #[test]
+    fn keys_parse_newest_first_and_refuse_bad_entries() {
+        let keys = PayloadKeys::parse(&format!("k2:{}, k1:{}", key(2), key(1))).expect("keys");
+        assert_eq!(keys.current_id(), "k2");
+        for (spec, says) in [
+            ("".to_string(), "no keys"),
+            (format!("k1{}", key(1)), "not id:base64key"),
+            ("k1:not base64!".to_string(), "not valid base64"),
+            (
+                format!("k1:{}", BASE64.encode([1u8; 16])),
+                "must be 32 bytes",
+            ),
+            (format!("k1:{},k1:{}", key(1), key(2)), "listed twice"),
+            (format!("bad id:{}", key(1)), "must be letters"),
+        ] {
+            let error = PayloadKeys::parse(&spec).expect_err(&spec).to_string();
+            assert!(error.contains(says), "{spec}: {error}");
+            assert!(!error.contains(&key(1)), "errors never show key material");
+        }
+    }
+
+    #[test]
+    fn sealed_payloads_open_with_any_listed_key_and_detect_tampering() {
+        let old = PayloadKeys::parse(&format!("k1:{}", key(1))).expect("keys");
+        let payload = json!({"card": "4111 1111 1111 1111", "n": 7});
+        let sealed = old.seal(&payload).expect("seal");
+        assert!(!sealed.to_string().contains("4111"));
+        assert_eq!(sealed["key"], "k1");
+        // Rotation: a new key first, the old one still listed.
+        let rotated = PayloadKeys::parse(&format!("k2:{},k1:{}", key(2), key(1))).expect("keys");
+        assert_eq!(rotated.open(sealed.clone()).expect("open"), payload);
+        assert_eq!(rotated.seal(&payload).expect("seal")["key"], "k2");
+        // The old key removed: it no longer opens, and says why.
+        let without = PayloadKeys::parse(&format!("k2:{}", key(2))).expect("keys");
+        assert!(without
+            .open(sealed.clone())
+            .expect_err("gone")
+            .contains("k1"));
+        // Tampering with the data or relabelling the key is detected.
+        let mut tampered = sealed.clone();
+        let data = tampered["data"].as_str().expect("data").to_string();
+        let flipped = if data.starts_with('A') { "B" } else { "A" };
+        tampered["data"] = Value::String(format!("{flipped}{}", &data[1..]));
+        assert!(old.open(tampered).is_err());
+        // Payloads stored before encryption was on pass through.
+        assert_eq!(
+            old.open(json!({"plain": true})).expect("open"),
+            json!({"plain": true})
+        );
     }
 }

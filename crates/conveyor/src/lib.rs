@@ -30,11 +30,13 @@ pub use conveyor_sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use conveyor_worker::{
     default_worker_id, JobContext, Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder,
 };
-pub use conveyor_worker::{Scheduler, SchedulerPass};
 pub use conveyor_worker::{hostname, MaintenancePass, JOB_LOG_TARGET};
+pub use conveyor_worker::{Scheduler, SchedulerPass};
+pub use encryption::{EncryptedStore, EncryptionError, PayloadKeys};
 pub use schedule_file::{load_schedules, parse_schedules, ScheduleFileError};
 
 pub mod alerts;
+pub mod encryption;
 pub mod schedule_file;
 
 use std::path::PathBuf;
@@ -56,6 +58,9 @@ pub struct OpenOptions {
     pub schema: String,
     /// PostgreSQL only: apply pending migrations when opening (SQLite always does).
     pub run_migrations: bool,
+    /// Encrypt payloads at rest with these keys ([`EncryptedStore`]). When `None`,
+    /// [`open_store`] reads them from `CONVEYOR_ENCRYPTION_KEYS` if that is set.
+    pub payload_keys: Option<Arc<PayloadKeys>>,
 }
 
 impl Default for OpenOptions {
@@ -65,6 +70,7 @@ impl Default for OpenOptions {
             store: StoreOptions::default(),
             schema: PgOptions::default().schema,
             run_migrations: true,
+            payload_keys: None,
         }
     }
 }
@@ -78,6 +84,8 @@ pub enum OpenError {
     UnsupportedUrl(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    #[error(transparent)]
+    Encryption(#[from] EncryptionError),
 }
 
 /// The file path in a `sqlite://PATH` URL (`sqlite:///abs/path` or `sqlite://relative/path`).
@@ -114,6 +122,21 @@ fn split_schema(url: &str) -> (String, Option<String>) {
 
 /// Opens the store a URL names: `sqlite://PATH` (embedded) or `postgres://...` (scale-out).
 pub async fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
+    let keys = match options.payload_keys.clone() {
+        Some(keys) => Some(keys),
+        None => match std::env::var(encryption::KEYS_ENV) {
+            Ok(spec) if !spec.trim().is_empty() => Some(Arc::new(PayloadKeys::parse(&spec)?)),
+            _ => None,
+        },
+    };
+    let store = open_plain_store(url, options).await?;
+    Ok(match keys {
+        Some(keys) => Arc::new(EncryptedStore::new(store, keys)),
+        None => store,
+    })
+}
+
+async fn open_plain_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
         let (url, schema) = split_schema(url);
         let store = PgStore::connect(

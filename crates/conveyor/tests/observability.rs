@@ -312,20 +312,23 @@ fn assert_signed(request: &Received, secret: &str) -> Value {
     serde_json::from_slice(&request.body).expect("JSON alert")
 }
 
-#[test]
-fn alerts_for_a_dead_job_and_a_stale_worker_are_signed_and_respect_the_cool_down() {
-    let secret = "test-alert-secret";
-    let (hook, alerts) = receiver();
-    let dir = temp_dir();
+const ALERT_SECRET: &str = "test-alert-secret";
+
+/// Starts `conveyor serve` on `store` alerting to `hook` (quick checks, a long cool-down,
+/// workers stale after 1 s). Returns the process, its URL, and a channel told when a server's
+/// alert rules have taken their baseline (what was already dead before it led is not news, so
+/// jobs must die after that to be alerted on).
+fn start_alerting_server(
+    store: &str,
+    hook: &str,
+    armed: mpsc::Sender<()>,
+    extra: &[&str],
+) -> (Proc, String) {
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .args([
-            "--store",
-            &format!("sqlite://{}", path_in(&dir, "jobs.db").display()),
-        ])
+        .args(["serve", "--listen", "127.0.0.1:0", "--store", store])
         .args([
             "--alert-webhook",
-            &hook,
+            hook,
             "--alert-secret-env",
             "TEST_ALERT_SECRET",
         ])
@@ -336,15 +339,13 @@ fn alerts_for_a_dead_job_and_a_stale_worker_are_signed_and_respect_the_cool_down
             "--maintenance-interval-ms",
             "100",
         ])
-        .env("TEST_ALERT_SECRET", secret)
+        .args(extra)
+        .env("TEST_ALERT_SECRET", ALERT_SECRET)
         .env("CONVEYOR_LOG", "warn,conveyor::alerts=info")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn conveyor serve");
-    // The server says when its alert rules have taken their baseline (what was already dead
-    // before it led is not news): jobs must die after that to be alerted on.
-    let (armed, is_armed) = mpsc::channel();
     let stderr = child.stderr.take().expect("stderr");
     std::thread::spawn(move || {
         for line in BufReader::new(stderr).lines().map_while(Result::ok) {
@@ -359,12 +360,22 @@ fn alerts_for_a_dead_job_and_a_stale_worker_are_signed_and_respect_the_cool_down
     let mut first = String::new();
     lines.read_line(&mut first).expect("listen line");
     std::thread::spawn(move || std::io::copy(&mut lines, &mut std::io::sink()));
-    let _server = Proc { child };
     let url = first
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
-        .expect("address")
+        .unwrap_or_else(|| panic!("no address in {first:?}"))
         .to_string();
+    (Proc { child }, url)
+}
+
+#[test]
+fn alerts_for_a_dead_job_and_a_stale_worker_are_signed_and_respect_the_cool_down() {
+    let secret = ALERT_SECRET;
+    let (hook, alerts) = receiver();
+    let dir = temp_dir();
+    let (armed, is_armed) = mpsc::channel();
+    let store = format!("sqlite://{}", path_in(&dir, "jobs.db").display());
+    let (_server, url) = start_alerting_server(&store, &hook, armed, &[]);
 
     is_armed
         .recv_timeout(Duration::from_secs(30))
@@ -427,5 +438,69 @@ fn alerts_for_a_dead_job_and_a_stale_worker_are_signed_and_respect_the_cool_down
     assert!(
         alerts.recv_timeout(Duration::from_millis(500)).is_err(),
         "nothing more within the cool-down"
+    );
+}
+
+#[test]
+fn of_two_servers_only_the_leader_alerts() {
+    let (hook, alerts) = receiver();
+    let schema = Schema::fresh("conveyor_alerts");
+    let store = schema.url();
+    let (armed, is_armed) = mpsc::channel();
+    let leader_ttl = ["--leader-ttl-ms", "1500"];
+    let (_a, url_a) = start_alerting_server(&store, &hook, armed.clone(), &leader_ttl);
+    let (_b, _url_b) = start_alerting_server(&store, &hook, armed, &leader_ttl);
+    is_armed
+        .recv_timeout(Duration::from_secs(30))
+        .expect("one server to lead and take its baseline");
+    let mut worker = start_worker(
+        &url_a,
+        "exit 65",
+        &[
+            "--queues",
+            "pg-alerts",
+            "--worker-id",
+            "w-pg",
+            "--registry-heartbeat-ms",
+            "100",
+        ],
+    );
+    wait_until("the worker to register", || {
+        worker_entry(&url_a, "w-pg").filter(|w| w["state"] == "alive")
+    });
+    enqueue(
+        &url_a,
+        json!({"queue": "pg-alerts", "kind": "charge", "max_attempts": 1}),
+    );
+    let first = assert_signed(
+        &alerts
+            .recv_timeout(Duration::from_secs(30))
+            .expect("a dead-letter alert"),
+        ALERT_SECRET,
+    );
+    assert_eq!(first["alert"], "job_dead", "{first}");
+    // Both servers check every 100 ms: a second server alerting would have sent its copy of
+    // the dead-letter alert long before the worker, killed now, goes stale (after 1 s).
+    worker.kill_9();
+    let mut kinds = vec![first["alert"].as_str().unwrap_or_default().to_string()];
+    loop {
+        let alert = assert_signed(
+            &alerts
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the stale-worker alert"),
+            ALERT_SECRET,
+        );
+        kinds.push(alert["alert"].as_str().unwrap_or_default().to_string());
+        if alert["alert"] == "worker_stale" {
+            break;
+        }
+    }
+    while let Ok(late) = alerts.recv_timeout(Duration::from_millis(500)) {
+        kinds.push(assert_signed(&late, ALERT_SECRET)["alert"].to_string());
+    }
+    assert_eq!(
+        kinds,
+        vec!["job_dead", "worker_stale"],
+        "one alert of each, from the leader"
     );
 }

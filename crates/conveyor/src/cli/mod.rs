@@ -130,6 +130,16 @@ fn init_logging(format: LogFormat, default_filter: &str) {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Human => builder.try_init(),
     };
+    if format == LogFormat::Json {
+        // Panics (a job handler's included: the worker contains them and records them in the
+        // job's history) would otherwise print plain text between the JSON lines, breaking
+        // whoever parses them line by line.
+        std::panic::set_hook(Box::new(|info| {
+            let thread = std::thread::current();
+            tracing::error!(target: "panic", thread = thread.name().unwrap_or("unnamed"),
+                panic = %info, "panicked");
+        }));
+    }
 }
 
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
