@@ -40,6 +40,4 @@ pub use schedule::{
 pub use store::*;
 pub use stuck::{StuckBasis, StuckJob, StuckParams};
 pub use unique::UniqueSpec;
-pub use workers::{
-    StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo, WorkerState,
-};
+pub use workers::{StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo, WorkerState};

@@ -23,11 +23,11 @@
 mod access;
 mod errors;
 mod flow;
-mod retention;
 mod listener;
 mod migrate;
 mod names;
 mod ops;
+mod retention;
 mod rows;
 mod schedules;
 mod sql;

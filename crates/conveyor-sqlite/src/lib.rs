@@ -6,9 +6,9 @@
 
 mod access;
 mod flow;
-mod retention;
 mod ops;
 mod reads;
+mod retention;
 mod rows;
 mod schedules;
 mod unique;
@@ -38,7 +38,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-const SCHEMA_VERSION: i64 = 9;
+const SCHEMA_VERSION: i64 = 10;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// How commits reach the disk.

@@ -823,6 +823,76 @@ mod tests {
         );
     }
 
+    /// A receiver on a loopback port answering the given statuses in turn; it reports each
+    /// request's signature check and alert kind.
+    fn flaky_receiver(statuses: Vec<u16>) -> (String, std::sync::mpsc::Receiver<(bool, String)>) {
+        use std::io::{BufRead, BufReader, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}/", listener.local_addr().expect("addr"));
+        let (seen, requests) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for (stream, status) in listener.incoming().zip(statuses) {
+                let Ok(mut stream) = stream else { return };
+                let mut reader = BufReader::new(stream.try_clone().expect("clone"));
+                let mut headers = HashMap::new();
+                let mut line = String::new();
+                while reader.read_line(&mut line).is_ok_and(|n| n > 0) && line != "\r\n" {
+                    if let Some((name, value)) = line.trim_end().split_once(':') {
+                        headers.insert(name.to_ascii_lowercase(), value.trim().to_string());
+                    }
+                    line.clear();
+                }
+                let length = headers["content-length"].parse().expect("length");
+                let mut body = vec![0; length];
+                reader.read_exact(&mut body).expect("body");
+                let valid = verify(
+                    b"secret",
+                    &headers[TIMESTAMP_HEADER],
+                    &headers[SIGNATURE_HEADER],
+                    &body,
+                    Utc::now(),
+                    Duration::from_secs(300),
+                );
+                let alert: Value = serde_json::from_slice(&body).expect("JSON");
+                let _ = write!(
+                    stream,
+                    "HTTP/1.1 {status} X\r\ncontent-length: 0\r\nconnection: close\r\n\r\n"
+                );
+                let _ = seen.send((valid, alert["alert"].as_str().unwrap_or("").to_string()));
+            }
+        });
+        (url, requests)
+    }
+
+    #[tokio::test]
+    async fn failed_deliveries_are_retried_with_backoff_then_given_up() {
+        let (url, requests) = flaky_receiver(vec![500, 503, 200, 500, 500]);
+        let mut config = AlertConfig::new(url, b"secret".to_vec());
+        config.retry_base = Duration::from_millis(10);
+        config.delivery_attempts = 3;
+        let (outbox, inbox) = mpsc::channel(4);
+        let stop = CancellationToken::new();
+        let delivery = tokio::spawn(deliver(reqwest::Client::new(), config, inbox, stop.clone()));
+        let alert = |kind| Alert::new(kind, "q", "test".to_string(), json!({}));
+        outbox.try_send(alert(AlertKind::JobDead)).expect("queued");
+        outbox.try_send(alert(AlertKind::QueueAge)).expect("queued");
+        drop(outbox);
+        delivery.await.expect("delivery task");
+        let seen: Vec<(bool, String)> = requests.try_iter().collect();
+        assert_eq!(
+            seen,
+            vec![
+                (true, "job_dead".to_string()),
+                (true, "job_dead".to_string()),
+                (true, "job_dead".to_string()),
+                (true, "queue_age".to_string()),
+                (true, "queue_age".to_string()),
+            ],
+            "the first alert lands on its third try; the second fails all three (the last \
+             finds the receiver gone) and is given up, without blocking the queue"
+        );
+    }
+
     #[test]
     fn threshold_settings_parse() {
         let mut t = Thresholds::default();
