@@ -314,16 +314,24 @@ impl QueueSettings {
             || self.per_key_rate_limit.is_some()
     }
 
-    /// The longest period of the queue's rate limits: start records older than this count for
-    /// nothing and may be pruned.
-    pub fn longest_rate_period_ms(&self) -> Option<u64> {
+    /// How old a start record must be before it may be pruned: the queue's longest rate
+    /// period plus [`START_RECORD_MARGIN_MS`]. The margin matters with several claimers: each
+    /// reads "now" before it waits for the claim lock, so one that waited counts its window
+    /// from a slightly older now than the claimer before it, and must still find the records
+    /// that one's window no longer needed.
+    pub fn rate_record_ttl_ms(&self) -> Option<u64> {
         [self.rate_limit, self.per_key_rate_limit]
             .into_iter()
             .flatten()
             .map(|rate| rate.period_ms)
             .max()
+            .map(|longest| longest.saturating_add(START_RECORD_MARGIN_MS))
     }
 }
+
+/// See [`QueueSettings::rate_record_ttl_ms`]: a minute covers lock waits and the clock skew
+/// between nodes many times over.
+pub const START_RECORD_MARGIN_MS: u64 = 60_000;
 
 /// At most `count` starts in any window of `period_ms` milliseconds (a sliding window: the
 /// stores keep the start times, so a burst at the end of one period cannot be followed by a

@@ -342,7 +342,7 @@ async fn queue_candidates(
     } else {
         0
     };
-    if let Some(period_ms) = settings.longest_rate_period_ms() {
+    if let Some(period_ms) = settings.rate_record_ttl_ms() {
         let horizon = ctx.now
             - RateLimit {
                 count: 1,

@@ -47,7 +47,7 @@ pub(crate) fn candidates(
     } else {
         0
     };
-    if let Some(period_ms) = settings.longest_rate_period_ms() {
+    if let Some(period_ms) = settings.rate_record_ttl_ms() {
         prune_starts(ctx, queue, period_ms)?;
     }
     let recent = match settings.rate_limit {
