@@ -92,11 +92,11 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::POST, "/v1/session", Access::Public),
     (Method::GET, "/v1/session", Access::Authenticated),
     (Method::DELETE, "/v1/session", Access::Authenticated),
-    // Producers enqueue and read jobs. Jobs are not owned: a producer may read any job by id
-    // or list them (the audit log records which token enqueued which jobs).
+    // Producers enqueue jobs and read their own by id (jobs carry their enqueuing token's
+    // owner tag; another producer's job answers 404). Listing every job is for operators.
     (Method::POST, "/v1/jobs", PRODUCER),
     (Method::POST, "/v1/jobs/batch", PRODUCER),
-    (Method::GET, "/v1/jobs", PRODUCER),
+    (Method::GET, "/v1/jobs", ADMIN),
     (Method::GET, "/v1/jobs/{id}", PRODUCER),
     (Method::POST, "/v1/jobs/{id}/cancel", ADMIN),
     // Workers take jobs and report on them.

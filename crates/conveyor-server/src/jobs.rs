@@ -6,7 +6,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::job::DEFAULT_MAX_ATTEMPTS;
 use conveyor_core::{
-    unique, validate, AuditAction, Job, JobListParams, JobState, NewJob, UniqueSpec,
+    unique, validate, AuditAction, Job, JobListParams, JobState, NewJob, Role, UniqueSpec,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -135,12 +135,52 @@ pub(crate) struct EnqueuedJob {
     duplicate: bool,
 }
 
+/// Jobs enqueued with a token carry the tag `conveyor:owner:<token id>`, so that a producer
+/// can read its own jobs and no one else's. Callers may not set `conveyor:` tags themselves.
+const RESERVED_TAG_PREFIX: &str = "conveyor:";
+const OWNER_TAG_PREFIX: &str = "conveyor:owner:";
+
+fn owner_tag(caller: &Caller) -> Option<String> {
+    caller
+        .actor
+        .token_id
+        .map(|id| format!("{OWNER_TAG_PREFIX}{id}"))
+}
+
+/// Refuses reserved tags, then tags the job with its owner (when a token enqueued it).
+fn claim_ownership(caller: &Caller, job: &mut NewJob) -> ApiResult<()> {
+    if job
+        .tags
+        .iter()
+        .any(|tag| tag.starts_with(RESERVED_TAG_PREFIX))
+    {
+        return Err(ApiError::invalid(
+            "tags",
+            format!("tags starting with {RESERVED_TAG_PREFIX:?} are reserved for Conveyor"),
+        ));
+    }
+    if let Some(tag) = owner_tag(caller) {
+        if job.tags.len() >= validate::MAX_TAGS {
+            return Err(ApiError::invalid(
+                "tags",
+                format!(
+                    "at most {} tags when enqueued with a token (one records the owner)",
+                    validate::MAX_TAGS - 1
+                ),
+            ));
+        }
+        job.tags.push(tag);
+    }
+    Ok(())
+}
+
 pub(crate) async fn enqueue(
     State(state): State<AppState>,
     caller: Caller,
     ApiJson(request): ApiJson<EnqueueRequest>,
 ) -> ApiResult<(StatusCode, Json<EnqueuedJob>)> {
-    let job = request.into_new_job(&state, state.clock.now())?;
+    let mut job = request.into_new_job(&state, state.clock.now())?;
+    claim_ownership(&caller, &mut job)?;
     let inserted = state
         .store
         .jobs_insert_many(vec![job])
@@ -197,10 +237,10 @@ pub(crate) async fn enqueue_batch(
     let count = request.jobs.len();
     let mut jobs = Vec::with_capacity(count);
     for (index, job) in request.jobs.into_iter().enumerate() {
-        jobs.push(
-            job.into_new_job(&state, now)
-                .map_err(|e| e.within(&format!("jobs[{index}]")))?,
-        );
+        let within = |e: ApiError| e.within(&format!("jobs[{index}]"));
+        let mut job = job.into_new_job(&state, now).map_err(within)?;
+        claim_ownership(&caller, &mut job).map_err(within)?;
+        jobs.push(job);
     }
     let inserted = state.store.jobs_insert_many(jobs).await?;
     if inserted.len() != count {
@@ -217,13 +257,23 @@ pub(crate) async fn enqueue_batch(
     Ok((StatusCode::CREATED, Json(BatchResponse { ids, duplicates })))
 }
 
-pub(crate) async fn get(State(state): State<AppState>, JobId(id): JobId) -> ApiResult<Json<Job>> {
-    state
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    JobId(id): JobId,
+) -> ApiResult<Json<Job>> {
+    let job = state
         .store
         .job_get(id)
         .await?
-        .map(|job| Json(state.config.redacted(job)))
-        .ok_or(ApiError::JobNotFound(id))
+        .ok_or(ApiError::JobNotFound(id))?;
+    // A producer sees only its own jobs; another's answers as if it did not exist.
+    if caller.role == Role::Producer
+        && !owner_tag(&caller).is_some_and(|tag| job.tags.contains(&tag))
+    {
+        return Err(ApiError::JobNotFound(id));
+    }
+    Ok(Json(state.config.redacted(job)))
 }
 
 /// `{jobs, next}`: `next` is the cursor for the following page (the last id) when this page is

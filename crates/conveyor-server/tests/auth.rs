@@ -144,7 +144,8 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/v1/session") | ("DELETE", "/v1/session") => Expect::AnyToken,
         ("GET", "/metrics") => Expect::AnyToken,
         ("POST", "/v1/jobs") | ("POST", "/v1/jobs/batch") => PRODUCER,
-        ("GET", "/v1/jobs") | ("GET", "/v1/jobs/{id}") => PRODUCER,
+        ("GET", "/v1/jobs/{id}") => PRODUCER,
+        ("GET", "/v1/jobs") => ADMIN,
         ("POST", "/v1/fetch") | ("POST", "/v1/workers/heartbeat") => WORKER,
         (
             "POST",
@@ -346,7 +347,9 @@ async fn malformed_unknown_and_revoked_tokens_are_unauthorized() {
         .expect("send");
     assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
 
-    let (status, _, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
+    let (status, _, _) = api
+        .send(Method::GET, "/v1/session", Who::Producer, None)
+        .await;
     assert_eq!(status, StatusCode::OK);
     let (status, revoked, _) = api
         .send(
@@ -358,7 +361,9 @@ async fn malformed_unknown_and_revoked_tokens_are_unauthorized() {
         .await;
     assert_eq!(status, StatusCode::OK, "{revoked}");
     assert!(revoked["revoked_at"].is_string(), "{revoked}");
-    let (status, body, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
+    let (status, body, _) = api
+        .send(Method::GET, "/v1/session", Who::Producer, None)
+        .await;
     assert_eq!(status, StatusCode::UNAUTHORIZED, "{body}");
     let (status, _, _) = api
         .send(
@@ -822,7 +827,9 @@ async fn enqueue_rate_is_limited_per_token() {
         .send(Method::POST, "/v1/jobs", Who::Admin, Some(job.clone()))
         .await;
     assert_eq!(status, StatusCode::CREATED);
-    let (status, _, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
+    let (status, _, _) = api
+        .send(Method::GET, "/v1/session", Who::Producer, None)
+        .await;
     assert_eq!(status, StatusCode::OK);
     let stored = api.store.jobs_list(conveyor_core::JobListParams {
         limit: 10,
@@ -871,4 +878,80 @@ async fn with_access_control_off_everything_is_open_and_audited_as_anonymous() {
     assert_eq!(latest["action"], "job.cancel");
     assert_eq!(latest["actor"], "anonymous");
     assert_eq!(latest["actor_token_id"], Value::Null);
+}
+
+/// A producer reads the jobs it enqueued and no one else's (another's answers 404, as if it
+/// did not exist); admins read all; callers cannot forge the owner tag.
+#[tokio::test]
+async fn producers_read_only_their_own_jobs() {
+    let api = start(enabled()).await;
+    // A second producer token.
+    let other = create_token(
+        api.store.as_ref(),
+        Role::Producer,
+        Some("other-producer".to_string()),
+        Actor::anonymous(),
+    )
+    .await
+    .expect("create token")
+    .secret
+    .plaintext;
+    let (status, mine, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs",
+            Who::Producer,
+            Some(json!({"kind": "report"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{mine}");
+    let id = mine["id"].as_str().expect("id").to_string();
+    let path = format!("/v1/jobs/{id}");
+    let (status, read, _) = api.send(Method::GET, &path, Who::Producer, None).await;
+    assert_eq!(
+        (status, read["id"].as_str()),
+        (StatusCode::OK, Some(id.as_str()))
+    );
+    let response = api
+        .http
+        .get(format!("{}{path}", api.base))
+        .bearer_auth(&other)
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(
+        response.status(),
+        StatusCode::NOT_FOUND,
+        "not another producer's"
+    );
+    let (status, _, _) = api.send(Method::GET, &path, Who::Admin, None).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, _, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
+    assert_eq!(
+        status,
+        StatusCode::FORBIDDEN,
+        "listing every job is for admins"
+    );
+    // Owner tags cannot be supplied, in a single enqueue or a batch.
+    let forged = json!({"kind": "report", "tags": ["conveyor:owner:someone"]});
+    let (status, error, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs",
+            Who::Producer,
+            Some(forged.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error["error"]["field"], "tags");
+    let (status, error, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs/batch",
+            Who::Producer,
+            Some(json!({"jobs": [{"kind": "ok"}, forged]})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(error["error"]["field"], "jobs[1].tags");
 }
