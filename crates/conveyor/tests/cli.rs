@@ -398,6 +398,34 @@ fn retention_deletes_completed_jobs_in_a_running_server() {
     );
 }
 
+/// `conveyor stuck` lists a job that runs far longer than allowed, with its worker.
+#[test]
+fn stuck_lists_a_job_running_past_its_threshold() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &["--stuck-default-secs", "1"]);
+    let s = server.url.as_str();
+    let none = conveyor(&["stuck", "--server", s]);
+    assert!(String::from_utf8_lossy(&none.stdout).contains("no stuck jobs"));
+    let job = enqueue(s, json!({"kind": "hang", "queue": "slow"}));
+    let id = job["id"].as_str().unwrap().to_string();
+    let _worker = start_worker(
+        s,
+        "sleep 30",
+        &["--queues", "slow", "--worker-id", "w-slow"],
+    );
+    let row = wait_until("the job to be listed as stuck", || {
+        let out = conveyor(&["stuck", "--queue", "slow", "--server", s]);
+        let table = String::from_utf8_lossy(&out.stdout).to_string();
+        table
+            .lines()
+            .find(|line| line.starts_with(&id))
+            .map(str::to_string)
+    });
+    assert!(row.contains("w-slow") && row.contains("hang"), "{row}");
+    let bad = conveyor(&["stuck", "--queue", "bad name", "--server", s]);
+    assert!(!bad.status.success());
+}
+
 #[test]
 fn queue_set_takes_rate_limits_weights_and_per_tenant_limits() {
     let dir = temp_dir();

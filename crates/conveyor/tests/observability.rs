@@ -63,6 +63,18 @@ fn a_kill_9_worker_is_marked_dead_and_its_running_job_rescued_at_once() {
     assert_eq!(entry["queues"], json!(["registry"]));
     assert_eq!(entry["concurrency"], 2);
     assert!(entry["host"].as_str().is_some_and(|h| !h.is_empty()));
+    // The same from the command line.
+    let listed = std::process::Command::new(BIN)
+        .args(["workers", "--state", "alive", "--server", &server.url])
+        .output()
+        .expect("conveyor workers");
+    let table = String::from_utf8_lossy(&listed.stdout);
+    assert!(listed.status.success(), "{table}");
+    let row = table
+        .lines()
+        .find(|line| line.starts_with("w-doomed"))
+        .unwrap_or_else(|| panic!("no row for the worker in {table}"));
+    assert!(row.contains("alive") && row.contains("registry"), "{row}");
 
     let job = enqueue(
         &server.url,

@@ -5,6 +5,7 @@ mod audit;
 mod bench;
 mod demo;
 mod http;
+mod observe;
 mod schedule;
 mod serve;
 mod store;
@@ -95,6 +96,10 @@ enum Command {
         #[command(subcommand)]
         command: admin::QueueCommand,
     },
+    /// Registered workers: id, host, pid, queues, busy slots, last heartbeat.
+    Workers(observe::WorkersArgs),
+    /// Running jobs past their stuck threshold (much longer than their kind usually takes).
+    Stuck(observe::StuckArgs),
     /// Cron schedules: list, show, set, runs, delete.
     Schedule {
         #[command(subcommand)]
@@ -155,6 +160,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Job { command } => admin::job(command).await,
         Command::Dead { command } => admin::dead(command).await,
         Command::Queues(args) => admin::queues(args).await,
+        Command::Workers(args) => observe::workers(args).await,
+        Command::Stuck(args) => observe::stuck(args).await,
         Command::Queue { command } => admin::queue(command).await,
         Command::Schedule { command } => schedule::run(command).await,
         Command::Work(args) => work::run(args).await,
