@@ -124,6 +124,19 @@ pub struct ErrorRecord {
 }
 
 impl ErrorRecord {
+    /// The history entry a store writes when it rescues a job whose worker was marked dead
+    /// (stopped heartbeating in the registry): the same class as an expired lease.
+    pub fn worker_lost(attempt: u32, at: DateTime<Utc>, worker: &str) -> Self {
+        Self {
+            attempt,
+            at,
+            class: error_class::LEASE_EXPIRED.to_string(),
+            message: format!(
+                "worker {worker} stopped heartbeating and was marked dead before the job finished"
+            ),
+        }
+    }
+
     /// The history entry a store writes when it rescues a job whose lease ran out.
     pub fn lease_expired(attempt: u32, at: DateTime<Utc>, worker: Option<&str>) -> Self {
         Self {

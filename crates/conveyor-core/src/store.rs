@@ -108,6 +108,17 @@ pub struct RescueReport {
     pub dead: Vec<Uuid>,
 }
 
+impl RescueReport {
+    /// Counts a rescued job under what became of it.
+    pub fn add(&mut self, job: &Job) {
+        if job.state == JobState::Dead {
+            self.dead.push(job.id);
+        } else {
+            self.retried.push(job.id);
+        }
+    }
+}
+
 /// Filters for listing jobs, newest first. `after` is the cursor: the last id of the previous page.
 #[derive(Debug, Clone, Default)]
 pub struct JobListParams {

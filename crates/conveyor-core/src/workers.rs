@@ -15,7 +15,6 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::ValidationError;
-use crate::job::ErrorRecord;
 use crate::retry::RetryPolicy;
 use crate::store::RescueReport;
 
@@ -171,19 +170,6 @@ pub fn heartbeat(beat: &WorkerHeartbeat) -> Result<(), ValidationError> {
         crate::validate::name(&format!("queues[{index}]"), queue)?;
     }
     Ok(())
-}
-
-/// The history entry a store writes for a job whose worker was marked dead: the class is
-/// `lease_expired`, as for an expired lease, because it is the same event detected sooner.
-pub fn worker_lost_error(attempt: u32, at: DateTime<Utc>, worker: &str) -> ErrorRecord {
-    ErrorRecord {
-        attempt,
-        at,
-        class: crate::job::error_class::LEASE_EXPIRED.to_string(),
-        message: format!(
-            "worker {worker} stopped heartbeating and was marked dead before the job finished"
-        ),
-    }
 }
 
 #[cfg(test)]

@@ -1003,11 +1003,7 @@ pub(crate) async fn rescue_expired(
         else {
             continue;
         };
-        if job.state == JobState::Dead {
-            report.dead.push(job.id);
-        } else {
-            report.retried.push(job.id);
-        }
+        report.add(&job);
     }
     Ok(report)
 }

@@ -4,10 +4,9 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::stuck::{self, KindDurations, RunningJob, StuckJob, StuckParams};
-use conveyor_core::workers::worker_lost_error;
 use conveyor_core::{
-    JobState, LeaseRef, RescueReport, StaleReport, StaleWorkerParams, StoreResult, WorkerHeartbeat,
-    WorkerInfo, WorkerState,
+    ErrorRecord, LeaseRef, RescueReport, StaleReport, StaleWorkerParams, StoreResult,
+    WorkerHeartbeat, WorkerInfo, WorkerState,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row, SqlStr};
@@ -211,7 +210,7 @@ pub(crate) async fn mark_stale(
             let attempt = column::<i32>(row, "attempt")?.max(0) as u32;
             let max_attempts = column::<i32>(row, "max_attempts")?.max(0) as u32;
             let worker_id: String = column(row, "lease_worker")?;
-            let error = worker_lost_error(attempt, ctx.now, &worker_id);
+            let error = ErrorRecord::worker_lost(attempt, ctx.now, &worker_id);
             let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
             let Some(job) = record_failure(
                 &mut *conn,
@@ -226,11 +225,7 @@ pub(crate) async fn mark_stale(
             else {
                 continue;
             };
-            if job.state == JobState::Dead {
-                rescued.dead.push(job.id);
-            } else {
-                rescued.retried.push(job.id);
-            }
+            rescued.add(&job);
         }
     }
     sqlx::query(sql.forget.clone())

@@ -42,6 +42,8 @@ pub enum ApiError {
     /// `Retry-After` (whole seconds).
     #[error("{message}")]
     QueueFull {
+        /// `queue`, or `tenant` when the tenant's share of the queue is what is full.
+        field: &'static str,
         message: String,
         retry_after_secs: u64,
     },
@@ -121,6 +123,7 @@ impl ApiError {
     pub fn field(&self) -> Option<&str> {
         match self {
             ApiError::Invalid { field, .. } | ApiError::TooLarge { field, .. } => Some(field),
+            ApiError::QueueFull { field, .. } => Some(field),
             _ => None,
         }
     }
@@ -168,6 +171,12 @@ impl From<StoreError> for ApiError {
             StoreError::LeaseLost(id) => ApiError::LeaseLost(id),
             conflict @ StoreError::Conflict { .. } => ApiError::Conflict(conflict.to_string()),
             full @ StoreError::QueueFull { retry_after, .. } => ApiError::QueueFull {
+                field: match &full {
+                    StoreError::QueueFull {
+                        tenant: Some(_), ..
+                    } => "tenant",
+                    _ => "queue",
+                },
                 message: full.to_string(),
                 retry_after_secs: retry_after.as_secs_f64().ceil().max(1.0) as u64,
             },

@@ -56,6 +56,8 @@ async fn sensitive_fields_are_redacted_in_views_but_not_in_fetches() {
         .json()
         .await
         .expect("JSON");
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(listed["jobs"][0]["payload"]["password"], "[redacted]");
     assert!(secret_free(&listed), "{listed}");
     // The worker gets the real payload.
     let fetched: Value = http

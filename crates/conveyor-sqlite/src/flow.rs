@@ -58,15 +58,11 @@ pub(crate) fn candidates(
     if quota == 0 {
         return Ok(Vec::new());
     }
-    let groups = if tenanted {
-        tenant_groups(ctx, queue, settings, quota)?
-    } else {
-        vec![Group {
-            tenant: None,
-            jobs: first_ids(ctx, queue, quota)?,
-            budget: usize::MAX,
-        }]
-    };
+    if !tenanted {
+        // One group in claim order: the plain read, cut to the quota.
+        return crate::ops::first_available(ctx, queue, quota);
+    }
+    let groups = tenant_groups(ctx, queue, settings, quota)?;
     let picked = flow::round_robin(&groups, quota);
     let mut jobs = Vec::with_capacity(picked.jobs.len());
     for id in picked.jobs {
@@ -162,20 +158,6 @@ fn ids(rows: rusqlite::Result<Vec<String>>) -> StoreResult<Vec<Uuid>> {
                 .map_err(|e| conveyor_core::StoreError::Backend(format!("bad job id {id:?}: {e}")))
         })
         .collect()
-}
-
-/// The queue's first `limit` available jobs in claim order.
-fn first_ids(ctx: &WriteCtx<'_>, queue: &str, limit: usize) -> StoreResult<Vec<Uuid>> {
-    ids(ctx
-        .conn
-        .prepare_cached(
-            "SELECT id FROM jobs WHERE state = 'available' AND queue = ?1 \
-             ORDER BY priority DESC, run_at, id LIMIT ?2",
-        )
-        .and_then(|mut stmt| {
-            stmt.query_map(params![queue, limit as i64], |row| row.get(0))?
-                .collect()
-        }))
 }
 
 /// Up to `limit` distinct tenants with available jobs in `queue`, in ascending order, after

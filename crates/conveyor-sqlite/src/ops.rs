@@ -234,13 +234,22 @@ fn queue_candidates(
     if settings.limits_starts() || tenanted {
         return flow::candidates(ctx, queue, settings, want, tenanted);
     }
+    first_available(ctx, queue, want)
+}
+
+/// The queue's first `limit` available jobs in claim order (one range scan of `jobs_fetch`).
+pub(crate) fn first_available(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    limit: usize,
+) -> StoreResult<Vec<Job>> {
     ctx.conn
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \
              ORDER BY priority DESC, run_at, id LIMIT ?2"
         ))
         .and_then(|mut stmt| {
-            stmt.query_map(params![queue, want as i64], rows::job)?
+            stmt.query_map(params![queue, limit as i64], rows::job)?
                 .collect::<Result<Vec<Job>, _>>()
         })
         .map_err(backend)
@@ -562,11 +571,7 @@ pub(crate) fn rescue_expired(
         let error = ErrorRecord::lease_expired(attempt, ctx.now, worker.as_deref());
         let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
         let job = record_failure(ctx, &id, attempt, max_attempts, error, retry_at)?;
-        if job.state == JobState::Dead {
-            report.dead.push(job.id);
-        } else {
-            report.retried.push(job.id);
-        }
+        report.add(&job);
     }
     Ok(report)
 }

@@ -18,6 +18,8 @@ use crate::writer::WriteCtx;
 
 /// The most states a spec can name (every state, once); the lookup binds one slot for each.
 const STATE_SLOTS: usize = JobState::ALL.len();
+// The lookup's SQL spells out slots ?2 to ?8: a new state must widen it.
+const _: () = assert!(STATE_SLOTS == 7);
 
 /// The latest job holding `key` in one of `spec`'s states, created within its window.
 ///

@@ -4,9 +4,8 @@
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::from_millis;
 use conveyor_core::stuck::{self, KindDurations, RunningJob, StuckJob, StuckParams};
-use conveyor_core::workers::worker_lost_error;
 use conveyor_core::{
-    JobState, RescueReport, StaleReport, StaleWorkerParams, StoreError, StoreResult,
+    ErrorRecord, RescueReport, StaleReport, StaleWorkerParams, StoreError, StoreResult,
     WorkerHeartbeat, WorkerInfo, WorkerState,
 };
 use rusqlite::types::Type;
@@ -146,14 +145,10 @@ pub(crate) fn mark_stale(
             })
             .map_err(backend)?;
         for (job_id, attempt, max_attempts) in held {
-            let error = worker_lost_error(attempt, ctx.now, id);
+            let error = ErrorRecord::worker_lost(attempt, ctx.now, id);
             let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
             let job = record_failure(ctx, &job_id, attempt, max_attempts, error, retry_at)?;
-            if job.state == JobState::Dead {
-                rescued.dead.push(job.id);
-            } else {
-                rescued.retried.push(job.id);
-            }
+            rescued.add(&job);
         }
     }
     ctx.conn

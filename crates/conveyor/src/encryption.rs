@@ -42,7 +42,7 @@ const DECRYPT_ERROR: &str = "$conveyor_decrypt_error";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EncryptionError {
-    #[error("encryption keys: {0}")]
+    #[error("encryption keys ({KEYS_ENV} or OpenOptions::payload_keys): {0}")]
     BadKeys(String),
     #[error("cannot seal a payload: {0}")]
     Seal(String),

@@ -287,6 +287,15 @@ fn max_depth_refuses_the_101st_until_drained(backend: Backend) {
     assert!(retry_after >= 1);
     let body: Value = refused.json().expect("error JSON");
     assert_eq!(body["error"]["code"], "queue_full");
+    assert_eq!(body["error"]["field"], "queue");
+    // Nothing of the refused enqueue was stored.
+    let listed: Value = http()
+        .get(format!("{server}/v1/jobs?queue=inbox&limit=500"))
+        .send()
+        .expect("GET jobs")
+        .json()
+        .expect("jobs JSON");
+    assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(100));
     let _worker = start_worker(server, "true", &["--queues", "inbox", "--concurrency", "8"]);
     wait_until("the queue to drain", || {
         (completed(server, "inbox") == 100).then_some(())
@@ -299,8 +308,13 @@ fn max_depth_refuses_the_101st_until_drained(backend: Backend) {
         "stored once accepted"
     );
     wait_until("the accepted job to run", || {
-        (completed(server, "inbox") == 101).then_some(())
+        (get_job(server, id)["state"] == "completed").then_some(())
     });
+    assert_eq!(
+        completed(server, "inbox"),
+        101,
+        "exactly the 100 and the accepted one"
+    );
 }
 
 #[test]
