@@ -227,16 +227,22 @@ pub(crate) async fn claim_controlled(
         let weights: Vec<u32> = queues.iter().map(|(_, s)| s.weight.unwrap_or(1)).collect();
         let shares = flow::weighted_split(&weights, params.max, &mut rand::rng());
         let mut jobs = Vec::with_capacity(params.max);
-        for ((queue, settings), share) in queues.iter().zip(shares) {
+        // A queue that gave less than its share has nothing more to give: skip it after.
+        let mut drained = vec![false; queues.len()];
+        for (((queue, settings), share), drained) in queues.iter().zip(shares).zip(&mut drained) {
             if share > 0 {
                 let picked = queue_candidates(conn, ctx, queue, settings, share).await?;
+                *drained = picked.len() < share;
                 jobs.extend(claim.ids(conn, picked).await?);
             }
         }
-        for (queue, settings) in &queues {
+        for ((queue, settings), drained) in queues.iter().zip(drained) {
             let left = params.max.saturating_sub(jobs.len());
             if left == 0 {
                 break;
+            }
+            if drained {
+                continue;
             }
             let picked = queue_candidates(conn, ctx, queue, settings, left).await?;
             jobs.extend(claim.ids(conn, picked).await?);

@@ -197,16 +197,22 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         let weights: Vec<u32> = queues.iter().map(|(_, s)| s.weight.unwrap_or(1)).collect();
         let shares = planner::weighted_split(&weights, params.max, &mut rand::rng());
         let mut jobs = Vec::with_capacity(params.max);
-        for ((queue, settings), share) in queues.iter().zip(shares) {
+        // A queue that gave less than its share has nothing more to give: skip it after.
+        let mut drained = vec![false; queues.len()];
+        for (((queue, settings), share), drained) in queues.iter().zip(shares).zip(&mut drained) {
             if share > 0 {
                 let found = queue_candidates(ctx, queue, settings, share)?;
+                *drained = found.len() < share;
                 jobs.extend(claim(ctx, params, found)?);
             }
         }
-        for (queue, settings) in &queues {
+        for ((queue, settings), drained) in queues.iter().zip(drained) {
             let left = params.max.saturating_sub(jobs.len());
             if left == 0 {
                 break;
+            }
+            if drained {
+                continue;
             }
             let found = queue_candidates(ctx, queue, settings, left)?;
             jobs.extend(claim(ctx, params, found)?);
