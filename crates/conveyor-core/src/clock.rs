@@ -18,6 +18,38 @@ impl Clock for SystemClock {
     }
 }
 
+/// `at + by`, or the latest time chrono can represent when that is beyond it. Durations come
+/// from users (leases, windows, delays, TTLs) and can be absurdly large; plain `+` panics on
+/// overflow, which on a store's writer thread would take every later write with it.
+pub fn after(at: DateTime<Utc>, by: std::time::Duration) -> DateTime<Utc> {
+    Duration::from_std(by)
+        .ok()
+        .and_then(|by| at.checked_add_signed(by))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+/// `at + by` for a duration given by a caller: a [`ValidationError`] naming `field` when the
+/// sum is beyond the calendar, so an absurd lease or delay is refused instead of stored.
+pub fn checked_after(
+    at: DateTime<Utc>,
+    by: std::time::Duration,
+    field: &str,
+) -> Result<DateTime<Utc>, crate::ValidationError> {
+    Duration::from_std(by)
+        .ok()
+        .and_then(|by| at.checked_add_signed(by))
+        .ok_or_else(|| crate::ValidationError::new(field, "is too long"))
+}
+
+/// `at - by`, or the Unix epoch when that is before it (nothing Conveyor stores is older).
+pub fn before(at: DateTime<Utc>, by: std::time::Duration) -> DateTime<Utc> {
+    Duration::from_std(by)
+        .ok()
+        .and_then(|by| at.checked_sub_signed(by))
+        .filter(|t| *t >= DateTime::<Utc>::UNIX_EPOCH)
+        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
+}
+
 /// A clock that only moves when told to: for tests of leases, delays and backoff.
 #[derive(Debug)]
 pub struct ManualClock {
@@ -38,7 +70,9 @@ impl ManualClock {
             .now
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        *now += step;
+        *now = now
+            .checked_add_signed(step)
+            .unwrap_or(DateTime::<Utc>::MAX_UTC);
     }
 }
 

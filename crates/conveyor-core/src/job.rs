@@ -112,6 +112,9 @@ pub mod error_class {
     pub const INVALID_PAYLOAD: &str = "invalid_payload";
     /// The worker stopped heartbeating (crashed, hung or partitioned) and its lease ran out.
     pub const LEASE_EXPIRED: &str = "lease_expired";
+    /// The handler succeeded but its result cannot be stored (a NUL character in a string):
+    /// retrying would produce the same result, so the job goes to the dead-letter queue.
+    pub const INVALID_RESULT: &str = "invalid_result";
 }
 
 /// One failed attempt in a job's history.

@@ -56,7 +56,7 @@ impl RetryPolicy {
     }
 
     pub fn next_run_at(&self, now: DateTime<Utc>, attempt: u32) -> DateTime<Utc> {
-        now + chrono::Duration::from_std(self.delay(attempt)).unwrap_or(chrono::Duration::MAX)
+        crate::clock::after(now, self.delay(attempt))
     }
 }
 

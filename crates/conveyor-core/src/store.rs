@@ -203,8 +203,58 @@ impl Default for StoreOptions {
     }
 }
 
+/// What a store says about itself to health probes (`/livez`, `/readyz`, `/healthz`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StoreHealth {
+    /// False when this process cannot recover by itself and should be restarted: SQLite's
+    /// writer thread died, or the database file is damaged.
+    pub live: bool,
+    /// Whether the store accepts writes now (SQLite: the writer answered a round trip;
+    /// PostgreSQL: a pooled connection reached a primary that is not read-only).
+    pub ready: bool,
+    /// What is wrong, when `live` or `ready` is false.
+    pub problem: Option<String>,
+}
+
+impl StoreHealth {
+    pub fn ok() -> Self {
+        Self {
+            live: true,
+            ready: true,
+            problem: None,
+        }
+    }
+
+    /// Alive, but not accepting writes right now (a lost database connection, say).
+    pub fn not_ready(problem: impl Into<String>) -> Self {
+        Self {
+            live: true,
+            ready: false,
+            problem: Some(problem.into()),
+        }
+    }
+
+    /// Broken in a way only a restart (or an operator) can fix.
+    pub fn broken(problem: impl Into<String>) -> Self {
+        Self {
+            live: false,
+            ready: false,
+            problem: Some(problem.into()),
+        }
+    }
+}
+
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// Whether the store is alive and accepts writes. The default reads one row; stores
+    /// override it to probe their write path.
+    async fn health(&self) -> StoreHealth {
+        match self.job_get(Uuid::nil()).await {
+            Ok(_) => StoreHealth::ok(),
+            Err(error) => StoreHealth::not_ready(error.to_string()),
+        }
+    }
+
     /// Inserts all jobs or none. A job whose idempotency key matches an unfinished job (or one
     /// completed within the window) yields the existing job with `duplicate: true`; so does a
     /// job with a [`crate::UniqueSpec`] whose unique key is held by a job in one of the spec's
@@ -396,6 +446,9 @@ pub trait Store: Send + Sync + 'static {
     async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>>;
 }
 
+/// How far an idle long-poll's safety-net interval grows (see [`fetch_waiting`]).
+pub const IDLE_POLL_GROWTH: u32 = 16;
+
 /// Fetches, waiting (asynchronously) until jobs are claimed, `wait` passes, or `stop` resolves:
 /// the long-poll behind `POST /v1/fetch` and the worker's fetch loop. Wake-ups come from
 /// [`Store::wakeup`]; the `poll` interval bounds how late a job made available by another
@@ -411,6 +464,11 @@ pub async fn fetch_waiting(
     let deadline = tokio::time::Instant::now() + wait;
     let wakeup = store.wakeup();
     tokio::pin!(stop);
+    // Wake-ups bring new work at once; the poll is only a safety net (another process's jobs
+    // on a store without notifications, a lost notification, a rate limit's window moving).
+    // While nothing comes, each idle look waits twice as long as the last, up to
+    // IDLE_POLL_GROWTH times `poll`, so a thousand idle long-polls do not keep the store busy.
+    let mut idle_poll = poll;
     loop {
         // Register interest before fetching, so a wake-up between fetch and wait is not missed.
         let notified = wakeup.notified();
@@ -421,7 +479,8 @@ pub async fn fetch_waiting(
         if !jobs.is_empty() || now >= deadline {
             return Ok(jobs);
         }
-        let mut until = deadline.min(now + poll);
+        let mut until = deadline.min(now + idle_poll);
+        idle_poll = (idle_poll * 2).min(poll.saturating_mul(IDLE_POLL_GROWTH));
         if let Some(due) = store.jobs_next_due(&params.queues).await? {
             let in_ms = (due - Utc::now()).num_milliseconds().max(0) as u64;
             until = until.min(now + Duration::from_millis(in_ms));
@@ -430,7 +489,7 @@ pub async fn fetch_waiting(
         tokio::select! {
             biased;
             _ = &mut stop => return Ok(Vec::new()),
-            _ = &mut notified => {}
+            _ = &mut notified => idle_poll = poll,
             _ = tokio::time::sleep_until(until) => {}
         }
     }

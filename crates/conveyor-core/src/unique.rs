@@ -165,6 +165,9 @@ impl UniqueSpec {
                 "must be positive (leave it out for no window)",
             ));
         }
+        if let Some(period) = self.period_ms {
+            crate::validate::stored_integer("unique.period_ms", period)?;
+        }
         if self.states.is_empty() {
             return Err(ValidationError::new(
                 "unique.states",

@@ -32,6 +32,126 @@ pub fn name(field: &str, value: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// The largest number a store keeps: both stores hold integers as signed 64-bit values, so a
+/// larger one would be clamped (SQLite) or refused with a storage error (PostgreSQL).
+pub const MAX_STORED_INTEGER: u64 = i64::MAX as u64;
+
+/// Refuses a number the stores cannot hold exactly.
+pub fn stored_integer(field: &str, value: u64) -> Result<(), ValidationError> {
+    if value > MAX_STORED_INTEGER {
+        return Err(ValidationError::new(
+            field,
+            format!("must be at most {MAX_STORED_INTEGER}"),
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses text holding a NUL character. PostgreSQL cannot store one in text or JSONB; SQLite
+/// can. Refusing it everywhere keeps both stores (and every client) behaving the same.
+pub fn text_without_nul(field: &str, value: &str) -> Result<(), ValidationError> {
+    if value.contains('\0') {
+        return Err(ValidationError::new(
+            field,
+            "must not contain the NUL character (\\u0000)",
+        ));
+    }
+    Ok(())
+}
+
+/// Refuses JSON holding a NUL character in any string or object key. The error names the
+/// place as `field` followed by a JSON pointer (`payload/user/name`).
+pub fn json_without_nul(field: &str, value: &serde_json::Value) -> Result<(), ValidationError> {
+    use serde_json::Value;
+    fn escape(key: &str) -> String {
+        key.replace('~', "~0").replace('/', "~1")
+    }
+    // Depth-first with an explicit stack: payloads can be deeply nested.
+    let mut stack: Vec<(String, &Value)> = vec![(field.to_string(), value)];
+    while let Some((path, value)) = stack.pop() {
+        match value {
+            Value::String(text) => text_without_nul(&path, text)?,
+            Value::Array(items) => {
+                for (index, item) in items.iter().enumerate() {
+                    stack.push((format!("{path}/{index}"), item));
+                }
+            }
+            Value::Object(map) => {
+                for (key, item) in map {
+                    let place = format!("{path}/{}", escape(key));
+                    text_without_nul(&place, key)?;
+                    stack.push((place, item));
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// A failure's message as stored: NUL characters written out as `\u0000`. An error message is
+/// a report, not data: refusing it would leave the job running until its lease expired.
+pub fn storable_message(message: &str) -> std::borrow::Cow<'_, str> {
+    if message.contains('\0') {
+        std::borrow::Cow::Owned(message.replace('\0', "\\u0000"))
+    } else {
+        std::borrow::Cow::Borrowed(message)
+    }
+}
+
+/// Most distinct queues one fetch may name. A fetch looks at each queue in turn on the
+/// claim path (SQLite's single writer), so an unbounded list would stall every other write.
+pub const MAX_FETCH_QUEUES: usize = 256;
+
+/// Checks a fetch and drops repeated queue names (keeping the first of each, in linear time)
+/// before it reaches a store.
+pub fn fetch(params: &mut crate::store::FetchParams) -> Result<(), ValidationError> {
+    if params.worker_id.len() > crate::workers::MAX_WORKER_FIELD_LEN {
+        return Err(ValidationError::new(
+            "worker_id",
+            format!(
+                "must be at most {} bytes",
+                crate::workers::MAX_WORKER_FIELD_LEN
+            ),
+        ));
+    }
+    if params.worker_id.chars().any(char::is_control) {
+        return Err(ValidationError::new(
+            "worker_id",
+            "must not contain control characters",
+        ));
+    }
+    let mut seen = std::collections::HashSet::with_capacity(params.queues.len());
+    let mut distinct = Vec::with_capacity(params.queues.len().min(MAX_FETCH_QUEUES));
+    for (index, queue) in params.queues.iter().enumerate() {
+        if seen.contains(queue.as_str()) {
+            continue;
+        }
+        if distinct.len() == MAX_FETCH_QUEUES {
+            return Err(ValidationError::new(
+                "queues",
+                format!("at most {MAX_FETCH_QUEUES} distinct queues per fetch"),
+            ));
+        }
+        name(&format!("queues[{index}]"), queue)?;
+        seen.insert(queue.as_str());
+        distinct.push(queue.clone());
+    }
+    drop(seen);
+    params.queues = distinct;
+    Ok(())
+}
+
+/// Checks completions' results before they reach a store (see [`json_without_nul`]).
+pub fn completions(params: &[crate::store::CompleteParams]) -> Result<(), ValidationError> {
+    for completion in params {
+        if let Some(result) = &completion.result {
+            json_without_nul("result", result)?;
+        }
+    }
+    Ok(())
+}
+
 /// Checks every field of a new job; the first problem found is returned.
 pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
     name("kind", &job.kind)?;
@@ -45,6 +165,9 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
     if job.timeout_ms == Some(0) {
         return Err(ValidationError::new("timeout_ms", "must be positive"));
     }
+    if let Some(timeout) = job.timeout_ms {
+        stored_integer("timeout_ms", timeout)?;
+    }
     if let Some(key) = &job.idempotency_key {
         if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
             return Err(ValidationError::new(
@@ -52,7 +175,9 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
                 format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes"),
             ));
         }
+        text_without_nul("idempotency_key", key)?;
     }
+    json_without_nul("payload", &job.payload)?;
     if job.tags.len() > MAX_TAGS {
         return Err(ValidationError::new(
             "tags",
@@ -100,6 +225,9 @@ pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), Valida
                 field,
                 "must be at least 1 (or null for no limit)",
             ));
+        }
+        if let Some(value) = value {
+            stored_integer(field, value)?;
         }
     }
     for (field, value) in [

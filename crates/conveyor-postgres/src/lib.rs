@@ -249,8 +249,10 @@ impl PgStore {
         lease: LeaseRef,
         result: Option<Value>,
     ) -> StoreResult<LeaseOutcome> {
+        let completion = vec![CompleteParams { lease, result }];
+        conveyor_core::validate::completions(&completion)?;
         let ctx = self.ctx();
-        let outcomes = ops::complete_many(tx, &ctx, vec![CompleteParams { lease, result }]).await?;
+        let outcomes = ops::complete_many(tx, &ctx, completion).await?;
         outcomes.into_iter().next().ok_or_else(|| {
             StoreError::Backend("postgres: completion returned no outcome".to_string())
         })
@@ -304,6 +306,23 @@ async fn commit(tx: Transaction<'static, Postgres>) -> StoreResult<()> {
 
 #[async_trait]
 impl Store for PgStore {
+    /// Ready when a pooled connection answers within a few seconds and reaches a primary
+    /// (a hot standby refuses writes). Never "not live": a lost database is not fixed by
+    /// restarting this process, and the pool reconnects by itself.
+    async fn health(&self) -> conveyor_core::StoreHealth {
+        use conveyor_core::StoreHealth;
+        let probe =
+            sqlx::query_scalar::<_, bool>("SELECT pg_is_in_recovery()").fetch_one(&self.inner.pool);
+        match tokio::time::timeout(std::time::Duration::from_secs(5), probe).await {
+            Ok(Ok(false)) => StoreHealth::ok(),
+            Ok(Ok(true)) => StoreHealth::not_ready(
+                "connected to a PostgreSQL standby (read-only): writes would fail",
+            ),
+            Ok(Err(error)) => StoreHealth::not_ready(format!("cannot reach PostgreSQL: {error}")),
+            Err(_) => StoreHealth::not_ready("PostgreSQL did not answer within 5 s"),
+        }
+    }
+
     async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
         validate_all(&jobs)?;
         if jobs.is_empty() {
@@ -331,7 +350,8 @@ impl Store for PgStore {
         Ok(job)
     }
 
-    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
+    async fn jobs_fetch(&self, mut params: FetchParams) -> StoreResult<Vec<Job>> {
+        conveyor_core::validate::fetch(&mut params)?;
         if params.max == 0 || params.queues.is_empty() {
             return Ok(Vec::new());
         }
@@ -358,10 +378,12 @@ impl Store for PgStore {
         if params.is_empty() {
             return Ok(Vec::new());
         }
+        conveyor_core::validate::completions(&params)?;
         ops::complete_many(&mut *self.conn().await?, &self.ctx(), params).await
     }
 
-    async fn job_fail(&self, params: FailParams) -> StoreResult<Job> {
+    async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
+        params.message = conveyor_core::validate::storable_message(&params.message).into_owned();
         ops::fail(&mut *self.conn().await?, &self.ctx(), params).await
     }
 

@@ -38,19 +38,15 @@ pub(crate) struct Ctx<'a> {
     pub options: &'a StoreOptions,
 }
 
-fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-}
-
 /// `now + d`, or a validation error naming `field` when the sum leaves the calendar.
 fn after(
     now: DateTime<Utc>,
     d: std::time::Duration,
     field: &'static str,
 ) -> StoreResult<DateTime<Utc>> {
-    now.checked_add_signed(chrono_duration(d))
-        .map(truncate_to_millis)
-        .ok_or_else(|| ValidationError::new(field, "too long").into())
+    Ok(truncate_to_millis(conveyor_core::clock::checked_after(
+        now, d, field,
+    )?))
 }
 
 fn to_i32(value: u32, field: &'static str) -> StoreResult<i32> {
@@ -219,9 +215,7 @@ pub(crate) async fn next_due(
 fn holds_key(job: &Job, now: DateTime<Utc>, options: &StoreOptions) -> bool {
     match job.state {
         JobState::Completed => job.finished_at.is_some_and(|finished| {
-            finished
-                .checked_add_signed(chrono_duration(options.completed_idempotency_window))
-                .is_none_or(|window_end| window_end > now)
+            conveyor_core::clock::after(finished, options.completed_idempotency_window) > now
         }),
         JobState::Dead | JobState::Cancelled => false,
         _ => true,
@@ -1186,7 +1180,8 @@ pub(crate) async fn leader_try_acquire(
     holder: &str,
     ttl: std::time::Duration,
 ) -> StoreResult<bool> {
-    let expires_at = after(ctx.now, ttl, "ttl")?;
+    // Configuration, not input: an absurd TTL saturates (as on SQLite) rather than fails.
+    let expires_at = truncate_to_millis(conveyor_core::clock::after(ctx.now, ttl));
     let row = sqlx::query(ctx.sql.leader_acquire.clone())
         .bind(MAINTENANCE_ROLE)
         .bind(holder)

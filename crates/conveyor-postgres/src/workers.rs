@@ -2,7 +2,6 @@
 //! `conveyor_core::stuck`). Every statement is built once per store for its schema, as in
 //! `sql.rs`; every value is a bind parameter.
 
-use chrono::{DateTime, Utc};
 use conveyor_core::stuck::{self, KindDurations, RunningJob, StuckJob, StuckParams};
 use conveyor_core::{
     ErrorRecord, LeaseRef, RescueReport, StaleReport, StaleWorkerParams, StoreResult,
@@ -95,15 +94,7 @@ impl WorkerSql {
     }
 }
 
-fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-}
-
-/// `now - d`, or the earliest representable time when that leaves the calendar.
-fn before(now: DateTime<Utc>, d: std::time::Duration) -> DateTime<Utc> {
-    now.checked_sub_signed(chrono_duration(d))
-        .unwrap_or(DateTime::<Utc>::UNIX_EPOCH)
-}
+use conveyor_core::clock::before;
 
 fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)

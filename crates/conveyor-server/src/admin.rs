@@ -1,7 +1,7 @@
 //! Operator endpoints: the dead-letter queue, queue counts, health, and the JSON fallbacks.
 
 use axum::extract::State;
-use axum::http::{Method, Uri};
+use axum::http::{Method, StatusCode, Uri};
 use axum::Json;
 use conveyor_core::{validate, AuditAction, JobState, QueueStats, ReplaySelector};
 use serde::{Deserialize, Serialize};
@@ -135,22 +135,68 @@ pub(crate) async fn queues(State(state): State<AppState>) -> ApiResult<Json<Queu
 
 #[derive(Serialize)]
 pub(crate) struct Health {
+    /// `ok`, or `unavailable` (not ready: stop routing here) or `failing` (not live: restart).
     status: &'static str,
+    /// The process can go on serving (or recover by itself); false: restart it.
+    live: bool,
+    /// The store accepts writes and the server is not shutting down.
+    ready: bool,
     /// Whether this node leads maintenance (lease rescue, promotion); absent when it runs none.
     #[serde(skip_serializing_if = "Option::is_none")]
     leader: Option<bool>,
+    /// What is wrong, when not ok.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
 }
 
-/// 200 after a cheap read succeeds; 503 (`store_unavailable`) when the store errors.
-pub(crate) async fn healthz(State(state): State<AppState>) -> ApiResult<Json<Health>> {
-    state.store.job_get(Uuid::nil()).await?;
-    Ok(Json(Health {
-        status: "ok",
+async fn health(state: &AppState) -> Health {
+    let mut store = state.store.health().await;
+    if state.shutdown.is_cancelled() && store.ready {
+        store.ready = false;
+        store.problem = Some("shutting down".to_string());
+    }
+    let status = match (store.live, store.ready) {
+        (true, true) => "ok",
+        (true, false) => "unavailable",
+        (false, _) => "failing",
+    };
+    Health {
+        status,
+        live: store.live,
+        ready: store.ready,
         leader: state
             .leading
             .as_ref()
             .map(|leading| leading.load(std::sync::atomic::Ordering::Relaxed)),
-    }))
+        problem: store.problem,
+    }
+}
+
+fn answer(health: Health, healthy: bool) -> (StatusCode, Json<Health>) {
+    let status = if healthy {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    (status, Json(health))
+}
+
+/// Readiness (`/healthz`, `/readyz`): 200 when the store accepts writes (SQLite: the writer
+/// answered a round trip; PostgreSQL: a primary answered), else 503 with the problem. An
+/// orchestrator stops routing requests to a server that is not ready.
+pub(crate) async fn healthz(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    let health = health(&state).await;
+    let ready = health.ready;
+    answer(health, ready)
+}
+
+/// Liveness (`/livez`): 503 only when the process cannot recover by itself (SQLite's writer
+/// thread died, the database file is damaged), so an orchestrator restarts it. A database that
+/// is merely unreachable keeps it live: restarting would not help.
+pub(crate) async fn livez(State(state): State<AppState>) -> (StatusCode, Json<Health>) {
+    let health = health(&state).await;
+    let live = health.live;
+    answer(health, live)
 }
 
 pub(crate) async fn not_found(method: Method, uri: Uri) -> ApiError {

@@ -87,6 +87,8 @@ const ADMIN: Access = Access::Roles(&[]);
 /// checked as GET.
 pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/healthz", Access::Public),
+    (Method::GET, "/readyz", Access::Public),
+    (Method::GET, "/livez", Access::Public),
     (Method::GET, "/", Access::Public),
     (Method::GET, "/ui/{*path}", Access::Public),
     (Method::POST, "/v1/session", Access::Public),

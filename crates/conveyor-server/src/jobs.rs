@@ -128,11 +128,22 @@ impl EnqueueRequest {
     }
 }
 
+/// The answer to `POST /v1/jobs`: the job as `GET /v1/jobs/{id}` would show it to the caller
+/// (sensitive fields redacted), or, for a duplicate of a job the caller may not read (another
+/// producer's, found through a shared idempotency key or unique spec), only its id: the
+/// deduplication still holds, but nothing of the other producer's job is revealed.
 #[derive(Serialize)]
-pub(crate) struct EnqueuedJob {
-    #[serde(flatten)]
-    job: Job,
-    duplicate: bool,
+#[serde(untagged)]
+pub(crate) enum EnqueuedJob {
+    Readable {
+        #[serde(flatten)]
+        job: Job,
+        duplicate: bool,
+    },
+    Foreign {
+        id: Uuid,
+        duplicate: bool,
+    },
 }
 
 /// Jobs enqueued with a token carry the tag `conveyor:owner:<token id>`, so that a producer
@@ -145,6 +156,12 @@ fn owner_tag(caller: &Caller) -> Option<String> {
         .actor
         .token_id
         .map(|id| format!("{OWNER_TAG_PREFIX}{id}"))
+}
+
+/// Whether `caller` may see `job`: producers see only jobs carrying their own owner tag;
+/// every other role that reaches a job route may see any job.
+fn may_read(caller: &Caller, job: &Job) -> bool {
+    caller.role != Role::Producer || owner_tag(caller).is_some_and(|tag| job.tags.contains(&tag))
 }
 
 /// Refuses reserved tags, then tags the job with its owner (when a token enqueued it).
@@ -197,13 +214,18 @@ pub(crate) async fn enqueue(
     } else {
         StatusCode::CREATED
     };
-    Ok((
-        status,
-        Json(EnqueuedJob {
-            job: inserted.job,
+    let answer = if may_read(&caller, &inserted.job) {
+        EnqueuedJob::Readable {
+            job: state.config.redacted(inserted.job),
             duplicate: inserted.duplicate,
-        }),
-    ))
+        }
+    } else {
+        EnqueuedJob::Foreign {
+            id: inserted.job.id,
+            duplicate: inserted.duplicate,
+        }
+    };
+    Ok((status, Json(answer)))
 }
 
 #[derive(Debug, Deserialize)]
@@ -268,9 +290,7 @@ pub(crate) async fn get(
         .await?
         .ok_or(ApiError::JobNotFound(id))?;
     // A producer sees only its own jobs; another's answers as if it did not exist.
-    if caller.role == Role::Producer
-        && !owner_tag(&caller).is_some_and(|tag| job.tags.contains(&tag))
-    {
+    if !may_read(&caller, &job) {
         return Err(ApiError::JobNotFound(id));
     }
     Ok(Json(state.config.redacted(job)))

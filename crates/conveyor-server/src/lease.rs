@@ -105,9 +105,6 @@ pub(crate) async fn fetch(
     if request.queues.is_empty() {
         return Err(ApiError::invalid("queues", "must name at least one queue"));
     }
-    for (index, queue) in request.queues.iter().enumerate() {
-        validate::name(&format!("queues[{index}]"), queue)?;
-    }
     let max = request.max.unwrap_or(1);
     if max == 0 || max > config.max_fetch_batch {
         return Err(ApiError::invalid(
@@ -117,12 +114,15 @@ pub(crate) async fn fetch(
     }
     let lease = lease_duration("lease_ms", request.lease_ms, config.default_lease)?;
     let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(config.max_fetch_wait);
-    let params = FetchParams {
+    let mut params = FetchParams {
         worker_id: request.worker_id,
         queues: request.queues,
         max,
         lease,
     };
+    // Names, the cap on distinct queues, repeated names dropped: once, not on every look of
+    // the long-poll.
+    validate::fetch(&mut params)?;
     let stop = state.shutdown.cancelled();
     let jobs = fetch_waiting(state.store.as_ref(), params, wait, config.fetch_poll, stop).await?;
     let jobs = jobs

@@ -203,6 +203,8 @@ pub fn router_with_options(
         )
         .route("/v1/schedules/{name}/runs", get(schedules::runs))
         .route("/healthz", get(admin::healthz))
+        .route("/readyz", get(admin::healthz))
+        .route("/livez", get(admin::livez))
         .route("/metrics", get(observe::metrics))
         .route("/v1/jobs/stuck", get(observe::stuck))
         .route("/v1/workers", get(observe::workers))

@@ -21,6 +21,10 @@ struct Api {
 }
 
 async fn start(auth: AuthOptions) -> Api {
+    start_with(auth, ServerConfig::default()).await
+}
+
+async fn start_with(auth: AuthOptions, config: ServerConfig) -> Api {
     let dir = tempfile::tempdir().expect("temp dir");
     let store: Arc<dyn Store> = Arc::new(
         SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
@@ -40,7 +44,7 @@ async fn start(auth: AuthOptions) -> Api {
     }
     let app = router_with_options(
         store.clone(),
-        ServerConfig::default(),
+        config,
         RouterOptions {
             auth,
             ..RouterOptions::default()
@@ -139,7 +143,11 @@ const ADMIN: Expect = Expect::Roles(&[]);
 fn expected(method: &Method, route: &str) -> Option<Expect> {
     let m = method.as_str();
     Some(match (m, route) {
-        ("GET", "/healthz") | ("GET", "/") | ("GET", "/ui/{*path}") => Expect::Public,
+        ("GET", "/healthz")
+        | ("GET", "/readyz")
+        | ("GET", "/livez")
+        | ("GET", "/")
+        | ("GET", "/ui/{*path}") => Expect::Public,
         ("POST", "/v1/session") => Expect::Public,
         ("GET", "/v1/session") | ("DELETE", "/v1/session") => Expect::AnyToken,
         ("GET", "/metrics") => Expect::AnyToken,
@@ -954,4 +962,89 @@ async fn producers_read_only_their_own_jobs() {
         .await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(error["error"]["field"], "jobs[1].tags");
+}
+
+/// A duplicate found through another producer's idempotency key or unique spec answers only
+/// the id and `duplicate: true`: never that producer's payload, kind or tags. A producer's own
+/// enqueue answer is redacted like its `GET`.
+#[tokio::test]
+async fn a_duplicate_never_reveals_another_producers_job() {
+    let config = ServerConfig {
+        sensitive_fields: vec!["secret".to_string()],
+        ..ServerConfig::default()
+    };
+    let api = start_with(enabled(), config).await;
+    let other = create_token(
+        api.store.as_ref(),
+        Role::Producer,
+        Some("producer-b".to_string()),
+        Actor::anonymous(),
+    )
+    .await
+    .expect("create token")
+    .secret
+    .plaintext;
+    let as_other = |body: Value| {
+        let request = api
+            .http
+            .post(format!("{}/v1/jobs", api.base))
+            .bearer_auth(&other)
+            .json(&body);
+        async move { read(request.send().await.expect("send")).await }
+    };
+    let charge = json!({"kind": "charge", "idempotency_key": "order-1001",
+        "payload": {"user": 7, "secret": "hunter2"}});
+    let (status, mine, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs",
+            Who::Producer,
+            Some(charge.clone()),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{mine}");
+    assert_eq!(mine["payload"]["secret"], "[redacted]", "{mine}");
+    let id = mine["id"].clone();
+
+    // The owner enqueuing again sees its own (redacted) job.
+    let (status, again, _) = api
+        .send(Method::POST, "/v1/jobs", Who::Producer, Some(charge))
+        .await;
+    assert_eq!((status, &again["id"]), (StatusCode::OK, &id));
+    assert_eq!(again["duplicate"], true);
+    assert_eq!(again["payload"]["secret"], "[redacted]", "{again}");
+
+    // Producer B through the same key: the id and `duplicate`, nothing else.
+    let (status, foreign, _) =
+        as_other(json!({"kind": "other", "idempotency_key": "order-1001"})).await;
+    assert_eq!(status, StatusCode::OK, "{foreign}");
+    assert_eq!(foreign, json!({"id": id, "duplicate": true}));
+    assert!(!foreign.to_string().contains("hunter2"));
+
+    // The same through a unique spec on the `user` field.
+    let unique = json!({"kind": "profile", "payload": {"user": 9, "secret": "swordfish"},
+        "unique": {"args": ["user"]}});
+    let (status, first, _) = api
+        .send(Method::POST, "/v1/jobs", Who::Producer, Some(unique))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    let (status, foreign, _) = as_other(json!({"kind": "profile",
+        "payload": {"user": 9}, "unique": {"args": ["user"]}}))
+    .await;
+    assert_eq!(status, StatusCode::OK, "{foreign}");
+    assert_eq!(foreign, json!({"id": first["id"], "duplicate": true}));
+    assert!(!foreign.to_string().contains("swordfish"));
+
+    // An admin still sees the whole job (redacted) when it hits a duplicate.
+    let (status, admin_view, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs",
+            Who::Admin,
+            Some(json!({"kind": "other", "idempotency_key": "order-1001"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(admin_view["kind"], "charge");
+    assert_eq!(admin_view["payload"]["secret"], "[redacted]");
 }

@@ -24,8 +24,8 @@ use conveyor_core::{
 use conveyor_core::{
     Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobListParams,
     LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings, QueueStats, ReplaySelector,
-    RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
-    SystemClock,
+    RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreHealth, StoreOptions,
+    StoreResult, SystemClock,
 };
 use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use conveyor_core::{
@@ -39,6 +39,8 @@ use tokio::sync::Notify;
 use uuid::Uuid;
 
 const SCHEMA_VERSION: i64 = 10;
+/// How long a health probe waits for the writer before calling it not ready.
+const HEALTH_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// How commits reach the disk.
@@ -59,6 +61,16 @@ pub struct SqliteOptions {
     pub clock: Arc<dyn Clock>,
     /// Read connections kept open.
     pub readers: usize,
+    /// Hold an exclusive lock on `<file>.lock` for as long as the store is open, so a second
+    /// process (a second `conveyor serve`, say) cannot open the same file: the store keeps
+    /// queue settings and counts in its writer's memory and assumes it is the only writer. A
+    /// second open is refused with an error naming the holder's pid. Turn off only for tools
+    /// that write nothing the writer caches (the token commands).
+    pub exclusive: bool,
+    /// Run `PRAGMA quick_check` at open and refuse a damaged file (a read of every page: about
+    /// a second per few hundred MB). Off: a damaged file opens, and the damage shows in
+    /// [`Store::health`] once an operation meets it.
+    pub integrity_check: bool,
 }
 
 impl Default for SqliteOptions {
@@ -68,6 +80,8 @@ impl Default for SqliteOptions {
             store: StoreOptions::default(),
             clock: Arc::new(SystemClock),
             readers: 4,
+            exclusive: true,
+            integrity_check: true,
         }
     }
 }
@@ -81,6 +95,10 @@ pub struct SqliteStore {
 struct Inner {
     path: PathBuf,
     ops: Sender<writer::Op>,
+    status: Arc<StoreStatus>,
+    /// The open lock file whose `flock` marks this process as the file's only user; released
+    /// when the last clone of the store is dropped.
+    _lock: Option<std::fs::File>,
     readers: Mutex<Vec<Connection>>,
     max_idle_readers: usize,
     wakeup: Arc<Notify>,
@@ -89,6 +107,89 @@ struct Inner {
 
 pub(crate) fn backend(e: rusqlite::Error) -> StoreError {
     StoreError::Backend(e.to_string())
+}
+
+/// What health probes need to know that no single call reports.
+#[derive(Default)]
+struct StoreStatus {
+    /// Set when the writer thread ended other than by the store being dropped.
+    writer_died: Mutex<Option<String>>,
+    /// The first error that showed the file is damaged ("database disk image is malformed").
+    damaged: Mutex<Option<String>>,
+}
+
+impl StoreStatus {
+    /// Remembers an error that shows the file is damaged; such errors never heal by retrying.
+    fn note(&self, error: &StoreError) {
+        if let StoreError::Backend(message) = error {
+            let lower = message.to_ascii_lowercase();
+            if lower.contains("malformed") || lower.contains("not a database") {
+                if let Ok(mut damaged) = self.damaged.lock() {
+                    damaged.get_or_insert_with(|| message.clone());
+                }
+            }
+        }
+    }
+
+    fn problem(&self) -> Option<String> {
+        let died = self.writer_died.lock().ok().and_then(|died| died.clone());
+        let damaged = self.damaged.lock().ok().and_then(|damaged| damaged.clone());
+        died.map(|why| format!("the SQLite writer thread died ({why}): restart the process"))
+            .or_else(|| {
+                damaged.map(|why| {
+                    format!("the database file is damaged: {why}; restore it from a backup")
+                })
+            })
+    }
+}
+
+/// Takes the exclusive lock on `<db>.lock`, or explains who holds it.
+fn lock_file(db: &Path) -> StoreResult<std::fs::File> {
+    use std::io::{Read, Seek, Write};
+    use std::os::fd::AsRawFd;
+    let mut name = db.as_os_str().to_owned();
+    name.push(".lock");
+    let lock_path = PathBuf::from(name);
+    let mut file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&lock_path)
+        .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", lock_path.display())))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is shared with the call.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if locked != 0 {
+        let error = std::io::Error::last_os_error();
+        if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
+            return Err(StoreError::Backend(format!(
+                "cannot lock {}: {error}",
+                lock_path.display()
+            )));
+        }
+        let mut holder = String::new();
+        let _ = file.read_to_string(&mut holder);
+        let holder = holder.trim();
+        let who = if holder.is_empty() {
+            "another process".to_string()
+        } else {
+            format!("another process (pid {holder})")
+        };
+        return Err(StoreError::Backend(format!(
+            "{} is in use by {who}: an SQLite store serves one process at a time (stop that \
+             one, or point several servers at PostgreSQL instead)",
+            db.display()
+        )));
+    }
+    let recorded = file
+        .set_len(0)
+        .and_then(|()| file.rewind())
+        .and_then(|()| write!(file, "{}", std::process::id()))
+        .and_then(|()| file.flush());
+    if let Err(e) = recorded {
+        tracing::warn!(error = %e, path = %lock_path.display(), "cannot record our pid in the lock file");
+    }
+    Ok(file)
 }
 
 impl SqliteStore {
@@ -103,8 +204,22 @@ impl SqliteStore {
             })?;
         }
         let describe = |e: rusqlite::Error| StoreError::Backend(format!("{}: {e}", path.display()));
+        let lock = if options.exclusive {
+            Some(lock_file(&path)?)
+        } else {
+            None
+        };
         let conn = Connection::open(&path).map_err(describe)?;
         configure_writer(&conn, options.durability).map_err(describe)?;
+        if options.integrity_check {
+            integrity_check(&conn).map_err(|problem| {
+                StoreError::Backend(format!(
+                    "{}: the database file is damaged ({problem}); restore it from a backup, \
+                     or start with --skip-integrity-check to serve what can still be read",
+                    path.display()
+                ))
+            })?;
+        }
         migrate(&conn).map_err(|e| match e {
             StoreError::Backend(msg) => StoreError::Backend(format!("{}: {msg}", path.display())),
             other => other,
@@ -116,10 +231,26 @@ impl SqliteStore {
         let store_options = options.store.clone();
         let writer_wakeup = wakeup.clone();
         let durable = options.durability == Durability::Durable;
+        let status = Arc::new(StoreStatus::default());
+        let writer_status = status.clone();
         std::thread::Builder::new()
             .name("conveyor-sqlite-writer".into())
             .spawn(move || {
-                writer::run_writer(conn, receiver, clock, store_options, writer_wakeup, durable)
+                // Operations' panics are caught inside the writer; this catches any other, so
+                // the process says the writer is gone instead of answering `Closed` in silence.
+                let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    writer::run_writer(conn, receiver, clock, store_options, writer_wakeup, durable)
+                }));
+                if let Err(panic) = ran {
+                    let message = writer::panic_message(panic.as_ref());
+                    tracing::error!(
+                        panic = %message,
+                        "the SQLite writer thread died: every write now fails; restart the process"
+                    );
+                    if let Ok(mut died) = writer_status.writer_died.lock() {
+                        *died = Some(message);
+                    }
+                }
             })
             .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
 
@@ -127,6 +258,8 @@ impl SqliteStore {
             inner: Arc::new(Inner {
                 path,
                 ops: sender,
+                status,
+                _lock: lock,
                 readers: Mutex::new(Vec::new()),
                 max_idle_readers: options.readers.max(1),
                 wakeup,
@@ -164,7 +297,11 @@ impl SqliteStore {
     {
         let (op, reply) = writer::op(sync, work);
         self.inner.ops.send(op).map_err(|_| StoreError::Closed)?;
-        reply.await.map_err(|_| StoreError::Closed)?
+        let outcome = reply.await.map_err(|_| StoreError::Closed)?;
+        if let Err(error) = &outcome {
+            self.inner.status.note(error);
+        }
+        outcome
     }
 
     /// Runs `work` on a pooled read connection on a blocking thread.
@@ -174,7 +311,7 @@ impl SqliteStore {
         F: FnOnce(&Connection, DateTime<Utc>) -> StoreResult<T> + Send + 'static,
     {
         let inner = self.inner.clone();
-        tokio::task::spawn_blocking(move || {
+        let outcome = tokio::task::spawn_blocking(move || {
             let pooled = inner.readers.lock().ok().and_then(|mut pool| pool.pop());
             let conn = match pooled {
                 Some(conn) => conn,
@@ -189,7 +326,27 @@ impl SqliteStore {
             outcome
         })
         .await
-        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?
+        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?;
+        if let Err(error) = &outcome {
+            self.inner.status.note(error);
+        }
+        outcome
+    }
+}
+
+/// `PRAGMA quick_check`: "ok", or the first problems it found.
+fn integrity_check(conn: &Connection) -> Result<(), String> {
+    let found: Vec<String> = conn
+        .prepare("PRAGMA quick_check(5)")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| row.get::<_, String>(0))?
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .map_err(|e| e.to_string())?;
+    if found.len() == 1 && found[0] == "ok" {
+        Ok(())
+    } else {
+        Err(found.join("; "))
     }
 }
 
@@ -298,6 +455,26 @@ fn migrate(conn: &Connection) -> StoreResult<()> {
 
 #[async_trait]
 impl Store for SqliteStore {
+    async fn health(&self) -> StoreHealth {
+        if let Some(problem) = self.inner.status.problem() {
+            return StoreHealth::broken(problem);
+        }
+        // A round trip through the writer: answered only by a live writer that can begin and
+        // commit a transaction.
+        let probe = self.claim(|_| Ok(()));
+        match tokio::time::timeout(HEALTH_PROBE_TIMEOUT, probe).await {
+            Ok(Ok(())) => StoreHealth::ok(),
+            Ok(Err(error)) => match self.inner.status.problem() {
+                Some(problem) => StoreHealth::broken(problem),
+                None => StoreHealth::not_ready(format!("the store refused a write: {error}")),
+            },
+            Err(_) => StoreHealth::not_ready(format!(
+                "the SQLite writer did not answer within {} s",
+                HEALTH_PROBE_TIMEOUT.as_secs()
+            )),
+        }
+    }
+
     async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
         for job in &jobs {
             conveyor_core::validate::new_job(job)?;
@@ -318,7 +495,8 @@ impl Store for SqliteStore {
         self.write(move |ctx| ops::cancel(ctx, id)).await
     }
 
-    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
+    async fn jobs_fetch(&self, mut params: FetchParams) -> StoreResult<Vec<Job>> {
+        conveyor_core::validate::fetch(&mut params)?;
         if params.max == 0 || params.queues.is_empty() {
             return Ok(Vec::new());
         }
@@ -337,10 +515,12 @@ impl Store for SqliteStore {
         &self,
         params: Vec<CompleteParams>,
     ) -> StoreResult<Vec<LeaseOutcome>> {
+        conveyor_core::validate::completions(&params)?;
         self.write(move |ctx| ops::complete_many(ctx, params)).await
     }
 
-    async fn job_fail(&self, params: FailParams) -> StoreResult<Job> {
+    async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
+        params.message = conveyor_core::validate::storable_message(&params.message).into_owned();
         self.write(move |ctx| ops::fail(ctx, params)).await
     }
 

@@ -2,6 +2,7 @@
 //! running job is conditional on `state = 'running' AND lease_token = ?`.
 
 use chrono::{DateTime, Utc};
+use conveyor_core::clock;
 use conveyor_core::flow as planner;
 use conveyor_core::{
     CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobState,
@@ -23,10 +24,6 @@ fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String>
         .map_err(|e| StoreError::Backend(format!("cannot serialize {field}: {e}")))
 }
 
-fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-}
-
 pub(crate) fn job_by_id(ctx: &WriteCtx<'_>, id: &str) -> StoreResult<Option<Job>> {
     ctx.conn
         .prepare_cached(&format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"))
@@ -44,11 +41,11 @@ fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Option<Job>> {
         ))
         .and_then(|mut stmt| stmt.query_row(params![key], rows::job).optional())
         .map_err(backend)?;
-    let window = chrono_duration(ctx.options.completed_idempotency_window);
+    let window = ctx.options.completed_idempotency_window;
     Ok(latest.filter(|job| match job.state {
         JobState::Completed => job
             .finished_at
-            .is_some_and(|finished| finished + window > ctx.now),
+            .is_some_and(|finished| clock::after(finished, window) > ctx.now),
         JobState::Dead | JobState::Cancelled => false,
         _ => true,
     }))
@@ -187,7 +184,8 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
     let mut queues: Vec<(String, QueueSettings)> = Vec::with_capacity(params.queues.len());
     for queue in &params.queues {
         let settings = ctx.settings.get(queue).cloned().unwrap_or_default();
-        if !settings.paused && !queues.iter().any(|(q, _)| q == queue) {
+        // Queue names arrive distinct (`validate::fetch`).
+        if !settings.paused {
             queues.push((queue.clone(), settings));
         }
     }
@@ -271,7 +269,7 @@ fn claim(
     if candidates.is_empty() {
         return Ok(Vec::new());
     }
-    let expires_at = ctx.now + chrono_duration(params.lease);
+    let expires_at = clock::checked_after(ctx.now, params.lease, "lease")?;
     // No RETURNING here: SQLite buffers returned rows in a temporary table per statement, which
     // costs more than updating the already-read rows in memory.
     let mut claim = ctx
@@ -332,7 +330,7 @@ pub(crate) fn heartbeat_many(
         .map_err(backend)?;
     let mut out = Vec::with_capacity(beats.len());
     for beat in beats {
-        let expires = ctx.now + chrono_duration(beat.extend_by);
+        let expires = clock::checked_after(ctx.now, beat.extend_by, "extend_by")?;
         let changed = stmt
             .execute(params![
                 millis(expires),
@@ -731,7 +729,7 @@ pub(crate) fn leader_try_acquire(
     holder: &str,
     ttl: std::time::Duration,
 ) -> StoreResult<bool> {
-    let expires = millis(ctx.now + chrono_duration(ttl));
+    let expires = millis(clock::after(ctx.now, ttl));
     // Take the role if it is free, expired, or already ours; otherwise leave it.
     let current: String = ctx
         .conn

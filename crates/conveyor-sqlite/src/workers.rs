@@ -20,13 +20,9 @@ use crate::writer::WriteCtx;
 const WORKER_COLUMNS: &str = "id, host, pid, queues, concurrency, busy, version, started_at, \
     last_seen_at, state, ended_at";
 
-fn chrono_duration(d: std::time::Duration) -> chrono::Duration {
-    chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
-}
-
-/// `now - d`, or the epoch when that leaves the calendar.
+/// `now - d` in stored milliseconds, or the epoch when that leaves the calendar.
 fn before(now: DateTime<Utc>, d: std::time::Duration) -> i64 {
-    now.checked_sub_signed(chrono_duration(d)).map_or(0, millis)
+    millis(conveyor_core::clock::before(now, d))
 }
 
 fn conversion(

@@ -39,6 +39,19 @@ pub(crate) struct WriteCtx<'c> {
     pub settings: &'c mut HashMap<String, QueueSettings>,
     /// Where each queue's tenant round-robin resumes (see `flow`).
     pub cursors: &'c mut crate::flow::Cursors,
+    /// Set when an operation panicked: the in-memory settings are re-read after the round.
+    pub reload_settings: bool,
+}
+
+/// The text of a caught panic.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(text) = panic.downcast_ref::<&str>() {
+        (*text).to_string()
+    } else if let Some(text) = panic.downcast_ref::<String>() {
+        text.clone()
+    } else {
+        "a panic without a message".to_string()
+    }
 }
 
 impl WriteCtx<'_> {
@@ -135,7 +148,22 @@ where
         }
         let wake_before = ctx.wake;
         let counts_before = ctx.counts.len();
-        let outcome = work(ctx);
+        // A panicking operation (a bug, or input no validation foresaw) fails alone: its
+        // savepoint is rolled back below like any failed operation's, and the writer goes on
+        // serving every other caller instead of dying with the thread.
+        let outcome = match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(ctx))) {
+            Ok(outcome) => outcome,
+            Err(panic) => {
+                let message = panic_message(panic.as_ref());
+                tracing::error!(panic = %message, "a store operation panicked; it was undone");
+                // It may have left the in-memory settings half-changed: re-read them.
+                ctx.reload_settings = true;
+                Err(StoreError::Backend(format!(
+                    "internal error: the operation failed unexpectedly ({message}); nothing \
+                     was changed"
+                )))
+            }
+        };
         let end = if outcome.is_ok() {
             run_cached(ctx.conn, "RELEASE op")
         } else {
@@ -257,6 +285,7 @@ pub(crate) fn run_writer(
             claimed_queues: &mut claimed_queues,
             settings: &mut settings,
             cursors: &mut cursors,
+            reload_settings: false,
         };
         let begin = sync
             .set_full(&conn, needs_fsync)
@@ -280,10 +309,11 @@ pub(crate) fn run_writer(
             Err(e) => Err(format!("could not begin a write transaction: {e}")),
         };
         let wake = ctx.wake && commit.is_ok();
+        let reload_settings = ctx.reload_settings;
         if let Err(message) = &commit {
             tracing::error!(error = %message, ops = batch.len(), "sqlite write round failed");
         }
-        if commit.is_err() {
+        if commit.is_err() || reload_settings {
             // A settings change may have been rolled back with the round: re-read them.
             settings = load_settings(&conn);
         }

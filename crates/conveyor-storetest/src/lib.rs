@@ -32,7 +32,9 @@ mod admin;
 mod fetch;
 mod finish;
 mod flow;
+mod hostile;
 mod insert;
+pub mod model;
 mod rescue;
 mod retention;
 mod schedules;
@@ -45,6 +47,7 @@ pub use admin::*;
 pub use fetch::*;
 pub use finish::*;
 pub use flow::*;
+pub use hostile::*;
 pub use insert::*;
 pub use rescue::*;
 pub use retention::*;
@@ -216,6 +219,12 @@ macro_rules! __conveyor_behaviours {
             workers_ended_long_ago_are_forgotten,
             workers_heartbeat_is_validated,
             stuck_jobs_are_judged_by_history_then_timeout_then_default,
+            // hostile input
+            nul_characters_are_refused_naming_the_field,
+            nul_characters_in_error_messages_are_stored_escaped,
+            numbers_beyond_i64_are_refused,
+            absurd_leases_are_refused_and_the_store_keeps_working,
+            fetches_name_a_bounded_number_of_distinct_queues,
             // retention
             prune_deletes_finished_jobs_past_their_retention,
             prune_honours_queue_retention_and_limit,

@@ -608,6 +608,21 @@ async fn execute(
                 "job interrupted (shutdown or lost lease)");
             return;
         }
+        Attempt::Handler(Outcome::Complete(Some(result)))
+            if conveyor_core::validate::json_without_nul("result", &result).is_err() =>
+        {
+            // Checked here, not by the completer's batch: one unstorable result must not fail
+            // the completions it would be written with.
+            let problem = conveyor_core::validate::json_without_nul("result", &result)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            (
+                error_class::INVALID_RESULT,
+                format!("the handler's result cannot be stored: {problem}"),
+                RetryPlan::Never,
+            )
+        }
         Attempt::Handler(Outcome::Complete(result)) => {
             // Batched by the completer, which logs and counts it once written; if the worker
             // dies first, the lease expires and the job reruns.
@@ -618,8 +633,7 @@ async fn execute(
             return;
         }
         Attempt::Handler(Outcome::Snooze(delay)) => {
-            let until =
-                Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+            let until = conveyor_core::clock::after(Utc::now(), delay);
             match shared.store.job_snooze(SnoozeParams { lease, until }).await {
                 Ok(_) => {
                     tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id,
@@ -635,8 +649,7 @@ async fn execute(
             (error_class::ERROR, message, RetryPlan::Backoff(retry))
         }
         Attempt::Handler(Outcome::RetryAfter(delay, message)) => {
-            let at =
-                Utc::now() + chrono::Duration::from_std(delay).unwrap_or(chrono::Duration::MAX);
+            let at = conveyor_core::clock::after(Utc::now(), delay);
             (error_class::RETRY_AFTER, message, RetryPlan::At(at))
         }
         Attempt::Handler(Outcome::Permanent(message)) => {

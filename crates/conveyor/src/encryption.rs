@@ -232,6 +232,10 @@ impl EncryptedStore {
 
 #[async_trait]
 impl Store for EncryptedStore {
+    async fn health(&self) -> conveyor_core::StoreHealth {
+        self.inner.health().await
+    }
+
     async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
         // Validate the plaintext job, so errors name the caller's fields.
         for job in &jobs {

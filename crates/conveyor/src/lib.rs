@@ -61,6 +61,11 @@ pub struct OpenOptions {
     /// Encrypt payloads at rest with these keys ([`EncryptedStore`]). When `None`,
     /// [`open_store`] reads them from `CONVEYOR_ENCRYPTION_KEYS` if that is set.
     pub payload_keys: Option<Arc<PayloadKeys>>,
+    /// SQLite only: refuse to open a file another process holds open (see
+    /// `SqliteOptions::exclusive`). Off only for tools that write nothing a server caches.
+    pub exclusive: bool,
+    /// SQLite only: check the file's integrity at open and refuse a damaged one.
+    pub integrity_check: bool,
 }
 
 impl Default for OpenOptions {
@@ -71,6 +76,8 @@ impl Default for OpenOptions {
             schema: PgOptions::default().schema,
             run_migrations: true,
             payload_keys: None,
+            exclusive: true,
+            integrity_check: true,
         }
     }
 }
@@ -157,6 +164,8 @@ async fn open_plain_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Sto
         SqliteOptions {
             durability: options.durability,
             store: options.store,
+            exclusive: options.exclusive,
+            integrity_check: options.integrity_check,
             ..SqliteOptions::default()
         },
     )?;

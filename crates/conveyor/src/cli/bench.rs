@@ -12,6 +12,10 @@ use tokio::sync::{mpsc, Notify};
 
 use super::DurabilityArg;
 
+// The soak is part of `conveyor bench`; declared here so cli/mod.rs need not change.
+#[path = "soak.rs"]
+mod soak;
+
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
     /// Jobs per workload (latency uses at most 2,000 samples).
@@ -52,6 +56,8 @@ pub(crate) struct BenchArgs {
     /// ... and this rate limit (`COUNT/PERIOD`, e.g. `50000/1s`).
     #[arg(long)]
     rate_limit: Option<super::admin::Rate>,
+    #[command(flatten)]
+    soak: soak::SoakArgs,
 }
 
 impl BenchArgs {
@@ -74,6 +80,10 @@ enum Workload {
 }
 
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    if let Some(duration) = args.soak.soak {
+        let store = args.store.as_deref();
+        return soak::run(&args.soak, duration, store, args.durability, args.json).await;
+    }
     if args.jobs == 0 || args.concurrency == 0 || args.batch == 0 {
         anyhow::bail!("--jobs, --concurrency and --batch must be at least 1");
     }

@@ -26,6 +26,14 @@ pub struct Cli {
     log_format: LogFormat,
 }
 
+impl Cli {
+    /// Whether the command runs until stopped (a server or a worker) rather than printing a
+    /// result and exiting.
+    pub fn runs_until_stopped(&self) -> bool {
+        matches!(self.command, Command::Serve(_) | Command::Work(_))
+    }
+}
+
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 enum LogFormat {
     Human,
@@ -125,12 +133,32 @@ enum Command {
     Migrate(store::MigrateArgs),
 }
 
+/// Standard error for logs, where a failed write is dropped rather than reported. Under
+/// systemd, Docker or `| head`, the reader of our logs can go away; the server must go on
+/// serving (and shut down on SIGTERM) without anyone to read them.
+struct LossyStderr;
+
+impl std::io::Write for LossyStderr {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().write_all(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
+
 fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONVEYOR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(|| LossyStderr)
+        // Its own complaint about a failed write goes through eprintln!, which panics when
+        // stderr is a closed pipe; the panic then kills whichever task was logging.
+        .log_internal_errors(false);
     let _ = match format {
         LogFormat::Json => builder.json().try_init(),
         LogFormat::Human => builder.try_init(),

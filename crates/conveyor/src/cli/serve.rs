@@ -31,11 +31,11 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 256 * 1024)]
     max_payload_bytes: usize,
     /// How often expired leases are rescued and due jobs promoted, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = at_most(HOUR_MS))]
     maintenance_interval_ms: u64,
     /// How long a completed job still answers enqueues with its idempotency key, in seconds.
     /// (Unfinished jobs always do; dead and cancelled jobs never do.)
-    #[arg(long, default_value_t = 24 * 3600)]
+    #[arg(long, default_value_t = 24 * 3600, value_parser = at_most(TEN_YEARS_SECS))]
     idempotency_window_secs: u64,
     /// PostgreSQL: schema holding Conveyor's tables (a `?schema=` in the URL wins).
     #[arg(long, env = "CONVEYOR_SCHEMA", default_value = "conveyor")]
@@ -46,15 +46,15 @@ pub(crate) struct ServeArgs {
     no_migrate: bool,
     /// How long maintenance leadership lasts unrenewed: the longest a dead leader's lease
     /// rescue is missed before another server takes over, in milliseconds.
-    #[arg(long, default_value_t = 10_000)]
+    #[arg(long, default_value_t = 10_000, value_parser = at_most(HOUR_MS))]
     leader_ttl_ms: u64,
     /// Completed and cancelled jobs are deleted this many seconds after they finished (a
     /// queue's `completed_retention_secs` wins). 0 keeps them forever.
-    #[arg(long, default_value_t = 24 * 3600)]
+    #[arg(long, default_value_t = 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
     retain_completed_secs: u64,
     /// Dead jobs are deleted this many seconds after they died (a queue's
     /// `dead_retention_secs` wins). 0 keeps them forever.
-    #[arg(long, default_value_t = 14 * 24 * 3600)]
+    #[arg(long, default_value_t = 14 * 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
     retain_dead_secs: u64,
     /// Payload keys (at any depth, comma-separated) shown as `[redacted]` in job views and the
     /// dashboard, e.g. `password,card_number`. Workers still receive them.
@@ -66,7 +66,7 @@ pub(crate) struct ServeArgs {
     schedules: Option<PathBuf>,
     /// How late a schedule tick may fire and still count as on time, in milliseconds (at least
     /// 1000). Older ticks were missed during downtime and follow the schedule's `missed` policy.
-    #[arg(long, default_value_t = 5000)]
+    #[arg(long, default_value_t = 5000, value_parser = at_most(DAY_MS))]
     schedule_misfire_ms: u64,
     /// Require API tokens (`conveyor token create`): on by default when listening on a
     /// non-loopback address, off on loopback. `--auth=false` turns it off.
@@ -81,10 +81,10 @@ pub(crate) struct ServeArgs {
     #[arg(long, value_parser = parse_rate)]
     enqueue_rate_per_token: Option<f64>,
     /// How long a dashboard login (session cookie) lasts, in seconds.
-    #[arg(long, default_value_t = 12 * 3600)]
+    #[arg(long, default_value_t = 12 * 3600, value_parser = at_most(TEN_YEARS_SECS))]
     session_ttl_secs: u64,
     /// How long the demo worker may drain at shutdown, in seconds.
-    #[arg(long, default_value_t = 30)]
+    #[arg(long, default_value_t = 30, value_parser = at_most(DAY_MS / 1000))]
     drain_timeout_secs: u64,
     /// A registered worker not heard from for this long is marked dead by the maintenance
     /// leader, and the jobs it held are rescued at once, in seconds (fractions allowed).
@@ -95,10 +95,24 @@ pub(crate) struct ServeArgs {
     #[arg(long, default_value_t = 3.0)]
     stuck_factor: f64,
     /// A running job without history or timeout is stuck after this many seconds.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = 600, value_parser = at_most(TEN_YEARS_SECS))]
     stuck_default_secs: u64,
+    /// SQLite: do not run `PRAGMA quick_check` at start (it reads the whole file). A damaged
+    /// file then starts, and the damage shows in `/healthz` once an operation meets it.
+    #[arg(long, env = "CONVEYOR_SKIP_INTEGRITY_CHECK")]
+    skip_integrity_check: bool,
     #[command(flatten)]
     alerts: AlertArgs,
+}
+
+const HOUR_MS: u64 = 3_600_000;
+const DAY_MS: u64 = 24 * HOUR_MS;
+const TEN_YEARS_SECS: u64 = 10 * 365 * 24 * 3600;
+
+/// A whole number no larger than `max`. Durations from flags end up added to timestamps; an
+/// absurd one is refused here, naming the flag, rather than overflowing later.
+fn at_most(max: u64) -> clap::builder::RangedU64ValueParser<u64> {
+    clap::value_parser!(u64).range(..=max)
 }
 
 /// `N` or `N/s`: a positive number of requests per second.
@@ -160,7 +174,7 @@ pub(crate) struct AlertArgs {
     #[arg(long, default_value_t = 900.0)]
     alert_cooldown_secs: f64,
     /// How often the alert rules look at the store, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = at_most(HOUR_MS))]
     alert_check_ms: u64,
 }
 
@@ -209,6 +223,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         Duration::from_secs(args.idempotency_window_secs);
     open_options.schema = args.schema.clone();
     open_options.run_migrations = !args.no_migrate;
+    open_options.integrity_check = !args.skip_integrity_check;
     let store = conveyor::open_store(&args.store, open_options)
         .await
         .with_context(|| format!("cannot open store {}", args.store))?;
@@ -313,8 +328,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let signal = shutdown.clone();
     tokio::spawn(async move {
         conveyor::shutdown_signal().await;
-        tracing::info!("shutdown signal received");
+        // Cancel first: nothing may stand between the signal and the shutdown.
         signal.cancel();
+        tracing::info!("shutdown signal received");
     });
     let graceful = shutdown.clone();
     axum::serve(listener, app)

@@ -24,6 +24,11 @@ impl StoreArg {
     async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
         let options = conveyor::OpenOptions {
             schema: self.schema.clone(),
+            // Tokens may be created and revoked beside a running server: they live in a table
+            // no server caches (every request reads its token), so sharing the file is safe.
+            // The integrity check is the server's to run.
+            exclusive: false,
+            integrity_check: false,
             ..conveyor::OpenOptions::default()
         };
         conveyor::open_store(&self.store, options)

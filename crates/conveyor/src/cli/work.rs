@@ -103,10 +103,16 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
         conveyor::shutdown_signal().await;
         signal.cancel();
     });
-    println!(
-        "conveyor worker {worker_id} serving {:?} on {}",
-        args.queues, args.server
-    );
+    // Not println!: a worker whose stdout was closed must keep working, not panic.
+    {
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stdout(),
+            "conveyor worker {worker_id} serving {:?} on {}",
+            args.queues,
+            args.server
+        );
+    }
     tracing::info!(%worker_id, queues = ?args.queues, "exec worker started");
     let stop_registry = CancellationToken::new();
     let registry = tokio::spawn(run_registry(

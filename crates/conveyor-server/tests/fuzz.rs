@@ -1,0 +1,2063 @@
+//! Structure-aware HTTP fuzzing of every route (issue 9's fault-injection suite), bounded for CI.
+//!
+//! Two routers run in-process over real SQLite stores in temp dirs, each served on a loopback
+//! port with `axum::serve`: one with access control off, one with it on (requests carry an
+//! admin, producer or worker token, a session cookie, or broken credentials). A maintenance
+//! loop (rescue, promotion, retention, stale workers, cron scheduler) runs beside the open one,
+//! so whatever the fuzzer manages to store is also read back by the background jobs.
+//!
+//! For every route the generator starts from a VALID request (real job ids, lease tokens, dead
+//! jobs, schedule and token names, learnt from earlier answers) and mutates it structurally:
+//! dropped fields, wrong types, boundary and overflowing numbers (`u64::MAX`, `i64::MAX + 1`,
+//! `-1`, `1e308`, `1e400`, `NaN`), very long strings, unicode, NUL characters in strings and
+//! keys, deep nesting, empty and huge arrays, duplicate keys, unknown keys, non-JSON bytes,
+//! truncation, other content types; path parameters and query strings get the same treatment.
+//! Requests are written as raw HTTP/1.1 (nothing normalises them on the way) on a fresh
+//! connection each.
+//!
+//! Every answer must be below 500, every 4xx must be `{"error": {"code", "field", "message"}}`
+//! as JSON, no panic may happen anywhere in the process (a panic hook records them), and a 2xx
+//! must mean what it says: an accepted job, queue setting, schedule or worker heartbeat reads
+//! back exactly as answered (no silent clamping). Afterwards both servers still enqueue, fetch
+//! and complete, and a maintenance pass over the fuzzed store succeeds.
+//!
+//! The seed is fixed so CI is reproducible; explore others with
+//! `CONVEYOR_FUZZ_SEED=<u64> CONVEYOR_FUZZ_REQUESTS=<n> cargo nextest run -p conveyor-server --test fuzz`.
+//! A failure prints the seed, the request number and the exact request bytes.
+
+use conveyor_core::access::{create_token, Actor};
+use conveyor_core::{Role, Store};
+use conveyor_server::{router_with_options, AuthOptions, RouterOptions, ServerConfig};
+use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use conveyor_worker::{Maintenance, Scheduler};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::task::JoinHandle;
+use uuid::Uuid;
+
+const DEFAULT_SEED: u64 = 0x5EED_C0DE_0009;
+const DEFAULT_REQUESTS: usize = 4000;
+/// Largest payload the fuzzed servers accept (so the 413 paths are cheap to reach); the whole
+/// body limit is then 1 MiB.
+const MAX_PAYLOAD: usize = 16 * 1024;
+const BODY_LIMIT: usize = 1024 * 1024;
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+/// Answers slower than this are listed (not failed) at the end.
+const SLOW: Duration = Duration::from_secs(1);
+
+// ---------------------------------------------------------------------------------------------
+// Panics anywhere in the process (handler tasks, the SQLite writer thread, maintenance).
+// ---------------------------------------------------------------------------------------------
+
+static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+fn record_panics() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let thread = std::thread::current().name().unwrap_or("?").to_string();
+        PANICS
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(format!("thread {thread}: {info}"));
+        default(info);
+    }));
+}
+
+fn panics() -> Vec<String> {
+    PANICS.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The servers.
+// ---------------------------------------------------------------------------------------------
+
+struct Server {
+    addr: SocketAddr,
+    store: Arc<dyn Store>,
+    task: JoinHandle<()>,
+    /// Admin, producer and worker secrets (auth server only).
+    admin: Option<String>,
+    producer: Option<String>,
+    worker: Option<String>,
+    _dir: tempfile::TempDir,
+}
+
+fn config() -> ServerConfig {
+    ServerConfig {
+        max_payload_bytes: MAX_PAYLOAD,
+        // A fuzzed `wait_ms` must not hold the run up.
+        max_fetch_wait: Duration::from_millis(20),
+        fetch_poll: Duration::from_millis(10),
+        ..ServerConfig::default()
+    }
+}
+
+async fn start(auth: bool) -> Server {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
+            .expect("open store"),
+    );
+    let mut secrets = Vec::new();
+    if auth {
+        for role in [Role::Admin, Role::Producer, Role::Worker] {
+            let created = create_token(
+                store.as_ref(),
+                role,
+                Some(format!("fuzz-{role}")),
+                Actor::anonymous(),
+            )
+            .await
+            .expect("create token");
+            secrets.push(created.secret.plaintext);
+        }
+    }
+    let app = router_with_options(
+        store.clone(),
+        config(),
+        RouterOptions {
+            auth: AuthOptions {
+                enabled: auth,
+                ..AuthOptions::default()
+            },
+            ..RouterOptions::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    let task = tokio::spawn(async move {
+        axum::serve(listener, app).await.expect("serve");
+    });
+    let mut secrets = secrets.into_iter();
+    Server {
+        addr,
+        store,
+        task,
+        admin: secrets.next(),
+        producer: secrets.next(),
+        worker: secrets.next(),
+        _dir: dir,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A raw HTTP/1.1 client: one connection per request, `Connection: close`, bytes as generated.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Clone)]
+struct Req {
+    /// Whether it goes to the server with access control on.
+    auth_server: bool,
+    route: &'static str,
+    method: String,
+    /// Path and query, already encoded.
+    target: String,
+    headers: Vec<(String, String)>,
+    body: Option<Vec<u8>>,
+    /// What the generator did to the valid request, for the report.
+    mutations: Vec<String>,
+    /// The JSON value sent, when the body is exactly its serialization.
+    sent: Option<Value>,
+}
+
+impl Req {
+    fn new(route: &'static str, method: &str, target: String) -> Self {
+        Req {
+            auth_server: false,
+            route,
+            method: method.to_string(),
+            target,
+            headers: Vec::new(),
+            body: None,
+            mutations: Vec::new(),
+            sent: None,
+        }
+    }
+
+    fn json(route: &'static str, method: &str, target: String, body: &Value) -> Self {
+        let mut req = Req::new(route, method, target);
+        req.headers
+            .push(("content-type".into(), "application/json".into()));
+        req.body = Some(serde_json::to_vec(body).expect("serialize"));
+        req.sent = Some(body.clone());
+        req
+    }
+
+    fn describe(&self) -> String {
+        let mut out = format!(
+            "[{} server] {} {}\n",
+            if self.auth_server { "auth" } else { "open" },
+            self.method,
+            self.target
+        );
+        for (name, value) in &self.headers {
+            let _ = writeln!(out, "  {name}: {}", value.escape_debug());
+        }
+        match &self.body {
+            None => out.push_str("  (no body)\n"),
+            Some(body) => {
+                let shown = &body[..body.len().min(1500)];
+                let _ = writeln!(
+                    out,
+                    "  body ({} bytes{}): {}",
+                    body.len(),
+                    if shown.len() < body.len() {
+                        ", truncated"
+                    } else {
+                        ""
+                    },
+                    shown.escape_ascii()
+                );
+            }
+        }
+        if !self.mutations.is_empty() {
+            let _ = writeln!(out, "  mutations: {}", self.mutations.join("; "));
+        }
+        out
+    }
+}
+
+struct Answer {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Answer {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    fn json(&self) -> Option<Value> {
+        serde_json::from_slice(&self.body).ok()
+    }
+
+    /// Valid JSON nested deeper than serde_json's default limit of 128 levels: a payload of
+    /// 127 levels is accepted, but a fetch answer wraps it in three more.
+    fn too_deep_for_serde(&self) -> bool {
+        serde_json::from_slice::<Value>(&self.body)
+            .is_err_and(|e| e.to_string().contains("recursion limit exceeded"))
+    }
+
+    fn describe(&self) -> String {
+        let shown = &self.body[..self.body.len().min(1500)];
+        format!(
+            "{} content-type={:?} body: {}",
+            self.status,
+            self.header("content-type").unwrap_or(""),
+            shown.escape_ascii()
+        )
+    }
+}
+
+async fn send(addr: SocketAddr, req: &Req) -> Result<Answer, String> {
+    let stream = TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (mut reader, mut writer) = stream.into_split();
+    let mut head = format!(
+        "{} {} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n",
+        req.method, req.target
+    );
+    for (name, value) in &req.headers {
+        let _ = write!(head, "{name}: {value}\r\n");
+    }
+    if let Some(body) = &req.body {
+        let _ = write!(head, "content-length: {}\r\n", body.len());
+    }
+    head.push_str("\r\n");
+    let body = req.body.clone().unwrap_or_default();
+    // Write and read at once: the server may answer (413) before reading the whole body.
+    let write = async move {
+        writer.write_all(head.as_bytes()).await?;
+        writer.write_all(&body).await?;
+        writer.flush().await?;
+        // Keep the write half open until the answer has been read (dropped with the future).
+        Ok::<_, std::io::Error>(writer)
+    };
+    let read = async move {
+        let mut buf = Vec::new();
+        reader.read_to_end(&mut buf).await.map(|_| buf)
+    };
+    let both = async { tokio::join!(write, read) };
+    let (_written, read) = tokio::time::timeout(REQUEST_TIMEOUT, both)
+        .await
+        .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?;
+    let raw = read.map_err(|e| format!("read: {e}"))?;
+    parse_answer(&raw)
+}
+
+fn parse_answer(raw: &[u8]) -> Result<Answer, String> {
+    let end = raw
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .ok_or_else(|| {
+            format!(
+                "connection closed without a complete answer ({} bytes: {})",
+                raw.len(),
+                raw[..raw.len().min(200)].escape_ascii()
+            )
+        })?;
+    let head = String::from_utf8_lossy(&raw[..end]);
+    let mut lines = head.split("\r\n");
+    let status_line = lines.next().unwrap_or("");
+    let status: u16 = status_line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[end + 4..].to_vec();
+    let chunked = headers
+        .iter()
+        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body)?;
+    }
+    Ok(Answer {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = raw
+            .windows(2)
+            .position(|w| w == b"\r\n")
+            .ok_or("truncated chunked body")?;
+        let size_text = String::from_utf8_lossy(&raw[..line_end]);
+        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
+            .map_err(|e| format!("bad chunk size {size_text:?}: {e}"))?;
+        raw = &raw[line_end + 2..];
+        if size == 0 {
+            return Ok(out);
+        }
+        if raw.len() < size + 2 {
+            return Err("truncated chunk".into());
+        }
+        out.extend_from_slice(&raw[..size]);
+        raw = &raw[size + 2..];
+    }
+}
+
+/// Percent-encodes everything but unreserved characters.
+fn encode(text: &str) -> String {
+    let mut out = String::new();
+    for byte in text.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~' | b':') {
+            out.push(byte as char);
+        } else {
+            let _ = write!(out, "%{byte:02X}");
+        }
+    }
+    out
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the fuzzer has learnt from answers, so valid requests reach the store.
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Default)]
+struct World {
+    /// (job id, lease token) of jobs fetched and maybe still running.
+    leases: Vec<(Uuid, Uuid)>,
+    jobs: Vec<Uuid>,
+    dead: Vec<Uuid>,
+    schedules: Vec<String>,
+    /// Token ids and names created over HTTP, and secrets answered by token creation.
+    tokens: Vec<String>,
+    secrets: Vec<String>,
+    /// Session cookies of the auth server.
+    sessions: Vec<String>,
+}
+
+fn keep<T>(list: &mut Vec<T>, item: T) {
+    list.push(item);
+    if list.len() > 64 {
+        list.remove(0);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The generator.
+// ---------------------------------------------------------------------------------------------
+
+const KINDS: &[&str] = &["fz_email", "fz.report", "fz:sync", "fz-k"];
+const QUEUES: &[&str] = &["fz", "fz.b", "fz-c:d", "fz_e"];
+const SETTINGS_QUEUES: &[&str] = &["fz-settings", "fz-settings.2"];
+const STATES: &[&str] = &[
+    "scheduled",
+    "available",
+    "running",
+    "retryable",
+    "completed",
+    "dead",
+    "cancelled",
+];
+/// Field names of every request body, for "add a known field where it does not belong".
+const FIELDS: &[&str] = &[
+    "kind",
+    "payload",
+    "queue",
+    "priority",
+    "run_at",
+    "delay_ms",
+    "max_attempts",
+    "timeout_ms",
+    "idempotency_key",
+    "tags",
+    "tenant",
+    "unique",
+    "jobs",
+    "worker_id",
+    "queues",
+    "max",
+    "lease_ms",
+    "wait_ms",
+    "lease_token",
+    "result",
+    "error",
+    "retry",
+    "retry_after_ms",
+    "ids",
+    "all",
+    "paused",
+    "max_depth",
+    "rate_limit",
+    "weight",
+    "cron",
+    "timezone",
+    "job",
+    "overlap",
+    "missed",
+    "max_catch_up",
+    "concurrency",
+    "busy",
+    "started_at",
+    "token",
+    "role",
+    "name",
+];
+
+struct Gen {
+    rng: StdRng,
+    /// Raw JSON texts standing in for marker strings (numbers and escapes a `Value` cannot hold).
+    raws: Vec<String>,
+}
+
+impl Gen {
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.rng.random_range(0..items.len())]
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        self.rng.random_bool(p)
+    }
+
+    /// A marker string replaced by `text` verbatim after serialization.
+    fn raw(&mut self, text: impl Into<String>) -> Value {
+        self.raws.push(text.into());
+        Value::String(format!("\u{1}RAW{}\u{1}", self.raws.len() - 1))
+    }
+
+    /// An item learnt from earlier answers (with probability `p`, when there is one). Always
+    /// draws the same numbers, so what the servers answered never shifts the random stream.
+    fn known<T: Clone>(&mut self, list: &[T], p: f64) -> Option<T> {
+        let wanted = self.chance(p);
+        let at = self.rng.random::<u64>() as usize;
+        (wanted && !list.is_empty()).then(|| list[at % list.len()].clone())
+    }
+
+    fn name(&mut self, names: &[&str]) -> String {
+        self.pick(names).to_string()
+    }
+
+    fn uuid_from_rng(&mut self) -> Uuid {
+        uuid::Builder::from_random_bytes(self.rng.random()).into_uuid()
+    }
+
+    fn payload(&mut self) -> Value {
+        match self.rng.random_range(0..5) {
+            0 => Value::Null,
+            1 => json!({"user": self.rng.random_range(0..1000), "email": "a@example.com"}),
+            2 => json!({"nested": {"list": [1, 2.5, "three", null, true], "empty": {}}}),
+            3 => json!([1, 2, 3]),
+            _ => json!("a plain string"),
+        }
+    }
+
+    fn time_from_now(&mut self) -> String {
+        let offset = chrono::Duration::milliseconds(self.rng.random_range(-60_000..600_000));
+        (chrono::Utc::now() + offset).to_rfc3339()
+    }
+
+    fn job(&mut self) -> Value {
+        let mut job = Map::new();
+        job.insert("kind".into(), json!(self.name(KINDS)));
+        if self.chance(0.7) {
+            job.insert("payload".into(), self.payload());
+        }
+        if self.chance(0.8) {
+            job.insert("queue".into(), json!(self.name(QUEUES)));
+        }
+        if self.chance(0.5) {
+            job.insert("priority".into(), json!(self.rng.random_range(-10..10)));
+        }
+        match self.rng.random_range(0..4) {
+            0 => {
+                job.insert("delay_ms".into(), json!(self.rng.random_range(0..2000)));
+            }
+            1 => {
+                let at = self.time_from_now();
+                job.insert("run_at".into(), json!(at));
+            }
+            _ => {}
+        }
+        if self.chance(0.5) {
+            job.insert("max_attempts".into(), json!(self.rng.random_range(1..6)));
+        }
+        if self.chance(0.5) {
+            job.insert("timeout_ms".into(), json!(self.rng.random_range(1..60_000)));
+        }
+        if self.chance(0.4) {
+            let key = format!("ik-{}", self.rng.random_range(0..40));
+            job.insert("idempotency_key".into(), json!(key));
+        }
+        if self.chance(0.4) {
+            job.insert("tags".into(), json!(["t1", "t-2"]));
+        }
+        if self.chance(0.4) {
+            job.insert("tenant".into(), json!(self.name(&["acme", "globex"])));
+        }
+        if self.chance(0.25) {
+            let mut unique = Map::new();
+            if self.chance(0.5) {
+                unique.insert("args".into(), json!(["user"]));
+            }
+            if self.chance(0.5) {
+                unique.insert("by_queue".into(), json!(self.chance(0.5)));
+            }
+            if self.chance(0.5) {
+                unique.insert(
+                    "period_ms".into(),
+                    json!(self.rng.random_range(1..3_600_000)),
+                );
+            }
+            if self.chance(0.5) {
+                let state = self.name(STATES);
+                unique.insert("states".into(), json!(["available", state]));
+            }
+            job.insert("unique".into(), Value::Object(unique));
+        }
+        Value::Object(job)
+    }
+
+    fn lease(&mut self, world: &World) -> (Uuid, Uuid) {
+        let fallback = (self.uuid_from_rng(), self.uuid_from_rng());
+        self.known(&world.leases, 0.9).unwrap_or(fallback)
+    }
+
+    fn job_id(&mut self, world: &World) -> String {
+        let fallback = self.uuid_from_rng();
+        let id = self.known(&world.jobs, 0.8).unwrap_or(fallback);
+        self.maybe_bad_segment(id.to_string())
+    }
+
+    /// A path segment, sometimes replaced by something hostile.
+    fn maybe_bad_segment(&mut self, good: String) -> String {
+        if !self.chance(0.15) {
+            return encode(&good);
+        }
+        let choices: Vec<String> = vec![
+            String::new(),
+            "not-a-uuid".into(),
+            Uuid::nil().to_string(),
+            good.to_uppercase(),
+            format!("{{{good}}}"),
+            format!("urn:uuid:{good}"),
+            format!("{good}x"),
+            "%00".into(),
+            "a%00b".into(),
+            "%F0%9F%9A%80".into(),
+            "%FF%FE".into(),
+            "%ZZ".into(),
+            "%".into(),
+            "..".into(),
+            "..%2F..%2Fetc%2Fpasswd".into(),
+            "x".repeat(5000),
+            encode("ünïcödé\u{202e}"),
+            "-1".into(),
+            "18446744073709551616".into(),
+        ];
+        let mutated = self.pick(&choices).clone();
+        mutated
+    }
+
+    fn nasty_number(&mut self) -> Value {
+        match self.rng.random_range(0..26) {
+            0 => json!(0),
+            1 => json!(-1),
+            2 => json!(1),
+            3 => json!(i32::MAX as i64 + 1),
+            4 => json!(i32::MIN as i64 - 1),
+            5 => json!(u32::MAX),
+            6 => json!(u32::MAX as u64 + 1),
+            7 => json!(i64::MAX),
+            8 => json!(i64::MAX as u64 + 1),
+            9 => json!(i64::MIN),
+            10 => json!(u64::MAX),
+            11 => json!(1e308),
+            12 => json!(-1e308),
+            13 => json!(0.5),
+            14 => json!(-0.0),
+            15 => json!(5e-324),
+            16 => self.raw("18446744073709551616"),
+            17 => self.raw("-9223372036854775809"),
+            18 => self.raw("1e400"),
+            19 => self.raw("-1e400"),
+            20 => {
+                let text = *self.pick(&["NaN", "Infinity", "-Infinity", "nan"]);
+                self.raw(text)
+            }
+            21 => {
+                let text = *self.pick(&["01", "1.", ".5", "+1", "0x10", "1e", "--1"]);
+                self.raw(text)
+            }
+            22 => self.raw("123456789012345678901234567890"),
+            23 => self.raw("1E2"),
+            24 => json!(86_400_001),
+            _ => json!(self.rng.random::<i64>()),
+        }
+    }
+
+    fn nasty_string(&mut self) -> Value {
+        let text: String = match self.rng.random_range(0..30) {
+            0 => String::new(),
+            1 => " ".into(),
+            2 => "\u{0}".into(),
+            3 => "a\u{0}b".into(),
+            4 => "ünïcödé".into(),
+            5 => "🚀🔥".into(),
+            6 => "\u{202e}evil".into(),
+            7 => "\u{feff}bom".into(),
+            8 => "x".repeat(129),
+            9 => "x".repeat(513),
+            10 => "é".repeat(300),
+            11 => "x".repeat(MAX_PAYLOAD + 10),
+            12 => "NaN".into(),
+            13 => "Infinity".into(),
+            14 => "-1".into(),
+            15 => "1e308".into(),
+            16 => "18446744073709551615".into(),
+            17 => "'; DROP TABLE jobs; --".into(),
+            18 => "../../etc/passwd".into(),
+            19 => "conveyor:owner:00000000000000000000000000000000".into(),
+            20 => "\\\"".into(),
+            21 => "9999-12-31T23:59:59Z".into(),
+            22 => "0000-01-01T00:00:00Z".into(),
+            23 => "2024-02-30T00:00:00Z".into(),
+            24 => "1970-01-01T00:00:00+23:59".into(),
+            25 => "* * * * * * *".into(),
+            26 => Uuid::nil().to_string(),
+            27 => "%00%zz".into(),
+            28 => {
+                let text = *self.pick(&["\"\\ud800\"", "\"\\udfff\\ud800\"", "\"\\u0000\""]);
+                return self.raw(text);
+            }
+            _ => "\u{7f}\u{1b}[31m".into(),
+        };
+        Value::String(text)
+    }
+
+    fn nasty_value(&mut self) -> Value {
+        match self.rng.random_range(0..10) {
+            0..=2 => self.nasty_number(),
+            3..=5 => self.nasty_string(),
+            6 => json!(self.chance(0.5)),
+            7 => Value::Null,
+            8 => match self.rng.random_range(0..5) {
+                0 => json!([]),
+                1 => json!({}),
+                2 => json!([null]),
+                3 => json!({"": null, "\u{0}": 1}),
+                _ => json!([self.nasty_string(), self.nasty_number()]),
+            },
+            _ => self.deep(),
+        }
+    }
+
+    /// Deeply nested arrays or objects, as raw text (serde_json's limit is 128 levels).
+    fn deep(&mut self) -> Value {
+        let depth = *self.pick(&[20usize, 126, 127, 128, 129, 500, 3000]);
+        let text = if self.chance(0.5) {
+            format!("{}{}", "[".repeat(depth), "]".repeat(depth))
+        } else {
+            format!("{}1{}", "{\"a\":".repeat(depth), "}".repeat(depth))
+        };
+        self.raw(text)
+    }
+
+    fn huge_array(&mut self, element: Value) -> Value {
+        let len = *self.pick(&[100usize, 1000, 2500]);
+        Value::Array(vec![element; len])
+    }
+
+    /// One structural mutation somewhere in `value`.
+    fn mutate(&mut self, value: &mut Value, notes: &mut Vec<String>) {
+        let mut paths = Vec::new();
+        collect_paths(value, &mut Vec::new(), &mut paths);
+        let path = self.pick(&paths).clone();
+        let at = path_text(&path);
+        let op = self.rng.random_range(0..10);
+        let Some(node) = node_at(value, &path) else {
+            return;
+        };
+        match op {
+            0 | 1 => {
+                let nasty = self.nasty_value();
+                notes.push(format!("{at} = {}", short(&nasty)));
+                *node = nasty;
+            }
+            2 => {
+                if let Some((last, parent_path)) = path.split_last() {
+                    if let Some(parent) = node_at(value, parent_path) {
+                        match (parent, last) {
+                            (Value::Object(map), Seg::Key(key)) => {
+                                map.remove(key);
+                            }
+                            (Value::Array(items), Seg::Index(i)) if *i < items.len() => {
+                                items.remove(*i);
+                            }
+                            _ => {}
+                        }
+                        notes.push(format!("drop {at}"));
+                    }
+                }
+            }
+            3 => {
+                if let Value::Object(map) = node {
+                    let key = match self.rng.random_range(0..4) {
+                        0 => self.name(FIELDS),
+                        1 => "ki\u{0}nd".to_string(),
+                        2 => "x".repeat(300),
+                        _ => "unknown_field".to_string(),
+                    };
+                    let nasty = self.nasty_value();
+                    notes.push(format!("{at}.{key:?} += {}", short(&nasty)));
+                    map.insert(key, nasty);
+                }
+            }
+            4 => {
+                // Another type for the same thing.
+                let swapped = match node.clone() {
+                    Value::Number(n) => json!(n.to_string()),
+                    Value::String(s) => s
+                        .parse::<i64>()
+                        .map(|n| json!(n))
+                        .unwrap_or_else(|_| json!([s])),
+                    Value::Bool(b) => json!(if b { "true" } else { "false" }),
+                    Value::Array(items) => {
+                        let map: Map<String, Value> = items
+                            .into_iter()
+                            .enumerate()
+                            .map(|(i, v)| (i.to_string(), v))
+                            .collect();
+                        Value::Object(map)
+                    }
+                    Value::Object(map) => Value::Array(map.into_values().collect()),
+                    Value::Null => json!(0),
+                };
+                notes.push(format!("{at} retyped to {}", short(&swapped)));
+                *node = swapped;
+            }
+            5 => {
+                if let Value::Object(map) = node {
+                    if !map.is_empty() {
+                        let keys: Vec<String> = map.keys().cloned().collect();
+                        let key = self.pick(&keys).clone();
+                        let nasty = self.nasty_value();
+                        notes.push(format!("duplicate key {at}.{key} = {}", short(&nasty)));
+                        map.insert(format!("\u{1}DUP:{key}"), nasty);
+                    } else {
+                        notes.push(format!("duplicate key {at}.kind"));
+                        map.insert("kind".into(), json!("a"));
+                        map.insert("\u{1}DUP:kind".into(), json!("b"));
+                    }
+                }
+            }
+            6 => {
+                let wrapped = match self.rng.random_range(0..4) {
+                    0 => json!([]),
+                    1 => json!({}),
+                    2 => json!([node.clone()]),
+                    _ => json!({"v": node.clone()}),
+                };
+                notes.push(format!("{at} wrapped as {}", short(&wrapped)));
+                *node = wrapped;
+            }
+            7 => {
+                let element = match &*node {
+                    Value::Array(items) if !items.is_empty() => items[0].clone(),
+                    other => other.clone(),
+                };
+                notes.push(format!("{at} = huge array of {}", short(&element)));
+                *node = self.huge_array(element);
+            }
+            8 => {
+                let deep = self.deep();
+                notes.push(format!("{at} = deeply nested"));
+                *node = deep;
+            }
+            _ => {
+                let nasty = self.nasty_string();
+                notes.push(format!("{at} = string {}", short(&nasty)));
+                *node = nasty;
+            }
+        }
+    }
+
+    /// Serializes `value` (with markers resolved), then maybe damages the bytes or the headers.
+    fn finish(&mut self, mut req: Req, value: Option<Value>, mutated: bool) -> Req {
+        if let Some(value) = value {
+            let mut text = serde_json::to_string(&value).expect("serialize");
+            let mut exact = !mutated || !text.contains("\\u0001");
+            for (i, raw) in self.raws.iter().enumerate().rev() {
+                let marker = format!("\"\\u0001RAW{i}\\u0001\"");
+                if text.contains(&marker) {
+                    text = text.replace(&marker, raw);
+                    exact = false;
+                }
+            }
+            if text.contains("\"\\u0001DUP:") {
+                text = text.replace("\"\\u0001DUP:", "\"");
+                exact = false;
+            }
+            req.body = Some(text.into_bytes());
+            req.sent = if exact { Some(value) } else { None };
+            if !req.headers.iter().any(|(n, _)| n == "content-type") {
+                req.headers
+                    .push(("content-type".into(), "application/json".into()));
+            }
+        }
+        self.raws.clear();
+        if req.body.is_some() && self.chance(0.08) {
+            self.damage_bytes(&mut req);
+            req.sent = None;
+        }
+        if self.chance(0.08) {
+            let content_type = *self.pick(&[
+                "",
+                "text/plain",
+                "application/x-www-form-urlencoded",
+                "multipart/form-data; boundary=x",
+                "application/json; charset=utf-16",
+                "application/xml",
+                "*/*",
+            ]);
+            req.headers.retain(|(n, _)| n != "content-type");
+            if !content_type.is_empty() {
+                req.headers
+                    .push(("content-type".into(), content_type.to_string()));
+            }
+            req.mutations.push(format!("content-type {content_type:?}"));
+        }
+        if self.chance(0.02) {
+            let method = *self.pick(&["GET", "POST", "PUT", "DELETE", "PATCH", "OPTIONS", "HEAD"]);
+            req.mutations.push(format!("method {method}"));
+            req.method = method.to_string();
+        }
+        req
+    }
+
+    fn damage_bytes(&mut self, req: &mut Req) {
+        let body = req.body.get_or_insert_with(Vec::new);
+        let note = match self.rng.random_range(0..8) {
+            0 => {
+                let at = self.rng.random_range(0..=body.len());
+                body.truncate(at);
+                format!("truncated at {at}")
+            }
+            1 => {
+                let at = self.rng.random_range(0..=body.len());
+                let byte = *self.pick(&[0u8, 0xff, 0xc3, 0x80, b'"', b'}', b',', b'\\']);
+                body.insert(at, byte);
+                format!("byte {byte:#x} inserted at {at}")
+            }
+            2 => {
+                body.splice(0..0, [0xef, 0xbb, 0xbf]);
+                "UTF-8 BOM first".into()
+            }
+            3 => {
+                body.extend_from_slice(b" trailing");
+                "trailing garbage".into()
+            }
+            4 => {
+                let len = self.rng.random_range(0..64);
+                *body = (0..len).map(|_| self.rng.random()).collect();
+                "random bytes".into()
+            }
+            5 => {
+                let text = *self.pick(&[
+                    "", " ", "null", "[]", "\"s\"", "1", "{", "}", "{\"a\":}", "{}{}", "kind=x",
+                    "\u{0}",
+                ]);
+                *body = text.as_bytes().to_vec();
+                format!("body {text:?}")
+            }
+            6 => {
+                // Over the whole-body limit (413 naming `body`).
+                let mut big = vec![b' '; BODY_LIMIT + 10];
+                big.extend_from_slice(b"{}");
+                *body = big;
+                "body over the limit".into()
+            }
+            _ => {
+                // Invalid UTF-8 inside a string.
+                if let Some(at) = body.iter().position(|b| *b == b'"') {
+                    body.insert(at + 1, 0xfe);
+                }
+                "invalid UTF-8 in a string".into()
+            }
+        };
+        req.mutations.push(note);
+    }
+
+    fn query(&mut self, keys: &[&str]) -> String {
+        if self.chance(0.3) {
+            return String::new();
+        }
+        let count = self.rng.random_range(1..4);
+        let mut parts = Vec::new();
+        for _ in 0..count {
+            let key = if self.chance(0.85) {
+                self.pick(keys).to_string()
+            } else {
+                self.pick(&["bogus", "", "li%00mit", "state[]", "%ZZ"])
+                    .to_string()
+            };
+            let value = match self.rng.random_range(0..6) {
+                0 => encode(*self.pick(QUEUES)),
+                1 => encode(*self.pick(STATES)),
+                2 => self.rng.random_range(-2..1200).to_string(),
+                3 => self.uuid_from_rng().to_string(),
+                4 => match self.nasty_value() {
+                    Value::String(s) if !s.starts_with('\u{1}') => encode(&s),
+                    Value::Number(n) => encode(&n.to_string()),
+                    _ => "%00".into(),
+                },
+                _ => self
+                    .pick(&["", "%", "%G1", "+", "a+b", "%00", "%FF", "==", "&&", "1e3"])
+                    .to_string(),
+            };
+            if key.is_empty() && self.chance(0.5) {
+                parts.push(value);
+            } else {
+                parts.push(format!("{key}={value}"));
+            }
+        }
+        format!("?{}", parts.join("&"))
+    }
+
+    /// A request for a random route, valid or mutated.
+    fn request(&mut self, world: &World) -> Req {
+        let route = self.rng.random_range(0..34);
+        let (mut req, body) = self.seed(route, world);
+        let mut value = body;
+        let mut mutated = false;
+        if let Some(value) = value.as_mut() {
+            let rounds = *self.pick(&[0usize, 0, 1, 1, 1, 2, 3]);
+            for _ in 0..rounds {
+                self.mutate(value, &mut req.mutations);
+                mutated = true;
+            }
+        }
+        self.finish(req, value, mutated)
+    }
+
+    /// The valid request of route number `route`, and its JSON body.
+    fn seed(&mut self, route: u32, world: &World) -> (Req, Option<Value>) {
+        let post = |route, target: String| Req::new(route, "POST", target);
+        match route {
+            0..=3 => {
+                let job = self.job();
+                (post("POST /v1/jobs", "/v1/jobs".into()), Some(job))
+            }
+            4 => {
+                let count = self.rng.random_range(1..4);
+                let jobs: Vec<Value> = (0..count).map(|_| self.job()).collect();
+                (
+                    post("POST /v1/jobs/batch", "/v1/jobs/batch".into()),
+                    Some(json!({ "jobs": jobs })),
+                )
+            }
+            5..=7 => {
+                let mut queues = vec![self.name(QUEUES)];
+                if self.chance(0.5) {
+                    queues.push(self.name(QUEUES));
+                }
+                let mut body = json!({
+                    "worker_id": format!("fuzz-worker-{}", self.rng.random_range(0..3)),
+                    "queues": queues,
+                    "max": self.rng.random_range(1..4),
+                });
+                if self.chance(0.5) {
+                    body["lease_ms"] = json!(self.rng.random_range(100..60_000));
+                }
+                if self.chance(0.3) {
+                    body["wait_ms"] = json!(self.rng.random_range(0..50));
+                }
+                (post("POST /v1/fetch", "/v1/fetch".into()), Some(body))
+            }
+            8..=17 => {
+                let (id, token) = self.lease(world);
+                let id = self.maybe_bad_segment(id.to_string());
+                let (route, action, body): (&'static str, &str, Value) = match route {
+                    8 | 9 => {
+                        let mut body = json!({ "lease_token": token });
+                        if self.chance(0.5) {
+                            body["lease_ms"] = json!(self.rng.random_range(100..60_000));
+                        }
+                        ("POST /v1/jobs/{id}/heartbeat", "heartbeat", body)
+                    }
+                    10 | 11 => {
+                        let mut body = json!({ "lease_token": token });
+                        if self.chance(0.6) {
+                            body["result"] = self.payload();
+                        }
+                        ("POST /v1/jobs/{id}/complete", "complete", body)
+                    }
+                    12..=14 => {
+                        let mut body = json!({
+                            "lease_token": token,
+                            "error": {"message": "upstream said no"},
+                        });
+                        if self.chance(0.5) {
+                            body["error"]["class"] = json!("upstream_error");
+                        }
+                        match self.rng.random_range(0..4) {
+                            0 => body["retry"] = json!("never"),
+                            1 => {
+                                body["retry"] = json!("after");
+                                body["retry_after_ms"] = json!(self.rng.random_range(0..5000));
+                            }
+                            2 => body["retry"] = json!("auto"),
+                            _ => {}
+                        }
+                        ("POST /v1/jobs/{id}/fail", "fail", body)
+                    }
+                    15 => (
+                        "POST /v1/jobs/{id}/release",
+                        "release",
+                        json!({ "lease_token": token }),
+                    ),
+                    _ => (
+                        "POST /v1/jobs/{id}/snooze",
+                        "snooze",
+                        json!({ "lease_token": token, "delay_ms": self.rng.random_range(0..5000) }),
+                    ),
+                };
+                (post(route, format!("/v1/jobs/{id}/{action}")), Some(body))
+            }
+            18 => {
+                let body = match self.rng.random_range(0..4) {
+                    0 => {
+                        let fallback = self.uuid_from_rng();
+                        let ids = vec![self.known(&world.dead, 1.0).unwrap_or(fallback)];
+                        json!({ "ids": ids })
+                    }
+                    1 => json!({ "queue": self.name(QUEUES) }),
+                    2 => json!({ "queue": self.name(QUEUES), "kind": self.name(KINDS) }),
+                    _ => json!({ "all": true }),
+                };
+                (
+                    post("POST /v1/dead/replay", "/v1/dead/replay".into()),
+                    Some(body),
+                )
+            }
+            19 => {
+                let name = self.name(SETTINGS_QUEUES);
+                let name = self.maybe_bad_segment(name);
+                let mut body = Map::new();
+                let fields = [
+                    "paused",
+                    "max_depth",
+                    "max_depth_per_tenant",
+                    "concurrency_limit",
+                    "per_key_concurrency_limit",
+                    "rate_limit",
+                    "per_key_rate_limit",
+                    "weight",
+                    "completed_retention_secs",
+                    "dead_retention_secs",
+                ];
+                for field in fields {
+                    if !self.chance(0.4) {
+                        continue;
+                    }
+                    let value = match field {
+                        "paused" => json!(self.chance(0.5)),
+                        "rate_limit" | "per_key_rate_limit" => json!({
+                            "count": self.rng.random_range(1..1000),
+                            "period_ms": self.rng.random_range(1..86_400_000),
+                        }),
+                        _ if self.chance(0.2) => Value::Null,
+                        _ => json!(self.rng.random_range(1..100_000)),
+                    };
+                    body.insert(field.into(), value);
+                }
+                let req = Req::new("PUT /v1/queues/{name}", "PUT", format!("/v1/queues/{name}"));
+                (req, Some(Value::Object(body)))
+            }
+            20 => {
+                let name = format!("fz-sched-{}", self.rng.random_range(0..8));
+                let name = self.maybe_bad_segment(name);
+                let cron = *self.pick(&[
+                    "*/5 * * * *",
+                    "0 3 * * MON-FRI",
+                    "*/10 * * * * *",
+                    "@daily",
+                    "0 0 1 1 *",
+                    "0 0 L * *",
+                    "30 2 * * *",
+                ]);
+                let mut body = json!({
+                    "cron": cron,
+                    "job": {"kind": self.name(KINDS), "queue": "fz-sched"},
+                });
+                if self.chance(0.6) {
+                    body["timezone"] = json!(self.name(&[
+                        "UTC",
+                        "Europe/Berlin",
+                        "America/New_York",
+                        "Asia/Kolkata",
+                        "Australia/Lord_Howe",
+                    ]));
+                }
+                if self.chance(0.5) {
+                    body["job"]["payload"] = self.payload();
+                    body["job"]["priority"] = json!(self.rng.random_range(-5..5));
+                    body["job"]["max_attempts"] = json!(self.rng.random_range(1..10));
+                    body["job"]["timeout_ms"] = json!(self.rng.random_range(1..10_000));
+                    body["job"]["tags"] = json!(["nightly"]);
+                    body["job"]["tenant"] = json!("acme");
+                }
+                if self.chance(0.5) {
+                    body["overlap"] = json!(self.name(&["skip", "allow"]));
+                }
+                if self.chance(0.5) {
+                    body["missed"] = json!("catch_up");
+                    body["max_catch_up"] = json!(self.rng.random_range(1..20));
+                } else if self.chance(0.3) {
+                    body["missed"] = json!("skip");
+                }
+                let req = Req::new(
+                    "PUT /v1/schedules/{name}",
+                    "PUT",
+                    format!("/v1/schedules/{name}"),
+                );
+                (req, Some(body))
+            }
+            21 => {
+                let mut body = json!({
+                    "worker_id": format!("fuzz-worker-{}", self.rng.random_range(0..3)),
+                    "queues": [self.name(QUEUES)],
+                    "concurrency": self.rng.random_range(0..16),
+                    "started_at": self.time_from_now(),
+                });
+                if self.chance(0.6) {
+                    body["host"] = json!("fuzz-host");
+                    body["pid"] = json!(self.rng.random_range(1..100_000));
+                    body["busy"] = json!(self.rng.random_range(0..4));
+                    body["version"] = json!("0.1.0");
+                }
+                if self.chance(0.2) {
+                    body["stopping"] = json!(true);
+                }
+                (
+                    post("POST /v1/workers/heartbeat", "/v1/workers/heartbeat".into()),
+                    Some(body),
+                )
+            }
+            22 => {
+                let fallback = format!("cv_{}_{}", Uuid::nil().simple(), "0".repeat(64));
+                let token = self.known(&world.secrets, 0.5).unwrap_or(fallback);
+                (
+                    post("POST /v1/session", "/v1/session".into()),
+                    Some(json!({ "token": token })),
+                )
+            }
+            23 => {
+                let mut body = json!({ "role": self.name(&["producer", "worker", "admin"]) });
+                if self.chance(0.7) {
+                    body["name"] = json!(format!("fz-token-{}", self.rng.random_range(0..1000)));
+                }
+                (post("POST /v1/tokens", "/v1/tokens".into()), Some(body))
+            }
+            24 => {
+                let token = self
+                    .known(&world.tokens, 0.7)
+                    .unwrap_or_else(|| "fz-no-such-token".into());
+                let token = self.maybe_bad_segment(token);
+                (
+                    Req::new(
+                        "DELETE /v1/tokens/{token}",
+                        "DELETE",
+                        format!("/v1/tokens/{token}"),
+                    ),
+                    None,
+                )
+            }
+            25 => {
+                let id = self.job_id(world);
+                let (route, method, target) = match self.rng.random_range(0..3) {
+                    0 => ("GET /v1/jobs/{id}", "GET", format!("/v1/jobs/{id}")),
+                    1 => (
+                        "POST /v1/jobs/{id}/cancel",
+                        "POST",
+                        format!("/v1/jobs/{id}/cancel"),
+                    ),
+                    _ => ("DELETE /v1/dead/{id}", "DELETE", format!("/v1/dead/{id}")),
+                };
+                (Req::new(route, method, target), None)
+            }
+            26 => {
+                let q = self.query(&["queue", "kind", "state", "limit", "after"]);
+                (
+                    Req::new("GET /v1/jobs", "GET", format!("/v1/jobs{q}")),
+                    None,
+                )
+            }
+            27 => {
+                let q = self.query(&["queue", "kind", "limit", "after", "state"]);
+                (
+                    Req::new("GET /v1/dead", "GET", format!("/v1/dead{q}")),
+                    None,
+                )
+            }
+            28 => {
+                let (route, path, keys): (&'static str, &str, &[&str]) =
+                    match self.rng.random_range(0..3) {
+                        0 => ("GET /v1/jobs/stuck", "/v1/jobs/stuck", &["queue"]),
+                        1 => ("GET /v1/workers", "/v1/workers", &["state"]),
+                        _ => ("GET /v1/audit", "/v1/audit", &["limit", "before", "action"]),
+                    };
+                let q = self.query(keys);
+                (Req::new(route, "GET", format!("{path}{q}")), None)
+            }
+            29 => {
+                let name = self
+                    .known(&world.schedules, 0.7)
+                    .unwrap_or_else(|| "fz-sched-none".into());
+                let name = self.maybe_bad_segment(name);
+                let (route, method, target) = match self.rng.random_range(0..3) {
+                    0 => (
+                        "GET /v1/schedules/{name}",
+                        "GET",
+                        format!("/v1/schedules/{name}"),
+                    ),
+                    1 => {
+                        let q = self.query(&["limit"]);
+                        (
+                            "GET /v1/schedules/{name}/runs",
+                            "GET",
+                            format!("/v1/schedules/{name}/runs{q}"),
+                        )
+                    }
+                    _ => (
+                        "DELETE /v1/schedules/{name}",
+                        "DELETE",
+                        format!("/v1/schedules/{name}"),
+                    ),
+                };
+                (Req::new(route, method, target), None)
+            }
+            30 => {
+                let name = self.name(SETTINGS_QUEUES);
+                let name = self.maybe_bad_segment(name);
+                (
+                    Req::new("GET /v1/queues/{name}", "GET", format!("/v1/queues/{name}")),
+                    None,
+                )
+            }
+            31 => {
+                let (route, method, path) = *self.pick(&[
+                    ("GET /v1/queues", "GET", "/v1/queues"),
+                    ("GET /v1/schedules", "GET", "/v1/schedules"),
+                    ("GET /v1/tokens", "GET", "/v1/tokens"),
+                    ("GET /v1/session", "GET", "/v1/session"),
+                    ("DELETE /v1/session", "DELETE", "/v1/session"),
+                    ("GET /healthz", "GET", "/healthz"),
+                    ("GET /metrics", "GET", "/metrics"),
+                ]);
+                (Req::new(route, method, path.to_string()), None)
+            }
+            _ => {
+                // Routes that do not exist, and methods a route does not have.
+                let segment = self.maybe_bad_segment("nope".into());
+                let (method, target) = self
+                    .pick(&[
+                        ("GET", format!("/v1/{segment}")),
+                        ("PATCH", "/v1/jobs".to_string()),
+                        ("DELETE", "/v1/fetch".to_string()),
+                        ("PUT", "/v1/jobs/batch".to_string()),
+                        ("POST", "/v1/queues".to_string()),
+                        ("GET", format!("/v1/jobs/{segment}/complete")),
+                        ("POST", format!("/v2/{segment}")),
+                        ("OPTIONS", "/v1/jobs".to_string()),
+                        ("GET", format!("/ui/{segment}")),
+                    ])
+                    .clone();
+                let mut req = Req::new("unknown route", method, target);
+                req.body = Some(b"{}".to_vec());
+                (req, None)
+            }
+        }
+    }
+
+    /// Credentials for a request to the auth server.
+    fn credentials(&mut self, req: &mut Req, server: &Server, world: &World) {
+        // The same draws whatever the choice, so the random stream never depends on answers.
+        let choice = self.rng.random_range(0..12);
+        let session = self.known(&world.sessions, 1.0);
+        let damage_at = self.rng.random::<u64>() as usize;
+        let malformed = *self.pick(&[
+            "Bearer",
+            "Bearer ",
+            "Basic YWRtaW46YWRtaW4=",
+            "bearer cv_x",
+            "Bearer cv_00000000000000000000000000000000_00",
+            "Bearer cvs_zz",
+            "Bearer cv_\u{e9}",
+        ]);
+        let cookie_len = self.rng.random_range(0..300);
+        let bearer =
+            |secret: &Option<String>| format!("Bearer {}", secret.as_deref().unwrap_or(""));
+        let (name, value, note) = match (choice, session) {
+            (0..=4, _) => ("authorization", bearer(&server.admin), "admin token"),
+            (5, _) => ("authorization", bearer(&server.producer), "producer token"),
+            (6, _) => ("authorization", bearer(&server.worker), "worker token"),
+            (7, Some(cookie)) => {
+                req.headers.push(("x-conveyor-csrf".into(), "1".into()));
+                (
+                    "cookie",
+                    format!("conveyor_session={cookie}"),
+                    "session cookie",
+                )
+            }
+            (8, _) => {
+                let mut secret = server.admin.clone().unwrap_or_default();
+                let at = damage_at % secret.len();
+                secret.replace_range(at..at + 1, "0");
+                (
+                    "authorization",
+                    format!("Bearer {secret}"),
+                    "damaged admin token",
+                )
+            }
+            (9, _) => (
+                "authorization",
+                malformed.to_string(),
+                "malformed authorization",
+            ),
+            (10, _) => (
+                "cookie",
+                format!("conveyor_session={}; other=1", "x".repeat(cookie_len)),
+                "garbage cookie",
+            ),
+            _ => ("x-nothing", "1".to_string(), "no credentials"),
+        };
+        req.headers.push((name.to_string(), value));
+        req.mutations.push(note.to_string());
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Seg {
+    Key(String),
+    Index(usize),
+}
+
+fn collect_paths(value: &Value, prefix: &mut Vec<Seg>, out: &mut Vec<Vec<Seg>>) {
+    out.push(prefix.clone());
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                prefix.push(Seg::Key(key.clone()));
+                collect_paths(child, prefix, out);
+                prefix.pop();
+            }
+        }
+        Value::Array(items) => {
+            // A few elements are enough (arrays may be huge after a mutation).
+            for (i, child) in items.iter().enumerate().take(3) {
+                prefix.push(Seg::Index(i));
+                collect_paths(child, prefix, out);
+                prefix.pop();
+            }
+        }
+        _ => {}
+    }
+}
+
+fn node_at<'a>(value: &'a mut Value, path: &[Seg]) -> Option<&'a mut Value> {
+    let mut node = value;
+    for seg in path {
+        node = match (node, seg) {
+            (Value::Object(map), Seg::Key(key)) => map.get_mut(key)?,
+            (Value::Array(items), Seg::Index(i)) => items.get_mut(*i)?,
+            _ => return None,
+        };
+    }
+    Some(node)
+}
+
+fn path_text(path: &[Seg]) -> String {
+    if path.is_empty() {
+        return "(root)".into();
+    }
+    let mut out = String::new();
+    for seg in path {
+        match seg {
+            Seg::Key(key) => {
+                if !out.is_empty() {
+                    out.push('.');
+                }
+                out.push_str(&format!("{key:?}"));
+            }
+            Seg::Index(i) => {
+                let _ = write!(out, "[{i}]");
+            }
+        }
+    }
+    out
+}
+
+fn short(value: &Value) -> String {
+    let text = value.to_string();
+    if text.len() > 60 {
+        let mut end = 60;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        format!("{}...({} bytes)", &text[..end], text.len())
+    } else {
+        text
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Checking answers.
+// ---------------------------------------------------------------------------------------------
+
+struct Run {
+    seed: u64,
+    failures: BTreeMap<String, String>,
+    failure_count: usize,
+    slow: Vec<String>,
+    /// 2xx answers that serde_json (default limits) cannot read for their depth.
+    deep_answers: usize,
+    statuses: BTreeMap<(String, u16), usize>,
+}
+
+impl Run {
+    fn fail(&mut self, index: usize, req: &Req, kind: &str, detail: String) {
+        self.failure_count += 1;
+        // One example per route and kind of failure.
+        let signature = format!("{} | {kind}", req.route);
+        self.failures.entry(signature).or_insert_with(|| {
+            format!(
+                "request #{index} (seed {}): {kind}\n{}  answer: {detail}\n",
+                self.seed,
+                req.describe()
+            )
+        });
+    }
+}
+
+fn check_shape(run: &mut Run, index: usize, req: &Req, answer: &Answer) {
+    let status = answer.status;
+    if status >= 500 {
+        run.fail(
+            index,
+            req,
+            &format!("server error {status}"),
+            answer.describe(),
+        );
+        return;
+    }
+    if !(400..500).contains(&status) || req.method == "HEAD" {
+        return;
+    }
+    let content_type = answer.header("content-type").unwrap_or("");
+    let body = answer.json();
+    let error = body.as_ref().and_then(|b| b.get("error"));
+    let well_formed = content_type.starts_with("application/json")
+        && error.is_some_and(|e| {
+            e["code"].as_str().is_some_and(|c| !c.is_empty())
+                && e["message"].as_str().is_some_and(|m| !m.is_empty())
+                && (e["field"].is_null() || e["field"].is_string())
+                && e.get("field").is_some()
+        });
+    if !well_formed {
+        run.fail(
+            index,
+            req,
+            &format!("{status} without a JSON error body"),
+            answer.describe(),
+        );
+    }
+}
+
+/// Sends a GET to read back what a 2xx claimed; admin credentials on the auth server.
+async fn read_back(server: &Server, path: &str) -> Option<Value> {
+    let mut req = Req::new("read back", "GET", path.to_string());
+    if let Some(admin) = &server.admin {
+        req.headers
+            .push(("authorization".into(), format!("Bearer {admin}")));
+    }
+    let answer = send(server.addr, &req).await.ok()?;
+    if answer.status != 200 {
+        return None;
+    }
+    answer.json()
+}
+
+fn without(value: &Value, keys: &[&str]) -> Value {
+    let mut value = value.clone();
+    if let Some(map) = value.as_object_mut() {
+        for key in keys {
+            map.remove(*key);
+        }
+    }
+    value
+}
+
+/// The top-level keys whose values differ, e.g. `run_at, timeout_ms`.
+fn differing_fields(a: &Value, b: &Value) -> String {
+    let empty = Map::new();
+    let (a, b) = (
+        a.as_object().unwrap_or(&empty),
+        b.as_object().unwrap_or(&empty),
+    );
+    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
+    keys.sort();
+    keys.dedup();
+    keys.retain(|k| a.get(*k) != b.get(*k));
+    keys.iter()
+        .map(|k| k.as_str())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// Fields of an accepted job request that must be stored exactly as sent.
+const EXACT_JOB_FIELDS: &[&str] = &[
+    "kind",
+    "queue",
+    "priority",
+    "max_attempts",
+    "timeout_ms",
+    "idempotency_key",
+    "tenant",
+];
+
+fn compare_job_request(sent: &Value, stored: &Value) -> Option<String> {
+    for field in EXACT_JOB_FIELDS {
+        if let Some(value) = sent.get(*field).filter(|v| !v.is_null()) {
+            if stored.get(*field) != Some(value) {
+                return Some(format!(
+                    "{field}: sent as {value} but stored as {}",
+                    stored.get(*field).unwrap_or(&Value::Null)
+                ));
+            }
+        }
+    }
+    None
+}
+
+/// Learns ids and tokens from a successful answer, and checks that it is true.
+async fn learn_and_verify(
+    run: &mut Run,
+    world: &mut World,
+    index: usize,
+    server: &Server,
+    req: &Req,
+    answer: &Answer,
+) {
+    if !(200..300).contains(&answer.status) || req.method == "HEAD" {
+        return;
+    }
+    let Some(body) = answer.json() else {
+        if answer.too_deep_for_serde() {
+            run.deep_answers += 1;
+        } else if answer.status != 204 && req.route != "GET /metrics" {
+            run.fail(index, req, "2xx without a JSON body", answer.describe());
+        }
+        return;
+    };
+    match req.route {
+        "POST /v1/jobs" => {
+            let Some(id) = body["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()) else {
+                return;
+            };
+            keep(&mut world.jobs, id);
+            if body["duplicate"] == true {
+                return;
+            }
+            let Some(stored) = read_back(server, &format!("/v1/jobs/{id}")).await else {
+                run.fail(index, req, "accepted job cannot be read", answer.describe());
+                return;
+            };
+            // Maintenance may promote a scheduled job in between; everything else must match.
+            let answered = without(&body, &["duplicate", "state"]);
+            let stored = without(&stored, &["state"]);
+            if answered != stored {
+                let fields = differing_fields(&answered, &stored);
+                run.fail(
+                    index,
+                    req,
+                    &format!("enqueue answer differs from the stored job in {fields}"),
+                    format!("answered {answered}\n  stored {stored}"),
+                );
+            } else if let Some(problem) = req
+                .sent
+                .as_ref()
+                .and_then(|s| compare_job_request(s, &stored))
+            {
+                let field = problem.split(':').next().unwrap_or("").to_string();
+                run.fail(
+                    index,
+                    req,
+                    &format!("accepted job stored with another {field}"),
+                    problem,
+                );
+            }
+        }
+        "POST /v1/jobs/batch" => {
+            let ids: Vec<Uuid> = body["ids"]
+                .as_array()
+                .map(|ids| {
+                    ids.iter()
+                        .filter_map(|i| i.as_str()?.parse().ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let duplicates = body["duplicates"].as_array().cloned().unwrap_or_default();
+            for (i, id) in ids.iter().enumerate() {
+                keep(&mut world.jobs, *id);
+                if duplicates.get(i) == Some(&Value::Bool(true)) {
+                    continue;
+                }
+                let sent = req.sent.as_ref().and_then(|s| s["jobs"].get(i));
+                let Some(sent) = sent else { continue };
+                match read_back(server, &format!("/v1/jobs/{id}")).await {
+                    None => run.fail(
+                        index,
+                        req,
+                        "accepted batch job cannot be read",
+                        id.to_string(),
+                    ),
+                    Some(stored) => {
+                        if let Some(problem) = compare_job_request(sent, &stored) {
+                            let field = problem.split(':').next().unwrap_or("").to_string();
+                            run.fail(
+                                index,
+                                req,
+                                &format!("accepted batch job stored with another {field}"),
+                                problem,
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        "POST /v1/fetch" => {
+            for job in body["jobs"].as_array().into_iter().flatten() {
+                let id = job["id"].as_str().and_then(|s| s.parse().ok());
+                let token = job["lease_token"].as_str().and_then(|s| s.parse().ok());
+                if let (Some(id), Some(token)) = (id, token) {
+                    keep(&mut world.leases, (id, token));
+                }
+            }
+        }
+        "POST /v1/jobs/{id}/fail" => {
+            if body["state"] == "dead" {
+                if let Some(id) = body["id"].as_str().and_then(|s| s.parse().ok()) {
+                    keep(&mut world.dead, id);
+                }
+            }
+        }
+        "PUT /v1/queues/{name}" => {
+            let name = body["name"].as_str().unwrap_or_default().to_string();
+            match read_back(server, &format!("/v1/queues/{}", encode(&name))).await {
+                Some(stored) if stored == body => {}
+                stored => {
+                    let fields = differing_fields(&body, stored.as_ref().unwrap_or(&Value::Null));
+                    run.fail(
+                        index,
+                        req,
+                        &format!("queue settings answer differs from what is stored in {fields}"),
+                        format!("answered {body}\n  stored {stored:?}"),
+                    )
+                }
+            }
+        }
+        "PUT /v1/schedules/{name}" => {
+            let name = body["name"].as_str().unwrap_or_default().to_string();
+            keep(&mut world.schedules, name.clone());
+            // The definition must read back as answered (its run state may move on).
+            let moving = [
+                "revision",
+                "due_after",
+                "last_tick",
+                "next_run_at",
+                "last_run",
+                "recent_runs",
+                "updated_at",
+                "created_at",
+            ];
+            match read_back(server, &format!("/v1/schedules/{}", encode(&name))).await {
+                Some(stored) if without(&stored, &moving) == without(&body, &moving) => {}
+                stored => run.fail(
+                    index,
+                    req,
+                    "schedule answer differs from what is stored",
+                    format!("answered {body}\n  stored {stored:?}"),
+                ),
+            }
+        }
+        "POST /v1/workers/heartbeat" => {
+            let listed = read_back(server, "/v1/workers").await;
+            let found = listed.as_ref().and_then(|l| {
+                l["workers"]
+                    .as_array()?
+                    .iter()
+                    .find(|w| w["id"] == body["id"])
+                    .cloned()
+            });
+            if found.as_ref() != Some(&body) {
+                run.fail(
+                    index,
+                    req,
+                    "worker heartbeat answer differs from the registry",
+                    format!("answered {body}\n  listed {found:?}"),
+                );
+            }
+        }
+        "POST /v1/tokens" => {
+            if let Some(secret) = body["secret"].as_str() {
+                keep(&mut world.secrets, secret.to_string());
+            }
+            for key in ["id", "name"] {
+                if let Some(value) = body[key].as_str() {
+                    keep(&mut world.tokens, value.to_string());
+                }
+            }
+        }
+        "POST /v1/session" => {
+            if let Some(cookie) = answer.header("set-cookie") {
+                if let Some(value) = cookie
+                    .strip_prefix("conveyor_session=")
+                    .and_then(|rest| rest.split(';').next())
+                {
+                    keep(&mut world.sessions, value.to_string());
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// After the run: both servers still do their job.
+// ---------------------------------------------------------------------------------------------
+
+async fn call(server: &Server, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
+    let mut req = match &body {
+        Some(body) => Req::json("check", method, path.to_string(), body),
+        None => Req::new("check", method, path.to_string()),
+    };
+    if let Some(admin) = &server.admin {
+        req.headers
+            .push(("authorization".into(), format!("Bearer {admin}")));
+    }
+    let answer = send(server.addr, &req)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
+    (answer.status, answer.json().unwrap_or(Value::Null))
+}
+
+async fn still_works(server: &Server) {
+    assert!(!server.task.is_finished(), "the server task ended");
+    let queue = format!("after-fuzz-{}", Uuid::new_v4().simple());
+    let (status, job) = call(
+        server,
+        "POST",
+        "/v1/jobs",
+        Some(json!({"kind": "after_fuzz", "queue": queue, "payload": {"n": 1}})),
+    )
+    .await;
+    assert_eq!(status, 201, "enqueue after fuzzing: {job}");
+    let id = job["id"].as_str().expect("id").to_string();
+    let (status, fetched) = call(
+        server,
+        "POST",
+        "/v1/fetch",
+        Some(json!({"worker_id": "after-fuzz", "queues": [queue], "max": 5})),
+    )
+    .await;
+    assert_eq!(status, 200, "fetch after fuzzing: {fetched}");
+    let jobs = fetched["jobs"].as_array().expect("jobs");
+    assert_eq!(jobs.len(), 1, "{fetched}");
+    assert_eq!(jobs[0]["id"], id.as_str());
+    let token = jobs[0]["lease_token"].as_str().expect("token");
+    let (status, done) = call(
+        server,
+        "POST",
+        &format!("/v1/jobs/{id}/complete"),
+        Some(json!({"lease_token": token, "result": {"ok": true}})),
+    )
+    .await;
+    assert_eq!(status, 200, "complete after fuzzing: {done}");
+    let (status, job) = call(server, "GET", &format!("/v1/jobs/{id}"), None).await;
+    assert_eq!(status, 200, "{job}");
+    assert_eq!(job["state"], "completed", "{job}");
+    assert_eq!(job["attempt"], 1, "{job}");
+    assert_eq!(job["result"], json!({"ok": true}), "{job}");
+    let (status, health) = call(server, "GET", "/healthz", None).await;
+    assert_eq!(status, 200, "{health}");
+}
+
+fn env_number(name: &str) -> Option<u64> {
+    let text = std::env::var(name).ok()?;
+    let text = text.trim();
+    let parsed = match text.strip_prefix("0x") {
+        Some(hex) => u64::from_str_radix(hex, 16),
+        None => text.parse(),
+    };
+    Some(parsed.unwrap_or_else(|e| panic!("{name}={text:?} is not a number: {e}")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_route_survives_structured_garbage() {
+    record_panics();
+    let seed = env_number("CONVEYOR_FUZZ_SEED").unwrap_or(DEFAULT_SEED);
+    let requests = env_number("CONVEYOR_FUZZ_REQUESTS").map_or(DEFAULT_REQUESTS, |n| n as usize);
+    println!("fuzz seed {seed} ({seed:#x}), {requests} requests; reproduce with CONVEYOR_FUZZ_SEED={seed}");
+
+    let open = start(false).await;
+    let auth = start(true).await;
+    // Maintenance and the cron scheduler read whatever the fuzzer stored: a pass over each
+    // store every 100 requests (between requests, so the run stays reproducible).
+    let maintenance = |store: &Arc<dyn Store>| {
+        (
+            Maintenance::new(store.clone()).without_scheduler(),
+            Scheduler::new(store.clone()),
+        )
+    };
+    let passes = [maintenance(&open.store), maintenance(&auth.store)];
+
+    // Something to work on from the start: jobs, leases and a dead job.
+    let mut world = World::default();
+    let mut fuzzer = Gen {
+        rng: StdRng::seed_from_u64(seed),
+        raws: Vec::new(),
+    };
+    for queue in QUEUES {
+        for _ in 0..3 {
+            let (status, job) = call(
+                &open,
+                "POST",
+                "/v1/jobs",
+                Some(json!({"kind": "fz_seed", "queue": queue, "payload": {"user": 1}})),
+            )
+            .await;
+            assert_eq!(status, 201, "{job}");
+            keep(
+                &mut world.jobs,
+                job["id"].as_str().unwrap().parse().unwrap(),
+            );
+        }
+    }
+    let (status, fetched) = call(
+        &open,
+        "POST",
+        "/v1/fetch",
+        Some(json!({"worker_id": "fz-seed", "queues": QUEUES, "max": 8})),
+    )
+    .await;
+    assert_eq!(status, 200, "{fetched}");
+    for job in fetched["jobs"].as_array().unwrap() {
+        let id: Uuid = job["id"].as_str().unwrap().parse().unwrap();
+        let token: Uuid = job["lease_token"].as_str().unwrap().parse().unwrap();
+        keep(&mut world.leases, (id, token));
+    }
+    let (dead_id, dead_token) = world.leases.pop().expect("a lease");
+    let (status, dead) = call(
+        &open,
+        "POST",
+        &format!("/v1/jobs/{dead_id}/fail"),
+        Some(json!({"lease_token": dead_token, "error": {"message": "x"}, "retry": "never"})),
+    )
+    .await;
+    assert_eq!(status, 200, "{dead}");
+    keep(&mut world.dead, dead_id);
+
+    let mut run = Run {
+        seed,
+        failures: BTreeMap::new(),
+        failure_count: 0,
+        slow: Vec::new(),
+        deep_answers: 0,
+        statuses: BTreeMap::new(),
+    };
+    let started = Instant::now();
+    for index in 0..requests {
+        let mut req = fuzzer.request(&world);
+        let server = if fuzzer.chance(0.2) {
+            req.auth_server = true;
+            fuzzer.credentials(&mut req, &auth, &world);
+            &auth
+        } else {
+            &open
+        };
+        let before = Instant::now();
+        let answer = send(server.addr, &req).await;
+        let took = before.elapsed();
+        if took > SLOW {
+            run.slow.push(format!(
+                "{took:?} for request #{index}:\n{}",
+                req.describe()
+            ));
+        }
+        let oversized = req.body.as_ref().is_some_and(|b| b.len() > BODY_LIMIT);
+        match answer {
+            Err(error) if oversized => {
+                // Closing early on a body over the limit is legitimate HTTP.
+                let _ = error;
+            }
+            Err(error) => {
+                run.fail(
+                    index,
+                    &req,
+                    "no answer (panic or dropped connection)",
+                    error,
+                );
+            }
+            Ok(answer) => {
+                *run.statuses
+                    .entry((req.route.to_string(), answer.status))
+                    .or_default() += 1;
+                check_shape(&mut run, index, &req, &answer);
+                learn_and_verify(&mut run, &mut world, index, server, &req, &answer).await;
+            }
+        }
+        if index % 100 == 99 {
+            for (maintenance, scheduler) in &passes {
+                if let Err(error) = maintenance.run_once().await {
+                    run.fail(
+                        index,
+                        &req,
+                        "maintenance pass failed after it",
+                        error.to_string(),
+                    );
+                }
+                if let Err(error) = scheduler.run_once().await {
+                    run.fail(
+                        index,
+                        &req,
+                        "scheduler pass failed after it",
+                        error.to_string(),
+                    );
+                }
+            }
+        }
+        // Keep some jobs to lease: refill when the fuzzer has used them up.
+        if index % 200 == 199 {
+            let queue = *fuzzer.pick(QUEUES);
+            let (status, fetched) = call(
+                &open,
+                "POST",
+                "/v1/fetch",
+                Some(json!({"worker_id": "fz-refill", "queues": [queue], "max": 5})),
+            )
+            .await;
+            if status == 200 {
+                for job in fetched["jobs"].as_array().into_iter().flatten() {
+                    let id = job["id"].as_str().and_then(|s| s.parse().ok());
+                    let token = job["lease_token"].as_str().and_then(|s| s.parse().ok());
+                    if let (Some(id), Some(token)) = (id, token) {
+                        keep(&mut world.leases, (id, token));
+                    }
+                }
+            }
+        }
+    }
+    let fuzz_time = started.elapsed();
+
+    let mut summary = String::new();
+    for ((route, status), count) in &run.statuses {
+        let _ = writeln!(summary, "  {route:<36} {status}: {count}");
+    }
+    println!("{requests} requests in {fuzz_time:?}; answers by route and status:\n{summary}");
+    for slow in &run.slow {
+        println!("slow answer: {slow}");
+    }
+
+    // Afterwards: both servers work, and maintenance over the fuzzed store succeeds.
+    still_works(&open).await;
+    still_works(&auth).await;
+    for (maintenance, scheduler) in &passes {
+        let pass = maintenance
+            .run_once()
+            .await
+            .expect("a maintenance pass over the fuzzed store");
+        let fired = scheduler
+            .run_once()
+            .await
+            .expect("a scheduler pass over the fuzzed store");
+        println!("after fuzzing: {pass:?}, {fired:?}");
+    }
+    if run.deep_answers > 0 {
+        println!(
+            "note: {} answers were valid JSON nested deeper than serde_json's default limit \
+             (128 levels): a job payload of up to 127 levels is accepted, but the fetch answer \
+             wraps it in three more levels, so default serde_json clients cannot read it",
+            run.deep_answers
+        );
+    }
+
+    let panics = panics();
+    let mut report = String::new();
+    for panic in &panics {
+        let _ = writeln!(report, "PANIC: {panic}");
+    }
+    for failure in run.failures.values() {
+        let _ = writeln!(report, "{failure}");
+    }
+    assert!(
+        panics.is_empty() && run.failures.is_empty(),
+        "fuzzing with seed {seed} found {} failing requests ({} kinds) and {} panics:\n{report}",
+        run.failure_count,
+        run.failures.len(),
+        panics.len()
+    );
+}

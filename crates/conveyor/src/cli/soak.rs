@@ -1,0 +1,1318 @@
+//! `conveyor bench --soak DURATION`: a long mixed workload against real processes, with a worker
+//! killed (SIGKILL) at a fixed interval.
+//!
+//! The soak starts `conveyor serve` (this same binary) on a fresh store, producer tasks in this
+//! process that enqueue over HTTP at a steady rate, and `conveyor work --exec` worker processes
+//! whose command succeeds, fails once and then succeeds, fails until the job dies, or fails for
+//! good, depending on the job's kind. Every `--soak-kill-every` one worker is killed with SIGKILL
+//! and restarted at once; the jobs it held come back through lease expiry. Every
+//! `--soak-report-every` it prints the interval's throughput and the server's RSS, open file
+//! descriptors and SQLite WAL size. At the end it lets the queue drain and checks that every job
+//! a producer got a 2xx for is stored, in a state its kind explains.
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::task::JoinSet;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::cli::http::ApiClient;
+use crate::cli::work::{EXIT_PERMANENT, EXIT_RETRY};
+use crate::cli::DurabilityArg;
+
+/// Flags of the soak (flattened into `conveyor bench`).
+#[derive(Args, Debug)]
+pub(crate) struct SoakArgs {
+    /// Run the soak instead of the workloads, for this long (`30s`, `10m`, `1h`, or seconds): a
+    /// `conveyor serve` child, producers enqueueing over HTTP, `conveyor work` children that
+    /// complete, fail, retry and kill jobs, one of them killed with SIGKILL at intervals.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub soak: Option<Duration>,
+    /// Soak: kill -9 one worker process (round-robin) this often, and restart it at once.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
+    soak_kill_every: Duration,
+    /// Soak: print throughput and the server's resources this often.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "10s")]
+    soak_report_every: Duration,
+    /// Soak: jobs enqueued per second, over all producers.
+    #[arg(long, default_value_t = 200.0)]
+    soak_rate: f64,
+    /// Soak: worker processes (`conveyor work --exec`).
+    #[arg(long, default_value_t = 2)]
+    soak_workers: usize,
+    /// Soak: jobs each worker process runs at once.
+    #[arg(long, default_value_t = 8)]
+    soak_worker_concurrency: usize,
+    /// Soak: after the load stops, how long the queue may take to drain before the run counts
+    /// as failed.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
+    soak_drain_timeout: Duration,
+}
+
+/// A duration: a number with an optional unit `ms`, `s`, `m` or `h` (`10m`, `30s`, `1.5h`); a
+/// plain number is seconds.
+pub(crate) fn parse_duration(raw: &str) -> Result<Duration, String> {
+    let text = raw.trim();
+    let split = text
+        .find(|c: char| c.is_ascii_alphabetic())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let scale = match unit {
+        "ms" => 0.001,
+        "" | "s" => 1.0,
+        "m" | "min" => 60.0,
+        "h" => 3600.0,
+        _ => {
+            return Err(format!(
+                "{raw:?}: unknown unit {unit:?}; use ms, s, m or h (e.g. 30s, 10m, 1h)"
+            ))
+        }
+    };
+    let value: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{raw:?} is not a duration such as 30s, 10m, 1h or 45"))?;
+    if !value.is_finite() || value <= 0.0 {
+        return Err(format!("{raw:?}: a duration must be positive"));
+    }
+    Duration::try_from_secs_f64(value * scale).map_err(|e| format!("{raw:?}: {e}"))
+}
+
+/// What a job's command does: the worker's command looks at `CONVEYOR_JOB_KIND`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// Succeeds at once.
+    Ok,
+    /// Succeeds after 300 ms, so kills find jobs in flight.
+    Slow,
+    /// Fails (retry) on its first attempt, succeeds on the next.
+    Flaky,
+    /// Fails (retry) on every attempt until it is dead.
+    Doomed,
+    /// Fails permanently: dead after one attempt.
+    Poison,
+}
+
+const KINDS: [Kind; 5] = [
+    Kind::Ok,
+    Kind::Slow,
+    Kind::Flaky,
+    Kind::Doomed,
+    Kind::Poison,
+];
+
+impl Kind {
+    /// The mix: of every 100 jobs, 84 ok, 5 slow, 8 flaky, 2 doomed, 1 poison (spread over the
+    /// hundred by a permutation, so consecutive jobs differ).
+    fn of(n: u64) -> Kind {
+        match (n * 37) % 100 {
+            0..=83 => Kind::Ok,
+            84..=88 => Kind::Slow,
+            89..=96 => Kind::Flaky,
+            97 | 98 => Kind::Doomed,
+            _ => Kind::Poison,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Kind::Ok => "soak.ok",
+            Kind::Slow => "soak.slow",
+            Kind::Flaky => "soak.flaky",
+            Kind::Doomed => "soak.doomed",
+            Kind::Poison => "soak.poison",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Kind> {
+        KINDS.into_iter().find(|kind| kind.name() == name)
+    }
+
+    /// Doomed jobs die after three attempts (backoff 1 s, 2 s); the others have room for a kill
+    /// or two on top of their own failures.
+    fn max_attempts(self) -> u32 {
+        match self {
+            Kind::Doomed => 3,
+            _ => 5,
+        }
+    }
+}
+
+/// The workers' command (`sh -c`); exit codes as `conveyor work` reads them.
+fn exec_command() -> String {
+    format!(
+        r#"case "$CONVEYOR_JOB_KIND" in
+  soak.slow) sleep 0.3 ;;
+  soak.flaky) [ "$CONVEYOR_JOB_ATTEMPT" -ge 2 ] || exit {EXIT_RETRY} ;;
+  soak.doomed) exit {EXIT_RETRY} ;;
+  soak.poison) exit {EXIT_PERMANENT} ;;
+esac"#
+    )
+}
+
+const PRODUCERS: usize = 4;
+/// Every tenth request a producer sends is a batch of this many jobs; the others are single.
+const BATCH: u64 = 10;
+/// Workers' lease: a killed worker's jobs are rescued this long after their last heartbeat.
+const WORKER_LEASE_MS: u64 = 2000;
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// Writes a line to stdout, ignoring a closed pipe (as the server's announcements do).
+fn emit(line: &str) {
+    use std::io::Write;
+    let mut stdout = std::io::stdout().lock();
+    let _ = writeln!(stdout, "{line}").and_then(|()| stdout.flush());
+}
+
+pub(crate) async fn run(
+    args: &SoakArgs,
+    duration: Duration,
+    store: Option<&str>,
+    durability: DurabilityArg,
+    json_lines: bool,
+) -> anyhow::Result<ExitCode> {
+    if !(args.soak_rate.is_finite() && args.soak_rate > 0.0) {
+        anyhow::bail!("--soak-rate must be a positive number of jobs per second");
+    }
+    if args.soak_workers == 0 || args.soak_worker_concurrency == 0 {
+        anyhow::bail!("--soak-workers and --soak-worker-concurrency must be at least 1");
+    }
+    let temp = super::TempDir::create()?;
+    let url = match store {
+        Some(url) => url.to_string(),
+        None => format!("sqlite://{}", temp.0.join("soak.db").display()),
+    };
+    let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let db_path = if postgres {
+        None
+    } else {
+        conveyor::sqlite_path(&url)
+    };
+    let wal_path = db_path.as_ref().map(|path| {
+        let mut wal = path.clone().into_os_string();
+        wal.push("-wal");
+        PathBuf::from(wal)
+    });
+    let files = StoreFiles {
+        db: db_path,
+        wal: wal_path,
+    };
+    let exe = std::env::current_exe().context("locating the conveyor binary")?;
+    let queue = format!("soak-{}", Uuid::new_v4().simple());
+
+    let mut server = Server::start(&exe, &url, durability).await?;
+    let api = ApiClient::new(&server.url, None)?;
+    api.get("/healthz")
+        .await
+        .context("the soak's server is not healthy")?;
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .build()
+        .context("building the HTTP client")?;
+    let at_start = files.resources(server.pid);
+    let shown_store = if store.is_some() {
+        url.clone()
+    } else {
+        "sqlite://(temp file)".to_string()
+    };
+    let durability_name = durability_name(durability);
+    let config = json!({
+        "workload": "soak", "record": "start", "store": shown_store,
+        "durability": durability_name, "duration_s": duration.as_secs_f64(),
+        "kill_every_s": args.soak_kill_every.as_secs_f64(),
+        "report_every_s": args.soak_report_every.as_secs_f64(),
+        "rate": args.soak_rate, "producers": PRODUCERS, "workers": args.soak_workers,
+        "worker_concurrency": args.soak_worker_concurrency, "worker_lease_ms": WORKER_LEASE_MS,
+        "server_pid": server.pid, "resources": at_start.to_json(),
+    });
+    if json_lines {
+        emit(&config.to_string());
+    } else {
+        emit(&format!(
+            "soak: {} s on {shown_store} ({durability_name}), {} jobs/s from {PRODUCERS} \
+             producers, {} workers x {}, kill -9 of a worker every {} s; server pid {}",
+            duration.as_secs_f64(),
+            args.soak_rate,
+            args.soak_workers,
+            args.soak_worker_concurrency,
+            args.soak_kill_every.as_secs_f64(),
+            server.pid,
+        ));
+        emit(&format!(
+            "{:>7} {:>9} {:>9} {:>8} {:>6} {:>6} {:>5} {:>9} {:>5} {:>9} {:>8}",
+            "t (s)",
+            "enqueued",
+            "completed",
+            "retried",
+            "dead",
+            "depth",
+            "kills",
+            "rss (MiB)",
+            "fds",
+            "wal (MiB)",
+            "db (MiB)"
+        ));
+    }
+
+    let exec = exec_command();
+    let mut workers = Vec::with_capacity(args.soak_workers);
+    for _ in 0..args.soak_workers {
+        workers.push(Worker::start(
+            &exe,
+            &server.url,
+            &queue,
+            &exec,
+            args.soak_worker_concurrency,
+        )?);
+    }
+
+    let acked: Arc<Mutex<Vec<(Uuid, Kind)>>> = Arc::default();
+    let enqueued = Arc::new(AtomicU64::new(0));
+    let enqueue_errors = Arc::new(AtomicU64::new(0));
+    let stop_producers = CancellationToken::new();
+    let mut producers = JoinSet::new();
+    let sequence = Arc::new(AtomicU64::new(0));
+    for _ in 0..PRODUCERS {
+        producers.spawn(produce(Producer {
+            api: api.clone(),
+            queue: queue.clone(),
+            rate: args.soak_rate / PRODUCERS as f64,
+            sequence: sequence.clone(),
+            acked: acked.clone(),
+            enqueued: enqueued.clone(),
+            errors: enqueue_errors.clone(),
+            stop: stop_producers.clone(),
+        }));
+    }
+
+    // The load: report every interval, kill a worker every kill interval, until the duration.
+    let start = Instant::now();
+    let end = start + duration;
+    let interrupted = conveyor::shutdown_signal();
+    tokio::pin!(interrupted);
+    let mut was_interrupted = false;
+    let mut previous = Sample {
+        at: start,
+        enqueued: 0,
+        counts: Counts::default(),
+        resources: at_start,
+    };
+    let mut intervals: Vec<Value> = Vec::new();
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut kills: Vec<Value> = Vec::new();
+    let mut kills_in_interval = 0u64;
+    let mut unexpected_exits = 0u64;
+    let mut completed_at_last_kill: Option<u64> = None;
+    let mut next_kill = start + args.soak_kill_every;
+    let mut tick = 1u32;
+    loop {
+        let next_report = (start + args.soak_report_every * tick).min(end);
+        tokio::select! {
+            _ = tokio::time::sleep_until(next_report) => {
+                tick += 1;
+                for (index, worker) in workers.iter_mut().enumerate() {
+                    if let Some(status) = worker.exited()? {
+                        unexpected_exits += 1;
+                        tracing::warn!(worker = index, pid = worker.pid, %status,
+                            "soak: a worker exited without being killed; restarting it");
+                        *worker = Worker::start(&exe, &server.url, &queue, &exec,
+                            args.soak_worker_concurrency)?;
+                    }
+                }
+                let counts = counts(&api, &http, &server.url, &queue).await.unwrap_or_else(|error| {
+                    tracing::warn!(%error, "soak: could not read the queue's counts");
+                    previous.counts.clone()
+                });
+                let sample = Sample {
+                    at: Instant::now(),
+                    enqueued: enqueued.load(Ordering::Relaxed),
+                    counts,
+                    resources: files.resources(server.pid),
+                };
+                let line = interval_line(&previous, &sample, start, kills_in_interval);
+                if json_lines {
+                    emit(&line.to_string());
+                } else {
+                    emit(&describe_interval(&line));
+                }
+                intervals.push(line);
+                kills_in_interval = 0;
+                previous = sample.clone();
+                samples.push(sample);
+                if next_report >= end {
+                    break;
+                }
+            }
+            _ = tokio::time::sleep_until(next_kill), if next_kill < end => {
+                let index = kills.len() % workers.len();
+                let completed_before = counts(&api, &http, &server.url, &queue)
+                    .await
+                    .map(|c| c.completed)
+                    .unwrap_or(previous.counts.completed);
+                let killed = workers[index].pid;
+                workers[index].kill_9().await;
+                workers[index] = Worker::start(&exe, &server.url, &queue, &exec,
+                    args.soak_worker_concurrency)?;
+                let record = json!({
+                    "workload": "soak", "record": "kill",
+                    "t_s": round(start.elapsed().as_secs_f64(), 1),
+                    "worker": index, "killed_pid": killed, "restarted_pid": workers[index].pid,
+                    "completed_before": completed_before,
+                });
+                if json_lines {
+                    emit(&record.to_string());
+                }
+                kills.push(record);
+                kills_in_interval += 1;
+                completed_at_last_kill = Some(completed_before);
+                next_kill += args.soak_kill_every;
+            }
+            _ = &mut interrupted => {
+                was_interrupted = true;
+                tracing::warn!("soak: interrupted; stopping the load, then draining and checking");
+                break;
+            }
+        }
+    }
+    let load_seconds = start.elapsed().as_secs_f64();
+    stop_producers.cancel();
+    while let Some(done) = producers.join_next().await {
+        done.context("a producer task failed")?;
+    }
+
+    // Drain: wait for every unfinished job of the queue to finish (completed or dead).
+    let drain_started = Instant::now();
+    let drained = loop {
+        if let Ok(counts) = counts(&api, &http, &server.url, &queue).await {
+            if counts.depth == 0 {
+                break true;
+            }
+        }
+        if drain_started.elapsed() >= args.soak_drain_timeout {
+            break false;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let drain_seconds = drain_started.elapsed().as_secs_f64();
+    let final_counts = counts(&api, &http, &server.url, &queue)
+        .await
+        .context("reading the queue's counts after the drain")?;
+    let after_drain = files.resources(server.pid);
+    let acked = acked
+        .lock()
+        .map_err(|_| anyhow::anyhow!("a producer panicked while recording an acknowledgement"))?
+        .clone();
+    let check = verify(&api, &queue, &acked)
+        .await
+        .context("listing the soak's jobs")?;
+
+    for worker in &mut workers {
+        worker.stop().await;
+    }
+    let server_exit = server.stop().await;
+
+    let first = samples.first().map(|s| s.resources);
+    let middle = samples.get(samples.len() / 2).map(|s| s.resources);
+    let last = samples.last().map(|s| s.resources);
+    let resources = resource_report(at_start, first, middle, last, after_drain);
+    let invariants_ok = check.missing == 0 && check.bad.is_empty() && drained;
+    let completed = final_counts.completed;
+    let summary = json!({
+        "workload": "soak", "record": "summary", "store": shown_store,
+        "durability": durability_name, "interrupted": was_interrupted,
+        "load_seconds": round(load_seconds, 1),
+        "kills": kills.len(), "unexpected_worker_exits": unexpected_exits,
+        "enqueued": enqueued.load(Ordering::Relaxed),
+        "enqueue_errors": enqueue_errors.load(Ordering::Relaxed),
+        "completed": completed, "dead": final_counts.dead, "retried": final_counts.failed,
+        "rescued": check.rescued,
+        "completed_jobs_per_s": round(completed as f64 / (load_seconds + drain_seconds), 1),
+        "completed_after_last_kill": completed_at_last_kill.map(|at| completed.saturating_sub(at)),
+        "drained": drained, "drain_seconds": round(drain_seconds, 1),
+        "resources": resources,
+        "server_exit": server_exit.map(|status| status.to_string()),
+        "invariants": {
+            "ok": invariants_ok, "acknowledged": acked.len(), "stored": check.stored,
+            "missing": check.missing, "missing_examples": check.missing_examples,
+            "bad_state": check.bad.len(), "bad_examples": check.bad.iter().take(10).collect::<Vec<_>>(),
+            "unfinished": check.unfinished, "by_kind": check.by_kind,
+        },
+    });
+    if json_lines {
+        emit(&summary.to_string());
+    } else {
+        emit(&describe_summary(&summary));
+    }
+    drop(temp);
+    Ok(if invariants_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
+}
+
+fn durability_name(durability: DurabilityArg) -> &'static str {
+    match durability {
+        DurabilityArg::Durable => "durable",
+        DurabilityArg::Relaxed => "relaxed",
+    }
+}
+
+fn round(value: f64, digits: i32) -> f64 {
+    let scale = 10f64.powi(digits);
+    (value * scale).round() / scale
+}
+
+/// A child process of the soak: killed (SIGKILL) if dropped, and by the kernel if the soak
+/// itself dies, so none outlives it.
+fn child_command(exe: &Path, log: &str) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .env("CONVEYOR_LOG", log)
+        .stdin(Stdio::null())
+        .stderr(Stdio::inherit())
+        .kill_on_drop(true)
+        // Its own process group: a Ctrl-C at the terminal reaches the soak, which then stops
+        // its children in order, rather than every process at once.
+        .process_group(0);
+    #[cfg(target_os = "linux")]
+    // SAFETY: prctl is async-signal-safe; it asks the kernel to SIGKILL the child when the
+    // soak dies, so a killed soak leaves no server or worker behind.
+    unsafe {
+        command.pre_exec(|| {
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            Ok(())
+        });
+    }
+    command
+}
+
+/// Sends SIGTERM to a child of ours that has not been reaped yet.
+fn sigterm(pid: u32) {
+    // SAFETY: a plain syscall naming our own unreaped child.
+    unsafe {
+        libc::kill(pid as i32, libc::SIGTERM);
+    }
+}
+
+struct Server {
+    child: tokio::process::Child,
+    pid: u32,
+    url: String,
+}
+
+impl Server {
+    async fn start(exe: &Path, store: &str, durability: DurabilityArg) -> anyhow::Result<Self> {
+        // Lease rescues are expected here (one warning per job); other warnings are not.
+        let mut child = child_command(exe, "warn,conveyor_worker::maintenance=error")
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--auth=false",
+                "--store",
+                store,
+                "--durability",
+                durability_name(durability),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting `conveyor serve`")?;
+        let pid = child.id().context("the server exited at once")?;
+        let stdout = child.stdout.take().context("the server's stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let first = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+            .await
+            .context("the server did not start listening within 60 s")?
+            .context("reading the server's first line")?
+            .context("the server exited before listening (see its error above)")?;
+        // Keep reading so the server never writes into a closed pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let url = first
+            .split_whitespace()
+            .find(|word| word.starts_with("http://"))
+            .with_context(|| format!("no address in the server's first line {first:?}"))?
+            .to_string();
+        Ok(Self { child, pid, url })
+    }
+
+    /// SIGTERM, then SIGKILL if it has not stopped within 30 s.
+    async fn stop(&mut self) -> Option<ExitStatus> {
+        sigterm(self.pid);
+        match tokio::time::timeout(Duration::from_secs(30), self.child.wait()).await {
+            Ok(Ok(status)) => Some(status),
+            _ => {
+                tracing::warn!(pid = self.pid, "soak: the server did not stop on SIGTERM");
+                let _ = self.child.kill().await;
+                None
+            }
+        }
+    }
+}
+
+struct Worker {
+    child: tokio::process::Child,
+    pid: u32,
+}
+
+impl Worker {
+    fn start(
+        exe: &Path,
+        server: &str,
+        queue: &str,
+        exec: &str,
+        concurrency: usize,
+    ) -> anyhow::Result<Self> {
+        let child = child_command(exe, "error")
+            .args([
+                "work", "--server", server, "--queues", queue, "--exec", exec,
+            ])
+            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--lease-ms", &WORKER_LEASE_MS.to_string()])
+            .args([
+                "--registry-heartbeat-ms",
+                "1000",
+                "--drain-timeout-secs",
+                "5",
+            ])
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting `conveyor work`")?;
+        let pid = child.id().context("a worker exited at once")?;
+        Ok(Self { child, pid })
+    }
+
+    /// The exit status if the worker has exited (on its own: the soak reaps the ones it kills).
+    fn exited(&mut self) -> anyhow::Result<Option<ExitStatus>> {
+        self.child.try_wait().context("checking a worker process")
+    }
+
+    async fn kill_9(&mut self) {
+        // SIGKILL, then reap it.
+        if let Err(error) = self.child.start_kill() {
+            tracing::warn!(pid = self.pid, %error, "soak: could not kill a worker");
+        }
+        let _ = self.child.wait().await;
+    }
+
+    /// SIGTERM (a graceful stop), then SIGKILL if it has not stopped within 15 s.
+    async fn stop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(Some(_))) {
+            return;
+        }
+        sigterm(self.pid);
+        if tokio::time::timeout(Duration::from_secs(15), self.child.wait())
+            .await
+            .is_err()
+        {
+            self.kill_9().await;
+        }
+    }
+}
+
+struct Producer {
+    api: ApiClient,
+    queue: String,
+    /// Jobs per second for this producer.
+    rate: f64,
+    sequence: Arc<AtomicU64>,
+    acked: Arc<Mutex<Vec<(Uuid, Kind)>>>,
+    enqueued: Arc<AtomicU64>,
+    errors: Arc<AtomicU64>,
+    stop: CancellationToken,
+}
+
+/// Enqueues at a steady rate until stopped: single jobs, and every tenth request a batch.
+/// Only a 2xx answer counts as an acknowledgement.
+async fn produce(p: Producer) {
+    let mut next = Instant::now();
+    let mut request = 0u64;
+    while !p.stop.is_cancelled() {
+        request += 1;
+        let size = if request % 10 == 0 { BATCH } else { 1 };
+        let first = p.sequence.fetch_add(size, Ordering::Relaxed);
+        let jobs: Vec<(Kind, Value)> = (first..first + size)
+            .map(|n| {
+                let kind = Kind::of(n);
+                let body = json!({
+                    "kind": kind.name(), "queue": p.queue, "payload": {"n": n},
+                    "max_attempts": kind.max_attempts(),
+                });
+                (kind, body)
+            })
+            .collect();
+        let ids = if size == 1 {
+            p.api
+                .post("/v1/jobs", &jobs[0].1)
+                .await
+                .and_then(|(_, body)| Ok(vec![uuid_of(&body["id"])?]))
+        } else {
+            let bodies: Vec<&Value> = jobs.iter().map(|(_, body)| body).collect();
+            p.api
+                .post("/v1/jobs/batch", &json!({ "jobs": bodies }))
+                .await
+                .and_then(|(_, body)| {
+                    body["ids"]
+                        .as_array()
+                        .context("batch answer without ids")?
+                        .iter()
+                        .map(uuid_of)
+                        .collect()
+                })
+        };
+        match ids {
+            Ok(ids) if ids.len() == jobs.len() => {
+                if let Ok(mut acked) = p.acked.lock() {
+                    acked.extend(ids.into_iter().zip(jobs.iter().map(|(kind, _)| *kind)));
+                }
+                p.enqueued.fetch_add(size, Ordering::Relaxed);
+            }
+            Ok(ids) => {
+                tracing::warn!(
+                    sent = jobs.len(),
+                    answered = ids.len(),
+                    "soak: batch answered with the wrong number of ids"
+                );
+                p.errors.fetch_add(size, Ordering::Relaxed);
+            }
+            Err(error) => {
+                tracing::warn!(%error, "soak: enqueue failed");
+                p.errors.fetch_add(size, Ordering::Relaxed);
+            }
+        }
+        next += Duration::from_secs_f64(size as f64 / p.rate);
+        // A producer that fell behind (a slow answer) resumes the pace; it does not burst.
+        let now = Instant::now();
+        if next + Duration::from_secs(1) < now {
+            next = now;
+        }
+        tokio::select! {
+            _ = p.stop.cancelled() => break,
+            _ = tokio::time::sleep_until(next) => {}
+        }
+    }
+}
+
+fn uuid_of(value: &Value) -> anyhow::Result<Uuid> {
+    value
+        .as_str()
+        .and_then(|text| Uuid::parse_str(text).ok())
+        .with_context(|| format!("{value} is not a job id"))
+}
+
+/// The queue's figures at one moment.
+#[derive(Debug, Clone, Default)]
+struct Counts {
+    /// Jobs completed (store-wide count).
+    completed: u64,
+    /// Jobs dead (store-wide count).
+    dead: u64,
+    /// Unfinished jobs: available, scheduled, running, retryable.
+    depth: u64,
+    /// Failed attempts that were retried, as reported by the workers (the server's
+    /// `jobs_processed_total{status="failed"}`; lease rescues are not in it).
+    failed: u64,
+}
+
+async fn counts(
+    api: &ApiClient,
+    http: &reqwest::Client,
+    server: &str,
+    queue: &str,
+) -> anyhow::Result<Counts> {
+    let queues = api.get("/v1/queues").await?;
+    let stats = queues["queues"]
+        .as_array()
+        .and_then(|all| all.iter().find(|q| q["name"] == queue))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let number = |field: &str| stats[field].as_u64().unwrap_or(0);
+    let metrics = http
+        .get(format!("{server}/metrics"))
+        .send()
+        .await
+        .context("GET /metrics")?
+        .error_for_status()
+        .context("GET /metrics")?
+        .text()
+        .await
+        .context("reading /metrics")?;
+    Ok(Counts {
+        completed: number("completed"),
+        dead: number("dead"),
+        depth: number("available") + number("scheduled") + number("running") + number("retryable"),
+        failed: failed_attempts(&metrics, queue),
+    })
+}
+
+/// Sums `jobs_processed_total{..., status="failed"}` over the kinds of `queue`.
+fn failed_attempts(metrics: &str, queue: &str) -> u64 {
+    let label = format!("queue=\"{queue}\"");
+    metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("jobs_processed_total{")
+                && line.contains(&label)
+                && line.contains("status=\"failed\"")
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// Where the SQLite store keeps its files (none for PostgreSQL).
+struct StoreFiles {
+    db: Option<PathBuf>,
+    wal: Option<PathBuf>,
+}
+
+impl StoreFiles {
+    fn resources(&self, pid: u32) -> Resources {
+        let size = |path: &Option<PathBuf>| {
+            path.as_ref()
+                .map(|path| std::fs::metadata(path).map(|m| m.len()).unwrap_or(0))
+        };
+        // What each open descriptor points at (`socket:[...]` for connections).
+        let fds: Option<Vec<String>> =
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .ok()
+                .map(|entries| {
+                    entries
+                        .filter_map(|entry| entry.ok())
+                        .map(|entry| {
+                            std::fs::read_link(entry.path())
+                                .map(|target| target.to_string_lossy().into_owned())
+                                .unwrap_or_default()
+                        })
+                        .collect()
+                });
+        Resources {
+            rss_bytes: rss_bytes(pid),
+            fds: fds.as_ref().map(|fds| fds.len() as u64),
+            sockets: fds.as_ref().map(|fds| {
+                fds.iter()
+                    .filter(|target| target.starts_with("socket:"))
+                    .count() as u64
+            }),
+            wal_bytes: size(&self.wal),
+            db_bytes: size(&self.db),
+        }
+    }
+}
+
+/// The server's resident set size, from `/proc/PID/status` (Linux).
+fn rss_bytes(pid: u32) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("VmRSS:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Resources {
+    rss_bytes: Option<u64>,
+    fds: Option<u64>,
+    /// Of `fds`, the sockets (the listener and HTTP connections).
+    sockets: Option<u64>,
+    wal_bytes: Option<u64>,
+    db_bytes: Option<u64>,
+}
+
+impl Resources {
+    fn to_json(self) -> Value {
+        json!({
+            "rss_bytes": self.rss_bytes, "fds": self.fds, "sockets": self.sockets,
+            "wal_bytes": self.wal_bytes, "db_bytes": self.db_bytes,
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Sample {
+    at: Instant,
+    enqueued: u64,
+    counts: Counts,
+    resources: Resources,
+}
+
+fn interval_line(before: &Sample, now: &Sample, start: Instant, kills: u64) -> Value {
+    let seconds = now.at.duration_since(before.at).as_secs_f64().max(1e-9);
+    let completed = now.counts.completed.saturating_sub(before.counts.completed);
+    json!({
+        "workload": "soak", "record": "interval",
+        "t_s": round(now.at.duration_since(start).as_secs_f64(), 1),
+        "enqueued": now.enqueued.saturating_sub(before.enqueued),
+        "completed": completed,
+        "completed_per_s": round(completed as f64 / seconds, 1),
+        "retried": now.counts.failed.saturating_sub(before.counts.failed),
+        "dead": now.counts.dead.saturating_sub(before.counts.dead),
+        "depth": now.counts.depth,
+        "kills": kills,
+        "rss_bytes": now.resources.rss_bytes, "fds": now.resources.fds,
+        "sockets": now.resources.sockets,
+        "wal_bytes": now.resources.wal_bytes, "db_bytes": now.resources.db_bytes,
+    })
+}
+
+fn mib(value: &Value) -> String {
+    value.as_u64().map_or("-".to_string(), |bytes| {
+        format!("{:.1}", bytes as f64 / MIB)
+    })
+}
+
+fn describe_interval(line: &Value) -> String {
+    let count = |value: &Value| {
+        if value.is_null() {
+            "-".to_string()
+        } else {
+            value.to_string()
+        }
+    };
+    format!(
+        "{:>7} {:>9} {:>9} {:>8} {:>6} {:>6} {:>5} {:>9} {:>5} {:>9} {:>8}",
+        count(&line["t_s"]),
+        count(&line["enqueued"]),
+        count(&line["completed"]),
+        count(&line["retried"]),
+        count(&line["dead"]),
+        count(&line["depth"]),
+        count(&line["kills"]),
+        mib(&line["rss_bytes"]),
+        count(&line["fds"]),
+        mib(&line["wal_bytes"]),
+        mib(&line["db_bytes"]),
+    )
+}
+
+/// One resource at start, after the first interval, mid-run, after the last interval and
+/// after the drain, and whether it stayed flat from the first interval to the last: grew by
+/// no more than a tenth, or by less than `slack` (noise: a few connections, a few pages).
+fn trend(values: [Option<u64>; 5], slack: u64, judged: bool) -> Value {
+    let [start, first, middle, last, drained] = values;
+    let (growth, flat) = match (first, last) {
+        (Some(first), Some(last)) if judged => {
+            let growth = if first > 0 {
+                Some(round(
+                    (last as f64 - first as f64) * 100.0 / first as f64,
+                    1,
+                ))
+            } else {
+                None
+            };
+            let flat = last <= first + (first / 10).max(slack);
+            (growth, Some(flat))
+        }
+        _ => (None, None),
+    };
+    json!({
+        "start": start, "first_interval": first, "middle": middle, "last_interval": last,
+        "after_drain": drained, "growth_pct": growth, "flat": flat,
+    })
+}
+
+fn resource_report(
+    start: Resources,
+    first: Option<Resources>,
+    middle: Option<Resources>,
+    last: Option<Resources>,
+    drained: Resources,
+) -> Value {
+    let pick = |f: fn(&Resources) -> Option<u64>| {
+        [
+            f(&start),
+            first.as_ref().and_then(f),
+            middle.as_ref().and_then(f),
+            last.as_ref().and_then(f),
+            f(&drained),
+        ]
+    };
+    json!({
+        "rss_bytes": trend(pick(|r| r.rss_bytes), 4 << 20, true),
+        // Connections come and go with the load (workers restart, requests overlap).
+        "fds": trend(pick(|r| r.fds), 10, true),
+        "sockets": trend(pick(|r| r.sockets), 10, true),
+        "wal_bytes": trend(pick(|r| r.wal_bytes), 1 << 20, true),
+        // The database file grows with the jobs kept (completed ones for a day by default).
+        "db_bytes": trend(pick(|r| r.db_bytes), 0, false),
+    })
+}
+
+fn describe_summary(summary: &Value) -> String {
+    let invariants = &summary["invariants"];
+    let mut text = format!(
+        "\nsoak {}: {} s of load, {} kills ({} unexpected worker exits), drained {} in {} s\n\
+         jobs: {} enqueued ({} enqueue errors), {} completed ({} jobs/s), {} failed attempts \
+         retried, {} dead, {} rescued after a kill; {} completed after the last kill\n",
+        if invariants["ok"] == true {
+            "OK"
+        } else {
+            "FAILED"
+        },
+        summary["load_seconds"],
+        summary["kills"],
+        summary["unexpected_worker_exits"],
+        if summary["drained"] == true {
+            "yes"
+        } else {
+            "NO"
+        },
+        summary["drain_seconds"],
+        summary["enqueued"],
+        summary["enqueue_errors"],
+        summary["completed"],
+        summary["completed_jobs_per_s"],
+        summary["retried"],
+        summary["dead"],
+        summary["rescued"],
+        summary["completed_after_last_kill"],
+    );
+    text.push_str(
+        "server         start  1st intvl     middle  last intvl  after drain  growth  verdict\n",
+    );
+    let resources = &summary["resources"];
+    for (name, key, bytes) in [
+        ("rss (MiB)", "rss_bytes", true),
+        ("fds", "fds", false),
+        ("  sockets", "sockets", false),
+        ("wal (MiB)", "wal_bytes", true),
+        ("db (MiB)", "db_bytes", true),
+    ] {
+        let r = &resources[key];
+        let show = |v: &Value| {
+            if bytes {
+                mib(v)
+            } else {
+                v.as_u64().map_or("-".to_string(), |n| n.to_string())
+            }
+        };
+        let growth = r["growth_pct"]
+            .as_f64()
+            .map_or("-".to_string(), |g| format!("{g:+.1}%"));
+        let verdict = match r["flat"].as_bool() {
+            Some(true) => "flat",
+            Some(false) => "GROWING",
+            None => "-",
+        };
+        text.push_str(&format!(
+            "{name:<10} {:>9} {:>10} {:>10} {:>11} {:>12} {:>7}  {verdict}\n",
+            show(&r["start"]),
+            show(&r["first_interval"]),
+            show(&r["middle"]),
+            show(&r["last_interval"]),
+            show(&r["after_drain"]),
+            growth,
+        ));
+    }
+    text.push_str(&format!(
+        "invariants: {} acknowledged, {} stored in the queue, {} missing, {} in an unexpected \
+         state, {} unfinished",
+        invariants["acknowledged"],
+        invariants["stored"],
+        invariants["missing"],
+        invariants["bad_state"],
+        invariants["unfinished"],
+    ));
+    if let Some(examples) = invariants["bad_examples"].as_array() {
+        for example in examples {
+            text.push_str(&format!("\n  {}", example.as_str().unwrap_or_default()));
+        }
+    }
+    if let Some(examples) = invariants["missing_examples"].as_array() {
+        for example in examples {
+            text.push_str(&format!(
+                "\n  missing: {}",
+                example.as_str().unwrap_or_default()
+            ));
+        }
+    }
+    text
+}
+
+/// What the final listing found.
+struct Check {
+    stored: usize,
+    missing: usize,
+    missing_examples: Vec<String>,
+    /// Jobs in a state their kind does not explain, described.
+    bad: Vec<String>,
+    unfinished: usize,
+    /// Jobs whose history holds a lease expiry (a worker died or was marked dead while holding it).
+    rescued: usize,
+    /// Per kind, how many jobs ended in each state.
+    by_kind: BTreeMap<&'static str, BTreeMap<String, u64>>,
+}
+
+/// A stored job, as far as the checks need it.
+struct Stored {
+    kind: String,
+    state: String,
+    attempt: u64,
+    max_attempts: u64,
+    error_classes: Vec<String>,
+}
+
+/// Lists the queue's jobs (pages of 500) and checks every acknowledged id against them.
+async fn verify(api: &ApiClient, queue: &str, acked: &[(Uuid, Kind)]) -> anyhow::Result<Check> {
+    let mut stored: HashMap<Uuid, Stored> = HashMap::with_capacity(acked.len());
+    let mut after: Option<String> = None;
+    loop {
+        let mut path = format!("/v1/jobs?queue={queue}&limit=500");
+        if let Some(after) = &after {
+            path.push_str(&format!("&after={after}"));
+        }
+        let page = api.get(&path).await?;
+        for job in page["jobs"].as_array().context("a job page without jobs")? {
+            let id = uuid_of(&job["id"])?;
+            let text = |field: &str| job[field].as_str().unwrap_or_default().to_string();
+            stored.insert(
+                id,
+                Stored {
+                    kind: text("kind"),
+                    state: text("state"),
+                    attempt: job["attempt"].as_u64().unwrap_or(0),
+                    max_attempts: job["max_attempts"].as_u64().unwrap_or(0),
+                    error_classes: job["errors"]
+                        .as_array()
+                        .map(|errors| {
+                            errors
+                                .iter()
+                                .map(|e| e["class"].as_str().unwrap_or_default().to_string())
+                                .collect()
+                        })
+                        .unwrap_or_default(),
+                },
+            );
+        }
+        match page["next"].as_str() {
+            Some(next) => after = Some(next.to_string()),
+            None => break,
+        }
+    }
+    let mut check = Check {
+        stored: stored.len(),
+        missing: 0,
+        missing_examples: Vec::new(),
+        bad: Vec::new(),
+        unfinished: 0,
+        rescued: 0,
+        by_kind: BTreeMap::new(),
+    };
+    for (id, kind) in acked {
+        let Some(job) = stored.get(id) else {
+            check.missing += 1;
+            if check.missing_examples.len() < 10 {
+                check.missing_examples.push(id.to_string());
+            }
+            continue;
+        };
+        *check
+            .by_kind
+            .entry(kind.name())
+            .or_default()
+            .entry(job.state.clone())
+            .or_default() += 1;
+        if job
+            .error_classes
+            .iter()
+            .any(|class| class == conveyor::error_class::LEASE_EXPIRED)
+        {
+            check.rescued += 1;
+        }
+        match judge(*kind, job) {
+            Ok(Fate::Finished) => {}
+            Ok(Fate::Unfinished) => check.unfinished += 1,
+            Err(why) => check.bad.push(format!("job {id} ({}): {why}", kind.name())),
+        }
+    }
+    Ok(check)
+}
+
+enum Fate {
+    Finished,
+    Unfinished,
+}
+
+/// Whether a job's state is one its kind and history explain.
+fn judge(kind: Kind, job: &Stored) -> Result<Fate, String> {
+    if Kind::from_name(&job.kind) != Some(kind) {
+        return Err(format!("stored with kind {:?}", job.kind));
+    }
+    if job.max_attempts != u64::from(kind.max_attempts()) {
+        return Err(format!("stored with max_attempts {}", job.max_attempts));
+    }
+    if job.attempt > job.max_attempts {
+        return Err(format!("attempt {} of {}", job.attempt, job.max_attempts));
+    }
+    let errors = job.error_classes.len() as u64;
+    let only_rescues = job
+        .error_classes
+        .iter()
+        .all(|class| class == conveyor::error_class::LEASE_EXPIRED);
+    match job.state.as_str() {
+        "completed" => {
+            if errors + 1 != job.attempt {
+                return Err(format!(
+                    "completed at attempt {} with {errors} errors recorded",
+                    job.attempt
+                ));
+            }
+            match kind {
+                Kind::Ok | Kind::Slow if !only_rescues => Err(format!(
+                    "its command always succeeds, yet it failed: {:?}",
+                    job.error_classes
+                )),
+                Kind::Flaky if job.attempt < 2 => {
+                    Err("completed on the attempt its command fails".to_string())
+                }
+                Kind::Doomed | Kind::Poison => {
+                    Err("completed, though its command always fails".to_string())
+                }
+                _ => Ok(Fate::Finished),
+            }
+        }
+        "dead" => {
+            if errors != job.attempt {
+                return Err(format!(
+                    "dead at attempt {} with {errors} errors recorded",
+                    job.attempt
+                ));
+            }
+            let permanent = job.error_classes.last().map(String::as_str)
+                == Some(conveyor::error_class::PERMANENT);
+            if job.attempt == job.max_attempts || permanent {
+                if permanent && kind != Kind::Poison {
+                    return Err("failed permanently, though its command never does".to_string());
+                }
+                Ok(Fate::Finished)
+            } else {
+                Err(format!(
+                    "dead after {} of {} attempts without a permanent failure",
+                    job.attempt, job.max_attempts
+                ))
+            }
+        }
+        "available" | "scheduled" | "retryable" | "running" => Ok(Fate::Unfinished),
+        other => Err(format!(
+            "in state {other:?}, which nothing in the soak causes"
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_take_units_or_plain_seconds() {
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("45"), Ok(Duration::from_secs(45)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        for bad in ["", "0", "-5s", "10x", "m", "1e400s", "NaN"] {
+            assert!(parse_duration(bad).is_err(), "{bad:?} was accepted");
+        }
+    }
+
+    #[test]
+    fn the_mix_has_every_kind_in_its_proportion() {
+        let mut counts = BTreeMap::new();
+        for n in 0..1000 {
+            *counts.entry(Kind::of(n)).or_insert(0) += 1;
+        }
+        assert_eq!(counts[&Kind::Ok], 840);
+        assert_eq!(counts[&Kind::Slow], 50);
+        assert_eq!(counts[&Kind::Flaky], 80);
+        assert_eq!(counts[&Kind::Doomed], 20);
+        assert_eq!(counts[&Kind::Poison], 10);
+        for kind in KINDS {
+            assert_eq!(Kind::from_name(kind.name()), Some(kind));
+        }
+    }
+
+    #[test]
+    fn failed_attempts_are_summed_over_the_queue_only() {
+        let text = "# HELP jobs_processed_total x\n\
+            jobs_processed_total{kind=\"a\",queue=\"q\",status=\"failed\"} 3\n\
+            jobs_processed_total{kind=\"b\",queue=\"q\",status=\"failed\"} 4\n\
+            jobs_processed_total{kind=\"b\",queue=\"q\",status=\"completed\"} 9\n\
+            jobs_processed_total{kind=\"b\",queue=\"q2\",status=\"failed\"} 5\n";
+        assert_eq!(failed_attempts(text, "q"), 7);
+    }
+
+    fn stored(kind: Kind, state: &str, attempt: u64, errors: &[&str]) -> Stored {
+        Stored {
+            kind: kind.name().to_string(),
+            state: state.to_string(),
+            attempt,
+            max_attempts: u64::from(kind.max_attempts()),
+            error_classes: errors.iter().map(|e| e.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn states_are_judged_by_kind_and_history() {
+        let fine = [
+            stored(Kind::Ok, "completed", 1, &[]),
+            stored(Kind::Ok, "completed", 2, &["lease_expired"]),
+            stored(Kind::Flaky, "completed", 2, &["error"]),
+            stored(
+                Kind::Doomed,
+                "dead",
+                3,
+                &["error", "lease_expired", "error"],
+            ),
+            stored(Kind::Poison, "dead", 1, &["permanent"]),
+            stored(Kind::Ok, "dead", 5, &["lease_expired"; 5]),
+        ];
+        for job in &fine {
+            assert!(
+                matches!(judge(Kind::of_name(&job.kind), job), Ok(Fate::Finished)),
+                "{} {} {}",
+                job.kind,
+                job.state,
+                job.attempt
+            );
+        }
+        let wrong = [
+            stored(Kind::Ok, "completed", 2, &[]),
+            stored(Kind::Ok, "completed", 2, &["error"]),
+            stored(Kind::Flaky, "completed", 1, &[]),
+            stored(Kind::Doomed, "completed", 1, &[]),
+            stored(Kind::Doomed, "dead", 2, &["error", "error"]),
+            stored(Kind::Ok, "dead", 1, &["permanent"]),
+            stored(Kind::Ok, "cancelled", 0, &[]),
+        ];
+        for job in &wrong {
+            assert!(
+                judge(Kind::of_name(&job.kind), job).is_err(),
+                "{} {} {} passed",
+                job.kind,
+                job.state,
+                job.attempt
+            );
+        }
+        assert!(matches!(
+            judge(
+                Kind::Ok,
+                &stored(Kind::Ok, "retryable", 1, &["lease_expired"])
+            ),
+            Ok(Fate::Unfinished)
+        ));
+    }
+
+    impl Kind {
+        fn of_name(name: &str) -> Kind {
+            Kind::from_name(name).unwrap_or(Kind::Ok)
+        }
+    }
+}
