@@ -51,6 +51,10 @@ pub enum StoreError {
     Backend(String),
     #[error("the store is shut down")]
     Closed,
+    /// A bug met in the store (an operation panicked): the operation was undone, and
+    /// retrying it will most likely fail the same way.
+    #[error("internal store error: {0}")]
+    Internal(String),
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;

@@ -9,6 +9,7 @@ pub mod client;
 pub mod clock;
 pub mod error;
 pub mod events;
+pub mod faults;
 pub mod flow;
 pub mod job;
 pub mod redact;

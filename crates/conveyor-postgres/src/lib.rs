@@ -330,6 +330,7 @@ impl Store for PgStore {
         }
         let mut tx = self.begin().await?;
         let insertion = ops::insert_many(&mut tx, &self.ctx(), jobs).await?;
+        conveyor_core::faults::inject("insert")?;
         commit(tx).await?;
         self.wake_local(insertion.made_available);
         Ok(insertion.inserted)
@@ -355,6 +356,7 @@ impl Store for PgStore {
         if params.max == 0 || params.queues.is_empty() {
             return Ok(Vec::new());
         }
+        conveyor_core::faults::inject("fetch")?;
         let fetched = ops::fetch(&mut *self.conn().await?, &self.ctx(), &params).await?;
         // Promoted jobs may be in queues other fetchers of this process wait on.
         self.wake_local(fetched.promoted > 0);
@@ -379,11 +381,13 @@ impl Store for PgStore {
             return Ok(Vec::new());
         }
         conveyor_core::validate::completions(&params)?;
+        conveyor_core::faults::inject("complete")?;
         ops::complete_many(&mut *self.conn().await?, &self.ctx(), params).await
     }
 
     async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
         params.message = conveyor_core::validate::storable_message(&params.message).into_owned();
+        conveyor_core::faults::inject("fail")?;
         ops::fail(&mut *self.conn().await?, &self.ctx(), params).await
     }
 
@@ -404,6 +408,7 @@ impl Store for PgStore {
     async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
         let mut tx = self.begin().await?;
         let report = ops::rescue_expired(&mut tx, &self.ctx(), &params).await?;
+        conveyor_core::faults::inject("rescue")?;
         commit(tx).await?;
         Ok(report)
     }
@@ -522,6 +527,7 @@ impl Store for PgStore {
         let mut tx = self.begin().await?;
         let fired =
             schedules::fire(&mut tx, &self.ctx(), &self.inner.schedule_sql, &request).await?;
+        conveyor_core::faults::inject("schedule_fire")?;
         commit(tx).await?;
         self.wake_local(fired.made_available);
         Ok(fired.outcome)

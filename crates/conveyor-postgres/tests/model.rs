@@ -11,7 +11,7 @@ mod common;
 
 use conveyor_core::{ManualClock, StoreResult};
 use conveyor_postgres::PgStore;
-use conveyor_storetest::model::{run_model, ModelBackend, ModelSettings};
+use conveyor_storetest::model::{check_known_sequences, run_model, ModelBackend, ModelSettings};
 use std::sync::Arc;
 
 struct Postgres;
@@ -40,4 +40,10 @@ impl ModelBackend for Postgres {
 #[test]
 fn postgres_store_agrees_with_the_model() {
     run_model(Postgres, ModelSettings::from_env());
+}
+
+/// Sequences that pin rules random cases reach rarely (see `model::known_sequences`).
+#[test]
+fn postgres_store_agrees_with_the_model_on_known_sequences() {
+    check_known_sequences(&Postgres);
 }

@@ -53,6 +53,9 @@ pub enum ApiError {
     /// 500: a broken invariant on the server side (details are logged).
     #[error("internal error: {0}")]
     Internal(String),
+    /// 408: the request (its body upload included) took longer than the server allows.
+    #[error("the request took longer than {} s", .0.as_secs())]
+    RequestTimeout(std::time::Duration),
 }
 
 impl ApiError {
@@ -98,6 +101,7 @@ impl ApiError {
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
     }
 
@@ -116,6 +120,7 @@ impl ApiError {
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::StoreUnavailable(_) => "store_unavailable",
             ApiError::Internal(_) => "internal",
+            ApiError::RequestTimeout(_) => "request_timeout",
         }
     }
 
@@ -182,6 +187,7 @@ impl From<StoreError> for ApiError {
             },
             StoreError::Backend(message) => ApiError::StoreUnavailable(message),
             closed @ StoreError::Closed => ApiError::StoreUnavailable(closed.to_string()),
+            StoreError::Internal(message) => ApiError::Internal(message),
         }
     }
 }

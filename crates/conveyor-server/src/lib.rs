@@ -26,6 +26,7 @@ mod lease;
 mod metrics;
 mod observe;
 mod schedules;
+mod serve;
 mod settings;
 mod tokens;
 mod ui;
@@ -43,6 +44,7 @@ use tower_http::trace::TraceLayer;
 pub use auth::{rule_for, Access, AuthOptions, CSRF_HEADER, RULES, SESSION_COOKIE};
 pub use error::{ApiError, ApiResult};
 pub use metrics::{Metrics, MetricsError, Snapshot};
+pub use serve::{serve, ConnectionLimits};
 
 /// Limits and defaults of the HTTP API.
 #[derive(Debug, Clone)]

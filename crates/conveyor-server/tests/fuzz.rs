@@ -955,8 +955,14 @@ impl Gen {
                     .to_string()
             };
             let value = match self.rng.random_range(0..6) {
-                0 => encode(*self.pick(QUEUES)),
-                1 => encode(*self.pick(STATES)),
+                0 => {
+                    let queue = self.name(QUEUES);
+                    encode(&queue)
+                }
+                1 => {
+                    let state = self.name(STATES);
+                    encode(&state)
+                }
                 2 => self.rng.random_range(-2..1200).to_string(),
                 3 => self.uuid_from_rng().to_string(),
                 4 => match self.nasty_value() {
@@ -1698,11 +1704,9 @@ async fn learn_and_verify(
                 }
             }
         }
-        "POST /v1/jobs/{id}/fail" => {
-            if body["state"] == "dead" {
-                if let Some(id) = body["id"].as_str().and_then(|s| s.parse().ok()) {
-                    keep(&mut world.dead, id);
-                }
+        "POST /v1/jobs/{id}/fail" if body["state"] == "dead" => {
+            if let Some(id) = body["id"].as_str().and_then(|s| s.parse().ok()) {
+                keep(&mut world.dead, id);
             }
         }
         "PUT /v1/queues/{name}" => {

@@ -96,6 +96,11 @@ struct Inner {
     path: PathBuf,
     ops: Sender<writer::Op>,
     status: Arc<StoreStatus>,
+    /// The writer thread, joined by a health probe that finds it gone (so the reason it
+    /// recorded on its way out is read after it was written).
+    writer: Mutex<Option<std::thread::JoinHandle<()>>>,
+    /// Write transactions the writer has run (see [`SqliteStore::write_rounds`]).
+    rounds: Arc<std::sync::atomic::AtomicU64>,
     /// The open lock file whose `flock` marks this process as the file's only user; released
     /// when the last clone of the store is dropped.
     _lock: Option<std::fs::File>,
@@ -233,13 +238,23 @@ impl SqliteStore {
         let durable = options.durability == Durability::Durable;
         let status = Arc::new(StoreStatus::default());
         let writer_status = status.clone();
-        std::thread::Builder::new()
+        let rounds = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let writer_rounds = rounds.clone();
+        let writer = std::thread::Builder::new()
             .name("conveyor-sqlite-writer".into())
             .spawn(move || {
                 // Operations' panics are caught inside the writer; this catches any other, so
                 // the process says the writer is gone instead of answering `Closed` in silence.
                 let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                    writer::run_writer(conn, receiver, clock, store_options, writer_wakeup, durable)
+                    writer::run_writer(
+                        conn,
+                        receiver,
+                        clock,
+                        store_options,
+                        writer_wakeup,
+                        durable,
+                        writer_rounds,
+                    )
                 }));
                 if let Err(panic) = ran {
                     let message = writer::panic_message(panic.as_ref());
@@ -259,6 +274,8 @@ impl SqliteStore {
                 path,
                 ops: sender,
                 status,
+                writer: Mutex::new(Some(writer)),
+                rounds,
                 _lock: lock,
                 readers: Mutex::new(Vec::new()),
                 max_idle_readers: options.readers.max(1),
@@ -270,6 +287,12 @@ impl SqliteStore {
 
     pub fn path(&self) -> &Path {
         &self.inner.path
+    }
+
+    /// How many write transactions (group-commit rounds) the writer has run since open: what
+    /// the store's work costs, e.g. to see that idle long-polls leave it alone.
+    pub fn write_rounds(&self) -> u64 {
+        self.inner.rounds.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Runs `work` on the writer thread inside the current group-commit round; resolves after commit.
@@ -332,6 +355,14 @@ impl SqliteStore {
         }
         outcome
     }
+}
+
+/// An operation's outcome, unless the fault-injection point `name` fires: it runs after the
+/// operation's work, inside its savepoint, so an injected error or panic must undo that work.
+fn injected<T>(name: &str, outcome: StoreResult<T>) -> StoreResult<T> {
+    let value = outcome?;
+    conveyor_core::faults::inject(name)?;
+    Ok(value)
 }
 
 /// `PRAGMA quick_check`: "ok", or the first problems it found.
@@ -464,6 +495,16 @@ impl Store for SqliteStore {
         let probe = self.claim(|_| Ok(()));
         match tokio::time::timeout(HEALTH_PROBE_TIMEOUT, probe).await {
             Ok(Ok(())) => StoreHealth::ok(),
+            Ok(Err(StoreError::Closed)) => {
+                // The writer is gone or going: wait for it to finish so its reason is known.
+                let writer = self.inner.writer.lock().ok().and_then(|mut w| w.take());
+                if let Some(writer) = writer {
+                    let _ = tokio::task::spawn_blocking(move || writer.join()).await;
+                }
+                StoreHealth::broken(self.inner.status.problem().unwrap_or_else(|| {
+                    "the SQLite writer thread has stopped: restart the process".to_string()
+                }))
+            }
             Ok(Err(error)) => match self.inner.status.problem() {
                 Some(problem) => StoreHealth::broken(problem),
                 None => StoreHealth::not_ready(format!("the store refused a write: {error}")),
@@ -479,7 +520,8 @@ impl Store for SqliteStore {
         for job in &jobs {
             conveyor_core::validate::new_job(job)?;
         }
-        self.write(move |ctx| ops::insert_many(ctx, jobs)).await
+        self.write(move |ctx| injected("insert", ops::insert_many(ctx, jobs)))
+            .await
     }
 
     async fn job_get(&self, id: Uuid) -> StoreResult<Option<Job>> {
@@ -500,7 +542,8 @@ impl Store for SqliteStore {
         if params.max == 0 || params.queues.is_empty() {
             return Ok(Vec::new());
         }
-        self.claim(move |ctx| ops::fetch(ctx, &params)).await
+        self.claim(move |ctx| injected("fetch", ops::fetch(ctx, &params)))
+            .await
     }
 
     async fn jobs_heartbeat_many(
@@ -516,12 +559,14 @@ impl Store for SqliteStore {
         params: Vec<CompleteParams>,
     ) -> StoreResult<Vec<LeaseOutcome>> {
         conveyor_core::validate::completions(&params)?;
-        self.write(move |ctx| ops::complete_many(ctx, params)).await
+        self.write(move |ctx| injected("complete", ops::complete_many(ctx, params)))
+            .await
     }
 
     async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
         params.message = conveyor_core::validate::storable_message(&params.message).into_owned();
-        self.write(move |ctx| ops::fail(ctx, params)).await
+        self.write(move |ctx| injected("fail", ops::fail(ctx, params)))
+            .await
     }
 
     async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job> {
@@ -533,7 +578,7 @@ impl Store for SqliteStore {
     }
 
     async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
-        self.write(move |ctx| ops::rescue_expired(ctx, &params))
+        self.write(move |ctx| injected("rescue", ops::rescue_expired(ctx, &params)))
             .await
     }
 
@@ -640,7 +685,8 @@ impl Store for SqliteStore {
     }
 
     async fn schedule_fire(&self, request: FireRequest) -> StoreResult<FireOutcome> {
-        self.write(move |ctx| schedules::fire(ctx, request)).await
+        self.write(move |ctx| injected("schedule_fire", schedules::fire(ctx, request)))
+            .await
     }
 
     async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {

@@ -158,9 +158,8 @@ where
                 tracing::error!(panic = %message, "a store operation panicked; it was undone");
                 // It may have left the in-memory settings half-changed: re-read them.
                 ctx.reload_settings = true;
-                Err(StoreError::Backend(format!(
-                    "internal error: the operation failed unexpectedly ({message}); nothing \
-                     was changed"
+                Err(StoreError::Internal(format!(
+                    "the operation failed unexpectedly ({message}); nothing was changed"
                 )))
             }
         };
@@ -250,6 +249,7 @@ pub(crate) fn run_writer(
     options: StoreOptions,
     wakeup: Arc<Notify>,
     durable: bool,
+    rounds: Arc<std::sync::atomic::AtomicU64>,
 ) {
     let mut sync = SyncControl {
         durable,
@@ -274,6 +274,7 @@ pub(crate) fn run_writer(
                 Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
             }
         }
+        rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let needs_fsync = batch.iter().any(|op| op.needs_fsync());
         let mut ctx = WriteCtx {
             conn: &conn,
@@ -295,9 +296,13 @@ pub(crate) fn run_writer(
                 for op in batch.iter_mut() {
                     op.run(&mut ctx);
                 }
-                let committed = ctx
-                    .flush_counts()
-                    .and_then(|()| conn.execute_batch("COMMIT"));
+                let committed = conveyor_core::faults::inject("sqlite_commit")
+                    .map_err(|e| e.to_string())
+                    .and_then(|()| {
+                        ctx.flush_counts()
+                            .and_then(|()| conn.execute_batch("COMMIT"))
+                            .map_err(|e| e.to_string())
+                    });
                 match committed {
                     Ok(()) => Ok(()),
                     Err(e) => {

@@ -29,6 +29,7 @@ use uuid::Uuid;
 
 mod access;
 mod admin;
+pub mod faults;
 mod fetch;
 mod finish;
 mod flow;

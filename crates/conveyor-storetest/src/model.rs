@@ -16,9 +16,31 @@
 //! shows the smallest one found, step by step, with what the model expected and what the store
 //! did.
 //!
+//! The rules the model holds the stores to (docs/architecture.md, the `Store` trait, and the
+//! conformance suite):
+//! - enqueue: a key held by a job returns the latest job that holds it, `duplicate: true`;
+//!   unfinished jobs always hold their key, completed ones for 24 h after they finished, dead
+//!   and cancelled ones never; a batch counts as inserted one by one. A `run_at` in the future
+//!   makes the job `scheduled`, else `available` (a past `run_at` is kept).
+//! - fetch: due `scheduled`/`retryable` jobs are promoted first; then available jobs of the
+//!   named queues by priority (higher first), run_at, then age; each claim counts an attempt,
+//!   sets `started_at` and a fresh lease of 30 s.
+//! - heartbeat, complete, fail, snooze, release apply only while the job is `running` under
+//!   that very token (an expired lease still holds until the rescuer takes it); fail appends
+//!   `{attempt, at, class}` and goes `retryable` at the plan's time (`At` clamped to now) while
+//!   attempts remain, else `dead`; snooze and release give the attempt back.
+//! - cancel: unknown ids are `NotFound`, finished jobs a `Conflict` naming their state, others
+//!   `cancelled` (a running job's lease revoked). Replay: dead jobs to `available` now with
+//!   attempt 0, history kept; discard deletes dead jobs only.
+//! - rescue: every running job whose lease expired (`expires_at <= now`) fails with
+//!   `lease_expired` under a 2 s, 4 s, ... backoff; promote makes due jobs available.
+//!
 //! Everything the model predicts is determined: backoff policies have no jitter, every rescue
 //! takes all expired leases, and ties in claim order are broken by creation order (ids are
 //! UUIDv7, generated in order within a process).
+//!
+//! Besides random sequences, every store runs [`known_sequences`]: rules the random cases
+//! reach only rarely, and divergences found before.
 //!
 //! A store crate runs it from a plain (not async) test, with a [`ModelBackend`] that makes a
 //! fresh database per case and opens a store on it with the given clock:
@@ -112,6 +134,8 @@ pub struct ModelSettings {
     pub seed: u64,
     /// Most shrinking steps after a failure (`PROPTEST_MAX_SHRINK_ITERS`, default 2048).
     pub max_shrink_iters: u32,
+    /// Longest time spent shrinking, in ms (`PROPTEST_MAX_SHRINK_TIME`, default 120000).
+    pub max_shrink_time_ms: u32,
 }
 
 impl ModelSettings {
@@ -124,6 +148,7 @@ impl ModelSettings {
             max_ops: var("CONVEYOR_MODEL_MAX_OPS").unwrap_or(48).max(1),
             seed: var("PROPTEST_RNG_SEED").unwrap_or_else(rand_seed),
             max_shrink_iters: var("PROPTEST_MAX_SHRINK_ITERS").unwrap_or(2048),
+            max_shrink_time_ms: var("PROPTEST_MAX_SHRINK_TIME").unwrap_or(120_000),
         }
     }
 }
@@ -149,6 +174,7 @@ pub fn run_model<B: ModelBackend>(backend: B, settings: ModelSettings) {
         cases: settings.cases,
         failure_persistence: None,
         max_shrink_iters: settings.max_shrink_iters,
+        max_shrink_time: settings.max_shrink_time_ms,
         rng_seed: RngSeed::Fixed(settings.seed),
         ..Config::default()
     };
@@ -183,7 +209,7 @@ pub fn run_model<B: ModelBackend>(backend: B, settings: ModelSettings) {
         Err(TestError::Fail(reason, ops)) => panic!(
             "the store diverged from the model (seed {seed}; rerun with \
              PROPTEST_RNG_SEED={seed}); shrunk to {n} operations.\n\n{reason}\n\n\
-             The sequence as code (for a regression): {ops:?}",
+             The shrunk sequence, as data: {ops:?}",
             seed = settings.seed,
             n = ops.len(),
         ),
@@ -202,6 +228,118 @@ pub fn check_sequence<B: ModelBackend>(backend: &B, ops: &[Op]) -> Result<(), St
         .map_err(|e| format!("cannot build a tokio runtime: {e}"))?;
     let tally = std::sync::Mutex::new(Tally::default());
     runtime.block_on(run_case(backend, ops, &tally))
+}
+
+/// Sequences every store runs on every run, besides the random ones: each pins a rule that
+/// random cases reach only rarely, or a divergence found before. Names say what they check.
+pub fn known_sequences() -> Vec<(&'static str, Vec<Op>)> {
+    let keyed = |key| JobSpec {
+        queue: 0,
+        kind: 0,
+        key: Some(key),
+        run_at_ms: None,
+        priority: 0,
+        max_attempts: 1,
+    };
+    let lease = LeasePick {
+        index: 0,
+        stale: false,
+        bogus: false,
+    };
+    let fetch = Op::Fetch {
+        queues: QueueSet::One(0),
+        max: 1,
+    };
+    let hours = |h: f64| Op::Advance {
+        ms: (h * 3_600_000.0) as u64,
+    };
+    vec![
+        (
+            // StoreOptions: "Unfinished jobs always [count as a duplicate]". Job #0 dies, a new
+            // job #1 takes its key, #0 is replayed (unfinished again), #1 is cancelled: the key
+            // is held by #0 alone, so the last enqueue must answer #0 as a duplicate.
+            "an idempotency key held by a replayed job after its newer namesake was cancelled",
+            vec![
+                Op::Enqueue(vec![keyed(0)]),
+                fetch.clone(),
+                Op::Fail {
+                    lease,
+                    plan: Plan::Never,
+                },
+                Op::Enqueue(vec![keyed(0)]),
+                Op::Replay(Replay::Ids {
+                    dead: vec![0],
+                    other: None,
+                }),
+                Op::Cancel { job: 1 },
+                Op::Enqueue(vec![keyed(0)]),
+            ],
+        ),
+        (
+            "a completed job holds its key for 24 hours after it finished",
+            vec![
+                Op::Enqueue(vec![keyed(1)]),
+                hours(1.0),
+                fetch.clone(),
+                Op::Complete(vec![lease]),
+                hours(23.5),
+                Op::Enqueue(vec![keyed(1)]),
+                hours(1.0),
+                Op::Enqueue(vec![keyed(1)]),
+            ],
+        ),
+        (
+            "a lease outlives a store restart when its worker does",
+            vec![
+                Op::Enqueue(vec![keyed(2)]),
+                fetch.clone(),
+                Op::Restart {
+                    worker_survives: true,
+                },
+                Op::Heartbeat {
+                    leases: vec![lease],
+                    extend_ms: 30_000,
+                },
+                Op::Restart {
+                    worker_survives: true,
+                },
+                Op::Complete(vec![lease]),
+            ],
+        ),
+        (
+            "an expired lease settles until the rescuer has taken it",
+            vec![
+                Op::Enqueue(vec![keyed(0), keyed(1)]),
+                Op::Fetch {
+                    queues: QueueSet::One(0),
+                    max: 2,
+                },
+                Op::Advance { ms: 31_000 },
+                Op::Complete(vec![lease]),
+                Op::Rescue,
+                Op::Complete(vec![LeasePick { index: 1, ..lease }]),
+            ],
+        ),
+    ]
+}
+
+/// Runs every [`known_sequences`] sequence against fresh stores; panics naming each that
+/// diverged, with its step-by-step account.
+pub fn check_known_sequences<B: ModelBackend>(backend: &B) {
+    let failures: Vec<String> = known_sequences()
+        .into_iter()
+        .filter_map(|(name, ops)| {
+            check_sequence(backend, &ops)
+                .err()
+                .map(|failure| format!("### {name}\n{failure}"))
+        })
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} known sequence(s) diverged from the model:\n\n{}",
+        failures.len(),
+        failures.join("\n\n")
+    );
 }
 
 fn numbered(ops: &[Op]) -> String {
@@ -1304,6 +1442,8 @@ impl<B: ModelBackend> Runner<'_, B> {
                     QueueSet::Both => (0..QUEUES.len()).collect(),
                 };
                 let claims = self.model.fetch(&queue_ids, *max);
+                // A slot per lease number the model gave out, filled from the store's answer.
+                self.leases.resize(self.model.lease_jobs.len(), None);
                 let params = FetchParams {
                     worker_id: WORKER.to_string(),
                     queues: queue_ids.iter().map(|&q| QUEUES[q].to_string()).collect(),
@@ -1323,9 +1463,6 @@ impl<B: ModelBackend> Runner<'_, B> {
                                     id: job.id,
                                     lease_token: lease.token,
                                 };
-                                if self.leases.len() <= *no {
-                                    self.leases.resize(no + 1, None);
-                                }
                                 self.leases[*no] = Some(lease_ref);
                                 self.tokens.insert(lease.token, *no);
                                 self.known.push(*no);
@@ -1344,12 +1481,6 @@ impl<B: ModelBackend> Runner<'_, B> {
                     }
                     Err(e) => Outcome::Error(e.to_string()),
                 };
-                // Lease numbers the store did not hand out still need a slot.
-                if let Some((_, last)) = claims.last() {
-                    if self.leases.len() <= *last {
-                        self.leases.resize(last + 1, None);
-                    }
-                }
                 let expected = Outcome::Fetched(claims.into_iter().map(|(c, _)| c).collect());
                 Ok((expected, actual, described))
             }

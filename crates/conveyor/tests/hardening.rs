@@ -178,3 +178,113 @@ fn a_second_server_on_the_same_sqlite_file_is_refused() {
         "still-served"
     );
 }
+
+/// Reads from `stream` until the server closes it (or 20 s pass, which fails the test); returns
+/// what was received.
+fn read_until_closed(stream: &mut std::net::TcpStream) -> String {
+    use std::io::Read;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .expect("read timeout");
+    let mut received = Vec::new();
+    let mut buf = [0u8; 1024];
+    loop {
+        match stream.read(&mut buf) {
+            Ok(0) => return String::from_utf8_lossy(&received).into_owned(),
+            Ok(n) => received.extend_from_slice(&buf[..n]),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                return String::from_utf8_lossy(&received).into_owned()
+            }
+            Err(e) => panic!("the server did not close the connection: {e}"),
+        }
+    }
+}
+
+fn connect(url: &str) -> std::net::TcpStream {
+    std::net::TcpStream::connect(url.trim_start_matches("http://")).expect("connect")
+}
+
+/// Idle sockets and one-byte-per-interval headers are closed by the server instead of being
+/// held forever (which let 1,100 idle sockets exhaust a 1,024-descriptor limit).
+#[test]
+fn idle_and_slow_connections_are_closed() {
+    let dir = temp_dir();
+    let server = start_server(
+        &path_in(&dir, "jobs.db"),
+        &[
+            "--idle-timeout-secs",
+            "1",
+            "--header-read-timeout-ms",
+            "500",
+        ],
+    );
+    // A connection that never sends anything.
+    let mut idle = connect(&server.url);
+    assert_eq!(read_until_closed(&mut idle), "");
+
+    // Slowloris: a header line trickled one byte at a time, never finished in time.
+    let mut slow = connect(&server.url);
+    let mut trickle = slow.try_clone().expect("clone");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        let request = b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa\r\n\r\n";
+        for byte in request {
+            if trickle.write_all(&[*byte]).is_err() {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        true
+    });
+    let answer = read_until_closed(&mut slow);
+    assert!(
+        !answer.contains("200 OK"),
+        "a trickled request was served: {answer}"
+    );
+    drop(slow);
+    let _ = writer.join();
+
+    // The server still answers well-behaved clients.
+    let health = http()
+        .get(format!("{}/healthz", server.url))
+        .send()
+        .expect("healthz");
+    assert!(health.status().is_success());
+}
+
+/// Past `--max-connections`, new connections are closed at once; the server answers again as
+/// soon as one ends.
+#[test]
+fn connections_beyond_the_limit_are_closed_at_once() {
+    let dir = temp_dir();
+    let server = start_server(
+        &path_in(&dir, "jobs.db"),
+        &["--max-connections", "3", "--idle-timeout-secs", "60"],
+    );
+    let held: Vec<_> = (0..3).map(|_| connect(&server.url)).collect();
+    // Make sure the server has accepted all three before the next one.
+    for mut stream in held.iter().map(|s| s.try_clone().expect("clone")) {
+        use std::io::Write;
+        stream
+            .write_all(b"GET /livez HTTP/1.1\r\nHost: x\r\n\r\n")
+            .expect("request");
+        use std::io::Read;
+        let mut buf = [0u8; 64];
+        let n = stream.read(&mut buf).expect("answer");
+        assert!(String::from_utf8_lossy(&buf[..n]).contains("200"));
+    }
+    let mut beyond = connect(&server.url);
+    assert_eq!(
+        read_until_closed(&mut beyond),
+        "",
+        "closed without an answer"
+    );
+    drop(held);
+    wait_until("a free connection slot", || {
+        http()
+            .get(format!("{}/healthz", server.url))
+            .send()
+            .ok()
+            .filter(|r| r.status().is_success())
+    });
+}

@@ -93,6 +93,8 @@ fn a_short_soak_kills_workers_loses_no_acknowledged_job_and_reports_its_figures(
         invariants["missing"], 0,
         "no acknowledged job lost:\n{output}"
     );
+    assert_eq!(invariants["lost"], 0, "{output}");
+    assert_eq!(invariants["completed_twice"], 0, "{output}");
     assert_eq!(invariants["bad_state"], 0, "{output}");
     assert_eq!(invariants["unfinished"], 0, "{output}");
     let acknowledged = invariants["acknowledged"].as_u64().unwrap_or(0);

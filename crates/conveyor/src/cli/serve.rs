@@ -101,6 +101,20 @@ pub(crate) struct ServeArgs {
     /// file then starts, and the damage shows in `/healthz` once an operation meets it.
     #[arg(long, env = "CONVEYOR_SKIP_INTEGRITY_CHECK")]
     skip_integrity_check: bool,
+    /// Most client connections open at once; more are closed as they arrive. Default: 10,000,
+    /// or fewer when the process may not open that many files (its limit minus 128).
+    #[arg(long, env = "CONVEYOR_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    max_connections: Option<u64>,
+    /// How long a client may take to send a request's headers, in milliseconds (slowloris).
+    #[arg(long, default_value_t = 10_000, env = "CONVEYOR_HEADER_READ_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(10..=HOUR_MS))]
+    header_read_timeout_ms: u64,
+    /// A connection idle this long between requests is closed, in seconds.
+    #[arg(long, default_value_t = 60, env = "CONVEYOR_IDLE_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    idle_timeout_secs: u64,
+    /// The longest a request may take, body upload included, in seconds (408 past it). At
+    /// least 31: a long-polling fetch may wait 30 s.
+    #[arg(long, default_value_t = 90, env = "CONVEYOR_REQUEST_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(31..=86_400))]
+    request_timeout_secs: u64,
     #[command(flatten)]
     alerts: AlertArgs,
 }
@@ -333,8 +347,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         tracing::info!("shutdown signal received");
     });
     let graceful = shutdown.clone();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { graceful.cancelled().await })
+    let limits = conveyor_server::ConnectionLimits {
+        max_connections: connection_cap(args.max_connections),
+        header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        idle_timeout: Duration::from_secs(args.idle_timeout_secs),
+        request_timeout: Duration::from_secs(args.request_timeout_secs),
+    };
+    conveyor_server::serve(listener, app, limits, graceful)
         .await
         .context("HTTP server failed")?;
     if let Some(demo) = demo {
@@ -346,6 +365,50 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     tracing::info!("server stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// The connection cap: the one asked for, else 10,000 or what the file limit leaves. The soft
+/// file limit is first raised to the hard one (commonly 1,024 soft and far more hard), since
+/// every connection is a file.
+fn connection_cap(asked: Option<u64>) -> usize {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit on this process with a properly initialised struct.
+    let files = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+            if limit.rlim_cur < limit.rlim_max {
+                let raised = libc::rlimit {
+                    rlim_cur: limit.rlim_max,
+                    rlim_max: limit.rlim_max,
+                };
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                    limit.rlim_cur = limit.rlim_max;
+                }
+            }
+            Some(limit.rlim_cur)
+        } else {
+            None
+        }
+    };
+    // Room for the store's files, its connections and the listener.
+    let available =
+        files.map(|files| usize::try_from(files.saturating_sub(128).max(16)).unwrap_or(usize::MAX));
+    match asked {
+        Some(asked) => {
+            let asked = usize::try_from(asked).unwrap_or(usize::MAX);
+            if let Some(available) = available.filter(|available| asked > *available) {
+                tracing::warn!(
+                    asked,
+                    available,
+                    "--max-connections is above what the file limit allows"
+                );
+            }
+            asked
+        }
+        None => available.map_or(10_000, |available| available.min(10_000)),
+    }
 }
 
 fn announce(line: &str) {

@@ -56,6 +56,12 @@ pub(crate) struct SoakArgs {
     /// as failed.
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, default_value = "60s")]
     soak_drain_timeout: Duration,
+    /// Soak: the server deletes completed jobs this many seconds after they finished (its
+    /// `--retain-completed-secs`; default: the server's, a day), so a long soak can run on a
+    /// store that stops growing. Pruned jobs are told from lost ones by count: the server's
+    /// completions minus the completed jobs still stored.
+    #[arg(long)]
+    soak_retain_completed_secs: Option<u64>,
 }
 
 /// A duration: a number with an optional unit `ms`, `s`, `m` or `h` (`10m`, `30s`, `1.5h`); a
@@ -209,7 +215,7 @@ pub(crate) async fn run(
     let exe = std::env::current_exe().context("locating the conveyor binary")?;
     let queue = format!("soak-{}", Uuid::new_v4().simple());
 
-    let mut server = Server::start(&exe, &url, durability).await?;
+    let mut server = Server::start(&exe, &url, durability, args.soak_retain_completed_secs).await?;
     let api = ApiClient::new(&server.url, None)?;
     api.get("/healthz")
         .await
@@ -275,7 +281,7 @@ pub(crate) async fn run(
         )?);
     }
 
-    let acked: Arc<Mutex<Vec<(Uuid, Kind)>>> = Arc::default();
+    let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
     let enqueued = Arc::new(AtomicU64::new(0));
     let enqueue_errors = Arc::new(AtomicU64::new(0));
     let stop_producers = CancellationToken::new();
@@ -411,9 +417,15 @@ pub(crate) async fn run(
         .lock()
         .map_err(|_| anyhow::anyhow!("a producer panicked while recording an acknowledgement"))?
         .clone();
-    let check = verify(&api, &queue, &acked)
+    let stored = list_jobs(&api, &queue, acked.len())
         .await
         .context("listing the soak's jobs")?;
+    // With a retention, a completed job may have been pruned once it finished that long before
+    // the listing ended; a job acknowledged later than that cannot have been.
+    let prunable_before = args
+        .soak_retain_completed_secs
+        .map(|secs| Instant::now().checked_sub(Duration::from_secs(secs)));
+    let check = verify(&acked, &stored, prunable_before.flatten());
 
     for worker in &mut workers {
         worker.stop().await;
@@ -424,8 +436,18 @@ pub(crate) async fn run(
     let middle = samples.get(samples.len() / 2).map(|s| s.resources);
     let last = samples.last().map(|s| s.resources);
     let resources = resource_report(at_start, first, middle, last, after_drain);
-    let invariants_ok = check.missing == 0 && check.bad.is_empty() && drained;
-    let completed = final_counts.completed;
+    // Completions the server counted (it misses one whose reporter is killed mid-request)
+    // vs completed jobs still stored: without retention, more completions than completed jobs
+    // would mean a job completed twice.
+    let reported = final_counts.completed;
+    let (completed, completed_twice) = match args.soak_retain_completed_secs {
+        Some(_) => (reported, 0),
+        None => (
+            check.stored_completed,
+            reported.saturating_sub(check.stored_completed),
+        ),
+    };
+    let invariants_ok = check.lost == 0 && completed_twice == 0 && check.bad.is_empty() && drained;
     let summary = json!({
         "workload": "soak", "record": "summary", "store": shown_store,
         "durability": durability_name, "interrupted": was_interrupted,
@@ -433,16 +455,19 @@ pub(crate) async fn run(
         "kills": kills.len(), "unexpected_worker_exits": unexpected_exits,
         "enqueued": enqueued.load(Ordering::Relaxed),
         "enqueue_errors": enqueue_errors.load(Ordering::Relaxed),
-        "completed": completed, "dead": final_counts.dead, "retried": final_counts.failed,
+        "completed": completed, "completions_reported": reported,
+        "dead": final_counts.dead, "retried": final_counts.failed,
         "rescued": check.rescued,
         "completed_jobs_per_s": round(completed as f64 / (load_seconds + drain_seconds), 1),
-        "completed_after_last_kill": completed_at_last_kill.map(|at| completed.saturating_sub(at)),
+        "completed_after_last_kill": completed_at_last_kill.map(|at| reported.saturating_sub(at)),
         "drained": drained, "drain_seconds": round(drain_seconds, 1),
         "resources": resources,
         "server_exit": server_exit.map(|status| status.to_string()),
         "invariants": {
             "ok": invariants_ok, "acknowledged": acked.len(), "stored": check.stored,
-            "missing": check.missing, "missing_examples": check.missing_examples,
+            "missing": check.missing, "maybe_pruned": check.maybe_pruned, "lost": check.lost,
+            "missing_examples": check.missing_examples,
+            "stored_completed": check.stored_completed, "completed_twice": completed_twice,
             "bad_state": check.bad.len(), "bad_examples": check.bad.iter().take(10).collect::<Vec<_>>(),
             "unfinished": check.unfinished, "by_kind": check.by_kind,
         },
@@ -511,7 +536,15 @@ struct Server {
 }
 
 impl Server {
-    async fn start(exe: &Path, store: &str, durability: DurabilityArg) -> anyhow::Result<Self> {
+    async fn start(
+        exe: &Path,
+        store: &str,
+        durability: DurabilityArg,
+        retain_completed_secs: Option<u64>,
+    ) -> anyhow::Result<Self> {
+        let retention: Vec<String> = retain_completed_secs
+            .map(|secs| vec!["--retain-completed-secs".to_string(), secs.to_string()])
+            .unwrap_or_default();
         // Lease rescues are expected here (one warning per job); other warnings are not.
         let mut child = child_command(exe, "warn,conveyor_worker::maintenance=error")
             .args([
@@ -524,6 +557,7 @@ impl Server {
                 "--durability",
                 durability_name(durability),
             ])
+            .args(&retention)
             .stdout(Stdio::piped())
             .spawn()
             .context("starting `conveyor serve`")?;
@@ -619,13 +653,21 @@ impl Worker {
     }
 }
 
+/// A job a producer got a 2xx for.
+#[derive(Debug, Clone, Copy)]
+struct Acked {
+    id: Uuid,
+    kind: Kind,
+    at: Instant,
+}
+
 struct Producer {
     api: ApiClient,
     queue: String,
     /// Jobs per second for this producer.
     rate: f64,
     sequence: Arc<AtomicU64>,
-    acked: Arc<Mutex<Vec<(Uuid, Kind)>>>,
+    acked: Arc<Mutex<Vec<Acked>>>,
     enqueued: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
     stop: CancellationToken,
@@ -671,8 +713,13 @@ async fn produce(p: Producer) {
         };
         match ids {
             Ok(ids) if ids.len() == jobs.len() => {
+                let at = Instant::now();
                 if let Ok(mut acked) = p.acked.lock() {
-                    acked.extend(ids.into_iter().zip(jobs.iter().map(|(kind, _)| *kind)));
+                    acked.extend(ids.into_iter().zip(&jobs).map(|(id, (kind, _))| Acked {
+                        id,
+                        kind: *kind,
+                        at,
+                    }));
                 }
                 p.enqueued.fetch_add(size, Ordering::Relaxed);
             }
@@ -712,7 +759,9 @@ fn uuid_of(value: &Value) -> anyhow::Result<Uuid> {
 /// The queue's figures at one moment.
 #[derive(Debug, Clone, Default)]
 struct Counts {
-    /// Jobs completed (store-wide count).
+    /// Completions the workers reported (the server's
+    /// `jobs_processed_total{status="completed"}`): unlike the stored count, pruning does not
+    /// lower it.
     completed: u64,
     /// Jobs dead (store-wide count).
     dead: u64,
@@ -747,22 +796,23 @@ async fn counts(
         .await
         .context("reading /metrics")?;
     Ok(Counts {
-        completed: number("completed"),
+        completed: processed(&metrics, queue, "completed"),
         dead: number("dead"),
         depth: number("available") + number("scheduled") + number("running") + number("retryable"),
-        failed: failed_attempts(&metrics, queue),
+        failed: processed(&metrics, queue, "failed"),
     })
 }
 
-/// Sums `jobs_processed_total{..., status="failed"}` over the kinds of `queue`.
-fn failed_attempts(metrics: &str, queue: &str) -> u64 {
+/// Sums `jobs_processed_total{..., status="STATUS"}` over the kinds of `queue`.
+fn processed(metrics: &str, queue: &str, status: &str) -> u64 {
     let label = format!("queue=\"{queue}\"");
+    let status = format!("status=\"{status}\"");
     metrics
         .lines()
         .filter(|line| {
             line.starts_with("jobs_processed_total{")
                 && line.contains(&label)
-                && line.contains("status=\"failed\"")
+                && line.contains(&status)
         })
         .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
@@ -1012,11 +1062,14 @@ fn describe_summary(summary: &Value) -> String {
         ));
     }
     text.push_str(&format!(
-        "invariants: {} acknowledged, {} stored in the queue, {} missing, {} in an unexpected \
-         state, {} unfinished",
+        "invariants: {} acknowledged, {} stored in the queue, {} missing ({} maybe pruned, {} lost), \
+         {} completed twice, {} in an unexpected state, {} unfinished",
         invariants["acknowledged"],
         invariants["stored"],
         invariants["missing"],
+        invariants["maybe_pruned"],
+        invariants["lost"],
+        invariants["completed_twice"],
         invariants["bad_state"],
         invariants["unfinished"],
     ));
@@ -1025,7 +1078,8 @@ fn describe_summary(summary: &Value) -> String {
             text.push_str(&format!("\n  {}", example.as_str().unwrap_or_default()));
         }
     }
-    if let Some(examples) = invariants["missing_examples"].as_array() {
+    let lost = invariants["lost"].as_u64().unwrap_or(0) > 0;
+    if let Some(examples) = invariants["missing_examples"].as_array().filter(|_| lost) {
         for example in examples {
             text.push_str(&format!(
                 "\n  missing: {}",
@@ -1039,7 +1093,15 @@ fn describe_summary(summary: &Value) -> String {
 /// What the final listing found.
 struct Check {
     stored: usize,
+    /// Completed jobs in the queue (acknowledged or not).
+    stored_completed: u64,
     missing: usize,
+    /// Missing jobs that may have been pruned: of a kind that completes, acknowledged before
+    /// `prunable_before`.
+    maybe_pruned: usize,
+    /// Missing jobs that cannot have been pruned.
+    lost: usize,
+    /// Some of the lost jobs.
     missing_examples: Vec<String>,
     /// Jobs in a state their kind does not explain, described.
     bad: Vec<String>,
@@ -1059,9 +1121,13 @@ struct Stored {
     error_classes: Vec<String>,
 }
 
-/// Lists the queue's jobs (pages of 500) and checks every acknowledged id against them.
-async fn verify(api: &ApiClient, queue: &str, acked: &[(Uuid, Kind)]) -> anyhow::Result<Check> {
-    let mut stored: HashMap<Uuid, Stored> = HashMap::with_capacity(acked.len());
+/// Lists the queue's jobs (pages of 500).
+async fn list_jobs(
+    api: &ApiClient,
+    queue: &str,
+    expected: usize,
+) -> anyhow::Result<HashMap<Uuid, Stored>> {
+    let mut stored: HashMap<Uuid, Stored> = HashMap::with_capacity(expected);
     let mut after: Option<String> = None;
     loop {
         let mut path = format!("/v1/jobs?queue={queue}&limit=500");
@@ -1096,20 +1162,38 @@ async fn verify(api: &ApiClient, queue: &str, acked: &[(Uuid, Kind)]) -> anyhow:
             None => break,
         }
     }
+    Ok(stored)
+}
+
+/// Checks every acknowledged job against the stored ones.
+fn verify(
+    acked: &[Acked],
+    stored: &HashMap<Uuid, Stored>,
+    prunable_before: Option<Instant>,
+) -> Check {
     let mut check = Check {
         stored: stored.len(),
+        stored_completed: stored.values().filter(|j| j.state == "completed").count() as u64,
         missing: 0,
+        maybe_pruned: 0,
+        lost: 0,
         missing_examples: Vec::new(),
         bad: Vec::new(),
         unfinished: 0,
         rescued: 0,
         by_kind: BTreeMap::new(),
     };
-    for (id, kind) in acked {
-        let Some(job) = stored.get(id) else {
+    for &Acked { id, kind, at } in acked {
+        let Some(job) = stored.get(&id) else {
             check.missing += 1;
-            if check.missing_examples.len() < 10 {
-                check.missing_examples.push(id.to_string());
+            let completes = matches!(kind, Kind::Ok | Kind::Slow | Kind::Flaky);
+            if completes && prunable_before.is_some_and(|before| at < before) {
+                check.maybe_pruned += 1;
+            } else {
+                check.lost += 1;
+                if check.missing_examples.len() < 10 {
+                    check.missing_examples.push(id.to_string());
+                }
             }
             continue;
         };
@@ -1126,13 +1210,13 @@ async fn verify(api: &ApiClient, queue: &str, acked: &[(Uuid, Kind)]) -> anyhow:
         {
             check.rescued += 1;
         }
-        match judge(*kind, job) {
+        match judge(kind, job) {
             Ok(Fate::Finished) => {}
             Ok(Fate::Unfinished) => check.unfinished += 1,
             Err(why) => check.bad.push(format!("job {id} ({}): {why}", kind.name())),
         }
     }
-    Ok(check)
+    check
 }
 
 enum Fate {
@@ -1240,13 +1324,14 @@ mod tests {
     }
 
     #[test]
-    fn failed_attempts_are_summed_over_the_queue_only() {
+    fn outcomes_are_summed_over_the_queue_only() {
         let text = "# HELP jobs_processed_total x\n\
             jobs_processed_total{kind=\"a\",queue=\"q\",status=\"failed\"} 3\n\
             jobs_processed_total{kind=\"b\",queue=\"q\",status=\"failed\"} 4\n\
             jobs_processed_total{kind=\"b\",queue=\"q\",status=\"completed\"} 9\n\
             jobs_processed_total{kind=\"b\",queue=\"q2\",status=\"failed\"} 5\n";
-        assert_eq!(failed_attempts(text, "q"), 7);
+        assert_eq!(processed(text, "q", "failed"), 7);
+        assert_eq!(processed(text, "q", "completed"), 9);
     }
 
     fn stored(kind: Kind, state: &str, attempt: u64, errors: &[&str]) -> Stored {
