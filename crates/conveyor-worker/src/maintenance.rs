@@ -244,7 +244,9 @@ impl Maintenance {
             if !leading {
                 continue;
             }
-            if let Err(error) = self.run_once().await {
+            // A panicking pass (a store bug) must not end maintenance for good: lease rescue
+            // and promotion would silently stop on this, the leading, node.
+            if let Err(error) = crate::worker::contained(self.run_once()).await {
                 tracing::error!(%error, "maintenance pass failed; will retry");
             }
         }

@@ -474,13 +474,17 @@ async fn run_fetcher(lp: FetchLoop) {
             max: permits.len(),
             lease: lp.shared.lease,
         };
-        let fetched = fetch_waiting(
-            lp.shared.store.as_ref(),
-            params,
-            Duration::from_secs(30),
-            lp.poll,
-            lp.stop.cancelled(),
-        )
+        let fetched = contained(async {
+            conveyor_core::faults::inject("worker_fetch")?;
+            fetch_waiting(
+                lp.shared.store.as_ref(),
+                params,
+                Duration::from_secs(30),
+                lp.poll,
+                lp.stop.cancelled(),
+            )
+            .await
+        })
         .await;
         let jobs = match fetched {
             Ok(jobs) => {
@@ -741,6 +745,28 @@ fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
     format!("handler panicked: {text}")
 }
 
+/// A store call whose panic (a bug in a store, an injected fault) becomes an error: the fetch
+/// loop, completer and heartbeat task then retry as they do after any store error, instead of
+/// dying and leaving the worker fetching jobs it can no longer finish or keep leased.
+pub(crate) async fn contained<T>(
+    call: impl std::future::Future<Output = conveyor_core::StoreResult<T>>,
+) -> conveyor_core::StoreResult<T> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            Err(conveyor_core::StoreError::Internal(format!(
+                "store call panicked: {text}"
+            )))
+        }
+    }
+}
+
 /// Writes completions in batches: one store call (one commit) for everything finished meanwhile.
 async fn run_completer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Completion>) {
     let mut batch = Vec::with_capacity(64);
@@ -752,7 +778,12 @@ async fn run_completer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Comp
         let mut delay = Duration::from_millis(50);
         // Retry store errors a few times; a completion that never lands is rescued and rerun.
         for _ in 0..5 {
-            match shared.store.jobs_complete_many(params.clone()).await {
+            let written = contained(async {
+                conveyor_core::faults::inject("worker_complete")?;
+                shared.store.jobs_complete_many(params.clone()).await
+            })
+            .await;
+            match written {
                 Ok(outcomes) => {
                     for (job, outcome) in jobs.iter().zip(outcomes) {
                         if outcome == LeaseOutcome::LeaseLost {
@@ -843,7 +874,12 @@ async fn run_heartbeats(shared: Arc<Shared>, stop: CancellationToken) {
                 extend_by: shared.lease,
             })
             .collect();
-        match shared.store.jobs_heartbeat_many(params).await {
+        let renewed = contained(async {
+            conveyor_core::faults::inject("worker_heartbeat")?;
+            shared.store.jobs_heartbeat_many(params).await
+        })
+        .await;
+        match renewed {
             Ok(results) => {
                 let running = shared.running();
                 for ((id, _), extended) in beats.iter().zip(results) {
