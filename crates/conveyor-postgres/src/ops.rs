@@ -296,8 +296,13 @@ pub(crate) async fn insert_many(
     let mut stored: HashMap<String, Job> = HashMap::new();
     if !keys.is_empty() {
         let keys: Vec<&str> = keys.into_iter().collect();
+        // The newest job that still holds each key: an older job made unfinished again (a
+        // replayed dead job) holds it even when a newer one with the key has finished.
+        let window_start =
+            conveyor_core::clock::before(ctx.now, ctx.options.completed_idempotency_window);
         let found = sqlx::query(ctx.sql.idempotent_matches.clone())
             .bind(&keys)
+            .bind(window_start)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("find idempotency keys"))?;

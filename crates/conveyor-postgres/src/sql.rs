@@ -116,6 +116,8 @@ impl Sql {
             idempotent_matches: stmt(format!(
                 "SELECT DISTINCT ON (idempotency_key) {COLUMNS} FROM {jobs} \
                  WHERE idempotency_key = ANY($1) \
+                 AND (state NOT IN ('completed', 'dead', 'cancelled') \
+                      OR (state = 'completed' AND finished_at > $2)) \
                  ORDER BY idempotency_key, created_at DESC, id DESC"
             )),
             // For each unique job of a batch (`$1` keys, `$2` comma-separated states, `$3` the

@@ -1150,9 +1150,15 @@ async fn paging_follows_the_next_cursor() {
 #[tokio::test]
 async fn health_and_fallbacks_answer_json() {
     let api = start().await;
-    let (status, health) = api.get("/healthz").await;
-    assert_eq!(status, StatusCode::OK);
-    assert_eq!(health, json!({"status": "ok"}));
+    for path in ["/healthz", "/readyz", "/livez"] {
+        let (status, health) = api.get(path).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        assert_eq!(
+            health,
+            json!({"status": "ok", "live": true, "ready": true}),
+            "{path}"
+        );
+    }
 
     let unknown = api.get("/v2/nothing").await;
     assert_error(&unknown, StatusCode::NOT_FOUND, "not_found", None);

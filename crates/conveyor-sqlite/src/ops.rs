@@ -33,13 +33,21 @@ pub(crate) fn job_by_id(ctx: &WriteCtx<'_>, id: &str) -> StoreResult<Option<Job>
 
 /// An existing job that an insert with `key` must return instead of creating a new one.
 fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Option<Job>> {
+    // The newest job that still holds the key: an older job made unfinished again (a replayed
+    // dead job) holds it even when a newer one with the key has finished.
+    let window_start = clock::before(ctx.now, ctx.options.completed_idempotency_window);
     let latest = ctx
         .conn
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM jobs WHERE idempotency_key = ?1 \
+             AND (state NOT IN ('completed', 'dead', 'cancelled') \
+                  OR (state = 'completed' AND finished_at > ?2)) \
              ORDER BY created_at DESC, id DESC LIMIT 1"
         ))
-        .and_then(|mut stmt| stmt.query_row(params![key], rows::job).optional())
+        .and_then(|mut stmt| {
+            stmt.query_row(params![key, millis(window_start)], rows::job)
+                .optional()
+        })
         .map_err(backend)?;
     let window = ctx.options.completed_idempotency_window;
     Ok(latest.filter(|job| match job.state {

@@ -1,24 +1,12 @@
 //! The fault-injection suite (`conveyor_storetest::faults`) against a fresh SQLite file per
 //! behaviour: every write operation made to fail and to panic inside the writer.
 
-use conveyor_core::{ManualClock, NewJob, Store, StoreError};
+mod common;
+
+use common::make_harness;
+use conveyor_core::{NewJob, Store, StoreError};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
-use std::sync::Arc;
-
-async fn make_harness() -> conveyor_storetest::Harness {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let clock = Arc::new(ManualClock::default());
-    let store = SqliteStore::open(
-        dir.path().join("jobs.db"),
-        SqliteOptions {
-            clock: clock.clone(),
-            ..SqliteOptions::default()
-        },
-    )
-    .expect("open store");
-    conveyor_storetest::Harness::new(Arc::new(store), clock).with_cleanup(dir)
-}
 
 conveyor_storetest::fault_tests!(make_harness);
 

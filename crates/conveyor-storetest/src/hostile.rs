@@ -213,3 +213,47 @@ pub async fn fetches_name_a_bounded_number_of_distinct_queues(h: &Harness) {
     params.queues = vec!["bad queue".to_string()];
     assert_eq!(invalid_field(h.store.jobs_fetch(params).await), "queues[0]");
 }
+
+/// Found by the model-based test: the newest job with a key may have finished while an older
+/// one with the same key is unfinished again (a replayed dead job). The key is held by the
+/// unfinished one; a second job must not be inserted beside it.
+pub async fn idempotency_key_is_held_by_an_older_job_made_unfinished_again(h: &Harness) {
+    let keyed = || {
+        let mut job = new_job("keyed");
+        job.idempotency_key = Some("key-0".to_string());
+        job.max_attempts = 1;
+        job
+    };
+    let first = insert(h, keyed()).await;
+    let running = fetch_one(h, "default").await;
+    h.store
+        .job_fail(FailParams {
+            lease: lease_of(&running),
+            class: "error".to_string(),
+            message: "gone".to_string(),
+            retry: RetryPlan::Never,
+        })
+        .await
+        .expect("fail");
+    let second = insert(h, keyed()).await;
+    assert_ne!(second.id, first.id, "a dead job does not hold its key");
+    let replayed = h
+        .store
+        .dead_replay(conveyor_core::ReplaySelector {
+            ids: Some(vec![first.id]),
+            queue: None,
+            kind: None,
+        })
+        .await
+        .expect("replay");
+    assert_eq!(replayed, 1);
+    h.store.job_cancel(second.id).await.expect("cancel");
+    let mut again = h
+        .store
+        .jobs_insert_many(vec![keyed()])
+        .await
+        .expect("insert");
+    let again = again.pop().expect("one");
+    assert!(again.duplicate, "the replayed job holds the key: {again:?}");
+    assert_eq!(again.job.id, first.id);
+}

@@ -226,6 +226,7 @@ macro_rules! __conveyor_behaviours {
             numbers_beyond_i64_are_refused,
             absurd_leases_are_refused_and_the_store_keeps_working,
             fetches_name_a_bounded_number_of_distinct_queues,
+            idempotency_key_is_held_by_an_older_job_made_unfinished_again,
             // retention
             prune_deletes_finished_jobs_past_their_retention,
             prune_honours_queue_retention_and_limit,

@@ -6,32 +6,18 @@
 //! Failpoints are process-wide; each test takes the lock so plain `cargo test` (threads of one
 //! process) runs them one at a time. Under nextest each test is a process of its own anyway.
 
-use conveyor_core::{error_class, Job, JobState, NewJob, RetryPolicy, Store};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
-use conveyor_worker::{Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder};
+mod common;
+
+use common::{env, spawn_worker, wait_for_state};
+use conveyor_core::{error_class, JobState, NewJob, RetryPolicy, Store};
+use conveyor_worker::{Maintenance, Outcome, Worker, WorkerBuilder};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-use tokio::sync::oneshot;
+use std::time::Duration;
 use uuid::Uuid;
 
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-struct Env {
-    store: Arc<dyn Store>,
-    _dir: tempfile::TempDir,
-}
-
-fn env() -> Env {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open store");
-    Env {
-        store: Arc::new(store),
-        _dir: dir,
-    }
-}
 
 fn worker(store: &Arc<dyn Store>) -> WorkerBuilder {
     Worker::builder(store.clone())
@@ -51,36 +37,12 @@ fn worker(store: &Arc<dyn Store>) -> WorkerBuilder {
         )
 }
 
-fn spawn_worker(worker: Worker) -> (oneshot::Sender<()>, tokio::task::JoinHandle<ShutdownReport>) {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let handle = tokio::spawn(worker.run(async move {
-        let _ = stopped.await;
-    }));
-    (stop, handle)
-}
-
 async fn enqueue(store: &Arc<dyn Store>, kind: &str) -> Uuid {
     let mut job = NewJob::new(kind, json!({}));
     job.max_attempts = 5;
     store.jobs_insert_many(vec![job]).await.expect("insert")[0]
         .job
         .id
-}
-
-async fn wait_for_state(store: &Arc<dyn Store>, id: Uuid, state: JobState) -> Job {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let job = store.job_get(id).await.expect("get").expect("job exists");
-        if job.state == state {
-            return job;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "job stuck in {:?}, wanted {state:?}: {job:?}",
-            job.state
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
 }
 
 /// Fetches that fail, then panic, are retried with backoff; the jobs still run.

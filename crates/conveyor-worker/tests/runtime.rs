@@ -1,30 +1,17 @@
 //! The worker runtime against a real SQLite store in a temp dir: outcomes, failure classes,
 //! timeouts, panics, leases and graceful shutdown.
 
-use conveyor_core::{error_class, Job, JobState, NewJob, RetryPolicy, Store};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::{env, spawn_worker, wait_for_state};
+use conveyor_core::{error_class, JobState, NewJob, RetryPolicy, Store};
 use conveyor_worker::{JobContext, Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder};
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 use uuid::Uuid;
-
-struct Env {
-    store: Arc<dyn Store>,
-    _dir: tempfile::TempDir,
-}
-
-fn env() -> Env {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open store");
-    Env {
-        store: Arc::new(store),
-        _dir: dir,
-    }
-}
 
 fn fast_retry() -> RetryPolicy {
     RetryPolicy::fixed_exponential(Duration::from_millis(10), Duration::from_millis(50))
@@ -48,32 +35,6 @@ fn job(kind: &str, max_attempts: u32) -> NewJob {
     let mut job = NewJob::new(kind, json!({"n": 1}));
     job.max_attempts = max_attempts;
     job
-}
-
-/// Waits until the job reaches `state` (a condition, checked every few ms, with a deadline).
-async fn wait_for_state(store: &Arc<dyn Store>, id: Uuid, state: JobState) -> Job {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let job = store.job_get(id).await.expect("get").expect("job exists");
-        if job.state == state {
-            return job;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "job stuck in {:?}, wanted {state:?}: {job:?}",
-            job.state
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
-
-/// Runs a worker in the background; returns a trigger for its shutdown and its report.
-fn spawn_worker(worker: Worker) -> (oneshot::Sender<()>, tokio::task::JoinHandle<ShutdownReport>) {
-    let (stop, stopped) = oneshot::channel::<()>();
-    let handle = tokio::spawn(worker.run(async move {
-        let _ = stopped.await;
-    }));
-    (stop, handle)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -859,7 +859,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
     until(
         "producers to get going",
         Duration::from_secs(20),
-        || async { (acked() >= 30).then_some(()) },
+        || async { (acked() >= 100).then_some(()) },
     )
     .await;
 
@@ -893,7 +893,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
     until(
         "enqueues to succeed again",
         Duration::from_secs(30),
-        || async { (acked() >= before + 20).then_some(()) },
+        || async { (acked() >= before + 50).then_some(()) },
     )
     .await;
     let (status, body) = enqueue(key.clone()).await.expect("retry");
@@ -922,7 +922,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
     until(
         "enqueues to succeed again",
         Duration::from_secs(30),
-        || async { (acked() >= before + 20).then_some(()) },
+        || async { (acked() >= before + 50).then_some(()) },
     )
     .await;
     let (status, body) = enqueue(key.clone()).await.expect("retry");

@@ -107,3 +107,12 @@ pub async fn connect(schema: &str, clock: Arc<dyn Clock>) -> PgStore {
             )
         })
 }
+
+/// A conformance harness on a fresh schema (dropped with the harness), driven by a manual clock.
+pub async fn make_harness() -> conveyor_storetest::Harness {
+    let schema = fresh_schema();
+    let guard = DropSchema::new(&schema);
+    let clock = Arc::new(ManualClock::default());
+    let store = connect(&schema, clock.clone()).await;
+    conveyor_storetest::Harness::new(Arc::new(store), clock).with_cleanup(guard)
+}

@@ -680,7 +680,7 @@ async fn produce(p: Producer) {
     let mut request = 0u64;
     while !p.stop.is_cancelled() {
         request += 1;
-        let size = if request % 10 == 0 { BATCH } else { 1 };
+        let size = if request.is_multiple_of(10) { BATCH } else { 1 };
         let first = p.sequence.fetch_add(size, Ordering::Relaxed);
         let jobs: Vec<(Kind, Value)> = (first..first + size)
             .map(|n| {
@@ -945,26 +945,25 @@ fn describe_interval(line: &Value) -> String {
 /// One resource at start, after the first interval, mid-run, after the last interval and
 /// after the drain, and whether it stayed flat from the first interval to the last: grew by
 /// no more than a tenth, or by less than `slack` (noise: a few connections, a few pages).
+///
+/// The growth over the second half (middle to last) tells a resource that grew once and then
+/// held (a cache filling, a high-water mark) from one that keeps growing.
 fn trend(values: [Option<u64>; 5], slack: u64, judged: bool) -> Value {
     let [start, first, middle, last, drained] = values;
-    let (growth, flat) = match (first, last) {
-        (Some(first), Some(last)) if judged => {
-            let growth = if first > 0 {
-                Some(round(
-                    (last as f64 - first as f64) * 100.0 / first as f64,
-                    1,
-                ))
-            } else {
-                None
-            };
-            let flat = last <= first + (first / 10).max(slack);
-            (growth, Some(flat))
+    let growth = |from: Option<u64>, to: Option<u64>| match (from, to) {
+        (Some(from), Some(to)) if from > 0 => {
+            Some(round((to as f64 - from as f64) * 100.0 / from as f64, 1))
         }
-        _ => (None, None),
+        _ => None,
+    };
+    let flat = match (first, last) {
+        (Some(first), Some(last)) if judged => Some(last <= first + (first / 10).max(slack)),
+        _ => None,
     };
     json!({
         "start": start, "first_interval": first, "middle": middle, "last_interval": last,
-        "after_drain": drained, "growth_pct": growth, "flat": flat,
+        "after_drain": drained, "growth_pct": growth(first, last),
+        "second_half_growth_pct": growth(middle, last), "flat": flat,
     })
 }
 
@@ -1025,7 +1024,8 @@ fn describe_summary(summary: &Value) -> String {
         summary["completed_after_last_kill"],
     );
     text.push_str(
-        "server         start  1st intvl     middle  last intvl  after drain  growth  verdict\n",
+        "server         start  1st intvl     middle  last intvl  after drain   growth  \
+         2nd half  verdict\n",
     );
     let resources = &summary["resources"];
     for (name, key, bytes) in [
@@ -1043,22 +1043,21 @@ fn describe_summary(summary: &Value) -> String {
                 v.as_u64().map_or("-".to_string(), |n| n.to_string())
             }
         };
-        let growth = r["growth_pct"]
-            .as_f64()
-            .map_or("-".to_string(), |g| format!("{g:+.1}%"));
+        let percent = |v: &Value| v.as_f64().map_or("-".to_string(), |g| format!("{g:+.1}%"));
         let verdict = match r["flat"].as_bool() {
             Some(true) => "flat",
             Some(false) => "GROWING",
             None => "-",
         };
         text.push_str(&format!(
-            "{name:<10} {:>9} {:>10} {:>10} {:>11} {:>12} {:>7}  {verdict}\n",
+            "{name:<10} {:>9} {:>10} {:>10} {:>11} {:>12} {:>8} {:>9}  {verdict}\n",
             show(&r["start"]),
             show(&r["first_interval"]),
             show(&r["middle"]),
             show(&r["last_interval"]),
             show(&r["after_drain"]),
-            growth,
+            percent(&r["growth_pct"]),
+            percent(&r["second_half_growth_pct"]),
         ));
     }
     text.push_str(&format!(

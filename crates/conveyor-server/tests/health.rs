@@ -1,0 +1,97 @@
+//! Liveness and readiness answer what the store can do, not just whether it can be read: a
+//! dead SQLite writer makes both fail (restart me), a server shutting down is live but not
+//! ready.
+
+use conveyor_core::{NewJob, Store};
+use conveyor_server::{router_with_options, RouterOptions, ServerConfig};
+use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use tokio_util::sync::CancellationToken;
+
+struct Api {
+    base: String,
+    store: Arc<dyn Store>,
+    shutdown: CancellationToken,
+    _dir: tempfile::TempDir,
+}
+
+async fn start() -> Api {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
+            .expect("open store"),
+    );
+    let shutdown = CancellationToken::new();
+    let app = router_with_options(
+        store.clone(),
+        ServerConfig::default(),
+        RouterOptions {
+            shutdown: shutdown.clone(),
+            ..RouterOptions::default()
+        },
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("local addr");
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    Api {
+        base: format!("http://{addr}"),
+        store,
+        shutdown,
+        _dir: dir,
+    }
+}
+
+async fn get(api: &Api, path: &str) -> (StatusCode, Value) {
+    let response = reqwest::get(format!("{}{path}", api.base))
+        .await
+        .expect("GET");
+    let status = response.status();
+    (status, response.json().await.expect("JSON"))
+}
+
+/// Before the fix `/healthz` only read, so it said ok while every write failed.
+#[tokio::test]
+async fn a_dead_writer_fails_liveness_and_readiness() {
+    let api = start().await;
+    assert_eq!(get(&api, "/livez").await.0, StatusCode::OK);
+    fail::cfg("sqlite_commit", "1*panic(writer killed by the test)").expect("failpoint");
+    let killed = api
+        .store
+        .jobs_insert_many(vec![NewJob::new("x", json!({}))])
+        .await;
+    fail::remove("sqlite_commit");
+    assert!(killed.is_err());
+    for path in ["/livez", "/readyz", "/healthz"] {
+        let (status, health) = get(&api, path).await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {health}");
+        assert_eq!(health["status"], "failing");
+        assert_eq!(
+            (health["live"].clone(), health["ready"].clone()),
+            (json!(false), json!(false))
+        );
+        assert!(
+            health["problem"]
+                .as_str()
+                .is_some_and(|p| p.contains("writer thread died")),
+            "{health}"
+        );
+    }
+}
+
+/// Once shutdown begins the server stops being ready (so no new work is routed to it) while
+/// staying live.
+#[tokio::test]
+async fn a_server_shutting_down_is_live_but_not_ready() {
+    let api = start().await;
+    assert_eq!(get(&api, "/readyz").await.0, StatusCode::OK);
+    api.shutdown.cancel();
+    let (status, health) = get(&api, "/readyz").await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{health}");
+    assert_eq!(health["status"], "unavailable");
+    assert_eq!(health["problem"], "shutting down");
+    assert_eq!(get(&api, "/livez").await.0, StatusCode::OK);
+}
