@@ -240,3 +240,59 @@ impl IntoResponse for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+/// Longest framework rejection text kept when it is turned into a JSON error.
+const MAX_REJECTION_TEXT: usize = 1024;
+
+/// Middleware: every 4xx answers a JSON error body, even those produced before a handler runs
+/// (axum's rejections of a path segment that is not UTF-8, say, are plain text). The text
+/// becomes the message; the field is `path` for a 400 (the only input read before a handler).
+pub(crate) async fn json_client_errors(
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    let status = response.status();
+    let is_json = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/json"));
+    if !status.is_client_error() || is_json {
+        return response;
+    }
+    let (parts, body) = response.into_parts();
+    let text = axum::body::to_bytes(body, MAX_REJECTION_TEXT)
+        .await
+        .map(|bytes| String::from_utf8_lossy(&bytes).into_owned())
+        .unwrap_or_default();
+    let message = if text.trim().is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("client error")
+            .to_string()
+    } else {
+        text
+    };
+    let body = ErrorBody {
+        error: ErrorDetail {
+            code: match status {
+                StatusCode::NOT_FOUND => "not_found",
+                StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+                StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+                StatusCode::REQUEST_TIMEOUT => "request_timeout",
+                _ => "invalid_request",
+            },
+            field: (status == StatusCode::BAD_REQUEST).then_some("path"),
+            message,
+        },
+    };
+    let mut converted = (status, Json(body)).into_response();
+    // Keep what the original answer said beyond its body (Retry-After, WWW-Authenticate).
+    for (name, value) in parts.headers.iter() {
+        if name != axum::http::header::CONTENT_TYPE && name != axum::http::header::CONTENT_LENGTH {
+            converted.headers_mut().insert(name.clone(), value.clone());
+        }
+    }
+    converted
+}

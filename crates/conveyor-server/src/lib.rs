@@ -226,6 +226,7 @@ pub fn router_with_options(
             state.clone(),
             auth::guard,
         ))
+        .layer(axum::middleware::from_fn(error::json_client_errors))
         .layer(DefaultBodyLimit::max(body_limit))
         .layer(TraceLayer::new_for_http())
         .with_state(state)

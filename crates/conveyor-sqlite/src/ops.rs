@@ -83,7 +83,9 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
                 continue;
             }
         }
-        let run_at = new.run_at.map_or(ctx.now, |at| at.max(ctx.now));
+        // Stored to the millisecond: the answer must show the job as stored.
+        let new_run_at = new.run_at.map(clock::truncate_to_millis);
+        let run_at = new_run_at.map_or(ctx.now, |at| at.max(ctx.now));
         let state = if run_at > ctx.now {
             JobState::Scheduled
         } else {
@@ -97,7 +99,7 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
             payload: new.payload,
             priority: new.priority,
             // A past run_at keeps its place in the order (older first) but is not in the future.
-            run_at: new.run_at.map_or(ctx.now, |at| at.min(run_at)),
+            run_at: new_run_at.map_or(ctx.now, |at| at.min(run_at)),
             attempt: 0,
             max_attempts: new.max_attempts,
             timeout_ms: new.timeout_ms,
