@@ -137,7 +137,7 @@ impl EnqueueRequest {
 pub(crate) enum EnqueuedJob {
     Readable {
         #[serde(flatten)]
-        job: Job,
+        job: Box<Job>,
         duplicate: bool,
     },
     Foreign {
@@ -216,7 +216,7 @@ pub(crate) async fn enqueue(
     };
     let answer = if may_read(&caller, &inserted.job) {
         EnqueuedJob::Readable {
-            job: state.config.redacted(inserted.job),
+            job: Box::new(state.config.redacted(inserted.job)),
             duplicate: inserted.duplicate,
         }
     } else {

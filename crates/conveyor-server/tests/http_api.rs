@@ -1176,3 +1176,48 @@ async fn health_and_fallbacks_answer_json() {
         None,
     );
 }
+
+/// Numbers above 2^63-1 were echoed back but silently clamped by SQLite; NUL characters were
+/// stored by SQLite and a 503 on PostgreSQL. Both are now a 400 naming the field, and nothing
+/// is stored.
+#[tokio::test]
+async fn out_of_range_numbers_and_nul_characters_are_refused_naming_the_field() {
+    let api = start().await;
+    let raw = r#"{"kind": "big", "timeout_ms": 18446744073709551615}"#;
+    let answer = api.post_raw("/v1/jobs", raw).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        Some("timeout_ms"),
+    );
+    let response = api
+        .http
+        .put(api.url("/v1/queues/big"))
+        .header("content-type", "application/json")
+        .body(r#"{"max_depth": 18446744073709551615}"#)
+        .send()
+        .await
+        .expect("send");
+    let answer = Api::read(response).await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        Some("max_depth"),
+    );
+    let answer = api
+        .post(
+            "/v1/jobs",
+            json!({"kind": "nul", "payload": {"name": "a\u{0}b"}}),
+        )
+        .await;
+    assert_error(
+        &answer,
+        StatusCode::BAD_REQUEST,
+        "invalid_request",
+        Some("payload/name"),
+    );
+    let (_, listed) = api.get("/v1/jobs").await;
+    assert_eq!(listed["jobs"], json!([]), "nothing stored");
+}

@@ -135,7 +135,7 @@ async fn a_damaged_file_is_refused_at_open_and_reported_by_health() {
             after: None,
         })
         .await;
-    let error = listed.err().expect("the damaged pages are met").to_string();
+    let error = listed.expect_err("the damaged pages are met").to_string();
     assert!(error.contains("malformed"), "{error}");
     let health = store.health().await;
     assert!(!health.live, "{health:?}");
