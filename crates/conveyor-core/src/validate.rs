@@ -59,28 +59,41 @@ pub fn text_without_nul(field: &str, value: &str) -> Result<(), ValidationError>
     Ok(())
 }
 
-/// Refuses JSON holding a NUL character in any string or object key. The error names the
-/// place as `field` followed by a JSON pointer (`payload/user/name`).
+/// Deepest nesting of arrays and objects accepted in a payload or result. Answers wrap a
+/// payload in a few more levels (`{"jobs": [{"payload": ...}]}`), and common JSON parsers
+/// (serde_json's default among them) stop at 128: a deeper payload would be stored, then
+/// unreadable by the workers meant to run it.
+pub const MAX_JSON_DEPTH: usize = 64;
+
+/// Refuses JSON holding a NUL character in any string or object key, or nested deeper than
+/// [`MAX_JSON_DEPTH`]. The error names the place as `field` followed by a JSON pointer
+/// (`payload/user/name`).
 pub fn json_without_nul(field: &str, value: &serde_json::Value) -> Result<(), ValidationError> {
     use serde_json::Value;
     fn escape(key: &str) -> String {
         key.replace('~', "~0").replace('/', "~1")
     }
     // Depth-first with an explicit stack: payloads can be deeply nested.
-    let mut stack: Vec<(String, &Value)> = vec![(field.to_string(), value)];
-    while let Some((path, value)) = stack.pop() {
+    let mut stack: Vec<(String, &Value, usize)> = vec![(field.to_string(), value, 0)];
+    while let Some((path, value, depth)) = stack.pop() {
+        if depth > MAX_JSON_DEPTH {
+            return Err(ValidationError::new(
+                field,
+                format!("is nested deeper than {MAX_JSON_DEPTH} levels"),
+            ));
+        }
         match value {
             Value::String(text) => text_without_nul(&path, text)?,
             Value::Array(items) => {
                 for (index, item) in items.iter().enumerate() {
-                    stack.push((format!("{path}/{index}"), item));
+                    stack.push((format!("{path}/{index}"), item, depth + 1));
                 }
             }
             Value::Object(map) => {
                 for (key, item) in map {
                     let place = format!("{path}/{}", escape(key));
                     text_without_nul(&place, key)?;
-                    stack.push((place, item));
+                    stack.push((place, item, depth + 1));
                 }
             }
             Value::Null | Value::Bool(_) | Value::Number(_) => {}

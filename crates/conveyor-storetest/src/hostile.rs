@@ -257,3 +257,25 @@ pub async fn idempotency_key_is_held_by_an_older_job_made_unfinished_again(h: &H
     assert!(again.duplicate, "the replayed job holds the key: {again:?}");
     assert_eq!(again.job.id, first.id);
 }
+
+/// A payload nested past `MAX_JSON_DEPTH` is refused: stored, it would come back wrapped in
+/// answers too deep for common JSON parsers, and its workers could never read it.
+pub async fn payloads_nested_too_deeply_are_refused(h: &Harness) {
+    use conveyor_core::validate::MAX_JSON_DEPTH;
+    let nest = |levels: usize| {
+        let mut value = json!("leaf");
+        for _ in 0..levels {
+            value = json!({ "a": value });
+        }
+        value
+    };
+    let mut deep = new_job("deep");
+    deep.payload = nest(MAX_JSON_DEPTH + 1);
+    assert_eq!(
+        invalid_field(h.store.jobs_insert_many(vec![deep]).await),
+        "payload"
+    );
+    let mut fine = new_job("deep");
+    fine.payload = nest(MAX_JSON_DEPTH);
+    insert(h, fine).await;
+}

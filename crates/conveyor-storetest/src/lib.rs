@@ -227,6 +227,7 @@ macro_rules! __conveyor_behaviours {
             absurd_leases_are_refused_and_the_store_keeps_working,
             fetches_name_a_bounded_number_of_distinct_queues,
             idempotency_key_is_held_by_an_older_job_made_unfinished_again,
+            payloads_nested_too_deeply_are_refused,
             // retention
             prune_deletes_finished_jobs_past_their_retention,
             prune_honours_queue_retention_and_limit,
