@@ -29,6 +29,9 @@ pub struct FetchParams {
     pub queues: Vec<String>,
     pub max: usize,
     pub lease: Duration,
+    /// Claim only jobs of these kinds (`None`: any kind). A worker names the kinds it has
+    /// handlers for, so during a rolling deploy an old worker never claims a new kind.
+    pub kinds: Option<Vec<String>>,
 }
 
 /// Identifies a running job and the lease its worker holds.

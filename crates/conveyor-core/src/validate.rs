@@ -152,6 +152,19 @@ pub fn fetch(params: &mut crate::store::FetchParams) -> Result<(), ValidationErr
     }
     drop(seen);
     params.queues = distinct;
+    if let Some(kinds) = &mut params.kinds {
+        if kinds.len() > MAX_FETCH_QUEUES {
+            return Err(ValidationError::new(
+                "kinds",
+                format!("at most {MAX_FETCH_QUEUES} kinds per fetch"),
+            ));
+        }
+        for (index, kind) in kinds.iter().enumerate() {
+            name(&format!("kinds[{index}]"), kind)?;
+        }
+        kinds.sort_unstable();
+        kinds.dedup();
+    }
     Ok(())
 }
 

@@ -124,6 +124,7 @@ impl Flow {
                      lease_worker = $2, lease_token = gen_random_uuid(), \
                      lease_expires_at = $3, started_at = $4 \
                  WHERE id = ANY($1) AND state = 'available' \
+                 AND ($5::text[] IS NULL OR kind = ANY($5)) \
                  RETURNING {COLUMNS}"
             )),
             cursors: Mutex::new(HashMap::new()),
@@ -278,6 +279,9 @@ impl Claim<'_, '_> {
             .bind(&self.params.worker_id)
             .bind(self.expires_at)
             .bind(self.ctx.now)
+            // Candidates are picked before the kinds filter: a fetch restricted to some kinds
+            // may claim fewer than it could when other kinds lead a flow-controlled queue.
+            .bind(self.params.kinds.as_deref())
             .fetch_all(&mut *conn)
             .await
             .map_err(db("claim jobs"))?;

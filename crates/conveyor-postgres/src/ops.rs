@@ -717,6 +717,7 @@ pub(crate) async fn fetch(
         .bind(&params.worker_id)
         .bind(expires_at)
         .bind(ctx.now)
+        .bind(params.kinds.as_deref())
         .fetch_all(&mut *conn)
         .await
         .map_err(db("claim jobs"))?;

@@ -465,6 +465,7 @@ fn gated_claim_sql(jobs: &str, j_columns: &str, queue_condition: &str, gate: &st
         "WITH picked AS MATERIALIZED ( \
              SELECT c.id FROM {jobs} c \
              WHERE c.state = 'available' AND {queue_condition} AND NOT ({gate}) \
+             AND ($6::text[] IS NULL OR c.kind = ANY($6)) \
              ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
              FOR UPDATE SKIP LOCKED) \
          UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \

@@ -32,6 +32,7 @@ async fn a_job_enqueued_by_another_instance_wakes_a_waiting_fetcher() {
             queues: vec!["default".into()],
             max: 10,
             lease: Duration::from_secs(30),
+            kinds: None,
         })
         .await
         .expect("fetch");

@@ -20,6 +20,7 @@ fn fetch_params(queues: &[&str]) -> FetchParams {
         queues: queues.iter().map(|q| q.to_string()).collect(),
         max: 10,
         lease: Duration::from_secs(30),
+        kinds: None,
     }
 }
 

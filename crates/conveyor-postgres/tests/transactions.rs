@@ -12,6 +12,7 @@ fn fetch_params() -> FetchParams {
         queues: vec!["default".into()],
         max: 1,
         lease: Duration::from_secs(30),
+        kinds: None,
     }
 }
 

@@ -103,6 +103,8 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::POST, "/v1/jobs/{id}/cancel", ADMIN),
     // Workers take jobs and report on them.
     (Method::POST, "/v1/fetch", WORKER),
+    (Method::POST, "/v1/ack", WORKER),
+    (Method::POST, "/v1/heartbeat", WORKER),
     (Method::POST, "/v1/jobs/{id}/heartbeat", WORKER),
     (Method::POST, "/v1/jobs/{id}/complete", WORKER),
     (Method::POST, "/v1/jobs/{id}/fail", WORKER),

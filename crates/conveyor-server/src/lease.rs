@@ -22,7 +22,11 @@ pub(crate) const MIN_LEASE_MS: u64 = 100;
 pub(crate) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000;
 pub(crate) const MAX_WORKER_ID_LEN: usize = 256;
 
-fn lease_duration(field: &str, ms: Option<u64>, default: Duration) -> ApiResult<Duration> {
+pub(crate) fn lease_duration(
+    field: &str,
+    ms: Option<u64>,
+    default: Duration,
+) -> ApiResult<Duration> {
     match ms {
         None => Ok(default),
         Some(ms) if (MIN_LEASE_MS..=MAX_LEASE_MS).contains(&ms) => Ok(Duration::from_millis(ms)),
@@ -44,6 +48,25 @@ pub(crate) struct FetchRequest {
     lease_ms: Option<u64>,
     #[serde(default)]
     wait_ms: Option<u64>,
+    /// Claim only jobs of these kinds (those the worker has handlers for).
+    #[serde(default)]
+    kinds: Option<Vec<String>>,
+    /// Acknowledgements applied before claiming (as `POST /v1/ack`).
+    #[serde(default)]
+    complete: Vec<crate::acks::AckComplete>,
+    #[serde(default)]
+    fail: Vec<crate::acks::AckFail>,
+    /// What the registry shows of the worker (`/v1/workers`).
+    #[serde(default)]
+    concurrency: Option<u32>,
+    #[serde(default)]
+    busy: Option<u32>,
+    #[serde(default)]
+    host: Option<String>,
+    #[serde(default)]
+    pid: Option<u32>,
+    #[serde(default)]
+    version: Option<String>,
 }
 
 /// A fetched job as a worker needs it.
@@ -86,6 +109,8 @@ impl FetchedJob {
 #[derive(Serialize)]
 pub(crate) struct FetchResponse {
     jobs: Vec<FetchedJob>,
+    /// One result per acknowledgement the fetch carried (completions first), as `/v1/ack`.
+    acks: Vec<crate::acks::ItemResult>,
 }
 
 pub(crate) async fn fetch(
@@ -119,17 +144,71 @@ pub(crate) async fn fetch(
         queues: request.queues,
         max,
         lease,
+        kinds: request.kinds,
     };
     // Names, the cap on distinct queues, repeated names dropped: once, not on every look of
     // the long-poll.
     validate::fetch(&mut params)?;
+    for (field, text) in [("host", &request.host), ("version", &request.version)] {
+        if text.as_ref().is_some_and(|t| t.len() > MAX_WORKER_ID_LEN) {
+            return Err(ApiError::invalid(
+                field,
+                format!("must be at most {MAX_WORKER_ID_LEN} bytes"),
+            ));
+        }
+    }
+    // Everything checked before anything is applied.
+    let acks = crate::acks::check(&state, request.complete, request.fail)?;
+    let acks = if acks.is_empty() {
+        Vec::new()
+    } else {
+        crate::acks::apply(&state, acks).await?
+    };
+    crate::acks::register(
+        &state,
+        crate::acks::Registration {
+            worker_id: &params.worker_id,
+            queues: &params.queues,
+            concurrency: request.concurrency,
+            busy: request.busy,
+            host: request.host.as_deref(),
+            pid: request.pid,
+            version: request.version.as_deref(),
+        },
+    )
+    .await?;
     let stop = state.shutdown.cancelled();
     let jobs = fetch_waiting(state.store.as_ref(), params, wait, config.fetch_poll, stop).await?;
+    remember_leased(&state, &jobs);
     let jobs = jobs
         .into_iter()
         .map(FetchedJob::from_job)
         .collect::<ApiResult<Vec<_>>>()?;
-    Ok(Json(FetchResponse { jobs }))
+    Ok(Json(FetchResponse { jobs, acks }))
+}
+
+/// Remembers what metrics need of each job handed out (see `acks::LeasedJob`).
+fn remember_leased(state: &AppState, jobs: &[Job]) {
+    if state.metrics.is_none() || jobs.is_empty() {
+        return;
+    }
+    let Ok(mut leased) = state.leased.lock() else {
+        return;
+    };
+    if leased.len() + jobs.len() > crate::acks::MAX_REMEMBERED {
+        leased.clear();
+    }
+    let started = std::time::Instant::now();
+    for job in jobs {
+        leased.insert(
+            job.id,
+            crate::acks::LeasedJob {
+                queue: job.queue.clone(),
+                kind: job.kind.clone(),
+                started,
+            },
+        );
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -246,8 +325,32 @@ pub(crate) async fn fail(
     JobId(id): JobId,
     ApiJson(request): ApiJson<FailRequest>,
 ) -> ApiResult<Json<Job>> {
-    let mode = request.retry.unwrap_or_default();
-    let retry = match (mode, request.retry_after_ms) {
+    let params = fail_params(
+        &state,
+        LeaseRef {
+            id,
+            lease_token: request.lease_token,
+        },
+        request.error,
+        request.retry,
+        request.retry_after_ms,
+    )?;
+    let job = state.store.job_fail(params).await?;
+    crate::observe::count_reported(&state, &job, AttemptStatus::of_failure(job.state));
+    Ok(Json(job))
+}
+
+/// A failure report checked and turned into the store's parameters; errors name the field
+/// (`retry_after_ms`, `error.class`, `error.message`) for callers to prefix.
+pub(crate) fn fail_params(
+    state: &AppState,
+    lease: LeaseRef,
+    error: FailError,
+    retry: Option<RetryMode>,
+    retry_after_ms: Option<i64>,
+) -> ApiResult<FailParams> {
+    let mode = retry.unwrap_or_default();
+    let retry = match (mode, retry_after_ms) {
         (RetryMode::After, Some(ms)) => {
             RetryPlan::At(after_ms("retry_after_ms", state.clock.now(), ms)?)
         }
@@ -266,7 +369,7 @@ pub(crate) async fn fail(
         (RetryMode::Auto, None) => RetryPlan::Backoff(state.config.default_retry),
         (RetryMode::Never, None) => RetryPlan::Never,
     };
-    let class = match request.error.class {
+    let class = match error.class {
         Some(class) => {
             validate::name("error.class", &class)?;
             class
@@ -278,7 +381,7 @@ pub(crate) async fn fail(
         }
         .to_string(),
     };
-    let message = request.error.message;
+    let message = error.message;
     let limit = state.config.max_payload_bytes;
     if message.len() > limit {
         return Err(ApiError::too_large(
@@ -286,18 +389,12 @@ pub(crate) async fn fail(
             format!("must be at most {limit} bytes"),
         ));
     }
-    let params = FailParams {
-        lease: LeaseRef {
-            id,
-            lease_token: request.lease_token,
-        },
+    Ok(FailParams {
+        lease,
         class,
         message,
         retry,
-    };
-    let job = state.store.job_fail(params).await?;
-    crate::observe::count_reported(&state, &job, AttemptStatus::of_failure(job.state));
-    Ok(Json(job))
+    })
 }
 
 #[derive(Debug, Deserialize)]

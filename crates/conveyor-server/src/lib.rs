@@ -16,6 +16,7 @@
 //! # }
 //! ```
 
+mod acks;
 mod admin;
 mod audit;
 mod auth;
@@ -147,6 +148,10 @@ pub(crate) struct AppState {
     pub auth: Arc<auth::AuthState>,
     /// `None` only if the metrics registry could not be built.
     pub metrics: Option<Arc<Metrics>>,
+    /// HTTP workers seen in fetches and heartbeats (see `acks::register`).
+    pub registry: Arc<acks::Registry>,
+    /// Jobs this server handed out, by id, until completed (see `acks::LeasedJob`).
+    pub leased: Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, acks::LeasedJob>>>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -179,6 +184,8 @@ pub fn router_with_options(
         body_limit,
         auth: Arc::new(auth::AuthState::new(options.auth)),
         metrics,
+        registry: Arc::default(),
+        leased: Arc::default(),
     };
     Router::new()
         .route("/v1/jobs", post(jobs::enqueue).get(jobs::list))
@@ -186,6 +193,8 @@ pub fn router_with_options(
         .route("/v1/jobs/{id}", get(jobs::get))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/fetch", post(lease::fetch))
+        .route("/v1/ack", post(acks::ack))
+        .route("/v1/heartbeat", post(acks::heartbeat))
         .route("/v1/jobs/{id}/heartbeat", post(lease::heartbeat))
         .route("/v1/jobs/{id}/complete", post(lease::complete))
         .route("/v1/jobs/{id}/fail", post(lease::fail))

@@ -161,6 +161,24 @@ pub(crate) async fn count_completed(state: &AppState, id: Uuid) {
     }
 }
 
+/// Counts an attempt whose queue, kind and duration are already known.
+pub(crate) fn count_finished(
+    state: &AppState,
+    queue: &str,
+    kind: &str,
+    status: AttemptStatus,
+    duration: std::time::Duration,
+) {
+    if let Some(metrics) = &state.metrics {
+        metrics.record(&AttemptEvent {
+            queue,
+            kind,
+            status,
+            duration,
+        });
+    }
+}
+
 fn count(state: &AppState, job: &Job, status: AttemptStatus, ended: DateTime<Utc>) {
     let duration = job
         .started_at

@@ -154,7 +154,10 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("POST", "/v1/jobs") | ("POST", "/v1/jobs/batch") => PRODUCER,
         ("GET", "/v1/jobs/{id}") => PRODUCER,
         ("GET", "/v1/jobs") => ADMIN,
-        ("POST", "/v1/fetch") | ("POST", "/v1/workers/heartbeat") => WORKER,
+        ("POST", "/v1/fetch")
+        | ("POST", "/v1/ack")
+        | ("POST", "/v1/heartbeat")
+        | ("POST", "/v1/workers/heartbeat") => WORKER,
         (
             "POST",
             "/v1/jobs/{id}/heartbeat"

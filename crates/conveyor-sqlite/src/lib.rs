@@ -539,7 +539,8 @@ impl Store for SqliteStore {
 
     async fn jobs_fetch(&self, mut params: FetchParams) -> StoreResult<Vec<Job>> {
         conveyor_core::validate::fetch(&mut params)?;
-        if params.max == 0 || params.queues.is_empty() {
+        let no_kinds = params.kinds.as_ref().is_some_and(Vec::is_empty);
+        if params.max == 0 || params.queues.is_empty() || no_kinds {
             return Ok(Vec::new());
         }
         self.claim(move |ctx| injected("fetch", ops::fetch(ctx, &params)))

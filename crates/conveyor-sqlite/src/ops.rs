@@ -209,7 +209,7 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         let mut drained = vec![false; queues.len()];
         for (((queue, settings), share), drained) in queues.iter().zip(shares).zip(&mut drained) {
             if share > 0 {
-                let found = queue_candidates(ctx, queue, settings, share)?;
+                let found = queue_candidates(ctx, queue, settings, params.kinds.as_deref(), share)?;
                 *drained = found.len() < share;
                 jobs.extend(claim(ctx, params, found)?);
             }
@@ -222,14 +222,20 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             if drained {
                 continue;
             }
-            let found = queue_candidates(ctx, queue, settings, left)?;
+            let found = queue_candidates(ctx, queue, settings, params.kinds.as_deref(), left)?;
             jobs.extend(claim(ctx, params, found)?);
         }
         return Ok(jobs);
     }
     let mut lists = Vec::with_capacity(queues.len());
     for (queue, settings) in &queues {
-        lists.push(queue_candidates(ctx, queue, settings, params.max)?);
+        lists.push(queue_candidates(
+            ctx,
+            queue,
+            settings,
+            params.kinds.as_deref(),
+            params.max,
+        )?);
     }
     let candidates =
         planner::merge_in_claim_order(lists, params.max, |job| (job.priority, job.run_at, job.id));
@@ -242,13 +248,45 @@ fn queue_candidates(
     ctx: &mut WriteCtx<'_>,
     queue: &str,
     settings: &QueueSettings,
+    kinds: Option<&[String]>,
     want: usize,
 ) -> StoreResult<Vec<Job>> {
     let tenanted = flow::has_tenanted(ctx, queue)?;
     if settings.limits_starts() || tenanted {
-        return flow::candidates(ctx, queue, settings, want, tenanted);
+        let mut picked = flow::candidates(ctx, queue, settings, want, tenanted)?;
+        // Picked before the kinds filter: a fetch restricted to some kinds may claim fewer
+        // than it could when other kinds lead a flow-controlled queue.
+        if let Some(kinds) = kinds {
+            picked.retain(|job| kinds.contains(&job.kind));
+        }
+        return Ok(picked);
     }
-    first_available(ctx, queue, want)
+    match kinds {
+        None => first_available(ctx, queue, want),
+        Some(kinds) => first_available_of_kinds(ctx, queue, kinds, want),
+    }
+}
+
+/// Like [`first_available`], only jobs of `kinds` (skipping others in the same index range).
+fn first_available_of_kinds(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    kinds: &[String],
+    limit: usize,
+) -> StoreResult<Vec<Job>> {
+    let kinds = serde_json::to_string(kinds)
+        .map_err(|e| StoreError::Backend(format!("cannot serialize kinds: {e}")))?;
+    ctx.conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \
+             AND kind IN (SELECT value FROM json_each(?3)) \
+             ORDER BY priority DESC, run_at, id LIMIT ?2"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map(params![queue, limit as i64, kinds], rows::job)?
+                .collect::<Result<Vec<Job>, _>>()
+        })
+        .map_err(backend)
 }
 
 /// The queue's first `limit` available jobs in claim order (one range scan of `jobs_fetch`).

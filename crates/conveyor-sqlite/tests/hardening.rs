@@ -24,6 +24,7 @@ fn fetch_params() -> FetchParams {
         queues: vec!["default".to_string()],
         max: 10,
         lease: Duration::from_secs(30),
+        kinds: None,
     }
 }
 

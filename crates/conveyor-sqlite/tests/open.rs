@@ -96,6 +96,7 @@ async fn queue_state_counts_match_the_rows_after_every_kind_of_change() {
         queues: vec!["default".into(), "other".into()],
         max,
         lease: Duration::from_secs(60),
+        kinds: None,
     };
     let lease = |job: &conveyor_core::Job| LeaseRef {
         id: job.id,

@@ -5,7 +5,8 @@ use std::collections::HashSet;
 use uuid::Uuid;
 
 use crate::{
-    fetch, fetch_none, fetch_one, get, insert, job_in, millis, new_job, secs, span, Harness,
+    fetch, fetch_none, fetch_one, fetch_params, get, insert, job_in, millis, new_job, secs, span,
+    Harness,
 };
 
 /// Within a queue, a higher priority is claimed first, whatever the insertion order.
@@ -135,6 +136,7 @@ pub async fn fetch_sets_lease_and_increments_attempt(h: &Harness) {
             queues: vec![DEFAULT_QUEUE.into()],
             max: 5,
             lease,
+            kinds: None,
         })
         .await
         .expect("fetch");
@@ -177,6 +179,7 @@ pub async fn concurrent_fetches_never_claim_a_job_twice(h: &Harness) {
                         queues: vec![DEFAULT_QUEUE.into()],
                         max: 4,
                         lease: secs(30),
+                        kinds: None,
                     };
                     let jobs = store.jobs_fetch(params).await.expect("fetch");
                     if jobs.is_empty() {
@@ -222,4 +225,46 @@ pub async fn scheduled_job_becomes_fetchable_when_due(h: &Harness) {
     assert_eq!(fetched.id, job.id);
     assert_eq!(fetched.state, JobState::Running);
     assert_eq!(fetched.attempt, 1);
+}
+
+/// A fetch naming `kinds` claims only jobs of those kinds, in claim order, leaving the others
+/// available: during a rolling deploy an old worker never claims a kind it has no handler for.
+/// An empty list claims nothing.
+pub async fn fetch_with_kinds_claims_only_those_kinds(h: &Harness) {
+    let mut new_kind = new_job("new-kind");
+    new_kind.priority = 10;
+    let unknown = insert(h, new_kind).await;
+    let known = insert(h, new_job("known")).await;
+    let also = insert(h, new_job("also-known")).await;
+    let mut params = fetch_params(&[DEFAULT_QUEUE], 10);
+    params.kinds = Some(vec!["known".to_string(), "also-known".to_string()]);
+    let jobs = h.store.jobs_fetch(params).await.expect("fetch");
+    let ids: Vec<Uuid> = jobs.iter().map(|j| j.id).collect();
+    assert_eq!(ids, vec![known.id, also.id]);
+    assert_eq!(get(h, unknown.id).await.state, JobState::Available);
+
+    let mut params = fetch_params(&[DEFAULT_QUEUE], 10);
+    params.kinds = Some(Vec::new());
+    assert!(h.store.jobs_fetch(params).await.expect("fetch").is_empty());
+
+    // The same through flow control (a tenanted job takes the flow-controlled claim).
+    let mut tenanted = job_in("fair", "known");
+    tenanted.tenant = Some("acme".to_string());
+    let tenanted = insert(h, tenanted).await;
+    let mut other = job_in("fair", "new-kind");
+    other.tenant = Some("acme".to_string());
+    let other = insert(h, other).await;
+    let mut params = fetch_params(&["fair"], 10);
+    params.kinds = Some(vec!["known".to_string()]);
+    let jobs = h.store.jobs_fetch(params).await.expect("fetch");
+    assert_eq!(
+        jobs.iter().map(|j| j.id).collect::<Vec<_>>(),
+        vec![tenanted.id]
+    );
+    assert_eq!(get(h, other.id).await.state, JobState::Available);
+    assert_eq!(
+        fetch_one(h, DEFAULT_QUEUE).await.id,
+        unknown.id,
+        "others still take it"
+    );
 }

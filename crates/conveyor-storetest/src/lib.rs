@@ -129,6 +129,7 @@ macro_rules! __conveyor_behaviours {
             payload_and_tags_round_trip,
             get_unknown_id_returns_none,
             // fetch
+            fetch_with_kinds_claims_only_those_kinds,
             fetch_claims_highest_priority_first,
             fetch_orders_by_run_at_then_age_within_priority,
             fetch_respects_max_and_queues,
@@ -319,6 +320,7 @@ pub fn fetch_params(queues: &[&str], max: usize) -> FetchParams {
         queues: queues.iter().map(|q| q.to_string()).collect(),
         max,
         lease: LEASE,
+        kinds: None,
     }
 }
 

@@ -1449,6 +1449,7 @@ impl<B: ModelBackend> Runner<'_, B> {
                     queues: queue_ids.iter().map(|&q| QUEUES[q].to_string()).collect(),
                     max: *max,
                     lease: Duration::from_millis(LEASE_MS as u64),
+                    kinds: None,
                 };
                 let answer = timed("fetch", self.store().jobs_fetch(params)).await?;
                 let actual = match answer {

@@ -60,6 +60,7 @@ async fn fetch_as(h: &Harness, worker: &str, queue: &str) -> Job {
             queues: vec![queue.to_string()],
             max: 1,
             lease: LEASE,
+            kinds: None,
         })
         .await
         .expect("fetch should succeed");

@@ -473,6 +473,9 @@ async fn run_fetcher(lp: FetchLoop) {
             queues: vec![lp.queue.clone()],
             max: permits.len(),
             lease: lp.shared.lease,
+            // Any kind: one without a handler fails as `unknown_kind`, visibly, rather than
+            // waiting unclaimed.
+            kinds: None,
         };
         let fetched = contained(async {
             conveyor_core::faults::inject("worker_fetch")?;

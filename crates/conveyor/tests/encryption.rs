@@ -89,6 +89,7 @@ async fn encrypts_and_rotates(url: &str) -> (uuid::Uuid, uuid::Uuid) {
             queues: vec!["default".to_string()],
             max: 10,
             lease: std::time::Duration::from_secs(30),
+            kinds: None,
         })
         .await
         .expect("fetch");

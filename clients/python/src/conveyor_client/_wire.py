@@ -1,0 +1,207 @@
+"""What the sync and async clients share: URLs, headers, JSON bodies, answers."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import json
+import math
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from urllib.parse import quote, urlsplit
+
+from ._version import __version__
+from .errors import ConveyorError, TransportError, error_from_response
+from .models import format_time
+
+USER_AGENT = f"conveyor-client-python/{__version__}"
+
+Seconds = Union[int, float, _dt.timedelta]
+
+
+def dumps(value: Any) -> str:
+    """Compact JSON; NaN and infinities are refused (they are not JSON)."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def encode(value: Any) -> bytes:
+    return dumps(value).encode("utf-8")
+
+
+class Endpoint:
+    """Where the server is: scheme, host, port and a path prefix, from its base URL."""
+
+    def __init__(self, url: str) -> None:
+        if "://" not in url:
+            url = "http://" + url
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https"):
+            raise ValueError(f"unsupported URL scheme {parts.scheme!r} (http or https)")
+        if not parts.hostname:
+            raise ValueError(f"no host in URL {url!r}")
+        self.url = url.rstrip("/")
+        self.tls = parts.scheme == "https"
+        self.host = parts.hostname
+        self.port = parts.port or (443 if self.tls else 80)
+        self.prefix = parts.path.rstrip("/")
+        default_port = 443 if self.tls else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if self.port == default_port else f"{host}:{self.port}"
+
+
+def headers(endpoint: Endpoint, token: Optional[str], body: Optional[bytes]) -> Dict[str, str]:
+    result = {
+        "Host": endpoint.host_header,
+        "User-Agent": USER_AGENT,
+        "Accept": "application/json",
+    }
+    if token:
+        result["Authorization"] = f"Bearer {token}"
+    if body is not None:
+        result["Content-Type"] = "application/json"
+        result["Content-Length"] = str(len(body))
+    return result
+
+
+def job_path(job_id: str, action: str = "") -> str:
+    path = "/v1/jobs/" + quote(str(job_id), safe="")
+    return path + "/" + action if action else path
+
+
+def decode(status: int, body: bytes, response_headers: Mapping[str, str]) -> Any:
+    """The JSON of a 2xx answer, or the matching ``ConveyorError``."""
+    if 200 <= status < 300:
+        if not body:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError as exc:
+            raise TransportError(f"the server answered {status} with malformed JSON: {exc}") from None
+    raise error_from_response(status, body, dict(response_headers))
+
+
+def _milliseconds(value: Seconds, name: str) -> int:
+    seconds = value.total_seconds() if isinstance(value, _dt.timedelta) else float(value)
+    if math.isnan(seconds) or seconds < 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds")
+    return int(round(seconds * 1000))
+
+
+# Python keyword → how it goes on the wire (None: as it is).
+_ENQUEUE_KEYS = (
+    "kind",
+    "payload",
+    "queue",
+    "priority",
+    "delay",
+    "run_at",
+    "max_attempts",
+    "idempotency_key",
+    "tenant",
+    "unique",
+    "timeout",
+    "tags",
+)
+
+
+def enqueue_body(
+    kind: str,
+    payload: Any = None,
+    *,
+    queue: Optional[str] = "default",
+    priority: Optional[int] = None,
+    delay: Optional[Seconds] = None,
+    run_at: Optional[_dt.datetime] = None,
+    max_attempts: Optional[int] = None,
+    idempotency_key: Optional[str] = None,
+    tenant: Optional[str] = None,
+    unique: Optional[Mapping[str, Any]] = None,
+    timeout: Optional[Seconds] = None,
+    tags: Optional[Iterable[str]] = None,
+    extra: Optional[Mapping[str, Any]] = None,
+) -> Dict[str, Any]:
+    """The JSON object of one job for ``POST /v1/jobs`` (or an element of a batch)."""
+    if not isinstance(kind, str):
+        raise TypeError("kind must be a string")
+    body: Dict[str, Any] = {"kind": kind}
+    if payload is not None:
+        body["payload"] = payload
+    if queue is not None:
+        body["queue"] = queue
+    if priority is not None:
+        body["priority"] = int(priority)
+    if delay is not None and run_at is not None:
+        raise ValueError("give delay or run_at, not both")
+    if delay is not None:
+        body["delay_ms"] = _milliseconds(delay, "delay")
+    if run_at is not None:
+        if isinstance(run_at, str):
+            body["run_at"] = run_at
+        else:
+            body["run_at"] = format_time(run_at)
+    if max_attempts is not None:
+        body["max_attempts"] = int(max_attempts)
+    if idempotency_key is not None:
+        body["idempotency_key"] = idempotency_key
+    if tenant is not None:
+        body["tenant"] = tenant
+    if unique is not None:
+        body["unique"] = dict(unique)
+    if timeout is not None:
+        body["timeout_ms"] = max(1, _milliseconds(timeout, "timeout"))
+    if tags is not None:
+        body["tags"] = list(tags)
+    if extra:
+        # Wire names (delay_ms, timeout_ms, ...) and fields of newer servers go as they are;
+        # the server names any it does not know in a 400.
+        body.update(extra)
+    return body
+
+
+def job_spec_body(spec: Any, index: int) -> Dict[str, Any]:
+    """One element of ``enqueue_many``: a dict with ``enqueue``'s keyword names (wire names such
+    as ``delay_ms`` pass through), a ``NewJob``, or any object with such attributes."""
+    if isinstance(spec, Mapping):
+        data = dict(spec)
+    elif dataclasses.is_dataclass(spec) and not isinstance(spec, type):
+        data = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+    elif hasattr(spec, "kind"):
+        data = {key: getattr(spec, key) for key in _ENQUEUE_KEYS if hasattr(spec, key)}
+    else:
+        raise TypeError(f"jobs[{index}]: expected a dict or an object with a 'kind', got {type(spec).__name__}")
+    if "kind" not in data:
+        raise ValueError(f"jobs[{index}]: missing 'kind'")
+    known = {key: data.pop(key) for key in _ENQUEUE_KEYS if key in data}
+    known.setdefault("queue", "default")
+    kind = known.pop("kind")
+    payload = known.pop("payload", None)
+    return enqueue_body(kind, payload, extra=data, **known)
+
+
+def batch_ids(answer: Any) -> List[str]:
+    if not isinstance(answer, dict) or not isinstance(answer.get("ids"), list):
+        raise TransportError("the server's batch answer has no ids")
+    return [str(i) for i in answer["ids"]]
+
+
+def enqueued_id(answer: Any) -> str:
+    if not isinstance(answer, dict) or "id" not in answer:
+        raise TransportError("the server's enqueue answer has no id")
+    return str(answer["id"])
+
+
+RequestParts = Tuple[str, str, Optional[bytes]]
+
+__all__ = [
+    "ConveyorError",
+    "Endpoint",
+    "USER_AGENT",
+    "batch_ids",
+    "decode",
+    "dumps",
+    "encode",
+    "enqueue_body",
+    "enqueued_id",
+    "headers",
+    "job_path",
+    "job_spec_body",
+]

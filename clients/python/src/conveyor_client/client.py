@@ -1,0 +1,183 @@
+"""Producers' API: enqueue jobs, read them back, cancel them (sync and asyncio)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import ssl
+from typing import Any, Iterable, List, Mapping, Optional, Union
+
+from . import _wire
+from ._async_http import AsyncTransport
+from ._sync_http import SyncTransport
+from .models import Job
+
+__all__ = ["Client", "AsyncClient"]
+
+Seconds = Union[int, float, _dt.timedelta]
+
+
+class Client:
+    """A thread-safe client for Conveyor's HTTP API, keeping connections alive between calls.
+
+    ``url`` is the server's base URL (``http://127.0.0.1:7700``); ``token`` an API token
+    (``cv_...``) when the server runs with access control. Every failure raises a
+    :class:`~conveyor_client.ConveyorError` subclass.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: Optional[str] = None,
+        *,
+        timeout: float = 60.0,
+        ssl_context: Optional[ssl.SSLContext] = None,
+    ) -> None:
+        self._http = SyncTransport(url, token, timeout=timeout, ssl_context=ssl_context)
+
+    @property
+    def url(self) -> str:
+        return self._http.endpoint.url
+
+    def enqueue(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: Optional[int] = None,
+        delay: Optional[Seconds] = None,
+        run_at: Optional[_dt.datetime] = None,
+        max_attempts: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+        tenant: Optional[str] = None,
+        unique: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[Seconds] = None,
+        tags: Optional[Iterable[str]] = None,
+    ) -> str:
+        """Enqueues one job; returns its id (the existing job's id when ``idempotency_key`` or
+        ``unique`` matched one). ``delay`` and ``timeout`` are seconds (or timedeltas);
+        ``run_at`` an aware datetime."""
+        body = _wire.enqueue_body(
+            kind,
+            payload,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            max_attempts=max_attempts,
+            idempotency_key=idempotency_key,
+            tenant=tenant,
+            unique=unique,
+            timeout=timeout,
+            tags=tags,
+        )
+        return _wire.enqueued_id(self._http.request("POST", "/v1/jobs", body))
+
+    def enqueue_many(self, jobs: Iterable[Union[Mapping[str, Any], Any]]) -> List[str]:
+        """Enqueues jobs all or nothing, in one request (at most the server's batch limit,
+        10,000 by default); returns their ids in order. Each job is a dict with ``enqueue``'s
+        keyword names (``kind`` required), a :class:`NewJob`, or an object with such
+        attributes."""
+        bodies = [_wire.job_spec_body(job, i) for i, job in enumerate(jobs)]
+        if not bodies:
+            return []
+        return _wire.batch_ids(self._http.request("POST", "/v1/jobs/batch", {"jobs": bodies}))
+
+    def get(self, id: str) -> Job:
+        """The job with its error history; raises ``NotFound`` for an unknown id."""
+        return Job.from_json(self._http.request("GET", _wire.job_path(id)))
+
+    def cancel(self, id: str) -> Job:
+        """Cancels an unfinished job (a running one's lease is revoked) and returns it; raises
+        ``Conflict`` when it had already finished, ``NotFound`` for an unknown id."""
+        return Job.from_json(self._http.request("POST", _wire.job_path(id, "cancel")))
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        """Any other API call: ``client.request("GET", "/v1/queues")``; the answer's JSON."""
+        return self._http.request(method, path, body)
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+class AsyncClient:
+    """The asyncio twin of :class:`Client`: the same methods, as coroutines. Use it from one
+    event loop; ``async with AsyncClient(url) as client:`` closes its connections."""
+
+    def __init__(
+        self,
+        url: str,
+        token: Optional[str] = None,
+        *,
+        timeout: float = 60.0,
+        ssl_context: Optional[ssl.SSLContext] = None,
+    ) -> None:
+        self._http = AsyncTransport(url, token, timeout=timeout, ssl_context=ssl_context)
+
+    @property
+    def url(self) -> str:
+        return self._http.endpoint.url
+
+    async def enqueue(
+        self,
+        kind: str,
+        payload: Any = None,
+        *,
+        queue: str = "default",
+        priority: Optional[int] = None,
+        delay: Optional[Seconds] = None,
+        run_at: Optional[_dt.datetime] = None,
+        max_attempts: Optional[int] = None,
+        idempotency_key: Optional[str] = None,
+        tenant: Optional[str] = None,
+        unique: Optional[Mapping[str, Any]] = None,
+        timeout: Optional[Seconds] = None,
+        tags: Optional[Iterable[str]] = None,
+    ) -> str:
+        body = _wire.enqueue_body(
+            kind,
+            payload,
+            queue=queue,
+            priority=priority,
+            delay=delay,
+            run_at=run_at,
+            max_attempts=max_attempts,
+            idempotency_key=idempotency_key,
+            tenant=tenant,
+            unique=unique,
+            timeout=timeout,
+            tags=tags,
+        )
+        return _wire.enqueued_id(await self._http.request("POST", "/v1/jobs", body))
+
+    async def enqueue_many(self, jobs: Iterable[Union[Mapping[str, Any], Any]]) -> List[str]:
+        bodies = [_wire.job_spec_body(job, i) for i, job in enumerate(jobs)]
+        if not bodies:
+            return []
+        answer = await self._http.request("POST", "/v1/jobs/batch", {"jobs": bodies})
+        return _wire.batch_ids(answer)
+
+    async def get(self, id: str) -> Job:
+        return Job.from_json(await self._http.request("GET", _wire.job_path(id)))
+
+    async def cancel(self, id: str) -> Job:
+        return Job.from_json(await self._http.request("POST", _wire.job_path(id, "cancel")))
+
+    async def request(self, method: str, path: str, body: Any = None) -> Any:
+        return await self._http.request(method, path, body)
+
+    async def close(self) -> None:
+        await self._http.close()
+
+    async def __aenter__(self) -> "AsyncClient":
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.close()
+

@@ -1,0 +1,107 @@
+import type http from 'node:http';
+import { Transport } from './http.js';
+export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled';
+/** One failed attempt in a job's history. */
+export interface ErrorRecord {
+    attempt: number;
+    at: string;
+    class: string;
+    message: string;
+}
+/** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
+export interface JobView {
+    id: string;
+    kind: string;
+    queue: string;
+    payload: unknown;
+    priority: number;
+    run_at: string;
+    attempt: number;
+    max_attempts: number;
+    timeout_ms: number | null;
+    idempotency_key: string | null;
+    tags: string[];
+    tenant: string | null;
+    state: JobState;
+    errors: ErrorRecord[];
+    lease: {
+        worker_id: string;
+        expires_at: string;
+    } | null;
+    result: unknown;
+    created_at: string;
+    started_at: string | null;
+    finished_at: string | null;
+    unique_key?: string;
+    [field: string]: unknown;
+}
+/** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
+export interface UniqueOptions {
+    /** Top-level payload fields that make up the identity (default: the whole payload). */
+    args?: string[];
+    /** Whether the queue is part of the identity (default true). */
+    byQueue?: boolean;
+    /** Only jobs created less than this long ago count. */
+    periodMs?: number;
+    /** States in which an existing job blocks the new one. */
+    states?: JobState[];
+}
+export interface EnqueueOptions {
+    /** Queue name (default `default`). */
+    queue?: string;
+    /** Higher runs first within a queue (default 0). */
+    priority?: number;
+    /** Run this many milliseconds from now. */
+    delayMs?: number;
+    /** Run this many seconds from now (fractions allowed); the same as `delayMs` × 1000. */
+    delay?: number;
+    /** Run at this time (a Date, or an RFC 3339 string). Not with `delayMs`/`delay`. */
+    runAt?: Date | string;
+    /** Attempts before the job is dead (server default 25). */
+    maxAttempts?: number;
+    /** Enqueueing again with the same key returns the existing job's id. */
+    idempotencyKey?: string;
+    tenant?: string;
+    unique?: boolean | UniqueOptions;
+    /** Per-attempt timeout the worker enforces, in milliseconds. */
+    timeoutMs?: number;
+    tags?: string[];
+}
+/** One job for `enqueueMany`. */
+export interface JobSpec extends EnqueueOptions {
+    kind: string;
+    payload?: unknown;
+}
+export interface ClientOptions {
+    /** The server, e.g. `http://127.0.0.1:7700`. */
+    url: string;
+    /** An API token (`cv_...`), sent as `Authorization: Bearer`; needed with access control on. */
+    token?: string | null;
+    /** Per-request timeout in milliseconds (default 60 000). */
+    timeoutMs?: number;
+    /** Your own http(s).Agent; by default the client keeps its own keep-alive agent. */
+    agent?: http.Agent;
+}
+/** The request body of one job (`POST /v1/jobs`), from `kind`, `payload` and options. */
+export declare function enqueueBody(kind: string, payload: unknown, opts?: EnqueueOptions, where?: string): Record<string, unknown>;
+/**
+ * Enqueues, reads and cancels jobs. Every method rejects with a `ConveyorError` subclass:
+ * `InvalidRequest` (400/413, `field` names the input), `Unauthorized` (401), `Forbidden`
+ * (403), `NotFound` (404), `Conflict` (409), `QueueFull` (429, `retryAfter` in seconds),
+ * `ServerError` (5xx) or `ConnectionError` (the server could not be reached).
+ */
+export declare class Client {
+    /** @internal */
+    readonly transport: Transport;
+    constructor(options: ClientOptions);
+    /** Enqueues one job; resolves with its id (the existing job's id for a duplicate). */
+    enqueue(kind: string, payload?: unknown, opts?: EnqueueOptions): Promise<string>;
+    /** Enqueues many jobs in one all-or-nothing request; resolves with their ids in order. */
+    enqueueMany(jobs: JobSpec[]): Promise<string[]>;
+    /** The job with its error history; rejects with `NotFound` when there is none. */
+    get(id: string): Promise<JobView>;
+    /** Cancels an unfinished job (admin role); resolves with the cancelled job. */
+    cancel(id: string): Promise<JobView>;
+    /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
+    close(): void;
+}

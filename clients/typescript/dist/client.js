@@ -1,0 +1,95 @@
+// The producer side: enqueue, enqueue many, read and cancel jobs.
+import { Transport, seg } from './http.js';
+/** The request body of one job (`POST /v1/jobs`), from `kind`, `payload` and options. */
+export function enqueueBody(kind, payload, opts = {}, where = '') {
+    if (typeof kind !== 'string' || kind === '')
+        throw new TypeError(`conveyor: ${where}kind must be a non-empty string`);
+    const body = { kind };
+    if (payload !== undefined)
+        body.payload = payload;
+    if (opts.queue !== undefined)
+        body.queue = opts.queue;
+    if (opts.priority !== undefined)
+        body.priority = opts.priority;
+    if (opts.delayMs !== undefined && opts.delay !== undefined) {
+        throw new TypeError(`conveyor: ${where}give delayMs or delay, not both`);
+    }
+    const delayMs = opts.delayMs ?? (opts.delay !== undefined ? Math.round(opts.delay * 1000) : undefined);
+    if (delayMs !== undefined) {
+        if (opts.runAt !== undefined)
+            throw new TypeError(`conveyor: ${where}give runAt or a delay, not both`);
+        body.delay_ms = delayMs;
+    }
+    if (opts.runAt !== undefined) {
+        const at = opts.runAt instanceof Date ? opts.runAt : new Date(opts.runAt);
+        if (Number.isNaN(at.getTime()))
+            throw new TypeError(`conveyor: ${where}runAt is not a valid date`);
+        body.run_at = at.toISOString();
+    }
+    if (opts.maxAttempts !== undefined)
+        body.max_attempts = opts.maxAttempts;
+    if (opts.idempotencyKey !== undefined)
+        body.idempotency_key = opts.idempotencyKey;
+    if (opts.tenant !== undefined)
+        body.tenant = opts.tenant;
+    if (opts.timeoutMs !== undefined)
+        body.timeout_ms = opts.timeoutMs;
+    if (opts.tags !== undefined)
+        body.tags = opts.tags;
+    if (opts.unique !== undefined && opts.unique !== false) {
+        const u = opts.unique === true ? {} : opts.unique;
+        const unique = {};
+        if (u.args !== undefined)
+            unique.args = u.args;
+        if (u.byQueue !== undefined)
+            unique.by_queue = u.byQueue;
+        if (u.periodMs !== undefined)
+            unique.period_ms = u.periodMs;
+        if (u.states !== undefined)
+            unique.states = u.states;
+        body.unique = unique;
+    }
+    return body;
+}
+/**
+ * Enqueues, reads and cancels jobs. Every method rejects with a `ConveyorError` subclass:
+ * `InvalidRequest` (400/413, `field` names the input), `Unauthorized` (401), `Forbidden`
+ * (403), `NotFound` (404), `Conflict` (409), `QueueFull` (429, `retryAfter` in seconds),
+ * `ServerError` (5xx) or `ConnectionError` (the server could not be reached).
+ */
+export class Client {
+    /** @internal */
+    transport;
+    constructor(options) {
+        this.transport = new Transport(options);
+    }
+    /** Enqueues one job; resolves with its id (the existing job's id for a duplicate). */
+    async enqueue(kind, payload, opts = {}) {
+        const res = await this.transport.request('POST', '/v1/jobs', enqueueBody(kind, payload, opts));
+        return res.body.id;
+    }
+    /** Enqueues many jobs in one all-or-nothing request; resolves with their ids in order. */
+    async enqueueMany(jobs) {
+        if (!Array.isArray(jobs))
+            throw new TypeError('conveyor: enqueueMany takes an array of jobs');
+        if (jobs.length === 0)
+            return [];
+        const body = { jobs: jobs.map((job, i) => enqueueBody(job.kind, job.payload, job, `jobs[${i}].`)) };
+        const res = await this.transport.request('POST', '/v1/jobs/batch', body);
+        return res.body.ids;
+    }
+    /** The job with its error history; rejects with `NotFound` when there is none. */
+    async get(id) {
+        const res = await this.transport.request('GET', `/v1/jobs/${seg(id)}`);
+        return res.body;
+    }
+    /** Cancels an unfinished job (admin role); resolves with the cancelled job. */
+    async cancel(id) {
+        const res = await this.transport.request('POST', `/v1/jobs/${seg(id)}/cancel`, {});
+        return res.body;
+    }
+    /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
+    close() {
+        this.transport.close();
+    }
+}

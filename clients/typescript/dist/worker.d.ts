@@ -1,0 +1,190 @@
+import type http from 'node:http';
+/** A fetched job, as a handler sees it. */
+export interface Job<P = any> {
+    readonly id: string;
+    readonly kind: string;
+    readonly queue: string;
+    readonly payload: P;
+    /** This attempt's number, 1 on the first run. */
+    readonly attempt: number;
+    readonly maxAttempts: number;
+    /** The job's per-attempt timeout (the worker enforces it), or null. */
+    readonly timeoutMs: number | null;
+    readonly tenant: string | null;
+    readonly tags: string[];
+    readonly leaseToken: string;
+    /** When the lease ends unless renewed (the worker renews it while the handler runs). */
+    leaseExpiresAt: Date;
+    /**
+     * Aborted when the handler should stop: the lease was lost (the job was cancelled or
+     * rescued: its result will be dropped), the job's timeout passed, or the worker's
+     * shutdown grace period ended. `signal.reason` says which (`LeaseLostError`,
+     * `JobTimeoutError`, `ShutdownError`).
+     */
+    readonly signal: AbortSignal;
+    readonly workerId: string;
+}
+export type Handler<P = any, R = unknown> = (job: Job<P>) => R | Promise<R>;
+/** Where the worker writes what it does; `console` fits. */
+export interface Logger {
+    info(message: string): void;
+    warn(message: string): void;
+    error(message: string): void;
+}
+export interface WorkerOptions {
+    /** The server, e.g. `http://127.0.0.1:7700`. */
+    url: string;
+    /** A worker (or admin) API token; needed with access control on. */
+    token?: string | null;
+    /** Queues to take jobs from (default `["default"]`). */
+    queues?: string[];
+    /** Handlers running at once (default 10). */
+    concurrency?: number;
+    /** Lease asked for each job, in ms (default 30 000); leases are renewed every leaseMs/3. */
+    leaseMs?: number;
+    /** On shutdown, how long running handlers may take to finish before they are released (default 25 000 ms). */
+    graceMs?: number;
+    /**
+     * Jobs claimed ahead of free slots (default: `concurrency`), so that one round trip brings
+     * enough work for the next: their leases are renewed with the running ones and they are
+     * released at shutdown. 0 claims only for free slots.
+     */
+    prefetch?: number;
+    /** Long-poll wait of a fetch, in ms (default 20 000; the server caps it, at 30 s by default). */
+    waitMs?: number;
+    /** This worker's id in `/v1/workers` (default `HOST-PID-RANDOM`). */
+    workerId?: string;
+    /** Drain on SIGTERM and SIGINT while `run()` runs (default true). A second signal skips the rest of the grace period. */
+    handleSignals?: boolean;
+    /** Where to log (default: lines on stderr); null for silence. */
+    logger?: Logger | null;
+    /** First retry delay after a network error or 5xx, in ms (default 100); doubles up to `backoffMaxMs`. */
+    backoffMinMs?: number;
+    /** Longest retry delay, in ms (default 5 000). */
+    backoffMaxMs?: number;
+    /** Your own http(s).Agent. */
+    agent?: http.Agent;
+}
+/** `signal.reason` when a job's lease was lost. */
+export declare class LeaseLostError extends Error {
+    get name(): string;
+}
+/** `signal.reason` when a job ran past its `timeoutMs`. */
+export declare class JobTimeoutError extends Error {
+    get name(): string;
+}
+/** `signal.reason` when the worker's shutdown grace period ended with the handler still running. */
+export declare class ShutdownError extends Error {
+    get name(): string;
+}
+/** A class name for `error.class`: 1-128 characters of `[A-Za-z0-9_.:-]`. */
+export declare function errorClass(err: unknown): string;
+/**
+ * Runs handlers for jobs fetched from Conveyor over HTTP.
+ *
+ * ```js
+ * const worker = new Worker({ url, queues: ['mail'], concurrency: 10 });
+ * worker.handle('send_email', async (job) => { await send(job.payload); return { sent: true }; });
+ * await worker.run(); // until SIGTERM/SIGINT or worker.close()
+ * ```
+ */
+export declare class Worker {
+    readonly workerId: string;
+    readonly queues: string[];
+    readonly concurrency: number;
+    readonly leaseMs: number;
+    readonly graceMs: number;
+    readonly prefetch: number;
+    readonly waitMs: number;
+    private readonly transport;
+    private readonly handlers;
+    private readonly log;
+    private readonly handleSignals;
+    private readonly backoffMinMs;
+    private readonly backoffMaxMs;
+    private readonly held;
+    private buffer;
+    private running;
+    private pending;
+    private phase;
+    private stopping;
+    private fatalError;
+    private closeRequested;
+    private forceDrain;
+    private fetchInFlight;
+    private fetchAbort;
+    private fetchDone;
+    private ackInFlight;
+    private ackRetryTimer;
+    private ackFailures;
+    private flushScheduled;
+    private heartbeatTimer;
+    private heartbeatInFlight;
+    private heartbeatFailures;
+    private wakeLoop;
+    private wakeBackoff;
+    private fetchBackingOff;
+    private wakeDrain;
+    private stopRequested;
+    private runPromise;
+    private signalListeners;
+    constructor(options: WorkerOptions);
+    /** Registers the handler for a kind. Its return value is the job's result (JSON). */
+    handle<P = any, R = unknown>(kind: string, handler: Handler<P, R>): this;
+    /** The kinds this worker has handlers for (sent as `kinds` on every fetch). */
+    get kinds(): string[];
+    /** Jobs whose handlers run now. */
+    get active(): number;
+    /**
+     * Fetches and runs jobs until `close()` or SIGTERM/SIGINT, then drains: stops fetching,
+     * lets running handlers finish for up to `graceMs`, acknowledges them, releases the rest,
+     * and resolves. Rejects with `Unauthorized` (401) or `Forbidden` (403) when the server
+     * refuses the token: retrying cannot help then. Network errors and 5xx are retried.
+     */
+    run(): Promise<void>;
+    /** Starts the drain (as SIGTERM does); resolves when `run()` has finished. */
+    close(): Promise<void>;
+    private runInner;
+    private requestStop;
+    private fail;
+    private installSignals;
+    private removeSignals;
+    private backoff;
+    /** The fetch loop's backoff: sleeps `ms`, or less if the worker stops. */
+    private pause;
+    private capacity;
+    private canFetch;
+    private fetchLoop;
+    private dispatch;
+    /** Starts buffered jobs while slots are free. */
+    private pump;
+    private start;
+    private timeout;
+    private failureOf;
+    /** A handler settled (or could not start). */
+    private settle;
+    private afterSlotFreed;
+    private queueAck;
+    private takeAcks;
+    private restoreAcks;
+    private hasPending;
+    /** The server answered an ack batch: forget the jobs, log the lost ones. */
+    private ackResults;
+    /**
+     * A 400/413 naming one item of an ack batch (`complete[3].result`, `fail[0].error.message`):
+     * that item is replaced by a failure saying why (or dropped if it was one), and the rest is
+     * sent again. Returns false when the error names no ack item.
+     */
+    private dropBadAck;
+    /** Flushes pending acks with /v1/ack unless a fetch is about to carry them. */
+    private scheduleFlush;
+    private maybeFlush;
+    private flushAcks;
+    private scheduleHeartbeat;
+    private heartbeat;
+    private leaseLost;
+    private drain;
+    private waitDrain;
+    private releaseAll;
+    private abortAll;
+}

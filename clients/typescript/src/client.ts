@@ -1,0 +1,174 @@
+// The producer side: enqueue, enqueue many, read and cancel jobs.
+
+import type http from 'node:http';
+import { Transport, seg } from './http.js';
+
+export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled';
+
+/** One failed attempt in a job's history. */
+export interface ErrorRecord {
+  attempt: number;
+  at: string;
+  class: string;
+  message: string;
+}
+
+/** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
+export interface JobView {
+  id: string;
+  kind: string;
+  queue: string;
+  payload: unknown;
+  priority: number;
+  run_at: string;
+  attempt: number;
+  max_attempts: number;
+  timeout_ms: number | null;
+  idempotency_key: string | null;
+  tags: string[];
+  tenant: string | null;
+  state: JobState;
+  errors: ErrorRecord[];
+  lease: { worker_id: string; expires_at: string } | null;
+  result: unknown;
+  created_at: string;
+  started_at: string | null;
+  finished_at: string | null;
+  unique_key?: string;
+  [field: string]: unknown;
+}
+
+/** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
+export interface UniqueOptions {
+  /** Top-level payload fields that make up the identity (default: the whole payload). */
+  args?: string[];
+  /** Whether the queue is part of the identity (default true). */
+  byQueue?: boolean;
+  /** Only jobs created less than this long ago count. */
+  periodMs?: number;
+  /** States in which an existing job blocks the new one. */
+  states?: JobState[];
+}
+
+export interface EnqueueOptions {
+  /** Queue name (default `default`). */
+  queue?: string;
+  /** Higher runs first within a queue (default 0). */
+  priority?: number;
+  /** Run this many milliseconds from now. */
+  delayMs?: number;
+  /** Run this many seconds from now (fractions allowed); the same as `delayMs` × 1000. */
+  delay?: number;
+  /** Run at this time (a Date, or an RFC 3339 string). Not with `delayMs`/`delay`. */
+  runAt?: Date | string;
+  /** Attempts before the job is dead (server default 25). */
+  maxAttempts?: number;
+  /** Enqueueing again with the same key returns the existing job's id. */
+  idempotencyKey?: string;
+  tenant?: string;
+  unique?: boolean | UniqueOptions;
+  /** Per-attempt timeout the worker enforces, in milliseconds. */
+  timeoutMs?: number;
+  tags?: string[];
+}
+
+/** One job for `enqueueMany`. */
+export interface JobSpec extends EnqueueOptions {
+  kind: string;
+  payload?: unknown;
+}
+
+export interface ClientOptions {
+  /** The server, e.g. `http://127.0.0.1:7700`. */
+  url: string;
+  /** An API token (`cv_...`), sent as `Authorization: Bearer`; needed with access control on. */
+  token?: string | null;
+  /** Per-request timeout in milliseconds (default 60 000). */
+  timeoutMs?: number;
+  /** Your own http(s).Agent; by default the client keeps its own keep-alive agent. */
+  agent?: http.Agent;
+}
+
+/** The request body of one job (`POST /v1/jobs`), from `kind`, `payload` and options. */
+export function enqueueBody(kind: string, payload: unknown, opts: EnqueueOptions = {}, where = ''): Record<string, unknown> {
+  if (typeof kind !== 'string' || kind === '') throw new TypeError(`conveyor: ${where}kind must be a non-empty string`);
+  const body: Record<string, unknown> = { kind };
+  if (payload !== undefined) body.payload = payload;
+  if (opts.queue !== undefined) body.queue = opts.queue;
+  if (opts.priority !== undefined) body.priority = opts.priority;
+  if (opts.delayMs !== undefined && opts.delay !== undefined) {
+    throw new TypeError(`conveyor: ${where}give delayMs or delay, not both`);
+  }
+  const delayMs = opts.delayMs ?? (opts.delay !== undefined ? Math.round(opts.delay * 1000) : undefined);
+  if (delayMs !== undefined) {
+    if (opts.runAt !== undefined) throw new TypeError(`conveyor: ${where}give runAt or a delay, not both`);
+    body.delay_ms = delayMs;
+  }
+  if (opts.runAt !== undefined) {
+    const at = opts.runAt instanceof Date ? opts.runAt : new Date(opts.runAt);
+    if (Number.isNaN(at.getTime())) throw new TypeError(`conveyor: ${where}runAt is not a valid date`);
+    body.run_at = at.toISOString();
+  }
+  if (opts.maxAttempts !== undefined) body.max_attempts = opts.maxAttempts;
+  if (opts.idempotencyKey !== undefined) body.idempotency_key = opts.idempotencyKey;
+  if (opts.tenant !== undefined) body.tenant = opts.tenant;
+  if (opts.timeoutMs !== undefined) body.timeout_ms = opts.timeoutMs;
+  if (opts.tags !== undefined) body.tags = opts.tags;
+  if (opts.unique !== undefined && opts.unique !== false) {
+    const u = opts.unique === true ? {} : opts.unique;
+    const unique: Record<string, unknown> = {};
+    if (u.args !== undefined) unique.args = u.args;
+    if (u.byQueue !== undefined) unique.by_queue = u.byQueue;
+    if (u.periodMs !== undefined) unique.period_ms = u.periodMs;
+    if (u.states !== undefined) unique.states = u.states;
+    body.unique = unique;
+  }
+  return body;
+}
+
+/**
+ * Enqueues, reads and cancels jobs. Every method rejects with a `ConveyorError` subclass:
+ * `InvalidRequest` (400/413, `field` names the input), `Unauthorized` (401), `Forbidden`
+ * (403), `NotFound` (404), `Conflict` (409), `QueueFull` (429, `retryAfter` in seconds),
+ * `ServerError` (5xx) or `ConnectionError` (the server could not be reached).
+ */
+export class Client {
+  /** @internal */
+  readonly transport: Transport;
+
+  constructor(options: ClientOptions) {
+    this.transport = new Transport(options);
+  }
+
+  /** Enqueues one job; resolves with its id (the existing job's id for a duplicate). */
+  async enqueue(kind: string, payload?: unknown, opts: EnqueueOptions = {}): Promise<string> {
+    const res = await this.transport.request<{ id: string }>('POST', '/v1/jobs', enqueueBody(kind, payload, opts));
+    return res.body.id;
+  }
+
+  /** Enqueues many jobs in one all-or-nothing request; resolves with their ids in order. */
+  async enqueueMany(jobs: JobSpec[]): Promise<string[]> {
+    if (!Array.isArray(jobs)) throw new TypeError('conveyor: enqueueMany takes an array of jobs');
+    if (jobs.length === 0) return [];
+    const body = { jobs: jobs.map((job, i) => enqueueBody(job.kind, job.payload, job, `jobs[${i}].`)) };
+    const res = await this.transport.request<{ ids: string[] }>('POST', '/v1/jobs/batch', body);
+    return res.body.ids;
+  }
+
+  /** The job with its error history; rejects with `NotFound` when there is none. */
+  async get(id: string): Promise<JobView> {
+    const res = await this.transport.request<JobView>('GET', `/v1/jobs/${seg(id)}`);
+    return res.body;
+  }
+
+  /** Cancels an unfinished job (admin role); resolves with the cancelled job. */
+  async cancel(id: string): Promise<JobView> {
+    const res = await this.transport.request<JobView>('POST', `/v1/jobs/${seg(id)}/cancel`, {});
+    return res.body;
+  }
+
+  /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
+  close(): void {
+    this.transport.close();
+  }
+}

@@ -1,0 +1,941 @@
+// The worker: fetch under a lease (long-poll), run handlers, heartbeat, acknowledge in batches,
+// drain on SIGTERM/SIGINT or close().
+
+import os from 'node:os';
+import { randomBytes } from 'node:crypto';
+import type http from 'node:http';
+import { Transport, VERSION, seg } from './http.js';
+import {
+  ConveyorError,
+  Forbidden,
+  InvalidRequest,
+  NotFound,
+  Permanent,
+  Retry,
+  RetryAfter,
+  Unauthorized,
+} from './errors.js';
+
+/** A fetched job, as a handler sees it. */
+export interface Job<P = any> {
+  readonly id: string;
+  readonly kind: string;
+  readonly queue: string;
+  readonly payload: P;
+  /** This attempt's number, 1 on the first run. */
+  readonly attempt: number;
+  readonly maxAttempts: number;
+  /** The job's per-attempt timeout (the worker enforces it), or null. */
+  readonly timeoutMs: number | null;
+  readonly tenant: string | null;
+  readonly tags: string[];
+  readonly leaseToken: string;
+  /** When the lease ends unless renewed (the worker renews it while the handler runs). */
+  leaseExpiresAt: Date;
+  /**
+   * Aborted when the handler should stop: the lease was lost (the job was cancelled or
+   * rescued: its result will be dropped), the job's timeout passed, or the worker's
+   * shutdown grace period ended. `signal.reason` says which (`LeaseLostError`,
+   * `JobTimeoutError`, `ShutdownError`).
+   */
+  readonly signal: AbortSignal;
+  readonly workerId: string;
+}
+
+export type Handler<P = any, R = unknown> = (job: Job<P>) => R | Promise<R>;
+
+/** Where the worker writes what it does; `console` fits. */
+export interface Logger {
+  info(message: string): void;
+  warn(message: string): void;
+  error(message: string): void;
+}
+
+export interface WorkerOptions {
+  /** The server, e.g. `http://127.0.0.1:7700`. */
+  url: string;
+  /** A worker (or admin) API token; needed with access control on. */
+  token?: string | null;
+  /** Queues to take jobs from (default `["default"]`). */
+  queues?: string[];
+  /** Handlers running at once (default 10). */
+  concurrency?: number;
+  /** Lease asked for each job, in ms (default 30 000); leases are renewed every leaseMs/3. */
+  leaseMs?: number;
+  /** On shutdown, how long running handlers may take to finish before they are released (default 25 000 ms). */
+  graceMs?: number;
+  /**
+   * Jobs claimed ahead of free slots (default: `concurrency`), so that one round trip brings
+   * enough work for the next: their leases are renewed with the running ones and they are
+   * released at shutdown. 0 claims only for free slots.
+   */
+  prefetch?: number;
+  /** Long-poll wait of a fetch, in ms (default 20 000; the server caps it, at 30 s by default). */
+  waitMs?: number;
+  /** This worker's id in `/v1/workers` (default `HOST-PID-RANDOM`). */
+  workerId?: string;
+  /** Drain on SIGTERM and SIGINT while `run()` runs (default true). A second signal skips the rest of the grace period. */
+  handleSignals?: boolean;
+  /** Where to log (default: lines on stderr); null for silence. */
+  logger?: Logger | null;
+  /** First retry delay after a network error or 5xx, in ms (default 100); doubles up to `backoffMaxMs`. */
+  backoffMinMs?: number;
+  /** Longest retry delay, in ms (default 5 000). */
+  backoffMaxMs?: number;
+  /** Your own http(s).Agent. */
+  agent?: http.Agent;
+}
+
+/** `signal.reason` when a job's lease was lost. */
+export class LeaseLostError extends Error {
+  override get name(): string {
+    return 'LeaseLostError';
+  }
+}
+/** `signal.reason` when a job ran past its `timeoutMs`. */
+export class JobTimeoutError extends Error {
+  override get name(): string {
+    return 'JobTimeoutError';
+  }
+}
+/** `signal.reason` when the worker's shutdown grace period ended with the handler still running. */
+export class ShutdownError extends Error {
+  override get name(): string {
+    return 'ShutdownError';
+  }
+}
+
+interface FetchedJob {
+  id: string;
+  kind: string;
+  queue: string;
+  payload: unknown;
+  attempt: number;
+  max_attempts: number;
+  timeout_ms: number | null;
+  lease_token: string;
+  lease_expires_at: string;
+  tenant: string | null;
+  tags: string[];
+}
+
+interface CompleteItem {
+  id: string;
+  lease_token: string;
+  result?: unknown;
+}
+
+interface FailItem {
+  id: string;
+  lease_token: string;
+  error: { class?: string; message: string };
+  retry: 'auto' | 'never' | 'after';
+  retry_after_ms?: number;
+}
+
+type Failure = Omit<FailItem, 'id' | 'lease_token'>;
+
+interface AckResult {
+  id: string;
+  status: string;
+  lease_expires_at?: string;
+}
+
+interface Acks {
+  complete: CompleteItem[];
+  fail: FailItem[];
+}
+
+type HeldState = 'buffered' | 'running' | 'acking' | 'done';
+
+interface Held {
+  job: Job;
+  controller: AbortController;
+  state: HeldState;
+  /** The lease is gone (heartbeat said so): the result is dropped. */
+  lost: boolean;
+  /** Released at shutdown while the handler still ran: the result is dropped. */
+  released: boolean;
+  /** The slot was given back before the handler settled (timeout). */
+  slotFreed: boolean;
+  timer: NodeJS.Timeout | undefined;
+}
+
+const MAX_ACKS_PER_CALL = 500;
+const MAX_LEASES_PER_CALL = 1000;
+const MAX_ERROR_MESSAGE = 65_536;
+/** How long acknowledgements and releases are retried at the end of a drain. */
+const FINAL_FLUSH_MS = 10_000;
+
+const defaultLogger: Logger = {
+  info: (m) => process.stderr.write(`conveyor worker: ${m}\n`),
+  warn: (m) => process.stderr.write(`conveyor worker: warning: ${m}\n`),
+  error: (m) => process.stderr.write(`conveyor worker: error: ${m}\n`),
+};
+
+/** A class name for `error.class`: 1-128 characters of `[A-Za-z0-9_.:-]`. */
+export function errorClass(err: unknown): string {
+  let name = '';
+  if (err instanceof Error || (err && typeof err === 'object')) {
+    const e = err as { name?: unknown; constructor?: { name?: unknown } };
+    const own = typeof e.name === 'string' ? e.name : '';
+    const ctor = typeof e.constructor?.name === 'string' ? e.constructor.name : '';
+    name = own && own !== 'Error' ? own : ctor && ctor !== 'Object' ? ctor : own;
+  }
+  name = name.replace(/[^A-Za-z0-9_.:-]/g, '_').slice(0, 128);
+  return name || 'Error';
+}
+
+function errorMessage(err: unknown, withStack: boolean): string {
+  let text: string;
+  if (err instanceof Error) {
+    text = withStack && typeof err.stack === 'string' && err.stack ? err.stack : `${err.name}: ${err.message}`;
+  } else {
+    try {
+      text = typeof err === 'string' ? err : JSON.stringify(err) ?? String(err);
+    } catch {
+      text = String(err);
+    }
+  }
+  if (!text) text = 'error';
+  return text.length > MAX_ERROR_MESSAGE ? `${text.slice(0, MAX_ERROR_MESSAGE - 20)}\n... (truncated)` : text;
+}
+
+/** Fatal for run(): retrying cannot help. */
+function isFatal(err: unknown): boolean {
+  return err instanceof Unauthorized || err instanceof Forbidden;
+}
+
+/** Worth retrying with backoff: a connection error, 5xx, 408, 429. */
+function isTransient(err: unknown): boolean {
+  if (!(err instanceof ConveyorError)) return false;
+  return err.status === 0 || err.status >= 500 || err.status === 408 || err.status === 429;
+}
+
+function describe(err: unknown): string {
+  return err instanceof Error ? err.message : String(err);
+}
+
+/**
+ * Runs handlers for jobs fetched from Conveyor over HTTP.
+ *
+ * ```js
+ * const worker = new Worker({ url, queues: ['mail'], concurrency: 10 });
+ * worker.handle('send_email', async (job) => { await send(job.payload); return { sent: true }; });
+ * await worker.run(); // until SIGTERM/SIGINT or worker.close()
+ * ```
+ */
+export class Worker {
+  readonly workerId: string;
+  readonly queues: string[];
+  readonly concurrency: number;
+  readonly leaseMs: number;
+  readonly graceMs: number;
+  readonly prefetch: number;
+  readonly waitMs: number;
+
+  private readonly transport: Transport;
+  private readonly handlers = new Map<string, Handler>();
+  private readonly log: Logger;
+  private readonly handleSignals: boolean;
+  private readonly backoffMinMs: number;
+  private readonly backoffMaxMs: number;
+
+  private readonly held = new Map<string, Held>();
+  private buffer: Held[] = [];
+  private running = 0;
+  private pending: Acks = { complete: [], fail: [] };
+
+  private phase: 'idle' | 'running' | 'draining' | 'stopped' = 'idle';
+  private stopping = false;
+  private fatalError: unknown = null;
+  private closeRequested = false;
+  private forceDrain = false;
+
+  private fetchInFlight = false;
+  private fetchAbort: AbortController | null = null;
+  private fetchDone: Promise<void> = Promise.resolve();
+  private ackInFlight = false;
+  private ackRetryTimer: NodeJS.Timeout | undefined;
+  private ackFailures = 0;
+  private flushScheduled = false;
+  private heartbeatTimer: NodeJS.Timeout | undefined;
+  private heartbeatInFlight = false;
+  private heartbeatFailures = 0;
+
+  private wakeLoop: (() => void) | null = null;
+  private wakeBackoff: (() => void) | null = null;
+  private fetchBackingOff = false;
+  private wakeDrain: (() => void) | null = null;
+  private stopRequested: (() => void) | null = null;
+  private runPromise: Promise<void> | null = null;
+  private signalListeners: Array<[NodeJS.Signals, () => void]> = [];
+
+  constructor(options: WorkerOptions) {
+    if (!options || typeof options !== 'object') throw new TypeError('conveyor: new Worker({url, queues, ...})');
+    this.transport = new Transport({ url: options.url, token: options.token, agent: options.agent });
+    this.queues = options.queues && options.queues.length > 0 ? [...options.queues] : ['default'];
+    this.concurrency = positiveInt('concurrency', options.concurrency ?? 10);
+    this.leaseMs = positiveInt('leaseMs', options.leaseMs ?? 30_000);
+    if (this.leaseMs < 100) throw new RangeError('conveyor: leaseMs must be at least 100');
+    this.graceMs = nonNegative('graceMs', options.graceMs ?? 25_000);
+    this.prefetch = Math.floor(nonNegative('prefetch', options.prefetch ?? this.concurrency));
+    this.waitMs = Math.floor(nonNegative('waitMs', options.waitMs ?? 20_000));
+    this.workerId = options.workerId ?? `${os.hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
+    this.handleSignals = options.handleSignals ?? true;
+    this.log = options.logger === null ? { info() {}, warn() {}, error() {} } : options.logger ?? defaultLogger;
+    this.backoffMinMs = options.backoffMinMs ?? 100;
+    this.backoffMaxMs = options.backoffMaxMs ?? 5_000;
+  }
+
+  /** Registers the handler for a kind. Its return value is the job's result (JSON). */
+  handle<P = any, R = unknown>(kind: string, handler: Handler<P, R>): this {
+    if (typeof kind !== 'string' || kind === '') throw new TypeError('conveyor: handle(kind, handler): kind must be a non-empty string');
+    if (typeof handler !== 'function') throw new TypeError('conveyor: handle(kind, handler): handler must be a function');
+    this.handlers.set(kind, handler as Handler);
+    return this;
+  }
+
+  /** The kinds this worker has handlers for (sent as `kinds` on every fetch). */
+  get kinds(): string[] {
+    return [...this.handlers.keys()];
+  }
+
+  /** Jobs whose handlers run now. */
+  get active(): number {
+    return this.running;
+  }
+
+  /**
+   * Fetches and runs jobs until `close()` or SIGTERM/SIGINT, then drains: stops fetching,
+   * lets running handlers finish for up to `graceMs`, acknowledges them, releases the rest,
+   * and resolves. Rejects with `Unauthorized` (401) or `Forbidden` (403) when the server
+   * refuses the token: retrying cannot help then. Network errors and 5xx are retried.
+   */
+  run(): Promise<void> {
+    if (this.runPromise) return Promise.reject(new Error('conveyor: this worker is already running (or has run)'));
+    if (this.handlers.size === 0) return Promise.reject(new Error('conveyor: no handlers: call worker.handle(kind, fn) before run()'));
+    this.runPromise = this.runInner();
+    return this.runPromise;
+  }
+
+  /** Starts the drain (as SIGTERM does); resolves when `run()` has finished. */
+  async close(): Promise<void> {
+    this.closeRequested = true;
+    if (!this.runPromise) return;
+    this.requestStop();
+    try {
+      await this.runPromise;
+    } catch {
+      // run()'s caller sees the error.
+    }
+  }
+
+  // -------------------------------------------------------------------------------------------
+
+  private async runInner(): Promise<void> {
+    this.phase = 'running';
+    const stopped = new Promise<void>((resolve) => {
+      this.stopRequested = resolve;
+    });
+    if (this.closeRequested) this.requestStop();
+    this.installSignals();
+    this.log.info(
+      `${this.workerId}: running kinds [${this.kinds.join(', ')}] from queues [${this.queues.join(', ')}] at ${this.transport.baseUrl.origin}, concurrency ${this.concurrency}`,
+    );
+    this.scheduleHeartbeat(Math.max(50, Math.floor(this.leaseMs / 3)));
+    this.fetchDone = this.fetchLoop();
+    try {
+      await stopped;
+      if (this.fatalError) throw this.fatalError;
+      await this.drain();
+      if (this.fatalError) throw this.fatalError;
+      this.log.info(`${this.workerId}: stopped`);
+    } catch (e) {
+      this.abortAll(new ShutdownError('the worker stopped on an error'));
+      throw e;
+    } finally {
+      this.phase = 'stopped';
+      this.stopping = true;
+      this.fetchAbort?.abort();
+      clearTimeout(this.heartbeatTimer);
+      clearTimeout(this.ackRetryTimer);
+      this.removeSignals();
+      this.transport.close();
+    }
+  }
+
+  private requestStop(): void {
+    if (this.stopping) return;
+    this.stopping = true;
+    this.wakeLoop?.();
+    this.wakeBackoff?.();
+    this.stopRequested?.();
+  }
+
+  private fail(err: unknown): void {
+    if (this.fatalError) return;
+    const status = err instanceof ConveyorError ? err.status : 0;
+    const what = status === 401 ? '401 Unauthorized' : status === 403 ? '403 Forbidden' : `${status}`;
+    this.fatalError = err instanceof ConveyorError && (status === 401 || status === 403)
+      ? Object.assign(err, { message: `conveyor worker stopped: the server answered ${what}: ${err.message}` })
+      : err;
+    this.log.error(describe(this.fatalError));
+    this.requestStop();
+    this.wakeDrain?.();
+  }
+
+  private installSignals(): void {
+    if (!this.handleSignals) return;
+    for (const sig of ['SIGTERM', 'SIGINT'] as NodeJS.Signals[]) {
+      const listener = () => {
+        if (!this.stopping) {
+          this.log.info(`${sig}: draining (up to ${this.graceMs} ms for ${this.running} running job(s))`);
+          this.requestStop();
+        } else if (!this.forceDrain) {
+          this.log.info(`${sig} again: releasing running jobs now`);
+          this.forceDrain = true;
+          this.wakeDrain?.();
+        }
+      };
+      process.on(sig, listener);
+      this.signalListeners.push([sig, listener]);
+    }
+  }
+
+  private removeSignals(): void {
+    for (const [sig, listener] of this.signalListeners) process.removeListener(sig, listener);
+    this.signalListeners = [];
+  }
+
+  private backoff(failures: number): number {
+    const base = Math.min(this.backoffMaxMs, this.backoffMinMs * 2 ** Math.min(failures - 1, 30));
+    return Math.round(base * (0.5 + Math.random() * 0.5));
+  }
+
+  /** The fetch loop's backoff: sleeps `ms`, or less if the worker stops. */
+  private pause(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      const self = this;
+      this.fetchBackingOff = true;
+      function done() {
+        clearTimeout(timer);
+        if (self.wakeBackoff === done) self.wakeBackoff = null;
+        self.fetchBackingOff = false;
+        resolve();
+      }
+      this.wakeBackoff = done;
+    });
+  }
+
+  // ---- fetching -------------------------------------------------------------------------------
+
+  private capacity(): number {
+    return this.concurrency + this.prefetch - this.running - this.buffer.length;
+  }
+
+  private canFetch(): boolean {
+    if (this.stopping) return false;
+    const capacity = this.capacity();
+    if (capacity <= 0) return false;
+    if (this.running < this.concurrency && this.buffer.length === 0) return true;
+    // Only prefetching: wait until a worthwhile batch fits.
+    return capacity >= Math.max(1, Math.ceil((this.concurrency + this.prefetch) / 2));
+  }
+
+  private async fetchLoop(): Promise<void> {
+    let failures = 0;
+    while (!this.stopping) {
+      if (!this.canFetch()) {
+        await new Promise<void>((resolve) => {
+          this.wakeLoop = () => {
+            this.wakeLoop = null;
+            resolve();
+          };
+        });
+        continue;
+      }
+      // Let handlers that finish in this turn of the event loop put their acks in this fetch.
+      await new Promise<void>((resolve) => setImmediate(resolve));
+      if (this.stopping) break;
+      const acks = this.takeAcks();
+      const body: Record<string, unknown> = {
+        worker_id: this.workerId,
+        queues: this.queues,
+        max: Math.min(1000, Math.max(1, this.capacity())),
+        lease_ms: this.leaseMs,
+        wait_ms: this.waitMs,
+        kinds: this.kinds,
+        concurrency: this.concurrency,
+        busy: this.held.size,
+        host: os.hostname(),
+        pid: process.pid,
+        version: `conveyor-client-node/${VERSION}`,
+      };
+      if (acks.complete.length > 0) body.complete = acks.complete;
+      if (acks.fail.length > 0) body.fail = acks.fail;
+      const abort = new AbortController();
+      this.fetchAbort = abort;
+      this.fetchInFlight = true;
+      try {
+        const res = await this.transport.request<{ jobs: FetchedJob[]; acks?: AckResult[] }>('POST', '/v1/fetch', body, {
+          timeoutMs: this.waitMs + 30_000,
+          signal: abort.signal,
+        });
+        if (failures > 0) this.log.info(`fetch works again after ${failures} failure(s)`);
+        failures = 0;
+        this.fetchInFlight = false;
+        this.ackResults(acks, res.body.acks ?? []);
+        this.dispatch(res.body.jobs ?? []);
+      } catch (e) {
+        this.fetchInFlight = false;
+        this.restoreAcks(acks);
+        if (isFatal(e)) return this.fail(e);
+        if (abort.signal.aborted) break;
+        if (e instanceof InvalidRequest && this.dropBadAck(e)) continue;
+        if (!isTransient(e)) return this.fail(e);
+        failures++;
+        const delay = this.backoff(failures);
+        if (failures === 1 || failures % 20 === 0) {
+          this.log.warn(`fetch failed (${failures} in a row), retrying in ${delay} ms: ${describe(e)}`);
+        }
+        this.scheduleFlush();
+        await this.pause(delay);
+      } finally {
+        this.fetchInFlight = false;
+        if (this.fetchAbort === abort) this.fetchAbort = null;
+      }
+    }
+  }
+
+  private dispatch(jobs: FetchedJob[]): void {
+    for (const raw of jobs) {
+      const controller = new AbortController();
+      const job: Job = {
+        id: raw.id,
+        kind: raw.kind,
+        queue: raw.queue,
+        payload: raw.payload,
+        attempt: raw.attempt,
+        maxAttempts: raw.max_attempts,
+        timeoutMs: raw.timeout_ms ?? null,
+        tenant: raw.tenant ?? null,
+        tags: raw.tags ?? [],
+        leaseToken: raw.lease_token,
+        leaseExpiresAt: new Date(raw.lease_expires_at),
+        signal: controller.signal,
+        workerId: this.workerId,
+      };
+      const h: Held = { job, controller, state: 'buffered', lost: false, released: false, slotFreed: false, timer: undefined };
+      this.held.set(job.id, h);
+      this.buffer.push(h);
+    }
+    this.pump();
+  }
+
+  /** Starts buffered jobs while slots are free. */
+  private pump(): void {
+    while (!this.stopping && this.running < this.concurrency && this.buffer.length > 0) {
+      this.start(this.buffer.shift()!);
+    }
+    if (this.canFetch()) this.wakeLoop?.();
+  }
+
+  private start(h: Held): void {
+    const { job } = h;
+    const handler = this.handlers.get(job.kind);
+    h.state = 'running';
+    this.running++;
+    if (!handler) {
+      // Only a server that ignores `kinds` hands out a kind without a handler.
+      this.settle(h, 'fail', {
+        error: { class: 'unknown_kind', message: `no handler for kind ${JSON.stringify(job.kind)} in worker ${this.workerId}` },
+        retry: 'auto',
+      });
+      return;
+    }
+    if (job.timeoutMs != null && job.timeoutMs > 0) {
+      h.timer = setTimeout(() => this.timeout(h), job.timeoutMs);
+    }
+    let result: Promise<unknown>;
+    try {
+      result = Promise.resolve(handler(job));
+    } catch (e) {
+      result = Promise.reject(e);
+    }
+    result.then(
+      (value) => this.settle(h, 'complete', value),
+      (err) => this.settle(h, 'fail', this.failureOf(err)),
+    );
+  }
+
+  private timeout(h: Held): void {
+    if (h.state !== 'running') return;
+    h.controller.abort(new JobTimeoutError(`job ${h.job.id} ran past its timeout of ${h.job.timeoutMs} ms`));
+    // The slot is given back now: a handler that ignores its signal cannot hold it forever.
+    h.slotFreed = true;
+    this.running--;
+    this.queueAck(h, 'fail', {
+      error: { class: 'timeout', message: `the handler ran past the job's timeout of ${h.job.timeoutMs} ms` },
+      retry: 'auto',
+    });
+    this.pump();
+  }
+
+  private failureOf(err: unknown): Failure {
+    if (err instanceof RetryAfter) return { error: { message: err.message }, retry: 'after', retry_after_ms: err.delayMs };
+    if (err instanceof Retry) return { error: { message: err.message }, retry: 'auto' };
+    if (err instanceof Permanent) return { error: { message: err.message }, retry: 'never' };
+    return { error: { class: errorClass(err), message: errorMessage(err, true) }, retry: 'auto' };
+  }
+
+  /** A handler settled (or could not start). */
+  private settle(
+    h: Held,
+    outcome: 'complete' | 'fail',
+    value: unknown,
+  ): void {
+    clearTimeout(h.timer);
+    if (!h.slotFreed) {
+      h.slotFreed = true;
+      this.running--;
+    }
+    if (h.state !== 'running') {
+      // Already failed by its timeout, or released at shutdown.
+      if (h.released) this.log.warn(`job ${h.job.id} (${h.job.kind}) finished after it was released at shutdown: result dropped`);
+      this.afterSlotFreed();
+      return;
+    }
+    if (h.lost) {
+      this.log.warn(`job ${h.job.id} (${h.job.kind}) attempt ${h.job.attempt}: lease lost while it ran, result dropped`);
+      h.state = 'done';
+      this.held.delete(h.job.id);
+      this.afterSlotFreed();
+      return;
+    }
+    if (outcome === 'complete') {
+      let json: string | undefined;
+      try {
+        json = value === undefined ? undefined : JSON.stringify(value);
+      } catch (e) {
+        this.queueAck(h, 'fail', {
+          error: { class: 'invalid_result', message: `the handler's result is not JSON: ${describe(e)}` },
+          retry: 'auto',
+        });
+        this.afterSlotFreed();
+        return;
+      }
+      this.queueAck(h, 'complete', json === undefined ? undefined : JSON.parse(json));
+    } else {
+      this.queueAck(h, 'fail', value as Failure);
+    }
+    this.afterSlotFreed();
+  }
+
+  private afterSlotFreed(): void {
+    this.pump();
+    if (this.stopping && this.running === 0) this.wakeDrain?.();
+  }
+
+  // ---- acknowledgements -----------------------------------------------------------------------
+
+  private queueAck(h: Held, kind: 'complete', result: unknown): void;
+  private queueAck(h: Held, kind: 'fail', failure: Failure): void;
+  private queueAck(h: Held, kind: 'complete' | 'fail', value: unknown): void {
+    h.state = 'acking';
+    const base = { id: h.job.id, lease_token: h.job.leaseToken };
+    if (kind === 'complete') {
+      this.pending.complete.push(value === undefined ? base : { ...base, result: value });
+    } else {
+      this.pending.fail.push({ ...base, ...(value as Failure) });
+    }
+    this.scheduleFlush();
+  }
+
+  private takeAcks(): Acks {
+    let room = MAX_ACKS_PER_CALL;
+    const complete = this.pending.complete.splice(0, room);
+    room -= complete.length;
+    const fail = this.pending.fail.splice(0, room);
+    return { complete, fail };
+  }
+
+  private restoreAcks(acks: Acks): void {
+    this.pending.complete.unshift(...acks.complete);
+    this.pending.fail.unshift(...acks.fail);
+  }
+
+  private hasPending(): boolean {
+    return this.pending.complete.length > 0 || this.pending.fail.length > 0;
+  }
+
+  /** The server answered an ack batch: forget the jobs, log the lost ones. */
+  private ackResults(acks: Acks, results: AckResult[]): void {
+    const items = [...acks.complete, ...acks.fail];
+    items.forEach((item, i) => {
+      const status = results[i]?.status ?? 'ok';
+      const h = this.held.get(item.id);
+      if (h && h.job.leaseToken === item.lease_token) {
+        h.state = 'done';
+        this.held.delete(item.id);
+      }
+      if (status !== 'ok') {
+        const what = 'result' in item || !('error' in item) ? 'result' : 'failure';
+        this.log.warn(`job ${item.id}${h ? ` (${h.job.kind})` : ''}: ${status}, its ${what} was dropped (the job was cancelled, rescued or already finished)`);
+      }
+    });
+    if (this.stopping) this.wakeDrain?.();
+  }
+
+  /**
+   * A 400/413 naming one item of an ack batch (`complete[3].result`, `fail[0].error.message`):
+   * that item is replaced by a failure saying why (or dropped if it was one), and the rest is
+   * sent again. Returns false when the error names no ack item.
+   */
+  private dropBadAck(err: InvalidRequest): boolean {
+    const m = /^(complete|fail)\[(\d+)\]/.exec(err.field ?? '');
+    if (!m) return false;
+    const list = m[1] === 'complete' ? this.pending.complete : this.pending.fail;
+    const index = Number(m[2]);
+    const [bad] = list.splice(index, 1);
+    if (!bad) return false;
+    this.log.warn(`job ${bad.id}: the server refused its ${m[1]} (${err.field}): ${err.message}`);
+    if (m[1] === 'complete') {
+      this.pending.fail.push({
+        id: bad.id,
+        lease_token: bad.lease_token,
+        error: { class: 'invalid_result', message: `the server refused the result: ${err.message}` },
+        retry: 'auto',
+      });
+    } else {
+      const f = bad as FailItem;
+      if (f.error.class !== 'invalid_failure') {
+        this.pending.fail.push({
+          id: f.id,
+          lease_token: f.lease_token,
+          error: { class: 'invalid_failure', message: `the server refused the failure report: ${err.message}` },
+          retry: f.retry === 'after' ? 'auto' : f.retry,
+        });
+      }
+    }
+    return true;
+  }
+
+  /** Flushes pending acks with /v1/ack unless a fetch is about to carry them. */
+  private scheduleFlush(): void {
+    if (this.flushScheduled) return;
+    this.flushScheduled = true;
+    setImmediate(() => {
+      this.flushScheduled = false;
+      this.maybeFlush();
+    });
+  }
+
+  private maybeFlush(): void {
+    if (!this.hasPending() || this.ackInFlight || this.ackRetryTimer) return;
+    // The next fetch carries them.
+    if (!this.fetchInFlight && !this.fetchBackingOff && this.canFetch() && this.phase === 'running') return;
+    void this.flushAcks();
+  }
+
+  private async flushAcks(): Promise<void> {
+    if (this.ackInFlight || !this.hasPending()) return;
+    this.ackInFlight = true;
+    const acks = this.takeAcks();
+    try {
+      const body: Record<string, unknown> = {};
+      if (acks.complete.length > 0) body.complete = acks.complete;
+      if (acks.fail.length > 0) body.fail = acks.fail;
+      const res = await this.transport.request<{ results: AckResult[] }>('POST', '/v1/ack', body);
+      if (this.ackFailures > 0) this.log.info(`acknowledgements go through again after ${this.ackFailures} failure(s)`);
+      this.ackFailures = 0;
+      this.ackInFlight = false;
+      this.ackResults(acks, res.body.results ?? []);
+      this.maybeFlush();
+    } catch (e) {
+      this.ackInFlight = false;
+      this.restoreAcks(acks);
+      if (isFatal(e)) return this.fail(e);
+      if (e instanceof InvalidRequest && this.dropBadAck(e)) {
+        this.maybeFlush();
+        return;
+      }
+      this.ackFailures++;
+      const delay = this.backoff(this.ackFailures);
+      if (this.ackFailures === 1 || this.ackFailures % 20 === 0) {
+        this.log.warn(`acknowledging ${acks.complete.length + acks.fail.length} job(s) failed (${this.ackFailures} in a row), retrying in ${delay} ms: ${describe(e)}`);
+      }
+      if (this.phase === 'stopped') return;
+      this.ackRetryTimer = setTimeout(() => {
+        this.ackRetryTimer = undefined;
+        this.maybeFlush();
+        if (this.stopping) this.wakeDrain?.();
+      }, delay);
+    }
+  }
+
+  // ---- heartbeats -----------------------------------------------------------------------------
+
+  private scheduleHeartbeat(ms: number): void {
+    clearTimeout(this.heartbeatTimer);
+    if (this.phase === 'stopped' || this.fatalError) return;
+    this.heartbeatTimer = setTimeout(() => void this.heartbeat(), ms);
+  }
+
+  private async heartbeat(): Promise<void> {
+    const interval = Math.max(50, Math.floor(this.leaseMs / 3));
+    if (this.heartbeatInFlight) return;
+    const leases = [...this.held.values()].filter((h) => !h.lost && !h.released && h.state !== 'done');
+    if (leases.length === 0) return this.scheduleHeartbeat(interval);
+    this.heartbeatInFlight = true;
+    let next = interval;
+    try {
+      for (let i = 0; i < leases.length; i += MAX_LEASES_PER_CALL) {
+        const chunk = leases.slice(i, i + MAX_LEASES_PER_CALL);
+        const res = await this.transport.request<{ results: AckResult[] }>('POST', '/v1/heartbeat', {
+          leases: chunk.map((h) => ({ id: h.job.id, lease_token: h.job.leaseToken })),
+          lease_ms: this.leaseMs,
+        });
+        const results = res.body.results ?? [];
+        chunk.forEach((h, j) => {
+          const r = results[j];
+          if (!r) return;
+          if (r.status === 'ok') {
+            if (r.lease_expires_at) h.job.leaseExpiresAt = new Date(r.lease_expires_at);
+          } else {
+            this.leaseLost(h, r.status);
+          }
+        });
+      }
+      if (this.heartbeatFailures > 0) this.log.info(`heartbeats go through again after ${this.heartbeatFailures} failure(s)`);
+      this.heartbeatFailures = 0;
+    } catch (e) {
+      if (isFatal(e)) {
+        this.heartbeatInFlight = false;
+        return this.fail(e);
+      }
+      this.heartbeatFailures++;
+      next = Math.min(interval, this.backoff(this.heartbeatFailures));
+      if (this.heartbeatFailures === 1 || this.heartbeatFailures % 20 === 0) {
+        this.log.warn(`heartbeat failed (${this.heartbeatFailures} in a row), retrying in ${next} ms: ${describe(e)}`);
+      }
+    }
+    this.heartbeatInFlight = false;
+    this.scheduleHeartbeat(next);
+  }
+
+  private leaseLost(h: Held, status: string): void {
+    if (h.lost || h.state === 'done') return;
+    if (h.state === 'acking') return; // its acknowledgement's own answer tells
+    h.lost = true;
+    h.controller.abort(new LeaseLostError(`job ${h.job.id}: lease lost (${status}): it was cancelled, rescued or finished elsewhere`));
+    if (h.state === 'buffered') {
+      this.buffer = this.buffer.filter((b) => b !== h);
+      this.held.delete(h.job.id);
+      h.state = 'done';
+      this.log.warn(`job ${h.job.id} (${h.job.kind}): lease lost before it started (${status}), dropped`);
+      this.pump();
+    } else {
+      this.log.warn(`job ${h.job.id} (${h.job.kind}): lease lost (${status}) while running: signal aborted, its result will be dropped`);
+    }
+  }
+
+  // ---- shutdown -------------------------------------------------------------------------------
+
+  private async drain(): Promise<void> {
+    this.phase = 'draining';
+    const started = Date.now();
+    // Jobs that never started go back at once.
+    const toRelease: Held[] = this.buffer.splice(0);
+    const releases = this.releaseAll(toRelease);
+    this.scheduleFlush();
+    // Running handlers get the grace period.
+    const graceEnd = started + this.graceMs;
+    while (this.running > 0 && !this.forceDrain && !this.fatalError && Date.now() < graceEnd) {
+      await this.waitDrain(graceEnd - Date.now());
+    }
+    // A fetch still waiting is cut off; jobs it brings back now are released.
+    if (this.fetchInFlight) this.fetchAbort?.abort();
+    await this.fetchDone;
+    const late = [...this.held.values()].filter((h) => h.state === 'buffered');
+    this.buffer = [];
+    const stillRunning = [...this.held.values()].filter((h) => h.state === 'running');
+    if (stillRunning.length > 0) {
+      this.log.warn(`grace period over: releasing ${stillRunning.length} running job(s)`);
+      for (const h of stillRunning) {
+        h.released = true;
+        h.state = 'done';
+        h.controller.abort(new ShutdownError(`the worker shut down before job ${h.job.id} finished`));
+      }
+    }
+    const lateReleases = this.releaseAll([...late, ...stillRunning]);
+    // Acknowledge what finished.
+    const flushEnd = Date.now() + FINAL_FLUSH_MS;
+    while ((this.hasPending() || this.ackInFlight) && !this.fatalError && Date.now() < flushEnd) {
+      this.maybeFlush();
+      await this.waitDrain(flushEnd - Date.now());
+    }
+    if (this.hasPending()) {
+      const n = this.pending.complete.length + this.pending.fail.length;
+      this.log.error(`${n} acknowledgement(s) could not be sent: those jobs run again once their leases expire`);
+    }
+    await Promise.all([releases, lateReleases]);
+  }
+
+  private waitDrain(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, Math.max(0, ms));
+      const self = this;
+      function done() {
+        clearTimeout(timer);
+        if (self.wakeDrain === done) self.wakeDrain = null;
+        resolve();
+      }
+      this.wakeDrain = done;
+    });
+  }
+
+  private async releaseAll(jobs: Held[]): Promise<void> {
+    const deadline = Date.now() + FINAL_FLUSH_MS;
+    await Promise.all(
+      jobs.map(async (h) => {
+        h.state = 'done';
+        for (let failures = 0; ; ) {
+          try {
+            await this.transport.request('POST', `/v1/jobs/${seg(h.job.id)}/release`, { lease_token: h.job.leaseToken });
+            break;
+          } catch (e) {
+            if (isFatal(e) || e instanceof NotFound || !isTransient(e) || Date.now() >= deadline) {
+              this.log.warn(`job ${h.job.id}: release failed: ${describe(e)} (it runs again once its lease expires)`);
+              break;
+            }
+            failures++;
+            await new Promise((r) => setTimeout(r, Math.min(this.backoff(failures), Math.max(0, deadline - Date.now()))));
+          }
+        }
+        this.held.delete(h.job.id);
+      }),
+    );
+  }
+
+  private abortAll(reason: Error): void {
+    for (const h of this.held.values()) {
+      if (!h.controller.signal.aborted) h.controller.abort(reason);
+    }
+  }
+}
+
+function positiveInt(name: string, value: number): number {
+  if (typeof value !== 'number' || !Number.isInteger(value) || value < 1) {
+    throw new RangeError(`conveyor: ${name} must be an integer >= 1, got ${String(value)}`);
+  }
+  return value;
+}
+
+function nonNegative(name: string, value: number): number {
+  if (typeof value !== 'number' || !Number.isFinite(value) || value < 0) {
+    throw new RangeError(`conveyor: ${name} must be a number >= 0, got ${String(value)}`);
+  }
+  return value;
+}
