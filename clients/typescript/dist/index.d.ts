@@ -1,4 +1,4 @@
-export { Client, enqueueBody } from './client.js';
+export { Client } from './client.js';
 export type { ClientOptions, EnqueueOptions, ErrorRecord, JobSpec, JobState, JobView, UniqueOptions } from './client.js';
 export { Worker, errorClass, LeaseLostError, JobTimeoutError, ShutdownError } from './worker.js';
 export type { Handler, Job, Logger, WorkerOptions } from './worker.js';

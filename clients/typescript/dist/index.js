@@ -1,4 +1,4 @@
-export { Client, enqueueBody } from './client.js';
+export { Client } from './client.js';
 export { Worker, errorClass, LeaseLostError, JobTimeoutError, ShutdownError } from './worker.js';
 export { ConveyorError, Unauthorized, Forbidden, NotFound, InvalidRequest, Conflict, LeaseLost, QueueFull, ServerError, ConnectionError, Retry, RetryAfter, Permanent, } from './errors.js';
 export { VERSION } from './http.js';

@@ -1,0 +1,1054 @@
+"""The worker: fetches jobs under a lease, runs their handlers, reports their outcomes.
+
+One asyncio loop does all the talking to the server:
+
+* the fetch loop long-polls ``POST /v1/fetch`` for as many jobs as there are free slots
+  (``kinds`` = the kinds with a handler), carrying the acknowledgements gathered since the
+  last call;
+* the ack loop flushes acknowledgements with ``POST /v1/ack`` when no fetch takes them soon
+  (e.g. while the fetch is long-polling an idle queue);
+* the heartbeat loop renews every held lease with ``POST /v1/heartbeat`` every ``lease / 3``.
+
+Async handlers run on the loop; sync handlers run in a pool of daemon threads (so a handler
+stuck past the grace period never keeps the process from exiting).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as _dt
+import inspect
+import logging
+import os
+import queue as _queue
+import random
+import re
+import secrets
+import signal
+import socket
+import ssl
+import threading
+import time
+import traceback
+from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+
+from . import _wire
+from ._async_http import AsyncTransport
+from ._version import __version__
+from .errors import (
+    ConveyorError,
+    Forbidden,
+    InvalidRequest,
+    NotFound,
+    PayloadTooLarge,
+    Permanent,
+    Retry,
+    RetryAfter,
+    ServerError,
+    TransportError,
+    Unauthorized,
+)
+from .models import LeasedJob
+
+__all__ = ["Worker", "Handler", "error_class_name"]
+
+log = logging.getLogger("conveyor_client.worker")
+
+Handler = Callable[[LeasedJob], Any]
+F = TypeVar("F", bound=Callable[..., Any])
+Seconds = Union[int, float, _dt.timedelta]
+
+# Longest error message sent (a traceback is welcome, a megabyte of one is not).
+MAX_MESSAGE_CHARS = 32 * 1024
+MAX_FETCH = 1000
+MAX_HEARTBEAT_BATCH = 1000
+_CLASS_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
+_ACK_FIELD = re.compile(r"^(complete|fail)\[(\d+)\]")
+
+
+def _seconds(value: Seconds, name: str) -> float:
+    seconds = value.total_seconds() if isinstance(value, _dt.timedelta) else float(value)
+    if not seconds >= 0:
+        raise ValueError(f"{name} must be a non-negative number of seconds")
+    return seconds
+
+
+def error_class_name(exc: BaseException) -> str:
+    """An exception's class name as the server takes it: 1-128 of ``[A-Za-z0-9_.:-]``."""
+    name = _CLASS_CHARS.sub("_", type(exc).__name__)[:128]
+    return name or "error"
+
+
+def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    half = limit // 2 - 20
+    return text[:half] + "\n... [truncated] ...\n" + text[-half:]
+
+
+class _Backoff:
+    """Capped exponential backoff with ±20 % jitter."""
+
+    def __init__(self, base: float, cap: float) -> None:
+        self.base = base
+        self.cap = cap
+        self.failures = 0
+
+    def next_delay(self) -> float:
+        delay = min(self.cap, self.base * (2 ** min(self.failures, 30)))
+        self.failures += 1
+        return delay * random.uniform(0.8, 1.2)
+
+    def reset(self) -> None:
+        self.failures = 0
+
+
+class _DaemonPool:
+    """A thread pool of daemon threads (``concurrent.futures`` joins its threads at exit,
+    so a sync handler still running after the grace period would hold the process)."""
+
+    def __init__(self, size: int, name: str) -> None:
+        self.size = size
+        self.name = name
+        self._queue: "_queue.SimpleQueue[Optional[Callable[[], None]]]" = _queue.SimpleQueue()
+        self._threads: List[threading.Thread] = []
+        self._idle = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[], None]) -> None:
+        with self._lock:
+            if self._idle == 0 and len(self._threads) < self.size:
+                thread = threading.Thread(
+                    target=self._work, name=f"{self.name}-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._idle -= 1
+        self._queue.put(fn)
+
+    def _work(self) -> None:
+        while True:
+            fn = self._queue.get()
+            if fn is None:
+                return
+            try:
+                fn()
+            except BaseException:  # noqa: BLE001 - never let a handler kill the pool thread
+                log.exception("sync handler wrapper failed")
+            with self._lock:
+                self._idle += 1
+
+    def shutdown(self) -> None:
+        for _ in self._threads:
+            self._queue.put(None)
+        self._threads = []
+
+
+# Phases of a held job.
+_BUFFERED, _RUNNING, _DONE = 0, 1, 2
+
+
+class _Slot:
+    """One job the worker holds a lease on, from fetch until its acknowledgement is answered
+    (or it is released or found lost)."""
+
+    __slots__ = (
+        "job",
+        "handler",
+        "phase",
+        "reported",
+        "ack",
+        "ack_kind",
+        "replaced",
+        "retransmitted",
+        "lost",
+        "abandoned",
+        "timed_out",
+        "task",
+        "timer",
+        "occupying",
+        "started",
+    )
+
+    def __init__(self, job: LeasedJob) -> None:
+        self.job = job
+        self.handler: Optional[Handler] = None
+        self.phase = _BUFFERED
+        self.reported = False
+        self.ack = ""
+        self.ack_kind = ""
+        self.replaced = False
+        self.retransmitted = False
+        self.lost = False
+        self.abandoned = False
+        self.timed_out = False
+        self.task: Optional["asyncio.Task[None]"] = None
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.occupying = False
+        self.started = 0.0
+
+    @property
+    def key(self) -> str:
+        return self.job.lease_token
+
+    def lease_json(self) -> Dict[str, str]:
+        return {"id": self.job.id, "lease_token": self.job.lease_token}
+
+
+class _Fatal(Exception):
+    pass
+
+
+class Worker:
+    """Runs handlers for jobs fetched from ``queues`` of the server at ``url``.
+
+    Options: ``concurrency`` (handlers running at once), ``token`` (a worker-role API token),
+    ``lease`` (seconds each lease lasts; renewed every ``lease / 3``), ``grace_period``
+    (seconds running handlers get to finish on SIGTERM/SIGINT or ``stop()`` before their jobs
+    are released), ``poll_wait`` (seconds a fetch long-polls an idle queue, at most 30),
+    ``prefetch`` (jobs fetched ahead of free slots, waiting under a renewed lease: more
+    throughput for short jobs), ``worker_id`` (shown in ``/v1/workers``), ``max_backoff``
+    (longest pause between retries while the server is unreachable), ``ack_delay`` (how long a
+    finished job's acknowledgement waits for a fetch to carry it before it is sent alone),
+    ``on_ready`` (called once the worker runs, before its first fetch).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        queues: Union[str, Sequence[str]] = ("default",),
+        concurrency: int = 10,
+        token: Optional[str] = None,
+        *,
+        lease: Seconds = 30.0,
+        grace_period: Seconds = 30.0,
+        poll_wait: Seconds = 20.0,
+        prefetch: int = 0,
+        worker_id: Optional[str] = None,
+        max_backoff: Seconds = 5.0,
+        ack_delay: Seconds = 0.01,
+        ssl_context: Optional[ssl.SSLContext] = None,
+        on_ready: Optional[Callable[[], Any]] = None,
+    ) -> None:
+        if isinstance(queues, str):
+            queues = [queues]
+        self.queues: List[str] = list(queues)
+        if not self.queues:
+            raise ValueError("give at least one queue")
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        if prefetch < 0:
+            raise ValueError("prefetch must be at least 0")
+        self.url = url
+        self.token = token or None
+        self.concurrency = int(concurrency)
+        self.prefetch = int(prefetch)
+        self.lease = _seconds(lease, "lease")
+        self.lease_ms = int(round(self.lease * 1000))
+        if not 100 <= self.lease_ms <= 86_400_000:
+            raise ValueError("lease must be from 0.1 s to one day")
+        self.grace_period = _seconds(grace_period, "grace_period")
+        self.poll_wait_ms = min(30_000, int(round(_seconds(poll_wait, "poll_wait") * 1000)))
+        self.max_backoff = max(0.05, _seconds(max_backoff, "max_backoff"))
+        self.ack_delay = _seconds(ack_delay, "ack_delay")
+        self.ssl_context = ssl_context
+        self.on_ready = on_ready
+        host = socket.gethostname()
+        self.host = host
+        self.worker_id = (worker_id or f"{host}-{os.getpid()}-{secrets.token_hex(3)}")[:256]
+        self._handlers: Dict[str, Handler] = {}
+        self._is_async: Dict[str, bool] = {}
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._loop_thread: Optional[int] = None
+        self._stop_requested = False
+        self._running = False
+
+    # --- Handlers ---------------------------------------------------------------------------
+
+    def handler(self, kind: str) -> Callable[[F], F]:
+        """Decorator: ``@worker.handler("send_email")`` over a function (sync or ``async def``)
+        taking the job. Its return value (JSON) is the job's result; raising ``Retry``,
+        ``RetryAfter`` or ``Permanent`` steers the retry; any other exception retries with its
+        class name and traceback recorded."""
+
+        def register(fn: F) -> F:
+            self.add_handler(kind, fn)
+            return fn
+
+        return register
+
+    def add_handler(self, kind: str, fn: Handler) -> None:
+        if not isinstance(kind, str) or not kind:
+            raise ValueError("kind must be a non-empty string")
+        if not callable(fn):
+            raise TypeError("a handler must be callable")
+        self._handlers[kind] = fn
+        call = getattr(fn, "__call__", None)
+        self._is_async[kind] = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+    @property
+    def kinds(self) -> List[str]:
+        return sorted(self._handlers)
+
+    # --- Running ----------------------------------------------------------------------------
+
+    def run(self) -> None:
+        """Runs until SIGTERM/SIGINT or ``stop()``, then drains and returns. Raises
+        ``Unauthorized``/``Forbidden`` (or another ``ConveyorError`` the server answers to a
+        well-formed request) when the worker cannot go on."""
+        asyncio.run(self.run_async())
+
+    def stop(self) -> None:
+        """Starts the graceful stop (thread-safe): no more fetches; running handlers get the
+        grace period, then their jobs are released. ``run()`` returns when it is done."""
+        loop = self._loop
+        if loop is None or not self._running:
+            self._stop_requested = True
+            return
+        if threading.get_ident() == self._loop_thread:
+            self._begin_stop()
+        else:
+            try:
+                loop.call_soon_threadsafe(self._begin_stop)
+            except RuntimeError:
+                pass
+
+    async def run_async(self, *, handle_signals: bool = True) -> None:
+        """Runs the worker on the current event loop (see ``run``). With ``handle_signals``,
+        SIGTERM and SIGINT start the graceful stop (a second one ends the grace at once)."""
+        if not self._handlers:
+            raise ValueError("register at least one handler before running the worker")
+        if self._running:
+            raise RuntimeError("this worker is already running")
+        loop = asyncio.get_running_loop()
+        self._setup(loop)
+        installed = self._install_signals(loop) if handle_signals else []
+        background: List["asyncio.Task[None]"] = []
+        try:
+            background.append(loop.create_task(self._heartbeat_loop()))
+            background.append(loop.create_task(self._ack_loop()))
+            log.info(
+                "worker %s: queues %s, kinds %s, concurrency %d, server %s",
+                self.worker_id,
+                ",".join(self.queues),
+                ",".join(self.kinds),
+                self.concurrency,
+                self._http.endpoint.url,
+            )
+            if self.on_ready is not None:
+                self.on_ready()
+            if self._stop_requested:
+                self._begin_stop()
+            await self._fetch_loop()
+            await self._drain()
+        finally:
+            for task in background:
+                task.cancel()
+            for task in background:
+                try:
+                    await task
+                except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                    pass
+            for sig in installed:
+                try:
+                    loop.remove_signal_handler(sig)
+                except Exception:  # noqa: BLE001
+                    pass
+            for slot in list(self._held.values()):
+                if slot.task is not None and not slot.task.done():
+                    slot.task.cancel()
+            self._pool.shutdown()
+            await self._http.close()
+            self._running = False
+            self._loop = None
+        if self._fatal is not None:
+            raise self._fatal
+
+    # --- State ------------------------------------------------------------------------------
+
+    def _setup(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._loop_thread = threading.get_ident()
+        self._running = True
+        self._http = AsyncTransport(self.url, self.token, ssl_context=self.ssl_context)
+        self._pool = _DaemonPool(self.concurrency, "conveyor-handler")
+        self._held: Dict[str, _Slot] = {}
+        self._buffer: Deque[_Slot] = collections.deque()
+        self._active = 0  # slots occupying a concurrency place
+        self._pending: List[_Slot] = []  # reported, acknowledgement not yet sent
+        self._stopping = False
+        self._forced = False
+        self._fatal: Optional[BaseException] = None
+        self._stop_event = asyncio.Event()
+        self._room = asyncio.Event()
+        self._ack_event = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._unreachable = False
+        self._fetch_prefix = (
+            '{"worker_id":'
+            + _wire.dumps(self.worker_id)
+            + ',"queues":'
+            + _wire.dumps(self.queues)
+            + ',"lease_ms":'
+            + str(self.lease_ms)
+            + ',"kinds":'
+            + _wire.dumps(self.kinds)
+            + ',"concurrency":'
+            + str(self.concurrency)
+            + ',"host":'
+            + _wire.dumps(self.host)
+            + ',"pid":'
+            + str(os.getpid())
+            + ',"version":'
+            + _wire.dumps(f"conveyor-client-python/{__version__}")
+        )
+
+    def _install_signals(self, loop: asyncio.AbstractEventLoop) -> List[int]:
+        installed: List[int] = []
+        if threading.current_thread() is not threading.main_thread():
+            return installed
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):
+                pass
+        return installed
+
+    def _on_signal(self, sig: int) -> None:
+        name = signal.Signals(sig).name
+        if self._stopping:
+            log.warning("%s again: ending the grace period now", name)
+            self._forced = True
+            self._changed.set()
+            return
+        log.info("%s: stopping", name)
+        self._begin_stop()
+
+    def _begin_stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._stop_event.set()
+        self._room.set()
+        self._ack_event.set()
+        self._changed.set()
+
+    def _die(self, exc: BaseException) -> None:
+        """A condition the worker cannot work through (401, 403, a refused request)."""
+        if self._fatal is None:
+            self._fatal = exc
+            log.error("worker %s stops: %s", self.worker_id, exc)
+        self._forced = True
+        self._begin_stop()
+
+    def _room_left(self) -> int:
+        return self.concurrency + self.prefetch - self._active - len(self._buffer)
+
+    # --- Fetching ---------------------------------------------------------------------------
+
+    def _take_acks(self) -> List[_Slot]:
+        pending, self._pending = self._pending, []
+        return pending
+
+    def _restore_acks(self, slots: List[_Slot], *, maybe_applied: bool) -> None:
+        for slot in slots:
+            if maybe_applied:
+                slot.retransmitted = True
+        live = [s for s in slots if s.key in self._held]
+        self._pending[:0] = live
+        if live:
+            self._ack_event.set()
+
+    @staticmethod
+    def _ack_body_parts(slots: List[_Slot]) -> Tuple[List[_Slot], str]:
+        """Completions first, then failures (the order the server answers them in)."""
+        completes = [s for s in slots if s.ack_kind == "complete"]
+        fails = [s for s in slots if s.ack_kind == "fail"]
+        text = ""
+        if completes:
+            text += ',"complete":[' + ",".join(s.ack for s in completes) + "]"
+        if fails:
+            text += ',"fail":[' + ",".join(s.ack for s in fails) + "]"
+        return completes + fails, text
+
+    async def _fetch_loop(self) -> None:
+        backoff = _Backoff(0.1, self.max_backoff)
+        stop_wait = asyncio.ensure_future(self._stop_event.wait())
+        try:
+            while not self._stopping:
+                if self._room_left() <= 0:
+                    self._room.clear()
+                    await self._room.wait()
+                    continue
+                # Let handlers that just finished report, so one fetch carries them all.
+                await asyncio.sleep(0)
+                if self._stopping:
+                    break
+                room = min(MAX_FETCH, self._room_left())
+                if room <= 0:
+                    continue
+                acks, ack_text = self._ack_body_parts(self._take_acks())
+                body = (
+                    self._fetch_prefix
+                    + ',"max":'
+                    + str(room)
+                    + ',"wait_ms":'
+                    + str(self.poll_wait_ms)
+                    + ',"busy":'
+                    + str(len(self._held))
+                    + ack_text
+                    + "}"
+                ).encode("utf-8")
+                request = asyncio.ensure_future(
+                    self._http.request_bytes(
+                        "POST", "/v1/fetch", body, timeout=self.poll_wait_ms / 1000 + 30
+                    )
+                )
+                await asyncio.wait([request, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+                if not request.done():
+                    # Stopping: a fetch that is long-polling an idle queue is given up at
+                    # once (nothing was claimed); one that is claiming gets a moment.
+                    await asyncio.wait([request], timeout=0.25)
+                    if not request.done():
+                        request.cancel()
+                        try:
+                            await request
+                        except BaseException:  # noqa: BLE001
+                            pass
+                        self._restore_acks(acks, maybe_applied=True)
+                        break
+                try:
+                    answer = request.result()
+                except (TransportError, ServerError) as exc:
+                    self._restore_acks(acks, maybe_applied=True)
+                    await self._pause(backoff, exc)
+                    continue
+                except (Unauthorized, Forbidden) as exc:
+                    self._die(exc)
+                    break
+                except (InvalidRequest, PayloadTooLarge) as exc:
+                    if self._repair_acks(acks, exc):
+                        continue
+                    self._die(self._refused("fetch", exc))
+                    break
+                except ConveyorError as exc:
+                    self._die(self._refused("fetch", exc))
+                    break
+                except asyncio.CancelledError:
+                    raise
+                backoff.reset()
+                self._reachable()
+                if not isinstance(answer, dict):
+                    continue
+                self._apply_ack_results(acks, answer.get("acks"))
+                jobs = answer.get("jobs") or []
+                if jobs:
+                    self._accept(jobs)
+        finally:
+            stop_wait.cancel()
+
+    async def _pause(self, backoff: _Backoff, exc: BaseException) -> None:
+        delay = backoff.next_delay()
+        if not self._unreachable:
+            self._unreachable = True
+            log.warning("server unreachable (%s); retrying with backoff", exc)
+        else:
+            log.debug("server still unreachable (%s); next try in %.2f s", exc, delay)
+        try:
+            await asyncio.wait_for(self._stop_event.wait(), delay)
+        except asyncio.TimeoutError:
+            pass
+
+    def _reachable(self) -> None:
+        if self._unreachable:
+            self._unreachable = False
+            log.warning("server reachable again")
+
+    def _refused(self, what: str, exc: ConveyorError) -> ConveyorError:
+        hint = ""
+        if exc.status in (400, 404):
+            hint = " (is the server older than this client? it needs the batched lease protocol)"
+        exc.message = f"the server refused the worker's {what} request: {exc.message}{hint}"
+        return exc
+
+    def _accept(self, jobs: List[Dict[str, Any]]) -> None:
+        for data in jobs:
+            try:
+                job = LeasedJob(data)
+            except (KeyError, TypeError):
+                log.error("the server sent a malformed job: %r", data)
+                continue
+            slot = _Slot(job)
+            self._held[slot.key] = slot
+            self._buffer.append(slot)
+        self._pump()
+
+    def _pump(self) -> None:
+        """Starts buffered jobs while there are free slots."""
+        while self._buffer and self._active < self.concurrency and not self._stopping:
+            self._start(self._buffer.popleft())
+
+    # --- Running handlers -------------------------------------------------------------------
+
+    def _start(self, slot: _Slot) -> None:
+        job = slot.job
+        slot.phase = _RUNNING
+        slot.occupying = True
+        slot.started = time.monotonic()
+        self._active += 1
+        fn = self._handlers.get(job.kind)
+        if fn is None:
+            self._report(
+                slot,
+                "fail",
+                {
+                    "error": {
+                        "class": "unknown_kind",
+                        "message": f"worker {self.worker_id} has no handler for kind {job.kind!r}",
+                    },
+                    "retry": "auto",
+                },
+            )
+            self._release_place(slot)
+            return
+        loop = self._loop
+        assert loop is not None
+        if job.timeout_ms:
+            slot.timer = loop.call_later(job.timeout_ms / 1000, self._time_out, slot)
+        if self._is_async[job.kind]:
+            slot.task = loop.create_task(self._run_async_handler(slot, fn))
+        else:
+            self._pool.submit(lambda: self._run_sync_handler(slot, fn, loop))
+
+    async def _run_async_handler(self, slot: _Slot, fn: Handler) -> None:
+        try:
+            result = fn(slot.job)
+            if inspect.isawaitable(result):
+                result = await result
+        except asyncio.CancelledError:
+            if slot.timed_out:
+                self._finish(slot, self._timeout_outcome(slot))
+            else:
+                self._finish(slot, None)  # lost or abandoned: nothing to report
+                if not (slot.lost or slot.abandoned):
+                    raise
+            return
+        except Exception as exc:  # noqa: BLE001 - every handler error is the job's failure
+            self._finish(slot, self._failure(exc))
+            return
+        self._finish(slot, self._completion(result))
+
+    def _run_sync_handler(self, slot: _Slot, fn: Handler, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            result = fn(slot.job)
+            if inspect.isawaitable(result):
+                result = asyncio.run_coroutine_threadsafe(_await(result), loop).result()
+            outcome = self._completion(result)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit in a handler fails the job
+            outcome = self._failure(exc)
+        try:
+            loop.call_soon_threadsafe(self._finish, slot, outcome)
+        except RuntimeError:
+            pass  # the loop is gone: the worker stopped and released the job
+
+    def _time_out(self, slot: _Slot) -> None:
+        slot.timer = None
+        if slot.reported or slot.phase != _RUNNING:
+            return
+        slot.timed_out = True
+        if slot.task is not None:
+            slot.task.cancel()
+        else:
+            # A thread cannot be stopped: report now, drop whatever it returns later.
+            self._report_outcome(slot, self._timeout_outcome(slot))
+
+    @staticmethod
+    def _timeout_outcome(slot: _Slot) -> Tuple[str, Dict[str, Any]]:
+        return (
+            "fail",
+            {
+                "error": {
+                    "class": "timeout",
+                    "message": f"the handler ran longer than the job's timeout of {slot.job.timeout_ms} ms",
+                },
+                "retry": "auto",
+            },
+        )
+
+    @staticmethod
+    def _completion(result: Any) -> Tuple[str, Dict[str, Any]]:
+        return ("complete", {"result": result})
+
+    @staticmethod
+    def _failure(exc: BaseException) -> Tuple[str, Dict[str, Any]]:
+        if isinstance(exc, Permanent):
+            error: Dict[str, Any] = {"message": exc.message or "permanent failure"}
+            if exc.error_class:
+                error["class"] = _CLASS_CHARS.sub("_", exc.error_class)[:128] or "permanent"
+            return ("fail", {"error": error, "retry": "never"})
+        if isinstance(exc, RetryAfter):
+            error = {"message": exc.message or "retry later"}
+            if exc.error_class:
+                error["class"] = _CLASS_CHARS.sub("_", exc.error_class)[:128] or "retry_after"
+            return (
+                "fail",
+                {"error": error, "retry": "after", "retry_after_ms": int(round(exc.seconds * 1000))},
+            )
+        if isinstance(exc, Retry):
+            error = {"message": exc.message or "retry"}
+            if exc.error_class:
+                error["class"] = _CLASS_CHARS.sub("_", exc.error_class)[:128] or "error"
+            return ("fail", {"error": error, "retry": "auto"})
+        text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
+        return (
+            "fail",
+            {
+                "error": {"class": error_class_name(exc), "message": _clip(text) or type(exc).__name__},
+                "retry": "auto",
+            },
+        )
+
+    def _finish(self, slot: _Slot, outcome: Optional[Tuple[str, Dict[str, Any]]]) -> None:
+        """A handler ended (on the loop's thread)."""
+        if slot.timer is not None:
+            slot.timer.cancel()
+            slot.timer = None
+        slot.phase = _DONE
+        if outcome is not None and not slot.reported:
+            if slot.lost:
+                log.warning(
+                    "job %s (%s): lease lost while it ran (cancelled, or rescued after its lease "
+                    "expired); its result is dropped",
+                    slot.job.id,
+                    slot.job.kind,
+                )
+            elif slot.abandoned:
+                log.info("job %s (%s) finished after it was released; its result is dropped", slot.job.id, slot.job.kind)
+            else:
+                self._report_outcome(slot, outcome)
+        slot.reported = True
+        if slot.lost or slot.abandoned:
+            self._held.pop(slot.key, None)
+        self._release_place(slot)
+
+    def _release_place(self, slot: _Slot) -> None:
+        if slot.occupying:
+            slot.occupying = False
+            self._active -= 1
+            self._changed.set()
+            self._pump()
+            self._room.set()
+
+    def _report_outcome(self, slot: _Slot, outcome: Tuple[str, Dict[str, Any]]) -> None:
+        kind, fields = outcome
+        self._report(slot, kind, fields)
+
+    def _report(self, slot: _Slot, kind: str, fields: Dict[str, Any]) -> None:
+        """Queues the job's acknowledgement (pre-encoded, so a result that is no JSON fails the
+        job here rather than the whole batch)."""
+        slot.reported = True
+        head = '{"id":' + _wire.dumps(slot.job.id) + ',"lease_token":' + _wire.dumps(slot.job.lease_token)
+        if kind == "complete":
+            result = fields.get("result")
+            if result is None:
+                slot.ack = head + "}"
+            else:
+                try:
+                    slot.ack = head + ',"result":' + _wire.dumps(result) + "}"
+                except (TypeError, ValueError) as exc:
+                    kind = "fail"
+                    fields = {
+                        "error": {
+                            "class": "invalid_result",
+                            "message": f"the handler's result is not JSON: {type(exc).__name__}: {exc}",
+                        },
+                        "retry": "auto",
+                    }
+        if kind == "fail":
+            rest = _wire.dumps(fields)
+            slot.ack = head + "," + rest[1:]
+        slot.ack_kind = kind
+        self._pending.append(slot)
+        self._ack_event.set()
+        self._changed.set()
+
+    # --- Acknowledgements -------------------------------------------------------------------
+
+    def _apply_ack_results(self, slots: List[_Slot], results: Any) -> None:
+        if not slots:
+            return
+        if not isinstance(results, list):
+            results = []
+        by_id = {r.get("id"): r for r in results if isinstance(r, dict)}
+        for index, slot in enumerate(slots):
+            result = results[index] if index < len(results) and isinstance(results[index], dict) else None
+            if result is None or result.get("id") != slot.job.id:
+                result = by_id.get(slot.job.id)
+            status = result.get("status") if result else None
+            self._held.pop(slot.key, None)
+            if status == "ok":
+                continue
+            if status is None:
+                log.warning("job %s: the server answered nothing for its acknowledgement", slot.job.id)
+            elif slot.retransmitted and status == "lease_lost":
+                log.info(
+                    "job %s: acknowledgement resent after a broken connection answered lease_lost "
+                    "(the first one was most likely applied)",
+                    slot.job.id,
+                )
+            elif status == "lease_lost":
+                log.warning(
+                    "job %s (%s): lease lost (cancelled, finished, or rescued after its lease "
+                    "expired); its %s is dropped",
+                    slot.job.id,
+                    slot.job.kind,
+                    "result" if slot.ack_kind == "complete" else "failure",
+                )
+            else:
+                log.warning("job %s (%s): acknowledgement answered %s; dropped", slot.job.id, slot.job.kind, status)
+
+    def _repair_acks(self, slots: List[_Slot], exc: ConveyorError) -> bool:
+        """The server refused a request for one acknowledgement (e.g. a result over the size
+        limit, ``complete[3].result``): replace that one and send the rest again."""
+        match = _ACK_FIELD.match(exc.field or "")
+        if not match:
+            return False
+        completes = [s for s in slots if s.ack_kind == "complete"]
+        fails = [s for s in slots if s.ack_kind == "fail"]
+        group = completes if match.group(1) == "complete" else fails
+        index = int(match.group(2))
+        if index >= len(group):
+            return False
+        bad = group[index]
+        if bad.replaced:
+            log.error("job %s: the server refuses its acknowledgement (%s); left to its lease", bad.job.id, exc)
+            self._held.pop(bad.key, None)
+        else:
+            bad.replaced = True
+            log.warning("job %s: the server refused its acknowledgement (%s); reporting a failure instead", bad.job.id, exc)
+            self._report(
+                bad,
+                "fail",
+                {
+                    "error": {
+                        "class": "invalid_result" if bad.ack_kind == "complete" else "error",
+                        "message": _clip(f"the server refused this job's acknowledgement: {exc}", 4096),
+                    },
+                    "retry": "auto",
+                },
+            )
+            self._pending.remove(bad)
+        self._restore_acks([s for s in slots if s is not bad], maybe_applied=False)
+        if not bad.replaced or bad.key not in self._held:
+            return True
+        self._pending.append(bad)
+        return True
+
+    async def _ack_loop(self) -> None:
+        backoff = _Backoff(0.1, self.max_backoff)
+        while True:
+            await self._ack_event.wait()
+            self._ack_event.clear()
+            if not self._pending:
+                continue
+            if not self._stopping and self.ack_delay > 0:
+                await asyncio.sleep(self.ack_delay)
+                if not self._pending:
+                    continue  # a fetch carried them
+            if self._fatal is not None:
+                return
+            await self._send_acks(backoff)
+
+    async def _send_acks(self, backoff: _Backoff) -> bool:
+        """One ``POST /v1/ack`` with everything pending; False when it failed (retried later)."""
+        acks, text = self._ack_body_parts(self._take_acks())
+        if not acks:
+            return True
+        body = ("{" + text[1:] + "}").encode("utf-8")
+        try:
+            answer = await self._http.request_bytes("POST", "/v1/ack", body, timeout=30)
+        except (TransportError, ServerError) as exc:
+            self._restore_acks(acks, maybe_applied=True)
+            delay = backoff.next_delay()
+            log.debug("acknowledgements not sent (%s); again in %.2f s", exc, delay)
+            try:
+                await asyncio.wait_for(self._wait_forced(), delay)
+            except asyncio.TimeoutError:
+                pass
+            self._ack_event.set()
+            return False
+        except (Unauthorized, Forbidden) as exc:
+            self._die(exc)
+            return False
+        except (InvalidRequest, PayloadTooLarge) as exc:
+            if self._repair_acks(acks, exc):
+                self._ack_event.set()
+                return False
+            self._die(self._refused("ack", exc))
+            return False
+        except NotFound as exc:
+            self._die(self._refused("ack", exc))
+            return False
+        except ConveyorError as exc:
+            self._die(self._refused("ack", exc))
+            return False
+        backoff.reset()
+        self._reachable()
+        self._apply_ack_results(acks, answer.get("results") if isinstance(answer, dict) else None)
+        return True
+
+    async def _wait_forced(self) -> None:
+        while not self._forced:
+            self._changed.clear()
+            await self._changed.wait()
+
+    # --- Heartbeats -------------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = max(0.05, self.lease / 3)
+        while True:
+            await asyncio.sleep(interval)
+            slots = [s for s in self._held.values() if not s.lost and not s.abandoned]
+            for start in range(0, len(slots), MAX_HEARTBEAT_BATCH):
+                chunk = slots[start : start + MAX_HEARTBEAT_BATCH]
+                body = {"leases": [s.lease_json() for s in chunk], "lease_ms": self.lease_ms}
+                try:
+                    answer = await self._http.request("POST", "/v1/heartbeat", body, timeout=max(5.0, self.lease))
+                except (TransportError, ServerError) as exc:
+                    log.debug("heartbeat failed (%s); next one in %.2f s", exc, interval)
+                    break
+                except (Unauthorized, Forbidden) as exc:
+                    self._die(exc)
+                    return
+                except ConveyorError as exc:
+                    self._die(self._refused("heartbeat", exc))
+                    return
+                results = answer.get("results") if isinstance(answer, dict) else None
+                self._apply_heartbeats(chunk, results if isinstance(results, list) else [])
+
+    def _apply_heartbeats(self, slots: List[_Slot], results: List[Any]) -> None:
+        by_id = {r.get("id"): r for r in results if isinstance(r, dict)}
+        for index, slot in enumerate(slots):
+            result = results[index] if index < len(results) and isinstance(results[index], dict) else None
+            if result is None or result.get("id") != slot.job.id:
+                result = by_id.get(slot.job.id)
+            if not result:
+                continue
+            status = result.get("status")
+            if status == "ok":
+                expires = result.get("lease_expires_at")
+                if expires:
+                    slot.job.lease_expires_at = expires
+                continue
+            if slot.key not in self._held or slot.reported:
+                # Its acknowledgement is on its way (or answered): that answer tells.
+                continue
+            self._lose(slot, status)
+
+    def _lose(self, slot: _Slot, status: Any) -> None:
+        slot.lost = True
+        slot.job._lost = True
+        if slot.phase == _BUFFERED:
+            try:
+                self._buffer.remove(slot)
+            except ValueError:
+                pass
+            self._held.pop(slot.key, None)
+            log.warning("job %s (%s): lease %s before it started; dropped", slot.job.id, slot.job.kind, status)
+            self._room.set()
+            return
+        log.warning(
+            "job %s (%s): heartbeat answered %s (cancelled, or rescued after its lease expired); "
+            "%s, its result will be dropped",
+            slot.job.id,
+            slot.job.kind,
+            status,
+            "its handler is cancelled" if slot.task is not None else "the handler runs on",
+        )
+        if slot.task is not None and not slot.task.done():
+            slot.task.cancel()
+
+    # --- Stopping ---------------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        if self._fatal is not None:
+            return
+        started = time.monotonic()
+        deadline = started + self.grace_period
+        # Jobs fetched ahead and never started go back at once.
+        buffered = list(self._buffer)
+        self._buffer.clear()
+        running = [s for s in self._held.values() if s.phase == _RUNNING and not s.reported]
+        if running:
+            log.info(
+                "draining: %d running job(s) get up to %.1f s to finish", len(running), self.grace_period
+            )
+        await self._release(buffered)
+        while self._fatal is None and not self._forced:
+            running = [s for s in self._held.values() if s.phase == _RUNNING and not s.reported]
+            remaining = deadline - time.monotonic()
+            if not running or remaining <= 0:
+                break
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except asyncio.TimeoutError:
+                pass
+        if self._fatal is not None:
+            return
+        left = [s for s in self._held.values() if s.phase == _RUNNING and not s.reported]
+        for slot in left:
+            slot.abandoned = True
+            if slot.task is not None and not slot.task.done():
+                slot.task.cancel()
+        if left:
+            log.warning(
+                "grace period over: releasing %d unfinished job(s): %s",
+                len(left),
+                ", ".join(s.job.id for s in left),
+            )
+        await self._release(left)
+        await self._flush_final()
+
+    async def _release(self, slots: Iterable[_Slot]) -> None:
+        slots = list(slots)
+        if not slots:
+            return
+
+        async def one(slot: _Slot) -> None:
+            backoff = _Backoff(0.1, 1.0)
+            for _ in range(5):
+                try:
+                    await self._http.request(
+                        "POST",
+                        _wire.job_path(slot.job.id, "release"),
+                        {"lease_token": slot.job.lease_token},
+                        timeout=10,
+                    )
+                    break
+                except (TransportError, ServerError) as exc:
+                    log.debug("release of job %s failed (%s)", slot.job.id, exc)
+                    await asyncio.sleep(backoff.next_delay())
+                except ConveyorError as exc:
+                    log.warning("release of job %s refused: %s", slot.job.id, exc)
+                    break
+            self._held.pop(slot.key, None)
+
+        await asyncio.gather(*(one(s) for s in slots))
+
+    async def _flush_final(self) -> None:
+        """Sends the acknowledgements still pending, trying for a while if the server is
+        away (after that their leases expire and the jobs run again)."""
+        deadline = time.monotonic() + max(5.0, min(30.0, self.grace_period))
+        backoff = _Backoff(0.1, 1.0)
+        while self._pending and self._fatal is None and time.monotonic() < deadline:
+            await self._send_acks(backoff)
+        if self._pending:
+            log.warning("%d acknowledgement(s) could not be sent before exiting", len(self._pending))
+
+
+async def _await(awaitable: Awaitable[Any]) -> Any:
+    return await awaitable
