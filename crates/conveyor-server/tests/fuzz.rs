@@ -986,7 +986,7 @@ impl Gen {
 
     /// A request for a random route, valid or mutated.
     fn request(&mut self, world: &World) -> Req {
-        let route = self.rng.random_range(0..34);
+        let route = self.rng.random_range(0..36);
         let (mut req, body) = self.seed(route, world);
         let mut value = body;
         let mut mutated = false;
@@ -1031,6 +1031,15 @@ impl Gen {
                 }
                 if self.chance(0.3) {
                     body["wait_ms"] = json!(self.rng.random_range(0..50));
+                }
+                if self.chance(0.3) {
+                    body["kinds"] = json!([self.name(KINDS)]);
+                }
+                if self.chance(0.3) {
+                    let (id, token) = self.lease(world);
+                    body["complete"] =
+                        json!([{"id": id, "lease_token": token, "result": self.payload()}]);
+                    body["busy"] = json!(self.rng.random_range(0..4));
                 }
                 (post("POST /v1/fetch", "/v1/fetch".into()), Some(body))
             }
@@ -1316,6 +1325,43 @@ impl Gen {
                     ("GET /metrics", "GET", "/metrics"),
                 ]);
                 (Req::new(route, method, path.to_string()), None)
+            }
+            32 => {
+                let count = self.rng.random_range(1..4);
+                let complete: Vec<Value> = (0..count)
+                    .map(|_| {
+                        let (id, token) = self.lease(world);
+                        json!({"id": id, "lease_token": token, "result": self.payload()})
+                    })
+                    .collect();
+                let (id, token) = self.lease(world);
+                let fail = json!([{"id": id, "lease_token": token,
+                    "error": {"class": "ValueError", "message": "boom"},
+                    "retry": *self.pick(&["auto", "never"])}]);
+                (
+                    post("POST /v1/ack", "/v1/ack".into()),
+                    Some(json!({"complete": complete, "fail": fail})),
+                )
+            }
+            33 => {
+                let count = self.rng.random_range(1..4);
+                let leases: Vec<Value> = (0..count)
+                    .map(|_| {
+                        let (id, token) = self.lease(world);
+                        json!({"id": id, "lease_token": token})
+                    })
+                    .collect();
+                let mut body = json!({ "leases": leases });
+                if self.chance(0.5) {
+                    body["lease_ms"] = json!(self.rng.random_range(100..60_000));
+                }
+                if self.chance(0.5) {
+                    body["worker_id"] = json!("fuzz-worker-0");
+                }
+                (
+                    post("POST /v1/heartbeat", "/v1/heartbeat".into()),
+                    Some(body),
+                )
             }
             _ => {
                 // Routes that do not exist, and methods a route does not have.

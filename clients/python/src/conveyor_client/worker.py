@@ -49,7 +49,7 @@ from .errors import (
     TransportError,
     Unauthorized,
 )
-from .models import LeasedJob
+from .models import LeasedJob, format_time
 
 __all__ = ["Worker", "Handler", "error_class_name"]
 
@@ -59,6 +59,8 @@ Handler = Callable[[LeasedJob], Any]
 F = TypeVar("F", bound=Callable[..., Any])
 Seconds = Union[int, float, _dt.timedelta]
 
+# How often the worker registry (`/v1/workers`) hears from a worker that is too busy to fetch.
+REGISTRY_INTERVAL = 10.0
 # Longest error message sent (a traceback is welcome, a megabyte of one is not).
 MAX_MESSAGE_CHARS = 32 * 1024
 MAX_FETCH = 1000
@@ -118,7 +120,7 @@ class _DaemonPool:
 
     def submit(self, fn: Callable[[], None]) -> None:
         with self._lock:
-            if self._idle == 0 and len(self._threads) < self.size:
+            if self._idle <= 0 and len(self._threads) < self.size:
                 thread = threading.Thread(
                     target=self._work, name=f"{self.name}-{len(self._threads)}", daemon=True
                 )
@@ -195,10 +197,6 @@ class _Slot:
 
     def lease_json(self) -> Dict[str, str]:
         return {"id": self.job.id, "lease_token": self.job.lease_token}
-
-
-class _Fatal(Exception):
-    pass
 
 
 class Worker:
@@ -329,6 +327,7 @@ class Worker:
         try:
             background.append(loop.create_task(self._heartbeat_loop()))
             background.append(loop.create_task(self._ack_loop()))
+            background.append(loop.create_task(self._registry_loop()))
             log.info(
                 "worker %s: queues %s, kinds %s, concurrency %d, server %s",
                 self.worker_id,
@@ -343,6 +342,8 @@ class Worker:
                 self._begin_stop()
             await self._fetch_loop()
             await self._drain()
+            if self._fatal is None:
+                await self._register(stopping=True)
         finally:
             for task in background:
                 task.cancel()
@@ -386,6 +387,7 @@ class Worker:
         self._ack_event = asyncio.Event()
         self._changed = asyncio.Event()
         self._unreachable = False
+        self._started_at = format_time(_dt.datetime.now(_dt.timezone.utc))
         self._fetch_prefix = (
             '{"worker_id":'
             + _wire.dumps(self.worker_id)
@@ -637,9 +639,9 @@ class Worker:
                     raise
             return
         except Exception as exc:  # noqa: BLE001 - every handler error is the job's failure
-            self._finish(slot, self._failure(exc))
+            self._finish(slot, self._timeout_outcome(slot) if slot.timed_out else self._failure(exc))
             return
-        self._finish(slot, self._completion(result))
+        self._finish(slot, self._timeout_outcome(slot) if slot.timed_out else self._completion(result))
 
     def _run_sync_handler(self, slot: _Slot, fn: Handler, loop: asyncio.AbstractEventLoop) -> None:
         try:
@@ -812,23 +814,25 @@ class Worker:
 
     def _repair_acks(self, slots: List[_Slot], exc: ConveyorError) -> bool:
         """The server refused a request for one acknowledgement (e.g. a result over the size
-        limit, ``complete[3].result``): replace that one and send the rest again."""
+        limit, ``complete[3].result``): report that job's failure instead (or, if even that is
+        refused, leave it to its lease) and send the others again."""
         match = _ACK_FIELD.match(exc.field or "")
         if not match:
             return False
-        completes = [s for s in slots if s.ack_kind == "complete"]
-        fails = [s for s in slots if s.ack_kind == "fail"]
-        group = completes if match.group(1) == "complete" else fails
+        group = [s for s in slots if s.ack_kind == match.group(1)]
         index = int(match.group(2))
         if index >= len(group):
             return False
         bad = group[index]
+        others = [s for s in slots if s is not bad]
         if bad.replaced:
             log.error("job %s: the server refuses its acknowledgement (%s); left to its lease", bad.job.id, exc)
             self._held.pop(bad.key, None)
         else:
             bad.replaced = True
-            log.warning("job %s: the server refused its acknowledgement (%s); reporting a failure instead", bad.job.id, exc)
+            log.warning(
+                "job %s: the server refused its acknowledgement (%s); reporting a failure instead", bad.job.id, exc
+            )
             self._report(
                 bad,
                 "fail",
@@ -840,11 +844,7 @@ class Worker:
                     "retry": "auto",
                 },
             )
-            self._pending.remove(bad)
-        self._restore_acks([s for s in slots if s is not bad], maybe_applied=False)
-        if not bad.replaced or bad.key not in self._held:
-            return True
-        self._pending.append(bad)
+        self._restore_acks(others, maybe_applied=False)
         return True
 
     async def _ack_loop(self) -> None:
@@ -858,52 +858,72 @@ class Worker:
                 await asyncio.sleep(self.ack_delay)
                 if not self._pending:
                     continue  # a fetch carried them
-            if self._fatal is not None:
+            outcome = await self._send_acks()
+            if outcome == "fatal":
                 return
-            await self._send_acks(backoff)
+            if outcome == "ok":
+                backoff.reset()
+            else:
+                await asyncio.sleep(backoff.next_delay())
+                self._ack_event.set()
 
-    async def _send_acks(self, backoff: _Backoff) -> bool:
-        """One ``POST /v1/ack`` with everything pending; False when it failed (retried later)."""
+    async def _send_acks(self) -> str:
+        """One ``POST /v1/ack`` with everything pending: ``ok``, ``retry`` (put back, to be
+        sent again) or ``fatal``."""
         acks, text = self._ack_body_parts(self._take_acks())
         if not acks:
-            return True
+            return "ok"
         body = ("{" + text[1:] + "}").encode("utf-8")
         try:
             answer = await self._http.request_bytes("POST", "/v1/ack", body, timeout=30)
         except (TransportError, ServerError) as exc:
             self._restore_acks(acks, maybe_applied=True)
-            delay = backoff.next_delay()
-            log.debug("acknowledgements not sent (%s); again in %.2f s", exc, delay)
-            try:
-                await asyncio.wait_for(self._wait_forced(), delay)
-            except asyncio.TimeoutError:
-                pass
-            self._ack_event.set()
-            return False
+            log.debug("acknowledgements not sent (%s)", exc)
+            return "retry"
         except (Unauthorized, Forbidden) as exc:
             self._die(exc)
-            return False
+            return "fatal"
         except (InvalidRequest, PayloadTooLarge) as exc:
             if self._repair_acks(acks, exc):
-                self._ack_event.set()
-                return False
+                return "ok"
             self._die(self._refused("ack", exc))
-            return False
-        except NotFound as exc:
-            self._die(self._refused("ack", exc))
-            return False
+            return "fatal"
         except ConveyorError as exc:
             self._die(self._refused("ack", exc))
-            return False
-        backoff.reset()
+            return "fatal"
         self._reachable()
         self._apply_ack_results(acks, answer.get("results") if isinstance(answer, dict) else None)
-        return True
+        return "ok"
 
-    async def _wait_forced(self) -> None:
-        while not self._forced:
-            self._changed.clear()
-            await self._changed.wait()
+    # --- The worker registry ---------------------------------------------------------------
+
+    async def _registry_loop(self) -> None:
+        """A fetch registers the worker; a worker whose slots are all busy with long jobs does
+        not fetch, so it reports itself here too (else the server would think it dead after
+        `--worker-stale-secs` and rescue its jobs)."""
+        while True:
+            await asyncio.sleep(REGISTRY_INTERVAL)
+            await self._register(stopping=False)
+
+    async def _register(self, *, stopping: bool) -> None:
+        body = {
+            "worker_id": self.worker_id,
+            "host": self.host[:256],
+            "pid": os.getpid(),
+            "queues": self.queues,
+            "concurrency": self.concurrency,
+            "busy": len(self._held),
+            "version": f"conveyor-client-python/{__version__}",
+            "started_at": self._started_at,
+            "stopping": stopping,
+        }
+        try:
+            await self._http.request("POST", "/v1/workers/heartbeat", body, timeout=5)
+        except (Unauthorized, Forbidden) as exc:
+            if not stopping:
+                self._die(exc)
+        except ConveyorError as exc:
+            log.debug("worker registry heartbeat failed: %s", exc)
 
     # --- Heartbeats -------------------------------------------------------------------------
 
@@ -1044,9 +1064,14 @@ class Worker:
         away (after that their leases expire and the jobs run again)."""
         deadline = time.monotonic() + max(5.0, min(30.0, self.grace_period))
         backoff = _Backoff(0.1, 1.0)
-        while self._pending and self._fatal is None and time.monotonic() < deadline:
-            await self._send_acks(backoff)
-        if self._pending:
+        while self._pending and self._fatal is None:
+            outcome = await self._send_acks()
+            if outcome == "retry":
+                delay = backoff.next_delay()
+                if time.monotonic() + delay >= deadline:
+                    break
+                await asyncio.sleep(delay)
+        if self._pending and self._fatal is None:
             log.warning("%d acknowledgement(s) could not be sent before exiting", len(self._pending))
 
 
