@@ -265,6 +265,10 @@ pub(crate) struct HeartbeatManyRequest {
     /// The worker holding the leases: refreshes its registration (see [`register`]).
     #[serde(default)]
     worker_id: Option<String>,
+    /// Jobs the worker is running now (default: the number of leases sent, which counts
+    /// prefetched jobs too).
+    #[serde(default)]
+    busy: Option<u32>,
 }
 
 pub(crate) async fn heartbeat(
@@ -280,7 +284,9 @@ pub(crate) async fn heartbeat(
     }
     let extend_by = lease_duration("lease_ms", request.lease_ms, state.config.default_lease)?;
     if let Some(worker_id) = &request.worker_id {
-        let held = u32::try_from(request.leases.len()).unwrap_or(u32::MAX);
+        let held = request
+            .busy
+            .unwrap_or_else(|| u32::try_from(request.leases.len()).unwrap_or(u32::MAX));
         register(
             &state,
             Registration {
@@ -389,7 +395,12 @@ pub(crate) async fn register(state: &AppState, seen: Registration<'_>) -> ApiRes
             host: seen.host.unwrap_or_default().to_string(),
             pid: seen.pid,
             queues: worker.queues.clone(),
-            concurrency: worker.concurrency.max(seen.busy.unwrap_or(0)),
+            // Slots as the worker said; only when it never did, what it is seen to hold.
+            concurrency: if worker.concurrency > 0 {
+                worker.concurrency
+            } else {
+                seen.busy.unwrap_or(0)
+            },
             busy: seen.busy.unwrap_or(0),
             version: seen.version.unwrap_or_default().to_string(),
             started_at: worker.started_at,

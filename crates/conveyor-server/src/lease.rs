@@ -177,14 +177,59 @@ pub(crate) async fn fetch(
         },
     )
     .await?;
-    let stop = state.shutdown.cancelled();
-    let jobs = fetch_waiting(state.store.as_ref(), params, wait, config.fetch_poll, stop).await?;
+    let jobs = fetch_released_if_abandoned(&state, params, wait).await?;
     remember_leased(&state, &jobs);
     let jobs = jobs
         .into_iter()
         .map(FetchedJob::from_job)
         .collect::<ApiResult<Vec<_>>>()?;
     Ok(Json(FetchResponse { jobs, acks }))
+}
+
+/// Long-polls on a task of its own, so that a client that goes away mid-fetch (a closed
+/// connection drops this handler) neither keeps the wait going nor strands jobs: dropping the
+/// handler cancels the wait, and jobs claimed that nobody will receive are released at once
+/// (available again, the attempt not counted) instead of waiting for their leases to expire.
+async fn fetch_released_if_abandoned(
+    state: &AppState,
+    params: FetchParams,
+    wait: Duration,
+) -> ApiResult<Vec<Job>> {
+    let abandoned = state.shutdown.child_token();
+    let _cancel_on_drop = abandoned.clone().drop_guard();
+    let (answer, receive) = tokio::sync::oneshot::channel();
+    let store = state.store.clone();
+    let poll = state.config.fetch_poll;
+    tokio::spawn(async move {
+        let fetched =
+            fetch_waiting(store.as_ref(), params, wait, poll, abandoned.cancelled()).await;
+        // Test builds can slow the answer down here (a client leaving mid-answer).
+        let _ = conveyor_core::faults::inject("server_fetch_answer");
+        if let Err(Ok(jobs)) = answer.send(fetched) {
+            let leases: Vec<LeaseRef> = jobs
+                .iter()
+                .filter_map(|job| {
+                    job.lease.as_ref().map(|lease| LeaseRef {
+                        id: job.id,
+                        lease_token: lease.token,
+                    })
+                })
+                .collect();
+            if !leases.is_empty() {
+                match store.jobs_release_many(leases).await {
+                    Ok(released) => {
+                        tracing::info!(released, "released jobs claimed for a client that left")
+                    }
+                    Err(error) => tracing::warn!(%error,
+                        "could not release jobs claimed for a client that left; their leases will expire"),
+                }
+            }
+        }
+    });
+    receive
+        .await
+        .map_err(|_| ApiError::Internal("the fetch task ended without answering".to_string()))?
+        .map_err(ApiError::from)
 }
 
 /// Remembers what metrics need of each job handed out (see `acks::LeasedJob`).

@@ -261,3 +261,41 @@ async fn fetch_by_kinds_and_registers_the_worker() {
     assert_eq!(worker["queues"], json!(["default"]));
     assert_eq!(worker["state"], "alive");
 }
+
+/// A client that leaves while its fetch is claiming does not strand the jobs: they are
+/// released at once (available, the attempt given back), not held until their lease expires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn jobs_claimed_for_a_client_that_left_are_released() {
+    let api = start().await;
+    let id = api.enqueue("work").await;
+    // The claim happens, then the answer is held back while the client gives up.
+    fail::cfg("server_fetch_answer", "1*sleep(800)").expect("failpoint");
+    let impatient = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_millis(200))
+        .build()
+        .expect("client");
+    let gave_up = impatient
+        .post(format!("{}/v1/fetch", api.base))
+        .json(&json!({"worker_id": "w-gone", "queues": ["default"], "lease_ms": 600000}))
+        .send()
+        .await;
+    assert!(gave_up.is_err(), "the client timed out");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let job = api.get(&format!("/v1/jobs/{id}")).await;
+        if job["state"] == "available" {
+            assert_eq!(job["attempt"], 0, "the attempt was given back: {job}");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the job stayed claimed for a client that left: {job}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    fail::remove("server_fetch_answer");
+    let answer = api
+        .fetch(json!({"worker_id": "w2", "queues": ["default"]}))
+        .await;
+    assert_eq!(answer["jobs"][0]["id"], json!(id));
+}
