@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs Conveyor's tests on a fresh machine: installs what they need first (headless Chromium
-# and chromedriver for the dashboard test, cargo-nextest), starts the local PostgreSQL if it is
-# down, then runs every test (nextest) and the doc tests. `.ci/run` runs this after fmt/clippy.
+# and chromedriver for the dashboard test, cargo-nextest, Node and the TypeScript client's dev
+# packages, a Python venv with the Python client and pytest), starts the local PostgreSQL if it
+# is down, then runs the Rust tests (nextest, including the client conformance suite), the doc
+# tests, and both clients' own suites. `.ci/run` runs this after fmt and clippy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,5 +23,21 @@ fi
 
 command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
 
+# Node (the TypeScript client and the client conformance suite): Debian's if missing.
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  as_root apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq nodejs npm >/dev/null
+fi
+npm ci --prefix clients/typescript --no-audit --no-fund >/dev/null
+
+# The client suites drive the real server binary.
+cargo build -p conveyor
+
 cargo nextest run --workspace "$@"
 cargo test --workspace --doc
+npm test --prefix clients/typescript
+
+# The Python client's own suite, in a venv under target/ (Debian's pip refuses system installs).
+python3 -m venv target/py-venv
+target/py-venv/bin/pip install -q -e clients/python pytest
+target/py-venv/bin/python -m pytest -q clients/python/tests

@@ -53,11 +53,19 @@ export declare class QueueFull extends ConveyorError {
 }
 /** Builds the error for a non-2xx answer. */
 export declare function errorFromResponse(method: string, path: string, status: number, body: unknown, retryAfterHeader: string | undefined): ConveyorError;
+/** Options of the handler outcomes. */
+export interface OutcomeOptions {
+    cause?: unknown;
+    /**
+     * The failure's `error.class` (1-128 characters of `[A-Za-z0-9_.:-]`; others become `_`).
+     * Default: the server's `error`, `retry_after` or `permanent`.
+     */
+    errorClass?: string;
+}
 /** Fail this attempt and retry with the server's backoff (dead once attempts are exhausted). */
 export declare class Retry extends Error {
-    constructor(message?: string, options?: {
-        cause?: unknown;
-    });
+    readonly errorClass: string | undefined;
+    constructor(message?: string, options?: OutcomeOptions);
     get name(): string;
 }
 /**
@@ -69,19 +77,17 @@ export declare class Retry extends Error {
 export declare class RetryAfter extends Error {
     /** The delay in milliseconds (rounded up, at least 0). */
     readonly delayMs: number;
-    constructor(seconds: number, message?: string, options?: {
-        cause?: unknown;
-    });
+    readonly errorClass: string | undefined;
+    constructor(seconds: number, message?: string, options?: OutcomeOptions);
     /** The delay in seconds. */
     get seconds(): number;
     /** A `RetryAfter` of `ms` milliseconds. */
-    static ms(ms: number, message?: string): RetryAfter;
+    static ms(ms: number, message?: string, options?: OutcomeOptions): RetryAfter;
     get name(): string;
 }
 /** Fail this job for good: straight to the dead-letter queue, no further attempts. */
 export declare class Permanent extends Error {
-    constructor(message?: string, options?: {
-        cause?: unknown;
-    });
+    readonly errorClass: string | undefined;
+    constructor(message?: string, options?: OutcomeOptions);
     get name(): string;
 }

@@ -83,12 +83,12 @@ export function errorFromResponse(method, path, status, body, retryAfterHeader) 
             return new ConveyorError(message, status, code, field);
     }
 }
-// ---------------------------------------------------------------------------------------------
-// Handler outcomes: throw one of these from a handler.
 /** Fail this attempt and retry with the server's backoff (dead once attempts are exhausted). */
 export class Retry extends Error {
-    constructor(message = 'retry requested', options) {
-        super(message, options);
+    errorClass;
+    constructor(message = 'retry requested', options = {}) {
+        super(message, { cause: options.cause });
+        this.errorClass = options.errorClass;
     }
     get name() {
         return 'Retry';
@@ -103,20 +103,22 @@ export class Retry extends Error {
 export class RetryAfter extends Error {
     /** The delay in milliseconds (rounded up, at least 0). */
     delayMs;
-    constructor(seconds, message, options) {
+    errorClass;
+    constructor(seconds, message, options = {}) {
         if (typeof seconds !== 'number' || !Number.isFinite(seconds) || seconds < 0) {
             throw new TypeError(`RetryAfter: seconds must be a finite number >= 0, got ${String(seconds)}`);
         }
-        super(message ?? `retry after ${seconds} s`, options);
+        super(message ?? `retry after ${seconds} s`, { cause: options.cause });
         this.delayMs = Math.ceil(seconds * 1000);
+        this.errorClass = options.errorClass;
     }
     /** The delay in seconds. */
     get seconds() {
         return this.delayMs / 1000;
     }
     /** A `RetryAfter` of `ms` milliseconds. */
-    static ms(ms, message) {
-        return new RetryAfter(ms / 1000, message ?? `retry after ${ms} ms`);
+    static ms(ms, message, options = {}) {
+        return new RetryAfter(ms / 1000, message ?? `retry after ${ms} ms`, options);
     }
     get name() {
         return 'RetryAfter';
@@ -124,8 +126,10 @@ export class RetryAfter extends Error {
 }
 /** Fail this job for good: straight to the dead-letter queue, no further attempts. */
 export class Permanent extends Error {
-    constructor(message = 'permanent failure', options) {
-        super(message, options);
+    errorClass;
+    constructor(message = 'permanent failure', options = {}) {
+        super(message, { cause: options.cause });
+        this.errorClass = options.errorClass;
     }
     get name() {
         return 'Permanent';

@@ -45,11 +45,13 @@ export interface WorkerOptions {
     /** On shutdown, how long running handlers may take to finish before they are released (default 25 000 ms). */
     graceMs?: number;
     /**
-     * Jobs claimed ahead of free slots (default: `concurrency`), so that one round trip brings
-     * enough work for the next: their leases are renewed with the running ones and they are
-     * released at shutdown. 0 claims only for free slots.
+     * Jobs claimed ahead of free slots, so that one round trip brings enough work for the next:
+     * they are held (leases renewed) until a slot frees, and released at shutdown. `'auto'`
+     * (default) holds about two round trips' worth of work at the handlers' measured pace (none
+     * for handlers much slower than a round trip; up to 1000 for no-op handlers); a number fixes
+     * it; 0 claims only for free slots.
      */
-    prefetch?: number;
+    prefetch?: number | 'auto';
     /** Long-poll wait of a fetch, in ms (default 20 000; the server caps it, at 30 s by default). */
     waitMs?: number;
     /** This worker's id in `/v1/workers` (default `HOST-PID-RANDOM`). */
@@ -94,7 +96,8 @@ export declare class Worker {
     readonly concurrency: number;
     readonly leaseMs: number;
     readonly graceMs: number;
-    readonly prefetch: number;
+    /** The fixed prefetch, or `'auto'`. */
+    readonly prefetch: number | 'auto';
     readonly waitMs: number;
     private readonly transport;
     private readonly handlers;
@@ -103,7 +106,7 @@ export declare class Worker {
     private readonly backoffMinMs;
     private readonly backoffMaxMs;
     private readonly held;
-    private buffer;
+    private readonly buffer;
     private running;
     private pending;
     private phase;
@@ -111,9 +114,18 @@ export declare class Worker {
     private fatalError;
     private closeRequested;
     private forceDrain;
-    private fetchInFlight;
-    private fetchAbort;
+    /** Fetches in flight, and the jobs they asked for in all. */
+    private fetchesInFlight;
+    private requested;
+    /** The last fetch brought all it asked for: the queue is busy, a second fetcher helps. */
+    private saturated;
+    private lastFetchAt;
+    private readonly startedAt;
+    private readonly fetchAborts;
     private fetchDone;
+    /** Moving averages for the automatic prefetch: handler run time and fetch round trip (ms). */
+    private avgHandlerMs;
+    private avgRoundTripMs;
     private ackInFlight;
     private ackRetryTimer;
     private ackFailures;
@@ -121,7 +133,7 @@ export declare class Worker {
     private heartbeatTimer;
     private heartbeatInFlight;
     private heartbeatFailures;
-    private wakeLoop;
+    private readonly loopWaiters;
     private wakeBackoff;
     private fetchBackingOff;
     private wakeDrain;
@@ -152,8 +164,16 @@ export declare class Worker {
     private backoff;
     /** The fetch loop's backoff: sleeps `ms`, or less if the worker stops. */
     private pause;
+    /** Jobs held ahead of free slots at most, now. */
+    private prefetchLimit;
+    /** How many more jobs may be claimed now. */
     private capacity;
     private canFetch;
+    private wakeLoops;
+    /**
+     * One fetcher. Fetcher 0 always runs (long-polling when the queue is idle); fetcher 1 only
+     * while fetches come back full, so two fetches share the server's commits.
+     */
     private fetchLoop;
     private dispatch;
     /** Starts buffered jobs while slots are free. */
@@ -182,8 +202,15 @@ export declare class Worker {
     private flushAcks;
     private scheduleHeartbeat;
     private heartbeat;
+    /**
+     * Handlers got slower than when these jobs were prefetched: hand back what the slots will
+     * not reach soon, so other workers can run it.
+     */
+    private trimPrefetched;
     private leaseLost;
     private drain;
+    /** Tells the registry this worker stopped (best effort), so it shows `stopped`, not `dead` later. */
+    private sayStopped;
     private waitDrain;
     private releaseAll;
     private abortAll;

@@ -98,10 +98,23 @@ export function errorFromResponse(
 // ---------------------------------------------------------------------------------------------
 // Handler outcomes: throw one of these from a handler.
 
+/** Options of the handler outcomes. */
+export interface OutcomeOptions {
+  cause?: unknown;
+  /**
+   * The failure's `error.class` (1-128 characters of `[A-Za-z0-9_.:-]`; others become `_`).
+   * Default: the server's `error`, `retry_after` or `permanent`.
+   */
+  errorClass?: string;
+}
+
 /** Fail this attempt and retry with the server's backoff (dead once attempts are exhausted). */
 export class Retry extends Error {
-  constructor(message = 'retry requested', options?: { cause?: unknown }) {
-    super(message, options);
+  readonly errorClass: string | undefined;
+
+  constructor(message = 'retry requested', options: OutcomeOptions = {}) {
+    super(message, { cause: options.cause });
+    this.errorClass = options.errorClass;
   }
 
   override get name(): string {
@@ -118,13 +131,15 @@ export class Retry extends Error {
 export class RetryAfter extends Error {
   /** The delay in milliseconds (rounded up, at least 0). */
   readonly delayMs: number;
+  readonly errorClass: string | undefined;
 
-  constructor(seconds: number, message?: string, options?: { cause?: unknown }) {
+  constructor(seconds: number, message?: string, options: OutcomeOptions = {}) {
     if (typeof seconds !== 'number' || !Number.isFinite(seconds) || seconds < 0) {
       throw new TypeError(`RetryAfter: seconds must be a finite number >= 0, got ${String(seconds)}`);
     }
-    super(message ?? `retry after ${seconds} s`, options);
+    super(message ?? `retry after ${seconds} s`, { cause: options.cause });
     this.delayMs = Math.ceil(seconds * 1000);
+    this.errorClass = options.errorClass;
   }
 
   /** The delay in seconds. */
@@ -133,8 +148,8 @@ export class RetryAfter extends Error {
   }
 
   /** A `RetryAfter` of `ms` milliseconds. */
-  static ms(ms: number, message?: string): RetryAfter {
-    return new RetryAfter(ms / 1000, message ?? `retry after ${ms} ms`);
+  static ms(ms: number, message?: string, options: OutcomeOptions = {}): RetryAfter {
+    return new RetryAfter(ms / 1000, message ?? `retry after ${ms} ms`, options);
   }
 
   override get name(): string {
@@ -144,8 +159,11 @@ export class RetryAfter extends Error {
 
 /** Fail this job for good: straight to the dead-letter queue, no further attempts. */
 export class Permanent extends Error {
-  constructor(message = 'permanent failure', options?: { cause?: unknown }) {
-    super(message, options);
+  readonly errorClass: string | undefined;
+
+  constructor(message = 'permanent failure', options: OutcomeOptions = {}) {
+    super(message, { cause: options.cause });
+    this.errorClass = options.errorClass;
   }
 
   override get name(): string {

@@ -17,5 +17,5 @@ export {
   RetryAfter,
   Permanent,
 } from './errors.js';
-export type { ErrorBody } from './errors.js';
+export type { ErrorBody, OutcomeOptions } from './errors.js';
 export { VERSION } from './http.js';

@@ -65,11 +65,13 @@ export interface WorkerOptions {
   /** On shutdown, how long running handlers may take to finish before they are released (default 25 000 ms). */
   graceMs?: number;
   /**
-   * Jobs claimed ahead of free slots (default: `concurrency`), so that one round trip brings
-   * enough work for the next: their leases are renewed with the running ones and they are
-   * released at shutdown. 0 claims only for free slots.
+   * Jobs claimed ahead of free slots, so that one round trip brings enough work for the next:
+   * they are held (leases renewed) until a slot frees, and released at shutdown. `'auto'`
+   * (default) holds about two round trips' worth of work at the handlers' measured pace (none
+   * for handlers much slower than a round trip; up to 1000 for no-op handlers); a number fixes
+   * it; 0 claims only for free slots.
    */
-  prefetch?: number;
+  prefetch?: number | 'auto';
   /** Long-poll wait of a fetch, in ms (default 20 000; the server caps it, at 30 s by default). */
   waitMs?: number;
   /** This worker's id in `/v1/workers` (default `HOST-PID-RANDOM`). */
@@ -149,8 +151,7 @@ interface Acks {
 type HeldState = 'buffered' | 'running' | 'acking' | 'done';
 
 interface Held {
-  job: Job;
-  controller: AbortController;
+  job: RunningJob;
   state: HeldState;
   /** The lease is gone (heartbeat said so): the result is dropped. */
   lost: boolean;
@@ -159,9 +160,115 @@ interface Held {
   /** The slot was given back before the handler settled (timeout). */
   slotFreed: boolean;
   timer: NodeJS.Timeout | undefined;
+  /** performance.now() when the handler started. */
+  startedAt: number;
+  /** Created when the handler first reads `job.signal` (most never do). */
+  controller?: AbortController;
+  abortReason?: Error;
+}
+
+/** A first-in first-out queue with O(1) shift. */
+class Fifo<T> {
+  private items: T[] = [];
+  private head = 0;
+
+  get length(): number {
+    return this.items.length - this.head;
+  }
+
+  push(item: T): void {
+    this.items.push(item);
+  }
+
+  shift(): T | undefined {
+    if (this.head >= this.items.length) return undefined;
+    const item = this.items[this.head];
+    this.items[this.head++] = undefined as T;
+    if (this.head > 1024 && this.head * 2 > this.items.length) {
+      this.items = this.items.slice(this.head);
+      this.head = 0;
+    }
+    return item;
+  }
+
+  remove(item: T): void {
+    const i = this.items.indexOf(item, this.head);
+    if (i >= 0) this.items.splice(i, 1);
+  }
+
+  /** Removes and returns up to `n` items from the end (the newest). */
+  popTail(n: number): T[] {
+    const count = Math.max(0, Math.min(n, this.length));
+    return this.items.splice(this.items.length - count, count);
+  }
+
+  takeAll(): T[] {
+    const all = this.items.slice(this.head);
+    this.items = [];
+    this.head = 0;
+    return all;
+  }
+}
+
+/** Aborts the job's signal (now, or when the handler first reads it). */
+function abortHeld(h: Held, reason: Error): void {
+  if (h.abortReason) return;
+  h.abortReason = reason;
+  h.controller?.abort(reason);
+}
+
+function ewma(avg: number | null, sample: number): number {
+  return avg === null ? sample : avg + 0.2 * (sample - avg);
+}
+
+/** The job object handed to handlers. */
+class RunningJob implements Job {
+  readonly id: string;
+  readonly kind: string;
+  readonly queue: string;
+  readonly payload: any;
+  readonly attempt: number;
+  readonly maxAttempts: number;
+  readonly timeoutMs: number | null;
+  readonly tenant: string | null;
+  readonly tags: string[];
+  readonly leaseToken: string;
+  leaseExpiresAt: Date;
+  readonly workerId: string;
+  readonly #held: Held;
+
+  constructor(raw: FetchedJob, workerId: string, held: Held) {
+    this.id = raw.id;
+    this.kind = raw.kind;
+    this.queue = raw.queue;
+    this.payload = raw.payload;
+    this.attempt = raw.attempt;
+    this.maxAttempts = raw.max_attempts;
+    this.timeoutMs = raw.timeout_ms ?? null;
+    this.tenant = raw.tenant ?? null;
+    this.tags = raw.tags ?? [];
+    this.leaseToken = raw.lease_token;
+    this.leaseExpiresAt = new Date(raw.lease_expires_at);
+    this.workerId = workerId;
+    this.#held = held;
+  }
+
+  get signal(): AbortSignal {
+    const h = this.#held;
+    if (!h.controller) {
+      h.controller = new AbortController();
+      if (h.abortReason) h.controller.abort(h.abortReason);
+    }
+    return h.controller.signal;
+  }
 }
 
 const MAX_ACKS_PER_CALL = 500;
+const MAX_FETCH = 1000;
+const MAX_AUTO_PREFETCH = 1000;
+const HOST = os.hostname();
+/** Past this long without a fetch, heartbeats refresh the worker's registration. */
+const REGISTRATION_REFRESH_MS = 30_000;
 const MAX_LEASES_PER_CALL = 1000;
 const MAX_ERROR_MESSAGE = 65_536;
 /** How long acknowledgements and releases are retried at the end of a drain. */
@@ -182,14 +289,17 @@ export function errorClass(err: unknown): string {
     const ctor = typeof e.constructor?.name === 'string' ? e.constructor.name : '';
     name = own && own !== 'Error' ? own : ctor && ctor !== 'Object' ? ctor : own;
   }
-  name = name.replace(/[^A-Za-z0-9_.:-]/g, '_').slice(0, 128);
-  return name || 'Error';
+  return sanitizeClass(name) || 'Error';
+}
+
+function sanitizeClass(name: string): string {
+  return name.replace(/[^A-Za-z0-9_.:-]/g, '_').slice(0, 128);
 }
 
 function errorMessage(err: unknown, withStack: boolean): string {
   let text: string;
   if (err instanceof Error) {
-    text = withStack && typeof err.stack === 'string' && err.stack ? err.stack : `${err.name}: ${err.message}`;
+    text = withStack && typeof err.stack === 'string' && err.stack ? err.stack : withStack ? `${err.name}: ${err.message}` : err.message;
   } else {
     try {
       text = typeof err === 'string' ? err : JSON.stringify(err) ?? String(err);
@@ -231,7 +341,8 @@ export class Worker {
   readonly concurrency: number;
   readonly leaseMs: number;
   readonly graceMs: number;
-  readonly prefetch: number;
+  /** The fixed prefetch, or `'auto'`. */
+  readonly prefetch: number | 'auto';
   readonly waitMs: number;
 
   private readonly transport: Transport;
@@ -242,7 +353,7 @@ export class Worker {
   private readonly backoffMaxMs: number;
 
   private readonly held = new Map<string, Held>();
-  private buffer: Held[] = [];
+  private readonly buffer = new Fifo<Held>();
   private running = 0;
   private pending: Acks = { complete: [], fail: [] };
 
@@ -252,9 +363,18 @@ export class Worker {
   private closeRequested = false;
   private forceDrain = false;
 
-  private fetchInFlight = false;
-  private fetchAbort: AbortController | null = null;
-  private fetchDone: Promise<void> = Promise.resolve();
+  /** Fetches in flight, and the jobs they asked for in all. */
+  private fetchesInFlight = 0;
+  private requested = 0;
+  /** The last fetch brought all it asked for: the queue is busy, a second fetcher helps. */
+  private saturated = false;
+  private lastFetchAt = 0;
+  private readonly startedAt = new Date();
+  private readonly fetchAborts = new Set<AbortController>();
+  private fetchDone: Promise<unknown> = Promise.resolve();
+  /** Moving averages for the automatic prefetch: handler run time and fetch round trip (ms). */
+  private avgHandlerMs: number | null = null;
+  private avgRoundTripMs: number | null = null;
   private ackInFlight = false;
   private ackRetryTimer: NodeJS.Timeout | undefined;
   private ackFailures = 0;
@@ -263,7 +383,7 @@ export class Worker {
   private heartbeatInFlight = false;
   private heartbeatFailures = 0;
 
-  private wakeLoop: (() => void) | null = null;
+  private readonly loopWaiters = new Set<() => void>();
   private wakeBackoff: (() => void) | null = null;
   private fetchBackingOff = false;
   private wakeDrain: (() => void) | null = null;
@@ -279,7 +399,8 @@ export class Worker {
     this.leaseMs = positiveInt('leaseMs', options.leaseMs ?? 30_000);
     if (this.leaseMs < 100) throw new RangeError('conveyor: leaseMs must be at least 100');
     this.graceMs = nonNegative('graceMs', options.graceMs ?? 25_000);
-    this.prefetch = Math.floor(nonNegative('prefetch', options.prefetch ?? this.concurrency));
+    const prefetch = options.prefetch ?? 'auto';
+    this.prefetch = prefetch === 'auto' ? 'auto' : Math.floor(nonNegative('prefetch', prefetch));
     this.waitMs = Math.floor(nonNegative('waitMs', options.waitMs ?? 20_000));
     this.workerId = options.workerId ?? `${os.hostname()}-${process.pid}-${randomBytes(3).toString('hex')}`;
     this.handleSignals = options.handleSignals ?? true;
@@ -344,7 +465,7 @@ export class Worker {
       `${this.workerId}: running kinds [${this.kinds.join(', ')}] from queues [${this.queues.join(', ')}] at ${this.transport.baseUrl.origin}, concurrency ${this.concurrency}`,
     );
     this.scheduleHeartbeat(Math.max(50, Math.floor(this.leaseMs / 3)));
-    this.fetchDone = this.fetchLoop();
+    this.fetchDone = Promise.all([this.fetchLoop(0), this.fetchLoop(1)]);
     try {
       await stopped;
       if (this.fatalError) throw this.fatalError;
@@ -357,7 +478,7 @@ export class Worker {
     } finally {
       this.phase = 'stopped';
       this.stopping = true;
-      this.fetchAbort?.abort();
+      for (const abort of this.fetchAborts) abort.abort();
       clearTimeout(this.heartbeatTimer);
       clearTimeout(this.ackRetryTimer);
       this.removeSignals();
@@ -368,7 +489,7 @@ export class Worker {
   private requestStop(): void {
     if (this.stopping) return;
     this.stopping = true;
-    this.wakeLoop?.();
+    this.wakeLoops();
     this.wakeBackoff?.();
     this.stopRequested?.();
   }
@@ -431,104 +552,143 @@ export class Worker {
 
   // ---- fetching -------------------------------------------------------------------------------
 
-  private capacity(): number {
-    return this.concurrency + this.prefetch - this.running - this.buffer.length;
+  /** Jobs held ahead of free slots at most, now. */
+  private prefetchLimit(): number {
+    if (this.prefetch !== 'auto') return this.prefetch;
+    if (this.avgHandlerMs === null || this.avgRoundTripMs === null) return 0;
+    // Enough for each slot to run through two round trips without waiting for a fetch.
+    const perSlot = (2 * this.avgRoundTripMs) / Math.max(this.avgHandlerMs, 0.001);
+    return Math.min(MAX_AUTO_PREFETCH, Math.ceil(this.concurrency * perSlot));
   }
 
-  private canFetch(): boolean {
+  /** How many more jobs may be claimed now. */
+  private capacity(): number {
+    return this.concurrency + this.prefetchLimit() - this.running - this.buffer.length - this.requested;
+  }
+
+  private canFetch(fetcher = 0): boolean {
     if (this.stopping) return false;
+    // The second fetcher only works while the queue keeps every fetch full.
+    if (fetcher > 0 && !this.saturated) return false;
     const capacity = this.capacity();
     if (capacity <= 0) return false;
-    if (this.running < this.concurrency && this.buffer.length === 0) return true;
+    if (this.running + this.requested < this.concurrency && this.buffer.length === 0) return true;
     // Only prefetching: wait until a worthwhile batch fits.
-    return capacity >= Math.max(1, Math.ceil((this.concurrency + this.prefetch) / 2));
+    return capacity >= Math.max(1, Math.ceil((this.concurrency + this.prefetchLimit()) / 2));
   }
 
-  private async fetchLoop(): Promise<void> {
+  private wakeLoops(): void {
+    for (const wake of [...this.loopWaiters]) wake();
+  }
+
+  /**
+   * One fetcher. Fetcher 0 always runs (long-polling when the queue is idle); fetcher 1 only
+   * while fetches come back full, so two fetches share the server's commits.
+   */
+  private async fetchLoop(fetcher: number): Promise<void> {
     let failures = 0;
     while (!this.stopping) {
-      if (!this.canFetch()) {
+      if (!this.canFetch(fetcher) || (fetcher > 0 && this.fetchBackingOff)) {
         await new Promise<void>((resolve) => {
-          this.wakeLoop = () => {
-            this.wakeLoop = null;
+          const wake = () => {
+            this.loopWaiters.delete(wake);
             resolve();
           };
+          this.loopWaiters.add(wake);
         });
         continue;
       }
       // Let handlers that finish in this turn of the event loop put their acks in this fetch.
       await new Promise<void>((resolve) => setImmediate(resolve));
-      if (this.stopping) break;
+      if (!this.canFetch(fetcher)) continue;
       const acks = this.takeAcks();
+      const max = Math.min(MAX_FETCH, this.capacity());
       const body: Record<string, unknown> = {
         worker_id: this.workerId,
         queues: this.queues,
-        max: Math.min(1000, Math.max(1, this.capacity())),
+        max,
         lease_ms: this.leaseMs,
-        wait_ms: this.waitMs,
+        wait_ms: fetcher === 0 ? this.waitMs : 0,
         kinds: this.kinds,
         concurrency: this.concurrency,
-        busy: this.held.size,
-        host: os.hostname(),
+        // Handlers running now (prefetched jobs are held but take no slot).
+        busy: this.running,
+        host: HOST,
         pid: process.pid,
         version: `conveyor-client-node/${VERSION}`,
       };
       if (acks.complete.length > 0) body.complete = acks.complete;
       if (acks.fail.length > 0) body.fail = acks.fail;
       const abort = new AbortController();
-      this.fetchAbort = abort;
-      this.fetchInFlight = true;
+      this.fetchAborts.add(abort);
+      this.fetchesInFlight++;
+      this.requested += max;
+      const sent = performance.now();
+      this.lastFetchAt = Date.now();
+      let answer: { jobs?: FetchedJob[]; acks?: AckResult[] } | undefined;
+      let delay: number | null = null;
       try {
-        const res = await this.transport.request<{ jobs: FetchedJob[]; acks?: AckResult[] }>('POST', '/v1/fetch', body, {
-          timeoutMs: this.waitMs + 30_000,
-          signal: abort.signal,
-        });
-        if (failures > 0) this.log.info(`fetch works again after ${failures} failure(s)`);
-        failures = 0;
-        this.fetchInFlight = false;
-        this.ackResults(acks, res.body.acks ?? []);
-        this.dispatch(res.body.jobs ?? []);
+        answer = (
+          await this.transport.request<{ jobs?: FetchedJob[]; acks?: AckResult[] }>('POST', '/v1/fetch', body, {
+            timeoutMs: this.waitMs + 30_000,
+            signal: abort.signal,
+          })
+        ).body;
       } catch (e) {
-        this.fetchInFlight = false;
         this.restoreAcks(acks);
-        if (isFatal(e)) return this.fail(e);
-        if (abort.signal.aborted) break;
+        if (isFatal(e)) {
+          this.fail(e);
+          return;
+        }
+        if (abort.signal.aborted || this.stopping) break;
         if (e instanceof InvalidRequest && this.dropBadAck(e)) continue;
-        if (!isTransient(e)) return this.fail(e);
+        if (!isTransient(e)) {
+          this.fail(e);
+          return;
+        }
+        this.saturated = false;
+        if (fetcher > 0) continue; // parks until fetches come back full again
         failures++;
-        const delay = this.backoff(failures);
+        delay = this.backoff(failures);
         if (failures === 1 || failures % 20 === 0) {
           this.log.warn(`fetch failed (${failures} in a row), retrying in ${delay} ms: ${describe(e)}`);
         }
-        this.scheduleFlush();
-        await this.pause(delay);
       } finally {
-        this.fetchInFlight = false;
-        if (this.fetchAbort === abort) this.fetchAbort = null;
+        this.fetchesInFlight--;
+        this.requested -= max;
+        this.fetchAborts.delete(abort);
+      }
+      if (delay !== null) {
+        const backoff = this.pause(delay);
+        this.scheduleFlush(); // acknowledgements go out with /v1/ack meanwhile
+        await backoff;
+        continue;
+      }
+      if (answer) {
+        if (failures > 0 && fetcher === 0) this.log.info(`fetch works again after ${failures} failure(s)`);
+        failures = 0;
+        const jobs = answer.jobs ?? [];
+        this.saturated = jobs.length >= max;
+        // Only a full answer did not wait for jobs: its time is a round trip.
+        if (jobs.length >= max) this.avgRoundTripMs = ewma(this.avgRoundTripMs, performance.now() - sent);
+        this.ackResults(acks, answer.acks ?? []);
+        this.dispatch(jobs);
       }
     }
   }
 
   private dispatch(jobs: FetchedJob[]): void {
     for (const raw of jobs) {
-      const controller = new AbortController();
-      const job: Job = {
-        id: raw.id,
-        kind: raw.kind,
-        queue: raw.queue,
-        payload: raw.payload,
-        attempt: raw.attempt,
-        maxAttempts: raw.max_attempts,
-        timeoutMs: raw.timeout_ms ?? null,
-        tenant: raw.tenant ?? null,
-        tags: raw.tags ?? [],
-        leaseToken: raw.lease_token,
-        leaseExpiresAt: new Date(raw.lease_expires_at),
-        signal: controller.signal,
-        workerId: this.workerId,
-      };
-      const h: Held = { job, controller, state: 'buffered', lost: false, released: false, slotFreed: false, timer: undefined };
-      this.held.set(job.id, h);
+      const h = {
+        state: 'buffered',
+        lost: false,
+        released: false,
+        slotFreed: false,
+        timer: undefined,
+        startedAt: 0,
+      } as unknown as Held;
+      h.job = new RunningJob(raw, this.workerId, h);
+      this.held.set(raw.id, h);
       this.buffer.push(h);
     }
     this.pump();
@@ -539,13 +699,14 @@ export class Worker {
     while (!this.stopping && this.running < this.concurrency && this.buffer.length > 0) {
       this.start(this.buffer.shift()!);
     }
-    if (this.canFetch()) this.wakeLoop?.();
+    if (this.loopWaiters.size > 0 && (this.canFetch(0) || this.canFetch(1))) this.wakeLoops();
   }
 
   private start(h: Held): void {
     const { job } = h;
     const handler = this.handlers.get(job.kind);
     h.state = 'running';
+    h.startedAt = performance.now();
     this.running++;
     if (!handler) {
       // Only a server that ignores `kinds` hands out a kind without a handler.
@@ -572,7 +733,7 @@ export class Worker {
 
   private timeout(h: Held): void {
     if (h.state !== 'running') return;
-    h.controller.abort(new JobTimeoutError(`job ${h.job.id} ran past its timeout of ${h.job.timeoutMs} ms`));
+    abortHeld(h, new JobTimeoutError(`job ${h.job.id} ran past its timeout of ${h.job.timeoutMs} ms`));
     // The slot is given back now: a handler that ignores its signal cannot hold it forever.
     h.slotFreed = true;
     this.running--;
@@ -584,9 +745,13 @@ export class Worker {
   }
 
   private failureOf(err: unknown): Failure {
-    if (err instanceof RetryAfter) return { error: { message: err.message }, retry: 'after', retry_after_ms: err.delayMs };
-    if (err instanceof Retry) return { error: { message: err.message }, retry: 'auto' };
-    if (err instanceof Permanent) return { error: { message: err.message }, retry: 'never' };
+    if (err instanceof RetryAfter || err instanceof Retry || err instanceof Permanent) {
+      const error: FailItem['error'] = { message: errorMessage(err, false) };
+      const cls = err.errorClass === undefined ? '' : sanitizeClass(err.errorClass);
+      if (cls) error.class = cls;
+      if (err instanceof RetryAfter) return { error, retry: 'after', retry_after_ms: err.delayMs };
+      return { error, retry: err instanceof Retry ? 'auto' : 'never' };
+    }
     return { error: { class: errorClass(err), message: errorMessage(err, true) }, retry: 'auto' };
   }
 
@@ -596,7 +761,8 @@ export class Worker {
     outcome: 'complete' | 'fail',
     value: unknown,
   ): void {
-    clearTimeout(h.timer);
+    if (h.timer) clearTimeout(h.timer);
+    if (h.startedAt > 0) this.avgHandlerMs = ewma(this.avgHandlerMs, performance.now() - h.startedAt);
     if (!h.slotFreed) {
       h.slotFreed = true;
       this.running--;
@@ -626,7 +792,7 @@ export class Worker {
         this.afterSlotFreed();
         return;
       }
-      this.queueAck(h, 'complete', json === undefined ? undefined : JSON.parse(json));
+      this.queueAck(h, 'complete', json === undefined ? undefined : value);
     } else {
       this.queueAck(h, 'fail', value as Failure);
     }
@@ -735,7 +901,7 @@ export class Worker {
   private maybeFlush(): void {
     if (!this.hasPending() || this.ackInFlight || this.ackRetryTimer) return;
     // The next fetch carries them.
-    if (!this.fetchInFlight && !this.fetchBackingOff && this.canFetch() && this.phase === 'running') return;
+    if (this.fetchesInFlight === 0 && !this.fetchBackingOff && this.canFetch() && this.phase === 'running') return;
     void this.flushAcks();
   }
 
@@ -761,6 +927,7 @@ export class Worker {
         this.maybeFlush();
         return;
       }
+      if (!isTransient(e)) return this.fail(e);
       this.ackFailures++;
       const delay = this.backoff(this.ackFailures);
       if (this.ackFailures === 1 || this.ackFailures % 20 === 0) {
@@ -786,6 +953,7 @@ export class Worker {
   private async heartbeat(): Promise<void> {
     const interval = Math.max(50, Math.floor(this.leaseMs / 3));
     if (this.heartbeatInFlight) return;
+    this.trimPrefetched();
     const leases = [...this.held.values()].filter((h) => !h.lost && !h.released && h.state !== 'done');
     if (leases.length === 0) return this.scheduleHeartbeat(interval);
     this.heartbeatInFlight = true;
@@ -793,10 +961,16 @@ export class Worker {
     try {
       for (let i = 0; i < leases.length; i += MAX_LEASES_PER_CALL) {
         const chunk = leases.slice(i, i + MAX_LEASES_PER_CALL);
-        const res = await this.transport.request<{ results: AckResult[] }>('POST', '/v1/heartbeat', {
+        const body: Record<string, unknown> = {
           leases: chunk.map((h) => ({ id: h.job.id, lease_token: h.job.leaseToken })),
           lease_ms: this.leaseMs,
-        });
+        };
+        // Fetches keep this worker registered (a worker unheard of for 2 minutes is marked dead
+        // and its jobs rescued); with every slot busy for long no fetch goes out, so the
+        // heartbeat does it then. Not always: the server counts every lease as busy, and
+        // prefetched leases would show more busy slots than the worker has.
+        if (i === 0 && Date.now() - this.lastFetchAt > REGISTRATION_REFRESH_MS) body.worker_id = this.workerId;
+        const res = await this.transport.request<{ results: AckResult[] }>('POST', '/v1/heartbeat', body);
         const results = res.body.results ?? [];
         chunk.forEach((h, j) => {
           const r = results[j];
@@ -811,7 +985,7 @@ export class Worker {
       if (this.heartbeatFailures > 0) this.log.info(`heartbeats go through again after ${this.heartbeatFailures} failure(s)`);
       this.heartbeatFailures = 0;
     } catch (e) {
-      if (isFatal(e)) {
+      if (isFatal(e) || !isTransient(e)) {
         this.heartbeatInFlight = false;
         return this.fail(e);
       }
@@ -825,13 +999,26 @@ export class Worker {
     this.scheduleHeartbeat(next);
   }
 
+  /**
+   * Handlers got slower than when these jobs were prefetched: hand back what the slots will
+   * not reach soon, so other workers can run it.
+   */
+  private trimPrefetched(): void {
+    if (this.stopping || this.prefetch !== 'auto') return;
+    const keep = Math.max(this.concurrency, this.prefetchLimit());
+    const excess = this.buffer.length - keep;
+    if (excess <= 0) return;
+    const extra = this.buffer.popTail(excess);
+    void this.releaseAll(extra);
+  }
+
   private leaseLost(h: Held, status: string): void {
     if (h.lost || h.state === 'done') return;
     if (h.state === 'acking') return; // its acknowledgement's own answer tells
     h.lost = true;
-    h.controller.abort(new LeaseLostError(`job ${h.job.id}: lease lost (${status}): it was cancelled, rescued or finished elsewhere`));
+    abortHeld(h, new LeaseLostError(`job ${h.job.id}: lease lost (${status}): it was cancelled, rescued or finished elsewhere`));
     if (h.state === 'buffered') {
-      this.buffer = this.buffer.filter((b) => b !== h);
+      this.buffer.remove(h);
       this.held.delete(h.job.id);
       h.state = 'done';
       this.log.warn(`job ${h.job.id} (${h.job.kind}): lease lost before it started (${status}), dropped`);
@@ -847,7 +1034,7 @@ export class Worker {
     this.phase = 'draining';
     const started = Date.now();
     // Jobs that never started go back at once.
-    const toRelease: Held[] = this.buffer.splice(0);
+    const toRelease: Held[] = this.buffer.takeAll();
     const releases = this.releaseAll(toRelease);
     this.scheduleFlush();
     // Running handlers get the grace period.
@@ -856,17 +1043,17 @@ export class Worker {
       await this.waitDrain(graceEnd - Date.now());
     }
     // A fetch still waiting is cut off; jobs it brings back now are released.
-    if (this.fetchInFlight) this.fetchAbort?.abort();
+    for (const abort of this.fetchAborts) abort.abort();
     await this.fetchDone;
     const late = [...this.held.values()].filter((h) => h.state === 'buffered');
-    this.buffer = [];
+    this.buffer.takeAll();
     const stillRunning = [...this.held.values()].filter((h) => h.state === 'running');
     if (stillRunning.length > 0) {
       this.log.warn(`grace period over: releasing ${stillRunning.length} running job(s)`);
       for (const h of stillRunning) {
         h.released = true;
         h.state = 'done';
-        h.controller.abort(new ShutdownError(`the worker shut down before job ${h.job.id} finished`));
+        abortHeld(h, new ShutdownError(`the worker shut down before job ${h.job.id} finished`));
       }
     }
     const lateReleases = this.releaseAll([...late, ...stillRunning]);
@@ -881,6 +1068,31 @@ export class Worker {
       this.log.error(`${n} acknowledgement(s) could not be sent: those jobs run again once their leases expire`);
     }
     await Promise.all([releases, lateReleases]);
+    if (!this.fatalError) await this.sayStopped();
+  }
+
+  /** Tells the registry this worker stopped (best effort), so it shows `stopped`, not `dead` later. */
+  private async sayStopped(): Promise<void> {
+    try {
+      await this.transport.request(
+        'POST',
+        '/v1/workers/heartbeat',
+        {
+          worker_id: this.workerId,
+          host: os.hostname(),
+          pid: process.pid,
+          queues: this.queues,
+          concurrency: this.concurrency,
+          busy: 0,
+          version: `conveyor-client-node/${VERSION}`,
+          started_at: this.startedAt.toISOString(),
+          stopping: true,
+        },
+        { timeoutMs: 2_000 },
+      );
+    } catch {
+      // The registry marks it dead later; nothing is held any more.
+    }
   }
 
   private waitDrain(ms: number): Promise<void> {
@@ -921,7 +1133,7 @@ export class Worker {
 
   private abortAll(reason: Error): void {
     for (const h of this.held.values()) {
-      if (!h.controller.signal.aborted) h.controller.abort(reason);
+      abortHeld(h, reason);
     }
   }
 }

@@ -11,35 +11,48 @@ export const PACKAGE_DIR = path.resolve(here, '..');
 export const REPO = path.resolve(here, '../../..');
 export const BIN = process.env.CONVEYOR_BIN || path.join(REPO, 'target/debug/conveyor');
 
+// Servers still running when this test process ends (a failed start, a killed test run) are
+// killed with it.
 const children = new Set();
-process.on('exit', () => {
+const dirs = new Set();
+function killChildren() {
   for (const child of children) {
     try {
       process.kill(child.pid, 'SIGKILL');
     } catch {}
   }
-});
+  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+}
+process.on('exit', killChildren);
+for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP']) {
+  process.once(signal, () => {
+    killChildren();
+    process.kill(process.pid, signal);
+  });
+}
 
-/** Resolves with the first line of `stream` matching `re` (its match), or rejects after `ms`. */
+/**
+ * Resolves with the first line of `stream` matching `re` (its match), or rejects after `ms`.
+ * The stream keeps flowing afterwards (other 'data' listeners still see everything).
+ */
 export function waitForLine(stream, re, ms, what) {
   return new Promise((resolve, reject) => {
     const rl = createInterface({ input: stream });
-    const timer = setTimeout(() => {
+    let done = false;
+    const finish = (fn, value) => {
+      if (done) return;
+      done = true;
+      clearTimeout(timer);
+      fn(value);
       rl.close();
-      reject(new Error(`${what}: no line matching ${re} within ${ms} ms`));
-    }, ms);
+      stream.resume(); // keep the pipe flowing (closing the reader paused it)
+    };
+    const timer = setTimeout(() => finish(reject, new Error(`${what}: no line matching ${re} within ${ms} ms`)), ms);
     rl.on('line', (line) => {
       const m = re.exec(line);
-      if (m) {
-        clearTimeout(timer);
-        rl.close();
-        resolve(m);
-      }
+      if (m) finish(resolve, m);
     });
-    rl.on('close', () => {
-      clearTimeout(timer);
-      reject(new Error(`${what}: output ended before a line matching ${re}`));
-    });
+    rl.on('close', () => finish(reject, new Error(`${what}: output ended before a line matching ${re}`)));
   });
 }
 
@@ -49,6 +62,7 @@ export class Server {
     this.auth = auth;
     this.extraArgs = extraArgs;
     this.dir = mkdtempSync(path.join(tmpdir(), 'conveyor-ts-'));
+    dirs.add(this.dir);
     this.storeUrl = `sqlite://${path.join(this.dir, 'jobs.db')}`;
     this.listen = '127.0.0.1:0';
     this.proc = null;
@@ -66,8 +80,13 @@ export class Server {
     proc.stderr.pipe(log);
     this.proc = proc;
     this.exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
-    const [, url] = await waitForLine(proc.stdout, /conveyor listening on (http:\/\/\S+)/, 20_000, 'conveyor serve');
-    proc.stdout.resume();
+    let url;
+    try {
+      [, url] = await waitForLine(proc.stdout, /conveyor listening on (http:\/\/\S+)/, 20_000, 'conveyor serve');
+    } catch (e) {
+      proc.kill('SIGKILL');
+      throw e;
+    }
     this.url = url;
     this.listen = new URL(url).host; // a restart listens on the same port
     return this;
@@ -98,6 +117,7 @@ export class Server {
   async stop() {
     await this.kill();
     rmSync(this.dir, { recursive: true, force: true });
+    dirs.delete(this.dir);
   }
 
   /** A new API token's secret (`conveyor token create --role ROLE`). */
@@ -123,7 +143,13 @@ export class Server {
 }
 
 export async function startServer(options) {
-  return new Server(options).start();
+  const server = new Server(options);
+  try {
+    return await server.start();
+  } catch (e) {
+    await server.stop();
+    throw e;
+  }
 }
 
 /** Polls `check` (async, returns truthy when done) every 20 ms until it passes or `ms` is over. */

@@ -22,12 +22,21 @@ class _StaleConnection(Exception):
 
 
 class _Connection:
-    __slots__ = ("reader", "writer", "since")
+    __slots__ = ("reader", "writer", "since", "expired")
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.reader = reader
         self.writer = writer
         self.since = time.monotonic()
+        self.expired = False
+
+    def expire(self) -> None:
+        """The request's time is up: cut the connection, so the pending read fails."""
+        self.expired = True
+        try:
+            self.writer.transport.abort()
+        except Exception:  # noqa: BLE001
+            pass
 
     def close(self) -> None:
         try:
@@ -110,9 +119,7 @@ class AsyncTransport:
         context: Optional[ssl.SSLContext] = None
         if ep.tls:
             context = self.ssl_context or ssl.create_default_context()
-        reader, writer = await asyncio.open_connection(
-            ep.host, ep.port, ssl=context, limit=2**20
-        )
+        reader, writer = await asyncio.open_connection(ep.host, ep.port, ssl=context, limit=2**20)
         sock = writer.get_extra_info("socket")
         if sock is not None:
             try:
@@ -163,49 +170,58 @@ class AsyncTransport:
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         if data:
             request += data
+        loop = asyncio.get_running_loop()
         for attempt in (0, 1):
             conn = self._take() if attempt == 0 else None
             reused = conn is not None
+            timer: Optional[asyncio.TimerHandle] = None
             try:
                 if conn is None:
                     conn = await asyncio.wait_for(self._connect(), timeout)
+                # A timer rather than asyncio.wait_for, which costs a task per request and, before
+                # Python 3.12, may swallow a cancellation that meets the answer.
+                timer = loop.call_later(timeout, conn.expire)
                 conn.writer.write(request)
-                status, headers, payload, keep = await asyncio.wait_for(
-                    self._exchange(conn, method), timeout
-                )
+                await conn.writer.drain()
+                status, headers, payload, keep = await _read_response(conn, method)
             except (_StaleConnection, ConnectionResetError, BrokenPipeError, ConnectionAbortedError) as exc:
                 if conn is not None:
                     conn.close()
+                if conn is not None and conn.expired:
+                    raise TransportError(f"{method} {path}: no answer within {timeout:g} s") from None
                 if reused:
                     continue
                 raise TransportError(f"{method} {path}: connection lost: {type(exc).__name__}") from None
             except asyncio.TimeoutError:
                 if conn is not None:
                     conn.close()
-                raise TransportError(f"{method} {path}: no answer within {timeout:g} s") from None
+                raise TransportError(f"{method} {path}: no connection within {timeout:g} s") from None
             except asyncio.IncompleteReadError as exc:
-                conn.close()
+                if conn is not None:
+                    conn.close()
+                if conn is not None and conn.expired:
+                    raise TransportError(f"{method} {path}: no answer within {timeout:g} s") from None
                 raise TransportError(f"{method} {path}: connection closed mid-answer") from exc
             except (OSError, ValueError) as exc:
                 if conn is not None:
                     conn.close()
+                if conn is not None and conn.expired:
+                    raise TransportError(f"{method} {path}: no answer within {timeout:g} s") from None
                 raise TransportError(f"{method} {path}: {type(exc).__name__}: {exc}") from None
             except BaseException:
                 # Cancelled (or worse) mid-request: the connection is in an unknown state.
                 if conn is not None:
                     conn.close()
                 raise
+            finally:
+                if timer is not None:
+                    timer.cancel()
             if keep:
                 self._give_back(conn)
             else:
                 conn.close()
             return status, headers, payload
         raise TransportError(f"{method} {path}: connection lost")  # pragma: no cover
-
-    @staticmethod
-    async def _exchange(conn: _Connection, method: str) -> Tuple[int, Dict[str, str], bytes, bool]:
-        await conn.writer.drain()
-        return await _read_response(conn, method)
 
     async def close(self) -> None:
         self._closed = True

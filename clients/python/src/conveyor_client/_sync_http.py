@@ -67,9 +67,7 @@ class SyncTransport:
                 return
         conn.close()
 
-    def request(
-        self, method: str, path: str, body: Any = None, *, timeout: Optional[float] = None
-    ) -> Any:
+    def request(self, method: str, path: str, body: Any = None, *, timeout: Optional[float] = None) -> Any:
         """Sends one request; the answer's JSON, or raises a ``ConveyorError``."""
         data = _wire.encode(body) if body is not None else (b"" if method == "POST" else None)
         status, headers, payload = self.raw(method, path, data, timeout=timeout)

@@ -128,7 +128,7 @@ def enqueue_body(
     if queue is not None:
         body["queue"] = queue
     if priority is not None:
-        body["priority"] = int(priority)
+        body["priority"] = priority
     if delay is not None and run_at is not None:
         raise ValueError("give delay or run_at, not both")
     if delay is not None:
@@ -139,7 +139,7 @@ def enqueue_body(
         else:
             body["run_at"] = format_time(run_at)
     if max_attempts is not None:
-        body["max_attempts"] = int(max_attempts)
+        body["max_attempts"] = max_attempts
     if idempotency_key is not None:
         body["idempotency_key"] = idempotency_key
     if tenant is not None:
@@ -167,7 +167,9 @@ def job_spec_body(spec: Any, index: int) -> Dict[str, Any]:
     elif hasattr(spec, "kind"):
         data = {key: getattr(spec, key) for key in _ENQUEUE_KEYS if hasattr(spec, key)}
     else:
-        raise TypeError(f"jobs[{index}]: expected a dict or an object with a 'kind', got {type(spec).__name__}")
+        raise TypeError(
+            f"jobs[{index}]: expected a dict or an object with a 'kind', got {type(spec).__name__}"
+        )
     if "kind" not in data:
         raise ValueError(f"jobs[{index}]: missing 'kind'")
     known = {key: data.pop(key) for key in _ENQUEUE_KEYS if key in data}

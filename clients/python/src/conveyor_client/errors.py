@@ -154,9 +154,7 @@ def _parse_retry_after(value: Optional[str]) -> Optional[float]:
         return None
 
 
-def error_from_response(
-    status: int, body: bytes, headers: Optional[Dict[str, str]] = None
-) -> ConveyorError:
+def error_from_response(status: int, body: bytes, headers: Optional[Dict[str, str]] = None) -> ConveyorError:
     """The exception for a non-2xx answer: ``{"error": {"code", "field", "message"}}``."""
     import json
 
@@ -183,10 +181,6 @@ def error_from_response(
         cls = ServerError
     else:
         cls = ConveyorError
-    if status == 401:
-        message += " (the token is missing, unknown, revoked or expired)"
-    elif status == 403:
-        message += " (the token's role may not make this call)"
     if cls is QueueFull:
         lowered = {k.lower(): v for k, v in (headers or {}).items()}
         return QueueFull(

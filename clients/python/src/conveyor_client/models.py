@@ -111,7 +111,9 @@ class Job:
             tenant=data.get("tenant"),
             errors=[ErrorRecord.from_json(e) for e in data.get("errors") or []],
             lease=(
-                Lease(worker_id=str(lease.get("worker_id", "")), expires_at=parse_time(lease.get("expires_at")))
+                Lease(
+                    worker_id=str(lease.get("worker_id", "")), expires_at=parse_time(lease.get("expires_at"))
+                )
                 if isinstance(lease, dict)
                 else None
             ),

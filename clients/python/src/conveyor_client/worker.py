@@ -18,8 +18,10 @@ from __future__ import annotations
 import asyncio
 import collections
 import datetime as _dt
+import functools
 import inspect
 import logging
+import math
 import os
 import queue as _queue
 import random
@@ -31,7 +33,20 @@ import ssl
 import threading
 import time
 import traceback
-from typing import Any, Awaitable, Callable, Deque, Dict, Iterable, List, Optional, Sequence, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Awaitable,
+    Callable,
+    Deque,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from . import _wire
 from ._async_http import AsyncTransport
@@ -40,7 +55,6 @@ from .errors import (
     ConveyorError,
     Forbidden,
     InvalidRequest,
-    NotFound,
     PayloadTooLarge,
     Permanent,
     Retry,
@@ -64,7 +78,9 @@ REGISTRY_INTERVAL = 10.0
 # Longest error message sent (a traceback is welcome, a megabyte of one is not).
 MAX_MESSAGE_CHARS = 32 * 1024
 MAX_FETCH = 1000
+MAX_AUTO_PREFETCH = 1000
 MAX_HEARTBEAT_BATCH = 1000
+MAX_ACK_BATCH = 5000
 _CLASS_CHARS = re.compile(r"[^A-Za-z0-9_.:-]")
 _ACK_FIELD = re.compile(r"^(complete|fail)\[(\d+)\]")
 
@@ -80,6 +96,10 @@ def error_class_name(exc: BaseException) -> str:
     """An exception's class name as the server takes it: 1-128 of ``[A-Za-z0-9_.:-]``."""
     name = _CLASS_CHARS.sub("_", type(exc).__name__)[:128]
     return name or "error"
+
+
+def _ewma(average: Optional[float], sample: float, weight: float = 0.2) -> float:
+    return sample if average is None else average + weight * (sample - average)
 
 
 def _clip(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
@@ -98,7 +118,7 @@ class _Backoff:
         self.failures = 0
 
     def next_delay(self) -> float:
-        delay = min(self.cap, self.base * (2 ** min(self.failures, 30)))
+        delay: float = min(self.cap, self.base * 2.0 ** min(self.failures, 30))
         self.failures += 1
         return delay * random.uniform(0.8, 1.2)
 
@@ -207,7 +227,9 @@ class Worker:
     (seconds running handlers get to finish on SIGTERM/SIGINT or ``stop()`` before their jobs
     are released), ``poll_wait`` (seconds a fetch long-polls an idle queue, at most 30),
     ``prefetch`` (jobs fetched ahead of free slots, waiting under a renewed lease: more
-    throughput for short jobs), ``worker_id`` (shown in ``/v1/workers``), ``max_backoff``
+    throughput for short jobs; ``"auto"``, the default, holds enough for every slot to run
+    through two fetch round trips, from the measured handler and round-trip times, so long
+    jobs get none and no-op jobs up to 1,000), ``worker_id`` (shown in ``/v1/workers``), ``max_backoff``
     (longest pause between retries while the server is unreachable), ``ack_delay`` (how long a
     finished job's acknowledgement waits for a fetch to carry it before it is sent alone),
     ``on_ready`` (called once the worker runs, before its first fetch).
@@ -223,7 +245,7 @@ class Worker:
         lease: Seconds = 30.0,
         grace_period: Seconds = 30.0,
         poll_wait: Seconds = 20.0,
-        prefetch: int = 0,
+        prefetch: Union[int, str] = "auto",
         worker_id: Optional[str] = None,
         max_backoff: Seconds = 5.0,
         ack_delay: Seconds = 0.01,
@@ -237,12 +259,12 @@ class Worker:
             raise ValueError("give at least one queue")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if prefetch < 0:
-            raise ValueError("prefetch must be at least 0")
+        if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
+            raise ValueError('prefetch must be "auto" or an integer of at least 0')
         self.url = url
         self.token = token or None
         self.concurrency = int(concurrency)
-        self.prefetch = int(prefetch)
+        self.prefetch: Union[int, str] = prefetch
         self.lease = _seconds(lease, "lease")
         self.lease_ms = int(round(self.lease * 1000))
         if not 100 <= self.lease_ms <= 86_400_000:
@@ -283,8 +305,10 @@ class Worker:
         if not callable(fn):
             raise TypeError("a handler must be callable")
         self._handlers[kind] = fn
-        call = getattr(fn, "__call__", None)
-        self._is_async[kind] = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+        # An object with an `async def __call__` counts too.
+        self._is_async[kind] = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__
+        )
 
     @property
     def kinds(self) -> List[str]:
@@ -325,9 +349,10 @@ class Worker:
         installed = self._install_signals(loop) if handle_signals else []
         background: List["asyncio.Task[None]"] = []
         try:
-            background.append(loop.create_task(self._heartbeat_loop()))
-            background.append(loop.create_task(self._ack_loop()))
-            background.append(loop.create_task(self._registry_loop()))
+            for loop_fn in (self._heartbeat_loop, self._ack_loop, self._registry_loop):
+                task = loop.create_task(loop_fn())
+                task.add_done_callback(self._background_done)
+                background.append(task)
             log.info(
                 "worker %s: queues %s, kinds %s, concurrency %d, server %s",
                 self.worker_id,
@@ -345,13 +370,8 @@ class Worker:
             if self._fatal is None:
                 await self._register(stopping=True)
         finally:
-            for task in background:
-                task.cancel()
-            for task in background:
-                try:
-                    await task
-                except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                    pass
+            self._closing = True
+            await _cancel_all(background)
             for sig in installed:
                 try:
                     loop.remove_signal_handler(sig)
@@ -363,6 +383,7 @@ class Worker:
             self._pool.shutdown()
             await self._http.close()
             self._running = False
+            self._stop_requested = False
             self._loop = None
         if self._fatal is not None:
             raise self._fatal
@@ -380,6 +401,7 @@ class Worker:
         self._active = 0  # slots occupying a concurrency place
         self._pending: List[_Slot] = []  # reported, acknowledgement not yet sent
         self._stopping = False
+        self._closing = False
         self._forced = False
         self._fatal: Optional[BaseException] = None
         self._stop_event = asyncio.Event()
@@ -387,6 +409,10 @@ class Worker:
         self._ack_event = asyncio.Event()
         self._changed = asyncio.Event()
         self._unreachable = False
+        self._last_found_jobs = False
+        self._last_contact = 0.0
+        self._avg_handler: Optional[float] = None
+        self._avg_round_trip: Optional[float] = None
         self._started_at = format_time(_dt.datetime.now(_dt.timezone.utc))
         self._fetch_prefix = (
             '{"worker_id":'
@@ -441,18 +467,54 @@ class Worker:
     def _die(self, exc: BaseException) -> None:
         """A condition the worker cannot work through (401, 403, a refused request)."""
         if self._fatal is None:
+            if isinstance(exc, Unauthorized):
+                exc.message += " (the server refuses the worker's token: give a valid one)"
+            elif isinstance(exc, Forbidden):
+                exc.message += " (the worker's token needs the worker or admin role)"
             self._fatal = exc
             log.error("worker %s stops: %s", self.worker_id, exc)
         self._forced = True
         self._begin_stop()
 
+    def _background_done(self, task: "asyncio.Task[None]") -> None:
+        if task.cancelled() or self._closing:
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("worker task %s failed", task.get_name(), exc_info=exc)
+            self._die(exc)
+
     def _room_left(self) -> int:
-        return self.concurrency + self.prefetch - self._active - len(self._buffer)
+        return self.concurrency + self._prefetch_limit() - self._active - len(self._buffer)
+
+    def _prefetch_limit(self) -> int:
+        """Jobs to hold ahead of free slots now."""
+        if isinstance(self.prefetch, int):
+            return self.prefetch
+        if self._avg_handler is None or self._avg_round_trip is None:
+            return 0
+        per_slot = 2 * self._avg_round_trip / max(self._avg_handler, 1e-6)
+        return min(MAX_AUTO_PREFETCH, math.ceil(self.concurrency * per_slot))
+
+    def _worth_fetching(self) -> bool:
+        """A free slot with nothing buffered: fetch now. Only prefetch room: wait until a
+        worthwhile batch fits (half of what may be held), not one job per fetch."""
+        room = self._room_left()
+        if room <= 0:
+            return False
+        if self._active < self.concurrency and not self._buffer:
+            return True
+        return room >= max(1, math.ceil((self.concurrency + self._prefetch_limit()) / 2))
 
     # --- Fetching ---------------------------------------------------------------------------
 
     def _take_acks(self) -> List[_Slot]:
-        pending, self._pending = self._pending, []
+        """Up to MAX_ACK_BATCH pending acknowledgements (the server takes 10,000 a request)."""
+        if len(self._pending) <= MAX_ACK_BATCH:
+            pending, self._pending = self._pending, []
+        else:
+            pending, self._pending = self._pending[:MAX_ACK_BATCH], self._pending[MAX_ACK_BATCH:]
+            self._ack_event.set()
         return pending
 
     def _restore_acks(self, slots: List[_Slot], *, maybe_applied: bool) -> None:
@@ -479,9 +541,10 @@ class Worker:
     async def _fetch_loop(self) -> None:
         backoff = _Backoff(0.1, self.max_backoff)
         stop_wait = asyncio.ensure_future(self._stop_event.wait())
+        request: "Optional[asyncio.Future[Any]]" = None
         try:
             while not self._stopping:
-                if self._room_left() <= 0:
+                if not self._worth_fetching():
                     self._room.clear()
                     await self._room.wait()
                     continue
@@ -489,10 +552,14 @@ class Worker:
                 await asyncio.sleep(0)
                 if self._stopping:
                     break
-                room = min(MAX_FETCH, self._room_left())
-                if room <= 0:
+                if not self._worth_fetching():
                     continue
-                acks, ack_text = self._ack_body_parts(self._take_acks())
+                room = min(MAX_FETCH, self._room_left())
+                # Acknowledgements ride on a fetch that will answer at once (the last one found
+                # jobs); while the queue is idle the fetch long-polls, and the ack loop sends
+                # them by themselves so their answers come now, not when the poll ends.
+                taken = self._take_acks() if self._last_found_jobs else []
+                acks, ack_text = self._ack_body_parts(taken)
                 body = (
                     self._fetch_prefix
                     + ',"max":'
@@ -500,14 +567,13 @@ class Worker:
                     + ',"wait_ms":'
                     + str(self.poll_wait_ms)
                     + ',"busy":'
-                    + str(len(self._held))
+                    + str(self._active)
                     + ack_text
                     + "}"
                 ).encode("utf-8")
+                sent = time.monotonic()
                 request = asyncio.ensure_future(
-                    self._http.request_bytes(
-                        "POST", "/v1/fetch", body, timeout=self.poll_wait_ms / 1000 + 30
-                    )
+                    self._http.request_bytes("POST", "/v1/fetch", body, timeout=self.poll_wait_ms / 1000 + 30)
                 )
                 await asyncio.wait([request, stop_wait], return_when=asyncio.FIRST_COMPLETED)
                 if not request.done():
@@ -516,41 +582,38 @@ class Worker:
                     await asyncio.wait([request], timeout=0.25)
                     if not request.done():
                         request.cancel()
-                        try:
-                            await request
-                        except BaseException:  # noqa: BLE001
-                            pass
+                        await asyncio.wait([request])
+                    if request.cancelled():
                         self._restore_acks(acks, maybe_applied=True)
                         break
                 try:
                     answer = request.result()
-                except (TransportError, ServerError) as exc:
-                    self._restore_acks(acks, maybe_applied=True)
-                    await self._pause(backoff, exc)
-                    continue
-                except (Unauthorized, Forbidden) as exc:
-                    self._die(exc)
-                    break
-                except (InvalidRequest, PayloadTooLarge) as exc:
-                    if self._repair_acks(acks, exc):
-                        continue
-                    self._die(self._refused("fetch", exc))
-                    break
                 except ConveyorError as exc:
-                    self._die(self._refused("fetch", exc))
+                    verdict = self._judge(exc, acks, "fetch")
+                    if verdict == "retry":
+                        self._restore_acks(acks, maybe_applied=True)
+                        await self._pause(backoff, exc)
+                        continue
+                    if verdict == "repaired":
+                        continue
                     break
-                except asyncio.CancelledError:
-                    raise
                 backoff.reset()
                 self._reachable()
+                self._last_contact = time.monotonic()
                 if not isinstance(answer, dict):
                     continue
                 self._apply_ack_results(acks, answer.get("acks"))
                 jobs = answer.get("jobs") or []
+                self._last_found_jobs = bool(jobs)
+                if len(jobs) >= room:
+                    # A full answer did not wait for jobs: a round trip's true cost.
+                    self._avg_round_trip = _ewma(self._avg_round_trip, time.monotonic() - sent)
                 if jobs:
                     self._accept(jobs)
         finally:
             stop_wait.cancel()
+            if request is not None and not request.done():
+                request.cancel()
 
     async def _pause(self, backoff: _Backoff, exc: BaseException) -> None:
         delay = backoff.next_delay()
@@ -568,6 +631,20 @@ class Worker:
         if self._unreachable:
             self._unreachable = False
             log.warning("server reachable again")
+
+    def _judge(self, exc: ConveyorError, acks: List[_Slot], what: str) -> str:
+        """What a failed request means: ``retry`` (network, 5xx, 408, 429: back off and send it
+        again), ``repaired`` (one acknowledgement the server refuses was replaced: send again
+        now) or ``fatal`` (401, 403, or a refusal the worker cannot fix: it stops)."""
+        if isinstance(exc, (TransportError, ServerError)) or exc.status in (408, 429):
+            return "retry"
+        if isinstance(exc, (Unauthorized, Forbidden)):
+            self._die(exc)
+            return "fatal"
+        if isinstance(exc, (InvalidRequest, PayloadTooLarge)) and self._repair_acks(acks, exc):
+            return "repaired"
+        self._die(self._refused(what, exc))
+        return "fatal"
 
     def _refused(self, what: str, exc: ConveyorError) -> ConveyorError:
         hint = ""
@@ -622,6 +699,7 @@ class Worker:
             slot.timer = loop.call_later(job.timeout_ms / 1000, self._time_out, slot)
         if self._is_async[job.kind]:
             slot.task = loop.create_task(self._run_async_handler(slot, fn))
+            slot.task.add_done_callback(functools.partial(self._task_ended, slot))
         else:
             self._pool.submit(lambda: self._run_sync_handler(slot, fn, loop))
 
@@ -630,13 +708,17 @@ class Worker:
             result = fn(slot.job)
             if inspect.isawaitable(result):
                 result = await result
-        except asyncio.CancelledError:
+        except asyncio.CancelledError as exc:
             if slot.timed_out:
                 self._finish(slot, self._timeout_outcome(slot))
+            elif slot.lost or slot.abandoned:
+                self._finish(slot, None)  # nothing to report
+            elif self._closing:
+                self._finish(slot, None)
+                raise
             else:
-                self._finish(slot, None)  # lost or abandoned: nothing to report
-                if not (slot.lost or slot.abandoned):
-                    raise
+                # Not our doing: a cancellation escaping the handler is its failure.
+                self._finish(slot, self._failure(exc))
             return
         except Exception as exc:  # noqa: BLE001 - every handler error is the job's failure
             self._finish(slot, self._timeout_outcome(slot) if slot.timed_out else self._failure(exc))
@@ -655,6 +737,11 @@ class Worker:
             loop.call_soon_threadsafe(self._finish, slot, outcome)
         except RuntimeError:
             pass  # the loop is gone: the worker stopped and released the job
+
+    def _task_ended(self, slot: _Slot, _task: "asyncio.Task[None]") -> None:
+        """A task cancelled before it ever ran never reaches its own bookkeeping."""
+        if slot.phase != _DONE:
+            self._finish(slot, self._timeout_outcome(slot) if slot.timed_out else None)
 
     def _time_out(self, slot: _Slot) -> None:
         slot.timer = None
@@ -718,6 +805,8 @@ class Worker:
         if slot.timer is not None:
             slot.timer.cancel()
             slot.timer = None
+        if slot.phase == _RUNNING and slot.started:
+            self._avg_handler = _ewma(self._avg_handler, time.monotonic() - slot.started)
         slot.phase = _DONE
         if outcome is not None and not slot.reported:
             if slot.lost:
@@ -728,7 +817,11 @@ class Worker:
                     slot.job.kind,
                 )
             elif slot.abandoned:
-                log.info("job %s (%s) finished after it was released; its result is dropped", slot.job.id, slot.job.kind)
+                log.info(
+                    "job %s (%s) finished after it was released; its result is dropped",
+                    slot.job.id,
+                    slot.job.kind,
+                )
             else:
                 self._report_outcome(slot, outcome)
         slot.reported = True
@@ -796,7 +889,7 @@ class Worker:
             if status is None:
                 log.warning("job %s: the server answered nothing for its acknowledgement", slot.job.id)
             elif slot.retransmitted and status == "lease_lost":
-                log.info(
+                log.debug(
                     "job %s: acknowledgement resent after a broken connection answered lease_lost "
                     "(the first one was most likely applied)",
                     slot.job.id,
@@ -810,7 +903,9 @@ class Worker:
                     "result" if slot.ack_kind == "complete" else "failure",
                 )
             else:
-                log.warning("job %s (%s): acknowledgement answered %s; dropped", slot.job.id, slot.job.kind, status)
+                log.warning(
+                    "job %s (%s): acknowledgement answered %s; dropped", slot.job.id, slot.job.kind, status
+                )
 
     def _repair_acks(self, slots: List[_Slot], exc: ConveyorError) -> bool:
         """The server refused a request for one acknowledgement (e.g. a result over the size
@@ -826,12 +921,16 @@ class Worker:
         bad = group[index]
         others = [s for s in slots if s is not bad]
         if bad.replaced:
-            log.error("job %s: the server refuses its acknowledgement (%s); left to its lease", bad.job.id, exc)
+            log.error(
+                "job %s: the server refuses its acknowledgement (%s); left to its lease", bad.job.id, exc
+            )
             self._held.pop(bad.key, None)
         else:
             bad.replaced = True
             log.warning(
-                "job %s: the server refused its acknowledgement (%s); reporting a failure instead", bad.job.id, exc
+                "job %s: the server refused its acknowledgement (%s); reporting a failure instead",
+                bad.job.id,
+                exc,
             )
             self._report(
                 bad,
@@ -849,7 +948,7 @@ class Worker:
 
     async def _ack_loop(self) -> None:
         backoff = _Backoff(0.1, self.max_backoff)
-        while True:
+        while not self._closing:
             await self._ack_event.wait()
             self._ack_event.clear()
             if not self._pending:
@@ -876,21 +975,13 @@ class Worker:
         body = ("{" + text[1:] + "}").encode("utf-8")
         try:
             answer = await self._http.request_bytes("POST", "/v1/ack", body, timeout=30)
-        except (TransportError, ServerError) as exc:
-            self._restore_acks(acks, maybe_applied=True)
-            log.debug("acknowledgements not sent (%s)", exc)
-            return "retry"
-        except (Unauthorized, Forbidden) as exc:
-            self._die(exc)
-            return "fatal"
-        except (InvalidRequest, PayloadTooLarge) as exc:
-            if self._repair_acks(acks, exc):
-                return "ok"
-            self._die(self._refused("ack", exc))
-            return "fatal"
         except ConveyorError as exc:
-            self._die(self._refused("ack", exc))
-            return "fatal"
+            verdict = self._judge(exc, acks, "ack")
+            if verdict == "retry":
+                self._restore_acks(acks, maybe_applied=True)
+                log.debug("acknowledgements not sent (%s)", exc)
+                return "retry"
+            return "ok" if verdict == "repaired" else "fatal"
         self._reachable()
         self._apply_ack_results(acks, answer.get("results") if isinstance(answer, dict) else None)
         return "ok"
@@ -898,12 +989,14 @@ class Worker:
     # --- The worker registry ---------------------------------------------------------------
 
     async def _registry_loop(self) -> None:
-        """A fetch registers the worker; a worker whose slots are all busy with long jobs does
-        not fetch, so it reports itself here too (else the server would think it dead after
-        `--worker-stale-secs` and rescue its jobs)."""
-        while True:
+        """Fetches and heartbeats (with ``worker_id``) keep the worker registered; when neither
+        went out for REGISTRY_INTERVAL (all slots busy under a long lease), it reports itself
+        here, or the server would think it dead after ``--worker-stale-secs`` and rescue its
+        jobs."""
+        while not self._closing:
             await asyncio.sleep(REGISTRY_INTERVAL)
-            await self._register(stopping=False)
+            if time.monotonic() - self._last_contact >= REGISTRY_INTERVAL:
+                await self._register(stopping=False)
 
     async def _register(self, *, stopping: bool) -> None:
         body = {
@@ -912,7 +1005,7 @@ class Worker:
             "pid": os.getpid(),
             "queues": self.queues,
             "concurrency": self.concurrency,
-            "busy": len(self._held),
+            "busy": self._active,
             "version": f"conveyor-client-python/{__version__}",
             "started_at": self._started_at,
             "stopping": stopping,
@@ -929,23 +1022,27 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         interval = max(0.05, self.lease / 3)
-        while True:
+        while not self._closing:
             await asyncio.sleep(interval)
             slots = [s for s in self._held.values() if not s.lost and not s.abandoned]
             for start in range(0, len(slots), MAX_HEARTBEAT_BATCH):
                 chunk = slots[start : start + MAX_HEARTBEAT_BATCH]
-                body = {"leases": [s.lease_json() for s in chunk], "lease_ms": self.lease_ms}
+                body = {
+                    "leases": [s.lease_json() for s in chunk],
+                    "lease_ms": self.lease_ms,
+                    "worker_id": self.worker_id,
+                    "busy": self._active,
+                }
                 try:
-                    answer = await self._http.request("POST", "/v1/heartbeat", body, timeout=max(5.0, self.lease))
-                except (TransportError, ServerError) as exc:
-                    log.debug("heartbeat failed (%s); next one in %.2f s", exc, interval)
-                    break
-                except (Unauthorized, Forbidden) as exc:
-                    self._die(exc)
-                    return
+                    answer = await self._http.request(
+                        "POST", "/v1/heartbeat", body, timeout=max(5.0, self.lease)
+                    )
                 except ConveyorError as exc:
-                    self._die(self._refused("heartbeat", exc))
+                    if self._judge(exc, [], "heartbeat") == "retry":
+                        log.debug("heartbeat failed (%s); next one in %.2f s", exc, interval)
+                        break
                     return
+                self._last_contact = time.monotonic()
                 results = answer.get("results") if isinstance(answer, dict) else None
                 self._apply_heartbeats(chunk, results if isinstance(results, list) else [])
 
@@ -977,7 +1074,9 @@ class Worker:
             except ValueError:
                 pass
             self._held.pop(slot.key, None)
-            log.warning("job %s (%s): lease %s before it started; dropped", slot.job.id, slot.job.kind, status)
+            log.warning(
+                "job %s (%s): lease %s before it started; dropped", slot.job.id, slot.job.kind, status
+            )
             self._room.set()
             return
         log.warning(
@@ -1077,3 +1176,15 @@ class Worker:
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+async def _cancel_all(tasks: List["asyncio.Task[None]"]) -> None:
+    """Cancels the tasks and waits for them to end; cancels again any that swallowed it
+    (``asyncio.wait_for`` before Python 3.12 can lose a cancellation that meets a result)."""
+    for _ in range(20):
+        pending = [t for t in tasks if not t.done()]
+        if not pending:
+            break
+        for task in pending:
+            task.cancel()
+        await asyncio.wait(pending, timeout=0.5)

@@ -15,6 +15,9 @@ use super::DurabilityArg;
 // The soak is part of `conveyor bench`; declared here so cli/mod.rs need not change.
 #[path = "soak.rs"]
 mod soak;
+// So is the HTTP bench (`--http URL`).
+#[path = "bench_http.rs"]
+mod bench_http;
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
@@ -25,8 +28,28 @@ pub(crate) struct BenchArgs {
     #[arg(long, default_value_t = 100)]
     concurrency: usize,
     /// Store to measure. Default: a fresh SQLite file in a temp directory, deleted afterwards.
-    #[arg(long, env = "CONVEYOR_STORE")]
+    #[arg(long, env = "CONVEYOR_STORE", conflicts_with = "http")]
     store: Option<String>,
+    /// Measure a running `conveyor serve` at this base URL instead, over HTTP with the batched
+    /// worker protocol (`clients/PROTOCOL.md`), as a client library would.
+    #[arg(long, value_name = "URL")]
+    http: Option<String>,
+    /// With --http: an API token, for a server with access control on (an admin token: the
+    /// bench enqueues, works and reads `/v1/queues` to check the jobs completed).
+    #[arg(
+        long,
+        env = "CONVEYOR_TOKEN",
+        hide_env_values = true,
+        requires = "http"
+    )]
+    token: Option<String>,
+    /// Most jobs claimed ahead of free slots: the in-process Worker's prefetch bound (its
+    /// default, 100, when not given; 0 turns it off), or the HTTP client's (default 100).
+    #[arg(long)]
+    prefetch: Option<usize>,
+    /// With --http: fetch requests the client keeps in flight at once.
+    #[arg(long, default_value_t = 2, requires = "http")]
+    fetchers: usize,
     #[arg(long, value_enum, default_value_t = DurabilityArg::Durable)]
     durability: DurabilityArg,
     /// Workloads to run.
@@ -87,6 +110,39 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if args.jobs == 0 || args.concurrency == 0 || args.batch == 0 {
         anyhow::bail!("--jobs, --concurrency and --batch must be at least 1");
     }
+    if let Some(url) = &args.http {
+        if args.tenants > 0
+            || args.queue_settings() != conveyor::QueueSettings::default()
+            || args.durability != DurabilityArg::Durable
+        {
+            anyhow::bail!(
+                "--http measures the server as it runs: --tenants, limits and --durability \
+                 do not apply (start `conveyor serve` with the settings wanted)"
+            );
+        }
+        if args.fetchers == 0 {
+            anyhow::bail!("--fetchers must be at least 1");
+        }
+        let options = bench_http::Options {
+            url: url.clone(),
+            token: args.token.clone(),
+            jobs: args.jobs,
+            concurrency: args.concurrency,
+            prefetch: args.prefetch.unwrap_or(100),
+            fetchers: args.fetchers,
+            batch: args.batch,
+        };
+        let json_lines = args.json;
+        bench_http::run(&options, &args.workload, |line| {
+            if json_lines {
+                println!("{line}");
+            } else {
+                println!("{}", describe(line));
+            }
+        })
+        .await?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let temp = TempDir::create()?;
     let url = match &args.store {
         Some(url) => url.clone(),
@@ -131,7 +187,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let mut line = json!({
             "workload": format!("{workload:?}").to_lowercase(),
             "store": shown_url, "durable": durable, "durability": durability,
-            "jobs": args.jobs, "concurrency": args.concurrency,
+            "jobs": args.jobs, "concurrency": args.concurrency, "prefetch": args.prefetch,
             "tenants": args.tenants,
             "concurrency_limit": settings.concurrency_limit,
             "per_key_concurrency_limit": settings.per_key_concurrency_limit,
@@ -150,19 +206,21 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             }
             Workload::Drain => {
                 enqueue(&store, &shape, args.jobs, args.batch).await?;
-                let seconds = drain(&store, &queue, args.jobs, args.concurrency).await?;
+                let seconds =
+                    drain(&store, &queue, args.jobs, args.concurrency, args.prefetch).await?;
                 line["seconds"] = json!(seconds);
                 line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
             }
             Workload::Latency => {
                 let samples = args.jobs.min(2000);
-                let (p50, p99, seconds) =
+                let (latencies, seconds) =
                     latency(&store, &shape, samples, args.concurrency).await?;
                 line["jobs"] = json!(samples);
                 line["seconds"] = json!(seconds);
                 line["jobs_per_s"] = json!((samples as f64 / seconds).round());
-                line["p50_ms"] = json!((p50 * 1000.0).round() / 1000.0);
-                line["p99_ms"] = json!((p99 * 1000.0).round() / 1000.0);
+                for (key, q) in [("p50_ms", 0.50), ("p95_ms", 0.95), ("p99_ms", 0.99)] {
+                    line[key] = json!((percentile(&latencies, q) * 1000.0).round() / 1000.0);
+                }
             }
         }
         if args.json {
@@ -187,11 +245,19 @@ fn describe(line: &serde_json::Value) -> String {
     );
     if line.get("p50_ms").is_some() {
         text.push_str(&format!(
-            "  p50 {} ms  p99 {} ms",
-            line["p50_ms"], line["p99_ms"]
+            "  p50 {} ms  p95 {} ms  p99 {} ms",
+            line["p50_ms"], line["p95_ms"], line["p99_ms"]
         ));
     }
     text
+}
+
+/// The `q` quantile (0..=1) of sorted samples; 0 when there are none.
+fn percentile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    sorted[((sorted.len() as f64 - 1.0) * q).round() as usize]
 }
 
 /// The default bench store's directory, removed when the bench ends, however it ends.
@@ -267,11 +333,16 @@ async fn drain(
     queue: &str,
     jobs: usize,
     concurrency: usize,
+    prefetch: Option<usize>,
 ) -> anyhow::Result<f64> {
     let handled = Arc::new(AtomicUsize::new(0));
     let all_handled = Arc::new(Notify::new());
     let (h, done) = (handled.clone(), all_handled.clone());
-    let worker = Worker::builder(store.clone())
+    let mut builder = Worker::builder(store.clone());
+    if let Some(prefetch) = prefetch {
+        builder = builder.prefetch(prefetch);
+    }
+    let worker = builder
         .queue(queue, concurrency)
         .poll_interval(Duration::from_millis(50))
         .handle_json("bench.noop", move |_, _| {
@@ -302,13 +373,14 @@ async fn drain(
     Ok(seconds)
 }
 
-/// Enqueue-to-handler-start on an idle queue, one job at a time; returns (p50, p99, seconds).
+/// Enqueue-to-handler-start on an idle queue, one job at a time; returns (sorted latencies in
+/// ms, seconds).
 async fn latency(
     store: &Arc<dyn Store>,
     shape: &Shape,
     samples: usize,
     concurrency: usize,
-) -> anyhow::Result<(f64, f64, f64)> {
+) -> anyhow::Result<(Vec<f64>, f64)> {
     let queue = shape.queue.as_str();
     let (started_tx, mut started_rx) = mpsc::unbounded_channel::<Instant>();
     let worker = Worker::builder(store.clone())
@@ -347,6 +419,5 @@ async fn latency(
     stop.notify_one();
     let _ = running.await;
     latencies.sort_by(|a, b| a.total_cmp(b));
-    let pick = |q: f64| latencies[((latencies.len() as f64 - 1.0) * q).round() as usize];
-    Ok((pick(0.50), pick(0.99), seconds))
+    Ok((latencies, seconds))
 }
