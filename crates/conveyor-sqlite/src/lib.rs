@@ -395,9 +395,12 @@ fn configure_writer(conn: &Connection, durability: Durability) -> rusqlite::Resu
         Durability::RelaxedLosesRecentJobsOnPowerLoss => ("NORMAL", 1000),
     };
     // Savepoint sub-journals in memory: each operation runs in a savepoint (see writer.rs).
+    // The WAL file is reused, never shrunk, unless a limit says so: the soak saw it creep from
+    // 8 to 15 MiB over 20 minutes. Past 64 MiB it is truncated back after a checkpoint.
     conn.execute_batch(&format!(
         "PRAGMA synchronous={synchronous}; PRAGMA wal_autocheckpoint={autocheckpoint}; \
-         PRAGMA temp_store=MEMORY; PRAGMA cache_size=-65536;"
+         PRAGMA temp_store=MEMORY; PRAGMA cache_size=-65536; \
+         PRAGMA journal_size_limit=67108864;"
     ))?;
     Ok(())
 }

@@ -679,7 +679,9 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
             0
         };
         let buffered = lane.buffer().len();
-        if let Some(due) = lane.next_due().filter(|_| buffered >= target) {
+        // Refill once the buffer is down to half the target, so each fetch brings a batch
+        // rather than one job per job started.
+        if let Some(due) = lane.next_due().filter(|_| buffered > target / 2) {
             // Enough prefetched: executors start it as slots free up. Look again when one
             // starts, or when the oldest is due to go back.
             tokio::select! {
