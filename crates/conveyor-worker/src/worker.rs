@@ -27,7 +27,7 @@ const MAX_FETCH_BATCH: usize = 100;
 const FETCH_GATHER_WAIT: Duration = Duration::from_millis(2);
 /// Default bound on the jobs one queue's fetch loop keeps claimed ahead of its free slots
 /// (see `Lane`); `WorkerBuilder::prefetch` changes it.
-const DEFAULT_PREFETCH: usize = 100;
+const DEFAULT_PREFETCH: usize = 200;
 /// Longest a prefetched job waits for a slot before it is handed back to the queue (never more
 /// than a third of the lease either: see `Lane::max_wait`).
 const PREFETCH_MAX_WAIT: Duration = Duration::from_secs(1);
@@ -180,7 +180,7 @@ impl WorkerBuilder {
     }
 
     /// At most how many jobs each queue's fetch loop may hold claimed but not yet started
-    /// (default 100; 0 turns prefetching off). The loop keeps only as many as its slots free
+    /// (default 200; 0 turns prefetching off). The loop keeps only as many as its slots free
     /// during a few fetches (departure rate × fetch latency × 4), so jobs that run longer
     /// than a few milliseconds are hardly ever prefetched; a prefetched job not started
     /// within a second (or a third of the lease) goes back to the queue, and shutdown hands
@@ -600,6 +600,8 @@ struct Demand {
     rate: f64,
     /// Seconds one fetch takes (moving average).
     latency: f64,
+    rate_known: bool,
+    latency_known: bool,
     sampled_at: Instant,
     finished_then: u64,
 }
@@ -609,6 +611,8 @@ impl Demand {
         Self {
             rate: 0.0,
             latency: 0.0,
+            rate_known: false,
+            latency_known: false,
             sampled_at: Instant::now(),
             finished_then: 0,
         }
@@ -620,14 +624,27 @@ impl Demand {
             return;
         }
         let rate = finished.saturating_sub(self.finished_then) as f64 / elapsed.as_secs_f64();
-        self.rate = 0.5 * self.rate + 0.5 * rate;
+        // The first sample is taken as it is: averaging it with "nothing known" would hold
+        // the buffer back for several samples while a burst starts.
+        self.rate = if self.rate_known {
+            0.5 * self.rate + 0.5 * rate
+        } else {
+            rate
+        };
+        self.rate_known = true;
         self.sampled_at = Instant::now();
         self.finished_then = finished;
     }
 
     fn sample_latency(&mut self, took: Duration) {
         if took <= LATENCY_SAMPLE_MAX {
-            self.latency = 0.7 * self.latency + 0.3 * took.as_secs_f64();
+            let took = took.as_secs_f64();
+            self.latency = if self.latency_known {
+                0.7 * self.latency + 0.3 * took
+            } else {
+                took
+            };
+            self.latency_known = true;
         }
     }
 

@@ -44,7 +44,8 @@ pub(crate) struct BenchArgs {
     )]
     token: Option<String>,
     /// Most jobs claimed ahead of free slots: the in-process Worker's prefetch bound (its
-    /// default, 100, when not given; 0 turns it off), or the HTTP client's (default 100).
+    /// default, 200, when not given; 0 turns it off), or what the HTTP client holds beyond
+    /// its handler slots (default 200).
     #[arg(long)]
     prefetch: Option<usize>,
     /// With --http: fetch requests the client keeps in flight at once.
@@ -128,7 +129,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             token: args.token.clone(),
             jobs: args.jobs,
             concurrency: args.concurrency,
-            prefetch: args.prefetch.unwrap_or(100),
+            prefetch: args.prefetch.unwrap_or(200),
             fetchers: args.fetchers,
             batch: args.batch,
         };
