@@ -68,7 +68,11 @@ impl FromStr for WorkerState {
     }
 }
 
-/// What a worker reports about itself on every heartbeat.
+/// What a worker reports about itself on every heartbeat. A heartbeat fills in what it
+/// knows: an empty `host`, `version` or `queues`, a `pid` of `None` or a `concurrency` of 0
+/// keep what the store has (a registration refreshed from a fetch, which knows less than the
+/// worker's own heartbeat, must not erase it), and `started_at` never moves later while the
+/// worker is alive.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct WorkerHeartbeat {
     /// The id the worker fetches with (`FetchParams::worker_id`): the registry and the leases

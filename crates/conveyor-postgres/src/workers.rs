@@ -39,10 +39,20 @@ impl WorkerSql {
             heartbeat: stmt(format!(
                 "INSERT INTO {workers} AS w ({WORKER_COLUMNS}) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-                 ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid, \
-                     queues = excluded.queues, concurrency = excluded.concurrency, \
-                     busy = excluded.busy, version = excluded.version, \
-                     started_at = excluded.started_at, last_seen_at = excluded.last_seen_at, \
+                 ON CONFLICT (id) DO UPDATE SET \
+                     host = CASE WHEN excluded.host = '' THEN w.host ELSE excluded.host END, \
+                     pid = COALESCE(excluded.pid, w.pid), \
+                     queues = CASE WHEN cardinality(excluded.queues) = 0 THEN w.queues \
+                         ELSE excluded.queues END, \
+                     concurrency = CASE WHEN excluded.concurrency = 0 THEN w.concurrency \
+                         ELSE excluded.concurrency END, \
+                     busy = excluded.busy, \
+                     version = CASE WHEN excluded.version = '' THEN w.version \
+                         ELSE excluded.version END, \
+                     started_at = CASE WHEN w.state = 'alive' \
+                         THEN LEAST(w.started_at, excluded.started_at) \
+                         ELSE excluded.started_at END, \
+                     last_seen_at = excluded.last_seen_at, \
                      state = excluded.state, ended_at = excluded.ended_at \
                  RETURNING {WORKER_COLUMNS}"
             )),

@@ -67,10 +67,19 @@ pub(crate) fn heartbeat(ctx: &mut WriteCtx<'_>, beat: WorkerHeartbeat) -> StoreR
         .prepare_cached(&format!(
             "INSERT INTO workers ({WORKER_COLUMNS}) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
-             ON CONFLICT (id) DO UPDATE SET host = excluded.host, pid = excluded.pid, \
-             queues = excluded.queues, concurrency = excluded.concurrency, \
-             busy = excluded.busy, version = excluded.version, \
-             started_at = excluded.started_at, last_seen_at = excluded.last_seen_at, \
+             ON CONFLICT (id) DO UPDATE SET \
+             host = CASE WHEN excluded.host = '' THEN workers.host ELSE excluded.host END, \
+             pid = COALESCE(excluded.pid, workers.pid), \
+             queues = CASE WHEN excluded.queues = '[]' THEN workers.queues \
+                 ELSE excluded.queues END, \
+             concurrency = CASE WHEN excluded.concurrency = 0 THEN workers.concurrency \
+                 ELSE excluded.concurrency END, \
+             busy = excluded.busy, \
+             version = CASE WHEN excluded.version = '' THEN workers.version \
+                 ELSE excluded.version END, \
+             started_at = CASE WHEN workers.state = 'alive' \
+                 THEN MIN(workers.started_at, excluded.started_at) ELSE excluded.started_at END, \
+             last_seen_at = excluded.last_seen_at, \
              state = excluded.state, ended_at = excluded.ended_at \
              RETURNING {WORKER_COLUMNS}"
         ))

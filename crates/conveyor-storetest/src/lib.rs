@@ -214,6 +214,7 @@ macro_rules! __conveyor_behaviours {
             session_round_trip_expiry_and_delete,
             audit_append_and_list_newest_first_with_filters,
             // worker registry and stuck jobs
+            heartbeat_keeps_what_a_later_one_leaves_out,
             workers_heartbeat_registers_and_updates_a_worker,
             workers_stopping_heartbeat_records_a_stopped_worker,
             workers_mark_stale_rescues_the_jobs_of_dead_workers,

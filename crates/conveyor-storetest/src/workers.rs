@@ -377,3 +377,48 @@ pub async fn stuck_jobs_are_judged_by_history_then_timeout_then_default(h: &Harn
     );
     assert_eq!(stuck(h).await.len(), 2, "a finished job is not stuck");
 }
+
+/// A registration refreshed from a worker's fetches knows less than the worker's own
+/// heartbeat: what it leaves empty keeps what the store has.
+pub async fn heartbeat_keeps_what_a_later_one_leaves_out(h: &Harness) {
+    let full = WorkerHeartbeat {
+        id: "w-known".to_string(),
+        host: "box-1".to_string(),
+        pid: Some(4242),
+        queues: vec!["mail".to_string()],
+        concurrency: 8,
+        busy: 2,
+        version: "1.2.3".to_string(),
+        started_at: h.now(),
+        stopping: false,
+    };
+    h.store.workers_heartbeat(full.clone()).await.expect("beat");
+    h.advance(secs(5));
+    let sparse = WorkerHeartbeat {
+        host: String::new(),
+        pid: None,
+        queues: Vec::new(),
+        concurrency: 0,
+        busy: 5,
+        version: String::new(),
+        started_at: h.now(),
+        ..full.clone()
+    };
+    let info = h.store.workers_heartbeat(sparse).await.expect("beat");
+    assert_eq!(
+        (
+            info.host.as_str(),
+            info.pid,
+            info.queues.clone(),
+            info.concurrency,
+            info.version.as_str()
+        ),
+        ("box-1", Some(4242), vec!["mail".to_string()], 8, "1.2.3")
+    );
+    assert_eq!(info.busy, 5, "busy is always the latest");
+    assert_eq!(
+        info.started_at, full.started_at,
+        "started_at never moves later"
+    );
+    assert_eq!(info.last_seen_at, h.now());
+}
