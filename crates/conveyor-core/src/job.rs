@@ -194,6 +194,16 @@ pub struct Job {
     pub unique_key: Option<String>,
 }
 
+impl Job {
+    /// The lease a worker holds this job under, when it is running.
+    pub fn lease_ref(&self) -> Option<crate::store::LeaseRef> {
+        self.lease.as_ref().map(|lease| crate::store::LeaseRef {
+            id: self.id,
+            lease_token: lease.token,
+        })
+    }
+}
+
 /// A job to insert. Build one with [`NewJob::new`] and set fields directly; `validate` checks them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct NewJob {

@@ -206,15 +206,7 @@ async fn fetch_released_if_abandoned(
         // Test builds can slow the answer down here (a client leaving mid-answer).
         let _ = conveyor_core::faults::inject("server_fetch_answer");
         if let Err(Ok(jobs)) = answer.send(fetched) {
-            let leases: Vec<LeaseRef> = jobs
-                .iter()
-                .filter_map(|job| {
-                    job.lease.as_ref().map(|lease| LeaseRef {
-                        id: job.id,
-                        lease_token: lease.token,
-                    })
-                })
-                .collect();
+            let leases: Vec<LeaseRef> = jobs.iter().filter_map(Job::lease_ref).collect();
             if !leases.is_empty() {
                 match store.jobs_release_many(leases).await {
                     Ok(released) => {

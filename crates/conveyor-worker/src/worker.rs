@@ -805,15 +805,7 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
         if lane.stop.is_cancelled() && !jobs.is_empty() {
             // Claimed by a fetch that was in flight when shutdown began: hand them straight
             // back rather than start new work while draining.
-            let leases: Vec<LeaseRef> = jobs
-                .iter()
-                .filter_map(|job| {
-                    job.lease.as_ref().map(|lease| LeaseRef {
-                        id: job.id,
-                        lease_token: lease.token,
-                    })
-                })
-                .collect();
+            let leases: Vec<LeaseRef> = jobs.iter().filter_map(Job::lease_ref).collect();
             if let Err(error) = lane.shared.store.jobs_release_many(leases).await {
                 tracing::warn!(%error, "could not release jobs fetched during shutdown; they will be rescued");
             }
