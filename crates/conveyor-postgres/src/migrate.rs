@@ -76,10 +76,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "retention",
         sql: include_str!("migrations/0011_retention.sql"),
     },
+    Migration {
+        version: 12,
+        name: "jobs_vacuum",
+        sql: include_str!("migrations/0012_jobs_vacuum.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 11;
+pub const SCHEMA_VERSION: u32 = 12;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

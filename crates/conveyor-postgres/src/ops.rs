@@ -708,16 +708,27 @@ pub(crate) async fn fetch(
 ) -> StoreResult<Fetched> {
     let expires_at = after(ctx.now, params.lease, "lease")?;
     let promoted = promote_due(&mut *conn, ctx, PROMOTE_BATCH).await?;
-    let claim = match params.queues.as_slice() {
-        [queue] => sqlx::query(ctx.sql.claim_one_queue.clone()).bind(queue),
-        queues => sqlx::query(ctx.sql.claim.clone()).bind(queues),
+    // A fetch of every kind takes the statement without a kind filter (`sql::KindFilter`).
+    let statement = match (params.queues.as_slice(), params.kinds.is_some()) {
+        ([_], true) => &ctx.sql.claim_one_queue,
+        ([_], false) => &ctx.sql.claim_one_queue_any_kind,
+        (_, true) => &ctx.sql.claim,
+        (_, false) => &ctx.sql.claim_any_kind,
     };
-    let found = claim
+    let claim = match params.queues.as_slice() {
+        [queue] => sqlx::query(statement.clone()).bind(queue),
+        queues => sqlx::query(statement.clone()).bind(queues),
+    };
+    let claim = claim
         .bind(limit(params.max))
         .bind(&params.worker_id)
         .bind(expires_at)
-        .bind(ctx.now)
-        .bind(params.kinds.as_deref())
+        .bind(ctx.now);
+    let claim = match params.kinds.as_deref() {
+        Some(kinds) => claim.bind(kinds),
+        None => claim,
+    };
+    let found = claim
         .fetch_all(&mut *conn)
         .await
         .map_err(db("claim jobs"))?;

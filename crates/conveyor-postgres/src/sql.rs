@@ -52,6 +52,9 @@ pub(crate) struct Sql {
     pub promote: SqlStr,
     pub claim: SqlStr,
     pub claim_one_queue: SqlStr,
+    /// `claim` and `claim_one_queue` for a fetch of every kind (no `$6`): see `KindFilter`.
+    pub claim_any_kind: SqlStr,
+    pub claim_one_queue_any_kind: SqlStr,
     pub claim_gate: SqlStr,
     pub claim_one_queue_gate: SqlStr,
     pub heartbeat: SqlStr,
@@ -95,6 +98,10 @@ impl Sql {
             true,
         );
         let one_gate = flow_gate(&jobs, &settings, "s.queue = $1", "t.queue = $1", false);
+        let many_condition = format!(
+            "c.queue = ANY($1) AND NOT EXISTS (SELECT 1 FROM {settings} s \
+                 WHERE s.queue = c.queue AND s.paused)"
+        );
         // Statements that make jobs available end with this: one NOTIFY per queue, sent by
         // PostgreSQL when (and only if) the statement's transaction commits. `changed` is the
         // CTE of the modified rows; the caller sums `n`. The unnamed void column is not read.
@@ -212,11 +219,16 @@ impl Sql {
             claim: stmt(gated_claim_sql(
                 &jobs,
                 &j_columns,
-                &format!(
-                    "c.queue = ANY($1) AND NOT EXISTS (SELECT 1 FROM {settings} s \
-                         WHERE s.queue = c.queue AND s.paused)"
-                ),
+                &many_condition,
                 &many_gate,
+                KindFilter::Kinds,
+            )),
+            claim_any_kind: stmt(gated_claim_sql(
+                &jobs,
+                &j_columns,
+                &many_condition,
+                &many_gate,
+                KindFilter::AnyKind,
             )),
             claim_gate: stmt(format!("SELECT {many_gate}")),
             // The common case (a worker's fetch loop serves one queue): with `queue = $1` the
@@ -227,6 +239,14 @@ impl Sql {
                 &j_columns,
                 &one_queue_condition(&settings),
                 &one_gate,
+                KindFilter::Kinds,
+            )),
+            claim_one_queue_any_kind: stmt(gated_claim_sql(
+                &jobs,
+                &j_columns,
+                &one_queue_condition(&settings),
+                &one_gate,
+                KindFilter::AnyKind,
             )),
             claim_one_queue_gate: stmt(format!("SELECT {one_gate}")),
             heartbeat: stmt(format!(
@@ -455,17 +475,42 @@ fn flow_gate(
     )
 }
 
+/// Whether a claim statement filters by kind (`$6`, a fetch restricted to some kinds) or takes
+/// every kind (no `$6` at all, the common case).
+///
+/// Two statements rather than one with `($6 IS NULL OR c.kind = ANY($6))`: in a generic plan
+/// that filter cannot be folded away, and its default selectivity makes the planner expect about
+/// one matching row, so it prefers a bitmap scan of every available job of the queue followed by
+/// a sort over the ordered scan of `jobs_fetch` that stops after `LIMIT` rows. The sort reads the
+/// whole backlog on every fetch: harmless at 20,000 queued jobs, a hundred jobs a second at a
+/// million on a table without statistics (docs/architecture.md, "PostgreSQL at depth").
+#[derive(Clone, Copy)]
+enum KindFilter {
+    Kinds,
+    AnyKind,
+}
+
 /// The plain claim behind the flow-control `gate` (which binds `$1`; PostgreSQL evaluates it
 /// once per statement): claims nothing when the gate is true. A claim that returns no rows is
 /// followed by the gate alone, to tell "nothing available" from "take the flow-controlled
 /// claim"; a claim that returns rows costs nothing more, which keeps the common path one
 /// statement with no wrapper around the `UPDATE ... RETURNING`.
-fn gated_claim_sql(jobs: &str, j_columns: &str, queue_condition: &str, gate: &str) -> String {
+fn gated_claim_sql(
+    jobs: &str,
+    j_columns: &str,
+    queue_condition: &str,
+    gate: &str,
+    kinds: KindFilter,
+) -> String {
+    let kind_condition = match kinds {
+        KindFilter::Kinds => "AND c.kind = ANY($6)",
+        KindFilter::AnyKind => "",
+    };
     format!(
         "WITH picked AS MATERIALIZED ( \
              SELECT c.id FROM {jobs} c \
              WHERE c.state = 'available' AND {queue_condition} AND NOT ({gate}) \
-             AND ($6::text[] IS NULL OR c.kind = ANY($6)) \
+             {kind_condition} \
              ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
              FOR UPDATE SKIP LOCKED) \
          UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \

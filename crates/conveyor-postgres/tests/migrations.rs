@@ -179,3 +179,166 @@ async fn an_unreachable_server_is_a_backend_error_without_the_password() {
     assert!(message.contains("127.0.0.1:1/db"), "{message}");
     assert!(!message.contains("s3cret"), "{message}");
 }
+
+/// The migrations of schema version 11, the version before the jobs table's vacuum settings.
+const VERSION_11: [(&str, &str); 11] = [
+    ("jobs", include_str!("../src/migrations/0001_jobs.sql")),
+    (
+        "leadership",
+        include_str!("../src/migrations/0002_leadership.sql"),
+    ),
+    (
+        "queue_settings",
+        include_str!("../src/migrations/0003_queue_settings.sql"),
+    ),
+    (
+        "concurrency_limit",
+        include_str!("../src/migrations/0004_concurrency_limit.sql"),
+    ),
+    (
+        "schedules",
+        include_str!("../src/migrations/0005_schedules.sql"),
+    ),
+    (
+        "unique_jobs",
+        include_str!("../src/migrations/0006_unique_jobs.sql"),
+    ),
+    (
+        "flow_control",
+        include_str!("../src/migrations/0007_flow_control.sql"),
+    ),
+    (
+        "drop_jobs_running",
+        include_str!("../src/migrations/0008_drop_jobs_running.sql"),
+    ),
+    ("access", include_str!("../src/migrations/0009_access.sql")),
+    (
+        "workers",
+        include_str!("../src/migrations/0010_workers.sql"),
+    ),
+    (
+        "retention",
+        include_str!("../src/migrations/0011_retention.sql"),
+    ),
+];
+
+/// Per state: how many jobs, and a digest of their ids and contents.
+async fn jobs_digest(pool: &sqlx::PgPool, schema: &str) -> Vec<(String, i64, String)> {
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT state, count(*), md5(string_agg(j::text, '|' ORDER BY id)) \
+         FROM \"{schema}\".jobs j GROUP BY state ORDER BY state"
+    )))
+    .fetch_all(pool)
+    .await
+    .expect("digest the jobs")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_populated_version_11_schema_upgrades_without_losing_a_job() {
+    let schema = common::fresh_schema();
+    let _guard = common::DropSchema::new(&schema);
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&common::database_url())
+        .await
+        .expect("connect");
+    let quoted = format!("\"{schema}\"");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA {quoted}; CREATE TABLE {quoted}.schema_migrations (\
+             version integer PRIMARY KEY, name text NOT NULL, \
+             applied_at timestamptz NOT NULL DEFAULT now())"
+    )))
+    .execute(&pool)
+    .await
+    .expect("create the schema");
+    for (version, (name, sql)) in (1..).zip(VERSION_11) {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.replace("@schema@", &quoted)))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("migration {version} ({name}): {e}"));
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {quoted}.schema_migrations (version, name) VALUES ($1, $2)"
+        )))
+        .bind(version)
+        .bind(name)
+        .execute(&pool)
+        .await
+        .expect("record the migration");
+    }
+    // 100,000 jobs, spread over every state, with and without tenants, keys and results.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {quoted}.jobs (id, kind, queue, payload, priority, run_at, attempt, \
+             max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
+             lease_worker, lease_token, lease_expires_at, result, created_at, started_at, \
+             finished_at, unique_key) \
+         SELECT gen_random_uuid(), 'kind-' || (i % 3), 'queue-' || (i % 5), \
+             jsonb_build_object('i', i), i % 4, now() + (i % 7 - 3) * interval '1 minute', \
+             CASE WHEN s.state IN ('scheduled', 'available') THEN 0 ELSE 1 END, 3, \
+             CASE WHEN i % 2 = 0 THEN 60000 END, \
+             CASE WHEN i % 11 = 0 THEN 'key-' || i END, ARRAY['t' || (i % 4)], \
+             CASE WHEN i % 13 = 0 THEN 'tenant-' || (i % 3) END, s.state, \
+             CASE WHEN s.state IN ('retryable', 'dead') \
+                 THEN '[{{\"message\": \"boom\"}}]'::jsonb ELSE '[]'::jsonb END, \
+             CASE WHEN s.state = 'running' THEN 'worker-1' END, \
+             CASE WHEN s.state = 'running' THEN gen_random_uuid() END, \
+             CASE WHEN s.state = 'running' THEN now() + interval '1 minute' END, \
+             CASE WHEN s.state = 'completed' THEN jsonb_build_object('ok', i) END, \
+             now() - interval '1 hour', \
+             CASE WHEN s.state NOT IN ('scheduled', 'available') THEN now() END, \
+             CASE WHEN s.state IN ('completed', 'dead', 'cancelled') THEN now() END, \
+             CASE WHEN i % 17 = 0 THEN 'unique-' || i END \
+         FROM generate_series(1, 100000) AS i \
+         CROSS JOIN LATERAL (SELECT (ARRAY['scheduled', 'available', 'running', \
+             'retryable', 'completed', 'dead', 'cancelled'])[i % 7 + 1] AS state) s"
+    )))
+    .execute(&pool)
+    .await
+    .expect("populate 100,000 jobs");
+    let before = jobs_digest(&pool, &schema).await;
+    assert_eq!(before.len(), 7, "every state is populated: {before:?}");
+    assert_eq!(before.iter().map(|(_, n, _)| n).sum::<i64>(), 100_000);
+
+    assert_eq!(
+        migrate(&pool, &schema).await.expect("upgrade"),
+        SCHEMA_VERSION - 11,
+        "only the migrations after version 11"
+    );
+    assert_eq!(
+        jobs_digest(&pool, &schema).await,
+        before,
+        "no job lost or changed"
+    );
+    let options: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT unnest(reloptions) FROM pg_class WHERE oid = '{quoted}.jobs'::regclass"
+    )))
+    .fetch_all(&pool)
+    .await
+    .expect("read the storage parameters");
+    assert!(
+        options.contains(&"autovacuum_vacuum_scale_factor=0.01".to_string()),
+        "{options:?}"
+    );
+
+    // The upgraded store works on the old jobs: it claims available ones and counts them all.
+    let clock = Arc::new(ManualClock::default());
+    let store = common::connect(&schema, clock).await;
+    let claimed = store
+        .jobs_fetch(conveyor_core::FetchParams {
+            worker_id: "upgraded".to_string(),
+            queues: vec!["queue-1".to_string()],
+            max: 10,
+            lease: std::time::Duration::from_secs(60),
+            kinds: None,
+        })
+        .await
+        .expect("claim after the upgrade");
+    assert_eq!(claimed.len(), 10, "available jobs of queue-1 are claimed");
+    let stats = store.queues_stats().await.expect("stats");
+    let counted: u64 = stats
+        .iter()
+        .map(|q| {
+            q.available + q.scheduled + q.running + q.retryable + q.completed + q.dead + q.cancelled
+        })
+        .sum();
+    assert_eq!(counted, 100_000, "{stats:?}");
+}
