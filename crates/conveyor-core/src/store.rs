@@ -249,6 +249,14 @@ impl StoreHealth {
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
+    /// Housekeeping the database would otherwise need an operator for (PostgreSQL with
+    /// autovacuum off: vacuuming the jobs table, whose dead rows every claim would otherwise
+    /// step over). Called by the maintenance leader every pass; quick when there is nothing to
+    /// do. The default does nothing.
+    async fn storage_maintenance(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
     /// Whether the store is alive and accepts writes. The default reads one row; stores
     /// override it to probe their write path.
     async fn health(&self) -> StoreHealth {

@@ -32,6 +32,7 @@ mod rows;
 mod schedules;
 mod sql;
 mod unique;
+mod vacuum;
 mod workers;
 
 use async_trait::async_trait;
@@ -124,6 +125,9 @@ struct Inner {
     clock: Arc<dyn Clock>,
     options: StoreOptions,
     wakeup: Arc<Notify>,
+    /// Set when the server's autovacuum is off: the store then vacuums its jobs table itself
+    /// (see `Store::storage_maintenance`).
+    vacuum: Option<Arc<vacuum::SelfVacuum>>,
     /// Held only to stop the listener when the store goes away.
     _listener: listener::ListenerTask,
 }
@@ -184,8 +188,12 @@ impl PgStore {
             wakeup.clone(),
         )
         .await?;
+        let vacuum = vacuum::SelfVacuum::needed(&pool, &options.schema)
+            .await
+            .map(Arc::new);
         Ok(Self {
             inner: Arc::new(Inner {
+                vacuum,
                 pool,
                 schema: options.schema,
                 sql,
@@ -306,6 +314,13 @@ async fn commit(tx: Transaction<'static, Postgres>) -> StoreResult<()> {
 
 #[async_trait]
 impl Store for PgStore {
+    async fn storage_maintenance(&self) -> StoreResult<()> {
+        match &self.inner.vacuum {
+            Some(vacuum) => vacuum.run_if_due(&self.inner.pool).await,
+            None => Ok(()),
+        }
+    }
+
     /// Ready when a pooled connection answers within a few seconds and reaches a primary
     /// (a hot standby refuses writes). Never "not live": a lost database is not fixed by
     /// restarting this process, and the pool reconnects by itself.

@@ -179,6 +179,10 @@ impl Maintenance {
             pass.dead_workers = report.workers;
         }
         pass.promoted = self.store.jobs_promote_due().await?;
+        // Not worth failing the pass for: the next one tries again.
+        if let Err(error) = self.store.storage_maintenance().await {
+            tracing::warn!(%error, "storage maintenance failed; will retry");
+        }
         if let Some(retention) = self.retention {
             for _ in 0..MAX_PRUNE_STEPS {
                 let report = self

@@ -236,6 +236,10 @@ impl Store for EncryptedStore {
         self.inner.health().await
     }
 
+    async fn storage_maintenance(&self) -> StoreResult<()> {
+        self.inner.storage_maintenance().await
+    }
+
     async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
         // Validate the plaintext job, so errors name the caller's fields.
         for job in &jobs {

@@ -346,6 +346,9 @@ async fn drain(
     let worker = builder
         .queue(queue, concurrency)
         .poll_interval(Duration::from_millis(50))
+        // As a deployed worker (or `conveyor serve`) would run: lease rescue, promotion and the
+        // store's own housekeeping (on PostgreSQL with autovacuum off, vacuuming the table).
+        .with_maintenance(conveyor::Maintenance::new(store.clone()))
         .handle_json("bench.noop", move |_, _| {
             let (h, done) = (h.clone(), done.clone());
             async move {
