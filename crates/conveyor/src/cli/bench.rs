@@ -18,6 +18,8 @@ mod soak;
 // So is the HTTP bench (`--http URL`).
 #[path = "bench_http.rs"]
 mod bench_http;
+#[path = "bench_nodes.rs"]
+mod bench_nodes;
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
@@ -30,6 +32,11 @@ pub(crate) struct BenchArgs {
     /// Store to measure. Default: a fresh SQLite file in a temp directory, deleted afterwards.
     #[arg(long, env = "CONVEYOR_STORE", conflicts_with = "http")]
     store: Option<String>,
+    /// Drain with this many worker nodes, each with a store (connection pool) of its own, on
+    /// one PostgreSQL (`--store postgres://...`); `--concurrency` is per node. Reports
+    /// PostgreSQL's CPU time and lock waits beside the throughput.
+    #[arg(long)]
+    nodes: Option<usize>,
     /// Measure a running `conveyor serve` at this base URL instead, over HTTP with the batched
     /// worker protocol (`clients/PROTOCOL.md`), as a client library would.
     #[arg(long, value_name = "URL")]
@@ -144,6 +151,9 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .await?;
         return Ok(ExitCode::SUCCESS);
     }
+    if args.nodes == Some(0) {
+        anyhow::bail!("--nodes must be at least 1");
+    }
     let temp = TempDir::create()?;
     let url = match &args.store {
         Some(url) => url.clone(),
@@ -154,6 +164,11 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         .with_context(|| format!("cannot open store {url}"))?;
     // SQLite: our own fsync policy. PostgreSQL: the server's `synchronous_commit` decides.
     let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    if args.nodes.is_some() && !postgres {
+        anyhow::bail!(
+            "--nodes needs --store postgres://...: an SQLite file serves one process at a time"
+        );
+    }
     let durable = if postgres {
         serde_json::Value::Null
     } else {
@@ -204,6 +219,25 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 line["batch"] = json!(args.batch);
                 line["seconds"] = json!(seconds);
                 line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
+            }
+            Workload::Drain if args.nodes.is_some() => {
+                let nodes = args.nodes.unwrap_or(1);
+                enqueue(&store, &shape, args.jobs, args.batch).await?;
+                let measured = bench_nodes::drain(
+                    &url,
+                    args.durability.open_options(),
+                    &queue,
+                    args.jobs,
+                    nodes,
+                    args.concurrency,
+                )
+                .await?;
+                line["nodes"] = json!(nodes);
+                line["seconds"] = json!(measured.seconds);
+                line["jobs_per_s"] = json!((args.jobs as f64 / measured.seconds).round());
+                line["postgres_cpu_seconds"] = json!(measured.postgres_cpu_seconds);
+                line["lock_wait_samples"] = json!(measured.lock_waits);
+                line["activity_samples"] = json!(measured.samples);
             }
             Workload::Drain => {
                 enqueue(&store, &shape, args.jobs, args.batch).await?;
