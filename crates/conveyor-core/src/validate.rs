@@ -70,20 +70,50 @@ pub const MAX_JSON_DEPTH: usize = 64;
 /// (`payload/user/name`).
 pub fn json_without_nul(field: &str, value: &serde_json::Value) -> Result<(), ValidationError> {
     use serde_json::Value;
+    // Every enqueue and completion passes here: walk without building paths, and spell out
+    // the place only once something is wrong.
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
+    while let Some((item, depth)) = stack.pop() {
+        let bad = depth > MAX_JSON_DEPTH
+            || match item {
+                Value::String(text) => text.contains('\0'),
+                Value::Array(items) => {
+                    stack.extend(items.iter().map(|item| (item, depth + 1)));
+                    false
+                }
+                Value::Object(map) => {
+                    stack.extend(map.values().map(|item| (item, depth + 1)));
+                    map.keys().any(|key| key.contains('\0'))
+                }
+                Value::Null | Value::Bool(_) | Value::Number(_) => false,
+            };
+        if bad {
+            return Err(json_problem(field, value));
+        }
+    }
+    Ok(())
+}
+
+/// The first problem [`json_without_nul`] found, named by its JSON pointer.
+fn json_problem(field: &str, value: &serde_json::Value) -> ValidationError {
+    use serde_json::Value;
     fn escape(key: &str) -> String {
         key.replace('~', "~0").replace('/', "~1")
     }
-    // Depth-first with an explicit stack: payloads can be deeply nested.
     let mut stack: Vec<(String, &Value, usize)> = vec![(field.to_string(), value, 0)];
     while let Some((path, value, depth)) = stack.pop() {
         if depth > MAX_JSON_DEPTH {
-            return Err(ValidationError::new(
+            return ValidationError::new(
                 field,
                 format!("is nested deeper than {MAX_JSON_DEPTH} levels"),
-            ));
+            );
         }
         match value {
-            Value::String(text) => text_without_nul(&path, text)?,
+            Value::String(text) => {
+                if let Err(problem) = text_without_nul(&path, text) {
+                    return problem;
+                }
+            }
             Value::Array(items) => {
                 for (index, item) in items.iter().enumerate() {
                     stack.push((format!("{path}/{index}"), item, depth + 1));
@@ -92,14 +122,16 @@ pub fn json_without_nul(field: &str, value: &serde_json::Value) -> Result<(), Va
             Value::Object(map) => {
                 for (key, item) in map {
                     let place = format!("{path}/{}", escape(key));
-                    text_without_nul(&place, key)?;
+                    if let Err(problem) = text_without_nul(&place, key) {
+                        return problem;
+                    }
                     stack.push((place, item, depth + 1));
                 }
             }
             Value::Null | Value::Bool(_) | Value::Number(_) => {}
         }
     }
-    Ok(())
+    ValidationError::new(field, "is not storable")
 }
 
 /// A failure's message as stored: NUL characters written out as `\u0000`. An error message is

@@ -372,15 +372,22 @@ pub(crate) async fn register(state: &AppState, seen: Registration<'_>) -> ApiRes
         if workers.len() > 10_000 {
             workers.retain(|_, worker| worker.written.elapsed() < Duration::from_secs(600));
         }
-        let worker = workers
-            .entry(seen.worker_id.to_string())
-            .or_insert_with(|| SeenWorker {
-                started_at: now,
-                written: Instant::now() - REGISTRATION_EVERY * 2,
-                queues: Vec::new(),
-                concurrency: 0,
-            });
-        if !seen.queues.is_empty() {
+        // Every fetch passes here: look up without allocating the key.
+        if !workers.contains_key(seen.worker_id) {
+            workers.insert(
+                seen.worker_id.to_string(),
+                SeenWorker {
+                    started_at: now,
+                    written: Instant::now() - REGISTRATION_EVERY * 2,
+                    queues: Vec::new(),
+                    concurrency: 0,
+                },
+            );
+        }
+        let Some(worker) = workers.get_mut(seen.worker_id) else {
+            return Ok(());
+        };
+        if !seen.queues.is_empty() && worker.queues != seen.queues {
             worker.queues = seen.queues.to_vec();
         }
         if let Some(concurrency) = seen.concurrency {
