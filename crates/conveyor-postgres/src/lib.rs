@@ -27,6 +27,8 @@ mod listener;
 mod migrate;
 mod names;
 mod ops;
+#[cfg(test)]
+mod plan_tests;
 mod retention;
 mod rows;
 mod schedules;

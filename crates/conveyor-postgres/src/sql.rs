@@ -22,6 +22,19 @@ pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tena
 
 /// [`COLUMNS`] qualified with the alias `j`, for `UPDATE ... FROM` statements where a bare `id`
 /// would be ambiguous.
+/// "This row is running", for statements that find their rows by id (and lease token).
+///
+/// Written with an explicit `COLLATE "C"` so that the planner cannot prove the predicate of the
+/// partial index `jobs_lease` (`WHERE state = 'running'`) from it, which leaves the primary key
+/// as the only index that fits. Without it, once the table has statistics (at depth they say
+/// almost nothing is running), the generic plan of a batched completion scanned every running
+/// job through `jobs_lease` and compared each with every item of the batch: 900 ms for 1,000
+/// completions with 4,400 jobs running, where the key lookups take 6 ms. Text equality is the
+/// same under every deterministic collation, so the meaning does not change.
+fn running(alias: &str) -> String {
+    format!("{alias}state = 'running' COLLATE \"C\"")
+}
+
 fn columns_of_j() -> String {
     COLUMNS
         .split(", ")
@@ -253,20 +266,23 @@ impl Sql {
                 "UPDATE {jobs} j SET lease_expires_at = b.expires_at \
                  FROM unnest($1::uuid[], $2::uuid[], $3::timestamptz[]) \
                      AS b(id, token, expires_at) \
-                 WHERE j.id = b.id AND j.state = 'running' AND j.lease_token = b.token \
-                 RETURNING j.id, b.token"
+                 WHERE j.id = b.id AND {} AND j.lease_token = b.token \
+                 RETURNING j.id, b.token",
+                running("j.")
             )),
             // `result` stays SQL NULL for "no result" and is jsonb `null` for `Some(Null)`.
             complete: stmt(format!(
                 "UPDATE {jobs} j SET state = 'completed', result = c.result, finished_at = $4, \
                      lease_token = NULL, lease_expires_at = NULL \
                  FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS c(id, token, result) \
-                 WHERE j.id = c.id AND j.state = 'running' AND j.lease_token = c.token \
-                 RETURNING j.id, c.token"
+                 WHERE j.id = c.id AND {} AND j.lease_token = c.token \
+                 RETURNING j.id, c.token",
+                running("j.")
             )),
             held: stmt(format!(
                 "SELECT attempt, max_attempts FROM {jobs} \
-                 WHERE id = $1 AND state = 'running' AND lease_token = $2"
+                 WHERE id = $1 AND {} AND lease_token = $2",
+                running("")
             )),
             // Shared by fail and rescue. Still conditional on the token: if the lease was lost
             // since it was read, nothing changes and no row comes back.
@@ -274,14 +290,16 @@ impl Sql {
                 "UPDATE {jobs} SET state = $1, run_at = COALESCE($2, run_at), \
                      finished_at = $3, errors = errors || jsonb_build_array($4::jsonb), \
                      lease_token = NULL, lease_expires_at = NULL \
-                 WHERE id = $5 AND state = 'running' AND lease_token = $6 \
-                 RETURNING {COLUMNS}"
+                 WHERE id = $5 AND {} AND lease_token = $6 \
+                 RETURNING {COLUMNS}",
+                running("")
             )),
             snooze: stmt(format!(
                 "UPDATE {jobs} SET state = $1, run_at = $2, attempt = GREATEST(attempt - 1, 0), \
                      lease_token = NULL, lease_expires_at = NULL \
-                 WHERE id = $3 AND state = 'running' AND lease_token = $4 \
-                 RETURNING {COLUMNS}"
+                 WHERE id = $3 AND {} AND lease_token = $4 \
+                 RETURNING {COLUMNS}",
+                running("")
             )),
             release: stmt(format!(
                 "WITH changed AS ( \
@@ -289,9 +307,10 @@ impl Sql {
                          attempt = GREATEST(j.attempt - 1, 0), \
                          lease_token = NULL, lease_expires_at = NULL \
                      FROM unnest($1::uuid[], $2::uuid[]) AS r(id, token) \
-                     WHERE j.id = r.id AND j.state = 'running' AND j.lease_token = r.token \
+                     WHERE j.id = r.id AND {} AND j.lease_token = r.token \
                      RETURNING j.queue) \
                  {}",
+                running("j."),
                 notify_changed(3)
             )),
             // Locked so two rescuers (or a rescuer and the holder's completion) never both act
@@ -490,6 +509,14 @@ enum KindFilter {
     AnyKind,
 }
 
+/// The picked rows are updated by their physical address (`ctid`), read while they are locked,
+/// so the update is a TID scan whatever the planner estimates. Joined by id, the generic plan of
+/// this statement on a table with statistics hashed the whole table (376 ms per claim at a
+/// million jobs, where the TID scan takes under 2 ms), and avoiding that relied on PostgreSQL
+/// re-planning every claim. A locked row's address cannot change before the update in the same
+/// statement; a row updated by another transaction after this statement's snapshot (and still
+/// available) is locked but not visible to the update, so it is left as it was, not lost.
+///
 /// The plain claim behind the flow-control `gate` (which binds `$1`; PostgreSQL evaluates it
 /// once per statement): claims nothing when the gate is true. A claim that returns no rows is
 /// followed by the gate alone, to tell "nothing available" from "take the flow-controlled
@@ -508,7 +535,7 @@ fn gated_claim_sql(
     };
     format!(
         "WITH picked AS MATERIALIZED ( \
-             SELECT c.id FROM {jobs} c \
+             SELECT c.ctid AS tid FROM {jobs} c \
              WHERE c.state = 'available' AND {queue_condition} AND NOT ({gate}) \
              {kind_condition} \
              ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
@@ -516,7 +543,7 @@ fn gated_claim_sql(
          UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \
              lease_worker = $3, lease_token = gen_random_uuid(), \
              lease_expires_at = $4, started_at = $5 \
-         FROM picked WHERE j.id = picked.id \
+         WHERE j.ctid = ANY(ARRAY(SELECT tid FROM picked)) \
          RETURNING {j_columns}"
     )
 }

@@ -22,7 +22,7 @@ use crate::handler::{ErasedHandler, JobContext, Outcome, Registered, RuntimeFail
 use crate::maintenance::Maintenance;
 
 /// Most jobs claimed by one fetch.
-const MAX_FETCH_BATCH: usize = 100;
+const MAX_FETCH_BATCH: usize = 250;
 /// Longest a busy fetch loop waits for more free slots before fetching (see `fetch_loop`).
 const FETCH_GATHER_WAIT: Duration = Duration::from_millis(2);
 /// Default bound on the jobs one queue's fetch loop keeps claimed ahead of its free slots

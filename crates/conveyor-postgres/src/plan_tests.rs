@@ -1,0 +1,162 @@
+//! The hot statements' plans on a table with statistics, as PostgreSQL's generic plans (which
+//! it switches to after five executions of a prepared statement) would run them.
+//!
+//! Each of these once had a generic plan that grew with the table: a completion compared every
+//! running job with every item of its batch, the claim hashed the whole table, the prune read
+//! the whole table (docs/architecture.md, "PostgreSQL at depth"). Plans are read with `EXPLAIN`
+//! (not timed), after `ANALYZE` of a table where few jobs are running, the case that misled the
+//! planner.
+
+use conveyor_core::{CompleteParams, FetchParams, NewJob, Store};
+use sqlx::Connection;
+use std::time::Duration;
+
+use crate::sql::Sql;
+use crate::{PgOptions, PgStore};
+
+fn database_url() -> String {
+    std::env::var("CONVEYOR_TEST_PG_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
+}
+
+/// The generic plan of `statement`, executed with `arguments`, as JSON text.
+async fn generic_plan(
+    conn: &mut sqlx::PgConnection,
+    name: &str,
+    statement: &str,
+    types: &str,
+    arguments: &str,
+) -> String {
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "PREPARE {name}({types}) AS {statement}"
+    )))
+    .execute(&mut *conn)
+    .await
+    .expect("prepare");
+    let plan: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (FORMAT JSON) EXECUTE {name}({arguments})"
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .expect("explain");
+    plan.to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
+    let url = database_url();
+    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
+    let store = PgStore::connect(
+        &url,
+        PgOptions {
+            schema: schema.clone(),
+            max_connections: 4,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .expect("the test database (set CONVEYOR_TEST_PG_URL)");
+    // 20,000 jobs; 3,000 claimed and 2,700 of those completed: few running, many finished.
+    let jobs: Vec<NewJob> = (0..20_000)
+        .map(|i| NewJob::new("plan", serde_json::json!({ "i": i })))
+        .collect();
+    store.jobs_insert_many(jobs).await.expect("insert");
+    let mut claimed = Vec::new();
+    while claimed.len() < 3000 {
+        claimed.extend(
+            store
+                .jobs_fetch(FetchParams {
+                    worker_id: "w".to_string(),
+                    queues: vec!["default".to_string()],
+                    max: 500,
+                    lease: Duration::from_secs(60),
+                    kinds: None,
+                })
+                .await
+                .expect("fetch"),
+        );
+    }
+    let completions = claimed[..2700]
+        .iter()
+        .filter_map(|job| job.lease_ref())
+        .map(|lease| CompleteParams {
+            lease,
+            result: None,
+        })
+        .collect();
+    store
+        .jobs_complete_many(completions)
+        .await
+        .expect("complete");
+
+    let sql = Sql::new(&schema);
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ANALYZE \"{schema}\".jobs; SET plan_cache_mode = force_generic_plan"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("analyze");
+    let claim = generic_plan(
+        &mut conn,
+        "claim",
+        sql.claim_one_queue_any_kind.as_str(),
+        "text, bigint, text, timestamptz, timestamptz",
+        "'default', 100, 'w', now(), now()",
+    )
+    .await;
+    let complete = generic_plan(
+        &mut conn,
+        "complete",
+        sql.complete.as_str(),
+        "uuid[], uuid[], jsonb[], timestamptz",
+        "'{}', '{}', '{}', now()",
+    )
+    .await;
+    let heartbeat = generic_plan(
+        &mut conn,
+        "heartbeat",
+        sql.heartbeat.as_str(),
+        "uuid[], uuid[], timestamptz[]",
+        "'{}', '{}', '{}'",
+    )
+    .await;
+    sqlx::raw_sql("SET enable_seqscan = off")
+        .execute(&mut conn)
+        .await
+        .expect("as the prune runs");
+    let prune = generic_plan(
+        &mut conn,
+        "prune",
+        sql.retention.prune_statement(),
+        "uuid, timestamptz, float8, float8, bigint",
+        "'00000000-0000-0000-0000-000000000000', now(), 1.0, 1.0, 100",
+    )
+    .await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("drop the test schema");
+
+    assert!(
+        claim.contains("Tid Scan"),
+        "claim updates by address: {claim}"
+    );
+    assert!(
+        claim.contains("jobs_fetch") && !claim.contains("Seq Scan") && !claim.contains("Sort"),
+        "claim walks jobs_fetch in order: {claim}"
+    );
+    for (name, plan) in [("complete", &complete), ("heartbeat", &heartbeat)] {
+        assert!(
+            plan.contains("jobs_pkey") && !plan.contains("jobs_lease"),
+            "{name} finds its rows by primary key, not among every running job: {plan}"
+        );
+        assert!(!plan.contains("Seq Scan"), "{name}: {plan}");
+    }
+    assert!(
+        prune.contains("jobs_pkey") && !prune.contains("Seq Scan"),
+        "prune walks the primary key range: {prune}"
+    );
+}
