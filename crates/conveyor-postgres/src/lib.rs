@@ -34,7 +34,7 @@ mod rows;
 mod schedules;
 mod sql;
 mod unique;
-mod vacuum;
+mod upkeep;
 mod workers;
 
 use async_trait::async_trait;
@@ -127,9 +127,9 @@ struct Inner {
     clock: Arc<dyn Clock>,
     options: StoreOptions,
     wakeup: Arc<Notify>,
-    /// Set when the server's autovacuum is off: the store then vacuums its jobs table itself
+    /// Vacuums the jobs table when the server's autovacuum is off, rebuilds bloated indexes
     /// (see `Store::storage_maintenance`).
-    vacuum: Option<Arc<vacuum::SelfVacuum>>,
+    upkeep: Arc<upkeep::Upkeep>,
     /// Held only to stop the listener when the store goes away.
     _listener: listener::ListenerTask,
 }
@@ -190,12 +190,10 @@ impl PgStore {
             wakeup.clone(),
         )
         .await?;
-        let vacuum = vacuum::SelfVacuum::needed(&pool, &options.schema)
-            .await
-            .map(Arc::new);
+        let upkeep = Arc::new(upkeep::Upkeep::new(&pool, &options.schema).await);
         Ok(Self {
             inner: Arc::new(Inner {
-                vacuum,
+                upkeep,
                 pool,
                 schema: options.schema,
                 sql,
@@ -317,10 +315,7 @@ async fn commit(tx: Transaction<'static, Postgres>) -> StoreResult<()> {
 #[async_trait]
 impl Store for PgStore {
     async fn storage_maintenance(&self) -> StoreResult<()> {
-        match &self.inner.vacuum {
-            Some(vacuum) => vacuum.run_if_due(&self.inner.pool).await,
-            None => Ok(()),
-        }
+        self.inner.upkeep.run_if_due(&self.inner.pool).await
     }
 
     /// Ready when a pooled connection answers within a few seconds and reaches a primary

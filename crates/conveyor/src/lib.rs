@@ -103,6 +103,13 @@ pub fn sqlite_path(url: &str) -> Option<PathBuf> {
     (!rest.is_empty()).then(|| PathBuf::from(rest))
 }
 
+/// The schema a postgres URL's `?schema=NAME` names, else the default one.
+pub fn postgres_schema(url: &str) -> String {
+    split_schema(url)
+        .1
+        .unwrap_or_else(|| PgOptions::default().schema)
+}
+
 /// Splits a `schema=NAME` query parameter (Conveyor's, not PostgreSQL's) off a postgres URL.
 fn split_schema(url: &str) -> (String, Option<String>) {
     let Some((base, query)) = url.split_once('?') else {

@@ -238,6 +238,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 line["postgres_cpu_seconds"] = json!(measured.postgres_cpu_seconds);
                 line["lock_wait_samples"] = json!(measured.lock_waits);
                 line["activity_samples"] = json!(measured.samples);
+                line["skip_locked_misses"] = json!(measured.skip_locked_misses);
             }
             Workload::Drain => {
                 enqueue(&store, &shape, args.jobs, args.batch).await?;

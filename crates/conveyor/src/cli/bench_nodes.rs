@@ -2,7 +2,11 @@
 //! with a store (and connection pool) of its own, as K servers would run. Besides throughput it
 //! reports what the database spent: PostgreSQL's own CPU time (its processes' user + system
 //! time from /proc, so only for a server on this machine) and how often a backend was seen
-//! waiting on a lock (`pg_stat_activity`, sampled every 50 ms).
+//! waiting on a lock (`pg_stat_activity`, sampled every 50 ms), and an estimate of the rows the
+//! claims skipped because another node held them (SKIP LOCKED misses, which PostgreSQL does not
+//! count): the live rows the claims' scans of `jobs_fetch` fetched (`idx_tup_fetch`) beyond the
+//! jobs claimed. A row is fetched and then skipped when another claim has it locked, or has
+//! just claimed it (the lock then finds it no longer available).
 
 use anyhow::Context;
 use conveyor::{Outcome, Store, Worker};
@@ -19,6 +23,8 @@ pub(crate) struct NodesDrain {
     /// Samples of `pg_stat_activity` taken, and backends seen waiting on a lock in them.
     pub samples: u64,
     pub lock_waits: u64,
+    /// Rows the claims fetched from `jobs_fetch` and did not claim (`None`: not readable).
+    pub skip_locked_misses: Option<i64>,
 }
 
 /// Drains `jobs` already queued in `queue` with `nodes` workers at `concurrency` each, each on
@@ -40,6 +46,8 @@ pub(crate) async fn drain(
         );
     }
     let pool = sqlx_pool(url).await?;
+    let schema = conveyor::postgres_schema(url);
+    let fetched_before = settled_fetches(&pool, &schema).await;
     let handled = Arc::new(AtomicUsize::new(0));
     let all_handled = Arc::new(Notify::new());
     let finished = Arc::new(AtomicBool::new(false));
@@ -108,12 +116,52 @@ pub(crate) async fn drain(
         _ => None,
     };
     drop(open_until_measured);
+    let fetched_after = settled_fetches(&pool, &schema).await;
+    let skip_locked_misses = match (fetched_before, fetched_after) {
+        (Some(before), Some(after)) => {
+            Some(after - before - i64::try_from(jobs).unwrap_or(i64::MAX))
+        }
+        _ => None,
+    };
     Ok(NodesDrain {
         seconds,
         postgres_cpu_seconds,
         samples,
         lock_waits,
+        skip_locked_misses,
     })
+}
+
+/// Live rows fetched through `jobs_fetch` so far, once the figure stops moving: backends report
+/// their counts at most once a second, and when they exit.
+async fn settled_fetches(pool: &sqlx::PgPool, schema: &str) -> Option<i64> {
+    let read = || async {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT idx_tup_fetch FROM pg_stat_user_indexes \
+             WHERE schemaname = $1 AND indexrelname = 'jobs_fetch'",
+        )
+        .bind(schema)
+        .fetch_optional(pool)
+        .await
+        .ok()
+        .flatten()
+    };
+    let mut last = read().await?;
+    let mut unchanged = 0;
+    // At most 12 s: an idle backend's counts arrive within about one.
+    for _ in 0..24 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = read().await?;
+        if now == last {
+            unchanged += 1;
+            if unchanged == 3 {
+                break;
+            }
+        } else {
+            (last, unchanged) = (now, 0);
+        }
+    }
+    Some(last)
 }
 
 async fn sqlx_pool(url: &str) -> anyhow::Result<sqlx::PgPool> {
