@@ -99,6 +99,105 @@ pub fn per_group_reads(quota: usize, groups: usize) -> usize {
     quota.div_ceil(groups.max(1)).max(1)
 }
 
+/// Total ids read for one fetch's tenant groups before reads per group are cut to an even share
+/// of the quota.
+pub const GROUP_READ_BUDGET: usize = 4096;
+
+/// How many jobs to read per group for a round-robin pass over `groups` groups filling `quota`:
+/// the whole quota from each while that stays within `GROUP_READ_BUDGET`, else an even share.
+pub fn group_reads(quota: usize, groups: usize) -> usize {
+    if groups.saturating_mul(quota) <= GROUP_READ_BUDGET {
+        quota
+    } else {
+        per_group_reads(quota, groups)
+    }
+}
+
+/// The weights of a fetch's queues when they call for weighted sharing: more than one queue and
+/// at least one with a weight (the others count 1). `None`: claim in plain claim order.
+pub fn fetch_weights<'a>(
+    weights: impl ExactSizeIterator<Item = Option<u32>> + 'a,
+) -> Option<Vec<u32>> {
+    let weights: Vec<Option<u32>> = weights.collect();
+    (weights.len() > 1 && weights.iter().any(Option::is_some))
+        .then(|| weights.iter().map(|w| w.unwrap_or(1)).collect())
+}
+
+/// The asks of a fetch over weighted queues, in order: first each queue its share
+/// ([`weighted_split`]), then, queue by queue, whatever is still missing from the queues that
+/// filled their share (one that gave less has nothing more). A store asks
+/// [`WeightedFetch::next_ask`] which queue to read and how many jobs to ask for, claims them,
+/// and reports with [`WeightedFetch::record`].
+#[derive(Debug)]
+pub struct WeightedFetch {
+    max: usize,
+    shares: Vec<usize>,
+    drained: Vec<bool>,
+    claimed: usize,
+    /// The queue asked next; past the last one in the first pass, the second pass begins.
+    cursor: usize,
+    second_pass: bool,
+    /// The ask waiting for its `record`.
+    pending: Option<(usize, usize)>,
+}
+
+impl WeightedFetch {
+    pub fn new(weights: &[u32], max: usize, rng: &mut impl Rng) -> Self {
+        Self {
+            max,
+            shares: weighted_split(weights, max, rng),
+            drained: vec![false; weights.len()],
+            claimed: 0,
+            cursor: 0,
+            second_pass: false,
+            pending: None,
+        }
+    }
+
+    /// The next queue (its index among the weights) and how many jobs to ask it for; `None` once
+    /// the fetch is full or every queue was asked what it could give.
+    pub fn next_ask(&mut self) -> Option<(usize, usize)> {
+        loop {
+            if !self.second_pass {
+                match self.shares.get(self.cursor) {
+                    Some(&share) => {
+                        self.cursor += 1;
+                        if share > 0 {
+                            self.pending = Some((self.cursor - 1, share));
+                            return self.pending;
+                        }
+                        continue;
+                    }
+                    None => {
+                        self.second_pass = true;
+                        self.cursor = 0;
+                    }
+                }
+            }
+            let left = self.max.saturating_sub(self.claimed);
+            if left == 0 || self.cursor >= self.drained.len() {
+                return None;
+            }
+            let queue = self.cursor;
+            self.cursor += 1;
+            if !self.drained[queue] {
+                self.pending = Some((queue, left));
+                return self.pending;
+            }
+        }
+    }
+
+    /// What the last ask found (`candidates`) and claimed of them (`claimed`).
+    pub fn record(&mut self, candidates: usize, claimed: usize) {
+        if let Some((queue, asked)) = self.pending.take() {
+            if !self.second_pass {
+                self.drained[queue] = candidates < asked;
+            }
+            self.claimed += claimed;
+        }
+    }
+}
+
 /// Splits a fetch of `max` jobs over queues with the given weights (0 is treated as 1): each
 /// gets its whole-number share, and the remainder goes by weighted random draws, so even a
 /// fetch of one job serves each queue in proportion to its weight over time.
@@ -317,6 +416,60 @@ mod tests {
         let two = vec![(5, b[0])];
         let merged = merge_in_claim_order(vec![one, two], 3, |(p, id)| (*p, t, *id));
         assert_eq!(merged, vec![(5, b[0]), (0, a[0]), (0, a[1])]);
+    }
+
+    #[test]
+    fn group_reads_take_the_whole_quota_within_the_budget() {
+        assert_eq!(group_reads(100, 40), 100);
+        assert_eq!(group_reads(100, 41), 3);
+        assert_eq!(group_reads(5000, 1), 5000, "one group: no cut");
+        assert_eq!(group_reads(5000, 2), 2500);
+    }
+
+    #[test]
+    fn weights_apply_only_to_several_queues_with_one_weighted() {
+        assert_eq!(fetch_weights([Some(3)].into_iter()), None);
+        assert_eq!(fetch_weights([None, None].into_iter()), None);
+        assert_eq!(fetch_weights([Some(3), None].into_iter()), Some(vec![3, 1]));
+    }
+
+    /// Runs a weighted fetch against queues holding `available` jobs each.
+    fn run_weighted(
+        weights: &[u32],
+        max: usize,
+        available: &[usize],
+    ) -> (Vec<(usize, usize)>, Vec<usize>) {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let mut plan = WeightedFetch::new(weights, max, &mut rng);
+        let mut left = available.to_vec();
+        let mut asks = Vec::new();
+        let mut got = vec![0; available.len()];
+        while let Some((queue, ask)) = plan.next_ask() {
+            asks.push((queue, ask));
+            let found = ask.min(left[queue]);
+            left[queue] -= found;
+            got[queue] += found;
+            plan.record(found, found);
+        }
+        (asks, got)
+    }
+
+    #[test]
+    fn a_weighted_fetch_gives_each_queue_its_share_then_fills_from_the_others() {
+        // Plenty everywhere: the shares alone fill it, 3:1.
+        let (asks, got) = run_weighted(&[3, 1], 100, &[1000, 1000]);
+        assert_eq!(asks, vec![(0, 75), (1, 25)]);
+        assert_eq!(got, vec![75, 25]);
+        // The heavy queue runs short: the light one gives what is missing.
+        let (asks, got) = run_weighted(&[3, 1], 100, &[10, 1000]);
+        assert_eq!(asks, vec![(0, 75), (1, 25), (1, 65)]);
+        assert_eq!(got, vec![10, 90]);
+        // Both short: each asked once more only if it filled its share.
+        let (_, got) = run_weighted(&[1, 1], 100, &[10, 20]);
+        assert_eq!(got, vec![10, 20]);
+        // Nothing anywhere: one ask each, no second pass.
+        let (asks, _) = run_weighted(&[1, 1, 1], 9, &[0, 0, 0]);
+        assert_eq!(asks.len(), 3);
     }
 
     #[test]

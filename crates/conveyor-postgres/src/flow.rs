@@ -23,10 +23,6 @@ use crate::rows;
 use crate::sql::{stmt, COLUMNS, SETTINGS_COLUMNS};
 use sqlx::SqlStr;
 
-/// Total ids read for one fetch's tenant groups before reads per group are cut to an even
-/// share of the quota.
-const GROUP_READ_BUDGET: usize = 4096;
-
 /// The statements of the flow-controlled claim for one schema, and the round-robin cursors.
 pub(crate) struct Flow {
     settings_for: SqlStr,
@@ -223,30 +219,16 @@ pub(crate) async fn claim_controlled(
         ctx,
         queues: &queues,
     };
-    if queues.len() > 1 && queues.iter().any(|(_, settings)| settings.weight.is_some()) {
-        // Each weighted queue gets its share; capacity one could not use goes to the others.
-        let weights: Vec<u32> = queues.iter().map(|(_, s)| s.weight.unwrap_or(1)).collect();
-        let shares = flow::weighted_split(&weights, params.max, &mut rand::rng());
+    if let Some(weights) = flow::fetch_weights(queues.iter().map(|(_, s)| s.weight)) {
+        let mut plan = flow::WeightedFetch::new(&weights, params.max, &mut rand::rng());
         let mut jobs = Vec::with_capacity(params.max);
-        // A queue that gave less than its share has nothing more to give: skip it after.
-        let mut drained = vec![false; queues.len()];
-        for (((queue, settings), share), drained) in queues.iter().zip(shares).zip(&mut drained) {
-            if share > 0 {
-                let picked = queue_candidates(conn, ctx, queue, settings, share).await?;
-                *drained = picked.len() < share;
-                jobs.extend(claim.ids(conn, picked).await?);
-            }
-        }
-        for ((queue, settings), drained) in queues.iter().zip(drained) {
-            let left = params.max.saturating_sub(jobs.len());
-            if left == 0 {
-                break;
-            }
-            if drained {
-                continue;
-            }
-            let picked = queue_candidates(conn, ctx, queue, settings, left).await?;
-            jobs.extend(claim.ids(conn, picked).await?);
+        while let Some((index, ask)) = plan.next_ask() {
+            let (queue, settings) = &queues[index];
+            let picked = queue_candidates(conn, ctx, queue, settings, ask).await?;
+            let candidates = picked.len();
+            let claimed = claim.ids(conn, picked).await?;
+            plan.record(candidates, claimed.len());
+            jobs.extend(claimed);
         }
         return Ok(jobs);
     }
@@ -509,11 +491,7 @@ async fn tenant_groups(
         !matches!(cursor, Some(Some(_))),
     );
     order.truncate(quota);
-    let reads = if order.len().saturating_mul(quota) <= GROUP_READ_BUDGET {
-        quota
-    } else {
-        flow::per_group_reads(quota, order.len())
-    };
+    let reads = flow::group_reads(quota, order.len());
     let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
     let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
     // Every tenant's first jobs in one statement (a LATERAL read per tenant).

@@ -105,6 +105,14 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
         "'default', 100, 'w', now(), now()",
     )
     .await;
+    let claim_kinds = generic_plan(
+        &mut conn,
+        "claim_kinds",
+        sql.claim_one_queue.as_str(),
+        "text, bigint, text, timestamptz, timestamptz, text[]",
+        "'default', 100, 'w', now(), now(), '{plan}'",
+    )
+    .await;
     let complete = generic_plan(
         &mut conn,
         "complete",
@@ -147,6 +155,12 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
     assert!(
         claim.contains("jobs_fetch") && !claim.contains("Seq Scan") && !claim.contains("Sort"),
         "claim walks jobs_fetch in order: {claim}"
+    );
+    assert!(
+        claim_kinds.contains("Tid Scan")
+            && claim_kinds.contains("jobs_fetch")
+            && !claim_kinds.contains("Sort"),
+        "a claim naming kinds walks jobs_fetch in order too: {claim_kinds}"
     );
     for (name, plan) in [("complete", &complete), ("heartbeat", &heartbeat)] {
         assert!(

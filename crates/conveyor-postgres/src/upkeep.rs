@@ -1,5 +1,5 @@
 //! Upkeep of the jobs table's storage: vacuuming it when the server's autovacuum is off, and
-//! rebuilding an index that sparse pages have made more than twice the size its entries need.
+//! rebuilding an index that pages kept alive by a few long-lived entries have made sparse.
 //!
 //! Every claim and completion leaves a dead row version, and dead `jobs_fetch` entries sit
 //! exactly where the next claim starts its ordered scan: unvacuumed, a 1,000,000-job backlog
@@ -27,9 +27,12 @@ use crate::names::quoted;
 const MIN_DEAD_ROWS: i64 = 1000;
 /// After a pass, no other starts for this many times as long as the pass took.
 const REST_FACTOR: u32 = 4;
-/// Pages an index may hold beyond twice what its entries need before it is rebuilt: small
-/// indexes are left alone (their rebuild would be cheap, but so is their waste).
-const INDEX_SLACK_PAGES: f64 = 32.0;
+/// An index is sparse once it holds more than this many times the pages its entries need, plus
+/// `INDEX_SLACK_PAGES` (tiny indexes are left alone).
+const INDEX_SPARSE_FACTOR: f64 = 1.5;
+const INDEX_SLACK_PAGES: f64 = 8.0;
+/// A sparse index is rebuilt once it grew this many times the size it had when last in bounds.
+const INDEX_GROWTH_FACTOR: f64 = 1.2;
 /// The share of a leaf page a B-tree fills when built (its default `fillfactor`).
 const BTREE_FILL: f64 = 0.9;
 const PAGE_BYTES: f64 = 8192.0;
@@ -67,8 +70,9 @@ fn statement_for(pass: &Pass, schema: &str) -> Option<String> {
     Some(format!("VACUUM ({options}) {}.jobs", quoted(schema)))
 }
 
-/// An index whose pages hold less than half what they could: more than twice the pages its
-/// `entries` entries of about `key_bytes` of key each (the columns' average widths) need.
+/// An index whose pages hold much less than they could: more than `INDEX_SPARSE_FACTOR` times the
+/// pages its `entries` entries of about `key_bytes` of key each (the columns' average widths)
+/// need.
 fn index_sparse(pages: f64, entries: f64, key_bytes: f64) -> bool {
     if entries < 0.0 || pages <= INDEX_SLACK_PAGES {
         return false;
@@ -76,11 +80,12 @@ fn index_sparse(pages: f64, entries: f64, key_bytes: f64) -> bool {
     // An index tuple: an 8-byte header and the key, aligned to 8, plus a 4-byte line pointer.
     let entry_bytes = ((8.0 + key_bytes) / 8.0).ceil() * 8.0 + 4.0;
     let needed = (entries * entry_bytes / (PAGE_BYTES * BTREE_FILL)).ceil() + 1.0;
-    pages > 2.0 * needed + INDEX_SLACK_PAGES
+    pages > INDEX_SPARSE_FACTOR * needed + INDEX_SLACK_PAGES
 }
 
-/// Whether a sparse index should be rebuilt: it also grew by half since it was last seen in
-/// bounds (`baseline_pages`).
+/// Whether a sparse index should be rebuilt: it also grew by a fifth since it was last seen in
+/// bounds (`baseline_pages`). A rebuild reads the whole table, which for a small index is nothing
+/// and for a large one is rare: the bounds keep the index under twice the size it needs.
 ///
 /// Why indexes of a queue grow sparse: the primary key and most indexes are ordered by creation
 /// time (UUIDv7) or lease expiry, new entries go to the right and retention deletes from the left,
@@ -91,7 +96,7 @@ fn index_sparse(pages: f64, entries: f64, key_bytes: f64) -> bool {
 /// The growth test leaves a drained backlog's index alone: it is sparse, but its emptied pages
 /// are free for the next entries, so it does not grow, and rebuilding it would only be undone.
 fn index_needs_rebuild(pages: f64, entries: f64, key_bytes: f64, baseline_pages: f64) -> bool {
-    index_sparse(pages, entries, key_bytes) && pages > 1.5 * baseline_pages
+    index_sparse(pages, entries, key_bytes) && pages > INDEX_GROWTH_FACTOR * baseline_pages
 }
 
 pub(crate) struct Upkeep {
@@ -170,8 +175,8 @@ impl Upkeep {
         Ok(statement_for(&pass_for(dead, live, modified), &self.schema))
     }
 
-    /// `REINDEX INDEX CONCURRENTLY` of the first index of the jobs table that is more than
-    /// twice the size its entries need, going by the page and entry counts the last VACUUM
+    /// `REINDEX INDEX CONCURRENTLY` of the first index of the jobs table that is sparse and still
+    /// growing (`index_needs_rebuild`), going by the page and entry counts the last VACUUM
     /// recorded (`pg_class`) and the key columns' average widths (`pg_stats`). Concurrently: the
     /// new index is built beside the old while jobs are claimed and inserted, and swapped in under
     /// a brief lock. A rebuild that failed half-way leaves an invalid `_ccnew` index, which is
@@ -231,7 +236,7 @@ impl Upkeep {
             // Measured afresh once rebuilt.
             baselines.remove(name);
             tracing::info!(index = %name, pages, entries,
-                "index more than twice the size its entries need: rebuilding it concurrently");
+                "index sparse and growing: rebuilding it concurrently");
             format!("REINDEX INDEX CONCURRENTLY {schema}.{}", quoted(name))
         }))
     }
@@ -291,21 +296,19 @@ mod tests {
     #[test]
     fn an_index_is_rebuilt_once_it_is_sparse_and_still_growing() {
         // A uuid key: 28 bytes an entry, ~260 entries a page at 90 % fill, so 12,000 entries
-        // need ~47 pages.
-        assert!(
-            !index_sparse(30.0, 12_000.0, 16.0),
-            "small indexes are left alone"
-        );
-        assert!(!index_sparse(120.0, 12_000.0, 16.0));
-        assert!(index_sparse(150.0, 12_000.0, 16.0));
+        // need ~47 pages: sparse past 1.5 x 47 + 8 = 78.5.
+        assert!(!index_sparse(8.0, 0.0, 16.0), "tiny indexes are left alone");
+        assert!(!index_sparse(78.0, 12_000.0, 16.0));
+        assert!(index_sparse(80.0, 12_000.0, 16.0));
         // Never vacuumed: no entry count to go by.
         assert!(!index_sparse(10_000.0, -1.0, 16.0));
         // A million entries of a ~90-byte key (jobs_fetch with a long queue name) need ~12,500.
-        assert!(!index_sparse(24_000.0, 1_000_000.0, 80.0));
-        assert!(index_sparse(40_000.0, 1_000_000.0, 80.0));
+        assert!(!index_sparse(18_000.0, 1_000_000.0, 80.0));
+        assert!(index_sparse(20_000.0, 1_000_000.0, 80.0));
 
-        // Sparse and grown from 90 pages when last in bounds: rebuilt.
-        assert!(index_needs_rebuild(150.0, 12_000.0, 16.0, 90.0));
+        // Sparse and grown from 78 pages when last in bounds: rebuilt past 1.2 x 78.
+        assert!(!index_needs_rebuild(90.0, 12_000.0, 16.0, 78.0));
+        assert!(index_needs_rebuild(95.0, 12_000.0, 16.0, 78.0));
         // Sparse but not growing (a drained backlog whose emptied pages wait for new entries).
         assert!(!index_needs_rebuild(40_000.0, 1_000.0, 80.0, 39_000.0));
         assert!(index_needs_rebuild(40_000.0, 1_000.0, 80.0, 20_000.0));

@@ -16,10 +16,6 @@ use crate::writer::WriteCtx;
 /// jobs without a tenant), so the next fetch's round-robin starts after it.
 pub(crate) type Cursors = std::collections::HashMap<String, Option<String>>;
 
-/// Total ids read for one fetch's tenant groups before reads per group are cut to an even
-/// share of the quota.
-const GROUP_READ_BUDGET: usize = 4096;
-
 /// Whether `queue` has available jobs with a tenant: such queues are claimed from
 /// round-robin by tenant. One probe of the `jobs_fair` index.
 pub(crate) fn has_tenanted(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool> {
@@ -255,11 +251,7 @@ fn tenant_groups(
     );
     // Each group gets at least one job per pass, so more than `quota` groups cannot be served.
     order.truncate(quota);
-    let reads = if order.len().saturating_mul(quota) <= GROUP_READ_BUDGET {
-        quota
-    } else {
-        flow::per_group_reads(quota, order.len())
-    };
+    let reads = flow::group_reads(quota, order.len());
     let per_key =
         settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
     let mut groups = Vec::with_capacity(order.len());

@@ -199,31 +199,16 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             queues.push((queue.clone(), settings));
         }
     }
-    if queues.len() > 1 && queues.iter().any(|(_, settings)| settings.weight.is_some()) {
-        // Weighted queues: each gets its share of the fetch, then capacity a queue could not
-        // use goes to the others in turn.
-        let weights: Vec<u32> = queues.iter().map(|(_, s)| s.weight.unwrap_or(1)).collect();
-        let shares = planner::weighted_split(&weights, params.max, &mut rand::rng());
+    if let Some(weights) = planner::fetch_weights(queues.iter().map(|(_, s)| s.weight)) {
+        let mut plan = planner::WeightedFetch::new(&weights, params.max, &mut rand::rng());
         let mut jobs = Vec::with_capacity(params.max);
-        // A queue that gave less than its share has nothing more to give: skip it after.
-        let mut drained = vec![false; queues.len()];
-        for (((queue, settings), share), drained) in queues.iter().zip(shares).zip(&mut drained) {
-            if share > 0 {
-                let found = queue_candidates(ctx, queue, settings, params.kinds.as_deref(), share)?;
-                *drained = found.len() < share;
-                jobs.extend(claim(ctx, params, found)?);
-            }
-        }
-        for ((queue, settings), drained) in queues.iter().zip(drained) {
-            let left = params.max.saturating_sub(jobs.len());
-            if left == 0 {
-                break;
-            }
-            if drained {
-                continue;
-            }
-            let found = queue_candidates(ctx, queue, settings, params.kinds.as_deref(), left)?;
-            jobs.extend(claim(ctx, params, found)?);
+        while let Some((index, ask)) = plan.next_ask() {
+            let (queue, settings) = &queues[index];
+            let found = queue_candidates(ctx, queue, settings, params.kinds.as_deref(), ask)?;
+            let candidates = found.len();
+            let claimed = claim(ctx, params, found)?;
+            plan.record(candidates, claimed.len());
+            jobs.extend(claimed);
         }
         return Ok(jobs);
     }
