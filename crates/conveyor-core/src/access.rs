@@ -395,6 +395,23 @@ pub struct AuditEntry {
     pub detail: Option<String>,
 }
 
+impl AuditEntry {
+    /// `entry` as stored with `id` at `at`.
+    pub fn recorded(id: i64, at: DateTime<Utc>, entry: NewAuditEntry) -> Self {
+        Self {
+            id,
+            at,
+            actor: entry.actor.name,
+            actor_token_id: entry.actor.token_id,
+            action: entry.action,
+            target: entry.target,
+            job_ids: entry.job_ids,
+            job_count: entry.job_count,
+            detail: entry.detail,
+        }
+    }
+}
+
 /// Entries newest first: up to `limit`, with ids below `before`, of `action` when given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AuditListParams {

@@ -232,6 +232,28 @@ pub fn weighted_split(weights: &[u32], max: usize, rng: &mut impl Rng) -> Vec<us
 /// The group without a tenant, when present, takes its turn after the last tenant.
 /// `start_from_first` is true when no tenant was served last (no fetch yet, or the group
 /// without a tenant went last): the pass then starts at the first tenant.
+/// One round-robin pass over a queue's tenant groups: the [`rotation`], cut to `quota` groups
+/// (each gets at least one job per pass, so more cannot be served), and how many jobs to read
+/// for each ([`group_reads`]). `cursor` is the group served last: `None` before the first
+/// fetch, `Some(None)` for the group without a tenant.
+pub fn tenant_pass(
+    after: Vec<String>,
+    from_start: Vec<String>,
+    untenanted: bool,
+    cursor: Option<Option<&str>>,
+    quota: usize,
+) -> (Vec<Option<String>>, usize) {
+    let mut order = rotation(
+        after,
+        from_start,
+        untenanted,
+        !matches!(cursor, Some(Some(_))),
+    );
+    order.truncate(quota);
+    let reads = group_reads(quota, order.len());
+    (order, reads)
+}
+
 pub fn rotation(
     after: Vec<String>,
     from_start: Vec<String>,
@@ -416,6 +438,23 @@ mod tests {
         let two = vec![(5, b[0])];
         let merged = merge_in_claim_order(vec![one, two], 3, |(p, id)| (*p, t, *id));
         assert_eq!(merged, vec![(5, b[0]), (0, a[0]), (0, a[1])]);
+    }
+
+    #[test]
+    fn a_tenant_pass_serves_at_most_quota_groups_from_after_the_cursor() {
+        let names = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let (order, reads) = tenant_pass(
+            names(&["c", "d"]),
+            names(&["a", "b"]),
+            true,
+            Some(Some("b")),
+            3,
+        );
+        assert_eq!(order, vec![Some("c".into()), Some("d".into()), None]);
+        assert_eq!(reads, 3);
+        // No fetch yet: from the first tenant.
+        let (order, _) = tenant_pass(Vec::new(), names(&["a", "b"]), false, None, 10);
+        assert_eq!(order, vec![Some("a".into()), Some("b".into())]);
     }
 
     #[test]

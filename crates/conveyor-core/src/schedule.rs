@@ -652,6 +652,22 @@ pub struct ScheduleRun {
     pub detail: Option<String>,
 }
 
+impl ScheduleRun {
+    /// The run of `schedule` for `tick`, fired at `fired_at`, as enqueued until decided otherwise.
+    pub fn pending(schedule: &str, tick: &PlannedTick, fired_at: DateTime<Utc>) -> Self {
+        Self {
+            schedule: schedule.to_string(),
+            tick: tick.at,
+            fired_at,
+            status: RunStatus::Enqueued,
+            catch_up: tick.catch_up,
+            job_id: None,
+            job_state: None,
+            detail: None,
+        }
+    }
+}
+
 /// A stored schedule with its state and recent runs.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ScheduleView {

@@ -92,6 +92,25 @@ pub struct FailParams {
     pub retry: RetryPlan,
 }
 
+impl FailParams {
+    /// What a store records for this failure of `attempt` (the held job's attempt) at `now`: the
+    /// history entry, and when the job runs again if it has attempts left (`None`: no retry).
+    pub fn failure(
+        self,
+        now: DateTime<Utc>,
+        attempt: u32,
+    ) -> (crate::ErrorRecord, Option<DateTime<Utc>>) {
+        let retry_at = self.retry.retry_at(now, attempt);
+        let error = crate::ErrorRecord {
+            attempt,
+            at: now,
+            class: self.class,
+            message: self.message,
+        };
+        (error, retry_at)
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct SnoozeParams {
     pub lease: LeaseRef,

@@ -313,17 +313,7 @@ pub(crate) async fn audit_append(
         .fetch_one(conn)
         .await
         .map_err(db("append audit entry"))?;
-    Ok(AuditEntry {
-        id,
-        at: now,
-        actor: entry.actor.name,
-        actor_token_id: entry.actor.token_id,
-        action: entry.action,
-        target: entry.target,
-        job_ids: entry.job_ids,
-        job_count: entry.job_count,
-        detail: entry.detail,
-    })
+    Ok(AuditEntry::recorded(id, now, entry))
 }
 
 fn audit_of(row: &PgRow) -> StoreResult<AuditEntry> {

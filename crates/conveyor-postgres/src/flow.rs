@@ -484,14 +484,13 @@ async fn tenant_groups(
             .await
             .map_err(db("read jobs without a tenant"))?,
     )?;
-    let mut order = flow::rotation(
+    let (order, reads) = flow::tenant_pass(
         after,
         from_start,
         !untenanted.is_empty(),
-        !matches!(cursor, Some(Some(_))),
+        cursor.as_ref().map(|served| served.as_deref()),
+        quota,
     );
-    order.truncate(quota);
-    let reads = flow::group_reads(quota, order.len());
     let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
     let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
     // Every tenant's first jobs in one statement (a LATERAL read per tenant).

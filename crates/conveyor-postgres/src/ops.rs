@@ -908,13 +908,7 @@ pub(crate) async fn fail(
     let attempt: i32 = row.try_get(0).map_err(|e| corrupt(e.to_string()))?;
     let max_attempts: i32 = row.try_get(1).map_err(|e| corrupt(e.to_string()))?;
     let (attempt, max_attempts) = (attempt.max(0) as u32, max_attempts.max(0) as u32);
-    let retry_at = params.retry.retry_at(ctx.now, attempt);
-    let error = ErrorRecord {
-        attempt,
-        at: ctx.now,
-        class: params.class,
-        message: params.message,
-    };
+    let (error, retry_at) = params.failure(ctx.now, attempt);
     // The update repeats the lease check: a rescue or cancel between the two statements makes
     // it match nothing, which is the same lost lease.
     record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at)

@@ -242,17 +242,11 @@ pub(crate) fn audit_append(
             ])
         })
         .map_err(backend)?;
-    Ok(AuditEntry {
-        id: ctx.conn.last_insert_rowid(),
-        at: ctx.now,
-        actor: entry.actor.name,
-        actor_token_id: entry.actor.token_id,
-        action: entry.action,
-        target: entry.target,
-        job_ids: entry.job_ids,
-        job_count: entry.job_count,
-        detail: entry.detail,
-    })
+    Ok(AuditEntry::recorded(
+        ctx.conn.last_insert_rowid(),
+        ctx.now,
+        entry,
+    ))
 }
 
 fn audit_row(row: &Row<'_>) -> rusqlite::Result<AuditEntry> {

@@ -243,15 +243,13 @@ fn tenant_groups(
         Vec::new()
     };
     let untenanted = untenanted_ids(ctx, queue, quota)?;
-    let mut order = flow::rotation(
+    let (order, reads) = flow::tenant_pass(
         after,
         from_start,
         !untenanted.is_empty(),
-        !matches!(cursor, Some(Some(_))),
+        cursor.as_ref().map(|served| served.as_deref()),
+        quota,
     );
-    // Each group gets at least one job per pass, so more than `quota` groups cannot be served.
-    order.truncate(quota);
-    let reads = flow::group_reads(quota, order.len());
     let per_key =
         settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
     let mut groups = Vec::with_capacity(order.len());

@@ -510,21 +510,9 @@ fn held(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<(u32, u32)> {
 
 pub(crate) fn fail(ctx: &mut WriteCtx<'_>, params: FailParams) -> StoreResult<Job> {
     let (attempt, max_attempts) = held(ctx, &params.lease)?;
-    let retry_at = params.retry.retry_at(ctx.now, attempt);
-    let error = ErrorRecord {
-        attempt,
-        at: ctx.now,
-        class: params.class,
-        message: params.message,
-    };
-    record_failure(
-        ctx,
-        &params.lease.id.to_string(),
-        attempt,
-        max_attempts,
-        error,
-        retry_at,
-    )
+    let lease_id = params.lease.id.to_string();
+    let (error, retry_at) = params.failure(ctx.now, attempt);
+    record_failure(ctx, &lease_id, attempt, max_attempts, error, retry_at)
 }
 
 pub(crate) fn snooze(ctx: &mut WriteCtx<'_>, params: SnoozeParams) -> StoreResult<Job> {

@@ -284,16 +284,7 @@ pub(crate) fn fire(ctx: &mut WriteCtx<'_>, request: FireRequest) -> StoreResult<
     let mut last_job = last_job_id.and_then(|id| Uuid::parse_str(&id).ok());
     let mut runs = Vec::with_capacity(request.ticks.len());
     for tick in &request.ticks {
-        let mut run = ScheduleRun {
-            schedule: request.name.clone(),
-            tick: tick.at,
-            fired_at: ctx.now,
-            status: RunStatus::Enqueued,
-            catch_up: tick.catch_up,
-            job_id: None,
-            job_state: None,
-            detail: None,
-        };
+        let mut run = ScheduleRun::pending(&request.name, tick, ctx.now);
         let running = match (schedule.overlap(), last_job) {
             (OverlapPolicy::Skip, Some(id)) => job_state(ctx.conn, id)?
                 .filter(|state| !state.is_finished())
