@@ -666,6 +666,22 @@ impl ScheduleRun {
             detail: None,
         }
     }
+
+    /// The run enqueued `inserted` (or found it, for a duplicate): its id, to watch for overlap.
+    pub fn enqueued(&mut self, inserted: &crate::Inserted) -> Uuid {
+        if inserted.duplicate {
+            self.detail = Some(DUPLICATE_DETAIL.to_string());
+        }
+        self.job_id = Some(inserted.job.id);
+        self.job_state = Some(inserted.job.state);
+        inserted.job.id
+    }
+
+    /// The store refused the run's job (queue full, invalid job): nothing enqueued.
+    pub fn refused(&mut self, reason: &crate::StoreError) {
+        self.status = RunStatus::Refused;
+        self.detail = Some(reason.to_string());
+    }
 }
 
 /// A stored schedule with its state and recent runs.

@@ -6,7 +6,7 @@
 //! first's commit, then finds the revision moved on and records nothing.
 
 use chrono::{DateTime, Utc};
-use conveyor_core::schedule::{self, overlap_detail, RunStatus, RECENT_RUNS, RUNS_KEPT};
+use conveyor_core::schedule::{overlap_detail, RunStatus, RECENT_RUNS, RUNS_KEPT};
 use conveyor_core::{
     FireOutcome, FireRequest, JobState, OverlapPolicy, Schedule, ScheduleRun, ScheduleSpec,
     ScheduleView, StoreError, StoreResult,
@@ -366,20 +366,14 @@ pub(crate) async fn fire(
                             "postgres: insert returned no job for a schedule run".into(),
                         )
                     })?;
-                    if inserted.duplicate {
-                        run.detail = Some(schedule::DUPLICATE_DETAIL.to_string());
-                    }
-                    run.job_id = Some(inserted.job.id);
-                    run.job_state = Some(inserted.job.state);
-                    last_job = Some(inserted.job.id);
+                    last_job = Some(run.enqueued(&inserted));
                 }
                 Err(refused @ (StoreError::QueueFull { .. } | StoreError::Invalid(_))) => {
                     savepoint
                         .rollback()
                         .await
                         .map_err(db("roll back schedule job"))?;
-                    run.status = RunStatus::Refused;
-                    run.detail = Some(refused.to_string());
+                    run.refused(&refused);
                 }
                 Err(other) => return Err(other),
             }

@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::{from_millis, to_millis};
-use conveyor_core::schedule::{self, overlap_detail, RunStatus, RECENT_RUNS, RUNS_KEPT};
+use conveyor_core::schedule::{overlap_detail, RunStatus, RECENT_RUNS, RUNS_KEPT};
 use conveyor_core::{
     FireOutcome, FireRequest, JobState, OverlapPolicy, Schedule, ScheduleRun, ScheduleView,
     StoreError, StoreResult,
@@ -301,16 +301,10 @@ pub(crate) fn fire(ctx: &mut WriteCtx<'_>, request: FireRequest) -> StoreResult<
                     let inserted = inserted.into_iter().next().ok_or_else(|| {
                         StoreError::Backend("insert returned no job for a schedule run".into())
                     })?;
-                    if inserted.duplicate {
-                        run.detail = Some(schedule::DUPLICATE_DETAIL.to_string());
-                    }
-                    run.job_id = Some(inserted.job.id);
-                    run.job_state = Some(inserted.job.state);
-                    last_job = Some(inserted.job.id);
+                    last_job = Some(run.enqueued(&inserted));
                 }
                 Err(refused @ (StoreError::QueueFull { .. } | StoreError::Invalid(_))) => {
-                    run.status = RunStatus::Refused;
-                    run.detail = Some(refused.to_string());
+                    run.refused(&refused);
                 }
                 Err(other) => return Err(other),
             }
