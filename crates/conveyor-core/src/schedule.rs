@@ -677,6 +677,19 @@ impl ScheduleRun {
         inserted.job.id
     }
 
+    /// Under `overlap: skip`, whether the previous run's job (`last_job`, in `state` when read)
+    /// still runs, in which case this run is skipped. Returns true when skipped.
+    pub fn skipped_for_overlap(&mut self, last_job: Option<(Uuid, Option<JobState>)>) -> bool {
+        match last_job {
+            Some((id, Some(state))) if !state.is_finished() => {
+                self.status = RunStatus::SkippedOverlap;
+                self.detail = Some(overlap_detail(id, state));
+                true
+            }
+            _ => false,
+        }
+    }
+
     /// The store refused the run's job (queue full, invalid job): nothing enqueued.
     pub fn refused(&mut self, reason: &crate::StoreError) {
         self.status = RunStatus::Refused;

@@ -6,7 +6,7 @@
 //! first's commit, then finds the revision moved on and records nothing.
 
 use chrono::{DateTime, Utc};
-use conveyor_core::schedule::{overlap_detail, RunStatus, RECENT_RUNS, RUNS_KEPT};
+use conveyor_core::schedule::{RunStatus, RECENT_RUNS, RUNS_KEPT};
 use conveyor_core::{
     FireOutcome, FireRequest, JobState, OverlapPolicy, Schedule, ScheduleRun, ScheduleSpec,
     ScheduleView, StoreError, StoreResult,
@@ -339,17 +339,11 @@ pub(crate) async fn fire(
     let mut runs = Vec::with_capacity(request.ticks.len());
     for tick in &request.ticks {
         let mut run = ScheduleRun::pending(&request.name, tick, ctx.now);
-        let running = match (schedule.overlap(), last_job) {
-            (OverlapPolicy::Skip, Some(id)) => job_state(&mut *conn, sql, id)
-                .await?
-                .filter(|state| !state.is_finished())
-                .map(|state| (id, state)),
+        let previous = match (schedule.overlap(), last_job) {
+            (OverlapPolicy::Skip, Some(id)) => Some((id, job_state(&mut *conn, sql, id).await?)),
             _ => None,
         };
-        if let Some((id, state)) = running {
-            run.status = RunStatus::SkippedOverlap;
-            run.detail = Some(overlap_detail(id, state));
-        } else {
+        if !run.skipped_for_overlap(previous) {
             // A savepoint of its own: a refused job (a full queue) must not abort the firing.
             let mut savepoint = conn.begin().await.map_err(db("begin schedule job"))?;
             let inserted =

@@ -6,7 +6,7 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::{from_millis, to_millis};
-use conveyor_core::schedule::{overlap_detail, RunStatus, RECENT_RUNS, RUNS_KEPT};
+use conveyor_core::schedule::{RunStatus, RECENT_RUNS, RUNS_KEPT};
 use conveyor_core::{
     FireOutcome, FireRequest, JobState, OverlapPolicy, Schedule, ScheduleRun, ScheduleView,
     StoreError, StoreResult,
@@ -285,16 +285,11 @@ pub(crate) fn fire(ctx: &mut WriteCtx<'_>, request: FireRequest) -> StoreResult<
     let mut runs = Vec::with_capacity(request.ticks.len());
     for tick in &request.ticks {
         let mut run = ScheduleRun::pending(&request.name, tick, ctx.now);
-        let running = match (schedule.overlap(), last_job) {
-            (OverlapPolicy::Skip, Some(id)) => job_state(ctx.conn, id)?
-                .filter(|state| !state.is_finished())
-                .map(|state| (id, state)),
+        let previous = match (schedule.overlap(), last_job) {
+            (OverlapPolicy::Skip, Some(id)) => Some((id, job_state(ctx.conn, id)?)),
             _ => None,
         };
-        if let Some((id, state)) = running {
-            run.status = RunStatus::SkippedOverlap;
-            run.detail = Some(overlap_detail(id, state));
-        } else {
+        if !run.skipped_for_overlap(previous) {
             let job = schedule.job_for(tick.at);
             match in_savepoint(ctx, |ctx| crate::ops::insert_many(ctx, vec![job])) {
                 Ok(inserted) => {
