@@ -420,6 +420,17 @@ pub struct AuditListParams {
     pub action: Option<AuditAction>,
 }
 
+impl AuditListParams {
+    /// The listing's bounds as stored integers: entries with ids below this (all when no
+    /// `before`), and at most this many.
+    pub fn stored_bounds(&self) -> (i64, i64) {
+        (
+            self.before.unwrap_or(i64::MAX),
+            i64::try_from(self.limit).unwrap_or(i64::MAX),
+        )
+    }
+}
+
 impl Default for AuditListParams {
     fn default() -> Self {
         Self {

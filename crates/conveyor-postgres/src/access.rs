@@ -336,8 +336,7 @@ pub(crate) async fn audit_list(
     sql: &AccessSql,
     params: &AuditListParams,
 ) -> StoreResult<Vec<AuditEntry>> {
-    let before = params.before.unwrap_or(i64::MAX);
-    let limit = params.limit.min(i64::MAX as usize) as i64;
+    let (before, limit) = params.stored_bounds();
     let query = match params.action {
         Some(action) => sqlx::query(sql.audit_list_action.clone())
             .bind(before)

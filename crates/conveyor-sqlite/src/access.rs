@@ -275,8 +275,7 @@ pub(crate) fn audit_list(
 ) -> StoreResult<Vec<AuditEntry>> {
     // Two statements, so a filtered listing reads the `(action, id)` index instead of
     // scanning the whole log backwards for matches.
-    let before = params.before.unwrap_or(i64::MAX);
-    let limit = params.limit.min(i64::MAX as usize) as i64;
+    let (before, limit) = params.stored_bounds();
     let outcome = match params.action {
         Some(action) => conn
             .prepare_cached(&format!(
