@@ -7,7 +7,9 @@ use chrono::{DateTime, Utc};
 use rand::Rng;
 use uuid::Uuid;
 
+use crate::error::{StoreError, StoreResult};
 use crate::job::QueueSettings;
+use std::collections::BTreeMap;
 
 /// Jobs without a tenant form one more group in the round-robin. They are looked for among
 /// this many of the queue's first available jobs in claim order, which bounds the read when
@@ -97,6 +99,67 @@ pub fn round_robin(groups: &[Group], quota: usize) -> Picked {
 /// pass: an even share, at least one.
 pub fn per_group_reads(quota: usize, groups: usize) -> usize {
     quota.div_ceil(groups.max(1)).max(1)
+}
+
+/// How long a producer refused for a full queue is told to wait before trying again.
+pub const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// What a batch adds to one depth-limited queue or tenant, and its limit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DepthDemand {
+    pub adding: u64,
+    pub limit: u64,
+}
+
+/// What a batch adds to each depth-limited queue (tenant `None`) and each tenant of a queue with
+/// a per-tenant limit. `jobs` are the batch's new jobs (duplicates add nothing: leave them out)
+/// as (queue, tenant); `limits` gives a queue's `(max_depth, max_depth_per_tenant)`. Ordered by
+/// queue, the whole queue before its tenants, so the refusal reported is the same whatever order
+/// the batch came in.
+pub fn depth_demand<'a>(
+    jobs: impl IntoIterator<Item = (&'a str, Option<&'a str>)>,
+    limits: impl Fn(&str) -> Option<(Option<u64>, Option<u64>)>,
+) -> BTreeMap<(&'a str, Option<&'a str>), DepthDemand> {
+    let mut demand: BTreeMap<(&'a str, Option<&'a str>), DepthDemand> = BTreeMap::new();
+    for (queue, tenant) in jobs {
+        let Some((max_depth, per_tenant)) = limits(queue) else {
+            continue;
+        };
+        let mut add = |key, limit| {
+            demand
+                .entry(key)
+                .or_insert(DepthDemand { adding: 0, limit })
+                .adding += 1;
+        };
+        if let Some(limit) = max_depth {
+            add((queue, None), limit);
+        }
+        if let (Some(limit), Some(tenant)) = (per_tenant, tenant) {
+            add((queue, Some(tenant)), limit);
+        }
+    }
+    demand
+}
+
+/// Refuses with `QueueFull` for the first entry of `demand` (in its order) that its current
+/// `depth` (unfinished jobs of the queue, or of the tenant in it) would take past its limit.
+pub fn depth_verdict<'a>(
+    demand: &BTreeMap<(&'a str, Option<&'a str>), DepthDemand>,
+    mut depth: impl FnMut(&'a str, Option<&'a str>) -> StoreResult<u64>,
+) -> StoreResult<()> {
+    for (&(queue, tenant), wanted) in demand {
+        let depth = depth(queue, tenant)?;
+        if depth.saturating_add(wanted.adding) > wanted.limit {
+            return Err(StoreError::QueueFull {
+                queue: queue.to_string(),
+                tenant: tenant.map(str::to_string),
+                depth,
+                limit: wanted.limit,
+                retry_after: QUEUE_FULL_RETRY_AFTER,
+            });
+        }
+    }
+    Ok(())
 }
 
 /// Total ids read for one fetch's tenant groups before reads per group are cut to an even share
@@ -455,6 +518,66 @@ mod tests {
         // No fetch yet: from the first tenant.
         let (order, _) = tenant_pass(Vec::new(), names(&["a", "b"]), false, None, 10);
         assert_eq!(order, vec![Some("a".into()), Some("b".into())]);
+    }
+
+    #[test]
+    fn depth_limits_refuse_the_first_full_queue_or_tenant_in_a_fixed_order() {
+        let limits = |queue: &str| match queue {
+            "a" => Some((Some(3), Some(1))),
+            "b" => Some((Some(10), None)),
+            _ => None,
+        };
+        let batch = [
+            ("b", None),
+            ("a", Some("t2")),
+            ("a", Some("t1")),
+            ("c", None),
+            ("a", Some("t1")),
+        ];
+        let demand = depth_demand(batch, limits);
+        let keys: Vec<_> = demand.keys().copied().collect();
+        assert_eq!(
+            keys,
+            vec![
+                ("a", None),
+                ("a", Some("t1")),
+                ("a", Some("t2")),
+                ("b", None)
+            ]
+        );
+        assert_eq!(
+            demand[&("a", None)],
+            DepthDemand {
+                adding: 3,
+                limit: 3
+            }
+        );
+        // The queue has room; tenant t1 (2 new, limit 1) is the first refusal, whichever the
+        // batch order, and t2 is never counted.
+        let mut asked = Vec::new();
+        let verdict = depth_verdict(&demand, |queue, tenant| {
+            asked.push((queue, tenant));
+            Ok(0)
+        });
+        match verdict {
+            Err(StoreError::QueueFull {
+                queue,
+                tenant,
+                depth,
+                limit,
+                ..
+            }) => {
+                assert_eq!(
+                    (queue.as_str(), tenant.as_deref(), depth, limit),
+                    ("a", Some("t1"), 0, 1)
+                );
+            }
+            other => panic!("expected QueueFull, got {other:?}"),
+        }
+        assert_eq!(asked, vec![("a", None), ("a", Some("t1"))]);
+        // Room everywhere.
+        let demand = depth_demand([("a", None), ("b", None)], limits);
+        assert!(depth_verdict(&demand, |_, _| Ok(2)).is_ok());
     }
 
     #[test]

@@ -458,9 +458,6 @@ fn bind_columns<'q>(
         .bind(&columns.unique_keys)
 }
 
-/// How long a producer refused for a full queue is told to wait before trying again.
-const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
-
 /// Refuses the batch's new jobs (`columns`, in `queues`) with `QueueFull` when they would take a
 /// queue, or a tenant's share of one, past its maximum depth.
 ///
@@ -488,20 +485,15 @@ async fn check_depth_limits(
         let per_tenant: Option<i64> = row.try_get("max_depth_per_tenant").map_err(read)?;
         limits.insert(queue, (max_depth.map(depth_of), per_tenant.map(depth_of)));
     }
-    // What the batch adds to each limited (queue, tenant) pair; `None` is the whole queue.
-    // Ordered, so the first refusal reported is the same whichever order the batch came in.
-    let mut adding: BTreeMap<(&str, Option<&str>), (u64, u64)> = BTreeMap::new();
-    for (queue, tenant) in columns.queues.iter().zip(&columns.tenants) {
-        let Some((max_depth, per_tenant)) = limits.get(queue) else {
-            continue;
-        };
-        if let Some(limit) = max_depth {
-            adding.entry((queue, None)).or_insert((0, *limit)).0 += 1;
-        }
-        if let (Some(limit), Some(tenant)) = (per_tenant, tenant) {
-            adding.entry((queue, Some(tenant))).or_insert((0, *limit)).0 += 1;
-        }
-    }
+    let limit_of = |queue: &str| limits.get(queue).copied();
+    let adding = conveyor_core::flow::depth_demand(
+        columns
+            .queues
+            .iter()
+            .zip(&columns.tenants)
+            .map(|(queue, tenant)| (queue.as_str(), tenant.as_deref())),
+        limit_of,
+    );
     if adding.is_empty() {
         return Ok(());
     }
@@ -529,19 +521,8 @@ async fn check_depth_limits(
             "postgres: queue depth count returned the wrong number of rows".to_string(),
         ));
     }
-    for (((queue, tenant), (new, limit)), depth) in adding.into_iter().zip(depths) {
-        let depth = depth_of(depth);
-        if depth.saturating_add(new) > limit {
-            return Err(StoreError::QueueFull {
-                queue: queue.to_string(),
-                tenant: tenant.map(str::to_string),
-                depth,
-                limit,
-                retry_after: QUEUE_FULL_RETRY_AFTER,
-            });
-        }
-    }
-    Ok(())
+    let mut depths = depths.into_iter();
+    conveyor_core::flow::depth_verdict(&adding, |_, _| Ok(depths.next().map_or(0, depth_of)))
 }
 
 /// A count or limit read from the database (never negative: the columns are checked).

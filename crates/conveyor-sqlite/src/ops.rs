@@ -10,7 +10,6 @@ use conveyor_core::{
     RescueReport, SnoozeParams, StoreError, StoreResult,
 };
 use rusqlite::{params, OptionalExtension};
-use std::collections::HashMap;
 use uuid::Uuid;
 
 use crate::backend;
@@ -781,9 +780,6 @@ pub(crate) fn leader_release(ctx: &mut WriteCtx<'_>, holder: &str) -> StoreResul
     Ok(())
 }
 
-/// How long a producer refused by back-pressure is told to wait before retrying.
-const QUEUE_FULL_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
-
 const UNFINISHED: [JobState; 4] = [
     JobState::Scheduled,
     JobState::Available,
@@ -806,68 +802,32 @@ fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreResult<()> {
     let duplicates = unique::duplicates(ctx, jobs, |key| {
         idempotent_match(ctx, key).map(|found| found.is_some())
     })?;
-    let mut per_queue: HashMap<&str, u64> = HashMap::new();
-    let mut per_tenant: HashMap<(&str, &str), u64> = HashMap::new();
-    for (index, job) in jobs.iter().enumerate() {
-        let Some(settings) = ctx.settings.get(&job.queue) else {
-            continue;
-        };
-        if settings.max_depth.is_none() && settings.max_depth_per_tenant.is_none() {
-            continue;
-        }
-        if duplicates.contains(&index) {
-            continue;
-        }
-        if settings.max_depth.is_some() {
-            *per_queue.entry(&job.queue).or_default() += 1;
-        }
-        if let (Some(_), Some(tenant)) = (settings.max_depth_per_tenant, &job.tenant) {
-            *per_tenant.entry((&job.queue, tenant)).or_default() += 1;
-        }
-    }
-    for (queue, adding) in per_queue {
-        let limit = ctx
-            .settings
+    let limits = |queue: &str| {
+        ctx.settings
             .get(queue)
-            .and_then(|s| s.max_depth)
-            .unwrap_or(u64::MAX);
-        let depth = queue_depth(ctx, queue)?;
-        if depth + adding > limit {
-            return Err(StoreError::QueueFull {
-                queue: queue.to_string(),
-                tenant: None,
-                depth,
-                limit,
-                retry_after: QUEUE_FULL_RETRY_AFTER,
-            });
+            .map(|s| (s.max_depth, s.max_depth_per_tenant))
+    };
+    let counted = jobs
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| !duplicates.contains(index))
+        .map(|(_, job)| (job.queue.as_str(), job.tenant.as_deref()));
+    let demand = planner::depth_demand(counted, limits);
+    planner::depth_verdict(&demand, |queue, tenant| match tenant {
+        None => queue_depth(ctx, queue),
+        Some(tenant) => {
+            let depth: i64 = ctx
+                .conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM jobs WHERE queue = ?1 AND tenant = ?2 \
+                     AND tenant IS NOT NULL \
+                     AND state IN ('scheduled', 'available', 'running', 'retryable')",
+                )
+                .and_then(|mut stmt| stmt.query_row(params![queue, tenant], |row| row.get(0)))
+                .map_err(backend)?;
+            Ok(depth.max(0) as u64)
         }
-    }
-    for ((queue, tenant), adding) in per_tenant {
-        let limit = ctx
-            .settings
-            .get(queue)
-            .and_then(|s| s.max_depth_per_tenant)
-            .unwrap_or(u64::MAX);
-        let depth: i64 = ctx
-            .conn
-            .prepare_cached(
-                "SELECT COUNT(*) FROM jobs WHERE queue = ?1 AND tenant = ?2 AND tenant IS NOT NULL \
-                 AND state IN ('scheduled', 'available', 'running', 'retryable')",
-            )
-            .and_then(|mut stmt| stmt.query_row(params![queue, tenant], |row| row.get(0)))
-            .map_err(backend)?;
-        let depth = depth.max(0) as u64;
-        if depth + adding > limit {
-            return Err(StoreError::QueueFull {
-                queue: queue.to_string(),
-                tenant: Some(tenant.to_string()),
-                depth,
-                limit,
-                retry_after: QUEUE_FULL_RETRY_AFTER,
-            });
-        }
-    }
-    Ok(())
+    })
 }
 
 /// Unfinished jobs in `queue`.
