@@ -1,0 +1,132 @@
+//! `conveyor dead list|replay|discard`: the dead-letter queue.
+
+use anyhow::bail;
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::process::ExitCode;
+
+use super::{check_id, print_json, query};
+use crate::cli::ServerArg;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum DeadCommand {
+    /// List dead jobs.
+    List {
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Replay dead jobs: by id, or every dead job matching --queue/--kind, or --all.
+    Replay {
+        ids: Vec<String>,
+        #[arg(long)]
+        queue: Option<String>,
+        #[arg(long)]
+        kind: Option<String>,
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Delete a dead job for good.
+    Discard {
+        id: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+pub(crate) async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        DeadCommand::List {
+            queue,
+            kind,
+            limit,
+            server,
+        } => {
+            let client = server.client()?;
+            let page = client
+                .get(&format!(
+                    "/v1/dead{}",
+                    query(&[
+                        ("queue", queue),
+                        ("kind", kind),
+                        ("limit", Some(limit.to_string()))
+                    ])
+                ))
+                .await?;
+            if server.json {
+                print_json(&page);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let jobs = page["jobs"].as_array().cloned().unwrap_or_default();
+            println!(
+                "{:<36}  {:<12} {:<20} {:>7}  LAST ERROR",
+                "ID", "QUEUE", "KIND", "ATTEMPT"
+            );
+            for job in &jobs {
+                let last = job["errors"]
+                    .as_array()
+                    .and_then(|e| e.last())
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                println!(
+                    "{:<36}  {:<12} {:<20} {:>7}  [{}] {}",
+                    job["id"].as_str().unwrap_or("?"),
+                    job["queue"].as_str().unwrap_or("?"),
+                    job["kind"].as_str().unwrap_or("?"),
+                    job["attempt"].to_string(),
+                    last["class"].as_str().unwrap_or("-"),
+                    last["message"].as_str().unwrap_or("")
+                );
+            }
+            println!("{} dead job(s) shown", jobs.len());
+        }
+        DeadCommand::Replay {
+            ids,
+            queue,
+            kind,
+            all,
+            server,
+        } => {
+            for id in &ids {
+                check_id(id)?;
+            }
+            let body = if !ids.is_empty() {
+                json!({"ids": ids})
+            } else if queue.is_some() || kind.is_some() {
+                json!({"queue": queue, "kind": kind})
+            } else if all {
+                json!({"all": true})
+            } else {
+                bail!("say which dead jobs to replay: ids, --queue/--kind, or --all");
+            };
+            let client = server.client()?;
+            let (_, answer) = client.post("/v1/dead/replay", &body).await?;
+            if server.json {
+                print_json(&answer);
+            } else {
+                println!("replayed {} job(s)", answer["replayed"]);
+            }
+        }
+        DeadCommand::Discard { id, server } => {
+            check_id(&id)?;
+            let client = server.client()?;
+            let (_, answer) = client
+                .call(Method::DELETE, &format!("/v1/dead/{id}"), None)
+                .await?;
+            if server.json {
+                print_json(&answer);
+            } else {
+                println!("discarded {id}");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,145 @@
+//! `conveyor enqueue`: one job, from the command line or stdin.
+
+use anyhow::Context;
+use clap::Args;
+use serde_json::{json, Value};
+use std::process::ExitCode;
+
+use super::print_json;
+use crate::cli::ServerArg;
+
+#[derive(Args, Debug)]
+pub(crate) struct EnqueueArgs {
+    /// The job's kind (which handler runs it).
+    kind: String,
+    /// JSON payload, e.g. '{"user_id": 7}'. Use '-' to read it from stdin.
+    #[arg(long, default_value = "{}")]
+    payload: String,
+    #[arg(long)]
+    queue: Option<String>,
+    /// Higher runs first.
+    #[arg(long, allow_hyphen_values = true)]
+    priority: Option<i32>,
+    /// Run no sooner than this many milliseconds from now.
+    #[arg(long)]
+    delay_ms: Option<u64>,
+    /// Run no sooner than this RFC 3339 time.
+    #[arg(long)]
+    run_at: Option<String>,
+    #[arg(long)]
+    max_attempts: Option<u32>,
+    #[arg(long)]
+    timeout_ms: Option<u64>,
+    #[arg(long)]
+    idempotency_key: Option<String>,
+    /// Repeat for several tags.
+    #[arg(long = "tag")]
+    tags: Vec<String>,
+    #[arg(long)]
+    tenant: Option<String>,
+    #[command(flatten)]
+    unique: UniqueArgs,
+    #[command(flatten)]
+    server: ServerArg,
+}
+
+/// Unique enqueue: while a job of the same kind, queue and payload (or the chosen fields of it)
+/// exists in one of the states, the server answers it instead of storing a new one. Any
+/// `--unique-*` option implies `--unique`.
+#[derive(Args, Debug, Default)]
+pub(crate) struct UniqueArgs {
+    /// Unique by kind, queue and the whole payload, while scheduled, available, running or
+    /// retryable (unless --unique-states says otherwise).
+    #[arg(long)]
+    unique: bool,
+    /// Unique by these top-level payload fields only, e.g. `customer_id,report`.
+    #[arg(long, value_delimiter = ',', value_name = "FIELDS")]
+    unique_args: Option<Vec<String>>,
+    /// Only jobs created within this many seconds count.
+    #[arg(long, value_name = "SECS")]
+    unique_period_secs: Option<u64>,
+    /// States in which an existing job blocks the new one, e.g. `available,running,completed`.
+    #[arg(long, value_delimiter = ',', value_name = "STATES")]
+    unique_states: Option<Vec<String>>,
+    /// The same job in another queue counts too.
+    #[arg(long)]
+    unique_across_queues: bool,
+}
+
+impl UniqueArgs {
+    /// The request's `unique` object, or `None` when no unique option was given. The server
+    /// validates it (unknown states, empty field lists, a zero period).
+    fn to_json(&self) -> Option<Value> {
+        let wanted = self.unique
+            || self.unique_args.is_some()
+            || self.unique_period_secs.is_some()
+            || self.unique_states.is_some()
+            || self.unique_across_queues;
+        if !wanted {
+            return None;
+        }
+        let mut unique = json!({});
+        if let Some(args) = &self.unique_args {
+            unique["args"] = json!(args);
+        }
+        if let Some(secs) = self.unique_period_secs {
+            unique["period_ms"] = json!(secs.saturating_mul(1000));
+        }
+        if let Some(states) = &self.unique_states {
+            unique["states"] = json!(states);
+        }
+        if self.unique_across_queues {
+            unique["by_queue"] = json!(false);
+        }
+        Some(unique)
+    }
+}
+
+pub(crate) async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
+    let payload_text = if args.payload == "-" {
+        std::io::read_to_string(std::io::stdin()).context("reading payload from stdin")?
+    } else {
+        args.payload.clone()
+    };
+    let payload: Value = serde_json::from_str(&payload_text)
+        .with_context(|| format!("--payload is not valid JSON: {payload_text:?}"))?;
+    let mut body = json!({"kind": args.kind, "payload": payload});
+    let fields = [
+        ("queue", args.queue.map(Value::from)),
+        ("priority", args.priority.map(Value::from)),
+        ("delay_ms", args.delay_ms.map(Value::from)),
+        ("run_at", args.run_at.map(Value::from)),
+        ("max_attempts", args.max_attempts.map(Value::from)),
+        ("timeout_ms", args.timeout_ms.map(Value::from)),
+        ("idempotency_key", args.idempotency_key.map(Value::from)),
+        ("tenant", args.tenant.map(Value::from)),
+    ];
+    for (name, value) in fields {
+        if let Some(value) = value {
+            body[name] = value;
+        }
+    }
+    if !args.tags.is_empty() {
+        body["tags"] = json!(args.tags);
+    }
+    if let Some(unique) = args.unique.to_json() {
+        body["unique"] = unique;
+    }
+    let client = args.server.client()?;
+    let (_, job) = client.post("/v1/jobs", &body).await?;
+    if args.server.json {
+        print_json(&job);
+    } else {
+        let duplicate = if job["duplicate"].as_bool() == Some(true) {
+            " (duplicate: existing job returned)"
+        } else {
+            ""
+        };
+        println!(
+            "{} {}{duplicate}",
+            job["id"].as_str().unwrap_or("?"),
+            job["state"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

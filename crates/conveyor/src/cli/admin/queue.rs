@@ -1,0 +1,224 @@
+//! `conveyor queue show|pause|resume|set`: one queue's settings.
+
+use anyhow::bail;
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::process::ExitCode;
+
+use super::print_json;
+use crate::cli::ServerArg;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum QueueCommand {
+    /// Show a queue's settings.
+    Show {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Stop handing out the queue's jobs (enqueuing continues).
+    Pause {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Hand out the queue's jobs again.
+    Resume {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Change limits: a number sets one, `none` clears it.
+    Set {
+        name: String,
+        /// Refuse enqueues (HTTP 429) while this many jobs are unfinished.
+        #[arg(long)]
+        max_depth: Option<Limit>,
+        /// The same per tenant.
+        #[arg(long)]
+        max_depth_per_tenant: Option<Limit>,
+        /// At most this many of the queue's jobs run at once, across all workers and servers.
+        #[arg(long)]
+        concurrency_limit: Option<Limit>,
+        /// At most this many jobs of one tenant run at once.
+        #[arg(long)]
+        per_key_concurrency_limit: Option<Limit>,
+        /// At most COUNT job starts per PERIOD: `20/1s`, `100/500ms`, `1000/1m` (or `none`).
+        #[arg(long)]
+        rate_limit: Option<Rate>,
+        /// The same per tenant.
+        #[arg(long)]
+        per_key_rate_limit: Option<Rate>,
+        /// This queue's share of a worker's capacity when it serves several queues.
+        #[arg(long)]
+        weight: Option<Limit>,
+        /// Delete completed and cancelled jobs this many seconds after they finish (`none`:
+        /// the server's default).
+        #[arg(long)]
+        completed_retention_secs: Option<Limit>,
+        /// Delete dead jobs this many seconds after they die (`none`: the server's default).
+        #[arg(long)]
+        dead_retention_secs: Option<Limit>,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+/// A rate limit on the command line: `COUNT/PERIOD` with the period in ms, s, m or h, or
+/// `none` to clear it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rate(Option<(u64, u64)>);
+
+impl Rate {
+    /// The limit given, `None` for `none`.
+    pub(crate) fn limit(self) -> Option<conveyor::RateLimit> {
+        self.0
+            .map(|(count, period_ms)| conveyor::RateLimit { count, period_ms })
+    }
+}
+
+impl std::str::FromStr for Rate {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(Rate(None));
+        }
+        let bad =
+            || format!("{s:?} is not COUNT/PERIOD (e.g. 20/1s, 100/500ms, 1000/1m) or `none`");
+        let (count, period) = s.split_once('/').ok_or_else(bad)?;
+        let count: u64 = count.trim().parse().map_err(|_| bad())?;
+        let period = period.trim();
+        let digits = period.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+        let unit_ms: u64 = match &period[digits.len()..] {
+            "ms" => 1,
+            "s" | "" => 1000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            _ => return Err(bad()),
+        };
+        let amount: u64 = if digits.is_empty() {
+            1
+        } else {
+            digits.parse().map_err(|_| bad())?
+        };
+        let period_ms = amount.checked_mul(unit_ms).ok_or_else(bad)?;
+        if count == 0 || period_ms == 0 {
+            return Err(format!("{s:?}: count and period must be positive"));
+        }
+        Ok(Rate(Some((count, period_ms))))
+    }
+}
+
+/// A limit on the command line: a positive number, or `none` to clear it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Limit(Option<u64>);
+
+impl std::str::FromStr for Limit {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(Limit(None));
+        }
+        match s.parse::<u64>() {
+            Ok(n) if n > 0 => Ok(Limit(Some(n))),
+            _ => Err(format!("{s:?} is not a positive number or `none`")),
+        }
+    }
+}
+
+pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
+    let (name, server, change) = match command {
+        QueueCommand::Show { name, server } => (name, server, None),
+        QueueCommand::Pause { name, server } => (name, server, Some(json!({"paused": true}))),
+        QueueCommand::Resume { name, server } => (name, server, Some(json!({"paused": false}))),
+        QueueCommand::Set {
+            name,
+            max_depth,
+            max_depth_per_tenant,
+            concurrency_limit,
+            per_key_concurrency_limit,
+            rate_limit,
+            per_key_rate_limit,
+            weight,
+            completed_retention_secs,
+            dead_retention_secs,
+            server,
+        } => {
+            let mut change = json!({});
+            if let Some(Limit(limit)) = max_depth {
+                change["max_depth"] = json!(limit);
+            }
+            if let Some(Limit(limit)) = max_depth_per_tenant {
+                change["max_depth_per_tenant"] = json!(limit);
+            }
+            if let Some(Limit(limit)) = concurrency_limit {
+                change["concurrency_limit"] = json!(limit);
+            }
+            if let Some(Limit(limit)) = per_key_concurrency_limit {
+                change["per_key_concurrency_limit"] = json!(limit);
+            }
+            if let Some(Limit(weight)) = weight {
+                change["weight"] = json!(weight);
+            }
+            if let Some(Limit(secs)) = completed_retention_secs {
+                change["completed_retention_secs"] = json!(secs);
+            }
+            if let Some(Limit(secs)) = dead_retention_secs {
+                change["dead_retention_secs"] = json!(secs);
+            }
+            for (field, rate) in [
+                ("rate_limit", rate_limit),
+                ("per_key_rate_limit", per_key_rate_limit),
+            ] {
+                if let Some(Rate(rate)) = rate {
+                    change[field] = json!(rate
+                        .map(|(count, period_ms)| json!({"count": count, "period_ms": period_ms})));
+                }
+            }
+            if change.as_object().is_some_and(|o| o.is_empty()) {
+                bail!(
+                    "nothing to set: give --max-depth, --max-depth-per-tenant, \
+                     --concurrency-limit, --per-key-concurrency-limit, --rate-limit, \
+                     --per-key-rate-limit, --weight, --completed-retention-secs or \
+                     --dead-retention-secs"
+                );
+            }
+            (name, server, Some(change))
+        }
+    };
+    conveyor::validate::name("queue", &name)?;
+    let client = server.client()?;
+    let path = format!("/v1/queues/{name}");
+    let settings = match change {
+        Some(body) => client.call(Method::PUT, &path, Some(&body)).await?.1,
+        None => client.get(&path).await?,
+    };
+    if server.json {
+        print_json(&settings);
+    } else {
+        let limit = |v: &Value| v.as_u64().map_or("none".to_string(), |n| n.to_string());
+        let rate = |v: &Value| match (v["count"].as_u64(), v["period_ms"].as_u64()) {
+            (Some(count), Some(period_ms)) => format!("{count} per {period_ms} ms"),
+            _ => "none".to_string(),
+        };
+        println!(
+            "{}: {}; max depth {}; max depth per tenant {}; concurrency limit {}; \
+             per-tenant concurrency limit {}; rate limit {}; per-tenant rate limit {}; weight {}",
+            name,
+            if settings["paused"] == true {
+                "paused"
+            } else {
+                "running"
+            },
+            limit(&settings["max_depth"]),
+            limit(&settings["max_depth_per_tenant"]),
+            limit(&settings["concurrency_limit"]),
+            limit(&settings["per_key_concurrency_limit"]),
+            rate(&settings["rate_limit"]),
+            rate(&settings["per_key_rate_limit"]),
+            settings["weight"].as_u64().unwrap_or(1)
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
