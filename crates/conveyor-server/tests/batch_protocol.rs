@@ -2,33 +2,14 @@
 //! `/v1/heartbeat` for many leases, `kinds` on fetch, and HTTP workers registered from their
 //! fetches. A real SQLite store, the router on a loopback port, reqwest as the client.
 
-use conveyor_server::{router, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::TestServer as Api;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use std::sync::Arc;
-
-struct Api {
-    base: String,
-    http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
 
 async fn start() -> Api {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open store");
-    let app = router(Arc::new(store), ServerConfig::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Api {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        _dir: dir,
-    }
+    Api::start().await
 }
 
 impl Api {

@@ -1,47 +1,24 @@
 //! The HTTP API end to end: a real SQLite store in a temp dir, the router on a loopback port,
 //! and reqwest as the client.
 
-use conveyor_server::{router, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::TestServer as Api;
+use conveyor_server::ServerConfig;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-struct Api {
-    base: String,
-    http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
-
 async fn start() -> Api {
-    start_with(ServerConfig::default()).await
+    Api::start().await
 }
 
 async fn start_with(config: ServerConfig) -> Api {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open store");
-    let app = router(Arc::new(store), config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
-    Api {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        _dir: dir,
-    }
+    Api::start_with(config).await
 }
 
 impl Api {
-    fn url(&self, path: &str) -> String {
-        format!("{}{}", self.base, path)
-    }
-
     async fn read(response: reqwest::Response) -> (StatusCode, Value) {
         let status = response.status();
         let content_type = response

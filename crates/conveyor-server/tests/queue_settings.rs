@@ -1,32 +1,13 @@
 //! `GET/PUT /v1/queues/{name}` over HTTP: pause and resume, back-pressure with 429 and
 //! Retry-After, and bad input.
 
-use conveyor_server::{router, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
-use serde_json::{json, Value};
-use std::sync::Arc;
+mod common;
 
-struct Api {
-    base: String,
-    http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
+use common::TestServer as Api;
+use serde_json::{json, Value};
 
 async fn start() -> Api {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open store");
-    let app = router(Arc::new(store), ServerConfig::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    Api {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        _dir: dir,
-    }
+    Api::start().await
 }
 
 impl Api {

@@ -1,38 +1,14 @@
 //! `/v1/schedules` over HTTP: define, read, list, delete, run history, and bad input answered
 //! 400 naming the field.
 
-use conveyor_core::Store;
-use conveyor_server::{router, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::TestServer as Api;
 use reqwest::Method;
 use serde_json::{json, Value};
-use std::sync::Arc;
-
-struct Api {
-    base: String,
-    http: reqwest::Client,
-    store: Arc<dyn Store>,
-    _dir: tempfile::TempDir,
-}
 
 async fn start() -> Api {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-            .expect("open store"),
-    );
-    let app = router(store.clone(), ServerConfig::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    Api {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        store,
-        _dir: dir,
-    }
+    Api::start().await
 }
 
 impl Api {
