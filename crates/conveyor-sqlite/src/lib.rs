@@ -6,6 +6,7 @@
 
 mod access;
 mod flow;
+mod migrate;
 mod ops;
 mod reads;
 mod retention;
@@ -38,10 +39,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-const SCHEMA_VERSION: i64 = 10;
 /// How long a health probe waits for the writer before calling it not ready.
 const HEALTH_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
-const SCHEMA: &str = include_str!("schema.sql");
 
 /// How commits reach the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -225,7 +224,7 @@ impl SqliteStore {
                 ))
             })?;
         }
-        migrate(&conn).map_err(|e| match e {
+        migrate::migrate(&conn).map_err(|e| match e {
             StoreError::Backend(msg) => StoreError::Backend(format!("{}: {msg}", path.display())),
             other => other,
         })?;
@@ -412,79 +411,6 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
     )?;
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
     Ok(conn)
-}
-
-/// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
-/// schema then creates it whole).
-fn add_missing_columns(
-    conn: &Connection,
-    table: &str,
-    columns: &[(&str, &str)],
-) -> StoreResult<()> {
-    let existing: Vec<String> = conn
-        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
-        .and_then(|mut stmt| {
-            stmt.query_map([], |row| row.get(0))?
-                .collect::<Result<Vec<String>, _>>()
-        })
-        .map_err(backend)?;
-    if existing.is_empty() {
-        return Ok(());
-    }
-    for (column, sql_type) in columns {
-        if !existing.iter().any(|name| name == column) {
-            conn.execute_batch(&format!(
-                "ALTER TABLE {table} ADD COLUMN {column} {sql_type}"
-            ))
-            .map_err(backend)?;
-        }
-    }
-    Ok(())
-}
-
-fn migrate(conn: &Connection) -> StoreResult<()> {
-    let version: i64 = conn
-        .query_row("PRAGMA user_version", [], |row| row.get(0))
-        .map_err(backend)?;
-    if version > SCHEMA_VERSION {
-        return Err(StoreError::Backend(format!(
-            "database schema version {version} is newer than this Conveyor understands \
-             ({SCHEMA_VERSION}); upgrade Conveyor"
-        )));
-    }
-    if (1..SCHEMA_VERSION).contains(&version) {
-        // Columns added to tables that an older version created: IF NOT EXISTS in the schema
-        // cannot add columns, so older databases get them here.
-        add_missing_columns(
-            conn,
-            "queue_settings",
-            &[
-                ("concurrency_limit", "INTEGER"),
-                ("per_key_concurrency_limit", "INTEGER"),
-                ("rate_count", "INTEGER"),
-                ("rate_period_ms", "INTEGER"),
-                ("per_key_rate_count", "INTEGER"),
-                ("per_key_rate_period_ms", "INTEGER"),
-                ("weight", "INTEGER"),
-                ("completed_retention_secs", "INTEGER"),
-                ("dead_retention_secs", "INTEGER"),
-            ],
-        )?;
-        // Version 6: unique jobs.
-        add_missing_columns(conn, "jobs", &[("unique_key", "TEXT")])?;
-    }
-    if version < SCHEMA_VERSION {
-        conn.execute_batch(&format!(
-            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
-        ))
-        .map_err(backend)?;
-    }
-    // Touch the table so a file that is not a Conveyor database fails here, at start.
-    conn.query_row("SELECT COUNT(*) FROM jobs WHERE id = ''", [], |row| {
-        row.get::<_, i64>(0)
-    })
-    .map_err(backend)?;
-    Ok(())
 }
 
 #[async_trait]

@@ -1,0 +1,88 @@
+//! The SQLite store's schema and its upgrades. `schema.sql` creates every table and index with
+//! `IF NOT EXISTS`, so applying it brings any older database up to date, except for columns
+//! added to tables that already exist, which are added here first.
+
+use conveyor_core::{StoreError, StoreResult};
+use rusqlite::Connection;
+
+use crate::backend;
+
+/// The schema version this code writes (`PRAGMA user_version`).
+pub(crate) const SCHEMA_VERSION: i64 = 10;
+const SCHEMA: &str = include_str!("schema.sql");
+
+/// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
+/// schema then creates it whole).
+fn add_missing_columns(
+    conn: &Connection,
+    table: &str,
+    columns: &[(&str, &str)],
+) -> StoreResult<()> {
+    let existing: Vec<String> = conn
+        .prepare(&format!("SELECT name FROM pragma_table_info('{table}')"))
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| row.get(0))?
+                .collect::<Result<Vec<String>, _>>()
+        })
+        .map_err(backend)?;
+    if existing.is_empty() {
+        return Ok(());
+    }
+    for (column, sql_type) in columns {
+        if !existing.iter().any(|name| name == column) {
+            conn.execute_batch(&format!(
+                "ALTER TABLE {table} ADD COLUMN {column} {sql_type}"
+            ))
+            .map_err(backend)?;
+        }
+    }
+    Ok(())
+}
+
+/// Brings the database at `conn` to [`SCHEMA_VERSION`] (`PRAGMA user_version`): columns older
+/// versions lack are added, then the schema (every statement `IF NOT EXISTS`) is applied in one
+/// transaction. A database from a newer Conveyor is refused.
+pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(backend)?;
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Backend(format!(
+            "database schema version {version} is newer than this Conveyor understands \
+             ({SCHEMA_VERSION}); upgrade Conveyor"
+        )));
+    }
+    if (1..SCHEMA_VERSION).contains(&version) {
+        // Columns added to tables that an older version created: IF NOT EXISTS in the schema
+        // cannot add columns, so older databases get them here.
+        add_missing_columns(
+            conn,
+            "queue_settings",
+            &[
+                ("concurrency_limit", "INTEGER"),
+                ("per_key_concurrency_limit", "INTEGER"),
+                ("rate_count", "INTEGER"),
+                ("rate_period_ms", "INTEGER"),
+                ("per_key_rate_count", "INTEGER"),
+                ("per_key_rate_period_ms", "INTEGER"),
+                ("weight", "INTEGER"),
+                ("completed_retention_secs", "INTEGER"),
+                ("dead_retention_secs", "INTEGER"),
+            ],
+        )?;
+        // Version 6: unique jobs.
+        add_missing_columns(conn, "jobs", &[("unique_key", "TEXT")])?;
+    }
+    if version < SCHEMA_VERSION {
+        conn.execute_batch(&format!(
+            "BEGIN IMMEDIATE; {SCHEMA} PRAGMA user_version={SCHEMA_VERSION}; COMMIT;"
+        ))
+        .map_err(backend)?;
+    }
+    // Touch the table so a file that is not a Conveyor database fails here, at start.
+    conn.query_row("SELECT COUNT(*) FROM jobs WHERE id = ''", [], |row| {
+        row.get::<_, i64>(0)
+    })
+    .map_err(backend)?;
+    Ok(())
+}
