@@ -192,33 +192,7 @@ async fn the_store_vacuums_its_jobs_table_when_autovacuum_is_off() {
         .map(|i| NewJob::new("bulk", serde_json::json!({ "i": i })))
         .collect();
     store.jobs_insert_many(jobs).await.expect("insert");
-    loop {
-        let claimed = store
-            .jobs_fetch(FetchParams {
-                worker_id: "w".to_string(),
-                queues: vec!["default".to_string()],
-                max: 500,
-                lease: Duration::from_secs(60),
-                kinds: None,
-            })
-            .await
-            .expect("fetch");
-        if claimed.is_empty() {
-            break;
-        }
-        let completions = claimed
-            .iter()
-            .filter_map(|job| job.lease_ref())
-            .map(|lease| CompleteParams {
-                lease,
-                result: None,
-            })
-            .collect();
-        store
-            .jobs_complete_many(completions)
-            .await
-            .expect("complete");
-    }
+    drain(&store, "default").await;
     let last_vacuum = || async {
         sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
             "SELECT last_vacuum FROM pg_stat_user_tables \
