@@ -1,0 +1,230 @@
+//! Running one job: its handler under the timeout, panics contained, the outcome settled.
+
+use super::*;
+
+/// How one attempt ended, from the runtime's point of view.
+enum Attempt {
+    Handler(Outcome),
+    Failed(RuntimeFailure),
+    /// Shutdown or a lost lease: the handler was dropped; someone else settles the job.
+    Interrupted,
+}
+
+pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemaphorePermit>) {
+    let shared = lane.shared.clone();
+    let Some(lease) = job.lease.as_ref() else {
+        tracing::error!(job_id = %job.id, "fetched job has no lease; skipping");
+        lane.slot_freed(permit);
+        return;
+    };
+    let lease = LeaseRef {
+        id: job.id,
+        lease_token: lease.token,
+    };
+    let cancel = CancellationToken::new();
+    shared.running().insert(
+        job.id,
+        RunningJob {
+            lease_token: lease.lease_token,
+            cancel: cancel.clone(),
+        },
+    );
+    let registered = shared.handlers.get(&job.kind).cloned();
+    let retry = registered
+        .as_ref()
+        .map_or(shared.default_retry, |r| r.retry);
+    let started = std::time::Instant::now();
+    // Lifecycle events name the job, never its payload (which may hold personal data).
+    tracing::info!(target: JOB_LOG_TARGET, job_id = %job.id, queue = %job.queue,
+        kind = %job.kind, attempt = job.attempt, worker_id = %shared.id, "job started");
+
+    let attempt = match registered {
+        None => Attempt::Failed(RuntimeFailure {
+            class: error_class::UNKNOWN_KIND,
+            message: format!(
+                "no handler registered for kind {:?} on worker {}",
+                job.kind, shared.id
+            ),
+            retryable: true,
+        }),
+        Some(registered) => {
+            let timeout = job
+                .timeout_ms
+                .map(Duration::from_millis)
+                .or(registered.timeout);
+            let ctx = JobContext::new(&job, cancel.clone());
+            run_handler(&registered, ctx, job.payload.clone(), timeout, &cancel).await
+        }
+    };
+    shared.running().remove(&job.id);
+    lane.slot_freed(permit);
+
+    let meta = JobMeta {
+        id: job.id,
+        queue: job.queue,
+        kind: job.kind,
+        attempt: job.attempt,
+        duration: started.elapsed(),
+    };
+    let duration_ms = meta.duration.as_millis() as u64;
+    let (class, message, plan) = match attempt {
+        Attempt::Interrupted => {
+            tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id, queue = %meta.queue,
+                kind = %meta.kind, attempt = meta.attempt, duration_ms, outcome = "interrupted",
+                "job interrupted (shutdown or lost lease)");
+            return;
+        }
+        Attempt::Handler(Outcome::Complete(Some(result)))
+            if conveyor_core::validate::json_without_nul("result", &result).is_err() =>
+        {
+            // Checked here, not by the completer's batch: one unstorable result must not fail
+            // the completions it would be written with.
+            let problem = conveyor_core::validate::json_without_nul("result", &result)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            (
+                error_class::INVALID_RESULT,
+                format!("the handler's result cannot be stored: {problem}"),
+                RetryPlan::Never,
+            )
+        }
+        Attempt::Handler(Outcome::Complete(result)) => {
+            // Batched by the completer, which logs and counts it once written; if the worker
+            // dies first, the lease expires and the job reruns.
+            let _ = lane.completions.send(Completion {
+                params: CompleteParams { lease, result },
+                job: meta,
+            });
+            return;
+        }
+        Attempt::Handler(Outcome::Snooze(delay)) => {
+            let until = conveyor_core::clock::after(Utc::now(), delay);
+            match shared.store.job_snooze(SnoozeParams { lease, until }).await {
+                Ok(_) => {
+                    tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id,
+                        queue = %meta.queue, kind = %meta.kind, attempt = meta.attempt,
+                        duration_ms, outcome = "snoozed", "job snoozed");
+                    shared.observe(&meta, AttemptStatus::Snoozed);
+                }
+                Err(error) => tracing::warn!(job_id = %meta.id, %error, "snooze not recorded"),
+            }
+            return;
+        }
+        Attempt::Handler(Outcome::Retry(message)) => {
+            (error_class::ERROR, message, RetryPlan::Backoff(retry))
+        }
+        Attempt::Handler(Outcome::RetryAfter(delay, message)) => {
+            let at = conveyor_core::clock::after(Utc::now(), delay);
+            (error_class::RETRY_AFTER, message, RetryPlan::At(at))
+        }
+        Attempt::Handler(Outcome::Permanent(message)) => {
+            (error_class::PERMANENT, message, RetryPlan::Never)
+        }
+        Attempt::Failed(failure) => {
+            let plan = if failure.retryable {
+                RetryPlan::Backoff(retry)
+            } else {
+                RetryPlan::Never
+            };
+            (failure.class, failure.message, plan)
+        }
+    };
+    let failed = shared
+        .store
+        .job_fail(FailParams {
+            lease,
+            class: class.to_string(),
+            message: message.clone(),
+            retry: plan,
+        })
+        .await;
+    match failed {
+        Ok(after) => {
+            let status = AttemptStatus::of_failure(after.state);
+            tracing::warn!(target: JOB_LOG_TARGET, job_id = %meta.id, queue = %meta.queue,
+                kind = %meta.kind, attempt = meta.attempt, duration_ms,
+                outcome = status.as_str(), state = %after.state, error_class = class,
+                error = %message, "job failed");
+            shared.observe(&meta, status);
+        }
+        Err(error) => tracing::warn!(job_id = %meta.id, %error, "failure not recorded"),
+    }
+}
+
+async fn run_handler(
+    registered: &Registered,
+    ctx: JobContext,
+    payload: Value,
+    timeout: Option<Duration>,
+    cancel: &CancellationToken,
+) -> Attempt {
+    // The handler runs in its own task so a panic is contained and reported, not propagated.
+    let mut task = tokio::spawn((registered.handler)(ctx, payload));
+    let deadline = async {
+        match timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        joined = &mut task => match joined {
+            Ok(Ok(outcome)) => Attempt::Handler(outcome),
+            Ok(Err(failure)) => Attempt::Failed(failure),
+            Err(join_error) if join_error.is_panic() => Attempt::Failed(RuntimeFailure {
+                class: error_class::PANIC,
+                message: panic_message(join_error.into_panic()),
+                retryable: true,
+            }),
+            Err(_) => Attempt::Interrupted,
+        },
+        _ = deadline => {
+            task.abort();
+            Attempt::Failed(RuntimeFailure {
+                class: error_class::TIMEOUT,
+                message: format!("handler exceeded its timeout of {} ms", timeout.map_or(0, |t| t.as_millis())),
+                retryable: true,
+            })
+        }
+        _ = cancel.cancelled() => {
+            // Give a cooperative handler (one awaiting `ctx.cancelled()`) a moment to stop
+            // cleanly before it is dropped.
+            if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
+            Attempt::Interrupted
+        }
+    }
+}
+
+fn panic_message(payload: Box<dyn std::any::Any + Send>) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "handler panicked".to_string());
+    format!("handler panicked: {text}")
+}
+
+/// A store call whose panic (a bug in a store, an injected fault) becomes an error: the fetch
+/// loop, completer and heartbeat task then retry as they do after any store error, instead of
+/// dying and leaving the worker fetching jobs it can no longer finish or keep leased.
+pub(crate) async fn contained<T>(
+    call: impl std::future::Future<Output = conveyor_core::StoreResult<T>>,
+) -> conveyor_core::StoreResult<T> {
+    use futures::FutureExt;
+    match std::panic::AssertUnwindSafe(call).catch_unwind().await {
+        Ok(outcome) => outcome,
+        Err(panic) => {
+            let text = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "a panic without a message".to_string());
+            Err(conveyor_core::StoreError::Internal(format!(
+                "store call panicked: {text}"
+            )))
+        }
+    }
+}

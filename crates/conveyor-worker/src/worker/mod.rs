@@ -1,0 +1,267 @@
+//! The worker: fetch loops (`fetch`), executor (`job`), heartbeats, completer and registry
+//! (`background`), the builder (`builder`) and graceful shutdown (here).
+
+mod background;
+mod builder;
+mod fetch;
+mod job;
+
+use background::{run_completer, run_heartbeats, run_registry};
+pub use builder::WorkerBuilder;
+use fetch::{run_fetcher, Lane};
+pub(crate) use job::contained;
+use job::execute;
+
+use chrono::Utc;
+use conveyor_core::{
+    error_class, fetch_waiting, AttemptEvent, AttemptStatus, CompleteParams, FailParams,
+    FetchParams, HeartbeatParams, Job, JobObserver, LeaseOutcome, LeaseRef, RetryPlan, RetryPolicy,
+    SnoozeParams, Store, TypedJob, WorkerHeartbeat,
+};
+use futures::FutureExt;
+use serde_json::Value;
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use crate::handler::{ErasedHandler, JobContext, Outcome, Registered, RuntimeFailure};
+use crate::maintenance::Maintenance;
+
+/// Most jobs claimed by one fetch.
+const MAX_FETCH_BATCH: usize = 250;
+/// Longest a busy fetch loop waits for more free slots before fetching (see `fetch_loop`).
+const FETCH_GATHER_WAIT: Duration = Duration::from_millis(2);
+/// Default bound on the jobs one queue's fetch loop keeps claimed ahead of its free slots
+/// (see `Lane`); `WorkerBuilder::prefetch` changes it.
+const DEFAULT_PREFETCH: usize = 200;
+/// Longest a prefetched job waits for a slot before it is handed back to the queue (never more
+/// than a third of the lease either: see `Lane::max_wait`).
+const PREFETCH_MAX_WAIT: Duration = Duration::from_secs(1);
+/// The buffer holds this many fetch latencies' worth of work (so a prefetched job waits about
+/// that long for its slot): enough for one fetch to come back before the buffer runs dry even
+/// when the rate or the latency jumps.
+const PREFETCH_HEADROOM: f64 = 4.0;
+/// Departure rate samples are taken over at least this long.
+const RATE_SAMPLE: Duration = Duration::from_millis(10);
+/// A fetch that took longer than this probably waited for jobs (a long-poll), so it says
+/// nothing about the store's latency.
+const LATENCY_SAMPLE_MAX: Duration = Duration::from_millis(50);
+/// How long a cancelled handler may take to stop by itself before it is aborted.
+const CANCEL_GRACE: Duration = Duration::from_millis(500);
+/// Most completions written in one store call.
+const MAX_COMPLETION_BATCH: usize = 1000;
+/// The `tracing` target of the per-job lifecycle events (start, completion, failure), so they
+/// can be filtered on their own: `CONVEYOR_LOG=info,conveyor::job=warn` keeps only failures.
+pub const JOB_LOG_TARGET: &str = "conveyor::job";
+
+#[derive(Debug, thiserror::Error)]
+pub enum WorkerError {
+    #[error("invalid worker configuration: {0}")]
+    Config(String),
+}
+
+/// How a shutdown went.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ShutdownReport {
+    /// Jobs still running when shutdown began that finished within the drain timeout.
+    pub drained: usize,
+    /// Jobs cancelled at the drain timeout and released for another worker.
+    pub released: usize,
+}
+
+struct RunningJob {
+    lease_token: Uuid,
+    cancel: CancellationToken,
+}
+
+struct Shared {
+    store: Arc<dyn Store>,
+    id: String,
+    handlers: HashMap<String, Registered>,
+    lease: Duration,
+    default_retry: RetryPolicy,
+    running: Mutex<HashMap<Uuid, RunningJob>>,
+    observer: Option<Arc<dyn JobObserver>>,
+}
+
+impl Shared {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, RunningJob>> {
+        // The map holds plain data; a panic elsewhere while holding it leaves it usable.
+        self.running
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn observe(&self, job: &JobMeta, status: AttemptStatus) {
+        if let Some(observer) = &self.observer {
+            observer.attempt_finished(&AttemptEvent {
+                queue: &job.queue,
+                kind: &job.kind,
+                status,
+                duration: job.duration,
+            });
+        }
+    }
+}
+
+/// What the completer needs to log and count a completion it writes.
+struct JobMeta {
+    id: Uuid,
+    queue: String,
+    kind: String,
+    attempt: u32,
+    duration: Duration,
+}
+
+struct Completion {
+    params: CompleteParams,
+    job: JobMeta,
+}
+
+pub struct Worker {
+    shared: Arc<Shared>,
+    queues: Vec<(String, usize)>,
+    /// Cancelled when shutdown begins: fetch loops stop.
+    stop_fetching: CancellationToken,
+    drain_timeout: Duration,
+    poll: Duration,
+    prefetch: usize,
+    maintenance: Option<Maintenance>,
+    registry_interval: Option<Duration>,
+}
+
+impl Worker {
+    pub fn builder(store: Arc<dyn Store>) -> WorkerBuilder {
+        WorkerBuilder {
+            store,
+            id: crate::default_worker_id(),
+            queues: Vec::new(),
+            handlers: HashMap::new(),
+            lease: Duration::from_secs(30),
+            drain_timeout: Duration::from_secs(30),
+            poll: Duration::from_secs(1),
+            prefetch: DEFAULT_PREFETCH,
+            default_retry: RetryPolicy::default(),
+            maintenance: None,
+            observer: None,
+            registry_interval: Some(Duration::from_secs(10)),
+        }
+    }
+
+    pub fn id(&self) -> &str {
+        &self.shared.id
+    }
+
+    /// Resolves once this worker has begun shutting down and stopped fetching: nothing enqueued
+    /// after that is claimed by it. For readiness probes and for tests that need the moment.
+    pub fn drain_started(&self) -> impl Future<Output = ()> + Send + 'static {
+        self.stop_fetching.clone().cancelled_owned()
+    }
+
+    /// Runs until `shutdown` resolves, then drains and returns.
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> ShutdownReport {
+        let stop_fetching = self.stop_fetching.clone();
+        let stop_background = CancellationToken::new();
+        let (completions, completion_rx) = mpsc::unbounded_channel();
+        let completer = tokio::spawn(run_completer(self.shared.clone(), completion_rx));
+        let heartbeat = tokio::spawn(run_heartbeats(self.shared.clone(), stop_background.clone()));
+        let registry = self.registry_interval.map(|interval| {
+            tokio::spawn(run_registry(
+                self.shared.clone(),
+                self.queues.clone(),
+                interval,
+                stop_background.clone(),
+            ))
+        });
+        let maintenance = self
+            .maintenance
+            .clone()
+            .map(|m| tokio::spawn(m.run(stop_background.clone())));
+
+        let executors = Arc::new(Mutex::new(JoinSet::new()));
+        let mut fetchers = JoinSet::new();
+        for (queue, concurrency) in &self.queues {
+            let lane = Arc::new(Lane {
+                shared: self.shared.clone(),
+                queue: queue.clone(),
+                slots: Arc::new(Semaphore::new(*concurrency)),
+                concurrency: *concurrency,
+                prefetch: self.prefetch,
+                max_wait: PREFETCH_MAX_WAIT.min(self.shared.lease / 3),
+                buffer: Mutex::new(VecDeque::new()),
+                drained: tokio::sync::Notify::new(),
+                finished: AtomicU64::new(0),
+                stop: stop_fetching.clone(),
+                executors: executors.clone(),
+                completions: completions.clone(),
+            });
+            // The fetch loop hands back whatever it still holds prefetched when it stops.
+            fetchers.spawn(run_fetcher(lane, self.poll));
+        }
+        tracing::info!(worker_id = %self.shared.id, queues = ?self.queues, "worker started");
+
+        shutdown.await;
+        tracing::info!(worker_id = %self.shared.id, drain_timeout = ?self.drain_timeout,
+            "shutdown requested: no more fetching, draining running jobs");
+        let running_at_shutdown = self.shared.running().len();
+        stop_fetching.cancel();
+        while fetchers.join_next().await.is_some() {}
+
+        let mut executors = std::mem::take(
+            &mut *executors
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner()),
+        );
+
+        let drained_in_time = tokio::time::timeout(self.drain_timeout, async {
+            while executors.join_next().await.is_some() {}
+        })
+        .await
+        .is_ok();
+
+        let mut report = ShutdownReport::default();
+        if !drained_in_time {
+            // Cancel what is left, wait for the handlers to be dropped, then hand the jobs back.
+            let leftover: Vec<LeaseRef> = {
+                let running = self.shared.running();
+                running
+                    .iter()
+                    .map(|(id, job)| {
+                        job.cancel.cancel();
+                        LeaseRef {
+                            id: *id,
+                            lease_token: job.lease_token,
+                        }
+                    })
+                    .collect()
+            };
+            while executors.join_next().await.is_some() {}
+            match self.shared.store.jobs_release_many(leftover.clone()).await {
+                Ok(released) => report.released = released as usize,
+                Err(error) => tracing::error!(%error, jobs = leftover.len(),
+                    "could not release jobs at shutdown; their leases will expire and they will be rescued"),
+            }
+        }
+        report.drained = running_at_shutdown.saturating_sub(report.released);
+
+        drop(completions);
+        let _ = completer.await;
+        stop_background.cancel();
+        let _ = heartbeat.await;
+        if let Some(registry) = registry {
+            let _ = registry.await;
+        }
+        if let Some(maintenance) = maintenance {
+            let _ = maintenance.await;
+        }
+        tracing::info!(worker_id = %self.shared.id, drained = report.drained,
+            released = report.released, "worker stopped");
+        report
+    }
+}
