@@ -1,0 +1,411 @@
+//! Inserting jobs: idempotency and unique keys, queue-depth limits, one statement per batch.
+
+use super::*;
+
+/// Whether `job` still holds its idempotency key at `now` (see `StoreOptions`).
+pub(super) fn holds_key(job: &Job, now: DateTime<Utc>, options: &StoreOptions) -> bool {
+    match job.state {
+        JobState::Completed => job.finished_at.is_some_and(|finished| {
+            conveyor_core::clock::after(finished, options.completed_idempotency_window) > now
+        }),
+        JobState::Dead | JobState::Cancelled => false,
+        _ => true,
+    }
+}
+
+/// Where each job of a batch ends up.
+pub(super) enum Slot {
+    /// Inserted as a new job with this id.
+    New(Uuid),
+    /// A duplicate of a job inserted earlier in the same batch.
+    SameBatch(Uuid),
+    /// A duplicate of the stored job holding this key.
+    Stored(String),
+    /// A duplicate of the stored job holding the unique key of the batch's job at this position.
+    StoredUnique(usize),
+}
+
+/// The new jobs of a batch, column by column, for one `INSERT ... SELECT FROM unnest(...)`.
+#[derive(Default)]
+pub(super) struct Columns {
+    ids: Vec<Uuid>,
+    kinds: Vec<String>,
+    queues: Vec<String>,
+    payloads: Vec<Json<Value>>,
+    priorities: Vec<i32>,
+    run_ats: Vec<DateTime<Utc>>,
+    max_attempts: Vec<i32>,
+    timeouts: Vec<Option<i64>>,
+    keys: Vec<Option<String>>,
+    tags: Vec<Json<Vec<String>>>,
+    tenants: Vec<Option<String>>,
+    states: Vec<&'static str>,
+    unique_keys: Vec<Option<String>>,
+}
+
+/// The outcome of an insert: one result per job, and whether any job became available.
+pub(crate) struct Insertion {
+    pub inserted: Vec<Inserted>,
+    pub made_available: bool,
+}
+
+/// Inserts validated jobs. Must run inside a transaction: the idempotency locks are
+/// transaction-scoped, and the batch must be all-or-nothing.
+///
+/// Keyed jobs first take an advisory lock per key (in ascending key order, so concurrent batches
+/// cannot deadlock), then look for a job holding the key. A concurrent insert of the same key
+/// waits on the lock until the first commits, and then finds its job: exactly one job per key.
+/// Unique jobs do the same with their unique keys (locked in the same sorted acquisition), after
+/// the idempotency key, which keeps precedence (see `unique`).
+///
+/// Depth limits count only the jobs the batch really adds: duplicates of stored jobs do not
+/// take up room, so resubmitting an accepted job succeeds even when its queue is full.
+pub(crate) async fn insert_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    jobs: Vec<NewJob>,
+) -> StoreResult<Insertion> {
+    let keys: BTreeSet<&str> = jobs
+        .iter()
+        .filter_map(|job| job.idempotency_key.as_deref())
+        .collect();
+    let unique_keys = unique::keys(&jobs);
+    let mut lock_keys: Vec<i64> = keys
+        .iter()
+        .map(|key| idempotency_lock_key(ctx.schema, key))
+        .chain(unique::lock_keys(ctx.schema, &unique_keys))
+        .collect();
+    if !lock_keys.is_empty() {
+        lock_keys.sort_unstable();
+        lock_keys.dedup();
+        sqlx::query(ctx.sql.lock_keys.clone())
+            .bind(&lock_keys)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("lock idempotency and unique keys"))?;
+    }
+    let mut stored: HashMap<String, Job> = HashMap::new();
+    if !keys.is_empty() {
+        let keys: Vec<&str> = keys.into_iter().collect();
+        // The newest job that still holds each key: an older job made unfinished again (a
+        // replayed dead job) holds it even when a newer one with the key has finished.
+        let window_start =
+            conveyor_core::clock::before(ctx.now, ctx.options.completed_idempotency_window);
+        let found = sqlx::query(ctx.sql.idempotent_matches.clone())
+            .bind(&keys)
+            .bind(window_start)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("find idempotency keys"))?;
+        for job in rows::jobs(&found)? {
+            if holds_key(&job, ctx.now, ctx.options) {
+                if let Some(key) = job.idempotency_key.clone() {
+                    stored.insert(key, job);
+                }
+            }
+        }
+    }
+
+    let stored_unique = unique::stored_matches(&mut *conn, ctx, &jobs, &unique_keys).await?;
+
+    let mut slots = Vec::with_capacity(jobs.len());
+    let mut batch_keys: HashMap<String, Uuid> = HashMap::new();
+    // The jobs this batch adds, with their initial states, by unique key (latest last).
+    let mut batch_unique: HashMap<String, Vec<(Uuid, JobState)>> = HashMap::new();
+    let mut columns = Columns::default();
+    for (index, (new, unique_key)) in jobs.into_iter().zip(unique_keys).enumerate() {
+        if let Some(key) = &new.idempotency_key {
+            if stored.contains_key(key) {
+                slots.push(Slot::Stored(key.clone()));
+                continue;
+            }
+            if let Some(id) = batch_keys.get(key) {
+                slots.push(Slot::SameBatch(*id));
+                continue;
+            }
+        }
+        if let (Some(spec), Some(key)) = (&new.unique, &unique_key) {
+            // The latest job holding the key wins: one this batch added (created now, so inside
+            // any window) whose state the spec counts, else the stored one.
+            let in_batch = batch_unique
+                .get(key)
+                .and_then(|added| added.iter().rev().find(|(_, state)| spec.blocks_in(*state)));
+            if let Some((id, _)) = in_batch {
+                slots.push(Slot::SameBatch(*id));
+                continue;
+            }
+            if stored_unique.contains_key(&index) {
+                slots.push(Slot::StoredUnique(index));
+                continue;
+            }
+        }
+        let id = Uuid::now_v7();
+        if let Some(key) = &new.idempotency_key {
+            batch_keys.insert(key.clone(), id);
+        }
+        // A past run_at is kept (it orders the job among others) but makes the job available.
+        let run_at = truncate_to_millis(new.run_at.unwrap_or(ctx.now));
+        let state = if run_at > ctx.now {
+            JobState::Scheduled
+        } else {
+            JobState::Available
+        };
+        columns.ids.push(id);
+        columns.kinds.push(new.kind);
+        columns.queues.push(new.queue);
+        columns.payloads.push(Json(new.payload));
+        columns.priorities.push(new.priority);
+        columns.run_ats.push(run_at);
+        columns
+            .max_attempts
+            .push(to_i32(new.max_attempts, "max_attempts")?);
+        columns.timeouts.push(
+            new.timeout_ms
+                .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
+        );
+        columns.keys.push(new.idempotency_key);
+        columns.tags.push(Json(new.tags));
+        columns.tenants.push(new.tenant);
+        columns.states.push(state.as_str());
+        if let Some(key) = &unique_key {
+            batch_unique
+                .entry(key.clone())
+                .or_default()
+                .push((id, state));
+        }
+        columns.unique_keys.push(unique_key);
+        slots.push(Slot::New(id));
+    }
+
+    let mut created: HashMap<Uuid, Job> = HashMap::new();
+    if !columns.ids.is_empty() {
+        // Optimistically as if no queue of the batch had a depth limit: the statement checks,
+        // and inserts nothing when one has. Only then are limits read, locked and counted.
+        let queues: BTreeSet<&str> = columns.queues.iter().map(String::as_str).collect();
+        let queues: Vec<&str> = queues.into_iter().collect();
+        let mut found = bind_columns(ctx.sql.insert_unlimited.clone(), &columns, ctx.now)
+            .bind(&queues)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("insert jobs"))?;
+        if found.is_empty() {
+            check_depth_limits(&mut *conn, ctx, &columns, &queues).await?;
+            found = bind_columns(ctx.sql.insert.clone(), &columns, ctx.now)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db("insert jobs"))?;
+        }
+        for job in rows::jobs(&found)? {
+            created.insert(job.id, job);
+        }
+    }
+    let woken: BTreeSet<String> = created
+        .values()
+        .filter(|job| job.state == JobState::Available)
+        .map(|job| job.queue.clone())
+        .collect();
+    let woken: Vec<String> = woken.into_iter().collect();
+    notify(conn, ctx.sql, &woken).await?;
+
+    let mut inserted = Vec::with_capacity(slots.len());
+    for slot in slots {
+        let (job, duplicate) = match slot {
+            Slot::Stored(key) => (stored.get(&key), true),
+            Slot::StoredUnique(index) => (stored_unique.get(&index), true),
+            Slot::New(id) => (created.get(&id), false),
+            Slot::SameBatch(id) => (created.get(&id), true),
+        };
+        let job = job.cloned().ok_or_else(|| {
+            StoreError::Backend("postgres: an inserted job was not returned".to_string())
+        })?;
+        inserted.push(Inserted { job, duplicate });
+    }
+    Ok(Insertion {
+        inserted,
+        made_available: !woken.is_empty(),
+    })
+}
+
+/// The insert statement `text` with the batch's columns bound as `$1` to `$14`.
+pub(super) fn bind_columns<'q>(
+    text: sqlx::SqlStr,
+    columns: &'q Columns,
+    now: DateTime<Utc>,
+) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(text)
+        .bind(&columns.ids)
+        .bind(&columns.kinds)
+        .bind(&columns.queues)
+        .bind(&columns.payloads)
+        .bind(&columns.priorities)
+        .bind(&columns.run_ats)
+        .bind(&columns.max_attempts)
+        .bind(&columns.timeouts)
+        .bind(&columns.keys)
+        .bind(&columns.tags)
+        .bind(&columns.tenants)
+        .bind(&columns.states)
+        .bind(now)
+        .bind(&columns.unique_keys)
+}
+
+/// Refuses the batch's new jobs (`columns`, in `queues`) with `QueueFull` when they would take a
+/// queue, or a tenant's share of one, past its maximum depth.
+///
+/// Each limited queue (and each tenant of the batch in a queue with a per-tenant limit) is
+/// locked until the transaction ends, in ascending key order, so concurrent batches cannot both
+/// see the last free places, and cannot deadlock (every transaction takes its idempotency and
+/// unique key locks before these). The counts run after the locks, so they see every batch that
+/// held them before.
+pub(super) async fn check_depth_limits(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    columns: &Columns,
+    queues: &[&str],
+) -> StoreResult<()> {
+    let found = sqlx::query(ctx.sql.depth_limits.clone())
+        .bind(queues)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read queue depth limits"))?;
+    let mut limits: HashMap<String, (Option<u64>, Option<u64>)> = HashMap::new();
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let queue: String = row.try_get("queue").map_err(read)?;
+        let max_depth: Option<i64> = row.try_get("max_depth").map_err(read)?;
+        let per_tenant: Option<i64> = row.try_get("max_depth_per_tenant").map_err(read)?;
+        limits.insert(queue, (max_depth.map(depth_of), per_tenant.map(depth_of)));
+    }
+    let limit_of = |queue: &str| limits.get(queue).copied();
+    let adding = conveyor_core::flow::depth_demand(
+        columns
+            .queues
+            .iter()
+            .zip(&columns.tenants)
+            .map(|(queue, tenant)| (queue.as_str(), tenant.as_deref())),
+        limit_of,
+    );
+    if adding.is_empty() {
+        return Ok(());
+    }
+    let mut lock_keys: Vec<i64> = adding
+        .keys()
+        .map(|(queue, tenant)| depth_lock_key(ctx.schema, queue, *tenant))
+        .collect();
+    lock_keys.sort_unstable();
+    lock_keys.dedup();
+    sqlx::query(ctx.sql.lock_keys.clone())
+        .bind(&lock_keys)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("lock queue depths"))?;
+    let depth_queues: Vec<&str> = adding.keys().map(|(queue, _)| *queue).collect();
+    let depth_tenants: Vec<Option<&str>> = adding.keys().map(|(_, tenant)| *tenant).collect();
+    let depths: Vec<i64> = sqlx::query_scalar(ctx.sql.depths.clone())
+        .bind(&depth_queues)
+        .bind(&depth_tenants)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("count queue depths"))?;
+    if depths.len() != adding.len() {
+        return Err(StoreError::Backend(
+            "postgres: queue depth count returned the wrong number of rows".to_string(),
+        ));
+    }
+    let mut depths = depths.into_iter();
+    conveyor_core::flow::depth_verdict(&adding, |_, _| Ok(depths.next().map_or(0, depth_of)))
+}
+
+/// A count or limit read from the database (never negative: the columns are checked).
+pub(super) fn depth_of(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
+}
+
+/// A limit as stored: `bigint`, so limits past `i64::MAX` (no queue holds that many) are kept
+/// as `i64::MAX`.
+pub(super) fn stored_depth(n: u64) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Queue settings
+// ---------------------------------------------------------------------------------------------
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn job_in(state: JobState, finished_at: Option<DateTime<Utc>>) -> Job {
+        let mut job = Job {
+            id: Uuid::now_v7(),
+            kind: "k".into(),
+            queue: "q".into(),
+            payload: Value::Null,
+            priority: 0,
+            run_at: Utc::now(),
+            attempt: 0,
+            max_attempts: 1,
+            timeout_ms: None,
+            idempotency_key: Some("key".into()),
+            tags: Vec::new(),
+            tenant: None,
+            state,
+            errors: Vec::new(),
+            lease: None,
+            result: None,
+            created_at: Utc::now(),
+            started_at: None,
+            finished_at: None,
+            unique_key: None,
+        };
+        job.finished_at = finished_at;
+        job
+    }
+
+    #[test]
+    fn completed_jobs_hold_their_key_only_within_the_window() {
+        let now = truncate_to_millis(Utc::now());
+        let options = StoreOptions {
+            completed_idempotency_window: Duration::from_secs(60),
+        };
+        let hour = chrono::Duration::hours(1);
+        let minute = chrono::Duration::seconds(60);
+        let recent = job_in(
+            JobState::Completed,
+            Some(now - chrono::Duration::seconds(59)),
+        );
+        let expired = job_in(JobState::Completed, Some(now - minute));
+        assert!(holds_key(&recent, now, &options));
+        assert!(
+            !holds_key(&expired, now, &options),
+            "the window is exclusive"
+        );
+        assert!(!holds_key(
+            &job_in(JobState::Dead, Some(now)),
+            now,
+            &options
+        ));
+        assert!(!holds_key(
+            &job_in(JobState::Cancelled, Some(now)),
+            now,
+            &options
+        ));
+        for state in [
+            JobState::Scheduled,
+            JobState::Available,
+            JobState::Running,
+            JobState::Retryable,
+        ] {
+            assert!(holds_key(&job_in(state, None), now, &options), "{state}");
+        }
+        let forever = StoreOptions {
+            completed_idempotency_window: Duration::MAX,
+        };
+        let old = job_in(JobState::Completed, Some(now - hour));
+        assert!(
+            holds_key(&old, now, &forever),
+            "an unbounded window never ends"
+        );
+    }
+}

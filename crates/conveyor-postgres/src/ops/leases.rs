@@ -1,0 +1,347 @@
+//! Jobs under lease: promotion of due jobs, the claim, heartbeats, completion, failure, snooze, release and rescue.
+
+use super::*;
+
+/// Makes up to `batch` due scheduled/retryable jobs available (earliest first), notifying their
+/// queues in the same statement. Returns how many.
+pub(crate) async fn promote_due(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    batch: i64,
+) -> StoreResult<u64> {
+    let found = sqlx::query(ctx.sql.promote.clone())
+        .bind(ctx.now)
+        .bind(batch)
+        .bind(&ctx.sql.channel)
+        .fetch_all(conn)
+        .await
+        .map_err(db("promote due jobs"))?;
+    changed_count(&found)
+}
+
+/// Jobs claimed by one fetch, and how many due jobs it promoted first.
+pub(crate) struct Fetched {
+    pub jobs: Vec<Job>,
+    pub promoted: u64,
+}
+
+/// Promotes one batch of due jobs, then claims up to `max` available jobs in claim order.
+///
+/// Queues without flow control are claimed from in one statement. That statement refuses
+/// (claiming nothing) when a queue of the fetch has limits or tenanted jobs waiting; only then
+/// does the fetch take the flow-controlled claim (`flow::claim_controlled`).
+pub(crate) async fn fetch(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: &FetchParams,
+) -> StoreResult<Fetched> {
+    let expires_at = after(ctx.now, params.lease, "lease")?;
+    let promoted = promote_due(&mut *conn, ctx, PROMOTE_BATCH).await?;
+    // A fetch of every kind takes the statement without a kind filter (`sql::KindFilter`).
+    let statement = match (params.queues.as_slice(), params.kinds.is_some()) {
+        ([_], true) => &ctx.sql.claim_one_queue,
+        ([_], false) => &ctx.sql.claim_one_queue_any_kind,
+        (_, true) => &ctx.sql.claim,
+        (_, false) => &ctx.sql.claim_any_kind,
+    };
+    let claim = match params.queues.as_slice() {
+        [queue] => sqlx::query(statement.clone()).bind(queue),
+        queues => sqlx::query(statement.clone()).bind(queues),
+    };
+    let claim = claim
+        .bind(limit(params.max))
+        .bind(&params.worker_id)
+        .bind(expires_at)
+        .bind(ctx.now);
+    let claim = match params.kinds.as_deref() {
+        Some(kinds) => claim.bind(kinds),
+        None => claim,
+    };
+    let found = claim
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("claim jobs"))?;
+    let mut jobs = rows::jobs(&found)?;
+    if jobs.is_empty() {
+        // Nothing available, or the gate refused: only the gate can tell.
+        let gate = match params.queues.as_slice() {
+            [queue] => sqlx::query_scalar(ctx.sql.claim_one_queue_gate.clone()).bind(queue),
+            queues => sqlx::query_scalar(ctx.sql.claim_gate.clone()).bind(queues),
+        };
+        let limited: bool = gate
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("check the flow-control gate"))?;
+        if limited {
+            let mut tx = conn.begin().await.map_err(db("begin limited claim"))?;
+            jobs = crate::flow::claim_controlled(&mut tx, ctx, params, expires_at).await?;
+            tx.commit().await.map_err(db("commit limited claim"))?;
+        }
+    } else {
+        // RETURNING has no order; callers get jobs in the order they were claimed by.
+        sort_in_claim_order(&mut jobs);
+    }
+    Ok(Fetched { jobs, promoted })
+}
+
+pub(super) fn sort_in_claim_order(jobs: &mut [Job]) {
+    jobs.sort_by(|a, b| {
+        b.priority
+            .cmp(&a.priority)
+            .then(a.run_at.cmp(&b.run_at))
+            .then(a.id.cmp(&b.id))
+    });
+}
+
+pub(crate) async fn heartbeat_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    beats: &[HeartbeatParams],
+) -> StoreResult<Vec<Option<DateTime<Utc>>>> {
+    let expiries = beats
+        .iter()
+        .map(|beat| after(ctx.now, beat.extend_by, "extend_by"))
+        .collect::<StoreResult<Vec<_>>>()?;
+    // One row per lease: with a lease listed twice, the later expiry is the one stored, as if
+    // the beats had been applied one after the other.
+    let mut last: HashMap<LeaseKey, DateTime<Utc>> = HashMap::new();
+    for (beat, expires) in beats.iter().zip(&expiries) {
+        last.insert(lease_key(&beat.lease), *expires);
+    }
+    let mut ids = Vec::with_capacity(last.len());
+    let mut tokens = Vec::with_capacity(last.len());
+    let mut expires = Vec::with_capacity(last.len());
+    for ((id, token), at) in last {
+        ids.push(id);
+        tokens.push(token);
+        expires.push(at);
+    }
+    let held = held_leases(
+        sqlx::query(ctx.sql.heartbeat.clone())
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&expires)
+            .fetch_all(conn)
+            .await
+            .map_err(db("heartbeat"))?,
+    )?;
+    Ok(beats
+        .iter()
+        .zip(expiries)
+        .map(|(beat, expires)| held.contains(&lease_key(&beat.lease)).then_some(expires))
+        .collect())
+}
+
+/// The `(id, token)` pairs returned by a lease-conditional batch statement.
+pub(super) fn held_leases(found: Vec<PgRow>) -> StoreResult<HashSet<LeaseKey>> {
+    found
+        .iter()
+        .map(|row| {
+            let read = |e: sqlx::Error| corrupt(e.to_string());
+            Ok((row.try_get(0).map_err(read)?, row.try_get(1).map_err(read)?))
+        })
+        .collect()
+}
+
+/// Completes running jobs whose lease still holds, in one statement. Outcomes are per input, in
+/// order; a lease listed twice is applied once (the first), like two completions in sequence.
+pub(crate) async fn complete_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    completions: Vec<CompleteParams>,
+) -> StoreResult<Vec<LeaseOutcome>> {
+    let mut first: HashSet<LeaseKey> = HashSet::new();
+    let mut ids = Vec::with_capacity(completions.len());
+    let mut tokens = Vec::with_capacity(completions.len());
+    let mut results: Vec<Option<Json<&Value>>> = Vec::with_capacity(completions.len());
+    let mut is_first = Vec::with_capacity(completions.len());
+    for completion in &completions {
+        let new = first.insert(lease_key(&completion.lease));
+        is_first.push(new);
+        if new {
+            ids.push(completion.lease.id);
+            tokens.push(completion.lease.lease_token);
+            results.push(completion.result.as_ref().map(Json));
+        }
+    }
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let applied = held_leases(
+        sqlx::query(ctx.sql.complete.clone())
+            .bind(&ids)
+            .bind(&tokens)
+            .bind(&results)
+            .bind(ctx.now)
+            .fetch_all(conn)
+            .await
+            .map_err(db("complete jobs"))?,
+    )?;
+    Ok(completions
+        .iter()
+        .zip(is_first)
+        .map(|(completion, first)| {
+            if first && applied.contains(&lease_key(&completion.lease)) {
+                LeaseOutcome::Applied
+            } else {
+                LeaseOutcome::LeaseLost
+            }
+        })
+        .collect())
+}
+
+/// Records a failed attempt on the job held under `lease`: `retryable` at `retry_at` while
+/// attempts remain, else `dead` and finished. `None` when the lease no longer holds.
+#[allow(clippy::too_many_arguments)] // Every value is one column of the one statement.
+pub(crate) async fn record_failure(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    lease: LeaseRef,
+    attempt: u32,
+    max_attempts: u32,
+    error: &ErrorRecord,
+    retry_at: Option<DateTime<Utc>>,
+) -> StoreResult<Option<Job>> {
+    let (state, run_at, finished_at) = match retry_at {
+        Some(at) if attempt < max_attempts => {
+            (JobState::Retryable, Some(truncate_to_millis(at)), None)
+        }
+        _ => (JobState::Dead, None, Some(ctx.now)),
+    };
+    let row = sqlx::query(ctx.sql.record_failure.clone())
+        .bind(state.as_str())
+        .bind(run_at)
+        .bind(finished_at)
+        .bind(Json(error))
+        .bind(lease.id)
+        .bind(lease.lease_token)
+        .fetch_optional(conn)
+        .await
+        .map_err(db("record failure"))?;
+    row.as_ref().map(rows::job).transpose()
+}
+
+pub(crate) async fn fail(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: FailParams,
+) -> StoreResult<Job> {
+    let lease = params.lease;
+    let row = sqlx::query(ctx.sql.held.clone())
+        .bind(lease.id)
+        .bind(lease.lease_token)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db("read held job"))?
+        .ok_or(StoreError::LeaseLost(lease.id))?;
+    let attempt: i32 = row.try_get(0).map_err(|e| corrupt(e.to_string()))?;
+    let max_attempts: i32 = row.try_get(1).map_err(|e| corrupt(e.to_string()))?;
+    let (attempt, max_attempts) = (attempt.max(0) as u32, max_attempts.max(0) as u32);
+    let (error, retry_at) = params.failure(ctx.now, attempt);
+    // The update repeats the lease check: a rescue or cancel between the two statements makes
+    // it match nothing, which is the same lost lease.
+    record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at)
+        .await?
+        .ok_or(StoreError::LeaseLost(lease.id))
+}
+
+/// Puts a held job back to `scheduled` (or `available` when `until` is not in the future),
+/// giving the attempt back. Returns the job and whether it became available. Must run inside a
+/// transaction, so that the wake-up is sent only if the change commits.
+pub(crate) async fn snooze(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: SnoozeParams,
+) -> StoreResult<(Job, bool)> {
+    let until = truncate_to_millis(params.until.max(ctx.now));
+    let state = if until > ctx.now {
+        JobState::Scheduled
+    } else {
+        JobState::Available
+    };
+    let row = sqlx::query(ctx.sql.snooze.clone())
+        .bind(state.as_str())
+        .bind(until)
+        .bind(params.lease.id)
+        .bind(params.lease.lease_token)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db("snooze job"))?
+        .ok_or(StoreError::LeaseLost(params.lease.id))?;
+    let job = rows::job(&row)?;
+    let woke = job.state == JobState::Available;
+    if woke {
+        notify(conn, ctx.sql, std::slice::from_ref(&job.queue)).await?;
+    }
+    Ok((job, woke))
+}
+
+pub(crate) async fn release_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    leases: &[LeaseRef],
+) -> StoreResult<u64> {
+    if leases.is_empty() {
+        return Ok(0);
+    }
+    let ids: Vec<Uuid> = leases.iter().map(|lease| lease.id).collect();
+    let tokens: Vec<Uuid> = leases.iter().map(|lease| lease.lease_token).collect();
+    let found = sqlx::query(ctx.sql.release.clone())
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&ctx.sql.channel)
+        .fetch_all(conn)
+        .await
+        .map_err(db("release jobs"))?;
+    changed_count(&found)
+}
+
+/// Moves running jobs whose lease ran out to `retryable` (or `dead`), recording a
+/// `lease_expired` error. Must run inside a transaction: the picked rows stay locked until the
+/// failures are recorded.
+pub(crate) async fn rescue_expired(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: &RescueParams,
+) -> StoreResult<RescueReport> {
+    let expired = sqlx::query(ctx.sql.rescue_pick.clone())
+        .bind(ctx.now)
+        .bind(limit(params.limit))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("find expired leases"))?;
+    let mut report = RescueReport::default();
+    for row in &expired {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let lease = LeaseRef {
+            id: row.try_get("id").map_err(read)?,
+            lease_token: row.try_get("lease_token").map_err(read)?,
+        };
+        let attempt: i32 = row.try_get("attempt").map_err(read)?;
+        let max_attempts: i32 = row.try_get("max_attempts").map_err(read)?;
+        let worker: Option<String> = row.try_get("lease_worker").map_err(read)?;
+        let attempt = attempt.max(0) as u32;
+        let error = ErrorRecord::lease_expired(attempt, ctx.now, worker.as_deref());
+        let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
+        let max_attempts = max_attempts.max(0) as u32;
+        let Some(job) = record_failure(
+            &mut *conn,
+            ctx,
+            lease,
+            attempt,
+            max_attempts,
+            &error,
+            retry_at,
+        )
+        .await?
+        else {
+            continue;
+        };
+        report.add(&job);
+    }
+    Ok(report)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Administration
+// ---------------------------------------------------------------------------------------------
