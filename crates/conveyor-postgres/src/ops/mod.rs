@@ -1,7 +1,7 @@
 //! The store's operations, one file per noun (`reads`, `insert`, `queues`, `leases`, `admin`,
 //! `leadership`), written against `&mut PgConnection` so the same SQL serves both the
 //! pooled paths (the `Store` methods) and a caller's own transaction (`enqueue_tx`,
-//! `complete_tx`). Semantics follow the SQLite reference store (`conveyor-sqlite/src/ops.rs`)
+//! `complete_tx`). Semantics follow the SQLite reference store (`conveyor-sqlite/src/ops/`)
 //! rule for rule; every change to a running job is conditional on
 //! `state = 'running' AND lease_token = $token`.
 

@@ -1,0 +1,165 @@
+//! Inserting jobs: idempotency and unique keys, queue-depth limits.
+
+use super::*;
+
+/// An existing job that an insert with `key` must return instead of creating a new one.
+pub(super) fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Option<Job>> {
+    // The newest job that still holds the key: an older job made unfinished again (a replayed
+    // dead job) holds it even when a newer one with the key has finished.
+    let window_start = clock::before(ctx.now, ctx.options.completed_idempotency_window);
+    let latest = ctx
+        .conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobs WHERE idempotency_key = ?1 \
+             AND (state NOT IN ('completed', 'dead', 'cancelled') \
+                  OR (state = 'completed' AND finished_at > ?2)) \
+             ORDER BY created_at DESC, id DESC LIMIT 1"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_row(params![key, millis(window_start)], rows::job)
+                .optional()
+        })
+        .map_err(backend)?;
+    let window = ctx.options.completed_idempotency_window;
+    Ok(latest.filter(|job| match job.state {
+        JobState::Completed => job
+            .finished_at
+            .is_some_and(|finished| clock::after(finished, window) > ctx.now),
+        JobState::Dead | JobState::Cancelled => false,
+        _ => true,
+    }))
+}
+
+pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
+    check_depth_limits(ctx, &jobs)?;
+    let mut inserted = Vec::with_capacity(jobs.len());
+    for new in jobs {
+        if let Some(key) = &new.idempotency_key {
+            if let Some(existing) = idempotent_match(ctx, key)? {
+                inserted.push(Inserted {
+                    job: existing,
+                    duplicate: true,
+                });
+                continue;
+            }
+        }
+        // Checked after the idempotency key, which keeps precedence.
+        let unique_key = new.unique_key();
+        if let (Some(spec), Some(key)) = (&new.unique, &unique_key) {
+            if let Some(existing) = unique::existing(ctx, key, spec)? {
+                inserted.push(Inserted {
+                    job: existing,
+                    duplicate: true,
+                });
+                continue;
+            }
+        }
+        // Stored to the millisecond: the answer must show the job as stored.
+        let new_run_at = new.run_at.map(clock::truncate_to_millis);
+        let run_at = new_run_at.map_or(ctx.now, |at| at.max(ctx.now));
+        let state = if run_at > ctx.now {
+            JobState::Scheduled
+        } else {
+            ctx.wake = true;
+            JobState::Available
+        };
+        let job = Job {
+            id: Uuid::now_v7(),
+            kind: new.kind,
+            queue: new.queue,
+            payload: new.payload,
+            priority: new.priority,
+            // A past run_at keeps its place in the order (older first) but is not in the future.
+            run_at: new_run_at.map_or(ctx.now, |at| at.min(run_at)),
+            attempt: 0,
+            max_attempts: new.max_attempts,
+            timeout_ms: new.timeout_ms,
+            idempotency_key: new.idempotency_key,
+            tags: new.tags,
+            tenant: new.tenant,
+            state,
+            errors: Vec::new(),
+            lease: None,
+            result: None,
+            created_at: ctx.now,
+            started_at: None,
+            finished_at: None,
+            unique_key,
+        };
+        let mut stmt = ctx
+            .conn
+            .prepare_cached(
+                "INSERT INTO jobs (id, kind, queue, payload, priority, run_at, attempt, \
+                 max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
+                 created_at, unique_key) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, '[]', ?13, ?14)",
+            )
+            .map_err(backend)?;
+        stmt.execute(params![
+            job.id.to_string(),
+            job.kind,
+            job.queue,
+            json_text(&job.payload, "payload")?,
+            job.priority,
+            millis(job.run_at),
+            job.max_attempts,
+            job.timeout_ms.map(|ms| ms.min(i64::MAX as u64) as i64),
+            job.idempotency_key,
+            json_text(&job.tags, "tags")?,
+            job.tenant,
+            job.state.as_str(),
+            millis(job.created_at),
+            job.unique_key,
+        ])
+        .map_err(backend)?;
+        ctx.count_move(&job.queue, None, Some(job.state));
+        inserted.push(Inserted {
+            job,
+            duplicate: false,
+        });
+    }
+    Ok(inserted)
+}
+
+/// Refuses the whole batch when it would take a queue, or a tenant's share of one, past its
+/// configured maximum depth. Queues without limits cost one in-memory lookup.
+pub(super) fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreResult<()> {
+    let depth_limited = |queue: &str| {
+        ctx.settings
+            .get(queue)
+            .is_some_and(|s| s.max_depth.is_some() || s.max_depth_per_tenant.is_some())
+    };
+    if !jobs.iter().any(|job| depth_limited(&job.queue)) {
+        return Ok(());
+    }
+    // A duplicate adds nothing: it returns the existing job, so it never counts.
+    let duplicates = unique::duplicates(ctx, jobs, |key| {
+        idempotent_match(ctx, key).map(|found| found.is_some())
+    })?;
+    let limits = |queue: &str| {
+        ctx.settings
+            .get(queue)
+            .map(|s| (s.max_depth, s.max_depth_per_tenant))
+    };
+    let counted = jobs
+        .iter()
+        .enumerate()
+        .filter(|(index, _)| !duplicates.contains(index))
+        .map(|(_, job)| (job.queue.as_str(), job.tenant.as_deref()));
+    let demand = planner::depth_demand(counted, limits);
+    planner::depth_verdict(&demand, |queue, tenant| match tenant {
+        None => queue_depth(ctx, queue),
+        Some(tenant) => {
+            let depth: i64 = ctx
+                .conn
+                .prepare_cached(
+                    "SELECT COUNT(*) FROM jobs WHERE queue = ?1 AND tenant = ?2 \
+                     AND tenant IS NOT NULL \
+                     AND state IN ('scheduled', 'available', 'running', 'retryable')",
+                )
+                .and_then(|mut stmt| stmt.query_row(params![queue, tenant], |row| row.get(0)))
+                .map_err(backend)?;
+            Ok(depth.max(0) as u64)
+        }
+    })
+}

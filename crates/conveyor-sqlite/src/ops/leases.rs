@@ -1,0 +1,454 @@
+//! Jobs under lease: promotion of due jobs, the claim, heartbeats, completion, failure, snooze, release and rescue.
+
+use super::*;
+
+/// Makes due scheduled and retryable jobs available.
+pub(crate) fn promote_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
+    ctx.promoted = true;
+    let mut changed = 0;
+    // Each repeats the partial index's own condition (`state IN (...)`) so SQLite uses it.
+    let promotions = [
+        (
+            JobState::Scheduled,
+            "UPDATE jobs SET state = 'available' WHERE state IN ('scheduled', 'retryable') AND state = 'scheduled' AND run_at <= ?1 \
+             RETURNING queue",
+        ),
+        (
+            JobState::Retryable,
+            "UPDATE jobs SET state = 'available' WHERE state IN ('scheduled', 'retryable') AND state = 'retryable' AND run_at <= ?1 \
+             RETURNING queue",
+        ),
+    ];
+    for (from, sql) in promotions {
+        let queues: Vec<String> = ctx
+            .conn
+            .prepare_cached(sql)
+            .and_then(|mut stmt| {
+                stmt.query_map(params![millis(ctx.now)], |row| row.get(0))?
+                    .collect()
+            })
+            .map_err(backend)?;
+        for queue in &queues {
+            ctx.count_move(queue, Some(from), Some(JobState::Available));
+        }
+        changed += queues.len() as u64;
+    }
+    if changed > 0 {
+        ctx.wake = true;
+    }
+    Ok(changed)
+}
+
+pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult<Vec<Job>> {
+    if !ctx.promoted {
+        promote_due(ctx)?;
+    }
+    let mut queues: Vec<(String, QueueSettings)> = Vec::with_capacity(params.queues.len());
+    for queue in &params.queues {
+        let settings = ctx.settings.get(queue).cloned().unwrap_or_default();
+        // Queue names arrive distinct (`validate::fetch`).
+        if !settings.paused {
+            queues.push((queue.clone(), settings));
+        }
+    }
+    if let Some(weights) = planner::fetch_weights(queues.iter().map(|(_, s)| s.weight)) {
+        let mut plan = planner::WeightedFetch::new(&weights, params.max, &mut rand::rng());
+        let mut jobs = Vec::with_capacity(params.max);
+        while let Some((index, ask)) = plan.next_ask() {
+            let (queue, settings) = &queues[index];
+            let found = queue_candidates(ctx, queue, settings, params.kinds.as_deref(), ask)?;
+            let candidates = found.len();
+            let claimed = claim(ctx, params, found)?;
+            plan.record(candidates, claimed.len());
+            jobs.extend(claimed);
+        }
+        return Ok(jobs);
+    }
+    let mut lists = Vec::with_capacity(queues.len());
+    for (queue, settings) in &queues {
+        lists.push(queue_candidates(
+            ctx,
+            queue,
+            settings,
+            params.kinds.as_deref(),
+            params.max,
+        )?);
+    }
+    let candidates =
+        planner::merge_in_claim_order(lists, params.max, |job| (job.priority, job.run_at, job.id));
+    claim(ctx, params, candidates)
+}
+
+/// Up to `want` of `queue`'s available jobs, in the order a fetch should claim them: plain
+/// claim order, or through flow control when the queue has limits or tenanted jobs waiting.
+pub(super) fn queue_candidates(
+    ctx: &mut WriteCtx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+    kinds: Option<&[String]>,
+    want: usize,
+) -> StoreResult<Vec<Job>> {
+    let tenanted = flow::has_tenanted(ctx, queue)?;
+    if settings.limits_starts() || tenanted {
+        let mut picked = flow::candidates(ctx, queue, settings, want, tenanted)?;
+        // Picked before the kinds filter: a fetch restricted to some kinds may claim fewer
+        // than it could when other kinds lead a flow-controlled queue.
+        if let Some(kinds) = kinds {
+            picked.retain(|job| kinds.contains(&job.kind));
+        }
+        return Ok(picked);
+    }
+    match kinds {
+        None => first_available(ctx, queue, want),
+        Some(kinds) => first_available_of_kinds(ctx, queue, kinds, want),
+    }
+}
+
+/// Like [`first_available`], only jobs of `kinds` (skipping others in the same index range).
+pub(super) fn first_available_of_kinds(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    kinds: &[String],
+    limit: usize,
+) -> StoreResult<Vec<Job>> {
+    let kinds = serde_json::to_string(kinds)
+        .map_err(|e| StoreError::Backend(format!("cannot serialize kinds: {e}")))?;
+    ctx.conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \
+             AND kind IN (SELECT value FROM json_each(?3)) \
+             ORDER BY priority DESC, run_at, id LIMIT ?2"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map(params![queue, limit as i64, kinds], rows::job)?
+                .collect::<Result<Vec<Job>, _>>()
+        })
+        .map_err(backend)
+}
+
+/// The queue's first `limit` available jobs in claim order (one range scan of `jobs_fetch`).
+pub(crate) fn first_available(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    limit: usize,
+) -> StoreResult<Vec<Job>> {
+    ctx.conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \
+             ORDER BY priority DESC, run_at, id LIMIT ?2"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map(params![queue, limit as i64], rows::job)?
+                .collect::<Result<Vec<Job>, _>>()
+        })
+        .map_err(backend)
+}
+
+/// Marks the candidates running under fresh leases (each only if still available) and
+/// returns those claimed.
+pub(super) fn claim(
+    ctx: &mut WriteCtx<'_>,
+    params: &FetchParams,
+    candidates: Vec<Job>,
+) -> StoreResult<Vec<Job>> {
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let expires_at = clock::checked_after(ctx.now, params.lease, "lease")?;
+    // No RETURNING here: SQLite buffers returned rows in a temporary table per statement, which
+    // costs more than updating the already-read rows in memory.
+    let mut claim = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_worker = ?1, \
+             lease_token = ?2, lease_expires_at = ?3, started_at = ?4 \
+             WHERE id = ?5 AND state = 'available'",
+        )
+        .map_err(backend)?;
+    let mut jobs = Vec::with_capacity(candidates.len());
+    for mut job in candidates {
+        let token = Uuid::new_v4();
+        let claimed = claim
+            .execute(params![
+                params.worker_id,
+                token.to_string(),
+                millis(expires_at),
+                millis(ctx.now),
+                job.id.to_string()
+            ])
+            .map_err(backend)?;
+        if claimed == 1 {
+            job.state = JobState::Running;
+            job.attempt += 1;
+            job.started_at = Some(ctx.now);
+            job.lease = Some(Lease {
+                worker_id: params.worker_id.clone(),
+                token,
+                expires_at,
+            });
+            jobs.push(job);
+        }
+    }
+    drop(claim);
+    for job in &jobs {
+        ctx.count_move(
+            &job.queue,
+            Some(JobState::Available),
+            Some(JobState::Running),
+        );
+        ctx.claimed_queues.insert(job.id, job.queue.clone());
+    }
+    flow::record_claims(ctx, &jobs)?;
+    Ok(jobs)
+}
+
+pub(crate) fn heartbeat_many(
+    ctx: &mut WriteCtx<'_>,
+    beats: &[HeartbeatParams],
+) -> StoreResult<Vec<Option<DateTime<Utc>>>> {
+    let mut stmt = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE jobs SET lease_expires_at = ?1 \
+             WHERE id = ?2 AND state = 'running' AND lease_token = ?3",
+        )
+        .map_err(backend)?;
+    let mut out = Vec::with_capacity(beats.len());
+    for beat in beats {
+        let expires = clock::checked_after(ctx.now, beat.extend_by, "extend_by")?;
+        let changed = stmt
+            .execute(params![
+                millis(expires),
+                beat.lease.id.to_string(),
+                beat.lease.lease_token.to_string()
+            ])
+            .map_err(backend)?;
+        out.push((changed == 1).then_some(expires));
+    }
+    Ok(out)
+}
+
+pub(crate) fn complete_many(
+    ctx: &mut WriteCtx<'_>,
+    completions: Vec<CompleteParams>,
+) -> StoreResult<Vec<LeaseOutcome>> {
+    let mut out = Vec::with_capacity(completions.len());
+    let mut completed_queues = Vec::with_capacity(completions.len());
+    for completion in completions {
+        let lease = completion.lease;
+        // The queue is needed for the counts: from the claim cache, else read with the lease check.
+        let queue = match ctx.claimed_queues.remove(&lease.id) {
+            Some(queue) => Some(queue),
+            None => held_in_queue(ctx, &lease)?,
+        };
+        let Some(queue) = queue else {
+            out.push(LeaseOutcome::LeaseLost);
+            continue;
+        };
+        let result = completion
+            .result
+            .as_ref()
+            .map(|value| json_text(value, "result"))
+            .transpose()?;
+        let changed = ctx
+            .conn
+            .prepare_cached(
+                "UPDATE jobs SET state = 'completed', result = ?1, finished_at = ?2, \
+                 lease_token = NULL, lease_expires_at = NULL \
+                 WHERE id = ?3 AND state = 'running' AND lease_token = ?4",
+            )
+            .and_then(|mut stmt| {
+                stmt.execute(params![
+                    result,
+                    millis(ctx.now),
+                    lease.id.to_string(),
+                    lease.lease_token.to_string()
+                ])
+            })
+            .map_err(backend)?;
+        if changed == 1 {
+            completed_queues.push(queue);
+            out.push(LeaseOutcome::Applied);
+        } else {
+            out.push(LeaseOutcome::LeaseLost);
+        }
+    }
+    for queue in &completed_queues {
+        ctx.count_move(queue, Some(JobState::Running), Some(JobState::Completed));
+        // A finished job frees a place under a concurrency limit: waiting fetchers may claim.
+        if ctx
+            .settings
+            .get(queue)
+            .is_some_and(|s| s.concurrency_limit.is_some() || s.per_key_concurrency_limit.is_some())
+        {
+            ctx.wake = true;
+        }
+    }
+    Ok(out)
+}
+
+/// The queue of a running job still held under `lease`; `None` when the lease was lost.
+pub(super) fn held_in_queue(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<Option<String>> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT queue FROM jobs WHERE id = ?1 AND state = 'running' AND lease_token = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![lease.id.to_string(), lease.lease_token.to_string()],
+                |row| row.get(0),
+            )
+            .optional()
+        })
+        .map_err(backend)
+}
+
+/// Records a failed attempt on a running job and decides between `retryable` and `dead`.
+pub(crate) fn record_failure(
+    ctx: &mut WriteCtx<'_>,
+    id: &str,
+    attempt: u32,
+    max_attempts: u32,
+    error: ErrorRecord,
+    retry_at: Option<DateTime<Utc>>,
+) -> StoreResult<Job> {
+    let (state, run_at, finished_at) = match retry_at {
+        Some(at) if attempt < max_attempts => (JobState::Retryable, Some(millis(at)), None),
+        _ => (JobState::Dead, None, Some(millis(ctx.now))),
+    };
+    let mut stmt = ctx
+        .conn
+        .prepare_cached(&format!(
+            "UPDATE jobs SET state = ?1, run_at = COALESCE(?2, run_at), finished_at = ?3, \
+             errors = json_insert(errors, '$[#]', json(?4)), \
+             lease_token = NULL, lease_expires_at = NULL \
+             WHERE id = ?5 AND state = 'running' RETURNING {COLUMNS}"
+        ))
+        .map_err(backend)?;
+    let job = stmt
+        .query_row(
+            params![
+                state.as_str(),
+                run_at,
+                finished_at,
+                json_text(&error, "error")?,
+                id
+            ],
+            rows::job,
+        )
+        .map_err(backend)?;
+    drop(stmt);
+    ctx.count_move(&job.queue, Some(JobState::Running), Some(job.state));
+    Ok(job)
+}
+
+/// The attempt counters of a running job still held under `lease`, or `LeaseLost`.
+pub(super) fn held(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<(u32, u32)> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT attempt, max_attempts FROM jobs \
+             WHERE id = ?1 AND state = 'running' AND lease_token = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![lease.id.to_string(), lease.lease_token.to_string()],
+                |row| Ok((row.get(0)?, row.get(1)?)),
+            )
+            .optional()
+        })
+        .map_err(backend)?
+        .ok_or(StoreError::LeaseLost(lease.id))
+}
+
+pub(crate) fn fail(ctx: &mut WriteCtx<'_>, params: FailParams) -> StoreResult<Job> {
+    let (attempt, max_attempts) = held(ctx, &params.lease)?;
+    let lease_id = params.lease.id.to_string();
+    let (error, retry_at) = params.failure(ctx.now, attempt);
+    record_failure(ctx, &lease_id, attempt, max_attempts, error, retry_at)
+}
+
+pub(crate) fn snooze(ctx: &mut WriteCtx<'_>, params: SnoozeParams) -> StoreResult<Job> {
+    held(ctx, &params.lease)?;
+    let until = params.until.max(ctx.now);
+    let state = if until > ctx.now {
+        JobState::Scheduled
+    } else {
+        ctx.wake = true;
+        JobState::Available
+    };
+    let job = ctx
+        .conn
+        .prepare_cached(&format!(
+            "UPDATE jobs SET state = ?1, run_at = ?2, attempt = MAX(attempt - 1, 0), \
+             lease_token = NULL, lease_expires_at = NULL \
+             WHERE id = ?3 AND state = 'running' RETURNING {COLUMNS}"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_row(
+                params![state.as_str(), millis(until), params.lease.id.to_string()],
+                rows::job,
+            )
+        })
+        .map_err(backend)?;
+    ctx.count_move(&job.queue, Some(JobState::Running), Some(job.state));
+    Ok(job)
+}
+
+pub(crate) fn release_many(ctx: &mut WriteCtx<'_>, leases: &[LeaseRef]) -> StoreResult<u64> {
+    let mut stmt = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE jobs SET state = 'available', attempt = MAX(attempt - 1, 0), \
+             lease_token = NULL, lease_expires_at = NULL \
+             WHERE id = ?1 AND state = 'running' AND lease_token = ?2 RETURNING queue",
+        )
+        .map_err(backend)?;
+    let mut queues = Vec::new();
+    for lease in leases {
+        let queue: Option<String> = stmt
+            .query_row(
+                params![lease.id.to_string(), lease.lease_token.to_string()],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(backend)?;
+        queues.extend(queue);
+    }
+    drop(stmt);
+    for queue in &queues {
+        ctx.count_move(queue, Some(JobState::Running), Some(JobState::Available));
+    }
+    let released = queues.len() as u64;
+    if released > 0 {
+        ctx.wake = true;
+    }
+    Ok(released)
+}
+
+pub(crate) fn rescue_expired(
+    ctx: &mut WriteCtx<'_>,
+    params: &RescueParams,
+) -> StoreResult<RescueReport> {
+    let expired: Vec<(String, u32, u32, Option<String>)> = ctx
+        .conn
+        .prepare_cached(
+            "SELECT id, attempt, max_attempts, lease_worker FROM jobs \
+             WHERE state = 'running' AND lease_expires_at <= ?1 \
+             ORDER BY lease_expires_at LIMIT ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![millis(ctx.now), params.limit as i64], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    let mut report = RescueReport::default();
+    for (id, attempt, max_attempts, worker) in expired {
+        let error = ErrorRecord::lease_expired(attempt, ctx.now, worker.as_deref());
+        let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
+        let job = record_failure(ctx, &id, attempt, max_attempts, error, retry_at)?;
+        report.add(&job);
+    }
+    Ok(report)
+}

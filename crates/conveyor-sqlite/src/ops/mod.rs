@@ -1,0 +1,44 @@
+//! State changes, one file per noun (`insert`, `leases`, `queues`, `admin`, `leadership`), each
+//! run on the writer thread inside a group-commit round. Every change to a
+//! running job is conditional on `state = 'running' AND lease_token = ?`.
+
+use chrono::{DateTime, Utc};
+use conveyor_core::clock;
+use conveyor_core::flow as planner;
+use conveyor_core::{
+    CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobState,
+    Lease, LeaseOutcome, LeaseRef, NewJob, QueueSettings, RateLimit, ReplaySelector, RescueParams,
+    RescueReport, SnoozeParams, StoreError, StoreResult,
+};
+use rusqlite::{params, OptionalExtension};
+use uuid::Uuid;
+
+use crate::backend;
+use crate::flow;
+use crate::rows::{self, millis, COLUMNS};
+use crate::unique;
+use crate::writer::WriteCtx;
+
+mod admin;
+mod insert;
+mod leadership;
+mod leases;
+mod queues;
+
+pub(crate) use admin::*;
+pub(crate) use insert::*;
+pub(crate) use leadership::*;
+pub(crate) use leases::*;
+pub(crate) use queues::*;
+
+fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::Backend(format!("cannot serialize {field}: {e}")))
+}
+
+pub(crate) fn job_by_id(ctx: &WriteCtx<'_>, id: &str) -> StoreResult<Option<Job>> {
+    ctx.conn
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"))
+        .and_then(|mut stmt| stmt.query_row(params![id], rows::job).optional())
+        .map_err(backend)
+}
