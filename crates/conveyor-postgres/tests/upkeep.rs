@@ -39,6 +39,24 @@ async fn drain(store: &conveyor_postgres::PgStore, queue: &str) {
     }
 }
 
+/// Deletes every job that finished more than a second ago.
+async fn prune_finished(store: &conveyor_postgres::PgStore) {
+    let retention = RetentionPolicy {
+        completed: Duration::from_secs(1),
+        dead: Duration::from_secs(1),
+    };
+    while store
+        .jobs_prune(PruneParams {
+            retention,
+            limit: 10_000,
+        })
+        .await
+        .expect("prune")
+        .total()
+        > 0
+    {}
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_primary_key_left_sparse_by_long_lived_jobs_is_rebuilt_without_losing_a_job() {
     let (store, clock, _guard) = common::fresh_store().await;
@@ -73,21 +91,7 @@ async fn a_primary_key_left_sparse_by_long_lived_jobs_is_rebuilt_without_losing_
         store.jobs_insert_many(jobs).await.expect("insert");
         drain(&store, "default").await;
         clock.advance(Duration::from_secs(2));
-        loop {
-            let pruned = store
-                .jobs_prune(PruneParams {
-                    retention: RetentionPolicy {
-                        completed: Duration::from_secs(1),
-                        dead: Duration::from_secs(1),
-                    },
-                    limit: 10_000,
-                })
-                .await
-                .expect("prune");
-            if pruned.total() == 0 {
-                break;
-            }
-        }
+        prune_finished(&store).await;
         // Page and entry counts, as autovacuum (or the store's own vacuum) would record them.
         sqlx::raw_sql(sqlx::AssertSqlSafe(vacuum.clone()))
             .execute(&pool)
@@ -154,19 +158,7 @@ async fn a_drained_backlogs_index_is_left_alone() {
         .expect("pass within bounds");
     drain(&store, "default").await;
     clock.advance(Duration::from_secs(2));
-    while store
-        .jobs_prune(PruneParams {
-            retention: RetentionPolicy {
-                completed: Duration::from_secs(1),
-                dead: Duration::from_secs(1),
-            },
-            limit: 10_000,
-        })
-        .await
-        .expect("prune")
-        .total()
-        > 0
-    {}
+    prune_finished(&store).await;
     sqlx::raw_sql(sqlx::AssertSqlSafe(vacuum))
         .execute(&pool)
         .await
