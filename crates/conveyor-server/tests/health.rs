@@ -2,47 +2,39 @@
 //! dead SQLite writer makes both fail (restart me), a server shutting down is live but not
 //! ready.
 
-use conveyor_core::{NewJob, Store};
-use conveyor_server::{router_with_options, RouterOptions, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::TestServer;
+use conveyor_core::NewJob;
+use conveyor_server::{RouterOptions, ServerConfig};
 use reqwest::StatusCode;
 use serde_json::{json, Value};
-use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
+/// The test server and the token that tells it to shut down.
 struct Api {
-    base: String,
-    store: Arc<dyn Store>,
+    server: TestServer,
     shutdown: CancellationToken,
-    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Api {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.server
+    }
 }
 
 async fn start() -> Api {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-            .expect("open store"),
-    );
     let shutdown = CancellationToken::new();
-    let app = router_with_options(
-        store.clone(),
+    let server = TestServer::start_with_options(
         ServerConfig::default(),
         RouterOptions {
             shutdown: shutdown.clone(),
             ..RouterOptions::default()
         },
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    Api {
-        base: format!("http://{addr}"),
-        store,
-        shutdown,
-        _dir: dir,
-    }
+    )
+    .await;
+    Api { server, shutdown }
 }
 
 async fn get(api: &Api, path: &str) -> (StatusCode, Value) {

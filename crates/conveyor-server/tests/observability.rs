@@ -3,9 +3,11 @@
 //! worker endpoints, some completing, some retried, some dead; the counters must equal what
 //! was run, and the gauges what the store holds.
 
-use conveyor_core::{JobObserver, RetryPolicy, Store};
-use conveyor_server::{router_with_options, Metrics, RouterOptions, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::TestServer;
+use conveyor_core::{JobObserver, RetryPolicy};
+use conveyor_server::{Metrics, RouterOptions, ServerConfig};
 use conveyor_worker::{Outcome, Worker};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -13,41 +15,30 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
+/// The test server and the metrics its router records into.
 struct Server {
-    base: String,
-    http: reqwest::Client,
-    store: Arc<dyn Store>,
+    server: TestServer,
     metrics: Arc<Metrics>,
-    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Server {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.server
+    }
 }
 
 async fn start() -> Server {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-            .expect("open store"),
-    );
     let metrics = Arc::new(Metrics::new().expect("metrics"));
-    let app = router_with_options(
-        store.clone(),
+    let server = TestServer::start_with_options(
         ServerConfig::default(),
         RouterOptions {
             metrics: Some(metrics.clone()),
             ..RouterOptions::default()
         },
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    Server {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        store,
-        metrics,
-        _dir: dir,
-    }
+    )
+    .await;
+    Server { server, metrics }
 }
 
 impl Server {

@@ -1,27 +1,20 @@
 //! Sensitive payload fields are redacted in every job view people read, never in what a
 //! worker fetches.
 
-use conveyor_server::{router, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::TestServer;
+use conveyor_server::ServerConfig;
 use serde_json::{json, Value};
-use std::sync::Arc;
 
 #[tokio::test]
 async fn sensitive_fields_are_redacted_in_views_but_not_in_fetches() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open store");
     let config = ServerConfig {
         sensitive_fields: vec!["password".to_string(), "number".to_string()],
         ..ServerConfig::default()
     };
-    let app = router(Arc::new(store), config);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let base = format!("http://{}", listener.local_addr().expect("addr"));
-    tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-    let http = reqwest::Client::new();
+    let server = TestServer::start_with(config).await;
+    let (base, http) = (server.base.clone(), server.http.clone());
     let payload = json!({"user": "ada", "password": "hunter2", "card": {"number": "4111"}});
     let created: Value = http
         .post(format!("{base}/v1/jobs"))

@@ -1,36 +1,13 @@
 //! Unique jobs over HTTP: `unique` on `POST /v1/jobs` and `/v1/jobs/batch`, answered like an
 //! idempotency key (200 with `duplicate: true`), and 400s naming the field at fault.
 
-use conveyor_server::{router, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::TestServer as Server;
 use serde_json::{json, Value};
-use std::sync::Arc;
 
-/// A server on a loopback port over a fresh SQLite store; `post` sends JSON to it.
-struct Server {
-    base: String,
-    http: reqwest::Client,
-    _dir: tempfile::TempDir,
-}
-
+/// `post` sends JSON to the test server.
 impl Server {
-    async fn start() -> Self {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-            .expect("open store");
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let base = format!("http://{}", listener.local_addr().expect("addr"));
-        let app = router(Arc::new(store), ServerConfig::default());
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
-        Self {
-            base,
-            http: reqwest::Client::new(),
-            _dir: dir,
-        }
-    }
-
     async fn post(&self, path: &str, body: Value) -> (u16, Value) {
         let response = self
             .http

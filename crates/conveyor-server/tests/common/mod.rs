@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use conveyor_core::Store;
-use conveyor_server::{router, ServerConfig};
+use conveyor_server::{router_with_options, RouterOptions, ServerConfig};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use std::future::Future;
 use std::sync::Arc;
@@ -28,12 +28,17 @@ impl TestServer {
     }
 
     pub async fn start_with(config: ServerConfig) -> Self {
+        Self::start_with_options(config, RouterOptions::default()).await
+    }
+
+    /// With router options: a shutdown token, metrics and the like.
+    pub async fn start_with_options(config: ServerConfig, options: RouterOptions) -> Self {
         let dir = tempfile::tempdir().expect("temp dir");
         let store: Arc<dyn Store> = Arc::new(
             SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
                 .expect("open store"),
         );
-        let app = router(store.clone(), config);
+        let app = router_with_options(store.clone(), config, options);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind a loopback port");
