@@ -14,6 +14,38 @@ use std::time::Duration;
 use crate::sql::Sql;
 use crate::{PgOptions, PgStore};
 
+/// Drops the test's schema when dropped, so a failing test leaves nothing behind either. Drop
+/// cannot await: the work runs on a thread of its own with its own runtime.
+struct DropSchema(String);
+
+impl Drop for DropSchema {
+    fn drop(&mut self) {
+        let (url, schema) = (database_url(), self.0.clone());
+        let dropped = std::thread::spawn(move || -> Result<(), String> {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            runtime.block_on(async {
+                let mut conn = sqlx::PgConnection::connect(&url)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+                )))
+                .execute(&mut conn)
+                .await
+                .map_err(|e| e.to_string())?;
+                Ok(())
+            })
+        })
+        .join();
+        if !matches!(dropped, Ok(Ok(()))) {
+            eprintln!("could not drop test schema {}", self.0);
+        }
+    }
+}
+
 fn database_url() -> String {
     std::env::var("CONVEYOR_TEST_PG_URL")
         .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_string())
@@ -46,6 +78,7 @@ async fn generic_plan(
 async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
     let url = database_url();
     let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
+    let _cleanup = DropSchema(schema.clone());
     let store = PgStore::connect(
         &url,
         PgOptions {
@@ -141,12 +174,6 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
         "'00000000-0000-0000-0000-000000000000', now(), 1.0, 1.0, 100",
     )
     .await;
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA \"{schema}\" CASCADE"
-    )))
-    .execute(&mut conn)
-    .await
-    .expect("drop the test schema");
 
     assert!(
         claim.contains("Tid Scan"),
