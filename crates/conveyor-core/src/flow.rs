@@ -178,10 +178,8 @@ pub fn group_reads(quota: usize, groups: usize) -> usize {
 
 /// The weights of a fetch's queues when they call for weighted sharing: more than one queue and
 /// at least one with a weight (the others count 1). `None`: claim in plain claim order.
-pub fn fetch_weights<'a>(
-    weights: impl ExactSizeIterator<Item = Option<u32>> + 'a,
-) -> Option<Vec<u32>> {
-    let weights: Vec<Option<u32>> = weights.collect();
+pub fn fetch_weights(weights: impl IntoIterator<Item = Option<u32>>) -> Option<Vec<u32>> {
+    let weights: Vec<Option<u32>> = weights.into_iter().collect();
     (weights.len() > 1 && weights.iter().any(Option::is_some))
         .then(|| weights.iter().map(|w| w.unwrap_or(1)).collect())
 }

@@ -1,5 +1,5 @@
 //! The test kit of the server's integration tests: a real server (the router over a SQLite store
-//! in a temp dir, on a loopback port) and `eventually` for conditions that come true later.
+//! in a temp dir, on a loopback port).
 
 // Each test binary compiles this module and uses a different part of it.
 #![allow(dead_code)]
@@ -7,9 +7,7 @@
 use conveyor_core::Store;
 use conveyor_server::{router_with_options, RouterOptions, ServerConfig};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
-use std::future::Future;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 /// A running server; it stops when the test's runtime ends, and its store's directory is removed
 /// when this is dropped.
@@ -54,18 +52,5 @@ impl TestServer {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
-    }
-}
-
-/// Waits until `check` holds, polling every 20 ms; panics naming `what` after `within`.
-pub async fn eventually<F, Fut>(what: &str, within: Duration, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "never happened: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
