@@ -32,6 +32,9 @@ npm ci --prefix clients/typescript --no-audit --no-fund >/dev/null
 
 # The client suites drive the real server binary.
 cargo build -p conveyor
+# The facade's cargo features: an embedded build on SQLite alone (no server, PostgreSQL or CLI)
+# must keep compiling.
+cargo check -q -p conveyor --no-default-features --features sqlite
 
 cargo nextest run --workspace "$@"
 cargo test --workspace --doc

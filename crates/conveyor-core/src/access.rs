@@ -457,7 +457,7 @@ pub async fn create_token(
     actor: Actor,
 ) -> StoreResult<CreatedToken> {
     let secret =
-        TokenSecret::generate(TOKEN_PREFIX).map_err(|e| StoreError::Backend(e.to_string()))?;
+        TokenSecret::generate(TOKEN_PREFIX).map_err(|e| StoreError::backend(e.to_string()))?;
     let name = name.unwrap_or_else(|| format!("{role}-{}", &secret.id.simple().to_string()[..8]));
     let token = store
         .tokens_insert(NewToken {

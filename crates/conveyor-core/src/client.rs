@@ -10,7 +10,7 @@ use crate::job::{Inserted, NewJob};
 use crate::retry::RetryPolicy;
 use crate::store::{Store, StoreResult};
 use crate::unique::UniqueSpec;
-use crate::validate;
+use crate::validate::ValidJob;
 
 /// A job type: its kind name and its payload (the type itself, as JSON).
 ///
@@ -93,12 +93,21 @@ impl JobOptions {
         self
     }
 
-    /// Applies these options to a job of `kind` with `payload`.
+    /// Applies these options to a job of `kind` with `payload`, checked.
     pub fn into_new_job(
         self,
         kind: impl Into<String>,
         payload: serde_json::Value,
     ) -> Result<NewJob, ValidationError> {
+        self.into_valid_job(kind, payload).map(ValidJob::into_job)
+    }
+
+    /// Applies these options to a job of `kind` with `payload`, checked once for any store.
+    pub fn into_valid_job(
+        self,
+        kind: impl Into<String>,
+        payload: serde_json::Value,
+    ) -> Result<ValidJob, ValidationError> {
         let mut job = NewJob::new(kind, payload);
         if let Some(queue) = self.queue {
             job.queue = queue;
@@ -115,9 +124,10 @@ impl JobOptions {
             }
             (Some(at), None) => Some(at),
             (None, Some(delay)) => Some(
-                Utc::now()
-                    + chrono::Duration::from_std(delay)
-                        .map_err(|_| ValidationError::new("delay", "too large"))?,
+                chrono::Duration::from_std(delay)
+                    .ok()
+                    .and_then(|delay| Utc::now().checked_add_signed(delay))
+                    .ok_or_else(|| ValidationError::new("delay", "too large"))?,
             ),
             (None, None) => None,
         };
@@ -129,8 +139,7 @@ impl JobOptions {
         job.tags = self.tags;
         job.tenant = self.tenant;
         job.unique = self.unique;
-        validate::new_job(&job)?;
-        Ok(job)
+        ValidJob::new(job)
     }
 }
 
@@ -161,9 +170,9 @@ impl Client {
         options: JobOptions,
     ) -> StoreResult<Inserted> {
         let mut inserted = self.enqueue_many_with(vec![(job, options)]).await?;
-        inserted.pop().ok_or(StoreError::Backend(
-            "store returned no row for an insert".to_string(),
-        ))
+        inserted
+            .pop()
+            .ok_or(StoreError::backend("store returned no row for an insert"))
     }
 
     /// Enqueues many jobs in one transaction: all are stored, or none.
@@ -184,8 +193,8 @@ impl Client {
         for (job, options) in jobs {
             let payload = serde_json::to_value(&job)
                 .map_err(|e| ValidationError::new("payload", e.to_string()))?;
-            new_jobs.push(options.into_new_job(J::KIND, payload)?);
+            new_jobs.push(options.into_valid_job(J::KIND, payload)?);
         }
-        self.store.jobs_insert_many(new_jobs).await
+        self.store.jobs_insert_valid(new_jobs).await
     }
 }

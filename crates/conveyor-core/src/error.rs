@@ -47,8 +47,15 @@ pub enum StoreError {
         retry_after: std::time::Duration,
     },
     /// The database could not be opened or used (I/O, corruption, permissions, lost connection).
-    #[error("storage error: {0}")]
-    Backend(String),
+    /// `message` says what was being attempted; `source` is the database driver's own error
+    /// when there is one, for callers that inspect it (`std::error::Error::source`). The
+    /// message shown includes the cause, so a log line or an HTTP answer stands on its own.
+    #[error("storage error: {message}{}", caused_by(source))]
+    Backend {
+        message: String,
+        #[source]
+        source: Option<BoxError>,
+    },
     #[error("the store is shut down")]
     Closed,
     /// A bug met in the store (an operation panicked): the operation was undone, and
@@ -58,3 +65,58 @@ pub enum StoreError {
 }
 
 pub type StoreResult<T> = Result<T, StoreError>;
+
+/// Any error a store's driver reports, kept as the source of a [`StoreError::Backend`].
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+impl StoreError {
+    /// A backend error with no underlying error to keep (a broken invariant, a missing row).
+    pub fn backend(message: impl Into<String>) -> Self {
+        Self::Backend {
+            message: message.into(),
+            source: None,
+        }
+    }
+
+    /// A backend error caused by `source` (a driver's or the operating system's error), kept
+    /// in the chain.
+    pub fn backend_caused(message: impl Into<String>, source: impl Into<BoxError>) -> Self {
+        Self::Backend {
+            message: message.into(),
+            source: Some(source.into()),
+        }
+    }
+}
+
+fn caused_by(source: &Option<BoxError>) -> String {
+    source
+        .as_ref()
+        .map(|source| format!(": {source}"))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn a_backend_error_keeps_its_cause_in_the_chain_and_in_its_message() {
+        let cause = std::io::Error::new(std::io::ErrorKind::PermissionDenied, "read-only disk");
+        let error = StoreError::backend_caused("sqlite: open jobs.db", cause);
+        assert_eq!(
+            error.to_string(),
+            "storage error: sqlite: open jobs.db: read-only disk"
+        );
+        let source = error.source().expect("the cause is kept");
+        let io = source
+            .downcast_ref::<std::io::Error>()
+            .expect("the cause keeps its type");
+        assert_eq!(io.kind(), std::io::ErrorKind::PermissionDenied);
+        assert!(StoreError::backend("no row").source().is_none());
+        assert_eq!(
+            StoreError::backend("no row").to_string(),
+            "storage error: no row"
+        );
+    }
+}

@@ -19,7 +19,7 @@ use crate::error::StoreResult;
 pub fn inject(name: &str) -> StoreResult<()> {
     #[cfg(feature = "failpoints")]
     use crate::error::StoreError;
-    fail::fail_point!(name, |detail| Err(StoreError::Backend(format!(
+    fail::fail_point!(name, |detail| Err(StoreError::backend(format!(
         "injected fault at {name}{}",
         detail.map(|d| format!(": {d}")).unwrap_or_default()
     ))));

@@ -7,6 +7,7 @@
 pub mod access;
 pub mod client;
 pub mod clock;
+mod delegate;
 pub mod error;
 pub mod events;
 pub mod faults;
@@ -41,4 +42,9 @@ pub use schedule::{
 pub use store::*;
 pub use stuck::{StuckBasis, StuckJob, StuckParams};
 pub use unique::UniqueSpec;
+pub use validate::ValidJob;
+
+// For `delegate_store!`, whose expansion implements async traits in the caller's crate.
+#[doc(hidden)]
+pub use async_trait;
 pub use workers::{StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo, WorkerState};

@@ -4,7 +4,7 @@
 //! This module is pure: it parses and validates schedules ([`Schedule::from_spec`]), plans which
 //! ticks are due at a given instant ([`Schedule::plan`]) and builds each run's job
 //! ([`Schedule::job_for`]). The stores keep schedules and their runs and fire ticks atomically
-//! ([`crate::Store::schedule_fire`]); the worker crate's scheduler drives the two.
+//! ([`crate::ScheduleStore::schedule_fire`]); the worker crate's scheduler drives the two.
 //!
 //! Cron expressions are parsed by `croner` (5 fields, or 6 with seconds first; `@daily`-style
 //! nicknames), time zones come from `chrono-tz`. Daylight-saving transitions follow croner's
@@ -543,7 +543,7 @@ pub struct Plan {
     pub next: Option<DateTime<Utc>>,
 }
 
-/// What [`crate::Store::schedule_fire`] is asked to do: record `ticks` (oldest first) for the
+/// What [`crate::ScheduleStore::schedule_fire`] is asked to do: record `ticks` (oldest first) for the
 /// schedule `name` as it was at `revision`, and count it handled up to `due_after`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FireRequest {
@@ -590,7 +590,7 @@ impl FireRequest {
     }
 }
 
-/// The outcome of [`crate::Store::schedule_fire`].
+/// The outcome of [`crate::ScheduleStore::schedule_fire`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum FireOutcome {
     /// The ticks were recorded, one run each, in order.

@@ -1,4 +1,5 @@
-//! The `Store` trait: a flat list of noun-first operations, batch-first where it matters, each
+//! The `Store` traits: noun-first operations grouped by noun (jobs, leases, queues, schedules,
+//! access, workers, leadership), batch-first where it matters, each
 //! state change conditional on the state (and lease token) it expects. Every store passes the
 //! conformance suite in `conveyor-storetest`.
 
@@ -20,6 +21,7 @@ use crate::job::{Inserted, Job, JobState, NamedQueueSettings, NewJob, QueueSetti
 use crate::retry::RetryPolicy;
 use crate::schedule::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use crate::stuck::{StuckJob, StuckParams};
+use crate::validate::ValidJob;
 use crate::workers::{StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo};
 
 /// Claim up to `max` available jobs from `queues` for `worker_id`.
@@ -159,7 +161,7 @@ pub struct ReplaySelector {
     pub kind: Option<String>,
 }
 
-/// How long finished jobs are kept before [`Store::jobs_prune`] deletes them, unless their
+/// How long finished jobs are kept before [`LeadershipStore::jobs_prune`] deletes them, unless their
 /// queue's settings say otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetentionPolicy {
@@ -266,16 +268,9 @@ impl StoreHealth {
     }
 }
 
+/// Jobs as producers and operators see them: enqueue, read, cancel, the dead-letter queue.
 #[async_trait]
-pub trait Store: Send + Sync + 'static {
-    /// Housekeeping the database would otherwise need an operator for (PostgreSQL with
-    /// autovacuum off: vacuuming the jobs table, whose dead rows every claim would otherwise
-    /// step over). Called by the maintenance leader every pass; quick when there is nothing to
-    /// do. The default does nothing.
-    async fn storage_maintenance(&self) -> StoreResult<()> {
-        Ok(())
-    }
-
+pub trait JobStore: Send + Sync {
     /// Whether the store is alive and accepts writes. The default reads one row; stores
     /// override it to probe their write path.
     async fn health(&self) -> StoreHealth {
@@ -290,7 +285,19 @@ pub trait Store: Send + Sync + 'static {
     /// job with a [`crate::UniqueSpec`] whose unique key is held by a job in one of the spec's
     /// states, created within its period (checked after the idempotency key). Within a batch,
     /// jobs count as inserted one after another.
-    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>>;
+    /// The jobs were validated once, when the [`ValidJob`] was made; stores do not check
+    /// them again.
+    async fn jobs_insert_valid(&self, jobs: Vec<ValidJob>) -> StoreResult<Vec<Inserted>>;
+
+    /// Validates every job (refusing the batch with the first problem, fields named as in
+    /// [`crate::validate::new_job`]), then inserts them as [`JobStore::jobs_insert_valid`] does.
+    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
+        let jobs = jobs
+            .into_iter()
+            .map(ValidJob::new)
+            .collect::<Result<Vec<_>, _>>()?;
+        self.jobs_insert_valid(jobs).await
+    }
 
     /// One job by id, with its full error history.
     async fn job_get(&self, id: Uuid) -> StoreResult<Option<Job>>;
@@ -301,8 +308,23 @@ pub trait Store: Send + Sync + 'static {
     /// Cancels an unfinished job (a running job's lease is revoked). `Conflict` when finished.
     async fn job_cancel(&self, id: Uuid) -> StoreResult<Job>;
 
+    /// Dead jobs back to `available` with a fresh set of attempts; their history is kept.
+    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64>;
+
+    /// Deletes a dead job. False when no dead job has that id.
+    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool>;
+
+    /// Stores jobs exactly as given (ids, states, attempts, history, leases, timestamps): the
+    /// target side of `conveyor store copy`. A job whose id already exists is left alone, so a
+    /// copy can be resumed. Returns how many were inserted.
+    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64>;
+}
+
+/// The worker's side: claiming jobs under a lease and finishing them.
+#[async_trait]
+pub trait LeaseStore: Send + Sync {
     /// Claims available jobs by priority (higher first), then run_at, then age, marking them
-    /// running under a fresh lease. Never blocks waiting for work; see [`Store::wakeup`].
+    /// running under a fresh lease. Never blocks waiting for work; see [`LeaseStore::wakeup`].
     async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>>;
 
     /// Extends leases; `None` for each lease that was lost.
@@ -328,22 +350,6 @@ pub trait Store: Send + Sync + 'static {
     /// shutdown). Returns how many leases still held.
     async fn jobs_release_many(&self, leases: Vec<LeaseRef>) -> StoreResult<u64>;
 
-    /// Moves running jobs whose lease expired to `retryable` (or `dead` when out of attempts),
-    /// recording a `lease_expired` error.
-    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport>;
-
-    /// Makes `scheduled` and `retryable` jobs whose run_at has come `available`. Returns how many.
-    async fn jobs_promote_due(&self) -> StoreResult<u64>;
-
-    /// Dead jobs back to `available` with a fresh set of attempts; their history is kept.
-    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64>;
-
-    /// Deletes a dead job. False when no dead job has that id.
-    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool>;
-
-    /// Counts per queue and state.
-    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>>;
-
     /// Notified (after commit) whenever jobs may have become available in this process's view;
     /// fetchers wait on it between polls.
     fn wakeup(&self) -> Arc<Notify>;
@@ -351,11 +357,13 @@ pub trait Store: Send + Sync + 'static {
     /// Earliest run_at among scheduled/retryable jobs in `queues`, so a waiting fetcher knows
     /// when to look again.
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>>;
+}
 
-    /// Stores jobs exactly as given (ids, states, attempts, history, leases, timestamps): the
-    /// target side of `conveyor store copy`. A job whose id already exists is left alone, so a
-    /// copy can be resumed. Returns how many were inserted.
-    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64>;
+/// Per-queue counts and settings (pause, limits, depth, retention).
+#[async_trait]
+pub trait QueueStore: Send + Sync {
+    /// Counts per queue and state.
+    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>>;
 
     /// A queue's settings (defaults when never set).
     async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings>;
@@ -374,29 +382,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Every queue with settings of its own.
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>>;
+}
 
-    /// Deletes up to `limit` finished jobs past their retention (their queue's
-    /// `completed_retention_secs` / `dead_retention_secs`, else `params.retention`), oldest
-    /// first. Run repeatedly by the maintenance leader until it deletes fewer than `limit`.
-    async fn jobs_prune(&self, params: PruneParams) -> StoreResult<PruneReport>;
-
-    /// Takes or renews the maintenance leadership for `holder` for `ttl`: true while `holder`
-    /// leads. Exactly one holder leads at a time across every process sharing the store; when
-    /// the leader stops renewing, another takes over once `ttl` has passed. The default suits
-    /// stores that only one process opens (embedded SQLite): the caller always leads.
-    async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {
-        let _ = (holder, ttl);
-        Ok(true)
-    }
-
-    /// Gives up the leadership if `holder` has it, so another node takes over at once.
-    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
-        let _ = holder;
-        Ok(())
-    }
-
-    // Cron schedules (see `crate::schedule`).
-
+/// Cron schedules (see `crate::schedule`).
+#[async_trait]
+pub trait ScheduleStore: Send + Sync {
     /// Creates or replaces the schedule of that name. A new schedule, or one whose expression
     /// or time zone changed, counts ticks from now on; changing only its job or policies keeps
     /// its place (so re-applying an unchanged definition at every start loses no tick).
@@ -420,9 +410,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// A schedule's latest runs, newest first, with their jobs' states.
     async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>>;
+}
 
-    // Access control and audit (see `crate::access`).
-
+/// Access control and audit (see `crate::access`).
+#[async_trait]
+pub trait AccessStore: Send + Sync {
     /// Stores a new token. Names are unique among active tokens (a revoked token's name may
     /// be used again): a clash is `Invalid` naming `name`.
     async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken>;
@@ -454,9 +446,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Audit entries newest first (see [`AuditListParams`]).
     async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>>;
+}
 
-    // Observability: the worker registry and stuck jobs (see `crate::workers`, `crate::stuck`).
-
+/// Observability: the worker registry and stuck jobs (see `crate::workers`, `crate::stuck`).
+#[async_trait]
+pub trait WorkerStore: Send + Sync {
     /// Records a worker's heartbeat (creating or updating its registry entry) at the store's
     /// "now": `alive`, or `stopped` when `beat.stopping`. A worker marked dead that heartbeats
     /// again is alive again (its rescued jobs stay rescued).
@@ -476,12 +470,79 @@ pub trait Store: Send + Sync + 'static {
     async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>>;
 }
 
+/// What the maintenance leader runs: leadership itself, promotion of due jobs, rescue of
+/// expired leases, retention, and the database's own housekeeping.
+#[async_trait]
+pub trait LeadershipStore: Send + Sync {
+    /// Housekeeping the database would otherwise need an operator for (PostgreSQL with
+    /// autovacuum off: vacuuming the jobs table, whose dead rows every claim would otherwise
+    /// step over). Called by the maintenance leader every pass; quick when there is nothing to
+    /// do. The default does nothing.
+    async fn storage_maintenance(&self) -> StoreResult<()> {
+        Ok(())
+    }
+
+    /// Moves running jobs whose lease expired to `retryable` (or `dead` when out of attempts),
+    /// recording a `lease_expired` error.
+    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport>;
+
+    /// Makes `scheduled` and `retryable` jobs whose run_at has come `available`. Returns how many.
+    async fn jobs_promote_due(&self) -> StoreResult<u64>;
+
+    /// Deletes up to `limit` finished jobs past their retention (their queue's
+    /// `completed_retention_secs` / `dead_retention_secs`, else `params.retention`), oldest
+    /// first. Run repeatedly by the maintenance leader until it deletes fewer than `limit`.
+    async fn jobs_prune(&self, params: PruneParams) -> StoreResult<PruneReport>;
+
+    /// Takes or renews the maintenance leadership for `holder` for `ttl`: true while `holder`
+    /// leads. Exactly one holder leads at a time across every process sharing the store; when
+    /// the leader stops renewing, another takes over once `ttl` has passed. The default suits
+    /// stores that only one process opens (embedded SQLite): the caller always leads.
+    async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {
+        let _ = (holder, ttl);
+        Ok(true)
+    }
+
+    /// Gives up the leadership if `holder` has it, so another node takes over at once.
+    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
+        let _ = holder;
+        Ok(())
+    }
+}
+
+/// Everything a store does, bundled for callers: a store implements each part, and a decorator
+/// (say, one that encrypts payloads) implements the parts it changes and forwards the rest with
+/// [`crate::delegate_store!`]. Every store passes the conformance suite in `conveyor-storetest`.
+pub trait Store:
+    JobStore
+    + LeaseStore
+    + QueueStore
+    + ScheduleStore
+    + AccessStore
+    + WorkerStore
+    + LeadershipStore
+    + 'static
+{
+}
+
+impl<T> Store for T where
+    T: JobStore
+        + LeaseStore
+        + QueueStore
+        + ScheduleStore
+        + AccessStore
+        + WorkerStore
+        + LeadershipStore
+        + 'static
+{
+}
+
 /// How far an idle long-poll's safety-net interval grows (see [`fetch_waiting`]).
 pub const IDLE_POLL_GROWTH: u32 = 16;
 
 /// Fetches, waiting (asynchronously) until jobs are claimed, `wait` passes, or `stop` resolves:
 /// the long-poll behind `POST /v1/fetch` and the worker's fetch loop. Wake-ups come from
-/// [`Store::wakeup`]; the `poll` interval bounds how late a job made available by another
+/// [`LeaseStore::wakeup`]; the `poll` interval bounds how late a job made available by another
 /// process is seen, and the next due run_at shortens it for scheduled jobs. `stop` only
 /// interrupts the waiting, never a fetch in flight, so no claimed job is dropped on the floor.
 pub async fn fetch_waiting(

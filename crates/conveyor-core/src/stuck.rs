@@ -1,7 +1,7 @@
 //! Stuck jobs: running jobs that have run much longer than is usual for their kind.
 //!
 //! Each store finds the candidates and its kinds' recent durations in SQL (see
-//! [`crate::Store::jobs_stuck`]); the rule that turns them into a verdict lives here, so every
+//! [`crate::WorkerStore::jobs_stuck`]); the rule that turns them into a verdict lives here, so every
 //! store flags exactly the same jobs:
 //!
 //! 1. *History*: with at least [`StuckParams::min_samples`] recent completions of the kind, the
@@ -22,7 +22,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 use uuid::Uuid;
 
-/// How [`crate::Store::jobs_stuck`] decides.
+/// How [`crate::WorkerStore::jobs_stuck`] decides.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StuckParams {
     /// A job is stuck past this multiple of its kind's p95 duration (or of its timeout).

@@ -210,6 +210,49 @@ pub fn completions(params: &[crate::store::CompleteParams]) -> Result<(), Valida
     Ok(())
 }
 
+/// A [`NewJob`] that passed [`new_job`]: the only form stores insert
+/// ([`crate::JobStore::jobs_insert_valid`]), so a job is checked once however many layers it
+/// passes through (HTTP handler, decorators, store).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidJob(NewJob);
+
+impl ValidJob {
+    /// Checks every field of `job`.
+    pub fn new(job: NewJob) -> Result<Self, ValidationError> {
+        new_job(&job)?;
+        Ok(Self(job))
+    }
+
+    pub fn job(&self) -> &NewJob {
+        &self.0
+    }
+
+    pub fn into_job(self) -> NewJob {
+        self.0
+    }
+
+    /// The same job with `payload` and `unique` replaced by a decorator that transforms what is
+    /// stored (encryption at rest). The caller vouches for them: they are derived from the
+    /// validated ones, so they are not checked again.
+    pub fn with_stored_payload(
+        mut self,
+        payload: serde_json::Value,
+        unique: Option<crate::UniqueSpec>,
+    ) -> Self {
+        self.0.payload = payload;
+        self.0.unique = unique;
+        self
+    }
+}
+
+impl TryFrom<NewJob> for ValidJob {
+    type Error = ValidationError;
+
+    fn try_from(job: NewJob) -> Result<Self, Self::Error> {
+        Self::new(job)
+    }
+}
+
 /// Checks every field of a new job; the first problem found is returned.
 pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
     name("kind", &job.kind)?;

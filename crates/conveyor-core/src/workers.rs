@@ -3,7 +3,7 @@
 //! busy they are, and which ones stopped answering.
 //!
 //! A worker that stops heartbeating for longer than the stale interval is marked `dead` by the
-//! maintenance leader ([`crate::Store::workers_mark_stale`]), and the jobs it still held are
+//! maintenance leader ([`crate::WorkerStore::workers_mark_stale`]), and the jobs it still held are
 //! rescued at once, as if their leases had expired, instead of waiting for the leases to run out.
 //!
 //! [`Worker`]: https://docs.rs/conveyor-worker
@@ -111,7 +111,7 @@ pub struct WorkerInfo {
     pub ended_at: Option<DateTime<Utc>>,
 }
 
-/// What [`crate::Store::workers_mark_stale`] does.
+/// What [`crate::WorkerStore::workers_mark_stale`] does.
 #[derive(Debug, Clone)]
 pub struct StaleWorkerParams {
     /// Alive workers not heard from for this long are marked `dead`.
@@ -132,7 +132,7 @@ impl Default for StaleWorkerParams {
     }
 }
 
-/// The outcome of one [`crate::Store::workers_mark_stale`].
+/// The outcome of one [`crate::WorkerStore::workers_mark_stale`].
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct StaleReport {
     /// Workers marked dead by this call.

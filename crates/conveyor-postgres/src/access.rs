@@ -97,7 +97,7 @@ impl AccessSql {
 }
 
 fn unreadable(what: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("postgres: unreadable access row: {what}"))
+    StoreError::backend(format!("postgres: unreadable access row: {what}"))
 }
 
 fn column<'r, T>(row: &'r PgRow, name: &str) -> StoreResult<T>

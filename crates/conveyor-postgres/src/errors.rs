@@ -8,14 +8,14 @@ use conveyor_core::StoreError;
 pub(crate) fn db(operation: &'static str) -> impl Fn(sqlx::Error) -> StoreError {
     move |error| match error {
         sqlx::Error::PoolClosed => StoreError::Closed,
-        sqlx::Error::PoolTimedOut => StoreError::Backend(format!(
+        sqlx::Error::PoolTimedOut => StoreError::backend(format!(
             "postgres: {operation}: timed out waiting for a free connection from the pool"
         )),
-        other => StoreError::Backend(format!("postgres: {operation}: {other}")),
+        other => StoreError::backend_caused(format!("postgres: {operation}"), other),
     }
 }
 
 /// A backend error for a row whose stored value cannot be turned back into a job.
 pub(crate) fn corrupt(what: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("postgres: unreadable job row: {what}"))
+    StoreError::backend(format!("postgres: unreadable job row: {what}"))
 }

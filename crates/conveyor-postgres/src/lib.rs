@@ -41,14 +41,15 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
-    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
-    StoredToken, TokenSelector,
+    AccessStore, Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
+    JobListParams, JobStore, LeadershipStore, LeaseOutcome, LeaseRef, LeaseStore,
+    NamedQueueSettings, NewJob, QueueSettings, QueueStats, QueueStore, ReplaySelector,
+    RescueParams, RescueReport, ScheduleStore, SnoozeParams, StoreError, StoreOptions, StoreResult,
+    SystemClock, ValidJob, ValidationError, WorkerStore,
 };
 use conveyor_core::{
-    Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobListParams,
-    LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings, QueueStats, ReplaySelector,
-    RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreOptions, StoreResult,
-    SystemClock, ValidationError,
+    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
+    StoredToken, TokenSelector,
 };
 use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use conveyor_core::{
@@ -128,7 +129,7 @@ struct Inner {
     options: StoreOptions,
     wakeup: Arc<Notify>,
     /// Vacuums the jobs table when the server's autovacuum is off, rebuilds bloated indexes
-    /// (see `Store::storage_maintenance`).
+    /// (see `LeadershipStore::storage_maintenance`).
     upkeep: Arc<upkeep::Upkeep>,
     /// Held only to stop the listener when the store goes away.
     _listener: listener::ListenerTask,
@@ -144,7 +145,7 @@ impl PgStore {
         })?;
         // Named by host, port and database only: the URL may carry a password.
         let unreachable = |e: sqlx::Error| {
-            StoreError::Backend(format!(
+            StoreError::backend(format!(
                 "postgres: cannot connect to {}:{}/{}: {e}",
                 connect_options.get_host(),
                 connect_options.get_port(),
@@ -226,10 +227,10 @@ impl PgStore {
 
     /// Enqueues jobs inside the caller's transaction: they exist if and only if `tx` commits,
     /// and waiting fetchers (in every process) are woken when it does. Same rules as
-    /// [`Store::jobs_insert_many`] (validation, all-or-nothing, idempotency keys).
+    /// [`JobStore::jobs_insert_many`] (validation, all-or-nothing, idempotency keys).
     ///
     /// Keyed jobs hold a lock per idempotency key until `tx` ends, and jobs of a queue with a
-    /// depth limit (see [`Store::queue_settings_put`]) a lock on the queue (or on their tenant's
+    /// depth limit (see [`QueueStore::queue_settings_put`]) a lock on the queue (or on their tenant's
     /// share of it), which makes other inserts into that queue wait: keep such transactions
     /// short. The depth count assumes `tx` is READ COMMITTED (PostgreSQL's default); under
     /// REPEATABLE READ or SERIALIZABLE it may miss jobs committed since `tx` began. An error
@@ -250,7 +251,7 @@ impl PgStore {
 
     /// Completes a running job inside the handler's own transaction: it is completed if and
     /// only if `tx` commits, atomically with the handler's writes. `LeaseLost` (and no change)
-    /// when the lease no longer holds, as for [`Store::jobs_complete_many`].
+    /// when the lease no longer holds, as for [`LeaseStore::jobs_complete_many`].
     pub async fn complete_tx(
         &self,
         tx: &mut Transaction<'_, Postgres>,
@@ -261,9 +262,10 @@ impl PgStore {
         conveyor_core::validate::completions(&completion)?;
         let ctx = self.ctx();
         let outcomes = ops::complete_many(tx, &ctx, completion).await?;
-        outcomes.into_iter().next().ok_or_else(|| {
-            StoreError::Backend("postgres: completion returned no outcome".to_string())
-        })
+        outcomes
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::backend("postgres: completion returned no outcome"))
     }
 
     /// The context of one operation, with "now" read from the clock once.
@@ -313,11 +315,7 @@ async fn commit(tx: Transaction<'static, Postgres>) -> StoreResult<()> {
 }
 
 #[async_trait]
-impl Store for PgStore {
-    async fn storage_maintenance(&self) -> StoreResult<()> {
-        self.inner.upkeep.run_if_due(&self.inner.pool).await
-    }
-
+impl JobStore for PgStore {
     /// Ready when a pooled connection answers within a few seconds and reaches a primary
     /// (a hot standby refuses writes). Never "not live": a lost database is not fixed by
     /// restarting this process, and the pool reconnects by itself.
@@ -335,8 +333,8 @@ impl Store for PgStore {
         }
     }
 
-    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
-        validate_all(&jobs)?;
+    async fn jobs_insert_valid(&self, jobs: Vec<ValidJob>) -> StoreResult<Vec<Inserted>> {
+        let jobs: Vec<NewJob> = jobs.into_iter().map(ValidJob::into_job).collect();
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
@@ -363,6 +361,27 @@ impl Store for PgStore {
         Ok(job)
     }
 
+    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
+        let replayed = ops::dead_replay(&mut *self.conn().await?, &self.ctx(), &selector).await?;
+        self.wake_local(replayed > 0);
+        Ok(replayed)
+    }
+
+    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
+        ops::dead_discard(&mut *self.conn().await?, &self.inner.sql, id).await
+    }
+
+    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
+        let mut tx = self.begin().await?;
+        let (imported, woke) = ops::import(&mut tx, &self.inner.sql, &jobs).await?;
+        commit(tx).await?;
+        self.wake_local(woke);
+        Ok(imported)
+    }
+}
+
+#[async_trait]
+impl LeaseStore for PgStore {
     async fn jobs_fetch(&self, mut params: FetchParams) -> StoreResult<Vec<Job>> {
         conveyor_core::validate::fetch(&mut params)?;
         let no_kinds = params.kinds.as_ref().is_some_and(Vec::is_empty);
@@ -418,44 +437,6 @@ impl Store for PgStore {
         Ok(released)
     }
 
-    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
-        let mut tx = self.begin().await?;
-        let report = ops::rescue_expired(&mut tx, &self.ctx(), &params).await?;
-        conveyor_core::faults::inject("rescue")?;
-        commit(tx).await?;
-        Ok(report)
-    }
-
-    async fn jobs_promote_due(&self) -> StoreResult<u64> {
-        let mut conn = self.conn().await?;
-        let ctx = self.ctx();
-        // Batches keep each statement short; a short batch means nothing due is left.
-        let mut promoted = 0;
-        loop {
-            let batch = ops::promote_due(&mut conn, &ctx, ops::PROMOTE_BATCH).await?;
-            promoted += batch;
-            if batch < ops::PROMOTE_BATCH as u64 {
-                break;
-            }
-        }
-        self.wake_local(promoted > 0);
-        Ok(promoted)
-    }
-
-    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
-        let replayed = ops::dead_replay(&mut *self.conn().await?, &self.ctx(), &selector).await?;
-        self.wake_local(replayed > 0);
-        Ok(replayed)
-    }
-
-    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
-        ops::dead_discard(&mut *self.conn().await?, &self.inner.sql, id).await
-    }
-
-    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
-        ops::queues_stats(&mut *self.conn().await?, &self.ctx()).await
-    }
-
     fn wakeup(&self) -> Arc<Notify> {
         self.inner.wakeup.clone()
     }
@@ -463,13 +444,12 @@ impl Store for PgStore {
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
         ops::next_due(&mut *self.conn().await?, &self.inner.sql, queues).await
     }
+}
 
-    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
-        let mut tx = self.begin().await?;
-        let (imported, woke) = ops::import(&mut tx, &self.inner.sql, &jobs).await?;
-        commit(tx).await?;
-        self.wake_local(woke);
-        Ok(imported)
+#[async_trait]
+impl QueueStore for PgStore {
+    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        ops::queues_stats(&mut *self.conn().await?, &self.ctx()).await
     }
 
     async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings> {
@@ -491,31 +471,19 @@ impl Store for PgStore {
         Ok(stored)
     }
 
-    async fn jobs_prune(
-        &self,
-        params: conveyor_core::PruneParams,
-    ) -> StoreResult<conveyor_core::PruneReport> {
-        retention::prune(&mut *self.conn().await?, &self.ctx(), &params).await
-    }
-
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
         ops::queue_settings_list(&mut *self.conn().await?, &self.inner.sql).await
     }
+}
 
-    async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {
-        ops::leader_try_acquire(&mut *self.conn().await?, &self.ctx(), holder, ttl).await
-    }
-
-    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
-        ops::leader_release(&mut *self.conn().await?, &self.inner.sql, holder).await
-    }
-
+#[async_trait]
+impl ScheduleStore for PgStore {
     async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
         let mut tx = self.begin().await?;
         schedules::put(&mut tx, &self.ctx(), &self.inner.schedule_sql, &schedule).await?;
         commit(tx).await?;
         self.schedule_get(schedule.name()).await?.ok_or_else(|| {
-            StoreError::Backend(format!(
+            StoreError::backend(format!(
                 "postgres: schedule {:?} was deleted right after being stored",
                 schedule.name()
             ))
@@ -550,7 +518,10 @@ impl Store for PgStore {
         let mut conn = self.conn().await?;
         schedules::runs(&mut conn, &self.inner.schedule_sql, name, limit).await
     }
+}
 
+#[async_trait]
+impl AccessStore for PgStore {
     async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
         conveyor_core::validate::name("name", &token.name)?;
         let (now, mut conn) = (self.ctx().now, self.conn().await?);
@@ -595,7 +566,10 @@ impl Store for PgStore {
     async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>> {
         access::audit_list(&mut *self.conn().await?, &self.inner.access_sql, &params).await
     }
+}
 
+#[async_trait]
+impl WorkerStore for PgStore {
     async fn workers_heartbeat(&self, beat: WorkerHeartbeat) -> StoreResult<WorkerInfo> {
         conveyor_core::workers::heartbeat(&beat)?;
         let (ctx, mut conn) = (self.ctx(), self.conn().await?);
@@ -617,5 +591,51 @@ impl Store for PgStore {
     async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>> {
         let (ctx, mut conn) = (self.ctx(), self.conn().await?);
         workers::stuck(&mut conn, &ctx, &self.inner.worker_sql, &params).await
+    }
+}
+
+#[async_trait]
+impl LeadershipStore for PgStore {
+    async fn storage_maintenance(&self) -> StoreResult<()> {
+        self.inner.upkeep.run_if_due(&self.inner.pool).await
+    }
+
+    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
+        let mut tx = self.begin().await?;
+        let report = ops::rescue_expired(&mut tx, &self.ctx(), &params).await?;
+        conveyor_core::faults::inject("rescue")?;
+        commit(tx).await?;
+        Ok(report)
+    }
+
+    async fn jobs_promote_due(&self) -> StoreResult<u64> {
+        let mut conn = self.conn().await?;
+        let ctx = self.ctx();
+        // Batches keep each statement short; a short batch means nothing due is left.
+        let mut promoted = 0;
+        loop {
+            let batch = ops::promote_due(&mut conn, &ctx, ops::PROMOTE_BATCH).await?;
+            promoted += batch;
+            if batch < ops::PROMOTE_BATCH as u64 {
+                break;
+            }
+        }
+        self.wake_local(promoted > 0);
+        Ok(promoted)
+    }
+
+    async fn jobs_prune(
+        &self,
+        params: conveyor_core::PruneParams,
+    ) -> StoreResult<conveyor_core::PruneReport> {
+        retention::prune(&mut *self.conn().await?, &self.ctx(), &params).await
+    }
+
+    async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {
+        ops::leader_try_acquire(&mut *self.conn().await?, &self.ctx(), holder, ttl).await
+    }
+
+    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
+        ops::leader_release(&mut *self.conn().await?, &self.inner.sql, holder).await
     }
 }

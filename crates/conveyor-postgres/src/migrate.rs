@@ -141,7 +141,7 @@ pub async fn migrate(pool: &PgPool, schema: &str) -> StoreResult<u32> {
             .execute(&mut *tx)
             .await
             .map_err(|e| {
-                StoreError::Backend(format!(
+                StoreError::backend(format!(
                     "postgres: migration {} ({}) of schema {schema} failed: {e}",
                     migration.version, migration.name
                 ))
@@ -179,7 +179,7 @@ pub(crate) async fn check_version(pool: &PgPool, schema: &str) -> StoreResult<()
     match current.cmp(&SCHEMA_VERSION) {
         std::cmp::Ordering::Equal => Ok(()),
         std::cmp::Ordering::Greater => Err(newer_than_code(schema, current)),
-        std::cmp::Ordering::Less => Err(StoreError::Backend(format!(
+        std::cmp::Ordering::Less => Err(StoreError::backend(format!(
             "postgres: schema {schema} is at migration version {current} but this Conveyor \
              needs version {SCHEMA_VERSION}; run the migrations (PgOptions::run_migrations, or \
              conveyor_postgres::migrate)"
@@ -204,14 +204,14 @@ async fn current_version(conn: &mut PgConnection, schema: &str) -> StoreResult<u
     .await
     .map_err(db("read migration version"))?;
     u32::try_from(version).map_err(|_| {
-        StoreError::Backend(format!(
+        StoreError::backend(format!(
             "postgres: schema {schema} records a negative migration version ({version})"
         ))
     })
 }
 
 fn newer_than_code(schema: &str, found: u32) -> StoreError {
-    StoreError::Backend(format!(
+    StoreError::backend(format!(
         "postgres: schema {schema} is at migration version {found}, newer than this Conveyor \
          knows ({SCHEMA_VERSION}); upgrade Conveyor before using this database"
     ))

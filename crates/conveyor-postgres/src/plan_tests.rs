@@ -7,7 +7,8 @@
 //! (not timed), after `ANALYZE` of a table where few jobs are running, the case that misled the
 //! planner.
 
-use conveyor_core::{CompleteParams, FetchParams, NewJob, Store};
+use conveyor_core::{CompleteParams, FetchParams, NewJob};
+use conveyor_core::{JobStore, LeaseStore};
 use sqlx::Connection;
 use std::time::Duration;
 

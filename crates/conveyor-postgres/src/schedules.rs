@@ -108,7 +108,7 @@ impl ScheduleSql {
 }
 
 fn unreadable(what: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("postgres: unreadable schedule row: {what}"))
+    StoreError::backend(format!("postgres: unreadable schedule row: {what}"))
 }
 
 fn column<'r, T>(row: &'r PgRow, name: &str) -> StoreResult<T>
@@ -242,7 +242,7 @@ pub(crate) async fn put(
         .await
         .map_err(db("lock schedule"))?
         .ok_or_else(|| {
-            StoreError::Backend(format!(
+            StoreError::backend(format!(
                 "postgres: schedule {:?} was deleted while being updated; retry",
                 schedule.name()
             ))
@@ -356,9 +356,7 @@ pub(crate) async fn fire(
                         .map_err(db("release schedule job"))?;
                     made_available |= insertion.made_available;
                     let inserted = insertion.inserted.into_iter().next().ok_or_else(|| {
-                        StoreError::Backend(
-                            "postgres: insert returned no job for a schedule run".into(),
-                        )
+                        StoreError::backend("postgres: insert returned no job for a schedule run")
                     })?;
                     last_job = Some(run.enqueued(&inserted));
                 }

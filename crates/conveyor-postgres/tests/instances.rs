@@ -2,7 +2,8 @@
 
 mod common;
 
-use conveyor_core::{FetchParams, NewJob, Store};
+use conveyor_core::{FetchParams, NewJob};
+use conveyor_core::{JobStore, LeaseStore};
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;

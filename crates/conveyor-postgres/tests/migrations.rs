@@ -2,7 +2,8 @@
 
 mod common;
 
-use conveyor_core::{ManualClock, NewJob, Store, StoreError};
+use conveyor_core::{JobStore, LeaseStore, QueueStore};
+use conveyor_core::{ManualClock, NewJob, StoreError};
 use conveyor_postgres::{migrate, PgOptions, PgStore, SCHEMA_VERSION};
 use serde_json::json;
 use std::sync::Arc;
@@ -175,7 +176,7 @@ async fn an_unreachable_server_is_a_backend_error_without_the_password() {
     .err()
     .expect("nothing listens on port 1");
     let message = err.to_string();
-    assert!(matches!(err, StoreError::Backend(_)), "{err:?}");
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     assert!(message.contains("127.0.0.1:1/db"), "{message}");
     assert!(!message.contains("s3cret"), "{message}");
 }

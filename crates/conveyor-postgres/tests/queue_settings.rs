@@ -4,6 +4,7 @@
 mod common;
 
 use conveyor_core::{FetchParams, NewJob, QueueSettings, Store, StoreError};
+use conveyor_core::{JobStore, LeaseStore, QueueStore};
 use serde_json::json;
 use std::time::Duration;
 

@@ -6,6 +6,7 @@
 //! so restarting it cannot disturb the tests that share the machine's main cluster. It is
 //! dropped at the end, however the test ends.
 
+use conveyor_core::{JobStore, QueueStore};
 use conveyor_core::{NewJob, Store};
 use conveyor_postgres::{PgOptions, PgStore};
 use conveyor_worker::{Maintenance, Outcome, Worker};

@@ -2,7 +2,8 @@
 
 mod common;
 
-use conveyor_core::{FetchParams, JobListParams, JobState, LeaseOutcome, LeaseRef, NewJob, Store};
+use conveyor_core::{FetchParams, JobListParams, JobState, LeaseOutcome, LeaseRef, NewJob};
+use conveyor_core::{JobStore, LeaseStore};
 use serde_json::json;
 use std::time::Duration;
 

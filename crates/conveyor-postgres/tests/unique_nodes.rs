@@ -4,7 +4,8 @@
 
 mod common;
 
-use conveyor_core::{JobListParams, NewJob, Store, UniqueSpec};
+use conveyor_core::JobStore;
+use conveyor_core::{JobListParams, NewJob, UniqueSpec};
 use serde_json::json;
 use std::collections::HashSet;
 use std::time::Duration;

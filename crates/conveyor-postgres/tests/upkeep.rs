@@ -5,7 +5,8 @@
 
 mod common;
 
-use conveyor_core::{CompleteParams, FetchParams, NewJob, PruneParams, RetentionPolicy, Store};
+use conveyor_core::{CompleteParams, FetchParams, NewJob, PruneParams, RetentionPolicy};
+use conveyor_core::{JobStore, LeadershipStore, LeaseStore};
 use std::time::{Duration, Instant};
 
 /// Claims and completes every job of `queue`.

@@ -185,7 +185,10 @@ impl From<StoreError> for ApiError {
                 message: full.to_string(),
                 retry_after_secs: retry_after.as_secs_f64().ceil().max(1.0) as u64,
             },
-            StoreError::Backend(message) => ApiError::StoreUnavailable(message),
+            StoreError::Backend { message, source } => ApiError::StoreUnavailable(match source {
+                Some(source) => format!("{message}: {source}"),
+                None => message,
+            }),
             closed @ StoreError::Closed => ApiError::StoreUnavailable(closed.to_string()),
             StoreError::Internal(message) => ApiError::Internal(message),
         }

@@ -6,7 +6,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::job::DEFAULT_MAX_ATTEMPTS;
 use conveyor_core::{
-    unique, validate, AuditAction, Job, JobListParams, JobState, NewJob, Role, UniqueSpec,
+    unique, validate, AuditAction, Job, JobListParams, JobState, NewJob, Role, UniqueSpec, ValidJob,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -84,8 +84,14 @@ impl UniqueRequest {
 }
 
 impl EnqueueRequest {
-    /// Checks every field and builds the job; errors name the field (without any batch prefix).
-    fn into_new_job(self, state: &AppState, now: DateTime<Utc>) -> ApiResult<NewJob> {
+    /// Checks every field and builds the job the caller may enqueue (its owner recorded),
+    /// validated once for the store; errors name the field (without any batch prefix).
+    fn into_valid_job(
+        self,
+        state: &AppState,
+        caller: &Caller,
+        now: DateTime<Utc>,
+    ) -> ApiResult<ValidJob> {
         let payload = self.payload.unwrap_or(Value::Null);
         check_json_size("payload", &payload, state.config.max_payload_bytes)?;
         let run_at = match (self.run_at, self.delay_ms) {
@@ -108,7 +114,7 @@ impl EnqueueRequest {
             (None, Some(ms)) => Some(after_ms("delay_ms", now, ms)?),
             (None, None) => None,
         };
-        let job = NewJob {
+        let mut job = NewJob {
             kind: self.kind,
             queue: self
                 .queue
@@ -123,8 +129,8 @@ impl EnqueueRequest {
             tenant: self.tenant,
             unique: self.unique.map(UniqueRequest::into_spec).transpose()?,
         };
-        validate::new_job(&job)?;
-        Ok(job)
+        claim_ownership(caller, &mut job)?;
+        Ok(ValidJob::new(job)?)
     }
 }
 
@@ -196,11 +202,10 @@ pub(crate) async fn enqueue(
     caller: Caller,
     ApiJson(request): ApiJson<EnqueueRequest>,
 ) -> ApiResult<(StatusCode, Json<EnqueuedJob>)> {
-    let mut job = request.into_new_job(&state, state.clock.now())?;
-    claim_ownership(&caller, &mut job)?;
+    let job = request.into_valid_job(&state, &caller, state.clock.now())?;
     let inserted = state
         .store
-        .jobs_insert_many(vec![job])
+        .jobs_insert_valid(vec![job])
         .await?
         .pop()
         .ok_or_else(|| ApiError::Internal("store returned no row for an insert".to_string()))?;
@@ -260,11 +265,9 @@ pub(crate) async fn enqueue_batch(
     let mut jobs = Vec::with_capacity(count);
     for (index, job) in request.jobs.into_iter().enumerate() {
         let within = |e: ApiError| e.within(&format!("jobs[{index}]"));
-        let mut job = job.into_new_job(&state, now).map_err(within)?;
-        claim_ownership(&caller, &mut job).map_err(within)?;
-        jobs.push(job);
+        jobs.push(job.into_valid_job(&state, &caller, now).map_err(within)?);
     }
-    let inserted = state.store.jobs_insert_many(jobs).await?;
+    let inserted = state.store.jobs_insert_valid(jobs).await?;
     if inserted.len() != count {
         return Err(ApiError::Internal(format!(
             "store returned {} rows for {count} inserted jobs",

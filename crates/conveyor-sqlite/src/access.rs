@@ -222,7 +222,7 @@ pub(crate) fn audit_append(
 ) -> StoreResult<AuditEntry> {
     let entry = entry.bounded();
     let job_ids = serde_json::to_string(&entry.job_ids)
-        .map_err(|e| conveyor_core::StoreError::Backend(format!("audit job ids: {e}")))?;
+        .map_err(|e| conveyor_core::StoreError::backend(format!("audit job ids: {e}")))?;
     let job_count = i64::try_from(entry.job_count).unwrap_or(i64::MAX);
     ctx.conn
         .prepare_cached(

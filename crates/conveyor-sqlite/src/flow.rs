@@ -151,7 +151,7 @@ fn ids(rows: rusqlite::Result<Vec<String>>) -> StoreResult<Vec<Uuid>> {
         .iter()
         .map(|id| {
             Uuid::parse_str(id)
-                .map_err(|e| conveyor_core::StoreError::Backend(format!("bad job id {id:?}: {e}")))
+                .map_err(|e| conveyor_core::StoreError::backend(format!("bad job id {id:?}: {e}")))
         })
         .collect()
 }

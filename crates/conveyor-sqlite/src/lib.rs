@@ -19,14 +19,15 @@ mod writer;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use conveyor_core::{
-    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
-    StoredToken, TokenSelector,
+    AccessStore, Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
+    JobListParams, JobStore, LeadershipStore, LeaseOutcome, LeaseRef, LeaseStore,
+    NamedQueueSettings, NewJob, QueueSettings, QueueStats, QueueStore, ReplaySelector,
+    RescueParams, RescueReport, ScheduleStore, SnoozeParams, StoreError, StoreHealth, StoreOptions,
+    StoreResult, SystemClock, ValidJob, WorkerStore,
 };
 use conveyor_core::{
-    Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobListParams,
-    LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings, QueueStats, ReplaySelector,
-    RescueParams, RescueReport, SnoozeParams, Store, StoreError, StoreHealth, StoreOptions,
-    StoreResult, SystemClock,
+    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
+    StoredToken, TokenSelector,
 };
 use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use conveyor_core::{
@@ -68,7 +69,7 @@ pub struct SqliteOptions {
     pub exclusive: bool,
     /// Run `PRAGMA quick_check` at open and refuse a damaged file (a read of every page: about
     /// a second per few hundred MB). Off: a damaged file opens, and the damage shows in
-    /// [`Store::health`] once an operation meets it.
+    /// [`JobStore::health`] once an operation meets it.
     pub integrity_check: bool,
 }
 
@@ -110,7 +111,7 @@ struct Inner {
 }
 
 pub(crate) fn backend(e: rusqlite::Error) -> StoreError {
-    StoreError::Backend(e.to_string())
+    StoreError::backend_caused("sqlite", e)
 }
 
 /// What health probes need to know that no single call reports.
@@ -125,11 +126,12 @@ struct StoreStatus {
 impl StoreStatus {
     /// Remembers an error that shows the file is damaged; such errors never heal by retrying.
     fn note(&self, error: &StoreError) {
-        if let StoreError::Backend(message) = error {
+        if let StoreError::Backend { .. } = error {
+            let message = error.to_string();
             let lower = message.to_ascii_lowercase();
             if lower.contains("malformed") || lower.contains("not a database") {
                 if let Ok(mut damaged) = self.damaged.lock() {
-                    damaged.get_or_insert_with(|| message.clone());
+                    damaged.get_or_insert(message);
                 }
             }
         }
@@ -160,13 +162,13 @@ fn lock_file(db: &Path) -> StoreResult<std::fs::File> {
         .create(true)
         .truncate(false)
         .open(&lock_path)
-        .map_err(|e| StoreError::Backend(format!("cannot open {}: {e}", lock_path.display())))?;
+        .map_err(|e| StoreError::backend(format!("cannot open {}: {e}", lock_path.display())))?;
     // SAFETY: flock on a descriptor this function owns; no memory is shared with the call.
     let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
     if locked != 0 {
         let error = std::io::Error::last_os_error();
         if error.raw_os_error() != Some(libc::EWOULDBLOCK) {
-            return Err(StoreError::Backend(format!(
+            return Err(StoreError::backend(format!(
                 "cannot lock {}: {error}",
                 lock_path.display()
             )));
@@ -179,7 +181,7 @@ fn lock_file(db: &Path) -> StoreResult<std::fs::File> {
         } else {
             format!("another process (pid {holder})")
         };
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "{} is in use by {who}: an SQLite store serves one process at a time (stop that \
              one, or point several servers at PostgreSQL instead)",
             db.display()
@@ -204,10 +206,10 @@ impl SqliteStore {
         let path = path.as_ref().to_path_buf();
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
             std::fs::create_dir_all(parent).map_err(|e| {
-                StoreError::Backend(format!("cannot create directory {}: {e}", parent.display()))
+                StoreError::backend(format!("cannot create directory {}: {e}", parent.display()))
             })?;
         }
-        let describe = |e: rusqlite::Error| StoreError::Backend(format!("{}: {e}", path.display()));
+        let describe = |e: rusqlite::Error| StoreError::backend(format!("{}: {e}", path.display()));
         let lock = if options.exclusive {
             Some(lock_file(&path)?)
         } else {
@@ -217,7 +219,7 @@ impl SqliteStore {
         configure_writer(&conn, options.durability).map_err(describe)?;
         if options.integrity_check {
             integrity_check(&conn).map_err(|problem| {
-                StoreError::Backend(format!(
+                StoreError::backend(format!(
                     "{}: the database file is damaged ({problem}); restore it from a backup, \
                      or start with --skip-integrity-check to serve what can still be read",
                     path.display()
@@ -225,7 +227,10 @@ impl SqliteStore {
             })?;
         }
         migrate::migrate(&conn).map_err(|e| match e {
-            StoreError::Backend(msg) => StoreError::Backend(format!("{}: {msg}", path.display())),
+            StoreError::Backend { message, source } => StoreError::Backend {
+                message: format!("{}: {message}", path.display()),
+                source,
+            },
             other => other,
         })?;
 
@@ -266,7 +271,7 @@ impl SqliteStore {
                     }
                 }
             })
-            .map_err(|e| StoreError::Backend(format!("cannot start writer thread: {e}")))?;
+            .map_err(|e| StoreError::backend(format!("cannot start writer thread: {e}")))?;
 
         Ok(Self {
             inner: Arc::new(Inner {
@@ -348,7 +353,7 @@ impl SqliteStore {
             outcome
         })
         .await
-        .map_err(|e| StoreError::Backend(format!("read task failed: {e}")))?;
+        .map_err(|e| StoreError::backend(format!("read task failed: {e}")))?;
         if let Err(error) = &outcome {
             self.inner.status.note(error);
         }
@@ -414,7 +419,7 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
 }
 
 #[async_trait]
-impl Store for SqliteStore {
+impl JobStore for SqliteStore {
     async fn health(&self) -> StoreHealth {
         if let Some(problem) = self.inner.status.problem() {
             return StoreHealth::broken(problem);
@@ -445,10 +450,8 @@ impl Store for SqliteStore {
         }
     }
 
-    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
-        for job in &jobs {
-            conveyor_core::validate::new_job(job)?;
-        }
+    async fn jobs_insert_valid(&self, jobs: Vec<ValidJob>) -> StoreResult<Vec<Inserted>> {
+        let jobs: Vec<NewJob> = jobs.into_iter().map(ValidJob::into_job).collect();
         self.write(move |ctx| injected("insert", ops::insert_many(ctx, jobs)))
             .await
     }
@@ -466,6 +469,22 @@ impl Store for SqliteStore {
         self.write(move |ctx| ops::cancel(ctx, id)).await
     }
 
+    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
+        self.write(move |ctx| ops::dead_replay(ctx, &selector))
+            .await
+    }
+
+    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
+        self.write(move |ctx| ops::import(ctx, jobs)).await
+    }
+
+    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
+        self.write(move |ctx| ops::dead_discard(ctx, id)).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
     async fn jobs_fetch(&self, mut params: FetchParams) -> StoreResult<Vec<Job>> {
         conveyor_core::validate::fetch(&mut params)?;
         let no_kinds = params.kinds.as_ref().is_some_and(Vec::is_empty);
@@ -507,37 +526,19 @@ impl Store for SqliteStore {
         self.write(move |ctx| ops::release_many(ctx, &leases)).await
     }
 
-    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
-        self.write(move |ctx| injected("rescue", ops::rescue_expired(ctx, &params)))
+    fn wakeup(&self) -> Arc<Notify> {
+        self.inner.wakeup.clone()
+    }
+
+    async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
+        let queues = queues.to_vec();
+        self.read(move |conn, _| reads::next_due(conn, &queues))
             .await
     }
+}
 
-    async fn jobs_promote_due(&self) -> StoreResult<u64> {
-        self.write(ops::promote_due).await
-    }
-
-    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
-        self.write(move |ctx| ops::dead_replay(ctx, &selector))
-            .await
-    }
-
-    async fn leader_try_acquire(
-        &self,
-        holder: &str,
-        ttl: std::time::Duration,
-    ) -> StoreResult<bool> {
-        let holder = holder.to_string();
-        // A lost renewal (power failure) only delays maintenance; no fsync of its own.
-        self.claim(move |ctx| ops::leader_try_acquire(ctx, &holder, ttl))
-            .await
-    }
-
-    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
-        let holder = holder.to_string();
-        self.write(move |ctx| ops::leader_release(ctx, &holder))
-            .await
-    }
-
+#[async_trait]
+impl QueueStore for SqliteStore {
     async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings> {
         let queue = queue.to_string();
         self.read(move |conn, _| {
@@ -562,39 +563,17 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn jobs_prune(
-        &self,
-        params: conveyor_core::PruneParams,
-    ) -> StoreResult<conveyor_core::PruneReport> {
-        self.write(move |ctx| retention::prune(ctx, &params)).await
-    }
-
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
         self.read(|conn, _| reads::queue_settings(conn)).await
-    }
-
-    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
-        self.write(move |ctx| ops::import(ctx, jobs)).await
-    }
-
-    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
-        self.write(move |ctx| ops::dead_discard(ctx, id)).await
     }
 
     async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
         self.read(reads::queues_stats).await
     }
+}
 
-    fn wakeup(&self) -> Arc<Notify> {
-        self.inner.wakeup.clone()
-    }
-
-    async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
-        let queues = queues.to_vec();
-        self.read(move |conn, _| reads::next_due(conn, &queues))
-            .await
-    }
-
+#[async_trait]
+impl ScheduleStore for SqliteStore {
     async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
         self.write(move |ctx| schedules::put(ctx, schedule)).await
     }
@@ -624,7 +603,10 @@ impl Store for SqliteStore {
         self.read(move |conn, _| schedules::runs(conn, &name, limit))
             .await
     }
+}
 
+#[async_trait]
+impl AccessStore for SqliteStore {
     async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
         conveyor_core::validate::name("name", &token.name)?;
         self.write(move |ctx| access::tokens_insert(ctx, token))
@@ -670,7 +652,10 @@ impl Store for SqliteStore {
         self.read(move |conn, _| access::audit_list(conn, &params))
             .await
     }
+}
 
+#[async_trait]
+impl WorkerStore for SqliteStore {
     async fn workers_heartbeat(&self, beat: WorkerHeartbeat) -> StoreResult<WorkerInfo> {
         conveyor_core::workers::heartbeat(&beat)?;
         // A heartbeat lost to a power failure is repeated seconds later: no fsync of its own.
@@ -689,5 +674,41 @@ impl Store for SqliteStore {
     async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>> {
         self.read(move |conn, now| workers::stuck(conn, now, &params))
             .await
+    }
+}
+
+#[async_trait]
+impl LeadershipStore for SqliteStore {
+    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
+        self.write(move |ctx| injected("rescue", ops::rescue_expired(ctx, &params)))
+            .await
+    }
+
+    async fn jobs_promote_due(&self) -> StoreResult<u64> {
+        self.write(ops::promote_due).await
+    }
+
+    async fn leader_try_acquire(
+        &self,
+        holder: &str,
+        ttl: std::time::Duration,
+    ) -> StoreResult<bool> {
+        let holder = holder.to_string();
+        // A lost renewal (power failure) only delays maintenance; no fsync of its own.
+        self.claim(move |ctx| ops::leader_try_acquire(ctx, &holder, ttl))
+            .await
+    }
+
+    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
+        let holder = holder.to_string();
+        self.write(move |ctx| ops::leader_release(ctx, &holder))
+            .await
+    }
+
+    async fn jobs_prune(
+        &self,
+        params: conveyor_core::PruneParams,
+    ) -> StoreResult<conveyor_core::PruneReport> {
+        self.write(move |ctx| retention::prune(ctx, &params)).await
     }
 }

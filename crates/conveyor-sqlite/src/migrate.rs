@@ -47,7 +47,7 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(backend)?;
     if version > SCHEMA_VERSION {
-        return Err(StoreError::Backend(format!(
+        return Err(StoreError::backend(format!(
             "database schema version {version} is newer than this Conveyor understands \
              ({SCHEMA_VERSION}); upgrade Conveyor"
         )));

@@ -32,7 +32,7 @@ struct StoredSchedule {
 }
 
 fn unreadable(name: &str, e: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("unreadable stored schedule {name:?}: {e}"))
+    StoreError::backend(format!("unreadable stored schedule {name:?}: {e}"))
 }
 
 /// Reads a row selected with [`SCHEDULE_COLUMNS`]; the definition is parsed by the caller so
@@ -204,7 +204,7 @@ pub(crate) fn put(ctx: &mut WriteCtx<'_>, schedule: Schedule) -> StoreResult<Sch
         }
     }
     let stored = load(ctx.conn, schedule.name())?
-        .ok_or_else(|| StoreError::Backend("schedule vanished while being stored".into()))?;
+        .ok_or_else(|| StoreError::backend("schedule vanished while being stored"))?;
     view(ctx.conn, stored, ctx.now, RECENT_RUNS)
 }
 
@@ -231,7 +231,7 @@ fn job_state(conn: &Connection, id: Uuid) -> StoreResult<Option<JobState>> {
         })
         .map_err(backend)?;
     state
-        .map(|s| JobState::from_str(&s).map_err(|e| StoreError::Backend(e.to_string())))
+        .map(|s| JobState::from_str(&s).map_err(|e| StoreError::backend(e.to_string())))
         .transpose()
 }
 
@@ -294,7 +294,7 @@ pub(crate) fn fire(ctx: &mut WriteCtx<'_>, request: FireRequest) -> StoreResult<
             match in_savepoint(ctx, |ctx| crate::ops::insert_many(ctx, vec![job])) {
                 Ok(inserted) => {
                     let inserted = inserted.into_iter().next().ok_or_else(|| {
-                        StoreError::Backend("insert returned no job for a schedule run".into())
+                        StoreError::backend("insert returned no job for a schedule run")
                     })?;
                     last_job = Some(run.enqueued(&inserted));
                 }

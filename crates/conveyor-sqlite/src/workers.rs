@@ -62,7 +62,7 @@ pub(crate) fn heartbeat(ctx: &mut WriteCtx<'_>, beat: WorkerHeartbeat) -> StoreR
         (WorkerState::Alive, None)
     };
     let queues = serde_json::to_string(&beat.queues)
-        .map_err(|e| StoreError::Backend(format!("cannot serialize queues: {e}")))?;
+        .map_err(|e| StoreError::backend(format!("cannot serialize queues: {e}")))?;
     ctx.conn
         .prepare_cached(&format!(
             "INSERT INTO workers ({WORKER_COLUMNS}) \

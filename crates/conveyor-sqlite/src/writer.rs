@@ -180,8 +180,8 @@ where
         let outcome = match commit {
             Ok(()) => self
                 .outcome
-                .unwrap_or_else(|| Err(StoreError::Backend("operation did not run".into()))),
-            Err(message) => Err(StoreError::Backend(message)),
+                .unwrap_or_else(|| Err(StoreError::backend("operation did not run"))),
+            Err(message) => Err(StoreError::backend(message)),
         };
         // The caller may have gone away (a cancelled request); the write stands regardless.
         let _ = self.reply.send(outcome);

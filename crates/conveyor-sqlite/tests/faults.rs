@@ -4,7 +4,8 @@
 mod common;
 
 use common::make_harness;
-use conveyor_core::{NewJob, Store, StoreError};
+use conveyor_core::JobStore;
+use conveyor_core::{NewJob, StoreError};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
 

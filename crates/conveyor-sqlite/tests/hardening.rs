@@ -2,7 +2,8 @@
 //! the writer thread, a dead writer, damaged files, a second process on the same file, and
 //! idle long-polls.
 
-use conveyor_core::{fetch_waiting, FetchParams, NewJob, Store, StoreOptions};
+use conveyor_core::{fetch_waiting, FetchParams, NewJob, StoreOptions};
+use conveyor_core::{JobStore, LeadershipStore, LeaseStore};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
 use std::sync::Arc;

@@ -1,7 +1,8 @@
 //! Opening the database: bad files fail at start with a clear error, never a panic, and a
 //! restart keeps what was committed.
 
-use conveyor_core::{NewJob, Store, StoreError};
+use conveyor_core::{JobStore, LeadershipStore, LeaseStore};
+use conveyor_core::{NewJob, StoreError};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
 

@@ -1,7 +1,8 @@
 //! A database created before unique jobs (schema version 4, no `unique_key` column) is upgraded
 //! in place when opened: its jobs read back unchanged and unique enqueues work.
 
-use conveyor_core::{NewJob, Store, UniqueSpec};
+use conveyor_core::JobStore;
+use conveyor_core::{NewJob, UniqueSpec};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
 

@@ -62,6 +62,7 @@ use conveyor_core::{
     ReplaySelector, RescueParams, RetryPlan, RetryPolicy, SnoozeParams, Store, StoreError,
     StoreResult,
 };
+use conveyor_core::{JobStore, LeadershipStore, LeaseStore, QueueStore};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngSeed, TestCaseError, TestError, TestRunner};
 use std::collections::{BTreeMap, HashMap};

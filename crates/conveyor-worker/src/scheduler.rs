@@ -1,7 +1,7 @@
 //! The cron scheduler: fires due schedule ticks (see `conveyor_core::schedule`).
 //!
 //! Each pass lists the schedules, plans each at the clock's now and fires what is due with
-//! [`conveyor_core::Store::schedule_fire`], which records a tick once however many nodes try:
+//! [`conveyor_core::ScheduleStore::schedule_fire`], which records a tick once however many nodes try:
 //! a node that lost the race gets `Conflict` and moves on. Passes run every `interval`, and
 //! sooner when a tick comes due first, so a per-second schedule fires within milliseconds of
 //! each tick. [`crate::Maintenance`] runs one while its node leads, so normally a single node

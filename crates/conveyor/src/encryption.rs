@@ -25,12 +25,10 @@ use base64::Engine;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use chrono::{DateTime, Utc};
-use conveyor_core::schedule::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use conveyor_core::*;
 use rand::RngCore;
 use serde_json::{json, Value};
 use std::sync::Arc;
-use std::time::Duration;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
@@ -205,51 +203,48 @@ impl EncryptedStore {
         jobs.into_iter().map(|job| self.open_job(job)).collect()
     }
 
-    fn seal_new(&self, mut job: NewJob) -> StoreResult<NewJob> {
-        let unique_key = job.unique_key();
+    fn seal_new(&self, job: ValidJob) -> StoreResult<ValidJob> {
+        let unique_key = job.job().unique_key();
+        let mut unique = job.job().unique.clone();
         let mut sealed = self
             .keys
-            .seal(&job.payload)
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
-        if let (Some(key), Some(spec)) = (unique_key, job.unique.as_mut()) {
+            .seal(&job.job().payload)
+            .map_err(|e| StoreError::backend(e.to_string()))?;
+        if let (Some(key), Some(spec)) = (unique_key, unique.as_mut()) {
             // The store derives the unique key from the fields `args` names: give it the key
             // computed from the plaintext, in the clear, as the only such field.
             sealed[UNIQUE_FIELD] = Value::String(key);
             spec.args = Some(vec![UNIQUE_FIELD.to_string()]);
         }
-        job.payload = sealed;
-        Ok(job)
+        Ok(job.with_stored_payload(sealed, unique))
     }
 
     fn seal_job(&self, mut job: Job) -> StoreResult<Job> {
         job.payload = self
             .keys
             .seal(&job.payload)
-            .map_err(|e| StoreError::Backend(e.to_string()))?;
+            .map_err(|e| StoreError::backend(e.to_string()))?;
         Ok(job)
     }
 }
 
+// Payloads pass through jobs and leases only; every other part is forwarded unchanged.
+conveyor_core::delegate_store!(EncryptedStore => inner:
+    QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore);
+
 #[async_trait]
-impl Store for EncryptedStore {
+impl JobStore for EncryptedStore {
     async fn health(&self) -> conveyor_core::StoreHealth {
         self.inner.health().await
     }
 
-    async fn storage_maintenance(&self) -> StoreResult<()> {
-        self.inner.storage_maintenance().await
-    }
-
-    async fn jobs_insert_many(&self, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
-        // Validate the plaintext job, so errors name the caller's fields.
-        for job in &jobs {
-            conveyor_core::validate::new_job(job)?;
-        }
+    async fn jobs_insert_valid(&self, jobs: Vec<ValidJob>) -> StoreResult<Vec<Inserted>> {
+        // Validated as plaintext by the caller, so errors named the caller's fields.
         let sealed = jobs
             .into_iter()
             .map(|job| self.seal_new(job))
             .collect::<StoreResult<Vec<_>>>()?;
-        let inserted = self.inner.jobs_insert_many(sealed).await?;
+        let inserted = self.inner.jobs_insert_valid(sealed).await?;
         Ok(inserted
             .into_iter()
             .map(|i| Inserted {
@@ -271,6 +266,25 @@ impl Store for EncryptedStore {
         Ok(self.open_job(self.inner.job_cancel(id).await?))
     }
 
+    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
+        self.inner.dead_replay(selector).await
+    }
+
+    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
+        self.inner.dead_discard(id).await
+    }
+
+    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
+        let sealed = jobs
+            .into_iter()
+            .map(|job| self.seal_job(job))
+            .collect::<StoreResult<Vec<_>>>()?;
+        self.inner.jobs_import(sealed).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for EncryptedStore {
     async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
         Ok(self.open_jobs(self.inner.jobs_fetch(params).await?))
     }
@@ -301,144 +315,12 @@ impl Store for EncryptedStore {
         self.inner.jobs_release_many(leases).await
     }
 
-    async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
-        self.inner.jobs_rescue_expired(params).await
-    }
-
-    async fn jobs_promote_due(&self) -> StoreResult<u64> {
-        self.inner.jobs_promote_due().await
-    }
-
-    async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
-        self.inner.dead_replay(selector).await
-    }
-
-    async fn dead_discard(&self, id: Uuid) -> StoreResult<bool> {
-        self.inner.dead_discard(id).await
-    }
-
-    async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
-        self.inner.queues_stats().await
-    }
-
     fn wakeup(&self) -> Arc<Notify> {
         self.inner.wakeup()
     }
 
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
         self.inner.jobs_next_due(queues).await
-    }
-
-    async fn jobs_import(&self, jobs: Vec<Job>) -> StoreResult<u64> {
-        let sealed = jobs
-            .into_iter()
-            .map(|job| self.seal_job(job))
-            .collect::<StoreResult<Vec<_>>>()?;
-        self.inner.jobs_import(sealed).await
-    }
-
-    async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings> {
-        self.inner.queue_settings_get(queue).await
-    }
-
-    async fn queue_settings_put(
-        &self,
-        queue: &str,
-        settings: QueueSettings,
-    ) -> StoreResult<QueueSettings> {
-        self.inner.queue_settings_put(queue, settings).await
-    }
-
-    async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
-        self.inner.queue_settings_list().await
-    }
-
-    async fn jobs_prune(&self, params: PruneParams) -> StoreResult<PruneReport> {
-        self.inner.jobs_prune(params).await
-    }
-
-    async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {
-        self.inner.leader_try_acquire(holder, ttl).await
-    }
-
-    async fn leader_release(&self, holder: &str) -> StoreResult<()> {
-        self.inner.leader_release(holder).await
-    }
-
-    async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
-        self.inner.schedule_put(schedule).await
-    }
-
-    async fn schedule_get(&self, name: &str) -> StoreResult<Option<ScheduleView>> {
-        self.inner.schedule_get(name).await
-    }
-
-    async fn schedules_list(&self) -> StoreResult<Vec<ScheduleView>> {
-        self.inner.schedules_list().await
-    }
-
-    async fn schedule_delete(&self, name: &str) -> StoreResult<bool> {
-        self.inner.schedule_delete(name).await
-    }
-
-    async fn schedule_fire(&self, request: FireRequest) -> StoreResult<FireOutcome> {
-        self.inner.schedule_fire(request).await
-    }
-
-    async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
-        self.inner.schedule_runs(name, limit).await
-    }
-
-    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
-        self.inner.tokens_insert(token).await
-    }
-
-    async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>> {
-        self.inner.tokens_list().await
-    }
-
-    async fn token_revoke(&self, selector: TokenSelector) -> StoreResult<Option<ApiToken>> {
-        self.inner.token_revoke(selector).await
-    }
-
-    async fn token_get(&self, id: Uuid) -> StoreResult<Option<StoredToken>> {
-        self.inner.token_get(id).await
-    }
-
-    async fn session_insert(&self, session: NewSession) -> StoreResult<()> {
-        self.inner.session_insert(session).await
-    }
-
-    async fn session_get(&self, id: Uuid) -> StoreResult<Option<StoredSession>> {
-        self.inner.session_get(id).await
-    }
-
-    async fn session_delete(&self, id: Uuid) -> StoreResult<bool> {
-        self.inner.session_delete(id).await
-    }
-
-    async fn audit_append(&self, entry: NewAuditEntry) -> StoreResult<AuditEntry> {
-        self.inner.audit_append(entry).await
-    }
-
-    async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>> {
-        self.inner.audit_list(params).await
-    }
-
-    async fn workers_heartbeat(&self, beat: WorkerHeartbeat) -> StoreResult<WorkerInfo> {
-        self.inner.workers_heartbeat(beat).await
-    }
-
-    async fn workers_list(&self) -> StoreResult<Vec<WorkerInfo>> {
-        self.inner.workers_list().await
-    }
-
-    async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport> {
-        self.inner.workers_mark_stale(params).await
-    }
-
-    async fn jobs_stuck(&self, params: StuckParams) -> StoreResult<Vec<StuckJob>> {
-        self.inner.jobs_stuck(params).await
     }
 }
 

@@ -25,7 +25,9 @@
 //! ```
 
 pub use conveyor_core::*;
+#[cfg(feature = "postgres")]
 pub use conveyor_postgres::{PgOptions, PgStore};
+#[cfg(feature = "sqlite")]
 pub use conveyor_sqlite::{Durability, SqliteOptions, SqliteStore};
 pub use conveyor_worker::{
     default_worker_id, JobContext, Maintenance, Outcome, ShutdownReport, Worker, WorkerBuilder,
@@ -35,6 +37,7 @@ pub use conveyor_worker::{Scheduler, SchedulerPass};
 pub use encryption::{EncryptedStore, EncryptionError, PayloadKeys};
 pub use schedule_file::{load_schedules, parse_schedules, ScheduleFileError};
 
+#[cfg(feature = "server")]
 pub mod alerts;
 pub mod encryption;
 pub mod schedule_file;
@@ -50,6 +53,7 @@ pub const DEFAULT_STORE_URL: &str = "sqlite://./conveyor-data/conveyor.db";
 pub struct OpenOptions {
     /// SQLite only: whether each commit is fsync'd (PostgreSQL follows its own
     /// `synchronous_commit`).
+    #[cfg(feature = "sqlite")]
     pub durability: Durability,
     /// Store-wide behaviour (e.g. how long a completed job still deduplicates its idempotency key).
     pub store: StoreOptions,
@@ -71,9 +75,10 @@ pub struct OpenOptions {
 impl Default for OpenOptions {
     fn default() -> Self {
         Self {
+            #[cfg(feature = "sqlite")]
             durability: Durability::default(),
             store: StoreOptions::default(),
-            schema: PgOptions::default().schema,
+            schema: DEFAULT_POSTGRES_SCHEMA.to_string(),
             run_migrations: true,
             payload_keys: None,
             exclusive: true,
@@ -89,6 +94,9 @@ pub enum OpenError {
          postgres://USER@HOST:PORT/DATABASE[?schema=NAME]"
     )]
     UnsupportedUrl(String),
+    /// The URL names a store this build was compiled without.
+    #[error("this build of conveyor has no {0} store: enable the crate's `{0}` feature")]
+    NotBuiltIn(&'static str),
     #[error(transparent)]
     Store(#[from] StoreError),
     #[error(transparent)]
@@ -103,11 +111,14 @@ pub fn sqlite_path(url: &str) -> Option<PathBuf> {
     (!rest.is_empty()).then(|| PathBuf::from(rest))
 }
 
+/// The schema Conveyor's PostgreSQL tables live in unless told otherwise.
+pub const DEFAULT_POSTGRES_SCHEMA: &str = "conveyor";
+
 /// The schema a postgres URL's `?schema=NAME` names, else the default one.
 pub fn postgres_schema(url: &str) -> String {
     split_schema(url)
         .1
-        .unwrap_or_else(|| PgOptions::default().schema)
+        .unwrap_or_else(|| DEFAULT_POSTGRES_SCHEMA.to_string())
 }
 
 /// Splits a `schema=NAME` query parameter (Conveyor's, not PostgreSQL's) off a postgres URL.
@@ -152,20 +163,37 @@ pub async fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store
 
 async fn open_plain_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
     if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        let (url, schema) = split_schema(url);
-        let store = PgStore::connect(
-            &url,
-            PgOptions {
-                schema: schema.unwrap_or(options.schema),
-                store: options.store,
-                run_migrations: options.run_migrations,
-                ..PgOptions::default()
-            },
-        )
-        .await?;
-        return Ok(Arc::new(store));
+        return open_postgres(url, options).await;
     }
-    let path = sqlite_path(url).ok_or_else(|| OpenError::UnsupportedUrl(url.to_string()))?;
+    match sqlite_path(url) {
+        Some(path) => open_sqlite(path, options),
+        None => Err(OpenError::UnsupportedUrl(url.to_string())),
+    }
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
+    let (url, schema) = split_schema(url);
+    let store = PgStore::connect(
+        &url,
+        PgOptions {
+            schema: schema.unwrap_or(options.schema),
+            store: options.store,
+            run_migrations: options.run_migrations,
+            ..PgOptions::default()
+        },
+    )
+    .await?;
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres(_url: &str, _options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
+    Err(OpenError::NotBuiltIn("postgres"))
+}
+
+#[cfg(feature = "sqlite")]
+fn open_sqlite(path: PathBuf, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
     let store = SqliteStore::open(
         path,
         SqliteOptions {
@@ -177,6 +205,11 @@ async fn open_plain_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Sto
         },
     )?;
     Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "sqlite"))]
+fn open_sqlite(_path: PathBuf, _options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {
+    Err(OpenError::NotBuiltIn("sqlite"))
 }
 
 /// Resolves on SIGTERM or SIGINT (Ctrl-C): the signal to pass to [`Worker::run`].
@@ -204,6 +237,15 @@ pub async fn shutdown_signal() {
 #[cfg(test)]
 mod tests {
     use super::split_schema;
+
+    #[cfg(feature = "postgres")]
+    #[test]
+    fn the_default_schema_is_the_postgres_store_s_own() {
+        assert_eq!(
+            super::DEFAULT_POSTGRES_SCHEMA,
+            super::PgOptions::default().schema
+        );
+    }
 
     #[test]
     fn schema_parameter_is_taken_off_the_url() {

@@ -215,9 +215,9 @@ pub(crate) async fn insert_many(
             Slot::New(id) => (created.get(&id), false),
             Slot::SameBatch(id) => (created.get(&id), true),
         };
-        let job = job.cloned().ok_or_else(|| {
-            StoreError::Backend("postgres: an inserted job was not returned".to_string())
-        })?;
+        let job = job
+            .cloned()
+            .ok_or_else(|| StoreError::backend("postgres: an inserted job was not returned"))?;
         inserted.push(Inserted { job, duplicate });
     }
     Ok(Insertion {
@@ -308,8 +308,8 @@ pub(super) async fn check_depth_limits(
         .await
         .map_err(db("count queue depths"))?;
     if depths.len() != adding.len() {
-        return Err(StoreError::Backend(
-            "postgres: queue depth count returned the wrong number of rows".to_string(),
+        return Err(StoreError::backend(
+            "postgres: queue depth count returned the wrong number of rows",
         ));
     }
     let mut depths = depths.into_iter();

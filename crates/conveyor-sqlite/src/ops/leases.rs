@@ -112,7 +112,7 @@ pub(super) fn first_available_of_kinds(
     limit: usize,
 ) -> StoreResult<Vec<Job>> {
     let kinds = serde_json::to_string(kinds)
-        .map_err(|e| StoreError::Backend(format!("cannot serialize kinds: {e}")))?;
+        .map_err(|e| StoreError::backend(format!("cannot serialize kinds: {e}")))?;
     ctx.conn
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \

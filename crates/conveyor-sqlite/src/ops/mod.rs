@@ -33,7 +33,7 @@ pub(crate) use queues::*;
 
 fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
     serde_json::to_string(value)
-        .map_err(|e| StoreError::Backend(format!("cannot serialize {field}: {e}")))
+        .map_err(|e| StoreError::backend(format!("cannot serialize {field}: {e}")))
 }
 
 pub(crate) fn job_by_id(ctx: &WriteCtx<'_>, id: &str) -> StoreResult<Option<Job>> {

@@ -1,0 +1,218 @@
+//! [`delegate_store!`]: forwarding for store decorators, so a decorator writes only the
+//! operations it changes.
+
+/// Implements the named parts of [`crate::Store`] for a decorator by forwarding every call to
+/// the store in one of its fields (anything that dereferences to a store, such as
+/// `Arc<dyn Store>`):
+///
+/// ```ignore
+/// conveyor_core::delegate_store!(EncryptedStore => inner:
+///     QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore);
+/// ```
+///
+/// The decorator implements the remaining parts itself. A part's signatures are checked
+/// against the trait by the compiler, so this cannot drift from it.
+#[macro_export]
+macro_rules! delegate_store {
+    ($decorator:ty => $field:ident: $($part:ident),+ $(,)?) => {
+        $( $crate::delegate_store!(@part $part, $decorator, $field); )+
+    };
+    (@part JobStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::JobStore for $decorator {
+            async fn health(&self) -> $crate::StoreHealth {
+                $crate::JobStore::health(&*self.$field).await
+            }
+            async fn jobs_insert_valid(&self, jobs: Vec<$crate::ValidJob>) -> $crate::StoreResult<Vec<$crate::Inserted>> {
+                $crate::JobStore::jobs_insert_valid(&*self.$field, jobs).await
+            }
+            async fn jobs_insert_many(&self, jobs: Vec<$crate::NewJob>) -> $crate::StoreResult<Vec<$crate::Inserted>> {
+                $crate::JobStore::jobs_insert_many(&*self.$field, jobs).await
+            }
+            async fn job_get(&self, id: uuid::Uuid) -> $crate::StoreResult<Option<$crate::Job>> {
+                $crate::JobStore::job_get(&*self.$field, id).await
+            }
+            async fn jobs_list(&self, params: $crate::JobListParams) -> $crate::StoreResult<Vec<$crate::Job>> {
+                $crate::JobStore::jobs_list(&*self.$field, params).await
+            }
+            async fn job_cancel(&self, id: uuid::Uuid) -> $crate::StoreResult<$crate::Job> {
+                $crate::JobStore::job_cancel(&*self.$field, id).await
+            }
+            async fn dead_replay(&self, selector: $crate::ReplaySelector) -> $crate::StoreResult<u64> {
+                $crate::JobStore::dead_replay(&*self.$field, selector).await
+            }
+            async fn dead_discard(&self, id: uuid::Uuid) -> $crate::StoreResult<bool> {
+                $crate::JobStore::dead_discard(&*self.$field, id).await
+            }
+            async fn jobs_import(&self, jobs: Vec<$crate::Job>) -> $crate::StoreResult<u64> {
+                $crate::JobStore::jobs_import(&*self.$field, jobs).await
+            }
+        }
+    };
+    (@part LeaseStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::LeaseStore for $decorator {
+            async fn jobs_fetch(&self, params: $crate::FetchParams) -> $crate::StoreResult<Vec<$crate::Job>> {
+                $crate::LeaseStore::jobs_fetch(&*self.$field, params).await
+            }
+            async fn jobs_heartbeat_many(&self, params: Vec<$crate::HeartbeatParams>) -> $crate::StoreResult<Vec<Option<chrono::DateTime<chrono::Utc>>>> {
+                $crate::LeaseStore::jobs_heartbeat_many(&*self.$field, params).await
+            }
+            async fn jobs_complete_many(&self, params: Vec<$crate::CompleteParams>) -> $crate::StoreResult<Vec<$crate::LeaseOutcome>> {
+                $crate::LeaseStore::jobs_complete_many(&*self.$field, params).await
+            }
+            async fn job_fail(&self, params: $crate::FailParams) -> $crate::StoreResult<$crate::Job> {
+                $crate::LeaseStore::job_fail(&*self.$field, params).await
+            }
+            async fn job_snooze(&self, params: $crate::SnoozeParams) -> $crate::StoreResult<$crate::Job> {
+                $crate::LeaseStore::job_snooze(&*self.$field, params).await
+            }
+            async fn jobs_release_many(&self, leases: Vec<$crate::LeaseRef>) -> $crate::StoreResult<u64> {
+                $crate::LeaseStore::jobs_release_many(&*self.$field, leases).await
+            }
+            fn wakeup(&self) -> std::sync::Arc<tokio::sync::Notify> {
+                $crate::LeaseStore::wakeup(&*self.$field)
+            }
+            async fn jobs_next_due(&self, queues: &[String]) -> $crate::StoreResult<Option<chrono::DateTime<chrono::Utc>>> {
+                $crate::LeaseStore::jobs_next_due(&*self.$field, queues).await
+            }
+        }
+    };
+    (@part QueueStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::QueueStore for $decorator {
+            async fn queues_stats(&self) -> $crate::StoreResult<Vec<$crate::QueueStats>> {
+                $crate::QueueStore::queues_stats(&*self.$field).await
+            }
+            async fn queue_settings_get(&self, queue: &str) -> $crate::StoreResult<$crate::QueueSettings> {
+                $crate::QueueStore::queue_settings_get(&*self.$field, queue).await
+            }
+            async fn queue_settings_put(&self, queue: &str, settings: $crate::QueueSettings) -> $crate::StoreResult<$crate::QueueSettings> {
+                $crate::QueueStore::queue_settings_put(&*self.$field, queue, settings).await
+            }
+            async fn queue_settings_list(&self) -> $crate::StoreResult<Vec<$crate::NamedQueueSettings>> {
+                $crate::QueueStore::queue_settings_list(&*self.$field).await
+            }
+        }
+    };
+    (@part ScheduleStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::ScheduleStore for $decorator {
+            async fn schedule_put(&self, schedule: $crate::Schedule) -> $crate::StoreResult<$crate::ScheduleView> {
+                $crate::ScheduleStore::schedule_put(&*self.$field, schedule).await
+            }
+            async fn schedule_get(&self, name: &str) -> $crate::StoreResult<Option<$crate::ScheduleView>> {
+                $crate::ScheduleStore::schedule_get(&*self.$field, name).await
+            }
+            async fn schedules_list(&self) -> $crate::StoreResult<Vec<$crate::ScheduleView>> {
+                $crate::ScheduleStore::schedules_list(&*self.$field).await
+            }
+            async fn schedule_delete(&self, name: &str) -> $crate::StoreResult<bool> {
+                $crate::ScheduleStore::schedule_delete(&*self.$field, name).await
+            }
+            async fn schedule_fire(&self, request: $crate::FireRequest) -> $crate::StoreResult<$crate::FireOutcome> {
+                $crate::ScheduleStore::schedule_fire(&*self.$field, request).await
+            }
+            async fn schedule_runs(&self, name: &str, limit: usize) -> $crate::StoreResult<Vec<$crate::ScheduleRun>> {
+                $crate::ScheduleStore::schedule_runs(&*self.$field, name, limit).await
+            }
+        }
+    };
+    (@part AccessStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::AccessStore for $decorator {
+            async fn tokens_insert(&self, token: $crate::NewToken) -> $crate::StoreResult<$crate::ApiToken> {
+                $crate::AccessStore::tokens_insert(&*self.$field, token).await
+            }
+            async fn tokens_list(&self) -> $crate::StoreResult<Vec<$crate::ApiToken>> {
+                $crate::AccessStore::tokens_list(&*self.$field).await
+            }
+            async fn token_revoke(&self, selector: $crate::TokenSelector) -> $crate::StoreResult<Option<$crate::ApiToken>> {
+                $crate::AccessStore::token_revoke(&*self.$field, selector).await
+            }
+            async fn token_get(&self, id: uuid::Uuid) -> $crate::StoreResult<Option<$crate::StoredToken>> {
+                $crate::AccessStore::token_get(&*self.$field, id).await
+            }
+            async fn session_insert(&self, session: $crate::NewSession) -> $crate::StoreResult<()> {
+                $crate::AccessStore::session_insert(&*self.$field, session).await
+            }
+            async fn session_get(&self, id: uuid::Uuid) -> $crate::StoreResult<Option<$crate::StoredSession>> {
+                $crate::AccessStore::session_get(&*self.$field, id).await
+            }
+            async fn session_delete(&self, id: uuid::Uuid) -> $crate::StoreResult<bool> {
+                $crate::AccessStore::session_delete(&*self.$field, id).await
+            }
+            async fn audit_append(&self, entry: $crate::NewAuditEntry) -> $crate::StoreResult<$crate::AuditEntry> {
+                $crate::AccessStore::audit_append(&*self.$field, entry).await
+            }
+            async fn audit_list(&self, params: $crate::AuditListParams) -> $crate::StoreResult<Vec<$crate::AuditEntry>> {
+                $crate::AccessStore::audit_list(&*self.$field, params).await
+            }
+        }
+    };
+    (@part WorkerStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::WorkerStore for $decorator {
+            async fn workers_heartbeat(&self, beat: $crate::WorkerHeartbeat) -> $crate::StoreResult<$crate::WorkerInfo> {
+                $crate::WorkerStore::workers_heartbeat(&*self.$field, beat).await
+            }
+            async fn workers_list(&self) -> $crate::StoreResult<Vec<$crate::WorkerInfo>> {
+                $crate::WorkerStore::workers_list(&*self.$field).await
+            }
+            async fn workers_mark_stale(&self, params: $crate::StaleWorkerParams) -> $crate::StoreResult<$crate::StaleReport> {
+                $crate::WorkerStore::workers_mark_stale(&*self.$field, params).await
+            }
+            async fn jobs_stuck(&self, params: $crate::StuckParams) -> $crate::StoreResult<Vec<$crate::StuckJob>> {
+                $crate::WorkerStore::jobs_stuck(&*self.$field, params).await
+            }
+        }
+    };
+    (@part LeadershipStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::LeadershipStore for $decorator {
+            async fn storage_maintenance(&self) -> $crate::StoreResult<()> {
+                $crate::LeadershipStore::storage_maintenance(&*self.$field).await
+            }
+            async fn jobs_rescue_expired(&self, params: $crate::RescueParams) -> $crate::StoreResult<$crate::RescueReport> {
+                $crate::LeadershipStore::jobs_rescue_expired(&*self.$field, params).await
+            }
+            async fn jobs_promote_due(&self) -> $crate::StoreResult<u64> {
+                $crate::LeadershipStore::jobs_promote_due(&*self.$field).await
+            }
+            async fn jobs_prune(&self, params: $crate::PruneParams) -> $crate::StoreResult<$crate::PruneReport> {
+                $crate::LeadershipStore::jobs_prune(&*self.$field, params).await
+            }
+            async fn leader_try_acquire(&self, holder: &str, ttl: std::time::Duration) -> $crate::StoreResult<bool> {
+                $crate::LeadershipStore::leader_try_acquire(&*self.$field, holder, ttl).await
+            }
+            async fn leader_release(&self, holder: &str) -> $crate::StoreResult<()> {
+                $crate::LeadershipStore::leader_release(&*self.$field, holder).await
+            }
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::Store;
+    use std::sync::Arc;
+
+    /// Forwards every part: if a trait's signature changes without the macro, this stops
+    /// compiling.
+    struct ForwardsEverything {
+        inner: Arc<dyn Store>,
+    }
+
+    crate::delegate_store!(ForwardsEverything => inner:
+        JobStore, LeaseStore, QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore);
+
+    fn boxed(store: ForwardsEverything) -> Arc<dyn Store> {
+        Arc::new(store)
+    }
+
+    #[test]
+    fn a_decorator_forwarding_every_part_is_a_store() {
+        let _: fn(ForwardsEverything) -> Arc<dyn Store> = boxed;
+        let _ = |f: &ForwardsEverything| Arc::clone(&f.inner);
+    }
+}
