@@ -38,6 +38,7 @@ pub const ANONYMOUS: &str = "anonymous";
 /// What a token may do. Admin may do everything; see the route table in `conveyor-server`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
+#[non_exhaustive]
 pub enum Role {
     /// Enqueues jobs and reads them.
     Producer,
@@ -219,6 +220,7 @@ fn to_hex(bytes: &[u8]) -> String {
 
 /// What an audit entry records.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[non_exhaustive]
 pub enum AuditAction {
     #[serde(rename = "job.enqueue")]
     JobEnqueue,
@@ -414,6 +416,7 @@ impl AuditEntry {
 
 /// Entries newest first: up to `limit`, with ids below `before`, of `action` when given.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct AuditListParams {
     pub limit: usize,
     pub before: Option<i64>,

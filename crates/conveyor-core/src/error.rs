@@ -21,6 +21,7 @@ impl ValidationError {
 }
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error(transparent)]
     Invalid(#[from] ValidationError),

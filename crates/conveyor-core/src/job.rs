@@ -24,6 +24,7 @@ pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum JobState {
     /// Waiting for its `run_at`.
     Scheduled,
@@ -206,6 +207,7 @@ impl Job {
 
 /// A job to insert. Build one with [`NewJob::new`] and set fields directly; `validate` checks them.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NewJob {
     pub kind: String,
     pub queue: String,
@@ -287,10 +289,24 @@ impl QueueStats {
             JobState::Cancelled => self.cancelled += count,
         }
     }
+
+    /// How many of the queue's jobs are in `state`.
+    pub fn count(&self, state: JobState) -> u64 {
+        match state {
+            JobState::Scheduled => self.scheduled,
+            JobState::Available => self.available,
+            JobState::Running => self.running,
+            JobState::Retryable => self.retryable,
+            JobState::Completed => self.completed,
+            JobState::Dead => self.dead,
+            JobState::Cancelled => self.cancelled,
+        }
+    }
 }
 
 /// Per-queue settings, persisted in the store. Unset limits mean "no limit".
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct QueueSettings {
     /// Fetching stops while paused; enqueuing continues.
     #[serde(default)]

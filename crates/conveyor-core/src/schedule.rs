@@ -60,6 +60,7 @@ const DROPPED_COUNT_CAP: u64 = 1000;
 /// What a tick does while the schedule's previous run is unfinished.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum OverlapPolicy {
     /// Record a skipped run instead of enqueuing (the default): at most one run at a time.
     #[default]
@@ -80,6 +81,7 @@ pub enum MissedKind {
 /// What happens to ticks missed while no scheduler ran (downtime, a leader failover): ticks
 /// older than the misfire threshold when they are planned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum MissedPolicy {
     /// Missed ticks are dropped (the default).
     #[default]

@@ -145,6 +145,7 @@ impl RescueReport {
 
 /// Filters for listing jobs, newest first. `after` is the cursor: the last id of the previous page.
 #[derive(Debug, Clone, Default)]
+#[non_exhaustive]
 pub struct JobListParams {
     pub queue: Option<String>,
     pub state: Option<JobState>,
@@ -213,6 +214,7 @@ pub fn uuid_v7_floor(at: DateTime<Utc>) -> Uuid {
 
 /// Store-wide settings that every backend honours identically.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StoreOptions {
     /// A completed job still counts as a duplicate for its idempotency key this long after it
     /// finished. Unfinished jobs always do; dead and cancelled jobs never do.

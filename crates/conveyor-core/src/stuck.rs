@@ -24,6 +24,7 @@ use uuid::Uuid;
 
 /// How [`crate::WorkerStore::jobs_stuck`] decides.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct StuckParams {
     /// A job is stuck past this multiple of its kind's p95 duration (or of its timeout).
     pub factor: f64,
@@ -89,6 +90,7 @@ pub struct KindDurations {
 /// What a stuck job's threshold was derived from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum StuckBasis {
     History,
     Timeout,

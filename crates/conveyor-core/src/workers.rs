@@ -26,6 +26,7 @@ pub const MAX_WORKER_QUEUES: usize = 256;
 /// Where a registered worker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum WorkerState {
     /// Heartbeating.
     Alive,
@@ -113,6 +114,7 @@ pub struct WorkerInfo {
 
 /// What [`crate::WorkerStore::workers_mark_stale`] does.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StaleWorkerParams {
     /// Alive workers not heard from for this long are marked `dead`.
     pub older_than: Duration,

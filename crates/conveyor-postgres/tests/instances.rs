@@ -93,9 +93,10 @@ async fn batches_sharing_keys_in_opposite_orders_do_not_deadlock() {
         outcome.expect("task").expect("insert");
     }
     let all = store
-        .jobs_list(conveyor_core::JobListParams {
-            limit: 1000,
-            ..Default::default()
+        .jobs_list({
+            let mut params = conveyor_core::JobListParams::default();
+            params.limit = 1000;
+            params
         })
         .await
         .expect("list");

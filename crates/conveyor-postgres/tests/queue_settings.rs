@@ -39,9 +39,10 @@ async fn unfinished(store: &impl Store, queue: &str) -> u64 {
 async fn concurrent_batches_from_two_instances_never_pass_the_maximum_depth() {
     let (first, clock, _guard) = common::fresh_store().await;
     let second = common::connect(first.schema(), clock).await;
-    let limited = QueueSettings {
-        max_depth: Some(25),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth = Some(25);
+        settings
     };
     first
         .queue_settings_put("bounded", limited)
@@ -82,9 +83,10 @@ async fn concurrent_batches_from_two_instances_never_pass_the_maximum_depth() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_tenants_each_stop_at_their_own_limit() {
     let (store, _clock, _guard) = common::fresh_store().await;
-    let limited = QueueSettings {
-        max_depth_per_tenant: Some(5),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth_per_tenant = Some(5);
+        settings
     };
     store
         .queue_settings_put("shared", limited)
@@ -125,9 +127,10 @@ async fn concurrent_tenants_each_stop_at_their_own_limit() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_duplicate_of_a_stored_job_is_accepted_when_the_queue_is_full() {
     let (store, _clock, _guard) = common::fresh_store().await;
-    let limited = QueueSettings {
-        max_depth: Some(1),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth = Some(1);
+        settings
     };
     store
         .queue_settings_put("one", limited)
@@ -159,9 +162,10 @@ async fn a_duplicate_of_a_stored_job_is_accepted_when_the_queue_is_full() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_queue_is_skipped_when_fetching_several_queues() {
     let (store, _clock, _guard) = common::fresh_store().await;
-    let paused = QueueSettings {
-        paused: true,
-        ..QueueSettings::default()
+    let paused = {
+        let mut settings = QueueSettings::default();
+        settings.paused = true;
+        settings
     };
     store
         .queue_settings_put("held", paused)
@@ -198,9 +202,10 @@ async fn a_paused_queue_is_skipped_when_fetching_several_queues() {
 async fn resuming_a_queue_wakes_fetchers_of_another_instance() {
     let (first, clock, _guard) = common::fresh_store().await;
     let second = common::connect(first.schema(), clock).await;
-    let paused = QueueSettings {
-        paused: true,
-        ..QueueSettings::default()
+    let paused = {
+        let mut settings = QueueSettings::default();
+        settings.paused = true;
+        settings
     };
     first
         .queue_settings_put("held", paused)
@@ -233,9 +238,10 @@ async fn resuming_a_queue_wakes_fetchers_of_another_instance() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn enqueue_tx_counts_its_own_jobs_and_refuses_past_the_limit() {
     let (store, _clock, _guard) = common::fresh_store().await;
-    let limited = QueueSettings {
-        max_depth: Some(2),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth = Some(2);
+        settings
     };
     store
         .queue_settings_put("small", limited)
@@ -272,9 +278,10 @@ async fn enqueue_tx_counts_its_own_jobs_and_refuses_past_the_limit() {
 async fn concurrent_fetches_from_two_instances_never_pass_the_concurrency_limit() {
     let (first, clock, _guard) = common::fresh_store().await;
     let second = common::connect(first.schema(), clock).await;
-    let limited = QueueSettings {
-        concurrency_limit: Some(3),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.concurrency_limit = Some(3);
+        settings
     };
     first
         .queue_settings_put("capped", limited)

@@ -70,10 +70,11 @@ async fn two_unled_schedulers_fire_each_tick_once() {
     }
     assert!(runs.iter().all(|r| r.status == RunStatus::Enqueued));
     let jobs = second
-        .jobs_list(JobListParams {
-            kind: Some("tick".into()),
-            limit: 1000,
-            ..Default::default()
+        .jobs_list({
+            let mut params = JobListParams::default();
+            params.kind = Some("tick".into());
+            params.limit = 1000;
+            params
         })
         .await
         .expect("jobs");

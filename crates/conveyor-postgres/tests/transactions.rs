@@ -62,9 +62,10 @@ async fn enqueue_tx_rolled_back_leaves_no_job_and_committed_one_exists() {
     assert_eq!(job.state, JobState::Available);
 
     let all = store
-        .jobs_list(JobListParams {
-            limit: 100,
-            ..Default::default()
+        .jobs_list({
+            let mut params = JobListParams::default();
+            params.limit = 100;
+            params
         })
         .await
         .expect("list");

@@ -70,9 +70,10 @@ async fn unique_batches_in_opposite_orders_do_not_deadlock() {
         outcome.expect("task").expect("insert");
     }
     let all = store
-        .jobs_list(JobListParams {
-            limit: 1000,
-            ..Default::default()
+        .jobs_list({
+            let mut params = JobListParams::default();
+            params.limit = 1000;
+            params
         })
         .await
         .expect("list");

@@ -90,9 +90,10 @@ pub(crate) async fn list(
     State(state): State<AppState>,
     QueryPairs(pairs): QueryPairs,
 ) -> ApiResult<Json<AuditPage>> {
-    let mut params = AuditListParams {
-        limit: DEFAULT_LIMIT,
-        ..AuditListParams::default()
+    let mut params = {
+        let mut params = AuditListParams::default();
+        params.limit = DEFAULT_LIMIT;
+        params
     };
     for (key, value) in pairs {
         match key.as_str() {

@@ -191,6 +191,8 @@ impl From<StoreError> for ApiError {
             }),
             closed @ StoreError::Closed => ApiError::StoreUnavailable(closed.to_string()),
             StoreError::Internal(message) => ApiError::Internal(message),
+            // A kind of failure added to the store after this server: report it, as a bug.
+            other => ApiError::Internal(other.to_string()),
         }
     }
 }

@@ -114,20 +114,20 @@ impl EnqueueRequest {
             (None, Some(ms)) => Some(after_ms("delay_ms", now, ms)?),
             (None, None) => None,
         };
-        let mut job = NewJob {
-            kind: self.kind,
-            queue: self
+        let mut job = {
+            let mut job = NewJob::new(self.kind, payload);
+            job.queue = self
                 .queue
-                .unwrap_or_else(|| conveyor_core::DEFAULT_QUEUE.to_string()),
-            payload,
-            priority: self.priority.unwrap_or(0),
-            run_at,
-            max_attempts: self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS),
-            timeout_ms: self.timeout_ms,
-            idempotency_key: self.idempotency_key,
-            tags: self.tags.unwrap_or_default(),
-            tenant: self.tenant,
-            unique: self.unique.map(UniqueRequest::into_spec).transpose()?,
+                .unwrap_or_else(|| conveyor_core::DEFAULT_QUEUE.to_string());
+            job.priority = self.priority.unwrap_or(0);
+            job.run_at = run_at;
+            job.max_attempts = self.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+            job.timeout_ms = self.timeout_ms;
+            job.idempotency_key = self.idempotency_key;
+            job.tags = self.tags.unwrap_or_default();
+            job.tenant = self.tenant;
+            job.unique = self.unique.map(UniqueRequest::into_spec).transpose()?;
+            job
         };
         claim_ownership(caller, &mut job)?;
         Ok(ValidJob::new(job)?)
@@ -313,12 +313,14 @@ pub(crate) fn list_params(
     QueryPairs(pairs): QueryPairs,
     fixed_state: Option<JobState>,
 ) -> ApiResult<JobListParams> {
-    let mut params = JobListParams {
-        queue: None,
-        state: fixed_state,
-        kind: None,
-        limit: DEFAULT_LIST_LIMIT,
-        after: None,
+    let mut params = {
+        let mut params = JobListParams::default();
+        params.queue = None;
+        params.state = fixed_state;
+        params.kind = None;
+        params.limit = DEFAULT_LIST_LIMIT;
+        params.after = None;
+        params
     };
     for (key, value) in pairs {
         match key.as_str() {

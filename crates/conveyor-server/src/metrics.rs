@@ -192,15 +192,7 @@ impl Metrics {
         for queue in &snapshot.queues {
             let name = queue.name.as_str();
             for state in JobState::ALL {
-                let count = match state {
-                    JobState::Scheduled => queue.scheduled,
-                    JobState::Available => queue.available,
-                    JobState::Running => queue.running,
-                    JobState::Retryable => queue.retryable,
-                    JobState::Completed => queue.completed,
-                    JobState::Dead => queue.dead,
-                    JobState::Cancelled => queue.cancelled,
-                };
+                let count = queue.count(state);
                 self.queue_depth
                     .with_label_values(&[name, state.as_str()])
                     .set(gauge_int(count));

@@ -842,9 +842,10 @@ async fn enqueue_rate_is_limited_per_token() {
         .send(Method::GET, "/v1/session", Who::Producer, None)
         .await;
     assert_eq!(status, StatusCode::OK);
-    let stored = api.store.jobs_list(conveyor_core::JobListParams {
-        limit: 10,
-        ..Default::default()
+    let stored = api.store.jobs_list({
+        let mut params = conveyor_core::JobListParams::default();
+        params.limit = 10;
+        params
     });
     assert_eq!(
         stored.await.expect("list").len(),

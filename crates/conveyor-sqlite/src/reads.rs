@@ -129,17 +129,19 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
         .query_map([], |row| {
             Ok(NamedQueueSettings {
                 name: row.get(0)?,
-                settings: QueueSettings {
-                    paused: row.get(1)?,
-                    max_depth: count(row, 2)?,
-                    max_depth_per_tenant: count(row, 3)?,
-                    concurrency_limit: count(row, 4)?,
-                    per_key_concurrency_limit: count(row, 5)?,
-                    rate_limit: rate(row, 6)?,
-                    per_key_rate_limit: rate(row, 8)?,
-                    weight: count(row, 10)?.map(|w| w.min(u64::from(u32::MAX)) as u32),
-                    completed_retention_secs: count(row, 11)?,
-                    dead_retention_secs: count(row, 12)?,
+                settings: {
+                    let mut settings = QueueSettings::default();
+                    settings.paused = row.get(1)?;
+                    settings.max_depth = count(row, 2)?;
+                    settings.max_depth_per_tenant = count(row, 3)?;
+                    settings.concurrency_limit = count(row, 4)?;
+                    settings.per_key_concurrency_limit = count(row, 5)?;
+                    settings.rate_limit = rate(row, 6)?;
+                    settings.per_key_rate_limit = rate(row, 8)?;
+                    settings.weight = count(row, 10)?.map(|w| w.min(u64::from(u32::MAX)) as u32);
+                    settings.completed_retention_secs = count(row, 11)?;
+                    settings.dead_retention_secs = count(row, 12)?;
+                    settings
                 },
             })
         })

@@ -37,8 +37,10 @@ async fn an_absurd_idempotency_window_neither_panics_nor_stops_the_writer() {
     let store = open_with(
         &dir.path().join("jobs.db"),
         SqliteOptions {
-            store: StoreOptions {
-                completed_idempotency_window: Duration::from_secs(10_000_000_000_000),
+            store: {
+                let mut options = StoreOptions::default();
+                options.completed_idempotency_window = Duration::from_secs(10_000_000_000_000);
+                options
             },
             ..SqliteOptions::default()
         },
@@ -129,12 +131,14 @@ async fn a_damaged_file_is_refused_at_open_and_reported_by_health() {
     );
     // A filter no index serves reads every row, so it meets the damage.
     let listed = store
-        .jobs_list(conveyor_core::JobListParams {
-            queue: None,
-            state: None,
-            kind: Some("no-such-kind".to_string()),
-            limit: 500,
-            after: None,
+        .jobs_list({
+            let mut params = conveyor_core::JobListParams::default();
+            params.queue = None;
+            params.state = None;
+            params.kind = Some("no-such-kind".to_string());
+            params.limit = 500;
+            params.after = None;
+            params
         })
         .await;
     let error = listed.expect_err("the damaged pages are met").to_string();

@@ -286,30 +286,36 @@ pub async fn audit_append_and_list_newest_first_with_filters(h: &Harness) {
 
     let page = h
         .store
-        .audit_list(AuditListParams {
-            limit: 1,
-            before: Some(third.id),
-            action: None,
+        .audit_list({
+            let mut params = AuditListParams::default();
+            params.limit = 1;
+            params.before = Some(third.id);
+            params.action = None;
+            params
         })
         .await
         .expect("page");
     assert_eq!(page, vec![second.clone()]);
     let enqueues = h
         .store
-        .audit_list(AuditListParams {
-            limit: 10,
-            before: None,
-            action: Some(AuditAction::JobEnqueue),
+        .audit_list({
+            let mut params = AuditListParams::default();
+            params.limit = 10;
+            params.before = None;
+            params.action = Some(AuditAction::JobEnqueue);
+            params
         })
         .await
         .expect("filtered");
     assert_eq!(enqueues, vec![first.clone()]);
     let none_before = h
         .store
-        .audit_list(AuditListParams {
-            limit: 10,
-            before: Some(first.id),
-            action: None,
+        .audit_list({
+            let mut params = AuditListParams::default();
+            params.limit = 10;
+            params.before = Some(first.id);
+            params.action = None;
+            params
         })
         .await
         .expect("empty page");

@@ -307,12 +307,13 @@ pub async fn list_filters_by_queue_state_kind_with_cursor_paging(h: &Harness) {
     };
 
     // Paging through queue=mail, kind=send, three at a time.
-    let filter = |after| JobListParams {
-        queue: Some("mail".into()),
-        kind: Some("send".into()),
-        limit: 3,
-        after,
-        ..Default::default()
+    let filter = |after| {
+        let mut params = JobListParams::default();
+        params.queue = Some("mail".into());
+        params.kind = Some("send".into());
+        params.limit = 3;
+        params.after = after;
+        params
     };
     let mut pages = Vec::new();
     let mut after = None;
@@ -338,66 +339,56 @@ pub async fn list_filters_by_queue_state_kind_with_cursor_paging(h: &Harness) {
     // State filter: the two oldest mail jobs are claimed.
     let claimed = [fetch_one(h, "mail").await.id, fetch_one(h, "mail").await.id];
     assert_eq!(claimed, [mail[0], mail[1]]);
-    let running = list(
-        h,
-        JobListParams {
-            queue: Some("mail".into()),
-            state: Some(JobState::Running),
-            limit: 100,
-            ..Default::default()
-        },
-    )
+    let running = list(h, {
+        let mut params = JobListParams::default();
+        params.queue = Some("mail".into());
+        params.state = Some(JobState::Running);
+        params.limit = 100;
+        params
+    })
     .await;
     assert_eq!(
         ids(&running),
         newest_first(claimed.to_vec()),
         "running in mail"
     );
-    let available_send = list(
-        h,
-        JobListParams {
-            queue: Some("mail".into()),
-            state: Some(JobState::Available),
-            kind: Some("send".into()),
-            limit: 100,
-            ..Default::default()
-        },
-    )
+    let available_send = list(h, {
+        let mut params = JobListParams::default();
+        params.queue = Some("mail".into());
+        params.state = Some(JobState::Available);
+        params.kind = Some("send".into());
+        params.limit = 100;
+        params
+    })
     .await;
     assert_eq!(ids(&available_send), newest_first(mail[2..].to_vec()));
 
     // Kind alone, queue alone, and no filter.
-    let bounce = list(
-        h,
-        JobListParams {
-            kind: Some("bounce".into()),
-            limit: 100,
-            ..Default::default()
-        },
-    )
+    let bounce = list(h, {
+        let mut params = JobListParams::default();
+        params.kind = Some("bounce".into());
+        params.limit = 100;
+        params
+    })
     .await;
     assert_eq!(ids(&bounce), newest_first(noise[2..].to_vec()));
-    let other = list(
-        h,
-        JobListParams {
-            queue: Some("other".into()),
-            limit: 100,
-            ..Default::default()
-        },
-    )
+    let other = list(h, {
+        let mut params = JobListParams::default();
+        params.queue = Some("other".into());
+        params.limit = 100;
+        params
+    })
     .await;
     assert_eq!(ids(&other), newest_first(noise[..2].to_vec()));
     let everything: Vec<Uuid> = mail.iter().chain(&noise).copied().collect();
     assert_eq!(ids(&list_all(h).await), newest_first(everything));
-    let nothing = list(
-        h,
-        JobListParams {
-            queue: Some("mail".into()),
-            state: Some(JobState::Dead),
-            limit: 100,
-            ..Default::default()
-        },
-    )
+    let nothing = list(h, {
+        let mut params = JobListParams::default();
+        params.queue = Some("mail".into());
+        params.state = Some(JobState::Dead);
+        params.limit = 100;
+        params
+    })
     .await;
     assert!(nothing.is_empty(), "no dead mail: {nothing:?}");
 }

@@ -68,16 +68,15 @@ async fn fails<T: std::fmt::Debug>(
 
 /// Every job (the behaviours make a handful).
 async fn all_jobs(h: &Harness) -> Vec<Job> {
-    list(
-        h,
-        JobListParams {
-            queue: None,
-            state: None,
-            kind: None,
-            limit: 1000,
-            after: None,
-        },
-    )
+    list(h, {
+        let mut params = JobListParams::default();
+        params.queue = None;
+        params.state = None;
+        params.kind = None;
+        params.limit = 1000;
+        params.after = None;
+        params
+    })
     .await
 }
 

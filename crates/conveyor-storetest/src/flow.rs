@@ -28,14 +28,11 @@ fn tenants(jobs: &[Job]) -> Vec<Option<&str>> {
 /// A per-key concurrency limit caps each tenant's running jobs separately; jobs without a
 /// tenant are not held back by it, and finishing a tenant's job frees one of its places.
 pub async fn per_key_concurrency_limit_caps_each_tenant(h: &Harness) {
-    set(
-        h,
-        "accounts",
-        QueueSettings {
-            per_key_concurrency_limit: Some(2),
-            ..QueueSettings::default()
-        },
-    )
+    set(h, "accounts", {
+        let mut settings = QueueSettings::default();
+        settings.per_key_concurrency_limit = Some(2);
+        settings
+    })
     .await;
     let mut jobs: Vec<NewJob> = (0..5).map(|_| tenant_job("accounts", "acme")).collect();
     jobs.extend((0..5).map(|_| tenant_job("accounts", "globex")));
@@ -67,17 +64,14 @@ pub async fn per_key_concurrency_limit_caps_each_tenant(h: &Harness) {
 /// A rate limit allows at most `count` starts in any window of its period, however many
 /// fetches ask; starts count even when the job has finished since.
 pub async fn rate_limit_caps_starts_per_period(h: &Harness) {
-    set(
-        h,
-        "api",
-        QueueSettings {
-            rate_limit: Some(RateLimit {
-                count: 3,
-                period_ms: 1000,
-            }),
-            ..QueueSettings::default()
-        },
-    )
+    set(h, "api", {
+        let mut settings = QueueSettings::default();
+        settings.rate_limit = Some(RateLimit {
+            count: 3,
+            period_ms: 1000,
+        });
+        settings
+    })
     .await;
     insert_all(h, (0..10).map(|_| job_in("api", "k")).collect()).await;
     let first = fetch(h, &["api"], 10).await;
@@ -102,17 +96,14 @@ pub async fn rate_limit_caps_starts_per_period(h: &Harness) {
 
 /// A per-key rate limit budgets each tenant's starts separately.
 pub async fn per_key_rate_limit_budgets_each_tenant(h: &Harness) {
-    set(
-        h,
-        "mail",
-        QueueSettings {
-            per_key_rate_limit: Some(RateLimit {
-                count: 2,
-                period_ms: 60_000,
-            }),
-            ..QueueSettings::default()
-        },
-    )
+    set(h, "mail", {
+        let mut settings = QueueSettings::default();
+        settings.per_key_rate_limit = Some(RateLimit {
+            count: 2,
+            period_ms: 60_000,
+        });
+        settings
+    })
     .await;
     let mut jobs: Vec<NewJob> = (0..4).map(|_| tenant_job("mail", "acme")).collect();
     jobs.extend((0..4).map(|_| tenant_job("mail", "globex")));
@@ -174,23 +165,17 @@ pub async fn fairness_keeps_priority_within_a_tenant(h: &Harness) {
 /// A fetch over several weighted queues shares its capacity by weight, so a flooded queue does
 /// not starve a light one; capacity a queue cannot use goes to the others.
 pub async fn weighted_queues_share_a_fetch(h: &Harness) {
-    set(
-        h,
-        "bulk",
-        QueueSettings {
-            weight: Some(1),
-            ..QueueSettings::default()
-        },
-    )
+    set(h, "bulk", {
+        let mut settings = QueueSettings::default();
+        settings.weight = Some(1);
+        settings
+    })
     .await;
-    set(
-        h,
-        "interactive",
-        QueueSettings {
-            weight: Some(3),
-            ..QueueSettings::default()
-        },
-    )
+    set(h, "interactive", {
+        let mut settings = QueueSettings::default();
+        settings.weight = Some(3);
+        settings
+    })
     .await;
     // Bulk jobs all have higher priority: without weights they would all go first.
     let mut bulk: Vec<NewJob> = (0..100).map(|_| job_in("bulk", "k")).collect();
@@ -211,36 +196,40 @@ pub async fn weighted_queues_share_a_fetch(h: &Harness) {
 pub async fn invalid_flow_settings_are_refused(h: &Harness) {
     let cases = [
         (
-            QueueSettings {
-                rate_limit: Some(RateLimit {
+            {
+                let mut settings = QueueSettings::default();
+                settings.rate_limit = Some(RateLimit {
                     count: 5,
                     period_ms: 0,
-                }),
-                ..QueueSettings::default()
+                });
+                settings
             },
             "rate_limit.period_ms",
         ),
         (
-            QueueSettings {
-                per_key_rate_limit: Some(RateLimit {
+            {
+                let mut settings = QueueSettings::default();
+                settings.per_key_rate_limit = Some(RateLimit {
                     count: 0,
                     period_ms: 10,
-                }),
-                ..QueueSettings::default()
+                });
+                settings
             },
             "per_key_rate_limit.count",
         ),
         (
-            QueueSettings {
-                per_key_concurrency_limit: Some(0),
-                ..QueueSettings::default()
+            {
+                let mut settings = QueueSettings::default();
+                settings.per_key_concurrency_limit = Some(0);
+                settings
             },
             "per_key_concurrency_limit",
         ),
         (
-            QueueSettings {
-                weight: Some(0),
-                ..QueueSettings::default()
+            {
+                let mut settings = QueueSettings::default();
+                settings.weight = Some(0);
+                settings
             },
             "weight",
         ),

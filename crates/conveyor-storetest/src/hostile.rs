@@ -58,12 +58,14 @@ pub async fn nul_characters_are_refused_naming_the_field(h: &Harness) {
     }
     let stored = h
         .store
-        .jobs_list(JobListParams {
-            queue: None,
-            state: None,
-            kind: None,
-            limit: 100,
-            after: None,
+        .jobs_list({
+            let mut params = JobListParams::default();
+            params.queue = None;
+            params.state = None;
+            params.kind = None;
+            params.limit = 100;
+            params.after = None;
+            params
         })
         .await
         .expect("list");

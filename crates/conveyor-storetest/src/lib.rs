@@ -422,13 +422,11 @@ pub async fn make_dead(h: &Harness, mut job: NewJob) -> Job {
 
 /// Every job in the store, newest first.
 pub async fn list_all(h: &Harness) -> Vec<Job> {
-    list(
-        h,
-        JobListParams {
-            limit: 10_000,
-            ..Default::default()
-        },
-    )
+    list(h, {
+        let mut params = JobListParams::default();
+        params.limit = 10_000;
+        params
+    })
     .await
 }
 

@@ -1749,9 +1749,10 @@ impl<B: ModelBackend> Runner<'_, B> {
     async fn check_state(&self) -> Result<(), String> {
         let listed = timed(
             "jobs_list",
-            self.store().jobs_list(JobListParams {
-                limit: 100_000,
-                ..Default::default()
+            self.store().jobs_list({
+                let mut params = JobListParams::default();
+                params.limit = 100_000;
+                params
             }),
         )
         .await?

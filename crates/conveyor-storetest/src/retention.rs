@@ -63,13 +63,11 @@ pub async fn prune_deletes_finished_jobs_past_their_retention(h: &Harness) {
 /// jobs, the oldest first.
 pub async fn prune_honours_queue_retention_and_limit(h: &Harness) {
     h.store
-        .queue_settings_put(
-            "short",
-            QueueSettings {
-                completed_retention_secs: Some(60),
-                ..QueueSettings::default()
-            },
-        )
+        .queue_settings_put("short", {
+            let mut settings = QueueSettings::default();
+            settings.completed_retention_secs = Some(60);
+            settings
+        })
         .await
         .expect("settings");
     let mut short = Vec::new();

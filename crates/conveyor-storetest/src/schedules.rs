@@ -206,14 +206,12 @@ pub async fn schedule_fire_is_exactly_once_under_a_race(h: &Harness) {
         .idempotency_key
         .as_deref()
         .is_some_and(|key| key.starts_with("schedule:every-second:")));
-    let jobs = list(
-        h,
-        JobListParams {
-            kind: Some("tick".into()),
-            limit: 100,
-            ..Default::default()
-        },
-    )
+    let jobs = list(h, {
+        let mut params = JobListParams::default();
+        params.kind = Some("tick".into());
+        params.limit = 100;
+        params
+    })
     .await;
     assert_eq!(jobs.len(), due, "one job per tick");
     assert_eq!(
@@ -332,14 +330,12 @@ pub async fn schedule_catch_up_fires_at_most_the_maximum_of_missed_ticks(h: &Har
     assert!(skipped.iter().all(|r| !r.catch_up));
 
     for (name, queue, expected) in [("catcher", "catch", 5), ("skipper", "skip", 2)] {
-        let jobs = list(
-            h,
-            JobListParams {
-                queue: Some(queue.into()),
-                limit: 100,
-                ..Default::default()
-            },
-        )
+        let jobs = list(h, {
+            let mut params = JobListParams::default();
+            params.queue = Some(queue.into());
+            params.limit = 100;
+            params
+        })
         .await;
         assert_eq!(jobs.len(), expected, "{name}");
         let current = view(h, name).await;
@@ -388,9 +384,10 @@ pub async fn schedule_run_history_shows_a_dead_runs_state(h: &Harness) {
 /// A job the store refuses (its queue is full) is recorded as a refused run saying why; the
 /// schedule moves on, and fires again once there is room.
 pub async fn schedule_refused_job_is_recorded_as_a_refused_run(h: &Harness) {
-    let full = QueueSettings {
-        max_depth: Some(1),
-        ..QueueSettings::default()
+    let full = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth = Some(1);
+        settings
     };
     h.store
         .queue_settings_put("narrow", full)

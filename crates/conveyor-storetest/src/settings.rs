@@ -28,23 +28,25 @@ pub async fn queue_settings_default_then_round_trip_and_list(h: &Harness) {
         store.queue_settings_get("mail").await.expect("get"),
         QueueSettings::default()
     );
-    let wanted = QueueSettings {
-        paused: true,
-        max_depth: Some(100),
-        max_depth_per_tenant: Some(10),
-        concurrency_limit: Some(4),
-        per_key_concurrency_limit: Some(2),
-        rate_limit: Some(RateLimit {
+    let wanted = {
+        let mut settings = QueueSettings::default();
+        settings.paused = true;
+        settings.max_depth = Some(100);
+        settings.max_depth_per_tenant = Some(10);
+        settings.concurrency_limit = Some(4);
+        settings.per_key_concurrency_limit = Some(2);
+        settings.rate_limit = Some(RateLimit {
             count: 20,
             period_ms: 1000,
-        }),
-        per_key_rate_limit: Some(RateLimit {
+        });
+        settings.per_key_rate_limit = Some(RateLimit {
             count: 5,
             period_ms: 60_000,
-        }),
-        weight: Some(3),
-        completed_retention_secs: Some(3600),
-        dead_retention_secs: Some(30 * 24 * 3600),
+        });
+        settings.weight = Some(3);
+        settings.completed_retention_secs = Some(3600);
+        settings.dead_retention_secs = Some(30 * 24 * 3600);
+        settings
     };
     let stored = store
         .queue_settings_put("mail", wanted.clone())
@@ -52,9 +54,10 @@ pub async fn queue_settings_default_then_round_trip_and_list(h: &Harness) {
         .expect("put");
     assert_eq!(stored, wanted);
     assert_eq!(store.queue_settings_get("mail").await.expect("get"), wanted);
-    let cleared = QueueSettings {
-        max_depth: Some(5),
-        ..QueueSettings::default()
+    let cleared = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth = Some(5);
+        settings
     };
     store
         .queue_settings_put("mail", cleared.clone())
@@ -84,9 +87,10 @@ pub async fn queue_settings_default_then_round_trip_and_list(h: &Harness) {
 /// A paused queue keeps accepting jobs but hands none out; its stats say paused; resuming
 /// makes its jobs fetchable again. Other queues are unaffected.
 pub async fn paused_queue_accepts_enqueues_but_is_not_fetched(h: &Harness) {
-    let paused = QueueSettings {
-        paused: true,
-        ..QueueSettings::default()
+    let paused = {
+        let mut settings = QueueSettings::default();
+        settings.paused = true;
+        settings
     };
     h.store
         .queue_settings_put("held", paused)
@@ -123,9 +127,10 @@ pub async fn paused_queue_accepts_enqueues_but_is_not_fetched(h: &Harness) {
 /// With a maximum depth, an enqueue that would pass it is refused with `QueueFull` and stores
 /// nothing (a batch is refused whole); finished jobs free room; other queues are unaffected.
 pub async fn max_depth_refuses_enqueues_past_the_limit_and_stores_nothing(h: &Harness) {
-    let limited = QueueSettings {
-        max_depth: Some(3),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth = Some(3);
+        settings
     };
     h.store
         .queue_settings_put("small", limited)
@@ -167,9 +172,10 @@ pub async fn max_depth_refuses_enqueues_past_the_limit_and_stores_nothing(h: &Ha
 
 /// The per-tenant maximum counts each tenant's unfinished jobs in the queue separately.
 pub async fn max_depth_per_tenant_limits_each_tenant_separately(h: &Harness) {
-    let limited = QueueSettings {
-        max_depth_per_tenant: Some(2),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth_per_tenant = Some(2);
+        settings
     };
     h.store
         .queue_settings_put("shared", limited)
@@ -198,9 +204,10 @@ pub async fn max_depth_per_tenant_limits_each_tenant_separately(h: &Harness) {
 /// A full queue still answers an idempotent duplicate with the existing job: only jobs a batch
 /// would add count towards the limit.
 pub async fn duplicate_enqueue_into_a_full_queue_returns_the_existing_job(h: &Harness) {
-    let limited = QueueSettings {
-        max_depth: Some(1),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth = Some(1);
+        settings
     };
     h.store
         .queue_settings_put("one", limited)
@@ -227,9 +234,10 @@ pub async fn duplicate_enqueue_into_a_full_queue_returns_the_existing_job(h: &Ha
 /// A concurrency limit caps the queue's running jobs across every fetch (and so every worker
 /// and node): fetches hand out only the free places; finishing a job frees one.
 pub async fn concurrency_limit_caps_running_jobs_across_fetches(h: &Harness) {
-    let limited = QueueSettings {
-        concurrency_limit: Some(2),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.concurrency_limit = Some(2);
+        settings
     };
     h.store
         .queue_settings_put("narrow", limited)

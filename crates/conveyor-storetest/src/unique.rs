@@ -369,9 +369,10 @@ pub async fn unique_idempotency_key_takes_precedence(h: &Harness) {
 /// A unique duplicate adds nothing to a queue, so it is answered even when the queue is full,
 /// and two of a kind in one batch take one place.
 pub async fn unique_duplicate_into_a_full_queue_returns_the_existing_job(h: &Harness) {
-    let limited = QueueSettings {
-        max_depth: Some(1),
-        ..QueueSettings::default()
+    let limited = {
+        let mut settings = QueueSettings::default();
+        settings.max_depth = Some(1);
+        settings
     };
     h.store
         .queue_settings_put("one", limited)

@@ -37,11 +37,11 @@ async fn workers(h: &Harness) -> Vec<WorkerInfo> {
 }
 
 fn stale_after(older_than: Duration) -> StaleWorkerParams {
-    StaleWorkerParams {
-        older_than,
-        retry: backoff(secs(5)),
-        forget_after: secs(24 * 3600),
-    }
+    let mut params = StaleWorkerParams::default();
+    params.older_than = older_than;
+    params.retry = backoff(secs(5));
+    params.forget_after = secs(24 * 3600);
+    params
 }
 
 async fn mark_stale(h: &Harness, params: StaleWorkerParams) -> StaleReport {
@@ -244,9 +244,10 @@ pub async fn workers_ended_long_ago_are_forgotten(h: &Harness) {
     heartbeat(h, stopping).await;
     heartbeat(h, beat(h, "w-dead")).await;
     h.advance(secs(200));
-    let params = StaleWorkerParams {
-        forget_after: secs(3600),
-        ..stale_after(secs(120))
+    let params = {
+        let mut params = stale_after(secs(120));
+        params.forget_after = secs(3600);
+        params
     };
     mark_stale(h, params.clone()).await;
     assert_eq!(workers(h).await.len(), 2, "ended, not yet forgotten");

@@ -158,10 +158,11 @@ impl Maintenance {
         if let Some(older_than) = self.worker_stale_after {
             let report = self
                 .store
-                .workers_mark_stale(StaleWorkerParams {
-                    older_than,
-                    retry: self.retry,
-                    ..StaleWorkerParams::default()
+                .workers_mark_stale({
+                    let mut params = StaleWorkerParams::default();
+                    params.older_than = older_than;
+                    params.retry = self.retry;
+                    params
                 })
                 .await?;
             for worker in &report.workers {

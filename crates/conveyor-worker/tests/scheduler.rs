@@ -45,9 +45,10 @@ async fn assert_once_per_tick(store: &Arc<dyn Store>, name: &str, runs: &[Schedu
     }
     assert!(runs.iter().all(|r| r.status == RunStatus::Enqueued));
     let jobs = store
-        .jobs_list(JobListParams {
-            limit: 10_000,
-            ..Default::default()
+        .jobs_list({
+            let mut params = JobListParams::default();
+            params.limit = 10_000;
+            params
         })
         .await
         .expect("list");

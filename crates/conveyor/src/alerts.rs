@@ -597,11 +597,13 @@ impl AlertEngine {
     async fn dead_alert(&self, news: DeadNews) -> Alert {
         let listed = self
             .store
-            .jobs_list(JobListParams {
-                queue: Some(news.queue.clone()),
-                state: Some(JobState::Dead),
-                limit: DEAD_SAMPLES.min(usize::try_from(news.count).unwrap_or(DEAD_SAMPLES)),
-                ..JobListParams::default()
+            .jobs_list({
+                let mut params = JobListParams::default();
+                params.queue = Some(news.queue.clone());
+                params.state = Some(JobState::Dead);
+                params.limit =
+                    DEAD_SAMPLES.min(usize::try_from(news.count).unwrap_or(DEAD_SAMPLES));
+                params
             })
             .await;
         let samples: Vec<Value> = match listed {

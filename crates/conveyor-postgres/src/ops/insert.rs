@@ -366,8 +366,10 @@ mod tests {
     #[test]
     fn completed_jobs_hold_their_key_only_within_the_window() {
         let now = truncate_to_millis(Utc::now());
-        let options = StoreOptions {
-            completed_idempotency_window: Duration::from_secs(60),
+        let options = {
+            let mut options = StoreOptions::default();
+            options.completed_idempotency_window = Duration::from_secs(60);
+            options
         };
         let hour = chrono::Duration::hours(1);
         let minute = chrono::Duration::seconds(60);
@@ -399,8 +401,10 @@ mod tests {
         ] {
             assert!(holds_key(&job_in(state, None), now, &options), "{state}");
         }
-        let forever = StoreOptions {
-            completed_idempotency_window: Duration::MAX,
+        let forever = {
+            let mut options = StoreOptions::default();
+            options.completed_idempotency_window = Duration::MAX;
+            options
         };
         let old = job_in(JobState::Completed, Some(now - hour));
         assert!(

@@ -17,17 +17,19 @@ pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
         })
     };
     let weight: Option<i32> = row.try_get("weight").map_err(read)?;
-    Ok(QueueSettings {
-        paused: row.try_get("paused").map_err(read)?,
-        max_depth: count("max_depth")?,
-        max_depth_per_tenant: count("max_depth_per_tenant")?,
-        concurrency_limit: count("concurrency_limit")?,
-        per_key_concurrency_limit: count("per_key_concurrency_limit")?,
-        rate_limit: rate("rate_count", "rate_period_ms")?,
-        per_key_rate_limit: rate("per_key_rate_count", "per_key_rate_period_ms")?,
-        weight: weight.map(|w| u32::try_from(w).unwrap_or(1)),
-        completed_retention_secs: count("completed_retention_secs")?,
-        dead_retention_secs: count("dead_retention_secs")?,
+    Ok({
+        let mut settings = QueueSettings::default();
+        settings.paused = row.try_get("paused").map_err(read)?;
+        settings.max_depth = count("max_depth")?;
+        settings.max_depth_per_tenant = count("max_depth_per_tenant")?;
+        settings.concurrency_limit = count("concurrency_limit")?;
+        settings.per_key_concurrency_limit = count("per_key_concurrency_limit")?;
+        settings.rate_limit = rate("rate_count", "rate_period_ms")?;
+        settings.per_key_rate_limit = rate("per_key_rate_count", "per_key_rate_period_ms")?;
+        settings.weight = weight.map(|w| u32::try_from(w).unwrap_or(1));
+        settings.completed_retention_secs = count("completed_retention_secs")?;
+        settings.dead_retention_secs = count("dead_retention_secs")?;
+        settings
     })
 }
 

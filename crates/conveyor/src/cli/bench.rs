@@ -94,12 +94,11 @@ pub(crate) struct BenchArgs {
 impl BenchArgs {
     /// The settings each workload's queue gets: the limits asked for, else none.
     fn queue_settings(&self) -> conveyor::QueueSettings {
-        conveyor::QueueSettings {
-            concurrency_limit: self.concurrency_limit,
-            per_key_concurrency_limit: self.per_key_concurrency_limit,
-            rate_limit: self.rate_limit.and_then(|rate| rate.limit()),
-            ..conveyor::QueueSettings::default()
-        }
+        let mut settings = conveyor::QueueSettings::default();
+        settings.concurrency_limit = self.concurrency_limit;
+        settings.per_key_concurrency_limit = self.per_key_concurrency_limit;
+        settings.rate_limit = self.rate_limit.and_then(|rate| rate.limit());
+        settings
     }
 }
 

@@ -269,10 +269,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let metrics = Arc::new(Metrics::new().context("building the metrics registry")?);
     let config = ServerConfig {
         max_payload_bytes: args.max_payload_bytes,
-        stuck: StuckParams {
-            factor: args.stuck_factor,
-            default_threshold: Duration::from_secs(args.stuck_default_secs.max(1)),
-            ..StuckParams::default()
+        stuck: {
+            let mut params = StuckParams::default();
+            params.factor = args.stuck_factor;
+            params.default_threshold = Duration::from_secs(args.stuck_default_secs.max(1));
+            params
         },
         sensitive_fields: args.sensitive_fields.clone(),
         ..ServerConfig::default()

@@ -58,10 +58,11 @@ pub(crate) async fn copy(source: &dyn Store, target: &dyn Store) -> anyhow::Resu
     let mut after = None;
     loop {
         let page = source
-            .jobs_list(JobListParams {
-                limit: COPY_PAGE,
-                after,
-                ..JobListParams::default()
+            .jobs_list({
+                let mut params = JobListParams::default();
+                params.limit = COPY_PAGE;
+                params.after = after;
+                params
             })
             .await
             .context("reading from the source store")?;
