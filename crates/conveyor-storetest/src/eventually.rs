@@ -52,9 +52,28 @@ impl<T, E: Display> Outcome for Result<T, E> {
     }
 }
 
-fn timed_out(what: &str, within: Duration, checks: u64, last: &str) -> ! {
-    panic!("timed out after {within:?} ({checks} checks) waiting for {what}; last observed: {last}")
+/// A condition that did not come true in time; its `Display` is the panic message of
+/// [`eventually`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimedOut {
+    pub what: String,
+    pub within: Duration,
+    pub checks: u64,
+    /// What the last check observed.
+    pub last: String,
 }
+
+impl Display for TimedOut {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "timed out after {:?} ({} checks) waiting for {}; last observed: {}",
+            self.within, self.checks, self.what, self.last
+        )
+    }
+}
+
+impl std::error::Error for TimedOut {}
 
 /// Polls `check` until it is ready, for up to [`DEFAULT_WITHIN`]; returns its value.
 pub async fn eventually<O: Outcome>(what: &str, check: impl AsyncFnMut() -> O) -> O::Ready {
@@ -66,18 +85,35 @@ pub async fn eventually<O: Outcome>(what: &str, check: impl AsyncFnMut() -> O) -
 pub async fn eventually_within<O: Outcome>(
     what: &str,
     within: Duration,
-    mut check: impl AsyncFnMut() -> O,
+    check: impl AsyncFnMut() -> O,
 ) -> O::Ready {
+    try_eventually_within(what, within, check)
+        .await
+        .unwrap_or_else(|timed_out| panic!("{timed_out}"))
+}
+
+/// [`eventually_within`] that answers [`TimedOut`] instead of panicking, for tests that clean up
+/// or gather evidence before they fail.
+pub async fn try_eventually_within<O: Outcome>(
+    what: &str,
+    within: Duration,
+    mut check: impl AsyncFnMut() -> O,
+) -> Result<O::Ready, TimedOut> {
     let deadline = tokio::time::Instant::now() + within;
     let mut checks = 0;
     loop {
         checks += 1;
         let last = match check().await.ready() {
-            Ok(value) => return value,
+            Ok(value) => return Ok(value),
             Err(last) => last,
         };
         if tokio::time::Instant::now() >= deadline {
-            timed_out(what, within, checks, &last);
+            return Err(TimedOut {
+                what: what.to_string(),
+                within,
+                checks,
+                last,
+            });
         }
         tokio::time::sleep(POLL_EVERY).await;
     }
@@ -104,7 +140,13 @@ pub fn eventually_blocking_within<O: Outcome>(
             Err(last) => last,
         };
         if std::time::Instant::now() >= deadline {
-            timed_out(what, within, checks, &last);
+            let timed_out = TimedOut {
+                what: what.to_string(),
+                within,
+                checks,
+                last,
+            };
+            panic!("{timed_out}");
         }
         std::thread::sleep(POLL_EVERY);
     }
@@ -155,6 +197,17 @@ mod tests {
             "{message}"
         );
         assert!(n > 41, "polled more than once: {n}");
+    }
+
+    #[tokio::test]
+    async fn try_form_answers_timed_out() {
+        let timed_out =
+            try_eventually_within("never", Duration::from_millis(50), async || None::<()>)
+                .await
+                .expect_err("times out");
+        assert_eq!(timed_out.what, "never");
+        assert_eq!(timed_out.last, "None");
+        assert!(timed_out.checks >= 2, "{timed_out:?}");
     }
 
     #[test]
