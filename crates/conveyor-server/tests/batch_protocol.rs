@@ -264,7 +264,7 @@ async fn jobs_claimed_for_a_client_that_left_are_released() {
     assert!(gave_up.is_err(), "the client timed out");
     let job = eventually(
         "the job claimed for a client that left to be released",
-        async || {
+        || async {
             let job = api.get(&format!("/v1/jobs/{id}")).await;
             if job["state"] == "available" {
                 Ok(job)

@@ -190,7 +190,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
     let stopped = stop.clone();
     let running = tokio::spawn(worker.run(async move { stopped.cancelled().await }));
     // Polls the store, which has no "all done" signal.
-    eventually("the in-process jobs to finish", async || {
+    eventually("the in-process jobs to finish", || async {
         let stats = server.store.queues_stats().await.expect("stats");
         let inproc = stats
             .iter()
@@ -270,7 +270,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
     assert_eq!(registered["state"], "alive");
 
     // The hanging job has no history and a 100 ms timeout: stuck once past the 1 s floor.
-    eventually("the hanging job to be flagged stuck", async || {
+    eventually("the hanging job to be flagged stuck", || async {
         let stuck = server.get("/v1/jobs/stuck").await;
         if stuck["jobs"]
             .as_array()

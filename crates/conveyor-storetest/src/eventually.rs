@@ -7,11 +7,14 @@
 //! answers with an [`Outcome`]: `true`/`false`, `Some(value)`/`None`, or `Ok(value)`/
 //! `Err(observed)`, where `observed` (anything `Display`) is what the panic message shows.
 //!
-//! The async form measures its deadline on tokio's clock, so on a paused clock it waits in
+//! The async check is a closure returning a future (`|| async { .. }`, or `async move` to copy
+//! the references it uses): a plain `FnMut`, so a test's future stays `Send` for
+//! `tokio::spawn`. The async form measures its deadline on tokio's clock, so on a paused clock it waits in
 //! virtual time. Polling is for the outside world (a process, a database, a server's background
 //! task); a test that can await a signal awaits the signal instead.
 
 use std::fmt::Display;
+use std::future::Future;
 use std::time::Duration;
 
 /// How long the plain forms wait.
@@ -76,16 +79,19 @@ impl Display for TimedOut {
 impl std::error::Error for TimedOut {}
 
 /// Polls `check` until it is ready, for up to [`DEFAULT_WITHIN`]; returns its value.
-pub async fn eventually<O: Outcome>(what: &str, check: impl AsyncFnMut() -> O) -> O::Ready {
+pub async fn eventually<O: Outcome, Fut: Future<Output = O>>(
+    what: &str,
+    check: impl FnMut() -> Fut,
+) -> O::Ready {
     eventually_within(what, DEFAULT_WITHIN, check).await
 }
 
 /// Polls `check` every [`POLL_EVERY`] until it is ready; panics naming `what` and the last
 /// observation once `within` has passed on tokio's clock.
-pub async fn eventually_within<O: Outcome>(
+pub async fn eventually_within<O: Outcome, Fut: Future<Output = O>>(
     what: &str,
     within: Duration,
-    check: impl AsyncFnMut() -> O,
+    check: impl FnMut() -> Fut,
 ) -> O::Ready {
     try_eventually_within(what, within, check)
         .await
@@ -94,10 +100,10 @@ pub async fn eventually_within<O: Outcome>(
 
 /// [`eventually_within`] that answers [`TimedOut`] instead of panicking, for tests that clean up
 /// or gather evidence before they fail.
-pub async fn try_eventually_within<O: Outcome>(
+pub async fn try_eventually_within<O: Outcome, Fut: Future<Output = O>>(
     what: &str,
     within: Duration,
-    mut check: impl AsyncFnMut() -> O,
+    mut check: impl FnMut() -> Fut,
 ) -> Result<O::Ready, TimedOut> {
     let deadline = tokio::time::Instant::now() + within;
     let mut checks = 0;
@@ -162,15 +168,16 @@ mod tests {
 
     #[tokio::test]
     async fn returns_the_value_once_ready() {
-        let mut calls = 0;
-        let value = eventually("the third call", async || {
-            calls += 1;
-            (calls >= 3).then_some(calls)
+        let calls = std::cell::Cell::new(0);
+        let value = eventually("the third call", || {
+            calls.set(calls.get() + 1);
+            let n = calls.get();
+            async move { (n >= 3).then_some(n) }
         })
         .await;
         assert_eq!(value, 3);
-        eventually("a true check", async || calls == 3).await;
-        let ok: u8 = eventually("an Ok", async || Ok::<_, String>(7)).await;
+        eventually("a true check", || async { calls.get() == 3 }).await;
+        let ok: u8 = eventually("an Ok", || async { Ok::<_, String>(7) }).await;
         assert_eq!(ok, 7);
     }
 
@@ -180,17 +187,19 @@ mod tests {
             .enable_time()
             .build()
             .expect("runtime");
-        let mut n = 40;
+        let n = std::cell::Cell::new(40);
         let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             runtime.block_on(eventually_within(
                 "the answer",
                 Duration::from_millis(60),
-                async || {
-                    n += 1;
-                    Err::<(), _>(format!("still {n}"))
+                || {
+                    n.set(n.get() + 1);
+                    let observed = format!("still {}", n.get());
+                    async move { Err::<(), _>(observed) }
                 },
             ))
         }));
+        let n = n.get();
         let message = panic_text(result.expect_err("times out"));
         assert!(
             message.contains("waiting for the answer; last observed: still 4"),
@@ -202,7 +211,7 @@ mod tests {
     #[tokio::test]
     async fn try_form_answers_timed_out() {
         let timed_out =
-            try_eventually_within("never", Duration::from_millis(50), async || None::<()>)
+            try_eventually_within("never", Duration::from_millis(50), || async { None::<()> })
                 .await
                 .expect_err("times out");
         assert_eq!(timed_out.what, "never");

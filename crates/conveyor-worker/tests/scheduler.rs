@@ -112,7 +112,7 @@ async fn maintenance_runs_the_scheduler_on_time() {
         .interval(Duration::from_millis(50))
         .scheduler(Scheduler::new(store.clone()).interval(Duration::from_millis(50)));
     let running = tokio::spawn(maintenance.run(stop.clone()));
-    eventually_within("three ticks", Duration::from_secs(20), async || {
+    eventually_within("three ticks", Duration::from_secs(20), || async {
         let fired = runs(&store, "heartbeat").await;
         if fired.len() >= 3 {
             Ok(())
@@ -149,7 +149,7 @@ async fn two_schedulers_on_one_store_fire_each_tick_once() {
             tokio::spawn(scheduler.run(stop.clone()))
         })
         .collect();
-    eventually_within("three ticks", Duration::from_secs(20), async || {
+    eventually_within("three ticks", Duration::from_secs(20), || async {
         let fired = runs(&store, "raced").await;
         if fired.len() >= 3 {
             Ok(())

@@ -27,7 +27,7 @@ pub fn env() -> Env {
 
 /// Waits until the job reaches `state` (polling the store, which has no signal for it).
 pub async fn wait_for_state(store: &Arc<dyn Store>, id: Uuid, state: JobState) -> Job {
-    eventually(&format!("job {id} to be {state:?}"), async || {
+    eventually(&format!("job {id} to be {state:?}"), || async {
         let job = store.job_get(id).await.expect("get").expect("job exists");
         if job.state == state {
             Ok(job)
