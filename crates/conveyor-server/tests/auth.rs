@@ -1,23 +1,28 @@
 //! Access control and the audit log over HTTP: a real SQLite store, the router with access
 //! control on, and reqwest as the client.
 
-use conveyor_core::access::{create_token, Actor};
-use conveyor_core::{Role, Store};
-use conveyor_server::{router_with_options, AuthOptions, RouterOptions, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::{auth_with, TestServer};
+use conveyor_core::Role;
+use conveyor_server::{AuthOptions, ServerConfig};
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
+/// The test server with a token of each role.
 struct Api {
-    base: String,
-    http: reqwest::Client,
-    store: Arc<dyn Store>,
+    server: TestServer,
     producer: String,
     worker: String,
     admin: String,
-    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Api {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.server
+    }
 }
 
 async fn start(auth: AuthOptions) -> Api {
@@ -25,47 +30,12 @@ async fn start(auth: AuthOptions) -> Api {
 }
 
 async fn start_with(auth: AuthOptions, config: ServerConfig) -> Api {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-            .expect("open store"),
-    );
-    let mut secrets = Vec::new();
-    for role in [Role::Producer, Role::Worker, Role::Admin] {
-        let created = create_token(
-            store.as_ref(),
-            role,
-            Some(format!("{role}-token")),
-            Actor::anonymous(),
-        )
-        .await
-        .expect("create token");
-        secrets.push(created.secret.plaintext);
-    }
-    let app = router_with_options(
-        store.clone(),
-        config,
-        RouterOptions {
-            auth,
-            ..RouterOptions::default()
-        },
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
-    let [producer, worker, admin]: [String; 3] = secrets.try_into().expect("three tokens");
+    let server = TestServer::start_with_options(config, auth_with(auth)).await;
     Api {
-        base: format!("http://{addr}"),
-        http: reqwest::Client::new(),
-        store,
-        producer,
-        worker,
-        admin,
-        _dir: dir,
+        producer: server.token(Role::Producer, "producer-token").await,
+        worker: server.token(Role::Worker, "worker-token").await,
+        admin: server.token(Role::Admin, "admin-token").await,
+        server,
     }
 }
 
@@ -96,7 +66,7 @@ impl Api {
     }
 
     fn request(&self, method: Method, path: &str, who: Who) -> reqwest::RequestBuilder {
-        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        let mut request = self.http.request(method, self.url(path));
         if let Some(secret) = self.secret(who) {
             request = request.bearer_auth(secret);
         }
@@ -341,7 +311,7 @@ async fn malformed_unknown_and_revoked_tokens_are_unauthorized() {
     for bad in ["nonsense", forged.as_str(), tampered.as_str()] {
         let response = api
             .http
-            .get(format!("{}/v1/jobs", api.base))
+            .get(api.url("/v1/jobs"))
             .bearer_auth(bad)
             .send()
             .await
@@ -351,7 +321,7 @@ async fn malformed_unknown_and_revoked_tokens_are_unauthorized() {
     }
     let response = api
         .http
-        .get(format!("{}/v1/jobs", api.base))
+        .get(api.url("/v1/jobs"))
         .header("authorization", "Basic YWRtaW46YWRtaW4=")
         .send()
         .await
@@ -410,7 +380,7 @@ async fn session_cookie_login_whoami_csrf_and_logout() {
     let api = start(enabled()).await;
     let login = |token: String| {
         api.http
-            .post(format!("{}/v1/session", api.base))
+            .post(api.url("/v1/session"))
             .json(&json!({"token": token}))
             .send()
     };
@@ -426,7 +396,7 @@ async fn session_cookie_login_whoami_csrf_and_logout() {
 
     let with_cookie = |method: Method, path: &str| {
         api.http
-            .request(method, format!("{}{path}", api.base))
+            .request(method, api.url(path))
             .header("cookie", cookie.clone())
     };
     let (status, me, _) = read(
@@ -540,7 +510,7 @@ async fn revoking_a_token_ends_its_sessions() {
     let api = start(enabled()).await;
     let response = api
         .http
-        .post(format!("{}/v1/session", api.base))
+        .post(api.url("/v1/session"))
         .json(&json!({"token": api.producer}))
         .send()
         .await
@@ -548,7 +518,7 @@ async fn revoking_a_token_ends_its_sessions() {
     let cookie = session_cookie(response.headers());
     let whoami = || {
         api.http
-            .get(format!("{}/v1/session", api.base))
+            .get(api.url("/v1/session"))
             .header("cookie", cookie.clone())
             .send()
     };
@@ -898,16 +868,7 @@ async fn with_access_control_off_everything_is_open_and_audited_as_anonymous() {
 async fn producers_read_only_their_own_jobs() {
     let api = start(enabled()).await;
     // A second producer token.
-    let other = create_token(
-        api.store.as_ref(),
-        Role::Producer,
-        Some("other-producer".to_string()),
-        Actor::anonymous(),
-    )
-    .await
-    .expect("create token")
-    .secret
-    .plaintext;
+    let other = api.token(Role::Producer, "other-producer").await;
     let (status, mine, _) = api
         .send(
             Method::POST,
@@ -926,7 +887,7 @@ async fn producers_read_only_their_own_jobs() {
     );
     let response = api
         .http
-        .get(format!("{}{path}", api.base))
+        .get(api.url(&path))
         .bearer_auth(&other)
         .send()
         .await
@@ -978,20 +939,11 @@ async fn a_duplicate_never_reveals_another_producers_job() {
         ..ServerConfig::default()
     };
     let api = start_with(enabled(), config).await;
-    let other = create_token(
-        api.store.as_ref(),
-        Role::Producer,
-        Some("producer-b".to_string()),
-        Actor::anonymous(),
-    )
-    .await
-    .expect("create token")
-    .secret
-    .plaintext;
+    let other = api.token(Role::Producer, "producer-b").await;
     let as_other = |body: Value| {
         let request = api
             .http
-            .post(format!("{}/v1/jobs", api.base))
+            .post(api.url("/v1/jobs"))
             .bearer_auth(&other)
             .json(&body);
         async move { read(request.send().await.expect("send")).await }

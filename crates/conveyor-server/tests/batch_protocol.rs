@@ -5,6 +5,7 @@
 mod common;
 
 use common::TestServer as Api;
+use conveyor_storetest::eventually::eventually;
 use reqwest::StatusCode;
 use serde_json::{json, Value};
 
@@ -261,19 +262,19 @@ async fn jobs_claimed_for_a_client_that_left_are_released() {
         .send()
         .await;
     assert!(gave_up.is_err(), "the client timed out");
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let job = api.get(&format!("/v1/jobs/{id}")).await;
-        if job["state"] == "available" {
-            assert_eq!(job["attempt"], 0, "the attempt was given back: {job}");
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the job stayed claimed for a client that left: {job}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
+    let job = eventually(
+        "the job claimed for a client that left to be released",
+        || async {
+            let job = api.get(&format!("/v1/jobs/{id}")).await;
+            if job["state"] == "available" {
+                Ok(job)
+            } else {
+                Err(job)
+            }
+        },
+    )
+    .await;
+    assert_eq!(job["attempt"], 0, "the attempt was given back: {job}");
     fail::remove("server_fetch_answer");
     let answer = api
         .fetch(json!({"worker_id": "w2", "queues": ["default"]}))

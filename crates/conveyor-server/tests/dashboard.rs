@@ -2,40 +2,15 @@
 //! Content-Security-Policy, no token needed, and sources that keep to what that policy allows.
 //! (The browser-level test is `crates/conveyor/tests/dashboard_e2e.rs`.)
 
-use conveyor_server::{router_with_options, AuthOptions, RouterOptions, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+mod common;
+
+use common::{auth, TestServer};
+use conveyor_server::ServerConfig;
 use reqwest::StatusCode;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
-struct Served {
-    base: String,
-    _dir: tempfile::TempDir,
-}
-
-async fn serve(auth: bool) -> Served {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open store");
-    let options = RouterOptions {
-        auth: AuthOptions {
-            enabled: auth,
-            ..AuthOptions::default()
-        },
-        ..RouterOptions::default()
-    };
-    let app = router_with_options(Arc::new(store), ServerConfig::default(), options);
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
-    Served {
-        base: format!("http://{addr}"),
-        _dir: dir,
-    }
+async fn serve(auth_on: bool) -> TestServer {
+    TestServer::start_with_options(ServerConfig::default(), auth(auth_on)).await
 }
 
 /// Every file under `ui/`, as its path below it (`views/jobs.js`).
@@ -72,7 +47,7 @@ async fn every_file_is_served_with_its_type_policy_and_validator_and_without_a_t
     // With access control on: the page and its files carry no data, and the login page is
     // one of them.
     let served = serve(true).await;
-    let http = reqwest::Client::new();
+    let http = &served.http;
     let mut paths = vec![("/".to_string(), "text/html; charset=utf-8")];
     for file in ui_files() {
         let expected = match file.rsplit('.').next() {
@@ -85,11 +60,7 @@ async fn every_file_is_served_with_its_type_policy_and_validator_and_without_a_t
         paths.push((format!("/ui/{file}"), expected));
     }
     for (path, content_type) in paths {
-        let response = http
-            .get(format!("{}{path}", served.base))
-            .send()
-            .await
-            .expect("GET");
+        let response = http.get(served.url(&path)).send().await.expect("GET");
         assert_eq!(
             response.status(),
             StatusCode::OK,
@@ -120,7 +91,7 @@ async fn every_file_is_served_with_its_type_policy_and_validator_and_without_a_t
 
         // Revalidation: the same file answers 304 with no body.
         let again = http
-            .get(format!("{}{path}", served.base))
+            .get(served.url(&path))
             .header("if-none-match", &etag)
             .send()
             .await
@@ -131,13 +102,13 @@ async fn every_file_is_served_with_its_type_policy_and_validator_and_without_a_t
 
     // The API next to it still wants a token; an unknown file is a JSON 404.
     let api = http
-        .get(format!("{}/v1/queues", served.base))
+        .get(served.url("/v1/queues"))
         .send()
         .await
         .expect("GET queues");
     assert_eq!(api.status(), StatusCode::UNAUTHORIZED);
     let missing = http
-        .get(format!("{}/ui/nope.js", served.base))
+        .get(served.url("/ui/nope.js"))
         .send()
         .await
         .expect("GET missing");
@@ -148,7 +119,10 @@ async fn every_file_is_served_with_its_type_policy_and_validator_and_without_a_t
 #[tokio::test]
 async fn served_without_access_control_too() {
     let served = serve(false).await;
-    let page = reqwest::get(format!("{}/", served.base))
+    let page = served
+        .http
+        .get(served.url("/"))
+        .send()
         .await
         .expect("GET /");
     assert_eq!(page.status(), StatusCode::OK);

@@ -26,10 +26,11 @@
 //! `CONVEYOR_FUZZ_SEED=<u64> CONVEYOR_FUZZ_REQUESTS=<n> cargo nextest run -p conveyor-server --test fuzz`.
 //! A failure prints the seed, the request number and the exact request bytes.
 
-use conveyor_core::access::{create_token, Actor};
+mod common;
+
+use common::TestServer;
 use conveyor_core::{Role, Store};
-use conveyor_server::{router_with_options, AuthOptions, RouterOptions, ServerConfig};
-use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use conveyor_server::ServerConfig;
 use conveyor_worker::{Maintenance, Scheduler};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -41,7 +42,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
 use uuid::Uuid;
 
 const DEFAULT_SEED: u64 = 0x5EED_C0DE_0009;
@@ -80,15 +80,19 @@ fn panics() -> Vec<String> {
 // The servers.
 // ---------------------------------------------------------------------------------------------
 
+/// A test server and, with access control on, a token of each role.
 struct Server {
-    addr: SocketAddr,
-    store: Arc<dyn Store>,
-    task: JoinHandle<()>,
-    /// Admin, producer and worker secrets (auth server only).
+    server: TestServer,
     admin: Option<String>,
     producer: Option<String>,
     worker: Option<String>,
-    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for Server {
+    type Target = TestServer;
+    fn deref(&self) -> &TestServer {
+        &self.server
+    }
 }
 
 fn config() -> ServerConfig {
@@ -102,52 +106,19 @@ fn config() -> ServerConfig {
 }
 
 async fn start(auth: bool) -> Server {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-            .expect("open store"),
-    );
+    let server = TestServer::start_with_options(config(), common::auth(auth)).await;
     let mut secrets = Vec::new();
     if auth {
         for role in [Role::Admin, Role::Producer, Role::Worker] {
-            let created = create_token(
-                store.as_ref(),
-                role,
-                Some(format!("fuzz-{role}")),
-                Actor::anonymous(),
-            )
-            .await
-            .expect("create token");
-            secrets.push(created.secret.plaintext);
+            secrets.push(server.token(role, &format!("fuzz-{role}")).await);
         }
     }
-    let app = router_with_options(
-        store.clone(),
-        config(),
-        RouterOptions {
-            auth: AuthOptions {
-                enabled: auth,
-                ..AuthOptions::default()
-            },
-            ..RouterOptions::default()
-        },
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = listener.local_addr().expect("local addr");
-    let task = tokio::spawn(async move {
-        axum::serve(listener, app).await.expect("serve");
-    });
     let mut secrets = secrets.into_iter();
     Server {
-        addr,
-        store,
-        task,
+        server,
         admin: secrets.next(),
         producer: secrets.next(),
         worker: secrets.next(),
-        _dir: dir,
     }
 }
 

@@ -8,11 +8,12 @@ mod common;
 use common::TestServer;
 use conveyor_core::{JobObserver, RetryPolicy};
 use conveyor_server::{Metrics, RouterOptions, ServerConfig};
+use conveyor_storetest::eventually::eventually;
 use conveyor_worker::{Outcome, Worker};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 /// The test server and the metrics its router records into.
@@ -152,15 +153,6 @@ fn count(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
     value(scrape, name, labels).unwrap_or_else(|| panic!("no series {name}{labels:?}"))
 }
 
-/// Waits (polling the store, which has no "all done" signal) until `check` holds.
-async fn until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_count_what_ran_through_in_process_and_http_workers() {
     let server = start().await;
@@ -197,11 +189,17 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
     let stop = CancellationToken::new();
     let stopped = stop.clone();
     let running = tokio::spawn(worker.run(async move { stopped.cancelled().await }));
-    until("the in-process jobs to finish", async || {
+    // Polls the store, which has no "all done" signal.
+    eventually("the in-process jobs to finish", || async {
         let stats = server.store.queues_stats().await.expect("stats");
-        stats
+        let inproc = stats
             .iter()
-            .any(|q| q.name == "inproc" && q.completed == 10 && q.dead == 3)
+            .find(|q| q.name == "inproc")
+            .map(|q| (q.completed, q.dead));
+        match inproc {
+            Some((10, 3)) => Ok(()),
+            other => Err(format!("(completed, dead) = {other:?}, wanted (10, 3)")),
+        }
     })
     .await;
 
@@ -272,11 +270,16 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
     assert_eq!(registered["state"], "alive");
 
     // The hanging job has no history and a 100 ms timeout: stuck once past the 1 s floor.
-    until("the hanging job to be flagged stuck", async || {
+    eventually("the hanging job to be flagged stuck", || async {
         let stuck = server.get("/v1/jobs/stuck").await;
-        stuck["jobs"]
+        if stuck["jobs"]
             .as_array()
             .is_some_and(|jobs| !jobs.is_empty())
+        {
+            Ok(())
+        } else {
+            Err(stuck)
+        }
     })
     .await;
     let stuck = server.get("/v1/jobs/stuck?queue=slow").await;

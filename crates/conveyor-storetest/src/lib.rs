@@ -17,6 +17,9 @@
 //! needs `tokio` (with the `macros` and `rt-multi-thread` features) among its dependencies.
 //! Every harness must be fresh (an empty store), and the store must read "now" from the harness
 //! clock for every operation: the suite never sleeps, it moves the clock.
+//!
+//! The crate is also the workspace's test kit: [`eventually`] is the one poll-until-true
+//! helper of the integration tests (a dev-dependency of every crate with such tests).
 
 use chrono::{DateTime, Utc};
 use conveyor_core::{
@@ -29,6 +32,7 @@ use uuid::Uuid;
 
 mod access;
 mod admin;
+pub mod eventually;
 pub mod faults;
 mod fetch;
 mod finish;

@@ -272,18 +272,29 @@ async fn snooze_runs_again_without_counting_an_attempt() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_queue_concurrency_is_never_exceeded() {
     let env = env();
-    let running = Arc::new(AtomicUsize::new(0));
+    const JOBS: usize = 30;
+    // (running, started): a handler goes on only once every slot is taken (or nothing is left
+    // to start), so the worker must reach three; then it works a little, giving the worker the
+    // chance to start a fourth beside the three.
+    let slots = Arc::new(tokio::sync::watch::Sender::new((0usize, 0usize)));
     let peak = Arc::new(AtomicUsize::new(0));
-    let (r, p) = (running.clone(), peak.clone());
+    let (s, p) = (slots.clone(), peak.clone());
     let w = Worker::builder(env.store.clone())
         .queue("default", 3)
         .handle_json("busy", move |_, _| {
-            let (r, p) = (r.clone(), p.clone());
+            let (slots, p) = (s.clone(), p.clone());
             async move {
-                let now = r.fetch_add(1, Ordering::SeqCst) + 1;
-                p.fetch_max(now, Ordering::SeqCst);
+                slots.send_modify(|(running, started)| {
+                    *running += 1;
+                    *started += 1;
+                    p.fetch_max(*running, Ordering::SeqCst);
+                });
+                let _ = slots
+                    .subscribe()
+                    .wait_for(|&(running, started)| running >= 3 || started == JOBS)
+                    .await;
                 tokio::time::sleep(Duration::from_millis(20)).await;
-                r.fetch_sub(1, Ordering::SeqCst);
+                slots.send_modify(|(running, _)| *running -= 1);
                 Outcome::ok()
             }
         })
@@ -291,7 +302,7 @@ async fn per_queue_concurrency_is_never_exceeded() {
         .unwrap();
     let ids = env
         .store
-        .jobs_insert_many((0..30).map(|_| job("busy", 1)).collect())
+        .jobs_insert_many((0..JOBS).map(|_| job("busy", 1)).collect())
         .await
         .unwrap();
     let (stop, handle) = spawn_worker(w);

@@ -236,7 +236,7 @@ fn demo_shows_jobs_completing_retrying_and_dying() {
         &["--demo", "--drain-timeout-secs", "1"],
     );
     let s = server.url.clone();
-    let seen = wait_until("the demo to complete, retry and kill jobs", || {
+    let seen = eventually_blocking("the demo to complete, retry and kill jobs", || {
         let queues = stdout_json(&conveyor(&["queues", "--server", &s, "--json"]));
         let total = |field: &str| -> u64 {
             queues["queues"]
@@ -380,10 +380,10 @@ fn retention_deletes_completed_jobs_in_a_running_server() {
     );
     let waiting_id = waiting["id"].as_str().unwrap().to_string();
     let _worker = start_worker(s, "true", &["--queues", "quick"]);
-    wait_until("the job to complete", || {
+    eventually_blocking("the job to complete", || {
         (get_job(s, &done_id)["state"] == "completed").then_some(())
     });
-    wait_until("the completed job to be pruned", || {
+    eventually_blocking("the completed job to be pruned", || {
         let status = http()
             .get(format!("{s}/v1/jobs/{done_id}"))
             .send()
@@ -413,7 +413,7 @@ fn stuck_lists_a_job_running_past_its_threshold() {
         "sleep 30",
         &["--queues", "slow", "--worker-id", "w-slow"],
     );
-    let row = wait_until("the job to be listed as stuck", || {
+    let row = eventually_blocking("the job to be listed as stuck", || {
         let out = conveyor(&["stuck", "--queue", "slow", "--server", s]);
         let table = String::from_utf8_lossy(&out.stdout).to_string();
         table
@@ -516,7 +516,7 @@ fn concurrency_limit_holds_across_three_worker_processes() {
         .map(|_| start_worker(s, &exec, &["--concurrency", "4"]))
         .collect();
     for id in &ids {
-        wait_until("every job to complete", || {
+        eventually_blocking("every job to complete", || {
             (get_job(s, id)["state"] == "completed").then_some(())
         });
     }

@@ -24,7 +24,7 @@
 
 mod common;
 
-use common::{http, path_in, temp_dir, wait_until_for, Proc, BIN};
+use common::{eventually_blocking, eventually_blocking_within, http, path_in, temp_dir, Proc, BIN};
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -216,30 +216,18 @@ fn wait_job_with(
     what: &str,
     done: impl Fn(&Value) -> bool,
 ) -> Value {
-    let mut last = Value::Null;
-    let found = wait_until_opt(30, || {
-        last = job(server, token, id);
-        done(&last).then(|| last.clone())
-    });
-    found.unwrap_or_else(|| panic!("timed out waiting for job {id} to be {what}; it is {last:#}"))
+    eventually_blocking(&format!("job {id} to be {what}"), || {
+        let job = job(server, token, id);
+        if done(&job) {
+            Ok(job)
+        } else {
+            Err(format!("{job:#}"))
+        }
+    })
 }
 
 fn wait_state(server: &str, id: &str, state: &str) -> Value {
     wait_job(server, id, state, |job| job["state"] == state)
-}
-
-/// Like `wait_until_for`, but `None` instead of a panic at the deadline.
-fn wait_until_opt<T>(seconds: u64, mut check: impl FnMut() -> Option<T>) -> Option<T> {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    loop {
-        if let Some(value) = check() {
-            return Some(value);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 fn millis_between(earlier: &Value, later: &Value) -> i64 {
@@ -356,13 +344,12 @@ impl WorkerProc {
 
     /// Waits for the process to exit by itself (it must within `seconds`).
     fn wait_exit(&mut self, seconds: u64) -> std::process::ExitStatus {
-        let status = wait_until_opt(seconds, || self.proc.child.try_wait().expect("try_wait"));
-        status.unwrap_or_else(|| {
-            panic!(
-                "the {} worker did not exit within {seconds} s; stderr:\n{}",
-                self.client.name(),
-                self.stderr()
-            )
+        let what = format!("the {} worker to exit", self.client.name());
+        eventually_blocking_within(&what, Duration::from_secs(seconds), || {
+            match self.proc.child.try_wait().expect("try_wait") {
+                Some(status) => Ok(status),
+                None => Err(format!("still running; stderr:\n{}", self.stderr())),
+            }
         })
     }
 }
@@ -573,9 +560,11 @@ fn lease_lost_drops_the_result(client: Client) {
     let (status, cancelled) = post(&format!("{url}/v1/jobs/{id}/cancel"), None, &json!({}));
     assert_eq!(status, 200, "{cancelled}");
     let after = enqueue(url, None, "ok", json!({"after": true}), json!({}));
-    wait_until_for("the worker to log the lost lease", 30, || {
-        worker.stderr().contains(&id).then_some(())
-    });
+    eventually_blocking_within(
+        "the worker to log the lost lease",
+        Duration::from_secs(30),
+        || worker.stderr().contains(&id).then_some(()),
+    );
     let done = wait_state(url, &after, "completed");
     assert_eq!(done["result"], json!({"echo": {"after": true}}));
     let lost = job(url, None, &id);

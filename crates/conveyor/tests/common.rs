@@ -5,7 +5,14 @@ use serde_json::Value;
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// Waiting for conditions: the workspace's one poll loop (the test kit's).
+#[allow(unused_imports)]
+pub use conveyor_storetest::eventually::{
+    eventually, eventually_blocking, eventually_blocking_within, eventually_within,
+    try_eventually_within,
+};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_conveyor");
 
@@ -33,18 +40,10 @@ impl Proc {
 
     /// Waits for the process to exit on its own; panics after `timeout`.
     pub fn wait_exit(&mut self, timeout: Duration) -> std::process::ExitStatus {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                return status;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "process {} did not exit within {timeout:?}",
-                self.pid()
-            );
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let what = format!("process {} to exit", self.pid());
+        eventually_blocking_within(&what, timeout, || {
+            self.child.try_wait().expect("try_wait").ok_or("running")
+        })
     }
 }
 
@@ -103,23 +102,6 @@ pub fn start_worker(server: &str, exec: &str, extra: &[&str]) -> Proc {
         .spawn()
         .expect("spawn conveyor work");
     Proc { child }
-}
-
-/// Polls `check` every 20 ms until it yields a value; panics with `what` after 30 s.
-pub fn wait_until<T>(what: &str, check: impl FnMut() -> Option<T>) -> T {
-    wait_until_for(what, 30, check)
-}
-
-/// Like [`wait_until`] with a deadline of `seconds`.
-pub fn wait_until_for<T>(what: &str, seconds: u64, mut check: impl FnMut() -> Option<T>) -> T {
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    loop {
-        if let Some(value) = check() {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
 }
 
 pub fn http() -> reqwest::blocking::Client {

@@ -41,7 +41,7 @@ fn server_killed_with_sigkill_loses_no_acknowledged_job() {
             })
         })
         .collect();
-    wait_until("300 acknowledged enqueues", || {
+    eventually_blocking("300 acknowledged enqueues", || {
         (acked.lock().unwrap().len() >= 300).then_some(())
     });
     server.proc.kill_9();
@@ -97,7 +97,7 @@ fn worker_killed_mid_job_reruns_after_lease_expiry_and_its_stale_completion_is_r
         token_file.display()
     );
     let mut first = start_worker(&server.url, &hanging, &["--lease-ms", "1000"]);
-    let stale_token = wait_until("the first worker to start the job", || {
+    let stale_token = eventually_blocking("the first worker to start the job", || {
         std::fs::read_to_string(&token_file)
             .ok()
             .filter(|t| t.len() == 36)
@@ -107,7 +107,7 @@ fn worker_killed_mid_job_reruns_after_lease_expiry_and_its_stale_completion_is_r
     let result_file = path_in(&dir, "payload-seen");
     let finishing = format!("cat > {}; echo '{{\"ok\": true}}'", result_file.display());
     let _second = start_worker(&server.url, &finishing, &["--lease-ms", "1000"]);
-    let done = wait_until("the job to complete on the second worker", || {
+    let done = eventually_blocking("the job to complete on the second worker", || {
         let job = get_job(&server.url, &id);
         (job["state"] == "completed").then_some(job)
     });
@@ -150,7 +150,7 @@ fn sigterm_lets_a_running_job_finish_within_the_drain_timeout() {
         release.display()
     );
     let mut worker = start_worker(&server.url, &exec, &["--drain-timeout-secs", "30"]);
-    wait_until("the job to start", || started.exists().then_some(()));
+    eventually_blocking("the job to start", || started.exists().then_some(()));
     worker.sigterm();
     // Shutdown has begun: the worker must not take new work while it drains.
     let later = enqueue(&server.url, json!({"kind": "report"}));
@@ -173,7 +173,7 @@ fn sigterm_releases_a_job_that_cannot_finish_and_another_worker_runs_it() {
     let started = path_in(&dir, "started");
     let exec = format!("touch {}; exec sleep 60", started.display());
     let mut worker = start_worker(&server.url, &exec, &["--drain-timeout-secs", "0.3"]);
-    wait_until("the job to start", || started.exists().then_some(()));
+    eventually_blocking("the job to start", || started.exists().then_some(()));
     worker.sigterm();
     let status = worker.wait_exit(Duration::from_secs(30));
     assert!(status.success(), "worker exited with {status}");
@@ -185,7 +185,7 @@ fn sigterm_releases_a_job_that_cannot_finish_and_another_worker_runs_it() {
     assert_eq!(released["attempt"], 0);
 
     let _other = start_worker(&server.url, "cat > /dev/null", &[]);
-    let done = wait_until("another worker to complete the job", || {
+    let done = eventually_blocking("another worker to complete the job", || {
         let job = get_job(&server.url, &id);
         (job["state"] == "completed").then_some(job)
     });
@@ -214,7 +214,7 @@ fn exec_worker_exit_codes_choose_retry_or_permanent_failure() {
     let _worker = start_worker(&server.url, exec, &["--concurrency", "3"]);
     let dead = |job: &Value| {
         let id = job["id"].as_str().unwrap().to_string();
-        wait_until("the job to reach the dead-letter queue", || {
+        eventually_blocking("the job to reach the dead-letter queue", || {
             let job = get_job(&server.url, &id);
             (job["state"] == "dead").then_some(job)
         })

@@ -10,13 +10,13 @@
 mod common;
 
 use anyhow::{anyhow, bail, ensure, Context};
-use common::{path_in, start_server, temp_dir, Server, BIN};
+use common::{path_in, start_server, temp_dir, try_eventually_within, Server, BIN};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{json, Value};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Longest any one condition may take to show up in the page.
 const DEADLINE: Duration = Duration::from_secs(30);
@@ -144,24 +144,30 @@ impl Api {
 }
 
 /// Polls `check` until it yields a value or the deadline passes; no fixed sleeps anywhere.
+/// A timeout is an error (not a panic), so the test can screenshot the failure.
 async fn wait_for<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = anyhow::Result<Option<T>>>,
 {
-    let deadline = Instant::now() + DEADLINE;
-    let mut last_error = None;
-    loop {
-        match check().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(error) => last_error = Some(error),
+    let last_error = std::cell::RefCell::new(None);
+    let found = try_eventually_within(what, DEADLINE, || {
+        let checked = check();
+        let last_error = &last_error;
+        async move {
+            match checked.await {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => Err(format!("not yet (last error: {:?})", last_error.borrow())),
+                Err(error) => {
+                    let observed = format!("{error:#}");
+                    *last_error.borrow_mut() = Some(error);
+                    Err(observed)
+                }
+            }
         }
-        if Instant::now() > deadline {
-            bail!("timed out waiting for {what} (last error: {last_error:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await;
+    Ok(found?)
 }
 
 /// The text of the first element matching `css`, or None. Read in one script call, so a view

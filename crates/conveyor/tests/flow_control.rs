@@ -8,6 +8,7 @@ mod common;
 use common::*;
 use serde_json::{json, Value};
 use std::path::Path;
+use std::time::Duration;
 
 /// Where the test's servers keep their jobs: a SQLite file (one server) or a PostgreSQL
 /// schema shared by two servers.
@@ -123,7 +124,7 @@ fn rate_limit_spreads_starts(backend: Backend) {
             start_worker(server, &exec, &["--queues", "api", "--concurrency", "10"])
         })
         .collect();
-    wait_until_for("all 200 jobs to complete", 60, || {
+    eventually_blocking_within("all 200 jobs to complete", Duration::from_secs(60), || {
         (completed(&servers[0].url, "api") == 200).then_some(())
     });
     // The handlers' own records: every job ran, and the runs spread over ~9 s.
@@ -198,7 +199,7 @@ fn tenant_flood_does_not_delay_another_tenant(backend: Backend) {
     let log = path_in(&dir, "order.log");
     let exec = format!("echo \"$CONVEYOR_JOB_ID\" >> {}", log.display());
     let mut worker = start_worker(server, &exec, &["--queues", "shared", "--concurrency", "2"]);
-    let position = wait_until("tenant b's job to start", || {
+    let position = eventually_blocking("tenant b's job to start", || {
         let order = std::fs::read_to_string(&log).unwrap_or_default();
         order.lines().position(|id| id == b_id)
     });
@@ -244,7 +245,7 @@ fn concurrency_limit_holds_across_two_postgres_nodes() {
             )
         })
         .collect();
-    wait_until_for("all 15 jobs to complete", 60, || {
+    eventually_blocking_within("all 15 jobs to complete", Duration::from_secs(60), || {
         (completed(&servers[0].url, "narrow") == 15).then_some(())
     });
     let (mut running, mut peak) = (0, 0);
@@ -297,7 +298,7 @@ fn max_depth_refuses_the_101st_until_drained(backend: Backend) {
         .expect("jobs JSON");
     assert_eq!(listed["jobs"].as_array().map(Vec::len), Some(100));
     let _worker = start_worker(server, "true", &["--queues", "inbox", "--concurrency", "8"]);
-    wait_until("the queue to drain", || {
+    eventually_blocking("the queue to drain", || {
         (completed(server, "inbox") == 100).then_some(())
     });
     let accepted = enqueue(server, extra);
@@ -307,7 +308,7 @@ fn max_depth_refuses_the_101st_until_drained(backend: Backend) {
         "inbox",
         "stored once accepted"
     );
-    wait_until("the accepted job to run", || {
+    eventually_blocking("the accepted job to run", || {
         (get_job(server, id)["state"] == "completed").then_some(())
     });
     assert_eq!(

@@ -46,7 +46,7 @@ fn sigterm_stops_a_server_whose_log_pipe_is_closed() {
     drop(reader);
     // The demo keeps jobs (and log lines) flowing; wait until some were processed after the
     // pipe closed, so the server has certainly met a failed write.
-    wait_until("demo jobs completed", || {
+    eventually_blocking("demo jobs completed", || {
         let queues: serde_json::Value = http()
             .get(format!("{url}/v1/queues"))
             .send()
@@ -280,7 +280,7 @@ fn connections_beyond_the_limit_are_closed_at_once() {
         "closed without an answer"
     );
     drop(held);
-    wait_until("a free connection slot", || {
+    eventually_blocking("a free connection slot", || {
         http()
             .get(format!("{}/healthz", server.url))
             .send()

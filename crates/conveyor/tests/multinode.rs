@@ -10,6 +10,7 @@ use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 const JOBS: usize = 20_000;
 const BATCH: usize = 1_000;
@@ -80,7 +81,7 @@ fn two_servers_three_workers_survive_kill_9_of_a_worker_and_the_leader() {
         start_server_at(&store, &server_args),
         start_server_at(&store, &server_args),
     ];
-    let leader = wait_until("one server to lead maintenance", || {
+    let leader = eventually_blocking("one server to lead maintenance", || {
         let leading: Vec<usize> = (0..2).filter(|&i| is_leader(&servers[i].url)).collect();
         (leading.len() == 1).then(|| leading[0])
     });
@@ -122,16 +123,16 @@ fn two_servers_three_workers_survive_kill_9_of_a_worker_and_the_leader() {
     let _w2 = worker(2, &follower_url);
     let _w3 = worker(3, &follower_url);
 
-    wait_until("a quarter of the jobs to run", || {
+    eventually_blocking("a quarter of the jobs to run", || {
         (runs(dir.path()).len() >= JOBS / 4).then_some(())
     });
     doomed.kill_9();
     servers[leader].proc.kill_9();
-    wait_until("leadership to move to the surviving server", || {
+    eventually_blocking("leadership to move to the surviving server", || {
         is_leader(&follower_url).then_some(())
     });
 
-    wait_until_for("every job to complete", 600, || {
+    eventually_blocking_within("every job to complete", Duration::from_secs(600), || {
         (completed(&follower_url) == JOBS as u64).then_some(())
     });
     let runs = runs(dir.path());

@@ -406,22 +406,6 @@ impl Http {
     }
 }
 
-/// Polls `check` every 10 ms until it yields a value; panics with `what` after `limit`.
-async fn until<T, F, Fut>(what: &str, limit: Duration, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 fn socket_of(url: &str) -> SocketAddr {
     let rest = url.split("://").nth(1).expect("scheme");
     let authority = rest.split('/').next().expect("authority");
@@ -529,7 +513,7 @@ async fn a_worker_partitioned_past_its_lease_loses_the_job_and_its_late_completi
         let path = format!("/v1/jobs/{id}/complete");
         tokio::spawn(async move { partitioned.post(&path, body).await })
     };
-    until(
+    eventually_within(
         "the completion to be held in the partition",
         Duration::from_secs(10),
         || async { (proxy.held().0 > 0).then_some(()) },
@@ -537,7 +521,7 @@ async fn a_worker_partitioned_past_its_lease_loses_the_job_and_its_late_completi
     .await;
 
     // The lease expires and the server rescues the job.
-    let rescued = until("the job to be rescued", Duration::from_secs(15), || async {
+    let rescued = eventually_within("the job to be rescued", Duration::from_secs(15), || async {
         let job = direct.job(&id).await;
         (job["state"] != "running").then_some(job)
     })
@@ -553,7 +537,7 @@ async fn a_worker_partitioned_past_its_lease_loses_the_job_and_its_late_completi
     assert!(rescued["lease"].is_null(), "{rescued}");
 
     // A healthy worker, connected directly, takes it over (once its retry backoff is over).
-    let taken = until(
+    let taken = eventually_within(
         "the healthy worker to fetch the job",
         Duration::from_secs(15),
         || async {
@@ -675,37 +659,29 @@ fn refused_since(ledger: &Shared503, since: Instant) -> usize {
 async fn enqueue_until_acked(api: &Http, key: &str, ledger: &Shared503) {
     let body = json!({"kind": "net_fault", "queue": "net-b", "idempotency_key": key,
                       "payload": {"key": key}});
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let what = format!("{key} to be acknowledged");
+    let id = eventually_within(&what, Duration::from_secs(60), || async {
         let answer = api
             .try_send(reqwest::Method::POST, "/v1/jobs", Some(&body))
             .await;
         let status = answer.as_ref().ok().map(|(s, _)| *s);
         note(ledger, status, format!("enqueue {key}"));
-        if let Ok((200 | 201, job)) = &answer {
-            let id = id_of(job);
-            let previous = ledger
-                .lock()
-                .unwrap()
-                .acked
-                .insert(key.to_string(), id.clone());
-            assert!(previous.is_none(), "{key} acknowledged twice");
-            return;
+        match &answer {
+            Ok((200 | 201, job)) => Ok(id_of(job)),
+            _ => Err(format!("{answer:?}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "{key} never acknowledged: {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    let previous = ledger.lock().unwrap().acked.insert(key.to_string(), id);
+    assert!(previous.is_none(), "{key} acknowledged twice");
 }
 
 /// Completes a fetched job, retrying until the server says 200 or 409.
 async fn complete_until_settled(api: &Http, id: &str, token: &str, ledger: &Shared503) -> u16 {
     let body = json!({"lease_token": token});
     let path = format!("/v1/jobs/{id}/complete");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    let what = format!("the completion of {id} to settle (200 or 409)");
+    eventually_within(&what, Duration::from_secs(60), || async {
         let answer = api
             .try_send(reqwest::Method::POST, &path, Some(&body))
             .await;
@@ -719,19 +695,16 @@ async fn complete_until_settled(api: &Http, id: &str, token: &str, ledger: &Shar
                     .completed
                     .entry(id.to_string())
                     .or_default() += 1;
-                return 200;
+                Ok(200)
             }
-            Some(409) => return 409,
+            Some(409) => Ok(409),
             _ => {
                 ledger.lock().unwrap().ambiguous.insert(id.to_string());
+                Err(format!("{answer:?}"))
             }
         }
-        assert!(
-            Instant::now() < deadline,
-            "completion of {id} never settled: {answer:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 async fn background_worker(api: Http, name: String, ledger: Shared503, stop: CancellationToken) {
@@ -782,7 +755,7 @@ where
 {
     proxy.hold_when(stages, forward_matching);
     let victim = tokio::spawn(victim);
-    until("the trigger to fire", Duration::from_secs(20), || async {
+    eventually_within("the trigger to fire", Duration::from_secs(20), || async {
         let (up, down) = proxy.victim_held();
         let in_place = if forward_matching { down > 0 } else { up > 0 };
         (proxy.triggered() && in_place).then_some(())
@@ -793,7 +766,7 @@ where
     let cut = proxy.cut();
     assert!(cut > 0, "no connection to cut");
     let answer = victim.await.expect("victim task");
-    until(
+    eventually_within(
         "background requests to be refused while the database is unreachable",
         Duration::from_secs(20),
         || async {
@@ -856,7 +829,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
         })
         .collect();
     let acked = || ledger.lock().unwrap().acked.len();
-    until(
+    eventually_within(
         "producers to get going",
         Duration::from_secs(20),
         || async { (acked() >= 100).then_some(()) },
@@ -890,7 +863,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
     assert_eq!(status, 503, "enqueue cut off before its commit: {body}");
     assert_eq!(body["error"]["code"], "store_unavailable", "{body}");
     let before = acked();
-    until(
+    eventually_within(
         "enqueues to succeed again",
         Duration::from_secs(30),
         || async { (acked() >= before + 50).then_some(()) },
@@ -919,7 +892,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
     let (status, body) = answer.expect("an answer");
     assert_eq!(status, 503, "enqueue whose commit answer was lost: {body}");
     let before = acked();
-    until(
+    eventually_within(
         "enqueues to succeed again",
         Duration::from_secs(30),
         || async { (acked() >= before + 50).then_some(()) },
@@ -1023,7 +996,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
     windows.push(window);
     let (status, body) = answer.expect("an answer");
     assert_eq!(status, 503, "completion whose answer was lost: {body}");
-    let retried = until(
+    let retried = eventually_within(
         "the completion retry to get through",
         Duration::from_secs(30),
         || async {
@@ -1062,7 +1035,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
         "completion cut off before the database: {body}"
     );
     assert_eq!(api.job(&id).await["state"], "running");
-    let retried = until(
+    let retried = eventually_within(
         "the completion retry to get through",
         Duration::from_secs(30),
         || async {
@@ -1085,7 +1058,7 @@ async fn postgres_cut_off_mid_commit_loses_no_acknowledged_job_and_completes_non
     // The workers finish everything (jobs whose fetch answer was lost come back once their
     // lease expires and the server rescues them).
     let total = acked_jobs.len() as u64;
-    until(
+    eventually_within(
         "every job to be completed",
         Duration::from_secs(60),
         || async {

@@ -56,7 +56,7 @@ fn a_kill_9_worker_is_marked_dead_and_its_running_job_rescued_at_once() {
             "2",
         ],
     );
-    let entry = wait_until("the worker to register", || {
+    let entry = eventually_blocking("the worker to register", || {
         worker_entry(&server.url, "w-doomed").filter(|w| w["state"] == "alive")
     });
     assert_eq!(entry["pid"], worker.pid());
@@ -81,20 +81,20 @@ fn a_kill_9_worker_is_marked_dead_and_its_running_job_rescued_at_once() {
         json!({"queue": "registry", "kind": "long", "max_attempts": 3}),
     );
     let id = job["id"].as_str().expect("id").to_string();
-    wait_until("the job to run on the worker", || {
+    eventually_blocking("the job to run on the worker", || {
         let job = get_job(&server.url, &id);
         (job["state"] == "running" && job["lease"]["worker_id"] == "w-doomed").then_some(())
     });
-    wait_until("the registry to show the busy slot", || {
+    eventually_blocking("the registry to show the busy slot", || {
         worker_entry(&server.url, "w-doomed").filter(|w| w["busy"] == 1)
     });
 
     worker.kill_9();
-    let dead = wait_until("the worker to be marked dead", || {
+    let dead = eventually_blocking("the worker to be marked dead", || {
         worker_entry(&server.url, "w-doomed").filter(|w| w["state"] == "dead")
     });
     assert!(dead["ended_at"].is_string(), "{dead}");
-    let rescued = wait_until("the job to be rescued", || {
+    let rescued = eventually_blocking("the job to be rescued", || {
         let job = get_job(&server.url, &id);
         (job["state"] == "retryable").then_some(job)
     });
@@ -158,7 +158,7 @@ fn exec_worker_logs_each_job_as_json_without_its_payload() {
     );
     let ok_id = ok["id"].as_str().expect("id").to_string();
     let doomed_id = doomed["id"].as_str().expect("id").to_string();
-    wait_until("both jobs to finish", || {
+    eventually_blocking("both jobs to finish", || {
         (get_job(&server.url, &ok_id)["state"] == "completed"
             && get_job(&server.url, &doomed_id)["state"] == "dead")
             .then_some(())
@@ -219,7 +219,7 @@ fn the_rust_worker_of_serve_demo_logs_jobs_as_json_without_payloads() {
     std::thread::spawn(move || std::io::copy(&mut BufReader::new(stdout), &mut std::io::sink()));
     let mut server = Proc { child };
     // The demo sends mail to userN@example.com: those addresses are payload, never logged.
-    let completed = wait_until("the demo worker to complete a mail job", || {
+    let completed = eventually_blocking("the demo worker to complete a mail job", || {
         let text = std::fs::read_to_string(&log_path).ok()?;
         let done: Vec<Value> = text
             .lines()
@@ -404,7 +404,7 @@ fn alerts_for_a_dead_job_and_a_stale_worker_are_signed_and_respect_the_cool_down
             "100",
         ],
     );
-    wait_until("the worker to register", || {
+    eventually_blocking("the worker to register", || {
         worker_entry(&url, "w-alerting").filter(|w| w["state"] == "alive")
     });
 
@@ -433,7 +433,7 @@ fn alerts_for_a_dead_job_and_a_stale_worker_are_signed_and_respect_the_cool_down
         json!({"queue": "alerts", "kind": "charge", "max_attempts": 1, "payload": payload}),
     );
     let second_id = second["id"].as_str().expect("id").to_string();
-    wait_until("the second job to die", || {
+    eventually_blocking("the second job to die", || {
         (get_job(&url, &second_id)["state"] == "dead").then_some(())
     });
 
@@ -477,7 +477,7 @@ fn of_two_servers_only_the_leader_alerts() {
             "100",
         ],
     );
-    wait_until("the worker to register", || {
+    eventually_blocking("the worker to register", || {
         worker_entry(&url_a, "w-pg").filter(|w| w["state"] == "alive")
     });
     enqueue(

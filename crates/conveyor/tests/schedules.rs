@@ -90,7 +90,7 @@ fn two_servers_fire_a_per_second_schedule_once_per_tick_for_ten_seconds() {
     ];
     let a = start_server_at(&store, &args);
     let b = start_server_at(&store, &args);
-    wait_until("one server to lead", || {
+    eventually_blocking("one server to lead", || {
         (is_leader(&a.url) != is_leader(&b.url)).then_some(())
     });
     let (status, answer) = put_schedule(
@@ -99,7 +99,7 @@ fn two_servers_fire_a_per_second_schedule_once_per_tick_for_ten_seconds() {
         json!({"cron": "* * * * * *", "job": {"kind": "tick"}, "overlap": "allow"}),
     );
     assert_eq!(status, 200, "{answer}");
-    let fired = wait_until_for("ten seconds of ticks", 60, || {
+    let fired = eventually_blocking_within("ten seconds of ticks", Duration::from_secs(60), || {
         let fired = runs(&b.url, "every-second");
         (fired.len() >= 10).then_some(fired)
     });
@@ -165,7 +165,7 @@ fn overlap_skip_skips_ticks_while_a_three_second_job_runs() {
     );
     assert_eq!(status, 200, "{answer}");
     // Three enqueued runs: two whole jobs, and the skipped ticks in between.
-    let fired = wait_until_for("three enqueued runs", 60, || {
+    let fired = eventually_blocking_within("three enqueued runs", Duration::from_secs(60), || {
         let fired = runs(&server.url, "slow");
         let enqueued = fired.iter().filter(|r| r["status"] == "enqueued").count();
         (enqueued >= 3).then_some(fired)
@@ -227,7 +227,7 @@ job = { kind = "caught", payload = { from = "file" } }
         "200",
     ];
     let mut server = start_server_at(store, &args);
-    wait_until("two ticks before the outage", || {
+    eventually_blocking("two ticks before the outage", || {
         (runs(&server.url, "catcher").len() >= 2).then_some(())
     });
     server.proc.sigterm();
@@ -235,7 +235,7 @@ job = { kind = "caught", payload = { from = "file" } }
     // The outage itself: nothing runs the schedule for five seconds.
     std::thread::sleep(Duration::from_secs(5));
     let restarted = start_server_at(store, &args);
-    let all = wait_until("the catch-up after the restart", || {
+    let all = eventually_blocking("the catch-up after the restart", || {
         let all = runs(&restarted.url, "catcher");
         all.iter().any(|r| r["catch_up"] == true).then_some(all)
     });

@@ -1,22 +1,29 @@
 //! The test kit of the server's integration tests: a real server (the router over a SQLite store
-//! in a temp dir, on a loopback port).
+//! in a temp dir, on a loopback port), with access control on or off and tokens to call it with.
+//! Waiting for conditions: `conveyor_storetest::eventually`.
 
 // Each test binary compiles this module and uses a different part of it.
 #![allow(dead_code)]
 
-use conveyor_core::Store;
-use conveyor_server::{router_with_options, RouterOptions, ServerConfig};
+use conveyor_core::access::{create_token, Actor};
+use conveyor_core::{Role, Store};
+use conveyor_server::{router_with_options, AuthOptions, RouterOptions, ServerConfig};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use std::net::SocketAddr;
 use std::sync::Arc;
+use tokio::task::JoinHandle;
 
 /// A running server; it stops when the test's runtime ends, and its store's directory is removed
 /// when this is dropped.
 pub struct TestServer {
     /// `http://127.0.0.1:PORT`
     pub base: String,
+    pub addr: SocketAddr,
     pub http: reqwest::Client,
     /// The store behind the server, for arranging and checking what HTTP cannot.
     pub store: Arc<dyn Store>,
+    /// The task serving the router; it ends only if the server stops (or panics).
+    pub task: JoinHandle<()>,
     _dir: tempfile::TempDir,
 }
 
@@ -41,16 +48,48 @@ impl TestServer {
             .await
             .expect("bind a loopback port");
         let addr = listener.local_addr().expect("local addr");
-        tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
+        let task = tokio::spawn(async move { axum::serve(listener, app).await.expect("serve") });
         Self {
             base: format!("http://{addr}"),
+            addr,
             http: reqwest::Client::new(),
             store,
+            task,
             _dir: dir,
         }
     }
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Creates an API token of `role` named `name` straight in the store; its secret.
+    pub async fn token(&self, role: Role, name: &str) -> String {
+        create_token(
+            self.store.as_ref(),
+            role,
+            Some(name.to_string()),
+            Actor::anonymous(),
+        )
+        .await
+        .expect("create token")
+        .secret
+        .plaintext
+    }
+}
+
+/// Router options with access control on (`true`) or off, the rest default.
+pub fn auth(enabled: bool) -> RouterOptions {
+    auth_with(AuthOptions {
+        enabled,
+        ..AuthOptions::default()
+    })
+}
+
+/// Router options with these access-control options, the rest default.
+pub fn auth_with(auth: AuthOptions) -> RouterOptions {
+    RouterOptions {
+        auth,
+        ..RouterOptions::default()
     }
 }

@@ -4,9 +4,9 @@
 
 use conveyor_core::{Job, JobState, Store};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use conveyor_storetest::eventually::eventually;
 use conveyor_worker::{ShutdownReport, Worker};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 use uuid::Uuid;
 
@@ -25,21 +25,17 @@ pub fn env() -> Env {
     }
 }
 
-/// Waits until the job reaches `state` (a condition, checked every few ms, with a deadline).
+/// Waits until the job reaches `state` (polling the store, which has no signal for it).
 pub async fn wait_for_state(store: &Arc<dyn Store>, id: Uuid, state: JobState) -> Job {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
+    eventually(&format!("job {id} to be {state:?}"), || async {
         let job = store.job_get(id).await.expect("get").expect("job exists");
         if job.state == state {
-            return job;
+            Ok(job)
+        } else {
+            Err(format!("{:?}: {job:?}", job.state))
         }
-        assert!(
-            Instant::now() < deadline,
-            "job stuck in {:?}, wanted {state:?}: {job:?}",
-            job.state
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    })
+    .await
 }
 
 /// Runs a worker in the background; returns a trigger for its shutdown and its report.
