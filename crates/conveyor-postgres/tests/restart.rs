@@ -9,6 +9,7 @@
 use conveyor_core::{JobStore, QueueStore};
 use conveyor_core::{NewJob, Store};
 use conveyor_postgres::{PgOptions, PgStore};
+use conveyor_storetest::eventually::eventually_within;
 use conveyor_worker::{Maintenance, Outcome, Worker};
 use serde_json::json;
 use std::collections::HashSet;
@@ -177,19 +178,18 @@ async fn a_postgres_restart_mid_run_loses_nothing() {
     let acked = acked.lock().unwrap().clone();
     expected.extend(acked.iter().copied());
 
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if completed(&store).await == Some(expected.len() as u64) {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "run did not complete after the restart ({:?} completed of {})",
-            completed(&store).await,
-            expected.len()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let want = expected.len() as u64;
+    eventually_within(
+        &format!("all {want} jobs to complete after the restart"),
+        Duration::from_secs(120),
+        || async {
+            match completed(&store).await {
+                Some(done) if done == want => Ok(()),
+                other => Err(format!("{other:?} completed")),
+            }
+        },
+    )
+    .await;
     stop.notify_one();
     running.await.unwrap();
 

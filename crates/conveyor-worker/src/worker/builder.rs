@@ -15,6 +15,7 @@ pub struct WorkerBuilder {
     pub(super) maintenance: Option<Maintenance>,
     pub(super) observer: Option<Arc<dyn JobObserver>>,
     pub(super) registry_interval: Option<Duration>,
+    pub(super) clock: Arc<dyn Clock>,
 }
 
 impl WorkerBuilder {
@@ -157,6 +158,14 @@ impl WorkerBuilder {
         self
     }
 
+    /// Where "now" comes from for the times the worker computes (when a snoozed job wakes,
+    /// when a `retry_after` job runs again): give the store's clock when it is not the wall
+    /// clock, so both agree.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
     pub fn build(self) -> Result<Worker, WorkerError> {
         if self.queues.is_empty() {
             return Err(WorkerError::Config(
@@ -192,6 +201,7 @@ impl WorkerBuilder {
                 default_retry: self.default_retry,
                 running: Mutex::new(HashMap::new()),
                 observer: self.observer,
+                clock: self.clock,
             }),
             registry_interval: self.registry_interval,
             queues: self.queues,

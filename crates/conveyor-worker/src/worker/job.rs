@@ -99,7 +99,7 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
             return;
         }
         Attempt::Handler(Outcome::Snooze(delay)) => {
-            let until = conveyor_core::clock::after(Utc::now(), delay);
+            let until = conveyor_core::clock::after(shared.clock.now(), delay);
             match shared.store.job_snooze(SnoozeParams { lease, until }).await {
                 Ok(_) => {
                     tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id,
@@ -115,7 +115,7 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
             (error_class::ERROR, message, RetryPlan::Backoff(retry))
         }
         Attempt::Handler(Outcome::RetryAfter(delay, message)) => {
-            let at = conveyor_core::clock::after(Utc::now(), delay);
+            let at = conveyor_core::clock::after(shared.clock.now(), delay);
             (error_class::RETRY_AFTER, message, RetryPlan::At(at))
         }
         Attempt::Handler(Outcome::Permanent(message)) => {

@@ -14,9 +14,9 @@ use job::execute;
 
 use chrono::Utc;
 use conveyor_core::{
-    error_class, fetch_waiting, AttemptEvent, AttemptStatus, CompleteParams, FailParams,
+    error_class, fetch_waiting, AttemptEvent, AttemptStatus, Clock, CompleteParams, FailParams,
     FetchParams, HeartbeatParams, Job, JobObserver, LeaseOutcome, LeaseRef, RetryPlan, RetryPolicy,
-    SnoozeParams, Store, TypedJob, WorkerHeartbeat,
+    SnoozeParams, Store, SystemClock, TypedJob, WorkerHeartbeat,
 };
 use futures::FutureExt;
 use serde_json::Value;
@@ -88,6 +88,8 @@ struct Shared {
     default_retry: RetryPolicy,
     running: Mutex<HashMap<Uuid, RunningJob>>,
     observer: Option<Arc<dyn JobObserver>>,
+    /// "Now" for the times the worker computes (a snooze's end, a retry-after's time).
+    clock: Arc<dyn Clock>,
 }
 
 impl Shared {
@@ -151,6 +153,7 @@ impl Worker {
             maintenance: None,
             observer: None,
             registry_interval: Some(Duration::from_secs(10)),
+            clock: Arc::new(SystemClock),
         }
     }
 

@@ -16,9 +16,13 @@ pub struct Env {
 }
 
 pub fn env() -> Env {
+    env_with(SqliteOptions::default())
+}
+
+/// A store opened with these options (say, a `ManualClock`) in a temp dir.
+pub fn env_with(options: SqliteOptions) -> Env {
     let dir = tempfile::tempdir().expect("temp dir");
-    let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open store");
+    let store = SqliteStore::open(dir.path().join("jobs.db"), options).expect("open store");
     Env {
         store: Arc::new(store),
         _dir: dir,
