@@ -20,6 +20,7 @@ pub mod store;
 pub mod stuck;
 pub mod unique;
 pub mod validate;
+pub mod wire;
 pub mod workers;
 
 pub use access::{

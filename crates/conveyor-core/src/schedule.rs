@@ -99,11 +99,15 @@ pub struct JobTemplate {
     pub payload: Value,
     #[serde(default = "default_queue")]
     pub queue: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "crate::wire::int")]
     pub priority: i32,
-    #[serde(default = "default_max_attempts")]
+    #[serde(
+        default = "default_max_attempts",
+        deserialize_with = "crate::wire::int"
+    )]
     pub max_attempts: u32,
-    #[serde(default)]
+    /// `null` (as schedule views show it) is the same as leaving it out.
+    #[serde(default, deserialize_with = "crate::wire::nullable_int")]
     pub timeout_ms: Option<u64>,
     /// Each run's job carries these and `schedule:{name}`.
     #[serde(default)]
@@ -168,7 +172,11 @@ pub struct ScheduleSpec {
     #[serde(default)]
     pub missed: MissedKind,
     /// With `missed: catch_up`: most missed ticks run after downtime (default 10).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::wire::opt_int"
+    )]
     pub max_catch_up: Option<u32>,
 }
 

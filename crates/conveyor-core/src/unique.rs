@@ -151,11 +151,12 @@ impl UniqueSpec {
             }
             if args
                 .iter()
-                .any(|arg| arg.is_empty() || arg.len() > MAX_UNIQUE_ARG_LEN)
+                // Characters, as the API document's `maxLength` counts them.
+                .any(|arg| arg.is_empty() || arg.chars().count() > MAX_UNIQUE_ARG_LEN)
             {
                 return Err(ValidationError::new(
                     "unique.args",
-                    format!("field names must be 1 to {MAX_UNIQUE_ARG_LEN} bytes"),
+                    format!("field names must be 1 to {MAX_UNIQUE_ARG_LEN} characters"),
                 ));
             }
         }

@@ -151,21 +151,7 @@ pub const MAX_FETCH_QUEUES: usize = 256;
 /// Checks a fetch and drops repeated queue names (keeping the first of each, in linear time)
 /// before it reaches a store.
 pub fn fetch(params: &mut crate::store::FetchParams) -> Result<(), ValidationError> {
-    if params.worker_id.len() > crate::workers::MAX_WORKER_FIELD_LEN {
-        return Err(ValidationError::new(
-            "worker_id",
-            format!(
-                "must be at most {} bytes",
-                crate::workers::MAX_WORKER_FIELD_LEN
-            ),
-        ));
-    }
-    if params.worker_id.chars().any(char::is_control) {
-        return Err(ValidationError::new(
-            "worker_id",
-            "must not contain control characters",
-        ));
-    }
+    crate::workers::text("worker_id", &params.worker_id, true)?;
     let mut seen = std::collections::HashSet::with_capacity(params.queues.len());
     let mut distinct = Vec::with_capacity(params.queues.len().min(MAX_FETCH_QUEUES));
     for (index, queue) in params.queues.iter().enumerate() {
@@ -270,10 +256,11 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
         stored_integer("timeout_ms", timeout)?;
     }
     if let Some(key) = &job.idempotency_key {
-        if key.is_empty() || key.len() > MAX_IDEMPOTENCY_KEY_LEN {
+        // Characters, as the API document's `maxLength` counts them.
+        if key.is_empty() || key.chars().count() > MAX_IDEMPOTENCY_KEY_LEN {
             return Err(ValidationError::new(
                 "idempotency_key",
-                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} bytes"),
+                format!("must be 1 to {MAX_IDEMPOTENCY_KEY_LEN} characters"),
             ));
         }
         text_without_nul("idempotency_key", key)?;
@@ -296,6 +283,10 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
     }
     Ok(())
 }
+
+/// Longest delay accepted (`delay_ms`, `retry_after_ms`, a snooze): 100 years, like
+/// [`MAX_RETENTION_SECS`], so that "now + delay" is a time every store can keep.
+pub const MAX_DELAY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
 /// Longest rate-limit period accepted: a day. Start records are kept this long at most.
 pub const MAX_RATE_PERIOD_MS: u64 = 24 * 3600 * 1000;

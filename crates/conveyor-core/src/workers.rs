@@ -143,26 +143,30 @@ pub struct StaleReport {
     pub rescued: RescueReport,
 }
 
+/// Checks a worker's id, host or version: at most [`MAX_WORKER_FIELD_LEN`] characters (as the
+/// API document's `maxLength` counts them), no control characters, and not empty if
+/// `required`.
+pub fn text(field: &str, value: &str, required: bool) -> Result<(), ValidationError> {
+    if required && value.is_empty() {
+        return Err(ValidationError::new(field, "must not be empty"));
+    }
+    if value.chars().count() > MAX_WORKER_FIELD_LEN {
+        return Err(ValidationError::new(
+            field,
+            format!("must be at most {MAX_WORKER_FIELD_LEN} characters"),
+        ));
+    }
+    if value.chars().any(char::is_control) {
+        return Err(ValidationError::new(
+            field,
+            "must not contain control characters",
+        ));
+    }
+    Ok(())
+}
+
 /// Checks a heartbeat's fields; errors name the field as the HTTP API spells it.
 pub fn heartbeat(beat: &WorkerHeartbeat) -> Result<(), ValidationError> {
-    let text = |field: &str, value: &str, required: bool| {
-        if required && value.is_empty() {
-            return Err(ValidationError::new(field, "must not be empty"));
-        }
-        if value.len() > MAX_WORKER_FIELD_LEN {
-            return Err(ValidationError::new(
-                field,
-                format!("must be at most {MAX_WORKER_FIELD_LEN} bytes"),
-            ));
-        }
-        if value.chars().any(char::is_control) {
-            return Err(ValidationError::new(
-                field,
-                "must not contain control characters",
-            ));
-        }
-        Ok(())
-    };
     text("worker_id", &beat.id, true)?;
     text("host", &beat.host, false)?;
     text("version", &beat.version, false)?;

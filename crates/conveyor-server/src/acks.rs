@@ -10,6 +10,7 @@
 use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
+use conveyor_core::wire;
 use conveyor_core::{
     AttemptStatus, CompleteParams, FailParams, HeartbeatParams, LeaseOutcome, LeaseRef, StoreError,
     WorkerHeartbeat,
@@ -43,9 +44,9 @@ pub(crate) struct AckFail {
     id: Uuid,
     lease_token: Uuid,
     error: FailError,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     retry: Option<RetryMode>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     retry_after_ms: Option<i64>,
 }
 
@@ -260,14 +261,14 @@ pub(crate) struct LeaseItem {
 #[serde(deny_unknown_fields)]
 pub(crate) struct HeartbeatManyRequest {
     leases: Vec<LeaseItem>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     lease_ms: Option<u64>,
     /// The worker holding the leases: refreshes its registration (see [`register`]).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     worker_id: Option<String>,
     /// Jobs the worker is running now (default: the number of leases sent, which counts
     /// prefetched jobs too).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     busy: Option<u32>,
 }
 
@@ -284,6 +285,8 @@ pub(crate) async fn heartbeat(
     }
     let extend_by = lease_duration("lease_ms", request.lease_ms, state.config.default_lease)?;
     if let Some(worker_id) = &request.worker_id {
+        // Checked on every heartbeat, as the registry would (only on those that write it).
+        conveyor_core::workers::text("worker_id", worker_id, true)?;
         let held = request
             .busy
             .unwrap_or_else(|| u32::try_from(request.leases.len()).unwrap_or(u32::MAX));

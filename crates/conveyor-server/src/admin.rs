@@ -3,7 +3,7 @@
 use axum::extract::State;
 use axum::http::{Method, StatusCode, Uri};
 use axum::Json;
-use conveyor_core::{validate, AuditAction, JobState, QueueStats, ReplaySelector};
+use conveyor_core::{validate, wire, AuditAction, JobState, QueueStats, ReplaySelector};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -27,13 +27,13 @@ pub(crate) async fn dead_list(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct ReplayRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     ids: Option<Vec<Uuid>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     queue: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     kind: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     all: Option<bool>,
 }
 

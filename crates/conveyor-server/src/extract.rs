@@ -170,6 +170,16 @@ pub(crate) fn after_ms(field: &str, now: DateTime<Utc>, ms: i64) -> ApiResult<Da
     if ms < 0 {
         return Err(ApiError::invalid(field, "must not be negative"));
     }
+    // A stated bound rather than "whatever fits the calendar": the API document can say it.
+    if ms > conveyor_core::validate::MAX_DELAY_MS {
+        return Err(ApiError::invalid(
+            field,
+            format!(
+                "must be at most {} (100 years)",
+                conveyor_core::validate::MAX_DELAY_MS
+            ),
+        ));
+    }
     chrono::Duration::try_milliseconds(ms)
         .and_then(|d| now.checked_add_signed(d))
         .ok_or_else(|| ApiError::invalid(field, "is too large"))

@@ -5,6 +5,7 @@ use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::job::DEFAULT_MAX_ATTEMPTS;
+use conveyor_core::wire;
 use conveyor_core::{
     unique, validate, AuditAction, Job, JobListParams, JobState, NewJob, Role, UniqueSpec, ValidJob,
 };
@@ -28,25 +29,25 @@ pub(crate) struct EnqueueRequest {
     kind: String,
     #[serde(default)]
     payload: Option<Value>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     queue: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     priority: Option<i32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     run_at: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     delay_ms: Option<i64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     max_attempts: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     timeout_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     idempotency_key: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     tags: Option<Vec<String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     tenant: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     unique: Option<UniqueRequest>,
 }
 
@@ -55,13 +56,13 @@ pub(crate) struct EnqueueRequest {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct UniqueRequest {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     args: Option<Vec<String>>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     by_queue: Option<bool>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     period_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     states: Option<Vec<String>>,
 }
 
@@ -182,16 +183,18 @@ fn claim_ownership(caller: &Caller, job: &mut NewJob) -> ApiResult<()> {
             format!("tags starting with {RESERVED_TAG_PREFIX:?} are reserved for Conveyor"),
         ));
     }
+    // One place is kept for the owner tag even with access control off, so that a request
+    // valid without it stays valid with it (and the API document states one limit).
+    if job.tags.len() >= validate::MAX_TAGS {
+        return Err(ApiError::invalid(
+            "tags",
+            format!(
+                "at most {} tags (one place is kept for the tag recording the enqueuing token)",
+                validate::MAX_TAGS - 1
+            ),
+        ));
+    }
     if let Some(tag) = owner_tag(caller) {
-        if job.tags.len() >= validate::MAX_TAGS {
-            return Err(ApiError::invalid(
-                "tags",
-                format!(
-                    "at most {} tags when enqueued with a token (one records the owner)",
-                    validate::MAX_TAGS - 1
-                ),
-            ));
-        }
         job.tags.push(tag);
     }
     Ok(())

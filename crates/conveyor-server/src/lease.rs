@@ -7,6 +7,7 @@ use conveyor_core::{
     error_class, fetch_waiting, validate, AttemptStatus, CompleteParams, FailParams, FetchParams,
     HeartbeatParams, Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams,
 };
+use conveyor_core::{wire, workers};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
@@ -20,7 +21,6 @@ use crate::AppState;
 pub(crate) const MIN_LEASE_MS: u64 = 100;
 /// Longest lease a worker may ask for (one day): heartbeat to hold a job longer.
 pub(crate) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000;
-pub(crate) const MAX_WORKER_ID_LEN: usize = 256;
 
 pub(crate) fn lease_duration(
     field: &str,
@@ -42,14 +42,14 @@ pub(crate) fn lease_duration(
 pub(crate) struct FetchRequest {
     worker_id: String,
     queues: Vec<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     max: Option<usize>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     lease_ms: Option<u64>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     wait_ms: Option<u64>,
     /// Claim only jobs of these kinds (those the worker has handlers for).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     kinds: Option<Vec<String>>,
     /// Acknowledgements applied before claiming (as `POST /v1/ack`).
     #[serde(default)]
@@ -57,15 +57,15 @@ pub(crate) struct FetchRequest {
     #[serde(default)]
     fail: Vec<crate::acks::AckFail>,
     /// What the registry shows of the worker (`/v1/workers`).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     concurrency: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     busy: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     host: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     pid: Option<u32>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     version: Option<String>,
 }
 
@@ -118,15 +118,7 @@ pub(crate) async fn fetch(
     ApiJson(request): ApiJson<FetchRequest>,
 ) -> ApiResult<Json<FetchResponse>> {
     let config = &state.config;
-    if request.worker_id.is_empty() {
-        return Err(ApiError::invalid("worker_id", "must not be empty"));
-    }
-    if request.worker_id.len() > MAX_WORKER_ID_LEN {
-        return Err(ApiError::invalid(
-            "worker_id",
-            format!("must be at most {MAX_WORKER_ID_LEN} bytes"),
-        ));
-    }
+    workers::text("worker_id", &request.worker_id, true)?;
     if request.queues.is_empty() {
         return Err(ApiError::invalid("queues", "must name at least one queue"));
     }
@@ -149,12 +141,10 @@ pub(crate) async fn fetch(
     // Names, the cap on distinct queues, repeated names dropped: once, not on every look of
     // the long-poll.
     validate::fetch(&mut params)?;
+    // Checked on every fetch, as the registry would (only on the fetches that write it).
     for (field, text) in [("host", &request.host), ("version", &request.version)] {
-        if text.as_ref().is_some_and(|t| t.len() > MAX_WORKER_ID_LEN) {
-            return Err(ApiError::invalid(
-                field,
-                format!("must be at most {MAX_WORKER_ID_LEN} bytes"),
-            ));
+        if let Some(text) = text {
+            workers::text(field, text, false)?;
         }
     }
     // Everything checked before anything is applied.
@@ -252,7 +242,7 @@ fn remember_leased(state: &AppState, jobs: &[Job]) {
 #[serde(deny_unknown_fields)]
 pub(crate) struct HeartbeatRequest {
     lease_token: Uuid,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     lease_ms: Option<u64>,
 }
 
@@ -341,7 +331,7 @@ pub(crate) enum RetryMode {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FailError {
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     class: Option<String>,
     message: String,
 }
@@ -351,9 +341,9 @@ pub(crate) struct FailError {
 pub(crate) struct FailRequest {
     lease_token: Uuid,
     error: FailError,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     retry: Option<RetryMode>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     retry_after_ms: Option<i64>,
 }
 
@@ -466,6 +456,7 @@ pub(crate) async fn release(
 #[serde(deny_unknown_fields)]
 pub(crate) struct SnoozeRequest {
     lease_token: Uuid,
+    #[serde(deserialize_with = "wire::int")]
     delay_ms: i64,
 }
 

@@ -6,7 +6,8 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::{
-    validate, AttemptEvent, AttemptStatus, Job, StuckJob, WorkerHeartbeat, WorkerInfo, WorkerState,
+    validate, wire, AttemptEvent, AttemptStatus, Job, StuckJob, WorkerHeartbeat, WorkerInfo,
+    WorkerState,
 };
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
@@ -20,15 +21,16 @@ use crate::AppState;
 #[serde(deny_unknown_fields)]
 pub(crate) struct HeartbeatRequest {
     worker_id: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     host: Option<String>,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::opt_int")]
     pid: Option<u32>,
     queues: Vec<String>,
+    #[serde(deserialize_with = "wire::int")]
     concurrency: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::int")]
     busy: u32,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     version: Option<String>,
     started_at: DateTime<Utc>,
     #[serde(default)]

@@ -3,7 +3,7 @@
 
 use axum::extract::{Path, State};
 use axum::Json;
-use conveyor_core::{validate, AuditAction, NamedQueueSettings, RateLimit};
+use conveyor_core::{validate, wire, AuditAction, NamedQueueSettings, RateLimit};
 use serde::{Deserialize, Deserializer};
 use serde_json::Value;
 
@@ -17,6 +17,7 @@ use crate::AppState;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct SettingsPatch {
+    #[serde(default, deserialize_with = "wire::non_null")]
     paused: Option<bool>,
     #[serde(default, deserialize_with = "present")]
     max_depth: Option<Option<Value>>,
@@ -48,11 +49,11 @@ fn queue_name(name: &str) -> ApiResult<()> {
     validate::name("name", name).map_err(ApiError::from)
 }
 
-/// A limit: a whole number of at least 1.
+/// A limit: a whole number of at least 1 (written in any notation: `5`, `5.0`, `5e0`).
 fn positive(field: &str, value: &Value) -> ApiResult<u64> {
-    value
-        .as_u64()
+    wire::whole_number(value)
         .filter(|n| *n >= 1)
+        .and_then(|n| u64::try_from(n).ok())
         .ok_or_else(|| ApiError::invalid(field, "must be a whole number of at least 1 (or null)"))
 }
 

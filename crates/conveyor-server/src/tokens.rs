@@ -8,6 +8,8 @@ use conveyor_core::access::{create_token, revoke_token};
 use conveyor_core::{ApiToken, Role, TokenSelector};
 use serde::{Deserialize, Serialize};
 
+use conveyor_core::wire;
+
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
@@ -17,7 +19,7 @@ use crate::AppState;
 #[serde(deny_unknown_fields)]
 pub(crate) struct CreateRequest {
     role: String,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "wire::non_null")]
     name: Option<String>,
 }
 
