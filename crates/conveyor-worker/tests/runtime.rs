@@ -12,7 +12,7 @@ use conveyor_worker::{JobContext, Maintenance, Outcome, ShutdownReport, Worker, 
 use serde_json::json;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
