@@ -3,15 +3,17 @@
 use axum::extract::State;
 use axum::http::{Method, StatusCode, Uri};
 use axum::Json;
-use conveyor_core::{validate, wire, AuditAction, JobState, QueueStats, ReplaySelector};
-use serde::{Deserialize, Serialize};
+use conveyor_core::{validate, wire, AuditAction, JobState, ReplaySelector};
+use serde::Deserialize;
 use uuid::Uuid;
 
+use crate::api::JobPage;
+use crate::api::{DiscardResponse, Health, QueuesResponse, ReplayResponse};
 use crate::audit;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, JobId, QueryPairs};
-use crate::jobs::{list_params, page, JobPage};
+use crate::jobs::{list_params, page};
 use crate::AppState;
 
 pub(crate) async fn dead_list(
@@ -35,11 +37,6 @@ pub(crate) struct ReplayRequest {
     kind: Option<String>,
     #[serde(default, deserialize_with = "wire::non_null")]
     all: Option<bool>,
-}
-
-#[derive(Serialize)]
-pub(crate) struct ReplayResponse {
-    replayed: u64,
 }
 
 pub(crate) async fn dead_replay(
@@ -104,11 +101,6 @@ pub(crate) async fn dead_replay(
     Ok(Json(ReplayResponse { replayed }))
 }
 
-#[derive(Serialize)]
-pub(crate) struct DiscardResponse {
-    discarded: bool,
-}
-
 pub(crate) async fn dead_discard(
     State(state): State<AppState>,
     caller: Caller,
@@ -123,30 +115,9 @@ pub(crate) async fn dead_discard(
     }
 }
 
-#[derive(Serialize)]
-pub(crate) struct QueuesResponse {
-    queues: Vec<QueueStats>,
-}
-
 pub(crate) async fn queues(State(state): State<AppState>) -> ApiResult<Json<QueuesResponse>> {
     let queues = state.store.queues_stats().await?;
     Ok(Json(QueuesResponse { queues }))
-}
-
-#[derive(Serialize)]
-pub(crate) struct Health {
-    /// `ok`, or `unavailable` (not ready: stop routing here) or `failing` (not live: restart).
-    status: &'static str,
-    /// The process can go on serving (or recover by itself); false: restart it.
-    live: bool,
-    /// The store accepts writes and the server is not shutting down.
-    ready: bool,
-    /// Whether this node leads maintenance (lease rescue, promotion); absent when it runs none.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    leader: Option<bool>,
-    /// What is wrong, when not ok.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    problem: Option<String>,
 }
 
 async fn health(state: &AppState) -> Health {
@@ -161,7 +132,7 @@ async fn health(state: &AppState) -> Health {
         (false, _) => "failing",
     };
     Health {
-        status,
+        status: status.to_string(),
         live: store.live,
         ready: store.ready,
         leader: state

@@ -8,11 +8,9 @@
 
 use axum::extract::State;
 use axum::Json;
-use conveyor_core::{
-    AuditAction, AuditEntry, AuditListParams, Inserted, NewAuditEntry, ReplaySelector,
-};
-use serde::Serialize;
+use conveyor_core::{AuditAction, AuditListParams, Inserted, NewAuditEntry, ReplaySelector};
 
+use crate::api::AuditPage;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::QueryPairs;
@@ -75,14 +73,6 @@ pub(crate) fn replayed(caller: &Caller, selector: &ReplaySelector, count: u64) -
     entry
         .job_count(count)
         .detail(format!("{filter} replayed={count}"))
-}
-
-/// `{entries, next}`: `next` is the `before` cursor for the following page when this one is
-/// full, else null.
-#[derive(Serialize)]
-pub(crate) struct AuditPage {
-    entries: Vec<AuditEntry>,
-    next: Option<i64>,
 }
 
 /// `GET /v1/audit?limit=&before=&action=`: entries newest first.

@@ -1,11 +1,11 @@
 //! The API's error type and its JSON shape:
 //! `{"error": {"code": "...", "field": "name-or-null", "message": "..."}}`.
 
+use crate::api::{ErrorDetail, ErrorResponse};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use conveyor_core::{StoreError, ValidationError};
-use serde::Serialize;
 use uuid::Uuid;
 
 /// Everything a handler can answer with instead of success.
@@ -197,18 +197,6 @@ impl From<StoreError> for ApiError {
     }
 }
 
-#[derive(Serialize)]
-struct ErrorBody<'a> {
-    error: ErrorDetail<'a>,
-}
-
-#[derive(Serialize)]
-struct ErrorDetail<'a> {
-    code: &'a str,
-    field: Option<&'a str>,
-    message: String,
-}
-
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         match &self {
@@ -220,10 +208,10 @@ impl IntoResponse for ApiError {
             }
             _ => {}
         }
-        let body = ErrorBody {
+        let body = ErrorResponse {
             error: ErrorDetail {
-                code: self.code(),
-                field: self.field(),
+                code: self.code().to_string(),
+                field: self.field().map(str::to_string),
                 message: self.public_message(),
             },
         };
@@ -279,7 +267,7 @@ pub(crate) async fn json_client_errors(
     } else {
         text
     };
-    let body = ErrorBody {
+    let body = ErrorResponse {
         error: ErrorDetail {
             code: match status {
                 StatusCode::NOT_FOUND => "not_found",
@@ -287,8 +275,9 @@ pub(crate) async fn json_client_errors(
                 StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
                 StatusCode::REQUEST_TIMEOUT => "request_timeout",
                 _ => "invalid_request",
-            },
-            field: (status == StatusCode::BAD_REQUEST).then_some("path"),
+            }
+            .to_string(),
+            field: (status == StatusCode::BAD_REQUEST).then(|| "path".to_string()),
             message,
         },
     };

@@ -9,10 +9,10 @@ use conveyor_core::wire;
 use conveyor_core::{
     unique, validate, AuditAction, Job, JobListParams, JobState, NewJob, Role, UniqueSpec, ValidJob,
 };
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
-use uuid::Uuid;
 
+use crate::api::{BatchResponse, EnqueuedJob, JobPage};
 use crate::audit;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
@@ -135,24 +135,6 @@ impl EnqueueRequest {
     }
 }
 
-/// The answer to `POST /v1/jobs`: the job as `GET /v1/jobs/{id}` would show it to the caller
-/// (sensitive fields redacted), or, for a duplicate of a job the caller may not read (another
-/// producer's, found through a shared idempotency key or unique spec), only its id: the
-/// deduplication still holds, but nothing of the other producer's job is revealed.
-#[derive(Serialize)]
-#[serde(untagged)]
-pub(crate) enum EnqueuedJob {
-    Readable {
-        #[serde(flatten)]
-        job: Box<Job>,
-        duplicate: bool,
-    },
-    Foreign {
-        id: Uuid,
-        duplicate: bool,
-    },
-}
-
 /// Jobs enqueued with a token carry the tag `conveyor:owner:<token id>`, so that a producer
 /// can read its own jobs and no one else's. Callers may not set `conveyor:` tags themselves.
 const RESERVED_TAG_PREFIX: &str = "conveyor:";
@@ -242,12 +224,6 @@ pub(crate) struct BatchRequest {
     jobs: Vec<EnqueueRequest>,
 }
 
-#[derive(Serialize)]
-pub(crate) struct BatchResponse {
-    ids: Vec<Uuid>,
-    duplicates: Vec<bool>,
-}
-
 pub(crate) async fn enqueue_batch(
     State(state): State<AppState>,
     caller: Caller,
@@ -300,14 +276,6 @@ pub(crate) async fn get(
         return Err(ApiError::JobNotFound(id));
     }
     Ok(Json(state.config.redacted(job)))
-}
-
-/// `{jobs, next}`: `next` is the cursor for the following page (the last id) when this page is
-/// full, else null.
-#[derive(Serialize)]
-pub(crate) struct JobPage {
-    jobs: Vec<Job>,
-    next: Option<Uuid>,
 }
 
 /// Parses `queue`, `kind`, `limit`, `after` and (when `state` is `None`) `state` from a query

@@ -6,12 +6,12 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::{
-    validate, wire, AttemptEvent, AttemptStatus, Job, StuckJob, WorkerHeartbeat, WorkerInfo,
-    WorkerState,
+    validate, wire, AttemptEvent, AttemptStatus, Job, WorkerHeartbeat, WorkerInfo, WorkerState,
 };
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use uuid::Uuid;
 
+use crate::api::{StuckResponse, WorkersResponse};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, QueryPairs};
 use crate::AppState;
@@ -55,11 +55,6 @@ pub(crate) async fn worker_heartbeat(
     Ok(Json(state.store.workers_heartbeat(beat).await?))
 }
 
-#[derive(Serialize)]
-pub(crate) struct WorkersResponse {
-    workers: Vec<WorkerInfo>,
-}
-
 /// `GET /v1/workers[?state=alive|stopped|dead]`.
 pub(crate) async fn workers(
     State(state): State<AppState>,
@@ -82,11 +77,6 @@ pub(crate) async fn workers(
         workers.retain(|worker| worker.state == only);
     }
     Ok(Json(WorkersResponse { workers }))
-}
-
-#[derive(Serialize)]
-pub(crate) struct StuckResponse {
-    jobs: Vec<StuckJob>,
 }
 
 /// `GET /v1/jobs/stuck[?queue=NAME]`: running jobs past their stuck threshold, longest first.

@@ -6,10 +6,11 @@ use axum::http::StatusCode;
 use axum::Json;
 use conveyor_core::access::{create_token, revoke_token};
 use conveyor_core::{ApiToken, Role, TokenSelector};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use conveyor_core::wire;
 
+use crate::api::{CreatedToken, TokenList};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
@@ -23,29 +24,16 @@ pub(crate) struct CreateRequest {
     name: Option<String>,
 }
 
-/// A new token with its secret: the only answer that ever carries it.
-#[derive(Serialize)]
-pub(crate) struct Created {
-    #[serde(flatten)]
-    token: ApiToken,
-    secret: String,
-}
-
-#[derive(Serialize)]
-pub(crate) struct TokenList {
-    tokens: Vec<ApiToken>,
-}
-
 pub(crate) async fn create(
     State(state): State<AppState>,
     caller: Caller,
     ApiJson(request): ApiJson<CreateRequest>,
-) -> ApiResult<(StatusCode, Json<Created>)> {
+) -> ApiResult<(StatusCode, Json<CreatedToken>)> {
     let role: Role = request.role.parse()?;
     let created = create_token(state.store.as_ref(), role, request.name, caller.actor).await?;
     Ok((
         StatusCode::CREATED,
-        Json(Created {
+        Json(CreatedToken {
             token: created.token,
             secret: created.secret.plaintext,
         }),

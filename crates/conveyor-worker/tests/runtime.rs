@@ -91,9 +91,10 @@ async fn exhausted_retries_go_to_the_dead_letter_queue() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retry_after_is_honoured() {
     let clock = Arc::new(ManualClock::new(Utc::now()));
-    let mut options = SqliteOptions::default();
-    options.clock = clock.clone();
-    let env = env_with(options);
+    let env = env_with(SqliteOptions {
+        clock: clock.clone(),
+        ..SqliteOptions::default()
+    });
     let attempts = Arc::new(AtomicUsize::new(0));
     let counted = attempts.clone();
     let (marker_ran, mut markers) = mpsc::unbounded_channel();

@@ -1,7 +1,9 @@
 //! `conveyor audit`: the server's audit log (admin only when access control is on).
 
+use crate::cli::http::{decode, stamp};
 use clap::Args;
-use serde_json::Value;
+use conveyor::AuditEntry;
+use conveyor_server::api::AuditPage;
 use std::process::ExitCode;
 
 use super::ServerArg;
@@ -36,7 +38,8 @@ pub(crate) async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&page)?);
         return Ok(ExitCode::SUCCESS);
     }
-    let entries = page["entries"].as_array().cloned().unwrap_or_default();
+    let page: AuditPage = decode(&page, "GET /v1/audit")?;
+    let entries = page.entries;
     if entries.is_empty() {
         println!("no audit entries");
         return Ok(ExitCode::SUCCESS);
@@ -48,34 +51,30 @@ pub(crate) async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
     for entry in &entries {
         println!(
             "{:>6}  {:<24}  {:<20}  {:<16}  {:<20}  {}",
-            entry["id"],
-            text(&entry["at"]),
-            text(&entry["actor"]),
-            text(&entry["action"]),
-            text(&entry["target"]),
+            entry.id,
+            stamp(&entry.at),
+            entry.actor,
+            entry.action.to_string(),
+            entry.target.as_deref().unwrap_or("-"),
             summary(entry)
         );
     }
-    if let Some(next) = page["next"].as_i64() {
+    if let Some(next) = page.next {
         println!("(more: --before {next})");
     }
     Ok(ExitCode::SUCCESS)
 }
 
-fn text(value: &Value) -> String {
-    value.as_str().unwrap_or("-").to_string()
-}
-
 /// The jobs (the first id and how many) and the detail, in one column.
-fn summary(entry: &Value) -> String {
-    let count = entry["job_count"].as_u64().unwrap_or(0);
-    let jobs = match (entry["job_ids"].get(0).and_then(Value::as_str), count) {
+fn summary(entry: &AuditEntry) -> String {
+    let count = entry.job_count;
+    let jobs = match (entry.job_ids.first(), count) {
         (_, 0) => String::new(),
         (Some(first), 1) => first.to_string(),
         (Some(first), n) => format!("{first} +{}", n - 1),
         (None, n) => format!("{n} jobs"),
     };
-    let detail = entry["detail"].as_str().unwrap_or("");
+    let detail = entry.detail.as_deref().unwrap_or("");
     [jobs.as_str(), detail]
         .iter()
         .filter(|part| !part.is_empty())

@@ -1,7 +1,10 @@
 //! A small JSON client for the server's API, used by the client commands and `conveyor work`.
 
 use anyhow::{anyhow, Context};
+use conveyor_server::api::ErrorResponse;
 use reqwest::{Method, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
 use serde_json::Value;
 use std::time::Duration;
 
@@ -22,26 +25,25 @@ pub(crate) struct ApiFailure {
 
 impl std::fmt::Display for ApiFailure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let error = &self.body["error"];
-        let message = error["message"].as_str().unwrap_or("request failed");
+        let error = ErrorResponse::deserialize(&self.body)
+            .ok()
+            .map(|body| body.error);
+        let code = error.as_ref().map_or("error", |e| e.code.as_str());
+        let message = error
+            .as_ref()
+            .map_or("request failed", |e| e.message.as_str());
         let message = if self.status == StatusCode::UNAUTHORIZED {
             format!("{message} (give an API token with --token or CONVEYOR_TOKEN)")
         } else {
             message.to_string()
         };
-        match error["field"].as_str() {
+        match error.as_ref().and_then(|e| e.field.as_deref()) {
             Some(field) => write!(
                 f,
-                "{} ({}): {message} [field: {field}]",
-                self.status.as_u16(),
-                error["code"].as_str().unwrap_or("error")
+                "{} ({code}): {message} [field: {field}]",
+                self.status.as_u16()
             ),
-            None => write!(
-                f,
-                "{} ({}): {message}",
-                self.status.as_u16(),
-                error["code"].as_str().unwrap_or("error")
-            ),
+            None => write!(f, "{} ({code}): {message}", self.status.as_u16()),
         }
     }
 }
@@ -114,4 +116,18 @@ impl ApiClient {
     pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(StatusCode, Value)> {
         self.call(Method::POST, path, Some(body)).await
     }
+}
+
+/// Reads a server answer as its type in `conveyor_server::api` (or core), the definitions the
+/// server itself writes from. `--json` output prints the answer as received instead, so fields
+/// a newer server adds are not lost.
+pub(crate) fn decode<T: DeserializeOwned>(answer: &Value, what: &str) -> anyhow::Result<T> {
+    T::deserialize(answer).with_context(|| {
+        format!("the server's answer to {what} is not what this conveyor expects (a different version?)")
+    })
+}
+
+/// A timestamp as the API writes it (RFC 3339, UTC, milliseconds).
+pub(crate) fn stamp(at: &chrono::DateTime<chrono::Utc>) -> String {
+    at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
 }

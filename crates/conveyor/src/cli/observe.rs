@@ -1,7 +1,8 @@
 //! `conveyor workers` and `conveyor stuck`: the worker registry and stuck jobs, for on-call.
 
+use crate::cli::http::{decode, stamp};
 use clap::Args;
-use serde_json::Value;
+use conveyor_server::api::{StuckResponse, WorkersResponse};
 use std::process::ExitCode;
 
 use super::ServerArg;
@@ -24,14 +25,6 @@ pub(crate) struct StuckArgs {
     server: ServerArg,
 }
 
-fn text(value: &Value) -> String {
-    match value {
-        Value::String(s) => s.clone(),
-        Value::Null => "-".to_string(),
-        other => other.to_string(),
-    }
-}
-
 pub(crate) async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
     let path = match &args.state {
         Some(state) => {
@@ -51,20 +44,17 @@ pub(crate) async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
         "{:<36} {:<8} {:<20} {:>8} {:>9}  {:<24} LAST SEEN",
         "WORKER", "STATE", "HOST", "PID", "BUSY", "QUEUES"
     );
-    for worker in answer["workers"].as_array().cloned().unwrap_or_default() {
-        let queues: Vec<String> = worker["queues"]
-            .as_array()
-            .map(|qs| qs.iter().map(text).collect())
-            .unwrap_or_default();
+    let answer: WorkersResponse = decode(&answer, "GET /v1/workers")?;
+    for worker in answer.workers {
         println!(
             "{:<36} {:<8} {:<20} {:>8} {:>9}  {:<24} {}",
-            text(&worker["id"]),
-            text(&worker["state"]),
-            text(&worker["host"]),
-            text(&worker["pid"]),
-            format!("{}/{}", text(&worker["busy"]), text(&worker["concurrency"])),
-            queues.join(","),
-            text(&worker["last_seen_at"]),
+            worker.id,
+            worker.state.to_string(),
+            worker.host,
+            worker.pid.map_or("-".to_string(), |pid| pid.to_string()),
+            format!("{}/{}", worker.busy, worker.concurrency),
+            worker.queues.join(","),
+            stamp(&worker.last_seen_at),
         );
     }
     Ok(ExitCode::SUCCESS)
@@ -83,7 +73,7 @@ pub(crate) async fn stuck(args: StuckArgs) -> anyhow::Result<ExitCode> {
         println!("{answer}");
         return Ok(ExitCode::SUCCESS);
     }
-    let jobs = answer["jobs"].as_array().cloned().unwrap_or_default();
+    let jobs = decode::<StuckResponse>(&answer, "GET /v1/jobs/stuck")?.jobs;
     if jobs.is_empty() {
         println!("no stuck jobs");
         return Ok(ExitCode::SUCCESS);
@@ -95,12 +85,12 @@ pub(crate) async fn stuck(args: StuckArgs) -> anyhow::Result<ExitCode> {
     for job in jobs {
         println!(
             "{:<36} {:<14} {:<20} {:>12} {:>12}  {}",
-            text(&job["id"]),
-            text(&job["queue"]),
-            text(&job["kind"]),
-            text(&job["running_ms"]),
-            text(&job["threshold_ms"]),
-            text(&job["worker_id"]),
+            job.id,
+            job.queue,
+            job.kind,
+            job.running_ms,
+            job.threshold_ms,
+            job.worker_id.as_deref().unwrap_or("-"),
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -1,9 +1,11 @@
 //! `conveyor dead list|replay|discard`: the dead-letter queue.
 
+use crate::cli::http::decode;
 use anyhow::bail;
 use clap::Subcommand;
+use conveyor_server::api::{JobPage, ReplayResponse};
 use reqwest::Method;
-use serde_json::{json, Value};
+use serde_json::json;
 use std::process::ExitCode;
 
 use super::{check_id, print_json, query};
@@ -65,25 +67,22 @@ pub(crate) async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
                 print_json(&page);
                 return Ok(ExitCode::SUCCESS);
             }
-            let jobs = page["jobs"].as_array().cloned().unwrap_or_default();
+            let page: JobPage = decode(&page, "GET /v1/dead")?;
+            let jobs = page.jobs;
             println!(
                 "{:<36}  {:<12} {:<20} {:>7}  LAST ERROR",
                 "ID", "QUEUE", "KIND", "ATTEMPT"
             );
             for job in &jobs {
-                let last = job["errors"]
-                    .as_array()
-                    .and_then(|e| e.last())
-                    .cloned()
-                    .unwrap_or(Value::Null);
+                let last = job.errors.last();
                 println!(
                     "{:<36}  {:<12} {:<20} {:>7}  [{}] {}",
-                    job["id"].as_str().unwrap_or("?"),
-                    job["queue"].as_str().unwrap_or("?"),
-                    job["kind"].as_str().unwrap_or("?"),
-                    job["attempt"].to_string(),
-                    last["class"].as_str().unwrap_or("-"),
-                    last["message"].as_str().unwrap_or("")
+                    job.id,
+                    job.queue,
+                    job.kind,
+                    job.attempt,
+                    last.map_or("-", |e| e.class.as_str()),
+                    last.map_or("", |e| e.message.as_str())
                 );
             }
             println!("{} dead job(s) shown", jobs.len());
@@ -112,7 +111,8 @@ pub(crate) async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
             if server.json {
                 print_json(&answer);
             } else {
-                println!("replayed {} job(s)", answer["replayed"]);
+                let answer: ReplayResponse = decode(&answer, "POST /v1/dead/replay")?;
+                println!("replayed {} job(s)", answer.replayed);
             }
         }
         DeadCommand::Discard { id, server } => {

@@ -1,7 +1,9 @@
 //! `conveyor enqueue`: one job, from the command line or stdin.
 
+use crate::cli::http::decode;
 use anyhow::Context;
 use clap::Args;
+use conveyor_server::api::EnqueuedJob;
 use serde_json::{json, Value};
 use std::process::ExitCode;
 
@@ -130,16 +132,18 @@ pub(crate) async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
     if args.server.json {
         print_json(&job);
     } else {
-        let duplicate = if job["duplicate"].as_bool() == Some(true) {
+        let job: EnqueuedJob = decode(&job, "POST /v1/jobs")?;
+        let duplicate = if job.duplicate() {
             " (duplicate: existing job returned)"
         } else {
             ""
         };
-        println!(
-            "{} {}{duplicate}",
-            job["id"].as_str().unwrap_or("?"),
-            job["state"].as_str().unwrap_or("?")
-        );
+        let state = match &job {
+            EnqueuedJob::Readable { job, .. } => job.state.to_string(),
+            // Another producer's job, found through a shared key: only its id is shown.
+            EnqueuedJob::Foreign { .. } => "?".to_string(),
+        };
+        println!("{} {state}{duplicate}", job.id());
     }
     Ok(ExitCode::SUCCESS)
 }

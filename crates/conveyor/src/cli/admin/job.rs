@@ -1,5 +1,6 @@
 //! `conveyor job show|cancel`.
 
+use crate::cli::http::decode;
 use clap::Subcommand;
 use serde_json::json;
 use std::process::ExitCode;
@@ -41,7 +42,7 @@ pub(crate) async fn job(command: JobCommand) -> anyhow::Result<ExitCode> {
     if server.json {
         print_json(&job);
     } else {
-        print_job(&job);
+        print_job(&decode(&job, "a job request")?);
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -13,7 +13,9 @@ pub(crate) use job::{job, JobCommand};
 pub(crate) use queue::{queue, QueueCommand, Rate};
 pub(crate) use queues::{queues, QueuesArgs};
 
+use crate::cli::http::stamp;
 use anyhow::bail;
+use conveyor::Job;
 use serde_json::Value;
 
 pub(super) fn print_json(value: &Value) {
@@ -30,43 +32,38 @@ pub(super) fn check_id(id: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(super) fn print_job(job: &Value) {
-    let field = |name: &str| match &job[name] {
-        Value::Null => "-".to_string(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    };
-    for name in [
-        "id",
-        "kind",
-        "queue",
-        "state",
-        "priority",
-        "attempt",
-        "max_attempts",
-        "run_at",
-        "created_at",
-        "started_at",
-        "finished_at",
-        "tenant",
-        "idempotency_key",
+pub(super) fn print_job(job: &Job) {
+    let optional = |value: Option<String>| value.unwrap_or_else(|| "-".to_string());
+    for (name, value) in [
+        ("id", job.id.to_string()),
+        ("kind", job.kind.clone()),
+        ("queue", job.queue.clone()),
+        ("state", job.state.to_string()),
+        ("priority", job.priority.to_string()),
+        ("attempt", job.attempt.to_string()),
+        ("max_attempts", job.max_attempts.to_string()),
+        ("run_at", stamp(&job.run_at)),
+        ("created_at", stamp(&job.created_at)),
+        ("started_at", optional(job.started_at.as_ref().map(stamp))),
+        ("finished_at", optional(job.finished_at.as_ref().map(stamp))),
+        ("tenant", optional(job.tenant.clone())),
+        ("idempotency_key", optional(job.idempotency_key.clone())),
     ] {
-        println!("{name:>16}: {}", field(name));
+        println!("{name:>16}: {value}");
     }
-    println!("{:>16}: {}", "payload", job["payload"]);
-    if !job["result"].is_null() {
-        println!("{:>16}: {}", "result", job["result"]);
+    println!("{:>16}: {}", "payload", job.payload);
+    if let Some(result) = &job.result {
+        println!("{:>16}: {result}", "result");
     }
-    let errors = job["errors"].as_array().cloned().unwrap_or_default();
-    println!("{:>16}: {}", "errors", errors.len());
-    for error in errors {
+    println!("{:>16}: {}", "errors", job.errors.len());
+    for error in &job.errors {
         println!(
             "{:>16}  attempt {} at {} [{}] {}",
             "",
-            error["attempt"],
-            error["at"].as_str().unwrap_or("?"),
-            error["class"].as_str().unwrap_or("?"),
-            error["message"].as_str().unwrap_or("")
+            error.attempt,
+            stamp(&error.at),
+            error.class,
+            error.message
         );
     }
 }

@@ -4,7 +4,9 @@ use clap::Args;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use crate::cli::http::decode;
 use crate::cli::ServerArg;
+use conveyor_server::api::QueuesResponse;
 
 #[derive(Args, Debug)]
 pub(crate) struct QueuesArgs {
@@ -37,19 +39,20 @@ pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
                 "CANCELLED",
                 "OLDEST_MS",
             );
-            for q in answer["queues"].as_array().cloned().unwrap_or_default() {
+            let answer: QueuesResponse = decode(&answer, "GET /v1/queues")?;
+            for q in answer.queues {
                 println!(
                     "{:<16} {:>9} {:>9} {:>8} {:>9} {:>6} {:>10} {:>9} {:>10}  {}",
-                    q["name"].as_str().unwrap_or("?"),
-                    q["available"].to_string(),
-                    q["scheduled"].to_string(),
-                    q["running"].to_string(),
-                    q["retryable"].to_string(),
-                    q["dead"].to_string(),
-                    q["completed"].to_string(),
-                    q["cancelled"].to_string(),
-                    q["oldest_available_age_ms"].to_string(),
-                    if q["paused"] == true { "paused" } else { "" }
+                    q.name,
+                    q.available,
+                    q.scheduled,
+                    q.running,
+                    q.retryable,
+                    q.dead,
+                    q.completed,
+                    q.cancelled,
+                    q.oldest_available_age_ms,
+                    if q.paused { "paused" } else { "" }
                 );
             }
         }

@@ -1,0 +1,219 @@
+//! The HTTP API's answers as Rust types, shared by the server (which serializes them) and by
+//! Rust clients such as the `conveyor` CLI (which deserializes them), so both sides read one
+//! definition and a renamed or retyped field fails to compile instead of reading as `null`.
+//! `docs/openapi.yaml` describes the same shapes; `scripts/contract.sh` checks the running
+//! server against it.
+//!
+//! Every type here round-trips: what the server writes, [`serde_json::from_value`] reads back.
+
+use conveyor_core::{ApiToken, AuditEntry, Job, QueueStats, StuckJob, WorkerInfo};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Every error answer: `{"error": {"code", "field", "message"}}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    /// Machine-readable: `invalid`, `not_found`, `lease_lost`, `queue_full`, ...
+    pub code: String,
+    /// The input at fault (`priority`, `jobs[3].kind`, `body`), when one is.
+    pub field: Option<String>,
+    pub message: String,
+}
+
+/// The answer to `POST /v1/jobs`: the job as `GET /v1/jobs/{id}` would show it to the caller
+/// (sensitive fields redacted), or, for a duplicate of a job the caller may not read (another
+/// producer's, found through a shared idempotency key or unique spec), only its id: the
+/// deduplication still holds, but nothing of the other producer's job is revealed.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EnqueuedJob {
+    Readable {
+        #[serde(flatten)]
+        job: Box<Job>,
+        duplicate: bool,
+    },
+    Foreign {
+        id: Uuid,
+        duplicate: bool,
+    },
+}
+
+impl EnqueuedJob {
+    pub fn id(&self) -> Uuid {
+        match self {
+            EnqueuedJob::Readable { job, .. } => job.id,
+            EnqueuedJob::Foreign { id, .. } => *id,
+        }
+    }
+
+    pub fn duplicate(&self) -> bool {
+        match self {
+            EnqueuedJob::Readable { duplicate, .. } | EnqueuedJob::Foreign { duplicate, .. } => {
+                *duplicate
+            }
+        }
+    }
+}
+
+/// The answer to `POST /v1/jobs/batch`: ids in request order, and which were duplicates.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BatchResponse {
+    pub ids: Vec<Uuid>,
+    pub duplicates: Vec<bool>,
+}
+
+/// `{jobs, next}` (`GET /v1/jobs`, `GET /v1/dead`): `next` is the cursor for the following page
+/// (the last id) when this page is full, else null.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPage {
+    pub jobs: Vec<Job>,
+    pub next: Option<Uuid>,
+}
+
+/// `GET /v1/queues`: counts per queue and state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueuesResponse {
+    pub queues: Vec<QueueStats>,
+}
+
+/// `POST /v1/dead/replay`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayResponse {
+    pub replayed: u64,
+}
+
+/// `DELETE /v1/dead/{id}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiscardResponse {
+    pub discarded: bool,
+}
+
+/// `GET /v1/workers`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkersResponse {
+    pub workers: Vec<WorkerInfo>,
+}
+
+/// `GET /v1/jobs/stuck`: running jobs past their stuck threshold, longest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StuckResponse {
+    pub jobs: Vec<StuckJob>,
+}
+
+/// `{entries, next}` (`GET /v1/audit`): `next` is the `before` cursor for the following page
+/// when this one is full, else null.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AuditPage {
+    pub entries: Vec<AuditEntry>,
+    pub next: Option<i64>,
+}
+
+/// `POST /v1/tokens`: a new token with its secret, the only answer that ever carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CreatedToken {
+    #[serde(flatten)]
+    pub token: ApiToken,
+    pub secret: String,
+}
+
+/// `GET /v1/tokens`: every token, revoked ones included, oldest first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenList {
+    pub tokens: Vec<ApiToken>,
+}
+
+/// `GET /healthz`, `/livez`, `/readyz`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Health {
+    /// `ok`, or `unavailable` (not ready: stop routing here) or `failing` (not live: restart).
+    pub status: String,
+    /// The process can go on serving (or recover by itself); false: restart it.
+    pub live: bool,
+    /// The store accepts writes and the server is not shutting down.
+    pub ready: bool,
+    /// Whether this node leads maintenance (lease rescue, promotion); absent when it runs none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<bool>,
+    /// What is wrong, when not ok.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub problem: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use conveyor_core::NewJob;
+    use serde_json::json;
+
+    fn round_trip<T: Serialize + serde::de::DeserializeOwned + PartialEq + std::fmt::Debug>(
+        value: T,
+    ) {
+        let written = serde_json::to_value(&value).expect("serializes");
+        let read: T = serde_json::from_value(written.clone())
+            .unwrap_or_else(|e| panic!("{written} does not read back: {e}"));
+        assert_eq!(read, value);
+    }
+
+    fn job() -> Job {
+        let new = NewJob::new("send_email", json!({"to": "a@example.com"}));
+        let now = chrono::Utc::now();
+        let mut job: Job = serde_json::from_value(json!({
+            "id": Uuid::now_v7(), "kind": new.kind, "queue": new.queue, "payload": new.payload,
+            "priority": 0, "run_at": now, "attempt": 0, "max_attempts": 25, "timeout_ms": null,
+            "idempotency_key": null, "tags": [], "tenant": null, "state": "available",
+            "errors": [], "result": null, "created_at": now, "started_at": null,
+            "finished_at": null,
+        }))
+        .expect("a job as the API shows it");
+        job.tags.push("t1".to_string());
+        job
+    }
+
+    #[test]
+    fn answers_read_back_as_written() {
+        round_trip(EnqueuedJob::Readable {
+            job: Box::new(job()),
+            duplicate: true,
+        });
+        round_trip(EnqueuedJob::Foreign {
+            id: Uuid::now_v7(),
+            duplicate: true,
+        });
+        round_trip(JobPage {
+            jobs: vec![job()],
+            next: Some(Uuid::now_v7()),
+        });
+        round_trip(ErrorResponse {
+            error: ErrorDetail {
+                code: "invalid".into(),
+                field: Some("jobs[3].kind".into()),
+                message: "must not be empty".into(),
+            },
+        });
+        round_trip(Health {
+            status: "ok".into(),
+            live: true,
+            ready: true,
+            leader: None,
+            problem: None,
+        });
+    }
+
+    #[test]
+    fn a_duplicate_of_a_foreign_job_reads_as_foreign_and_a_readable_one_as_readable() {
+        let foreign: EnqueuedJob =
+            serde_json::from_value(json!({"id": Uuid::nil(), "duplicate": true})).unwrap();
+        assert!(matches!(foreign, EnqueuedJob::Foreign { .. }));
+        assert!(foreign.duplicate());
+        let mut readable = serde_json::to_value(job()).unwrap();
+        readable["duplicate"] = json!(false);
+        let readable: EnqueuedJob = serde_json::from_value(readable).unwrap();
+        assert!(matches!(readable, EnqueuedJob::Readable { .. }));
+        assert!(!readable.duplicate());
+    }
+}
