@@ -15,7 +15,7 @@ use conveyor_core::{
     AttemptStatus, CompleteParams, FailParams, HeartbeatParams, LeaseOutcome, LeaseRef, StoreError,
     WorkerHeartbeat,
 };
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -26,6 +26,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{check_json_size, ApiJson};
 use crate::lease::{fail_params, lease_duration, FailError, RetryMode};
 use crate::AppState;
+use crate::api::{AckResponse, ItemResult, ItemStatus};
 
 /// A completion in a batch.
 #[derive(Debug, Deserialize)]
@@ -58,38 +59,6 @@ pub(crate) struct AckRequest {
     complete: Vec<AckComplete>,
     #[serde(default)]
     fail: Vec<AckFail>,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum ItemStatus {
-    Ok,
-    LeaseLost,
-    NotFound,
-}
-
-#[derive(Debug, Serialize)]
-pub(crate) struct ItemResult {
-    id: Uuid,
-    status: ItemStatus,
-    /// The renewed lease's end (heartbeats that were applied only).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    lease_expires_at: Option<DateTime<Utc>>,
-}
-
-impl ItemResult {
-    fn new(id: Uuid, status: ItemStatus) -> Self {
-        Self {
-            id,
-            status,
-            lease_expires_at: None,
-        }
-    }
-}
-
-#[derive(Serialize)]
-pub(crate) struct AckResponse {
-    results: Vec<ItemResult>,
 }
 
 /// The acknowledgements of a batch, checked; errors name the item (`complete[3].result`).

@@ -6,8 +6,10 @@
 //!
 //! Every type here round-trips: what the server writes, [`serde_json::from_value`] reads back.
 
+use chrono::{DateTime, Utc};
 use conveyor_core::{ApiToken, AuditEntry, Job, QueueStats, StuckJob, WorkerInfo};
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use uuid::Uuid;
 
 /// Every error answer: `{"error": {"code", "field", "message"}}`.
@@ -125,6 +127,65 @@ pub struct CreatedToken {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TokenList {
     pub tokens: Vec<ApiToken>,
+}
+
+/// A fetched job as a worker needs it (`POST /v1/fetch`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FetchedJob {
+    pub id: Uuid,
+    pub kind: String,
+    pub queue: String,
+    pub payload: Value,
+    pub attempt: u32,
+    pub max_attempts: u32,
+    pub timeout_ms: Option<u64>,
+    /// Proves the worker holds the job: heartbeats, completions and failures must carry it.
+    pub lease_token: Uuid,
+    pub lease_expires_at: DateTime<Utc>,
+    pub tenant: Option<String>,
+    pub tags: Vec<String>,
+}
+
+/// `POST /v1/fetch`: the claimed jobs, and one result per acknowledgement the fetch carried
+/// (completions first), as `/v1/ack` answers them.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FetchResponse {
+    pub jobs: Vec<FetchedJob>,
+    pub acks: Vec<ItemResult>,
+}
+
+/// What became of one acknowledged or heartbeated item (`/v1/ack`, `/v1/heartbeat`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ItemStatus {
+    Ok,
+    LeaseLost,
+    NotFound,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ItemResult {
+    pub id: Uuid,
+    pub status: ItemStatus,
+    /// The renewed lease's end (heartbeats that were applied only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_expires_at: Option<DateTime<Utc>>,
+}
+
+impl ItemResult {
+    pub fn new(id: Uuid, status: ItemStatus) -> Self {
+        Self {
+            id,
+            status,
+            lease_expires_at: None,
+        }
+    }
+}
+
+/// `POST /v1/ack` and `POST /v1/heartbeat`: one result per item, in request order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AckResponse {
+    pub results: Vec<ItemResult>,
 }
 
 /// `GET /healthz`, `/livez`, `/readyz`.

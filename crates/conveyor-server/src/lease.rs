@@ -16,6 +16,7 @@ use uuid::Uuid;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{after_ms, check_json_size, ApiJson, JobId};
 use crate::AppState;
+use crate::api::{FetchResponse, FetchedJob};
 
 /// Shortest lease a worker may ask for.
 pub(crate) const MIN_LEASE_MS: u64 = 100;
@@ -69,48 +70,25 @@ pub(crate) struct FetchRequest {
     version: Option<String>,
 }
 
-/// A fetched job as a worker needs it.
-#[derive(Serialize)]
-pub(crate) struct FetchedJob {
-    id: Uuid,
-    kind: String,
-    queue: String,
-    payload: Value,
-    attempt: u32,
-    max_attempts: u32,
-    timeout_ms: Option<u64>,
-    lease_token: Uuid,
-    lease_expires_at: DateTime<Utc>,
-    tenant: Option<String>,
-    tags: Vec<String>,
-}
 
-impl FetchedJob {
-    fn from_job(job: Job) -> ApiResult<Self> {
-        let lease = job.lease.ok_or_else(|| {
-            ApiError::Internal(format!("store fetched job {} without a lease", job.id))
-        })?;
-        Ok(FetchedJob {
-            id: job.id,
-            kind: job.kind,
-            queue: job.queue,
-            payload: job.payload,
-            attempt: job.attempt,
-            max_attempts: job.max_attempts,
-            timeout_ms: job.timeout_ms,
-            lease_token: lease.token,
-            lease_expires_at: lease.expires_at,
-            tenant: job.tenant,
-            tags: job.tags,
-        })
-    }
-}
-
-#[derive(Serialize)]
-pub(crate) struct FetchResponse {
-    jobs: Vec<FetchedJob>,
-    /// One result per acknowledgement the fetch carried (completions first), as `/v1/ack`.
-    acks: Vec<crate::acks::ItemResult>,
+/// A fetched job as the API shows it to the worker that claimed it.
+fn fetched_job(job: Job) -> ApiResult<FetchedJob> {
+    let lease = job.lease.ok_or_else(|| {
+        ApiError::Internal(format!("store fetched job {} without a lease", job.id))
+    })?;
+    Ok(FetchedJob {
+        id: job.id,
+        kind: job.kind,
+        queue: job.queue,
+        payload: job.payload,
+        attempt: job.attempt,
+        max_attempts: job.max_attempts,
+        timeout_ms: job.timeout_ms,
+        lease_token: lease.token,
+        lease_expires_at: lease.expires_at,
+        tenant: job.tenant,
+        tags: job.tags,
+    })
 }
 
 pub(crate) async fn fetch(
@@ -171,7 +149,7 @@ pub(crate) async fn fetch(
     remember_leased(&state, &jobs);
     let jobs = jobs
         .into_iter()
-        .map(FetchedJob::from_job)
+        .map(fetched_job)
         .collect::<ApiResult<Vec<_>>>()?;
     Ok(Json(FetchResponse { jobs, acks }))
 }

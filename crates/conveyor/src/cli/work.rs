@@ -9,6 +9,8 @@
 
 use anyhow::Context;
 use clap::Args;
+use crate::cli::http::decode;
+use conveyor_server::api::{FetchResponse, FetchedJob};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::process::{ExitCode, Stdio};
@@ -146,10 +148,22 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
         // A fetch in flight is not interrupted: jobs it claims are run (or released at drain).
         let fetched = ctx.api.post("/v1/fetch", &request).await;
         let batch = match fetched {
-            Ok((_, body)) => {
-                backoff = Duration::from_millis(200);
-                body["jobs"].as_array().cloned().unwrap_or_default()
-            }
+            Ok((_, body)) => match decode::<FetchResponse>(&body, "POST /v1/fetch") {
+                Ok(answer) => {
+                    backoff = Duration::from_millis(200);
+                    answer.jobs
+                }
+                Err(error) => {
+                    // Jobs it may have claimed are rescued when their leases expire.
+                    tracing::error!(error = %format!("{error:#}"), "fetch answer unreadable");
+                    tokio::select! {
+                        _ = stop.cancelled() => break,
+                        _ = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(10));
+                    continue;
+                }
+            },
             Err(error) => {
                 tracing::error!(error = %error, retry_in = ?backoff, "fetch failed");
                 tokio::select! {
@@ -163,8 +177,8 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
         if stop.is_cancelled() {
             // Claimed by a long-poll that was in flight when the signal came: give them back.
             for job in batch {
-                let id = job["id"].as_str().unwrap_or_default();
-                let body = json!({"lease_token": job["lease_token"]});
+                let id = job.id;
+                let body = json!({"lease_token": job.lease_token});
                 if let Err(error) = ctx.api.post(&format!("/v1/jobs/{id}/release"), &body).await {
                     tracing::warn!(job_id = %id, %error, "could not release a job fetched during shutdown; it will be rescued");
                 }
@@ -255,12 +269,12 @@ async fn run_registry(ctx: Ctx, me: Registration, interval: Duration, stop: Canc
     }
 }
 
-async fn run_job(ctx: &Ctx, job: Value) {
-    let id = job["id"].as_str().unwrap_or_default().to_string();
-    let token = job["lease_token"].as_str().unwrap_or_default().to_string();
-    let queue = job["queue"].as_str().unwrap_or_default().to_string();
-    let kind = job["kind"].as_str().unwrap_or_default().to_string();
-    let attempt = job["attempt"].as_u64().unwrap_or(0);
+async fn run_job(ctx: &Ctx, job: FetchedJob) {
+    let id = job.id.to_string();
+    let token = job.lease_token.to_string();
+    let queue = job.queue.clone();
+    let kind = job.kind.clone();
+    let attempt = job.attempt;
     if let Ok(mut running) = ctx.running.lock() {
         running.insert(id.clone(), token.clone());
     }
@@ -318,7 +332,7 @@ async fn run_job(ctx: &Ctx, job: Value) {
         CommandEnd::TimedOut => (
             "fail",
             json!({"lease_token": token, "retry": "auto",
-                   "error": {"class": "timeout", "message": format!("command exceeded the job's timeout of {} ms", job["timeout_ms"])}}),
+                   "error": {"class": "timeout", "message": format!("command exceeded the job's timeout of {} ms", job.timeout_ms.unwrap_or_default())}}),
         ),
         CommandEnd::SpawnFailed(message) => (
             "fail",
@@ -338,7 +352,9 @@ async fn run_job(ctx: &Ctx, job: Value) {
                 %queue, %kind, attempt, duration_ms, outcome = "completed", "job completed"),
             "fail" => {
                 // The server answers with the job: `dead` when this was the last attempt.
-                let outcome = if answer["state"] == "dead" {
+                let dead = decode::<conveyor::Job>(&answer, "a failure report")
+                    .is_ok_and(|job| job.state == conveyor::JobState::Dead);
+                let outcome = if dead {
                     "dead"
                 } else {
                     "failed"
@@ -364,21 +380,15 @@ async fn run_job(ctx: &Ctx, job: Value) {
     }
 }
 
-async fn execute(ctx: &Ctx, job: &Value, id: &str, token: &str) -> CommandEnd {
+async fn execute(ctx: &Ctx, job: &FetchedJob, id: &str, token: &str) -> CommandEnd {
     let mut command = tokio::process::Command::new("sh");
     command
         .arg("-c")
         .arg(&ctx.exec)
         .env("CONVEYOR_JOB_ID", id)
-        .env(
-            "CONVEYOR_JOB_KIND",
-            job["kind"].as_str().unwrap_or_default(),
-        )
-        .env(
-            "CONVEYOR_JOB_QUEUE",
-            job["queue"].as_str().unwrap_or_default(),
-        )
-        .env("CONVEYOR_JOB_ATTEMPT", job["attempt"].to_string())
+        .env("CONVEYOR_JOB_KIND", &job.kind)
+        .env("CONVEYOR_JOB_QUEUE", &job.queue)
+        .env("CONVEYOR_JOB_ATTEMPT", job.attempt.to_string())
         .env("CONVEYOR_LEASE_TOKEN", token)
         .env("CONVEYOR_SERVER", &ctx.server)
         .stdin(Stdio::piped())
@@ -404,14 +414,14 @@ async fn execute(ctx: &Ctx, job: &Value, id: &str, token: &str) -> CommandEnd {
     };
     let group = child.id().map(|pid| pid as i32);
     if let Some(mut stdin) = child.stdin.take() {
-        let payload = serde_json::to_vec(&job["payload"]).unwrap_or_default();
+        let payload = serde_json::to_vec(&job.payload).unwrap_or_default();
         // A command that does not read stdin is fine: ignore a broken pipe.
         let _ = stdin.write_all(&payload).await;
     }
     let output = child.wait_with_output();
     tokio::pin!(output);
     let timeout = async {
-        match job["timeout_ms"].as_u64() {
+        match job.timeout_ms {
             Some(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
             None => std::future::pending().await,
         }
