@@ -3,7 +3,8 @@
 # and chromedriver for the dashboard test, cargo-nextest, Node and the TypeScript client's dev
 # packages, a Python venv with the Python client and pytest), starts the local PostgreSQL if it
 # is down, then runs the Rust tests (nextest, including the client conformance suite), the doc
-# tests, and both clients' own suites. `.ci/run` runs this after fmt and clippy.
+# tests, both clients' own suites, and the API contract run (scripts/contract.sh). `.ci/run`
+# runs this after fmt and clippy.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,3 +45,7 @@ npm test --prefix clients/typescript
 python3 -m venv target/py-venv
 target/py-venv/bin/pip install -q -e clients/python pytest
 target/py-venv/bin/python -m pytest -q clients/python/tests
+
+# The API document against a real server (schemathesis, pinned in the same venv): any
+# disagreement between docs/openapi.yaml and the server fails the run. See docs/testing.md.
+scripts/contract.sh

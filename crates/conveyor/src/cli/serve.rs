@@ -111,6 +111,11 @@ pub(crate) struct ServeArgs {
     /// A connection idle this long between requests is closed, in seconds.
     #[arg(long, default_value_t = 60, env = "CONVEYOR_IDLE_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     idle_timeout_secs: u64,
+    /// The longest a fetch may long-poll (its `wait_ms` is capped to this), in milliseconds.
+    /// At most 30 s, so that it stays within every request timeout; lower it when a proxy in
+    /// front closes quiet requests sooner.
+    #[arg(long, default_value_t = 30_000, env = "CONVEYOR_MAX_FETCH_WAIT_MS", value_parser = clap::value_parser!(u64).range(0..=30_000))]
+    max_fetch_wait_ms: u64,
     /// The longest a request may take, body upload included, in seconds (408 past it). At
     /// least 31: a long-polling fetch may wait 30 s.
     #[arg(long, default_value_t = 90, env = "CONVEYOR_REQUEST_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(31..=86_400))]
@@ -276,6 +281,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             params
         },
         sensitive_fields: args.sensitive_fields.clone(),
+        max_fetch_wait: Duration::from_millis(args.max_fetch_wait_ms),
         ..ServerConfig::default()
     };
     let maintenance = Maintenance::new(store.clone())
