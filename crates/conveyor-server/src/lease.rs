@@ -13,10 +13,10 @@ use serde_json::Value;
 use std::time::Duration;
 use uuid::Uuid;
 
+use crate::api::{FetchResponse, FetchedJob};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{after_ms, check_json_size, ApiJson, JobId};
 use crate::AppState;
-use crate::api::{FetchResponse, FetchedJob};
 
 /// Shortest lease a worker may ask for.
 pub(crate) const MIN_LEASE_MS: u64 = 100;
@@ -69,7 +69,6 @@ pub(crate) struct FetchRequest {
     #[serde(default, deserialize_with = "wire::non_null")]
     version: Option<String>,
 }
-
 
 /// A fetched job as the API shows it to the worker that claimed it.
 fn fetched_job(job: Job) -> ApiResult<FetchedJob> {

@@ -7,9 +7,9 @@
 //! - `65` (EX_DATAERR): permanent failure, straight to the dead-letter queue (class `permanent`);
 //! - anything else, or killed by a signal: retry with backoff (class `exit_status`).
 
+use crate::cli::http::decode;
 use anyhow::Context;
 use clap::Args;
-use crate::cli::http::decode;
 use conveyor_server::api::{FetchResponse, FetchedJob};
 use serde_json::{json, Value};
 use std::collections::HashMap;
@@ -354,11 +354,7 @@ async fn run_job(ctx: &Ctx, job: FetchedJob) {
                 // The server answers with the job: `dead` when this was the last attempt.
                 let dead = decode::<conveyor::Job>(&answer, "a failure report")
                     .is_ok_and(|job| job.state == conveyor::JobState::Dead);
-                let outcome = if dead {
-                    "dead"
-                } else {
-                    "failed"
-                };
+                let outcome = if dead { "dead" } else { "failed" };
                 tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
                     attempt, duration_ms, outcome,
                     error_class = body["error"]["class"].as_str().unwrap_or_default(),
