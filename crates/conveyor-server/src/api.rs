@@ -7,6 +7,7 @@
 //! Every type here round-trips: what the server writes, [`serde_json::from_value`] reads back.
 
 use chrono::{DateTime, Utc};
+use conveyor_core::schedule::{JobTemplate, MissedKind, OverlapPolicy, ScheduleRun};
 use conveyor_core::{ApiToken, AuditEntry, Job, QueueStats, StuckJob, WorkerInfo};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -188,6 +189,42 @@ pub struct AckResponse {
     pub results: Vec<ItemResult>,
 }
 
+/// A schedule as `GET /v1/schedules/{name}`, `PUT` and the list show it: its definition, then
+/// its state. The server writes `conveyor_core::ScheduleView`; this is the same JSON read back
+/// (a test checks that every field the server writes is read).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleAnswer {
+    pub name: String,
+    pub cron: String,
+    pub timezone: String,
+    pub job: JobTemplate,
+    pub overlap: OverlapPolicy,
+    pub missed: MissedKind,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_catch_up: Option<u32>,
+    pub revision: u64,
+    pub due_after: DateTime<Utc>,
+    pub last_tick: Option<DateTime<Utc>>,
+    pub next_run_at: Option<DateTime<Utc>>,
+    pub last_run: Option<ScheduleRun>,
+    /// The latest runs, newest first (in a single schedule's view; empty in lists).
+    pub recent_runs: Vec<ScheduleRun>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+/// `GET /v1/schedules`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ScheduleList {
+    pub schedules: Vec<ScheduleAnswer>,
+}
+
+/// `GET /v1/schedules/{name}/runs`: the latest runs, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunList {
+    pub runs: Vec<ScheduleRun>,
+}
+
 /// `GET /healthz`, `/livez`, `/readyz`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Health {
@@ -263,6 +300,37 @@ mod tests {
             leader: None,
             problem: None,
         });
+    }
+
+    #[test]
+    fn a_schedule_view_as_the_server_writes_it_reads_as_a_schedule_answer() {
+        use conveyor_core::schedule::{Schedule, ScheduleSpec, ScheduleView};
+        use conveyor_core::MissedPolicy;
+        let spec = ScheduleSpec::new("0 3 * * *", JobTemplate::new("report", json!({"n": 1})))
+            .timezone("Europe/Berlin")
+            .missed(MissedPolicy::CatchUp { max: 3 });
+        let now = chrono::Utc::now();
+        let view = ScheduleView {
+            schedule: Schedule::from_spec("nightly", spec).unwrap(),
+            revision: 7,
+            due_after: now,
+            last_tick: Some(now),
+            next_run_at: Some(now),
+            last_run: None,
+            recent_runs: Vec::new(),
+            created_at: now,
+            updated_at: now,
+        };
+        let written = serde_json::to_value(&view).unwrap();
+        let answer: ScheduleAnswer = serde_json::from_value(written.clone())
+            .unwrap_or_else(|e| panic!("{written} does not read as a ScheduleAnswer: {e}"));
+        assert_eq!(answer.name, "nightly");
+        assert_eq!(answer.timezone, "Europe/Berlin");
+        assert_eq!(answer.missed, MissedKind::CatchUp);
+        assert_eq!(answer.max_catch_up, Some(3));
+        assert_eq!(answer.revision, 7);
+        // Nothing the server writes is dropped on the way: written again, it is the same JSON.
+        assert_eq!(serde_json::to_value(&answer).unwrap(), written);
     }
 
     #[test]

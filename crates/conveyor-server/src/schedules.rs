@@ -4,9 +4,10 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use conveyor_core::{validate, AuditAction, Schedule, ScheduleRun, ScheduleSpec, ScheduleView};
+use conveyor_core::{validate, AuditAction, Schedule, ScheduleSpec, ScheduleView};
 use serde::Serialize;
 
+use crate::api::RunList;
 use crate::audit;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
@@ -75,6 +76,7 @@ pub(crate) async fn delete(
     }
 }
 
+/// What `GET /v1/schedules` writes; clients read it as [`crate::api::ScheduleList`].
 #[derive(Serialize)]
 pub(crate) struct ScheduleList {
     schedules: Vec<ScheduleView>,
@@ -84,11 +86,6 @@ pub(crate) async fn list(State(state): State<AppState>) -> ApiResult<Json<Schedu
     Ok(Json(ScheduleList {
         schedules: state.store.schedules_list().await?,
     }))
-}
-
-#[derive(Serialize)]
-pub(crate) struct RunList {
-    runs: Vec<ScheduleRun>,
 }
 
 /// A schedule's latest runs, newest first (`?limit=`, default 50, at most 1000).

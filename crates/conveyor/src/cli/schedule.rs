@@ -7,6 +7,9 @@ use serde_json::{json, Value};
 use std::process::ExitCode;
 
 use super::ServerArg;
+use crate::cli::http::{decode, stamp};
+use conveyor::schedule::ScheduleRun;
+use conveyor_server::api::{RunList, ScheduleAnswer, ScheduleList};
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum ScheduleCommand {
@@ -116,64 +119,59 @@ fn print_json(value: &Value) {
     );
 }
 
-fn text<'a>(value: &'a Value, or: &'a str) -> &'a str {
-    value.as_str().unwrap_or(or)
+/// A policy or status as the API spells it (`skip`, `catch_up`, `enqueued`, ...).
+fn wire_name(value: impl serde::Serialize) -> String {
+    match serde_json::to_value(value) {
+        Ok(Value::String(name)) => name,
+        _ => "?".to_string(),
+    }
+}
+
+fn optional_stamp(at: Option<&chrono::DateTime<chrono::Utc>>) -> String {
+    at.map_or_else(|| "-".to_string(), stamp)
 }
 
 /// `missed` as one word: `skip`, or `catch_up(N)`.
-fn missed(schedule: &Value) -> String {
-    match schedule["missed"].as_str() {
-        Some("catch_up") => format!("catch_up({})", schedule["max_catch_up"]),
-        other => other.unwrap_or("-").to_string(),
+fn missed(schedule: &ScheduleAnswer) -> String {
+    match (wire_name(schedule.missed), schedule.max_catch_up) {
+        (name, Some(max)) if name == "catch_up" => format!("catch_up({max})"),
+        (name, _) => name,
     }
 }
 
 /// A run in one line: tick, status, job and its state, and why when it did not enqueue.
-fn run_line(run: &Value) -> String {
-    let catch_up = if run["catch_up"] == true {
-        " (catch-up)"
-    } else {
-        ""
-    };
+fn run_line(run: &ScheduleRun) -> String {
+    let catch_up = if run.catch_up { " (catch-up)" } else { "" };
     format!(
         "{}  {:<16} {:<36} {:<10}{catch_up} {}",
-        text(&run["tick"], "?"),
-        text(&run["status"], "?"),
-        text(&run["job_id"], "-"),
-        text(&run["job_state"], "-"),
-        text(&run["detail"], "")
+        stamp(&run.tick),
+        wire_name(run.status),
+        run.job_id
+            .map_or_else(|| "-".to_string(), |id| id.to_string()),
+        run.job_state
+            .map_or_else(|| "-".to_string(), |state| state.to_string()),
+        run.detail.as_deref().unwrap_or("")
     )
 }
 
-fn print_schedule(schedule: &Value) {
-    let job = &schedule["job"];
+fn print_schedule(schedule: &ScheduleAnswer) {
+    let job = &schedule.job;
     for (label, value) in [
-        ("name", text(&schedule["name"], "?").to_string()),
-        ("cron", text(&schedule["cron"], "?").to_string()),
-        ("timezone", text(&schedule["timezone"], "?").to_string()),
-        (
-            "job",
-            format!(
-                "{} in {}",
-                text(&job["kind"], "?"),
-                text(&job["queue"], "?")
-            ),
-        ),
-        ("payload", job["payload"].to_string()),
-        ("overlap", text(&schedule["overlap"], "-").to_string()),
+        ("name", schedule.name.clone()),
+        ("cron", schedule.cron.clone()),
+        ("timezone", schedule.timezone.clone()),
+        ("job", format!("{} in {}", job.kind, job.queue)),
+        ("payload", job.payload.to_string()),
+        ("overlap", wire_name(schedule.overlap)),
         ("missed", missed(schedule)),
-        ("next run", text(&schedule["next_run_at"], "-").to_string()),
-        ("last tick", text(&schedule["last_tick"], "-").to_string()),
-        ("updated", text(&schedule["updated_at"], "-").to_string()),
+        ("next run", optional_stamp(schedule.next_run_at.as_ref())),
+        ("last tick", optional_stamp(schedule.last_tick.as_ref())),
+        ("updated", stamp(&schedule.updated_at)),
     ] {
         println!("{label:>10}: {value}");
     }
-    let runs = schedule["recent_runs"]
-        .as_array()
-        .cloned()
-        .unwrap_or_default();
-    println!("{:>10}: {}", "runs", runs.len());
-    for run in &runs {
+    println!("{:>10}: {}", "runs", schedule.recent_runs.len());
+    for run in &schedule.recent_runs {
         println!("{:>10}  {}", "", run_line(run));
     }
 }
@@ -187,22 +185,23 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
                 print_json(&answer);
                 return Ok(ExitCode::SUCCESS);
             }
-            let schedules = answer["schedules"].as_array().cloned().unwrap_or_default();
+            let schedules = decode::<ScheduleList>(&answer, "GET /v1/schedules")?.schedules;
             println!(
                 "{:<24} {:<16} {:<16} {:<20} {:<24} {:<16} LAST JOB",
                 "NAME", "CRON", "TIMEZONE", "KIND", "NEXT RUN", "LAST RUN"
             );
             for schedule in &schedules {
-                let last = &schedule["last_run"];
+                let last = schedule.last_run.as_ref();
                 println!(
                     "{:<24} {:<16} {:<16} {:<20} {:<24} {:<16} {}",
-                    text(&schedule["name"], "?"),
-                    text(&schedule["cron"], "?"),
-                    text(&schedule["timezone"], "?"),
-                    text(&schedule["job"]["kind"], "?"),
-                    text(&schedule["next_run_at"], "-"),
-                    text(&last["status"], "-"),
-                    text(&last["job_state"], "-"),
+                    schedule.name,
+                    schedule.cron,
+                    schedule.timezone,
+                    schedule.job.kind,
+                    optional_stamp(schedule.next_run_at.as_ref()),
+                    last.map_or_else(|| "-".to_string(), |run| wire_name(run.status)),
+                    last.and_then(|run| run.job_state)
+                        .map_or_else(|| "-".to_string(), |state| state.to_string()),
                 );
             }
             println!("{} schedule(s)", schedules.len());
@@ -213,7 +212,7 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
             if server.json {
                 print_json(&schedule);
             } else {
-                print_schedule(&schedule);
+                print_schedule(&decode(&schedule, "GET /v1/schedules/{name}")?);
             }
         }
         ScheduleCommand::Set(args) => {
@@ -263,10 +262,11 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
             if args.server.json {
                 print_json(&schedule);
             } else {
+                let schedule: ScheduleAnswer = decode(&schedule, "PUT /v1/schedules/{name}")?;
                 println!(
                     "schedule {} set; next run {}",
-                    text(&schedule["name"], "?"),
-                    text(&schedule["next_run_at"], "-")
+                    schedule.name,
+                    optional_stamp(schedule.next_run_at.as_ref())
                 );
             }
         }
@@ -283,7 +283,7 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
                 print_json(&answer);
                 return Ok(ExitCode::SUCCESS);
             }
-            let runs = answer["runs"].as_array().cloned().unwrap_or_default();
+            let runs = decode::<RunList>(&answer, "GET /v1/schedules/{name}/runs")?.runs;
             for run in &runs {
                 println!("{}", run_line(run));
             }
