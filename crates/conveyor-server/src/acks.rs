@@ -143,6 +143,7 @@ pub(crate) async fn apply(state: &AppState, acks: Acks) -> ApiResult<Vec<ItemRes
         async move { (id, state.store.job_fail(params).await) }
     }));
     let (completed, failed) = tokio::join!(completions, failures);
+    state.finished.notify_waiters();
     let completed = completed?;
     if completed.len() != complete_ids.len() {
         return Err(ApiError::Internal(format!(

@@ -11,6 +11,7 @@ use conveyor_core::{
 };
 use serde::Deserialize;
 use serde_json::Value;
+use std::time::Duration;
 
 use crate::api::{BatchResponse, EnqueuedJob, JobPage};
 use crate::audit;
@@ -261,21 +262,68 @@ pub(crate) async fn enqueue_batch(
     Ok((StatusCode::CREATED, Json(BatchResponse { ids, duplicates })))
 }
 
+/// `GET /v1/jobs/{id}[?wait_ms=N]`: the job; with `wait_ms`, once it is finished (completed,
+/// dead or cancelled) or `wait_ms` has passed (capped like a fetch's long-poll), whichever comes
+/// first, so a producer can wait for a result without polling.
 pub(crate) async fn get(
     State(state): State<AppState>,
     caller: Caller,
     JobId(id): JobId,
+    QueryPairs(pairs): QueryPairs,
 ) -> ApiResult<Json<Job>> {
-    let job = state
-        .store
-        .job_get(id)
-        .await?
-        .ok_or(ApiError::JobNotFound(id))?;
-    // A producer sees only its own jobs; another's answers as if it did not exist.
-    if !may_read(&caller, &job) {
-        return Err(ApiError::JobNotFound(id));
+    let mut wait = Duration::ZERO;
+    for (key, value) in pairs {
+        match key.as_str() {
+            "wait_ms" => {
+                let ms = value
+                    .parse::<u64>()
+                    .ok()
+                    .filter(|ms| *ms <= conveyor_core::validate::MAX_STORED_INTEGER)
+                    .ok_or_else(|| {
+                        ApiError::invalid(
+                            "wait_ms",
+                            "must be a whole number of milliseconds from 0 to 2^63-1",
+                        )
+                    })?;
+                wait = Duration::from_millis(ms).min(state.config.max_fetch_wait);
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    "unknown query parameter; expected wait_ms",
+                ))
+            }
+        }
     }
-    Ok(Json(state.config.redacted(job)))
+    let deadline = tokio::time::Instant::now() + wait;
+    // Finished through this server: a notification. Through another process (an embedded
+    // worker, another node): a look that grows from 50 ms to a second while nothing changes.
+    let mut poll = Duration::from_millis(50);
+    loop {
+        let finished = state.finished.notified();
+        tokio::pin!(finished);
+        finished.as_mut().enable();
+        let job = state
+            .store
+            .job_get(id)
+            .await?
+            .ok_or(ApiError::JobNotFound(id))?;
+        // A producer sees only its own jobs; another's answers as if it did not exist.
+        if !may_read(&caller, &job) {
+            return Err(ApiError::JobNotFound(id));
+        }
+        let now = tokio::time::Instant::now();
+        if job.state.is_finished() || now >= deadline || state.shutdown.is_cancelled() {
+            return Ok(Json(state.config.redacted(job)));
+        }
+        tokio::select! {
+            _ = &mut finished => {}
+            _ = state.shutdown.cancelled() => {}
+            _ = tokio::time::sleep_until(deadline.min(now + poll)) => {
+                poll = (poll * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
 }
 
 /// Parses `queue`, `kind`, `limit`, `after` and (when `state` is `None`) `state` from a query
@@ -359,6 +407,7 @@ pub(crate) async fn cancel(
     JobId(id): JobId,
 ) -> ApiResult<Json<Job>> {
     let job = state.store.job_cancel(id).await?;
+    state.finished.notify_waiters();
     let entry = caller
         .audit(AuditAction::JobCancel)
         .target(job.queue.clone());

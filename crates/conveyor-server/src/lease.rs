@@ -287,6 +287,7 @@ pub(crate) async fn complete(
         .await?
         .pop()
         .ok_or_else(|| ApiError::Internal("store answered no completion outcome".to_string()))?;
+    state.finished.notify_waiters();
     match outcome {
         LeaseOutcome::Applied => {
             crate::observe::count_completed(&state, id).await;
@@ -340,6 +341,7 @@ pub(crate) async fn fail(
         request.retry_after_ms,
     )?;
     let job = state.store.job_fail(params).await?;
+    state.finished.notify_waiters();
     crate::observe::count_reported(&state, &job, AttemptStatus::of_failure(job.state));
     Ok(Json(job))
 }

@@ -57,7 +57,7 @@ pub struct ServerConfig {
     pub max_payload_bytes: usize,
     /// Lease given to fetched jobs (and added by heartbeats) when the worker names none.
     pub default_lease: Duration,
-    /// Longest a fetch may long-poll (`wait_ms` is capped to this).
+    /// Longest a fetch or a job read may long-poll (`wait_ms` is capped to this).
     pub max_fetch_wait: Duration,
     /// How often a long-polling fetch looks again when not woken (jobs made available by
     /// another process, or scheduled jobs coming due).
@@ -153,6 +153,10 @@ pub(crate) struct AppState {
     pub registry: Arc<acks::Registry>,
     /// Jobs this server handed out, by id, until completed (see `acks::LeasedJob`).
     pub leased: Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, acks::LeasedJob>>>,
+    /// Notified whenever this server may have finished a job (a completion, a failure, a
+    /// cancellation), so `GET /v1/jobs/{id}?wait_ms=` answers at once; jobs finished through
+    /// other processes are seen by that wait's polling.
+    pub finished: Arc<tokio::sync::Notify>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -187,6 +191,7 @@ pub fn router_with_options(
         metrics,
         registry: Arc::default(),
         leased: Arc::default(),
+        finished: Arc::default(),
     };
     Router::new()
         .route("/v1/jobs", post(jobs::enqueue).get(jobs::list))

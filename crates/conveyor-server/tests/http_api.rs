@@ -1198,3 +1198,122 @@ async fn out_of_range_numbers_and_nul_characters_are_refused_naming_the_field() 
     let (_, listed) = api.get("/v1/jobs").await;
     assert_eq!(listed["jobs"], json!([]), "nothing stored");
 }
+
+/// `GET /v1/jobs/{id}?wait_ms=`: answers as soon as the job finishes through this server (a
+/// completion, a failure to dead, a cancellation), not at the end of the wait.
+#[tokio::test]
+async fn a_job_read_with_wait_ms_answers_when_the_job_finishes() {
+    let api = Arc::new(start().await);
+    let id = api
+        .enqueue(json!({"kind": "report", "queue": "results"}))
+        .await;
+    let waiter = {
+        let api = api.clone();
+        let id = id.clone();
+        tokio::spawn(async move { api.get(&format!("/v1/jobs/{id}?wait_ms=30000")).await })
+    };
+    let (fetched, token) = api.fetch_one("results").await;
+    assert_eq!(fetched, id);
+    assert!(!waiter.is_finished(), "answered before the job finished");
+    let (status, _) = api
+        .post(
+            &format!("/v1/jobs/{id}/complete"),
+            json!({"lease_token": token, "result": {"rows": 3}}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, job) = waiter.await.unwrap();
+    assert_eq!(status, StatusCode::OK, "{job}");
+    assert_eq!(job["state"], "completed", "{job}");
+    assert_eq!(job["result"], json!({"rows": 3}));
+
+    // A cancellation finishes a job too.
+    let id = api
+        .enqueue(json!({"kind": "report", "queue": "results"}))
+        .await;
+    let waiter = {
+        let api = api.clone();
+        let id = id.clone();
+        tokio::spawn(async move { api.get(&format!("/v1/jobs/{id}?wait_ms=30000")).await })
+    };
+    api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    let (_, job) = waiter.await.unwrap();
+    assert_eq!(job["state"], "cancelled", "{job}");
+}
+
+/// A job finished by another process (here: straight through the store, as an embedded worker
+/// or another node would) is seen by the wait's polling; an unfinished one is answered as it is
+/// once the wait has passed; a finished one at once.
+#[tokio::test]
+async fn a_job_read_with_wait_ms_sees_other_processes_and_gives_up_at_the_deadline() {
+    let api = Arc::new(start().await);
+    let id = api
+        .enqueue(json!({"kind": "report", "queue": "elsewhere"}))
+        .await;
+    let waiter = {
+        let api = api.clone();
+        let id = id.clone();
+        tokio::spawn(async move { api.get(&format!("/v1/jobs/{id}?wait_ms=30000")).await })
+    };
+    let mut params = conveyor_core::FetchParams {
+        worker_id: "embedded".into(),
+        queues: vec!["elsewhere".into()],
+        max: 1,
+        lease: Duration::from_secs(30),
+        kinds: None,
+    };
+    conveyor_core::validate::fetch(&mut params).unwrap();
+    let claimed = api.store.jobs_fetch(params).await.unwrap();
+    let lease = claimed[0].lease_ref().unwrap();
+    api.store
+        .jobs_complete_many(vec![conveyor_core::CompleteParams {
+            lease,
+            result: None,
+        }])
+        .await
+        .unwrap();
+    let (_, job) = waiter.await.unwrap();
+    assert_eq!(job["state"], "completed", "{job}");
+    let started = Instant::now();
+    let (status, job) = api.get(&format!("/v1/jobs/{id}?wait_ms=30000")).await;
+    assert_eq!(
+        (status, &job["state"]),
+        (StatusCode::OK, &json!("completed"))
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "a finished job waited"
+    );
+
+    let id = api
+        .enqueue(json!({"kind": "report", "queue": "idle"}))
+        .await;
+    let started = Instant::now();
+    let (status, job) = api.get(&format!("/v1/jobs/{id}?wait_ms=300")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(job["state"], "available", "{job}");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "gave up after {:?}, before the 300 ms asked",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn a_job_read_refuses_a_bad_wait_naming_the_parameter() {
+    let api = start().await;
+    let id = api.enqueue(json!({"kind": "report"})).await;
+    for (query, field) in [
+        ("wait_ms=soon", "wait_ms"),
+        ("wait_ms=-5", "wait_ms"),
+        ("wait_ms=1.5", "wait_ms"),
+        ("wait_ms=99999999999999999999999", "wait_ms"),
+        ("timeout=5", "timeout"),
+    ] {
+        let (status, body) = api.get(&format!("/v1/jobs/{id}?{query}")).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
+        assert_eq!(body["error"]["field"], field, "{query}: {body}");
+    }
+    // Nothing changed: the job is still there, unfinished.
+    assert_eq!(api.job(&id).await["state"], "available");
+}

@@ -111,7 +111,8 @@ pub(crate) struct ServeArgs {
     /// A connection idle this long between requests is closed, in seconds.
     #[arg(long, default_value_t = 60, env = "CONVEYOR_IDLE_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..=86_400))]
     idle_timeout_secs: u64,
-    /// The longest a fetch may long-poll (its `wait_ms` is capped to this), in milliseconds.
+    /// The longest a fetch or a job read (`GET /v1/jobs/{id}?wait_ms=`) may long-poll (their
+    /// `wait_ms` is capped to this), in milliseconds.
     /// At most 30 s, so that it stays within every request timeout; lower it when a proxy in
     /// front closes quiet requests sooner.
     #[arg(long, default_value_t = 30_000, env = "CONVEYOR_MAX_FETCH_WAIT_MS", value_parser = clap::value_parser!(u64).range(0..=30_000))]
