@@ -95,3 +95,17 @@ def test_survives_a_server_restart(own_server):
             assert (await client.get(first)).payload == {"n": 1}
 
     run(main())
+
+
+def test_wait_answers_once_the_job_is_cancelled(server, queue):
+    async def main():
+        async with AsyncClient(server.url) as client, AsyncClient(server.url) as other:
+            job_id = await client.enqueue("report", {"n": 1}, queue=queue)
+            waiting = asyncio.create_task(other.wait(job_id, timeout=30))
+            await client.cancel(job_id)
+            job = await asyncio.wait_for(waiting, 20)
+            assert job.state == "cancelled"
+            quick = await client.wait(job_id, timeout=30)
+            assert quick.state == "cancelled"
+
+    run(main())

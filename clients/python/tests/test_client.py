@@ -202,3 +202,35 @@ def test_base_url_forms():
     with pytest.raises(ValueError):
         Client("ftp://example.com")
     assert Client("127.0.0.1:7700/").url == "http://127.0.0.1:7700"
+
+
+def test_wait_answers_once_the_job_finishes_or_the_timeout_passes(client, server, queue):
+    import threading
+    import time
+
+    job_id = client.enqueue("report", {"n": 1}, queue=queue)
+    waited = []
+    waiter = threading.Thread(
+        target=lambda: waited.append(Client(server.url).wait(job_id, timeout=30))
+    )
+    waiter.start()
+    fetched = client.request(
+        "POST", "/v1/fetch", {"worker_id": "py-wait", "queues": [queue], "max": 1}
+    )
+    lease_token = fetched["jobs"][0]["lease_token"]
+    client.request(
+        "POST", f"/v1/jobs/{job_id}/complete", {"lease_token": lease_token, "result": {"rows": 3}}
+    )
+    waiter.join(20)
+    assert waited, "wait() did not return after the job completed"
+    assert waited[0].state == "completed"
+    assert waited[0].result == {"rows": 3}
+
+    unfinished = client.enqueue("report", {"n": 2}, queue=queue + "-idle")
+    started = time.monotonic()
+    job = client.wait(unfinished, timeout=0.3)
+    assert job.state == "available"
+    assert time.monotonic() - started >= 0.3
+
+    with pytest.raises(ValueError):
+        client.wait(unfinished, timeout=-1)

@@ -8,7 +8,6 @@ export interface ErrorRecord {
     class: string;
     message: string;
 }
-/** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
 export interface JobView {
     id: string;
     kind: string;
@@ -100,6 +99,14 @@ export declare class Client {
     enqueueMany(jobs: JobSpec[]): Promise<string[]>;
     /** The job with its error history; rejects with `NotFound` when there is none. */
     get(id: string): Promise<JobView>;
+    /**
+     * Resolves with the job once it has finished (`completed`, `dead` or `cancelled`), or as it
+     * is when `timeoutMs` (default 30 000) passes first. The server holds the request until then
+     * (`GET /v1/jobs/{id}?wait_ms=`), so waiting costs no polling.
+     */
+    wait(id: string, options?: {
+        timeoutMs?: number;
+    }): Promise<JobView>;
     /** Cancels an unfinished job (admin role); resolves with the cancelled job. */
     cancel(id: string): Promise<JobView>;
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */

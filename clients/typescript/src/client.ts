@@ -14,6 +14,11 @@ export interface ErrorRecord {
 }
 
 /** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
+/** A job in one of these states never runs again unless replayed. */
+const FINISHED_STATES: ReadonlySet<string> = new Set(['completed', 'dead', 'cancelled']);
+/** The longest one long-poll asks the server for (it caps it at its --max-fetch-wait-ms). */
+const MAX_WAIT_MS = 30_000;
+
 export interface JobView {
   id: string;
   kind: string;
@@ -159,6 +164,29 @@ export class Client {
   async get(id: string): Promise<JobView> {
     const res = await this.transport.request<JobView>('GET', `/v1/jobs/${seg(id)}`);
     return res.body;
+  }
+
+  /**
+   * Resolves with the job once it has finished (`completed`, `dead` or `cancelled`), or as it
+   * is when `timeoutMs` (default 30 000) passes first. The server holds the request until then
+   * (`GET /v1/jobs/{id}?wait_ms=`), so waiting costs no polling.
+   */
+  async wait(id: string, options: { timeoutMs?: number } = {}): Promise<JobView> {
+    const timeoutMs = options.timeoutMs ?? 30_000;
+    if (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0) {
+      throw new TypeError('conveyor: wait timeoutMs must be a non-negative number of milliseconds');
+    }
+    const deadline = Date.now() + timeoutMs;
+    for (;;) {
+      const waitMs = Math.min(Math.max(0, Math.floor(deadline - Date.now())), MAX_WAIT_MS);
+      const res = await this.transport.request<JobView>(
+        'GET',
+        `/v1/jobs/${seg(id)}?wait_ms=${waitMs}`,
+        undefined,
+        { timeoutMs: waitMs + 30_000 },
+      );
+      if (FINISHED_STATES.has(res.body.state) || Date.now() >= deadline) return res.body;
+    }
   }
 
   /** Cancels an unfinished job (admin role); resolves with the cancelled job. */

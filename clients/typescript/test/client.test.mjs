@@ -152,3 +152,36 @@ test('many concurrent enqueues over keep-alive connections', async () => {
   const ids = await Promise.all(Array.from({ length: 200 }, (_, n) => client.enqueue('c', { n }, { queue })));
   assert.equal(new Set(ids).size, 200);
 });
+
+test('wait resolves once the job finishes, or as it is when the timeout passes', async () => {
+  const queue = uniqueQueue();
+  const id = await client.enqueue('report', { n: 1 }, { queue });
+  const other = new Client({ url: server.url });
+  try {
+    const waiting = other.wait(id, { timeoutMs: 30_000 });
+    const res = await fetch(`${server.url}/v1/fetch`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ worker_id: 'ts-wait', queues: [queue], max: 1 }),
+    });
+    const { jobs } = await res.json();
+    assert.equal(jobs[0].id, id);
+    await fetch(`${server.url}/v1/jobs/${id}/complete`, {
+      method: 'POST',
+      headers: { 'content-type': 'application/json' },
+      body: JSON.stringify({ lease_token: jobs[0].lease_token, result: { rows: 3 } }),
+    });
+    const done = await waiting;
+    assert.equal(done.state, 'completed');
+    assert.deepEqual(done.result, { rows: 3 });
+  } finally {
+    other.close();
+  }
+
+  const idle = await client.enqueue('report', { n: 2 }, { queue: uniqueQueue() });
+  const started = Date.now();
+  const job = await client.wait(idle, { timeoutMs: 300 });
+  assert.equal(job.state, 'available');
+  assert.ok(Date.now() - started >= 300, `gave up after ${Date.now() - started} ms`);
+  await assert.rejects(client.wait(idle, { timeoutMs: -1 }), TypeError);
+});

@@ -62,6 +62,18 @@ def headers(endpoint: Endpoint, token: Optional[str], body: Optional[bytes]) -> 
     return result
 
 
+# A job in one of these states never runs again unless replayed.
+FINISHED_STATES = frozenset({"completed", "dead", "cancelled"})
+
+# The longest one long-poll asks the server for (it caps it at its --max-fetch-wait-ms).
+MAX_WAIT_MS = 30_000
+
+
+def wait_deadline_ms(timeout: Seconds) -> int:
+    """``timeout`` in milliseconds, checked (non-negative)."""
+    return _milliseconds(timeout, "timeout")
+
+
 def job_path(job_id: str, action: str = "") -> str:
     path = "/v1/jobs/" + quote(str(job_id), safe="")
     return path + "/" + action if action else path

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import ssl
+import time
 from typing import Any, Iterable, List, Mapping, Optional, Union
 
 from . import _wire
@@ -87,6 +88,21 @@ class Client:
         """The job with its error history; raises ``NotFound`` for an unknown id."""
         return Job.from_json(self._http.request("GET", _wire.job_path(id)))
 
+    def wait(self, id: str, timeout: Seconds = 30.0) -> Job:
+        """The job once it has finished (``completed``, ``dead`` or ``cancelled``), or as it is
+        when ``timeout`` seconds pass first. The server holds the request until then
+        (``GET /v1/jobs/{id}?wait_ms=``), so waiting costs no polling."""
+        deadline = time.monotonic() + _wire.wait_deadline_ms(timeout) / 1000
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            wait_ms = min(left_ms, _wire.MAX_WAIT_MS)
+            answer = self._http.request(
+                "GET", f"{_wire.job_path(id)}?wait_ms={wait_ms}", timeout=wait_ms / 1000 + 30
+            )
+            job = Job.from_json(answer)
+            if job.state in _wire.FINISHED_STATES or time.monotonic() >= deadline:
+                return job
+
     def cancel(self, id: str) -> Job:
         """Cancels an unfinished job (a running one's lease is revoked) and returns it; raises
         ``Conflict`` when it had already finished, ``NotFound`` for an unknown id."""
@@ -165,6 +181,20 @@ class AsyncClient:
 
     async def get(self, id: str) -> Job:
         return Job.from_json(await self._http.request("GET", _wire.job_path(id)))
+
+    async def wait(self, id: str, timeout: Seconds = 30.0) -> Job:
+        """The job once it has finished, or as it is when ``timeout`` seconds pass first (see
+        :meth:`Client.wait`)."""
+        deadline = time.monotonic() + _wire.wait_deadline_ms(timeout) / 1000
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            wait_ms = min(left_ms, _wire.MAX_WAIT_MS)
+            answer = await self._http.request(
+                "GET", f"{_wire.job_path(id)}?wait_ms={wait_ms}", timeout=wait_ms / 1000 + 30
+            )
+            job = Job.from_json(answer)
+            if job.state in _wire.FINISHED_STATES or time.monotonic() >= deadline:
+                return job
 
     async def cancel(self, id: str) -> Job:
         return Job.from_json(await self._http.request("POST", _wire.job_path(id, "cancel")))
