@@ -24,7 +24,11 @@
 
 mod common;
 
+use chrono::{DateTime, Utc};
 use common::{eventually_blocking, eventually_blocking_within, http, path_in, temp_dir, Proc, BIN};
+use conveyor::{Job, JobState, WorkerState};
+use conveyor_server::api::{BatchResponse, EnqueuedJob, WorkersResponse};
+use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -32,6 +36,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use uuid::Uuid;
 
 const QUEUE: &str = "conformance";
 
@@ -189,54 +194,73 @@ fn get(url: &str, token: Option<&str>) -> Value {
     response.json().expect("JSON")
 }
 
+/// Reads the server's answer `raw` to `what` as its `conveyor_server::api` (or `conveyor`)
+/// type; panics showing the raw answer if it does not fit.
+fn parse<T: DeserializeOwned>(what: &str, raw: Value) -> T {
+    match serde_json::from_value(raw.clone()) {
+        Ok(answer) => answer,
+        Err(e) => panic!(
+            "the answer to {what} does not read as {}: {e}\n{raw:#}",
+            std::any::type_name::<T>()
+        ),
+    }
+}
+
+/// `GET url`, read as `T`.
+fn get_as<T: DeserializeOwned>(url: &str, token: Option<&str>) -> T {
+    parse(&format!("GET {url}"), get(url, token))
+}
+
 /// Enqueues `kind` with `payload` (and more fields) on the conformance queue; the job's id.
-fn enqueue(server: &str, token: Option<&str>, kind: &str, payload: Value, more: Value) -> String {
+fn enqueue(server: &str, token: Option<&str>, kind: &str, payload: Value, more: Value) -> Uuid {
     let mut body = json!({"kind": kind, "payload": payload, "queue": QUEUE});
     if let Value::Object(fields) = more {
         body.as_object_mut().unwrap().extend(fields);
     }
     let (status, job) = post(&format!("{server}/v1/jobs"), token, &body);
     assert_eq!(status, 201, "enqueue {kind}: {job}");
-    job["id"].as_str().expect("id").to_string()
+    parse::<EnqueuedJob>(&format!("POST /v1/jobs ({kind})"), job).id()
 }
 
-fn job(server: &str, token: Option<&str>, id: &str) -> Value {
-    get(&format!("{server}/v1/jobs/{id}"), token)
+fn job(server: &str, token: Option<&str>, id: Uuid) -> Job {
+    get_as(&format!("{server}/v1/jobs/{id}"), token)
 }
 
 /// Polls the job until `done` holds for it (30 s at most); the job then.
-fn wait_job(server: &str, id: &str, what: &str, done: impl Fn(&Value) -> bool) -> Value {
+fn wait_job(server: &str, id: Uuid, what: &str, done: impl Fn(&Job) -> bool) -> Job {
     wait_job_with(server, None, id, what, done)
 }
 
 fn wait_job_with(
     server: &str,
     token: Option<&str>,
-    id: &str,
+    id: Uuid,
     what: &str,
-    done: impl Fn(&Value) -> bool,
-) -> Value {
+    done: impl Fn(&Job) -> bool,
+) -> Job {
     eventually_blocking(&format!("job {id} to be {what}"), || {
         let job = job(server, token, id);
         if done(&job) {
             Ok(job)
         } else {
-            Err(format!("{job:#}"))
+            Err(format!("{job:#?}"))
         }
     })
 }
 
-fn wait_state(server: &str, id: &str, state: &str) -> Value {
-    wait_job(server, id, state, |job| job["state"] == state)
+fn wait_state(server: &str, id: Uuid, state: JobState) -> Job {
+    wait_job(server, id, &state.to_string(), |job| job.state == state)
 }
 
-fn millis_between(earlier: &Value, later: &Value) -> i64 {
-    let parse = |v: &Value| {
-        chrono::DateTime::parse_from_rfc3339(v.as_str().expect("timestamp"))
-            .expect("RFC 3339")
-            .timestamp_millis()
-    };
-    parse(later) - parse(earlier)
+/// Milliseconds from `earlier` to `later`, each taken at millisecond precision.
+fn millis_between(earlier: DateTime<Utc>, later: DateTime<Utc>) -> i64 {
+    later.timestamp_millis() - earlier.timestamp_millis()
+}
+
+/// When the job finished; panics showing the job if it has not.
+fn finished_at(job: &Job) -> DateTime<Utc> {
+    job.finished_at
+        .unwrap_or_else(|| panic!("no finished_at: {job:#?}"))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -382,40 +406,38 @@ fn ok_single_and_batch(client: Client) {
         &json!({"jobs": jobs}),
     );
     assert_eq!(status, 201, "{batch}");
-    let ids: Vec<String> = batch["ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|id| id.as_str().unwrap().to_string())
-        .collect();
-    assert_eq!(ids.len(), 30);
+    let batch: BatchResponse = parse("POST /v1/jobs/batch", batch);
+    assert_eq!(batch.ids.len(), 30, "{batch:?}");
 
-    let done = wait_state(url, &single, "completed");
-    assert_eq!(done["result"], json!({"echo": {"n": "single"}}));
-    assert_eq!(done["attempt"], 1);
-    for (n, id) in ids.iter().enumerate() {
-        let done = wait_state(url, id, "completed");
+    let done = wait_state(url, single, JobState::Completed);
+    assert_eq!(
+        done.result,
+        Some(json!({"echo": {"n": "single"}})),
+        "{done:#?}"
+    );
+    assert_eq!(done.attempt, 1, "{done:#?}");
+    for (n, &id) in batch.ids.iter().enumerate() {
+        let done = wait_state(url, id, JobState::Completed);
         assert_eq!(
-            done["result"],
-            json!({"echo": {"n": n, "text": "héllo ✓"}}),
-            "{done:#}"
+            done.result,
+            Some(json!({"echo": {"n": n, "text": "héllo ✓"}})),
+            "{done:#?}"
         );
-        assert_eq!(done["attempt"], 1, "{done:#}");
-        assert_eq!(done["errors"], json!([]), "{done:#}");
+        assert_eq!(done.attempt, 1, "{done:#?}");
+        assert!(done.errors.is_empty(), "{done:#?}");
     }
-    let never = job(url, None, &unknown);
-    assert_eq!(never["state"], "available", "{never:#}");
-    assert_eq!(never["attempt"], 0, "claimed without a handler: {never:#}");
+    let never = job(url, None, unknown);
+    assert_eq!(never.state, JobState::Available, "{never:#?}");
+    assert_eq!(never.attempt, 0, "claimed without a handler: {never:#?}");
 
-    let workers = get(&format!("{url}/v1/workers"), None);
-    let registered = workers["workers"]
-        .as_array()
-        .unwrap()
+    let workers: WorkersResponse = get_as(&format!("{url}/v1/workers"), None);
+    let registered = workers
+        .workers
         .iter()
-        .any(|w| w["concurrency"] == 4 && w["state"] == "alive");
+        .any(|w| w.concurrency == 4 && w.state == WorkerState::Alive);
     assert!(
         registered,
-        "the worker is not registered with concurrency 4: {workers:#}"
+        "the worker is not registered with concurrency 4: {workers:#?}"
     );
 }
 
@@ -424,24 +446,24 @@ fn ok_single_and_batch(client: Client) {
 fn retry_twice_with_backoff(client: Client) {
     let (_dir, server, _worker) = setup(client, &Options::default());
     let id = enqueue(&server.url, None, "retry_twice", json!({}), json!({}));
-    let done = wait_state(&server.url, &id, "completed");
-    assert_eq!(done["attempt"], 3, "{done:#}");
-    assert_eq!(done["result"], json!({"attempt": 3}), "{done:#}");
-    let errors = done["errors"].as_array().unwrap();
-    assert_eq!(errors.len(), 2, "{done:#}");
-    for (n, error) in errors.iter().enumerate() {
-        assert_eq!(error["attempt"], n + 1, "{done:#}");
+    let done = wait_state(&server.url, id, JobState::Completed);
+    assert_eq!(done.attempt, 3, "{done:#?}");
+    assert_eq!(done.result, Some(json!({"attempt": 3})), "{done:#?}");
+    let errors = &done.errors;
+    assert_eq!(errors.len(), 2, "{done:#?}");
+    for (attempt, error) in (1..).zip(errors) {
+        assert_eq!(error.attempt, attempt, "{done:#?}");
         assert_eq!(
-            error["class"], "error",
-            "Retry records class `error`: {done:#}"
+            error.class, "error",
+            "Retry records class `error`: {done:#?}"
         );
     }
-    let first_gap = millis_between(&errors[0]["at"], &errors[1]["at"]);
-    let second_gap = millis_between(&errors[1]["at"], &done["finished_at"]);
-    assert!(first_gap >= 750, "retried after {first_gap} ms: {done:#}");
+    let first_gap = millis_between(errors[0].at, errors[1].at);
+    let second_gap = millis_between(errors[1].at, finished_at(&done));
+    assert!(first_gap >= 750, "retried after {first_gap} ms: {done:#?}");
     assert!(
         second_gap >= 1500,
-        "retried after {second_gap} ms: {done:#}"
+        "retried after {second_gap} ms: {done:#?}"
     );
 }
 
@@ -449,13 +471,13 @@ fn retry_twice_with_backoff(client: Client) {
 fn retry_after(client: Client) {
     let (_dir, server, _worker) = setup(client, &Options::default());
     let id = enqueue(&server.url, None, "retry_after", json!({}), json!({}));
-    let done = wait_state(&server.url, &id, "completed");
-    assert_eq!(done["attempt"], 2, "{done:#}");
-    let errors = done["errors"].as_array().unwrap();
-    assert_eq!(errors.len(), 1, "{done:#}");
-    assert_eq!(errors[0]["class"], "retry_after", "{done:#}");
-    let gap = millis_between(&errors[0]["at"], &done["finished_at"]);
-    assert!(gap >= 450, "retried after {gap} ms, asked 500: {done:#}");
+    let done = wait_state(&server.url, id, JobState::Completed);
+    assert_eq!(done.attempt, 2, "{done:#?}");
+    let errors = &done.errors;
+    assert_eq!(errors.len(), 1, "{done:#?}");
+    assert_eq!(errors[0].class, "retry_after", "{done:#?}");
+    let gap = millis_between(errors[0].at, finished_at(&done));
+    assert!(gap >= 450, "retried after {gap} ms, asked 500: {done:#?}");
 }
 
 /// `Permanent` sends the job straight to the dead-letter queue, attempts left or not.
@@ -468,17 +490,14 @@ fn permanent_goes_dead(client: Client) {
         json!({"message": "no such customer 42"}),
         json!({"max_attempts": 5}),
     );
-    let dead = wait_state(&server.url, &id, "dead");
-    assert_eq!(dead["attempt"], 1, "{dead:#}");
-    let errors = dead["errors"].as_array().unwrap();
-    assert_eq!(errors.len(), 1, "{dead:#}");
-    assert_eq!(errors[0]["class"], "permanent", "{dead:#}");
+    let dead = wait_state(&server.url, id, JobState::Dead);
+    assert_eq!(dead.attempt, 1, "{dead:#?}");
+    let errors = &dead.errors;
+    assert_eq!(errors.len(), 1, "{dead:#?}");
+    assert_eq!(errors[0].class, "permanent", "{dead:#?}");
     assert!(
-        errors[0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("no such customer 42"),
-        "{dead:#}"
+        errors[0].message.contains("no such customer 42"),
+        "{dead:#?}"
     );
 }
 
@@ -502,26 +521,21 @@ fn crash_retries_then_dies(client: Client) {
         json!({"max_attempts": 2}),
     );
     let class = client.plain_exception_class();
-    let dead = wait_state(url, &once, "dead");
-    assert_eq!(dead["attempt"], 1, "{dead:#}");
-    assert_eq!(dead["errors"][0]["class"], class, "{dead:#}");
-    assert!(
-        dead["errors"][0]["message"]
-            .as_str()
-            .unwrap()
-            .contains("kaboom-once"),
-        "{dead:#}"
-    );
-    let dead = wait_state(url, &twice, "dead");
-    assert_eq!(dead["attempt"], 2, "retried once: {dead:#}");
-    let errors = dead["errors"].as_array().unwrap();
-    assert_eq!(errors.len(), 2, "{dead:#}");
+    let dead = wait_state(url, once, JobState::Dead);
+    assert_eq!(dead.attempt, 1, "{dead:#?}");
+    let first = dead
+        .errors
+        .first()
+        .unwrap_or_else(|| panic!("no error recorded: {dead:#?}"));
+    assert_eq!(first.class, class, "{dead:#?}");
+    assert!(first.message.contains("kaboom-once"), "{dead:#?}");
+    let dead = wait_state(url, twice, JobState::Dead);
+    assert_eq!(dead.attempt, 2, "retried once: {dead:#?}");
+    let errors = &dead.errors;
+    assert_eq!(errors.len(), 2, "{dead:#?}");
     for error in errors {
-        assert_eq!(error["class"], class, "{dead:#}");
-        assert!(
-            error["message"].as_str().unwrap().contains("kaboom-twice"),
-            "{dead:#}"
-        );
+        assert_eq!(error.class, class, "{dead:#?}");
+        assert!(error.message.contains("kaboom-twice"), "{dead:#?}");
     }
 }
 
@@ -533,15 +547,16 @@ fn heartbeats_keep_a_long_job(client: Client) {
     };
     let (_dir, server, _worker) = setup(client, &options);
     let id = enqueue(&server.url, None, "slow", json!({"ms": 3000}), json!({}));
-    let running = wait_state(&server.url, &id, "running");
-    let first_expiry = running["lease"]["expires_at"].clone();
-    let renewed = wait_job(&server.url, &id, "renewed", |job| {
-        job["state"] != "running" || job["lease"]["expires_at"] != first_expiry
+    let running = wait_state(&server.url, id, JobState::Running);
+    let lease_end = |job: &Job| job.lease.as_ref().map(|lease| lease.expires_at);
+    let first_expiry = lease_end(&running);
+    let renewed = wait_job(&server.url, id, "renewed", |job| {
+        job.state != JobState::Running || lease_end(job) != first_expiry
     });
-    assert_eq!(renewed["state"], "running", "{renewed:#}");
-    let done = wait_state(&server.url, &id, "completed");
-    assert_eq!(done["attempt"], 1, "{done:#}");
-    assert_eq!(done["errors"], json!([]), "{done:#}");
+    assert_eq!(renewed.state, JobState::Running, "{renewed:#?}");
+    let done = wait_state(&server.url, id, JobState::Completed);
+    assert_eq!(done.attempt, 1, "{done:#?}");
+    assert!(done.errors.is_empty(), "{done:#?}");
 }
 
 /// A running job cancelled by an operator: the worker learns its lease is lost (heartbeat or
@@ -556,21 +571,26 @@ fn lease_lost_drops_the_result(client: Client) {
     let (_dir, server, worker) = setup(client, &options);
     let url = &server.url;
     let id = enqueue(url, None, "slow", json!({"ms": 2000}), json!({}));
-    wait_state(url, &id, "running");
+    wait_state(url, id, JobState::Running);
     let (status, cancelled) = post(&format!("{url}/v1/jobs/{id}/cancel"), None, &json!({}));
     assert_eq!(status, 200, "{cancelled}");
     let after = enqueue(url, None, "ok", json!({"after": true}), json!({}));
+    let named = id.to_string();
     eventually_blocking_within(
         "the worker to log the lost lease",
         Duration::from_secs(30),
-        || worker.stderr().contains(&id).then_some(()),
+        || worker.stderr().contains(&named).then_some(()),
     );
-    let done = wait_state(url, &after, "completed");
-    assert_eq!(done["result"], json!({"echo": {"after": true}}));
-    let lost = job(url, None, &id);
-    assert_eq!(lost["state"], "cancelled", "{lost:#}");
-    assert_eq!(lost["result"], Value::Null, "{lost:#}");
-    assert_eq!(lost["errors"], json!([]), "{lost:#}");
+    let done = wait_state(url, after, JobState::Completed);
+    assert_eq!(
+        done.result,
+        Some(json!({"echo": {"after": true}})),
+        "{done:#?}"
+    );
+    let lost = job(url, None, id);
+    assert_eq!(lost.state, JobState::Cancelled, "{lost:#?}");
+    assert_eq!(lost.result, None, "{lost:#?}");
+    assert!(lost.errors.is_empty(), "{lost:#?}");
 }
 
 /// SIGTERM: the worker stops fetching, lets a job shorter than the grace period finish,
@@ -585,8 +605,8 @@ fn sigterm_drains_then_releases(client: Client) {
     let url = &server.url;
     let short = enqueue(url, None, "slow", json!({"ms": 800}), json!({}));
     let long = enqueue(url, None, "slow", json!({"ms": 30000}), json!({}));
-    wait_state(url, &short, "running");
-    wait_state(url, &long, "running");
+    wait_state(url, short, JobState::Running);
+    wait_state(url, long, JobState::Running);
     let signalled = Instant::now();
     worker.proc.sigterm();
     // Enqueued while the worker drains: never run (at most claimed and handed back).
@@ -602,16 +622,16 @@ fn sigterm_drains_then_releases(client: Client) {
         took < Duration::from_secs(8),
         "exited {took:?} after SIGTERM"
     );
-    let finished = job(url, None, &short);
-    assert_eq!(finished["state"], "completed", "{finished:#}");
-    assert_eq!(finished["attempt"], 1, "{finished:#}");
-    let released = job(url, None, &long);
-    assert_eq!(released["state"], "available", "{released:#}");
-    assert_eq!(released["attempt"], 0, "the attempt counted: {released:#}");
-    assert_eq!(released["errors"], json!([]), "{released:#}");
-    let late = job(url, None, &late);
-    assert_eq!(late["state"], "available", "{late:#}");
-    assert_eq!(late["attempt"], 0, "{late:#}");
+    let finished = job(url, None, short);
+    assert_eq!(finished.state, JobState::Completed, "{finished:#?}");
+    assert_eq!(finished.attempt, 1, "{finished:#?}");
+    let released = job(url, None, long);
+    assert_eq!(released.state, JobState::Available, "{released:#?}");
+    assert_eq!(released.attempt, 0, "the attempt counted: {released:#?}");
+    assert!(released.errors.is_empty(), "{released:#?}");
+    let late = job(url, None, late);
+    assert_eq!(late.state, JobState::Available, "{late:#?}");
+    assert_eq!(late.attempt, 0, "{late:#?}");
 }
 
 /// The server is killed mid-run and restarted on the same store and port: the worker keeps
@@ -628,9 +648,9 @@ fn server_restart_mid_run(client: Client) {
     let url = server.url.clone();
     let _worker = WorkerProc::start(client, &url, &options);
     let first = enqueue(&url, None, "ok", json!({"n": 1}), json!({}));
-    wait_state(&url, &first, "completed");
+    wait_state(&url, first, JobState::Completed);
     let slow = enqueue(&url, None, "slow", json!({"ms": 1500}), json!({}));
-    wait_state(&url, &slow, "running");
+    wait_state(&url, slow, JobState::Running);
 
     server.proc.kill_9();
     // The outage: the slow job finishes meanwhile; fetches, heartbeats and its acknowledgement
@@ -639,14 +659,18 @@ fn server_restart_mid_run(client: Client) {
     let restarted = serve(&db, &listen, &[]);
     assert_eq!(restarted.url, url);
 
-    let done = wait_state(&url, &slow, "completed");
-    assert_eq!(done["attempt"], 1, "{done:#}");
-    let after: Vec<String> = (0..5)
+    let done = wait_state(&url, slow, JobState::Completed);
+    assert_eq!(done.attempt, 1, "{done:#?}");
+    let after: Vec<Uuid> = (0..5)
         .map(|n| enqueue(&url, None, "ok", json!({"after": n}), json!({})))
         .collect();
-    for (n, id) in after.iter().enumerate() {
-        let done = wait_state(&url, id, "completed");
-        assert_eq!(done["result"], json!({"echo": {"after": n}}));
+    for (n, &id) in after.iter().enumerate() {
+        let done = wait_state(&url, id, JobState::Completed);
+        assert_eq!(
+            done.result,
+            Some(json!({"echo": {"after": n}})),
+            "{done:#?}"
+        );
     }
 }
 
@@ -686,10 +710,14 @@ fn auth_errors_stop_the_worker(client: Client) {
     };
     let _worker = WorkerProc::start(client, url, &options);
     let id = enqueue(url, Some(&admin), "ok", json!({"auth": true}), json!({}));
-    let done = wait_job_with(url, Some(&admin), &id, "completed", |job| {
-        job["state"] == "completed"
+    let done = wait_job_with(url, Some(&admin), id, "completed", |job| {
+        job.state == JobState::Completed
     });
-    assert_eq!(done["result"], json!({"echo": {"auth": true}}));
+    assert_eq!(
+        done.result,
+        Some(json!({"echo": {"auth": true}})),
+        "{done:#?}"
+    );
 }
 
 macro_rules! conformance {
