@@ -4,8 +4,8 @@
 
 use conveyor_core::stuck::{self, KindDurations, RunningJob, StuckJob, StuckParams};
 use conveyor_core::{
-    ErrorRecord, LeaseRef, RescueReport, StaleReport, StaleWorkerParams, StoreResult,
-    WorkerHeartbeat, WorkerInfo, WorkerState,
+    ErrorRecord, RescueReport, StaleReport, StaleWorkerParams, StoreResult, WorkerHeartbeat,
+    WorkerInfo, WorkerState,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgConnection, Row, SqlStr};
@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use crate::errors::{corrupt, db};
 use crate::names::quoted;
-use crate::ops::{record_failure, Ctx};
+use crate::ops::{rescue_row, Ctx};
 use crate::sql::stmt;
 
 const WORKER_COLUMNS: &str = "id, host, pid, queues, concurrency, busy, version, started_at, \
@@ -204,29 +204,13 @@ pub(crate) async fn mark_stale(
             .await
             .map_err(db("find jobs of dead workers"))?;
         for row in &held {
-            let lease = LeaseRef {
-                id: column(row, "id")?,
-                lease_token: column(row, "lease_token")?,
-            };
-            let attempt = column::<i32>(row, "attempt")?.max(0) as u32;
-            let max_attempts = column::<i32>(row, "max_attempts")?.max(0) as u32;
-            let worker_id: String = column(row, "lease_worker")?;
-            let error = ErrorRecord::worker_lost(attempt, ctx.now, &worker_id);
-            let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
-            let Some(job) = record_failure(
-                &mut *conn,
-                ctx,
-                lease,
-                attempt,
-                max_attempts,
-                &error,
-                retry_at,
-            )
-            .await?
-            else {
-                continue;
-            };
-            rescued.add(&job);
+            let job = rescue_row(&mut *conn, ctx, row, &params.retry, |attempt, worker| {
+                ErrorRecord::worker_lost(attempt, ctx.now, worker.unwrap_or_default())
+            })
+            .await?;
+            if let Some(job) = job {
+                rescued.add(&job);
+            }
         }
     }
     sqlx::query(sql.forget.clone())

@@ -1199,6 +1199,13 @@ async fn out_of_range_numbers_and_nul_characters_are_refused_naming_the_field() 
     assert_eq!(listed["jobs"], json!([]), "nothing stored");
 }
 
+/// `GET /v1/jobs/{id}?wait_ms=30000` in the background.
+fn read_when_finished(api: &Arc<Api>, id: &str) -> tokio::task::JoinHandle<(StatusCode, Value)> {
+    let api = api.clone();
+    let path = format!("/v1/jobs/{id}?wait_ms=30000");
+    tokio::spawn(async move { api.get(&path).await })
+}
+
 /// `GET /v1/jobs/{id}?wait_ms=`: answers as soon as the job finishes through this server (a
 /// completion, a failure to dead, a cancellation), not at the end of the wait.
 #[tokio::test]
@@ -1207,11 +1214,7 @@ async fn a_job_read_with_wait_ms_answers_when_the_job_finishes() {
     let id = api
         .enqueue(json!({"kind": "report", "queue": "results"}))
         .await;
-    let waiter = {
-        let api = api.clone();
-        let id = id.clone();
-        tokio::spawn(async move { api.get(&format!("/v1/jobs/{id}?wait_ms=30000")).await })
-    };
+    let waiter = read_when_finished(&api, &id);
     let (fetched, token) = api.fetch_one("results").await;
     assert_eq!(fetched, id);
     assert!(!waiter.is_finished(), "answered before the job finished");
@@ -1231,11 +1234,7 @@ async fn a_job_read_with_wait_ms_answers_when_the_job_finishes() {
     let id = api
         .enqueue(json!({"kind": "report", "queue": "results"}))
         .await;
-    let waiter = {
-        let api = api.clone();
-        let id = id.clone();
-        tokio::spawn(async move { api.get(&format!("/v1/jobs/{id}?wait_ms=30000")).await })
-    };
+    let waiter = read_when_finished(&api, &id);
     api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
     let (_, job) = waiter.await.unwrap();
     assert_eq!(job["state"], "cancelled", "{job}");
@@ -1250,11 +1249,7 @@ async fn a_job_read_with_wait_ms_sees_other_processes_and_gives_up_at_the_deadli
     let id = api
         .enqueue(json!({"kind": "report", "queue": "elsewhere"}))
         .await;
-    let waiter = {
-        let api = api.clone();
-        let id = id.clone();
-        tokio::spawn(async move { api.get(&format!("/v1/jobs/{id}?wait_ms=30000")).await })
-    };
+    let waiter = read_when_finished(&api, &id);
     let mut params = conveyor_core::FetchParams {
         worker_id: "embedded".into(),
         queues: vec!["elsewhere".into()],

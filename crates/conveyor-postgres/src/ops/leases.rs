@@ -296,6 +296,30 @@ pub(crate) async fn release_many(
     changed_count(&found)
 }
 
+/// Records the lost attempt of a running job read as a row with `id`, `lease_token`,
+/// `attempt`, `max_attempts` and `lease_worker`: `retryable` after the policy's backoff, or
+/// `dead` when out of attempts, with the error `error_for(attempt, worker)` builds. `None` when
+/// its lease changed meanwhile. Shared by lease expiry and stale workers.
+pub(crate) async fn rescue_row(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    row: &PgRow,
+    retry: &conveyor_core::RetryPolicy,
+    error_for: impl FnOnce(u32, Option<&str>) -> ErrorRecord,
+) -> StoreResult<Option<Job>> {
+    let read = |e: sqlx::Error| corrupt(e.to_string());
+    let lease = LeaseRef {
+        id: row.try_get("id").map_err(read)?,
+        lease_token: row.try_get("lease_token").map_err(read)?,
+    };
+    let attempt = row.try_get::<i32, _>("attempt").map_err(read)?.max(0) as u32;
+    let max_attempts = row.try_get::<i32, _>("max_attempts").map_err(read)?.max(0) as u32;
+    let worker: Option<String> = row.try_get("lease_worker").map_err(read)?;
+    let error = error_for(attempt, worker.as_deref());
+    let retry_at = Some(retry.next_run_at(ctx.now, attempt));
+    record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at).await
+}
+
 /// Moves running jobs whose lease ran out to `retryable` (or `dead`), recording a
 /// `lease_expired` error. Must run inside a transaction: the picked rows stay locked until the
 /// failures are recorded.
@@ -312,32 +336,13 @@ pub(crate) async fn rescue_expired(
         .map_err(db("find expired leases"))?;
     let mut report = RescueReport::default();
     for row in &expired {
-        let read = |e: sqlx::Error| corrupt(e.to_string());
-        let lease = LeaseRef {
-            id: row.try_get("id").map_err(read)?,
-            lease_token: row.try_get("lease_token").map_err(read)?,
-        };
-        let attempt: i32 = row.try_get("attempt").map_err(read)?;
-        let max_attempts: i32 = row.try_get("max_attempts").map_err(read)?;
-        let worker: Option<String> = row.try_get("lease_worker").map_err(read)?;
-        let attempt = attempt.max(0) as u32;
-        let error = ErrorRecord::lease_expired(attempt, ctx.now, worker.as_deref());
-        let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
-        let max_attempts = max_attempts.max(0) as u32;
-        let Some(job) = record_failure(
-            &mut *conn,
-            ctx,
-            lease,
-            attempt,
-            max_attempts,
-            &error,
-            retry_at,
-        )
-        .await?
-        else {
-            continue;
-        };
-        report.add(&job);
+        let rescued = rescue_row(&mut *conn, ctx, row, &params.retry, |attempt, worker| {
+            ErrorRecord::lease_expired(attempt, ctx.now, worker)
+        })
+        .await?;
+        if let Some(job) = rescued {
+            report.add(&job);
+        }
     }
     Ok(report)
 }
