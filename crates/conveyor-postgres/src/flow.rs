@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 use crate::errors::{corrupt, db};
 use crate::names::{concurrency_lock_key, quoted};
-use crate::ops::{settings_of, Ctx};
+use crate::ops::{lock_in_order, settings_of, Ctx};
 use crate::rows;
 use crate::sql::{stmt, COLUMNS, SETTINGS_COLUMNS};
 use sqlx::SqlStr;
@@ -201,17 +201,11 @@ pub(crate) async fn claim_controlled(
             queues.push((queue, settings));
         }
     }
-    let mut lock_keys: Vec<i64> = queues
+    let lock_keys: Vec<i64> = queues
         .iter()
         .map(|(queue, _)| concurrency_lock_key(ctx.schema, queue))
         .collect();
-    lock_keys.sort_unstable();
-    lock_keys.dedup();
-    sqlx::query(ctx.sql.lock_keys.clone())
-        .bind(&lock_keys)
-        .execute(&mut *conn)
-        .await
-        .map_err(db("lock queue claims"))?;
+    lock_in_order(&mut *conn, ctx, lock_keys, "lock queue claims").await?;
 
     let claim = Claim {
         params,

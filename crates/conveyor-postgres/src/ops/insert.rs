@@ -70,20 +70,18 @@ pub(crate) async fn insert_many(
         .filter_map(|job| job.idempotency_key.as_deref())
         .collect();
     let unique_keys = unique::keys(&jobs);
-    let mut lock_keys: Vec<i64> = keys
+    let lock_keys: Vec<i64> = keys
         .iter()
         .map(|key| idempotency_lock_key(ctx.schema, key))
         .chain(unique::lock_keys(ctx.schema, &unique_keys))
         .collect();
-    if !lock_keys.is_empty() {
-        lock_keys.sort_unstable();
-        lock_keys.dedup();
-        sqlx::query(ctx.sql.lock_keys.clone())
-            .bind(&lock_keys)
-            .execute(&mut *conn)
-            .await
-            .map_err(db("lock idempotency and unique keys"))?;
-    }
+    lock_in_order(
+        &mut *conn,
+        ctx,
+        lock_keys,
+        "lock idempotency and unique keys",
+    )
+    .await?;
     let mut stored: HashMap<String, Job> = HashMap::new();
     if !keys.is_empty() {
         let keys: Vec<&str> = keys.into_iter().collect();
@@ -288,17 +286,11 @@ pub(super) async fn check_depth_limits(
     if adding.is_empty() {
         return Ok(());
     }
-    let mut lock_keys: Vec<i64> = adding
+    let lock_keys: Vec<i64> = adding
         .keys()
         .map(|(queue, tenant)| depth_lock_key(ctx.schema, queue, *tenant))
         .collect();
-    lock_keys.sort_unstable();
-    lock_keys.dedup();
-    sqlx::query(ctx.sql.lock_keys.clone())
-        .bind(&lock_keys)
-        .execute(&mut *conn)
-        .await
-        .map_err(db("lock queue depths"))?;
+    lock_in_order(&mut *conn, ctx, lock_keys, "lock queue depths").await?;
     let depth_queues: Vec<&str> = adding.keys().map(|(queue, _)| *queue).collect();
     let depth_tenants: Vec<Option<&str>> = adding.keys().map(|(_, tenant)| *tenant).collect();
     let depths: Vec<i64> = sqlx::query_scalar(ctx.sql.depths.clone())

@@ -53,6 +53,27 @@ pub(crate) struct Ctx<'a> {
     pub options: &'a StoreOptions,
 }
 
+/// Takes the transaction-scoped advisory locks `keys` (in ascending order, each once, so two
+/// transactions locking overlapping sets never deadlock). `what` names them in errors.
+pub(crate) async fn lock_in_order(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    mut keys: Vec<i64>,
+    what: &'static str,
+) -> StoreResult<()> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    keys.sort_unstable();
+    keys.dedup();
+    sqlx::query(ctx.sql.lock_keys.clone())
+        .bind(&keys)
+        .execute(conn)
+        .await
+        .map_err(db(what))?;
+    Ok(())
+}
+
 /// `now + d`, or a validation error naming `field` when the sum leaves the calendar.
 fn after(
     now: DateTime<Utc>,
