@@ -51,6 +51,29 @@ macro_rules! delegate_store {
             }
         }
     };
+    (@part FlowStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::FlowStore for $decorator {
+            async fn flow_create(&self, flow: $crate::workflow::ValidFlow) -> $crate::StoreResult<$crate::workflow::CreatedFlow> {
+                $crate::FlowStore::flow_create(&*self.$field, flow).await
+            }
+            async fn flow_get(&self, id: uuid::Uuid) -> $crate::StoreResult<Option<$crate::workflow::FlowView>> {
+                $crate::FlowStore::flow_get(&*self.$field, id).await
+            }
+            async fn flows_list(&self, params: $crate::workflow::FlowListParams) -> $crate::StoreResult<Vec<$crate::workflow::FlowView>> {
+                $crate::FlowStore::flows_list(&*self.$field, params).await
+            }
+            async fn flow_cancel(&self, id: uuid::Uuid) -> $crate::StoreResult<$crate::workflow::FlowView> {
+                $crate::FlowStore::flow_cancel(&*self.$field, id).await
+            }
+            async fn flow_signal(&self, id: uuid::Uuid, signal: &str, payload: serde_json::Value) -> $crate::StoreResult<$crate::workflow::SignalOutcome> {
+                $crate::FlowStore::flow_signal(&*self.$field, id, signal, payload).await
+            }
+            async fn flows_expire_waits(&self, limit: usize) -> $crate::StoreResult<u64> {
+                $crate::FlowStore::flows_expire_waits(&*self.$field, limit).await
+            }
+        }
+    };
     (@part LeaseStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::LeaseStore for $decorator {
@@ -68,6 +91,9 @@ macro_rules! delegate_store {
             }
             async fn job_snooze(&self, params: $crate::SnoozeParams) -> $crate::StoreResult<$crate::Job> {
                 $crate::LeaseStore::job_snooze(&*self.$field, params).await
+            }
+            async fn job_progress(&self, lease: $crate::LeaseRef, percent: u8, message: Option<String>) -> $crate::StoreResult<()> {
+                $crate::LeaseStore::job_progress(&*self.$field, lease, percent, message).await
             }
             async fn jobs_release_many(&self, leases: Vec<$crate::LeaseRef>) -> $crate::StoreResult<u64> {
                 $crate::LeaseStore::jobs_release_many(&*self.$field, leases).await

@@ -30,6 +30,11 @@ pub enum StoreError {
     /// The caller's lease token no longer matches: the job was rescued, cancelled or finished.
     #[error("lease lost for job {0}: it was rescued, cancelled or already finished")]
     LeaseLost(Uuid),
+    #[error("flow {0} not found")]
+    FlowNotFound(Uuid),
+    /// The flow (or the step named in the message) is in a state where the change does not apply.
+    #[error("flow {id}: {message}")]
+    FlowConflict { id: Uuid, message: String },
     /// The job is in a state where the requested change does not apply.
     #[error("job {id} is {state}; cannot {action}")]
     Conflict {

@@ -193,6 +193,53 @@ pub struct Job {
     /// compared on (see [`crate::unique::unique_key`]). Absent from JSON when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unique_key: Option<String>,
+    /// Set for a step (or compensation) of a workflow: its flow, step and parents' results.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow: Option<crate::workflow::FlowLink>,
+    /// The latest progress its handler reported (while running and after).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Progress>,
+}
+
+/// How far a running job has come, as its handler reported it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Progress {
+    /// 0 to 100.
+    pub percent: u8,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    pub at: DateTime<Utc>,
+}
+
+/// Longest progress message kept.
+pub const MAX_PROGRESS_MESSAGE_LEN: usize = 1024;
+
+impl Progress {
+    /// Checks a report: `percent` 0 to 100 (field `progress`), a message of at most
+    /// [`MAX_PROGRESS_MESSAGE_LEN`] characters without NUL (field `message`).
+    pub fn new(
+        percent: u8,
+        message: Option<String>,
+        at: DateTime<Utc>,
+    ) -> Result<Self, crate::ValidationError> {
+        if percent > 100 {
+            return Err(crate::ValidationError::new("progress", "must be 0 to 100"));
+        }
+        if let Some(text) = &message {
+            if text.chars().count() > MAX_PROGRESS_MESSAGE_LEN {
+                return Err(crate::ValidationError::new(
+                    "message",
+                    format!("at most {MAX_PROGRESS_MESSAGE_LEN} characters"),
+                ));
+            }
+            crate::validate::text_without_nul("message", text)?;
+        }
+        Ok(Self {
+            percent,
+            message,
+            at,
+        })
+    }
 }
 
 impl Job {
@@ -239,6 +286,45 @@ impl NewJob {
             tags: Vec::new(),
             tenant: None,
             unique: None,
+        }
+    }
+
+    /// The job as first stored under `id` at `now`: not yet attempted, `scheduled` when its
+    /// `run_at` is in the future, else `available`.
+    pub fn into_stored(self, id: Uuid, now: DateTime<Utc>) -> Job {
+        let unique_key = self.unique_key();
+        let run_at = self
+            .run_at
+            .map(crate::clock::truncate_to_millis)
+            .unwrap_or(now);
+        Job {
+            id,
+            state: if run_at > now {
+                JobState::Scheduled
+            } else {
+                JobState::Available
+            },
+            // A past run_at keeps its place in the order (older first).
+            run_at,
+            kind: self.kind,
+            queue: self.queue,
+            payload: self.payload,
+            priority: self.priority,
+            attempt: 0,
+            max_attempts: self.max_attempts,
+            timeout_ms: self.timeout_ms,
+            idempotency_key: self.idempotency_key,
+            tags: self.tags,
+            tenant: self.tenant,
+            errors: Vec::new(),
+            lease: None,
+            result: None,
+            created_at: now,
+            started_at: None,
+            finished_at: None,
+            unique_key,
+            flow: None,
+            progress: None,
         }
     }
 

@@ -22,6 +22,7 @@ pub mod unique;
 pub mod validate;
 pub mod wire;
 pub mod workers;
+pub mod workflow;
 
 pub use access::{
     ApiToken, AuditAction, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, Role,
@@ -32,7 +33,7 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use error::{StoreError, ValidationError};
 pub use events::{AttemptEvent, AttemptStatus, JobObserver};
 pub use job::{
-    error_class, ErrorRecord, Inserted, Job, JobState, Lease, NamedQueueSettings, NewJob,
+    error_class, ErrorRecord, Inserted, Job, JobState, Lease, NamedQueueSettings, NewJob, Progress,
     QueueSettings, QueueStats, RateLimit, DEFAULT_QUEUE,
 };
 pub use retry::RetryPolicy;

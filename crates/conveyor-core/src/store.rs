@@ -23,6 +23,7 @@ use crate::schedule::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleV
 use crate::stuck::{StuckJob, StuckParams};
 use crate::validate::ValidJob;
 use crate::workers::{StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo};
+use crate::workflow::{CreatedFlow, FlowListParams, FlowView, SignalOutcome, ValidFlow};
 
 /// Claim up to `max` available jobs from `queues` for `worker_id`.
 #[derive(Debug, Clone)]
@@ -352,6 +353,15 @@ pub trait LeaseStore: Send + Sync {
     /// shutdown). Returns how many leases still held.
     async fn jobs_release_many(&self, leases: Vec<LeaseRef>) -> StoreResult<u64>;
 
+    /// Records a running job's progress (0 to 100 and an optional message), only while `lease`
+    /// holds. `LeaseLost` otherwise.
+    async fn job_progress(
+        &self,
+        lease: LeaseRef,
+        percent: u8,
+        message: Option<String>,
+    ) -> StoreResult<()>;
+
     /// Notified (after commit) whenever jobs may have become available in this process's view;
     /// fetchers wait on it between polls.
     fn wakeup(&self) -> Arc<Notify>;
@@ -512,6 +522,41 @@ pub trait LeadershipStore: Send + Sync {
     }
 }
 
+/// Workflows (see `crate::workflow`): a flow's steps start as their parents finish, in the
+/// same transaction as the parent's change, whichever path finishes it (completion, failure,
+/// lease rescue, cancellation, replay).
+#[async_trait]
+pub trait FlowStore: Send + Sync {
+    /// Stores the flow and starts its steps without parents, all or nothing. A flow with the
+    /// idempotency key of a stored flow returns that flow with `duplicate: true`.
+    async fn flow_create(&self, flow: ValidFlow) -> StoreResult<CreatedFlow>;
+
+    /// A flow with every step.
+    async fn flow_get(&self, id: Uuid) -> StoreResult<Option<FlowView>>;
+
+    /// Flows newest first, without their steps (with `step_counts`).
+    async fn flows_list(&self, params: FlowListParams) -> StoreResult<Vec<FlowView>>;
+
+    /// Cancels a running (or stopped, failed) flow: every unfinished step is cancelled, a
+    /// running job loses its lease. `FlowConflict` when the flow has ended otherwise.
+    async fn flow_cancel(&self, id: Uuid) -> StoreResult<FlowView>;
+
+    /// Delivers a signal to the flow's wait step for it: a waiting step completes with
+    /// `payload` as its result; a step not waiting yet keeps it and completes when it begins.
+    /// `Invalid` naming `signal` when no step waits for it; `FlowConflict` when that step has
+    /// finished or the flow has ended.
+    async fn flow_signal(
+        &self,
+        id: Uuid,
+        signal: &str,
+        payload: Value,
+    ) -> StoreResult<SignalOutcome>;
+
+    /// Fails (class `timeout`) up to `limit` wait steps whose deadline passed. Run by the
+    /// maintenance leader.
+    async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64>;
+}
+
 /// Everything a store does, bundled for callers: a store implements each part, and a decorator
 /// (say, one that encrypts payloads) implements the parts it changes and forwards the rest with
 /// [`crate::delegate_store!`]. Every store passes the conformance suite in `conveyor-storetest`.
@@ -523,6 +568,7 @@ pub trait Store:
     + AccessStore
     + WorkerStore
     + LeadershipStore
+    + FlowStore
     + 'static
 {
 }
@@ -535,6 +581,7 @@ impl<T> Store for T where
         + AccessStore
         + WorkerStore
         + LeadershipStore
+        + FlowStore
         + 'static
 {
 }

@@ -14,10 +14,13 @@ mod rows;
 mod schedules;
 mod unique;
 mod workers;
+mod workflow;
 mod writer;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use conveyor_core::workflow::{CreatedFlow, FlowListParams, FlowView, SignalOutcome, ValidFlow};
+use conveyor_core::FlowStore;
 use conveyor_core::{
     AccessStore, Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
     JobListParams, JobStore, LeadershipStore, LeaseOutcome, LeaseRef, LeaseStore,
@@ -526,6 +529,20 @@ impl LeaseStore for SqliteStore {
         self.write(move |ctx| ops::release_many(ctx, &leases)).await
     }
 
+    async fn job_progress(
+        &self,
+        lease: LeaseRef,
+        percent: u8,
+        message: Option<String>,
+    ) -> StoreResult<()> {
+        conveyor_core::Progress::new(percent, message.clone(), Utc::now())?;
+        self.write(move |ctx| {
+            let progress = conveyor_core::Progress::new(percent, message, ctx.now)?;
+            ops::progress(ctx, lease, &progress)
+        })
+        .await
+    }
+
     fn wakeup(&self) -> Arc<Notify> {
         self.inner.wakeup.clone()
     }
@@ -533,6 +550,43 @@ impl LeaseStore for SqliteStore {
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
         let queues = queues.to_vec();
         self.read(move |conn, _| reads::next_due(conn, &queues))
+            .await
+    }
+}
+
+#[async_trait]
+impl FlowStore for SqliteStore {
+    async fn flow_create(&self, flow: ValidFlow) -> StoreResult<CreatedFlow> {
+        self.write(move |ctx| workflow::create(ctx, flow)).await
+    }
+
+    async fn flow_get(&self, id: Uuid) -> StoreResult<Option<FlowView>> {
+        self.read(move |conn, _| workflow::view(conn, id)).await
+    }
+
+    async fn flows_list(&self, params: FlowListParams) -> StoreResult<Vec<FlowView>> {
+        self.read(move |conn, _| workflow::list(conn, &params))
+            .await
+    }
+
+    async fn flow_cancel(&self, id: Uuid) -> StoreResult<FlowView> {
+        self.write(move |ctx| workflow::cancel(ctx, id)).await
+    }
+
+    async fn flow_signal(
+        &self,
+        id: Uuid,
+        signal: &str,
+        payload: serde_json::Value,
+    ) -> StoreResult<SignalOutcome> {
+        conveyor_core::validate::json_without_nul("payload", &payload)?;
+        let signal = signal.to_string();
+        self.write(move |ctx| workflow::signal(ctx, id, &signal, &payload))
+            .await
+    }
+
+    async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64> {
+        self.write(move |ctx| workflow::expire_waits(ctx, limit))
             .await
     }
 }

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use crate::backend;
 
 /// The schema version this code writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 10;
+pub(crate) const SCHEMA_VERSION: i64 = 11;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
@@ -72,6 +72,17 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         )?;
         // Version 6: unique jobs.
         add_missing_columns(conn, "jobs", &[("unique_key", "TEXT")])?;
+        // Version 11: workflows and progress.
+        add_missing_columns(
+            conn,
+            "jobs",
+            &[
+                ("flow_id", "TEXT"),
+                ("flow_step", "TEXT"),
+                ("parents", "TEXT"),
+                ("progress", "TEXT"),
+            ],
+        )?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

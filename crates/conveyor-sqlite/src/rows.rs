@@ -1,6 +1,7 @@
 //! Mapping between `jobs` rows and [`Job`].
 
 use conveyor_core::clock::{from_millis, to_millis};
+use conveyor_core::workflow::FlowLink;
 use conveyor_core::{ErrorRecord, Job, JobState, Lease};
 use rusqlite::types::Type;
 use rusqlite::Row;
@@ -9,7 +10,7 @@ use uuid::Uuid;
 
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
-    lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key";
+    lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, flow_id, flow_step, parents, progress";
 
 fn conversion(
     column: usize,
@@ -69,7 +70,33 @@ pub(crate) fn job(row: &Row<'_>) -> rusqlite::Result<Job> {
         started_at: row.get::<_, Option<i64>>(19)?.map(from_millis),
         finished_at: row.get::<_, Option<i64>>(20)?.map(from_millis),
         unique_key: row.get(21)?,
+        flow: flow_link(row)?,
+        progress: optional_json(row, 25)?,
     })
+}
+
+fn optional_json<T: serde::de::DeserializeOwned>(
+    row: &Row<'_>,
+    column: usize,
+) -> rusqlite::Result<Option<T>> {
+    match row.get::<_, Option<String>>(column)? {
+        Some(text) => serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|e| conversion(column, e)),
+        None => Ok(None),
+    }
+}
+
+/// Columns 22-24: the job's flow, step and parents' results, when it belongs to a flow.
+fn flow_link(row: &Row<'_>) -> rusqlite::Result<Option<FlowLink>> {
+    let Some(flow_id) = row.get::<_, Option<String>>(22)? else {
+        return Ok(None);
+    };
+    Ok(Some(FlowLink {
+        flow_id: Uuid::parse_str(&flow_id).map_err(|e| conversion(22, e))?,
+        step: row.get::<_, Option<String>>(23)?.unwrap_or_default(),
+        parents: optional_json(row, 24)?.unwrap_or_default(),
+    }))
 }
 
 pub(crate) fn millis(at: chrono::DateTime<chrono::Utc>) -> i64 {

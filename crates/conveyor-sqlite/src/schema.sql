@@ -23,7 +23,11 @@ CREATE TABLE IF NOT EXISTS jobs (
     created_at       INTEGER NOT NULL,
     started_at       INTEGER,
     finished_at      INTEGER,
-    unique_key       TEXT                   -- version 6: set for jobs enqueued with a UniqueSpec
+    unique_key       TEXT,                  -- version 6: set for jobs enqueued with a UniqueSpec
+    flow_id          TEXT,                  -- version 11: a workflow's step or compensation
+    flow_step        TEXT,
+    parents          TEXT,                  -- JSON object: the step's parents' results
+    progress         TEXT                   -- JSON: the handler's latest progress report
 ) WITHOUT ROWID;
 
 -- The fetch path: only available jobs, in claim order.
@@ -191,3 +195,47 @@ CREATE TABLE IF NOT EXISTS workers (
     state        TEXT NOT NULL,
     ended_at     INTEGER
 ) WITHOUT ROWID;
+
+-- Version 11: workflows (see `conveyor_core::workflow`). A flow's steps; a step's job is
+-- inserted, with the id reserved here, when the step starts. `job` and `compensate` are the
+-- NewJob specs as JSON; `after` a JSON array of step names. Jobs of a flow carry `flow_id`,
+-- `flow_step` and `parents` (added to `jobs` by `migrate`); plain jobs leave them NULL.
+CREATE TABLE IF NOT EXISTS flows (
+    id              TEXT PRIMARY KEY,
+    name            TEXT,
+    state           TEXT NOT NULL,
+    on_failure      TEXT NOT NULL,
+    failed_step     TEXT,
+    idempotency_key TEXT,
+    created_at      INTEGER NOT NULL,
+    finished_at     INTEGER
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS flows_state ON flows (state, id);
+CREATE INDEX IF NOT EXISTS flows_name ON flows (name, id) WHERE name IS NOT NULL;
+CREATE UNIQUE INDEX IF NOT EXISTS flows_idempotency ON flows (idempotency_key)
+    WHERE idempotency_key IS NOT NULL;
+CREATE TABLE IF NOT EXISTS flow_steps (
+    flow_id             TEXT NOT NULL,
+    name                TEXT NOT NULL,
+    position            INTEGER NOT NULL,
+    state               TEXT NOT NULL,
+    after               TEXT NOT NULL,
+    on_parent_failure   TEXT NOT NULL,
+    job_id              TEXT,
+    job                 TEXT,
+    compensate          TEXT,
+    wait_signal         TEXT,
+    wait_timeout_ms     INTEGER,
+    wait_deadline       INTEGER,
+    signalled           INTEGER NOT NULL DEFAULT 0,
+    result              TEXT,
+    error               TEXT,
+    completed_seq       INTEGER,
+    compensation        TEXT,
+    compensation_job_id TEXT,
+    finished_at         INTEGER,
+    PRIMARY KEY (flow_id, name)
+) WITHOUT ROWID;
+-- The maintenance pass's look for waits past their deadline.
+CREATE INDEX IF NOT EXISTS flow_steps_deadline ON flow_steps (wait_deadline)
+    WHERE state = 'waiting' AND wait_deadline IS NOT NULL;

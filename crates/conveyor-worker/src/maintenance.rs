@@ -50,6 +50,8 @@ pub struct MaintenancePass {
     pub promoted: u64,
     /// Finished jobs deleted for retention.
     pub pruned: u64,
+    /// Workflow wait steps failed for passing their timeout.
+    pub waits_expired: usize,
 }
 
 impl Maintenance {
@@ -180,6 +182,13 @@ impl Maintenance {
             pass.dead_workers = report.workers;
         }
         pass.promoted = self.store.jobs_promote_due().await?;
+        loop {
+            let expired = self.store.flows_expire_waits(self.batch).await?;
+            pass.waits_expired += expired as usize;
+            if expired < self.batch as u64 {
+                break;
+            }
+        }
         // Not worth failing the pass for: the next one tries again.
         if let Err(error) = self.store.storage_maintenance().await {
             tracing::warn!(%error, "storage maintenance failed; will retry");

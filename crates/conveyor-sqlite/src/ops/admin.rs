@@ -12,6 +12,19 @@ pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<Job> {
             action: "cancel",
         });
     }
+    let cancelled = cancel_unhooked(ctx, id)?.ok_or(StoreError::NotFound(id))?;
+    workflow::job_finished(ctx, &cancelled)?;
+    Ok(cancelled)
+}
+
+/// Cancels an unfinished job without telling its flow (the flow itself is cancelling it);
+/// `None` when the job is missing or finished.
+pub(crate) fn cancel_unhooked(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<Option<Job>> {
+    let key = id.to_string();
+    let before = match job_by_id(ctx, &key)? {
+        Some(job) if !job.state.is_finished() => job.state,
+        _ => return Ok(None),
+    };
     let cancelled = ctx
         .conn
         .prepare_cached(&format!(
@@ -20,29 +33,36 @@ pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<Job> {
         ))
         .and_then(|mut stmt| stmt.query_row(params![millis(ctx.now), key], rows::job))
         .map_err(backend)?;
-    ctx.count_move(&job.queue, Some(job.state), Some(JobState::Cancelled));
-    Ok(cancelled)
+    ctx.count_move(&cancelled.queue, Some(before), Some(JobState::Cancelled));
+    Ok(Some(cancelled))
+}
+
+/// A replayed job's queue, id and flow.
+type Replayed = (String, String, Option<String>);
+
+fn replayed_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Replayed> {
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
 }
 
 pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> StoreResult<u64> {
     let now = millis(ctx.now);
-    let queues: Vec<String> = match &selector.ids {
+    let queues: Vec<Replayed> = match &selector.ids {
         Some(ids) => {
             let mut stmt = ctx
                 .conn
                 .prepare_cached(
                     "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
                      finished_at = NULL, result = NULL WHERE id = ?2 AND state = 'dead' \
-                     RETURNING queue",
+                     RETURNING queue, id, flow_id",
                 )
                 .map_err(backend)?;
             let mut queues = Vec::new();
             for id in ids {
-                let queue: Option<String> = stmt
-                    .query_row(params![now, id.to_string()], |row| row.get(0))
+                let replayed: Option<Replayed> = stmt
+                    .query_row(params![now, id.to_string()], replayed_row)
                     .optional()
                     .map_err(backend)?;
-                queues.extend(queue);
+                queues.extend(replayed);
             }
             queues
         }
@@ -51,18 +71,25 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
             .prepare_cached(
                 "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
                  finished_at = NULL, result = NULL WHERE state = 'dead' \
-                 AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3) RETURNING queue",
+                 AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3) \
+                 RETURNING queue, id, flow_id",
             )
             .and_then(|mut stmt| {
-                stmt.query_map(params![now, selector.queue, selector.kind], |row| {
-                    row.get(0)
-                })?
-                .collect()
+                stmt.query_map(params![now, selector.queue, selector.kind], replayed_row)?
+                    .collect()
             })
             .map_err(backend)?,
     };
-    for queue in &queues {
+    for (queue, id, flow_id) in &queues {
         ctx.count_move(queue, Some(JobState::Dead), Some(JobState::Available));
+        // A replayed step resumes its flow when the flow stopped at it.
+        if let Some(flow_id) = flow_id {
+            let flow_id = Uuid::parse_str(flow_id)
+                .map_err(|e| StoreError::backend(format!("stored flow id: {e}")))?;
+            let job_id = Uuid::parse_str(id)
+                .map_err(|e| StoreError::backend(format!("stored job id: {e}")))?;
+            workflow::handle(ctx, flow_id, FlowEvent::JobReplayed { job_id })?;
+        }
     }
     let replayed = queues.len() as u64;
     if replayed > 0 {
@@ -89,50 +116,7 @@ pub(crate) fn dead_discard(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<bool
 pub(crate) fn import(ctx: &mut WriteCtx<'_>, jobs: Vec<Job>) -> StoreResult<u64> {
     let mut imported = 0;
     for job in jobs {
-        let lease = job.lease.as_ref();
-        let payload = json_text(&job.payload, "payload")?;
-        let tags = json_text(&job.tags, "tags")?;
-        let errors = json_text(&job.errors, "errors")?;
-        let result = job
-            .result
-            .as_ref()
-            .map(|r| json_text(r, "result"))
-            .transpose()?;
-        let changed = ctx
-            .conn
-            .prepare_cached(&format!(
-                "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
-                 ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22) \
-                 ON CONFLICT (id) DO NOTHING"
-            ))
-            .and_then(|mut stmt| {
-                stmt.execute(rusqlite::params![
-                    job.id.to_string(),
-                    job.kind,
-                    job.queue,
-                    payload,
-                    job.priority,
-                    millis(job.run_at),
-                    job.attempt,
-                    job.max_attempts,
-                    job.timeout_ms.map(|ms| ms.min(i64::MAX as u64) as i64),
-                    job.idempotency_key,
-                    tags,
-                    job.tenant,
-                    job.state.as_str(),
-                    errors,
-                    lease.map(|l| l.worker_id.clone()),
-                    lease.map(|l| l.token.to_string()),
-                    lease.map(|l| millis(l.expires_at)),
-                    result,
-                    millis(job.created_at),
-                    job.started_at.map(millis),
-                    job.finished_at.map(millis),
-                    job.unique_key,
-                ])
-            })
-            .map_err(backend)?;
-        if changed == 1 {
+        if insert_row(ctx, &job)? {
             ctx.count_move(&job.queue, None, Some(job.state));
             if matches!(job.state, JobState::Available) {
                 ctx.wake = true;
@@ -141,4 +125,62 @@ pub(crate) fn import(ctx: &mut WriteCtx<'_>, jobs: Vec<Job>) -> StoreResult<u64>
         }
     }
     Ok(imported)
+}
+
+/// Stores `job` exactly as given, every column; false when its id already exists.
+pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
+    let lease = job.lease.as_ref();
+    let result = job
+        .result
+        .as_ref()
+        .map(|r| json_text(r, "result"))
+        .transpose()?;
+    let parents = (job.flow.as_ref())
+        .map(|f| json_text(&f.parents, "parents"))
+        .transpose()?;
+    let progress = (job.progress.as_ref())
+        .map(|p| json_text(p, "progress"))
+        .transpose()?;
+    let payload = json_text(&job.payload, "payload")?;
+    let tags = json_text(&job.tags, "tags")?;
+    let errors = json_text(&job.errors, "errors")?;
+    let changed = ctx
+        .conn
+        .prepare_cached(&format!(
+            "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
+             ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26) \
+             ON CONFLICT (id) DO NOTHING"
+        ))
+        .and_then(|mut stmt| {
+            stmt.execute(rusqlite::params![
+                job.id.to_string(),
+                job.kind,
+                job.queue,
+                payload,
+                job.priority,
+                millis(job.run_at),
+                job.attempt,
+                job.max_attempts,
+                job.timeout_ms.map(|ms| ms.min(i64::MAX as u64) as i64),
+                job.idempotency_key,
+                tags,
+                job.tenant,
+                job.state.as_str(),
+                errors,
+                lease.map(|l| l.worker_id.clone()),
+                lease.map(|l| l.token.to_string()),
+                lease.map(|l| millis(l.expires_at)),
+                result,
+                millis(job.created_at),
+                job.started_at.map(millis),
+                job.finished_at.map(millis),
+                job.unique_key,
+                job.flow.as_ref().map(|f| f.flow_id.to_string()),
+                job.flow.as_ref().map(|f| f.step.clone()),
+                parents,
+                progress,
+            ])
+        })
+        .map_err(backend)?;
+    Ok(changed == 1)
 }

@@ -54,64 +54,11 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
                 continue;
             }
         }
-        // Stored to the millisecond: the answer must show the job as stored.
-        let new_run_at = new.run_at.map(clock::truncate_to_millis);
-        let run_at = new_run_at.map_or(ctx.now, |at| at.max(ctx.now));
-        let state = if run_at > ctx.now {
-            JobState::Scheduled
-        } else {
+        let job = new.into_stored(Uuid::now_v7(), ctx.now);
+        if job.state == JobState::Available {
             ctx.wake = true;
-            JobState::Available
-        };
-        let job = Job {
-            id: Uuid::now_v7(),
-            kind: new.kind,
-            queue: new.queue,
-            payload: new.payload,
-            priority: new.priority,
-            // A past run_at keeps its place in the order (older first) but is not in the future.
-            run_at: new_run_at.map_or(ctx.now, |at| at.min(run_at)),
-            attempt: 0,
-            max_attempts: new.max_attempts,
-            timeout_ms: new.timeout_ms,
-            idempotency_key: new.idempotency_key,
-            tags: new.tags,
-            tenant: new.tenant,
-            state,
-            errors: Vec::new(),
-            lease: None,
-            result: None,
-            created_at: ctx.now,
-            started_at: None,
-            finished_at: None,
-            unique_key,
-        };
-        let mut stmt = ctx
-            .conn
-            .prepare_cached(
-                "INSERT INTO jobs (id, kind, queue, payload, priority, run_at, attempt, \
-                 max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-                 created_at, unique_key) \
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 0, ?7, ?8, ?9, ?10, ?11, ?12, '[]', ?13, ?14)",
-            )
-            .map_err(backend)?;
-        stmt.execute(params![
-            job.id.to_string(),
-            job.kind,
-            job.queue,
-            json_text(&job.payload, "payload")?,
-            job.priority,
-            millis(job.run_at),
-            job.max_attempts,
-            job.timeout_ms.map(|ms| ms.min(i64::MAX as u64) as i64),
-            job.idempotency_key,
-            json_text(&job.tags, "tags")?,
-            job.tenant,
-            job.state.as_str(),
-            millis(job.created_at),
-            job.unique_key,
-        ])
-        .map_err(backend)?;
+        }
+        insert_row(ctx, &job)?;
         ctx.count_move(&job.queue, None, Some(job.state));
         inserted.push(Inserted {
             job,

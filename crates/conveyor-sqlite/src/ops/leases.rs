@@ -250,23 +250,40 @@ pub(crate) fn complete_many(
             .as_ref()
             .map(|value| json_text(value, "result"))
             .transpose()?;
-        let changed = ctx
+        // The row's flow (NULL for plain jobs) tells whether a workflow must move on.
+        let changed: Option<Option<String>> = ctx
             .conn
             .prepare_cached(
                 "UPDATE jobs SET state = 'completed', result = ?1, finished_at = ?2, \
                  lease_token = NULL, lease_expires_at = NULL \
-                 WHERE id = ?3 AND state = 'running' AND lease_token = ?4",
+                 WHERE id = ?3 AND state = 'running' AND lease_token = ?4 RETURNING flow_id",
             )
             .and_then(|mut stmt| {
-                stmt.execute(params![
-                    result,
-                    millis(ctx.now),
-                    lease.id.to_string(),
-                    lease.lease_token.to_string()
-                ])
+                stmt.query_row(
+                    params![
+                        result,
+                        millis(ctx.now),
+                        lease.id.to_string(),
+                        lease.lease_token.to_string()
+                    ],
+                    |row| row.get(0),
+                )
+                .optional()
             })
             .map_err(backend)?;
-        if changed == 1 {
+        if let Some(flow_id) = changed {
+            if let Some(flow_id) = flow_id {
+                let flow_id = Uuid::parse_str(&flow_id)
+                    .map_err(|e| StoreError::backend(format!("stored flow id: {e}")))?;
+                workflow::handle(
+                    ctx,
+                    flow_id,
+                    FlowEvent::JobFinished {
+                        job_id: lease.id,
+                        state: JobState::Completed,
+                    },
+                )?;
+            }
             completed_queues.push(queue);
             out.push(LeaseOutcome::Applied);
         } else {
@@ -339,7 +356,34 @@ pub(crate) fn record_failure(
         .map_err(backend)?;
     drop(stmt);
     ctx.count_move(&job.queue, Some(JobState::Running), Some(job.state));
+    workflow::job_finished(ctx, &job)?;
     Ok(job)
+}
+
+/// Records a running job's progress while its lease holds.
+pub(crate) fn progress(
+    ctx: &mut WriteCtx<'_>,
+    lease: LeaseRef,
+    progress: &conveyor_core::Progress,
+) -> StoreResult<()> {
+    let changed = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE jobs SET progress = ?1 WHERE id = ?2 AND state = 'running' AND lease_token = ?3",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                json_text(progress, "progress").map_err(|e| rusqlite::Error::ToSqlConversionFailure(Box::new(e)))?,
+                lease.id.to_string(),
+                lease.lease_token.to_string()
+            ])
+        })
+        .map_err(backend)?;
+    if changed == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost(lease.id))
+    }
 }
 
 /// The attempt counters of a running job still held under `lease`, or `LeaseLost`.

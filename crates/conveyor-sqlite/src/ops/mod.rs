@@ -17,7 +17,9 @@ use crate::backend;
 use crate::flow;
 use crate::rows::{self, millis, COLUMNS};
 use crate::unique;
+use crate::workflow;
 use crate::writer::WriteCtx;
+use conveyor_core::workflow::FlowEvent;
 
 mod admin;
 mod insert;
