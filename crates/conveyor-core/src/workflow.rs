@@ -1032,6 +1032,16 @@ pub struct FlowListParams {
     pub after: Option<Uuid>,
 }
 
+impl FlowListParams {
+    /// The newest `limit` flows, unfiltered.
+    pub fn newest(limit: usize) -> Self {
+        Self {
+            limit,
+            ..Self::default()
+        }
+    }
+}
+
 /// What creating a flow returned.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CreatedFlow {

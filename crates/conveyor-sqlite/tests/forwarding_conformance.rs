@@ -13,7 +13,8 @@ struct ForwardsEverything {
 }
 
 conveyor_core::delegate_store!(ForwardsEverything => inner:
-    JobStore, LeaseStore, QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore);
+    JobStore, LeaseStore, QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore,
+    FlowStore);
 
 async fn make_harness() -> conveyor_storetest::Harness {
     common::make_wrapped_harness(|inner| Arc::new(ForwardsEverything { inner })).await

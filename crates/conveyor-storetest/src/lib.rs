@@ -46,6 +46,7 @@ mod schedules;
 mod settings;
 mod unique;
 mod workers;
+mod workflows;
 
 pub use access::*;
 pub use admin::*;
@@ -60,6 +61,7 @@ pub use schedules::*;
 pub use settings::*;
 pub use unique::*;
 pub use workers::*;
+pub use workflows::*;
 
 /// A store under test and the clock it reads "now" from.
 #[derive(Clone)]
@@ -237,6 +239,23 @@ macro_rules! __conveyor_behaviours {
             // retention
             prune_deletes_finished_jobs_past_their_retention,
             prune_honours_queue_retention_and_limit,
+            // workflows
+            flow_chain_runs_steps_in_order_handing_on_results,
+            flow_fan_in_callback_starts_once_with_every_result,
+            flow_dead_step_fails_the_flow_and_its_replay_resumes_it,
+            flow_skip_and_continue_policies_absorb_a_failure,
+            flow_compensates_completed_steps_latest_first,
+            flow_dying_compensation_fails_the_flow_naming_the_step,
+            flow_wait_completes_on_its_signal_even_one_sent_early,
+            flow_wait_fails_with_timeout_when_its_deadline_passes,
+            flow_signal_errors_name_what_is_wrong,
+            flow_cancel_cancels_every_unfinished_step,
+            flow_step_cancelled_alone_counts_as_a_failure,
+            flow_step_whose_lease_expires_on_its_last_attempt_fails_the_flow,
+            flow_create_is_validated_and_all_or_nothing,
+            flow_idempotency_key_returns_the_first_flow,
+            flows_list_filters_by_state_and_name_newest_first,
+            job_progress_is_recorded_while_the_lease_holds,
         }
     };
 }

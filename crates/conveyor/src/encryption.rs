@@ -228,9 +228,58 @@ impl EncryptedStore {
     }
 }
 
-// Payloads pass through jobs and leases only; every other part is forwarded unchanged.
+// Payloads pass through jobs, leases and flows only; every other part is forwarded unchanged.
 conveyor_core::delegate_store!(EncryptedStore => inner:
     QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore);
+
+#[async_trait]
+impl conveyor_core::FlowStore for EncryptedStore {
+    async fn flow_create(
+        &self,
+        flow: conveyor_core::workflow::ValidFlow,
+    ) -> StoreResult<conveyor_core::workflow::CreatedFlow> {
+        // Every step's and compensation's payload is sealed before it is stored; a
+        // compensation without a payload of its own (null) is given the step's at run time,
+        // so it stays null here.
+        let mut failure = None;
+        let sealed = flow.map_jobs(|job| {
+            if job.payload.is_null() {
+                return;
+            }
+            match self.keys.seal(&job.payload) {
+                Ok(payload) => job.payload = payload,
+                Err(error) => failure = Some(error),
+            }
+        });
+        if let Some(error) = failure {
+            return Err(StoreError::backend(error.to_string()));
+        }
+        self.inner.flow_create(sealed).await
+    }
+    async fn flow_get(&self, id: Uuid) -> StoreResult<Option<conveyor_core::workflow::FlowView>> {
+        self.inner.flow_get(id).await
+    }
+    async fn flows_list(
+        &self,
+        params: conveyor_core::workflow::FlowListParams,
+    ) -> StoreResult<Vec<conveyor_core::workflow::FlowView>> {
+        self.inner.flows_list(params).await
+    }
+    async fn flow_cancel(&self, id: Uuid) -> StoreResult<conveyor_core::workflow::FlowView> {
+        self.inner.flow_cancel(id).await
+    }
+    async fn flow_signal(
+        &self,
+        id: Uuid,
+        signal: &str,
+        payload: Value,
+    ) -> StoreResult<conveyor_core::workflow::SignalOutcome> {
+        self.inner.flow_signal(id, signal, payload).await
+    }
+    async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64> {
+        self.inner.flows_expire_waits(limit).await
+    }
+}
 
 #[async_trait]
 impl JobStore for EncryptedStore {
@@ -309,6 +358,15 @@ impl LeaseStore for EncryptedStore {
 
     async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job> {
         Ok(self.open_job(self.inner.job_snooze(params).await?))
+    }
+
+    async fn job_progress(
+        &self,
+        lease: LeaseRef,
+        percent: u8,
+        message: Option<String>,
+    ) -> StoreResult<()> {
+        self.inner.job_progress(lease, percent, message).await
     }
 
     async fn jobs_release_many(&self, leases: Vec<LeaseRef>) -> StoreResult<u64> {
