@@ -241,10 +241,16 @@ pub enum AuditAction {
     TokenCreate,
     #[serde(rename = "token.revoke")]
     TokenRevoke,
+    #[serde(rename = "flow.create")]
+    FlowCreate,
+    #[serde(rename = "flow.cancel")]
+    FlowCancel,
+    #[serde(rename = "flow.signal")]
+    FlowSignal,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 9] = [
+    pub const ALL: [AuditAction; 12] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -254,12 +260,18 @@ impl AuditAction {
         AuditAction::ScheduleDelete,
         AuditAction::TokenCreate,
         AuditAction::TokenRevoke,
+        AuditAction::FlowCreate,
+        AuditAction::FlowCancel,
+        AuditAction::FlowSignal,
     ];
 
     pub fn as_str(self) -> &'static str {
         match self {
             AuditAction::JobEnqueue => "job.enqueue",
             AuditAction::JobCancel => "job.cancel",
+            AuditAction::FlowCreate => "flow.create",
+            AuditAction::FlowCancel => "flow.cancel",
+            AuditAction::FlowSignal => "flow.signal",
             AuditAction::DeadReplay => "dead.replay",
             AuditAction::DeadDiscard => "dead.discard",
             AuditAction::QueueSettings => "queue.settings",

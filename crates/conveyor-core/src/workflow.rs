@@ -145,6 +145,9 @@ pub struct NewFlow {
     pub on_failure: FlowFailurePolicy,
     /// A second create with the same key returns the first flow (while it is stored).
     pub idempotency_key: Option<String>,
+    /// Labels kept with the flow (the server records the creating token's owner tag here).
+    #[serde(default)]
+    pub tags: Vec<String>,
 }
 
 impl NewFlow {
@@ -280,6 +283,15 @@ pub fn validate_flow(flow: &NewFlow) -> Result<(), ValidationError> {
             ));
         }
         validate::text_without_nul("idempotency_key", key)?;
+    }
+    if flow.tags.len() > validate::MAX_TAGS {
+        return Err(ValidationError::new(
+            "tags",
+            format!("at most {} tags", validate::MAX_TAGS),
+        ));
+    }
+    for tag in &flow.tags {
+        validate::name("tags", tag)?;
     }
     if flow.steps.is_empty() || flow.steps.len() > MAX_FLOW_STEPS {
         return Err(ValidationError::new(
@@ -1011,6 +1023,8 @@ pub struct FlowView {
     pub on_failure: FlowFailurePolicy,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_step: Option<String>,
+    #[serde(default)]
+    pub tags: Vec<String>,
     pub created_at: DateTime<Utc>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finished_at: Option<DateTime<Utc>>,

@@ -145,6 +145,33 @@ pub struct FetchedJob {
     pub lease_expires_at: DateTime<Utc>,
     pub tenant: Option<String>,
     pub tags: Vec<String>,
+    /// For a workflow's step: its flow.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flow_id: Option<Uuid>,
+    /// For a workflow's step: its name (for a compensation job, the step it compensates).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<String>,
+    /// For a workflow's step: its completed parents' results by step name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parents: Option<std::collections::BTreeMap<String, Value>>,
+}
+
+/// `POST /v1/flows`: the new flow (or, with `duplicate`, the flow its idempotency key names) and
+/// each job step's job id by name.
+pub type CreatedFlow = conveyor_core::workflow::CreatedFlow;
+
+/// `GET /v1/flows`: flows newest first, without steps; `next` is the cursor for the next page.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowPage {
+    pub flows: Vec<conveyor_core::workflow::FlowView>,
+    pub next: Option<Uuid>,
+}
+
+/// `POST /v1/flows/{id}/signal`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SignalResponse {
+    /// `delivered` (the waiting step completed) or `stored` (it completes when it begins).
+    pub outcome: conveyor_core::workflow::SignalOutcome,
 }
 
 /// `POST /v1/fetch`: the claimed jobs, and one result per acknowledgement the fetch carried

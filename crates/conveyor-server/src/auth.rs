@@ -101,6 +101,13 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/v1/jobs", ADMIN),
     (Method::GET, "/v1/jobs/{id}", PRODUCER),
     (Method::POST, "/v1/jobs/{id}/cancel", ADMIN),
+    // Producers create workflows and read, cancel and signal their own (flows carry their
+    // creating token's owner tag; another producer's flow answers 404).
+    (Method::POST, "/v1/flows", PRODUCER),
+    (Method::GET, "/v1/flows", ADMIN),
+    (Method::GET, "/v1/flows/{id}", PRODUCER),
+    (Method::POST, "/v1/flows/{id}/cancel", PRODUCER),
+    (Method::POST, "/v1/flows/{id}/signal", PRODUCER),
     // Workers take jobs and report on them.
     (Method::POST, "/v1/fetch", WORKER),
     (Method::POST, "/v1/ack", WORKER),
@@ -110,6 +117,7 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::POST, "/v1/jobs/{id}/fail", WORKER),
     (Method::POST, "/v1/jobs/{id}/release", WORKER),
     (Method::POST, "/v1/jobs/{id}/snooze", WORKER),
+    (Method::POST, "/v1/jobs/{id}/progress", WORKER),
     (Method::POST, "/v1/workers/heartbeat", WORKER),
     // Counters and gauges hold no payloads: any token may read them (give a scraper the
     // least powerful one).

@@ -20,6 +20,9 @@ pub enum ApiError {
     /// 404: no such job (or no dead job, for discard).
     #[error("job {0} not found")]
     JobNotFound(Uuid),
+    /// 404: no such workflow.
+    #[error("flow {0} not found")]
+    FlowNotFound(Uuid),
     /// 404: no such cron schedule.
     #[error("schedule {0:?} not found")]
     ScheduleNotFound(String),
@@ -93,6 +96,7 @@ impl ApiError {
             ApiError::Invalid { .. } => StatusCode::BAD_REQUEST,
             ApiError::TooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             ApiError::JobNotFound(_)
+            | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
@@ -111,6 +115,7 @@ impl ApiError {
             ApiError::Invalid { .. } => "invalid_request",
             ApiError::TooLarge { .. } => "payload_too_large",
             ApiError::JobNotFound(_)
+            | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::RouteNotFound { .. } => "not_found",
@@ -175,6 +180,8 @@ impl From<StoreError> for ApiError {
             StoreError::NotFound(id) => ApiError::JobNotFound(id),
             StoreError::LeaseLost(id) => ApiError::LeaseLost(id),
             conflict @ StoreError::Conflict { .. } => ApiError::Conflict(conflict.to_string()),
+            StoreError::FlowNotFound(id) => ApiError::FlowNotFound(id),
+            conflict @ StoreError::FlowConflict { .. } => ApiError::Conflict(conflict.to_string()),
             full @ StoreError::QueueFull { retry_after, .. } => ApiError::QueueFull {
                 field: match &full {
                     StoreError::QueueFull {

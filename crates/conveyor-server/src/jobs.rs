@@ -94,6 +94,17 @@ impl EnqueueRequest {
         caller: &Caller,
         now: DateTime<Utc>,
     ) -> ApiResult<ValidJob> {
+        Ok(ValidJob::new(self.into_new_job(state, caller, now)?)?)
+    }
+
+    /// The job as requested, its owner recorded, checked for what only the request knows
+    /// (payload size, run_at or delay_ms); the rest is checked with the whole (job or flow).
+    pub(crate) fn into_new_job(
+        self,
+        state: &AppState,
+        caller: &Caller,
+        now: DateTime<Utc>,
+    ) -> ApiResult<NewJob> {
         let payload = self.payload.unwrap_or(Value::Null);
         check_json_size("payload", &payload, state.config.max_payload_bytes)?;
         let run_at = match (self.run_at, self.delay_ms) {
@@ -131,8 +142,8 @@ impl EnqueueRequest {
             job.unique = self.unique.map(UniqueRequest::into_spec).transpose()?;
             job
         };
-        claim_ownership(caller, &mut job)?;
-        Ok(ValidJob::new(job)?)
+        claim_ownership(caller, &mut job.tags)?;
+        Ok(job)
     }
 }
 
@@ -141,7 +152,7 @@ impl EnqueueRequest {
 const RESERVED_TAG_PREFIX: &str = "conveyor:";
 const OWNER_TAG_PREFIX: &str = "conveyor:owner:";
 
-fn owner_tag(caller: &Caller) -> Option<String> {
+pub(crate) fn owner_tag(caller: &Caller) -> Option<String> {
     caller
         .actor
         .token_id
@@ -154,13 +165,9 @@ fn may_read(caller: &Caller, job: &Job) -> bool {
     caller.role != Role::Producer || owner_tag(caller).is_some_and(|tag| job.tags.contains(&tag))
 }
 
-/// Refuses reserved tags, then tags the job with its owner (when a token enqueued it).
-fn claim_ownership(caller: &Caller, job: &mut NewJob) -> ApiResult<()> {
-    if job
-        .tags
-        .iter()
-        .any(|tag| tag.starts_with(RESERVED_TAG_PREFIX))
-    {
+/// Refuses reserved tags, then tags the job (or flow) with its owner (when a token made it).
+pub(crate) fn claim_ownership(caller: &Caller, tags: &mut Vec<String>) -> ApiResult<()> {
+    if tags.iter().any(|tag| tag.starts_with(RESERVED_TAG_PREFIX)) {
         return Err(ApiError::invalid(
             "tags",
             format!("tags starting with {RESERVED_TAG_PREFIX:?} are reserved for Conveyor"),
@@ -168,7 +175,7 @@ fn claim_ownership(caller: &Caller, job: &mut NewJob) -> ApiResult<()> {
     }
     // One place is kept for the owner tag even with access control off, so that a request
     // valid without it stays valid with it (and the API document states one limit).
-    if job.tags.len() >= validate::MAX_TAGS {
+    if tags.len() >= validate::MAX_TAGS {
         return Err(ApiError::invalid(
             "tags",
             format!(
@@ -178,7 +185,7 @@ fn claim_ownership(caller: &Caller, job: &mut NewJob) -> ApiResult<()> {
         ));
     }
     if let Some(tag) = owner_tag(caller) {
-        job.tags.push(tag);
+        tags.push(tag);
     }
     Ok(())
 }
@@ -271,6 +278,27 @@ pub(crate) async fn get(
     JobId(id): JobId,
     QueryPairs(pairs): QueryPairs,
 ) -> ApiResult<Json<Job>> {
+    let wait = wait_param(&state, pairs)?;
+    let job = wait_until(&state, wait, || async {
+        let job = state
+            .store
+            .job_get(id)
+            .await?
+            .ok_or(ApiError::JobNotFound(id))?;
+        // A producer sees only its own jobs; another's answers as if it did not exist.
+        if !may_read(&caller, &job) {
+            return Err(ApiError::JobNotFound(id));
+        }
+        let finished = job.state.is_finished();
+        Ok((job, finished))
+    })
+    .await?;
+    Ok(Json(state.config.redacted(job)))
+}
+
+/// The `wait_ms` of a read that may long-poll (the only query parameter it takes), capped by
+/// the server's longest long-poll.
+pub(crate) fn wait_param(state: &AppState, pairs: Vec<(String, String)>) -> ApiResult<Duration> {
     let mut wait = Duration::ZERO;
     for (key, value) in pairs {
         match key.as_str() {
@@ -295,26 +323,28 @@ pub(crate) async fn get(
             }
         }
     }
+    Ok(wait)
+}
+
+/// Reads with `read` (which answers the value and whether it is final) until it is final or
+/// `wait` passes. Finished through this server: a notification. Through another process (an
+/// embedded worker, another node): a look that grows from 50 ms to a second while nothing
+/// changes.
+pub(crate) async fn wait_until<T, F, Fut>(state: &AppState, wait: Duration, read: F) -> ApiResult<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = ApiResult<(T, bool)>>,
+{
     let deadline = tokio::time::Instant::now() + wait;
-    // Finished through this server: a notification. Through another process (an embedded
-    // worker, another node): a look that grows from 50 ms to a second while nothing changes.
     let mut poll = Duration::from_millis(50);
     loop {
         let finished = state.finished.notified();
         tokio::pin!(finished);
         finished.as_mut().enable();
-        let job = state
-            .store
-            .job_get(id)
-            .await?
-            .ok_or(ApiError::JobNotFound(id))?;
-        // A producer sees only its own jobs; another's answers as if it did not exist.
-        if !may_read(&caller, &job) {
-            return Err(ApiError::JobNotFound(id));
-        }
+        let (value, done) = read().await?;
         let now = tokio::time::Instant::now();
-        if job.state.is_finished() || now >= deadline || state.shutdown.is_cancelled() {
-            return Ok(Json(state.config.redacted(job)));
+        if done || now >= deadline || state.shutdown.is_cancelled() {
+            return Ok(value);
         }
         tokio::select! {
             _ = &mut finished => {}
@@ -324,6 +354,20 @@ pub(crate) async fn get(
             }
         }
     }
+}
+
+/// A list's `limit`: 1 to [`MAX_LIST_LIMIT`].
+pub(crate) fn list_limit(value: &str) -> ApiResult<usize> {
+    value
+        .parse::<usize>()
+        .ok()
+        .filter(|limit| (1..=MAX_LIST_LIMIT).contains(limit))
+        .ok_or_else(|| {
+            ApiError::invalid(
+                "limit",
+                format!("must be an integer from 1 to {MAX_LIST_LIMIT}"),
+            )
+        })
 }
 
 /// Parses `queue`, `kind`, `limit`, `after` and (when `state` is `None`) `state` from a query
@@ -352,18 +396,7 @@ pub(crate) fn list_params(
                 params.kind = Some(value);
             }
             "state" if fixed_state.is_none() => params.state = Some(value.parse::<JobState>()?),
-            "limit" => {
-                params.limit = value
-                    .parse::<usize>()
-                    .ok()
-                    .filter(|limit| (1..=MAX_LIST_LIMIT).contains(limit))
-                    .ok_or_else(|| {
-                        ApiError::invalid(
-                            "limit",
-                            format!("must be an integer from 1 to {MAX_LIST_LIMIT}"),
-                        )
-                    })?;
-            }
+            "limit" => params.limit = list_limit(&value)?,
             "after" => params.after = Some(parse_uuid("after", &value)?),
             _ => {
                 return Err(ApiError::invalid(

@@ -75,7 +75,14 @@ fn fetched_job(job: Job) -> ApiResult<FetchedJob> {
     let lease = job.lease.ok_or_else(|| {
         ApiError::Internal(format!("store fetched job {} without a lease", job.id))
     })?;
+    let (flow_id, step, parents) = match job.flow {
+        Some(link) => (Some(link.flow_id), Some(link.step), Some(link.parents)),
+        None => (None, None, None),
+    };
     Ok(FetchedJob {
+        flow_id,
+        step,
+        parents,
         id: job.id,
         kind: job.kind,
         queue: job.queue,
@@ -295,6 +302,34 @@ pub(crate) async fn complete(
         }
         LeaseOutcome::LeaseLost => Err(ApiError::LeaseLost(id)),
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct ProgressRequest {
+    lease_token: Uuid,
+    #[serde(deserialize_with = "conveyor_core::wire::int")]
+    progress: u64,
+    #[serde(default, deserialize_with = "conveyor_core::wire::non_null")]
+    message: Option<String>,
+}
+
+/// `POST /v1/jobs/{id}/progress`: a running job's handler reports how far it has come.
+pub(crate) async fn progress(
+    State(state): State<AppState>,
+    JobId(id): JobId,
+    ApiJson(request): ApiJson<ProgressRequest>,
+) -> ApiResult<Json<CompleteResponse>> {
+    let lease = LeaseRef {
+        id,
+        lease_token: request.lease_token,
+    };
+    state
+        .store
+        // Anything above 100 is refused by the store's check, naming `progress`.
+        .job_progress(lease, request.progress.min(255) as u8, request.message)
+        .await?;
+    Ok(Json(CompleteResponse { state: "running" }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]

@@ -23,6 +23,7 @@ mod audit;
 mod auth;
 mod error;
 mod extract;
+mod flows;
 mod jobs;
 mod lease;
 mod metrics;
@@ -198,6 +199,11 @@ pub fn router_with_options(
         .route("/v1/jobs/batch", post(jobs::enqueue_batch))
         .route("/v1/jobs/{id}", get(jobs::get))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
+        .route("/v1/jobs/{id}/progress", post(lease::progress))
+        .route("/v1/flows", post(flows::create).get(flows::list))
+        .route("/v1/flows/{id}", get(flows::get))
+        .route("/v1/flows/{id}/cancel", post(flows::cancel))
+        .route("/v1/flows/{id}/signal", post(flows::signal))
         .route("/v1/fetch", post(lease::fetch))
         .route("/v1/ack", post(acks::ack))
         .route("/v1/heartbeat", post(acks::heartbeat))

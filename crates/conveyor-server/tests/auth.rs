@@ -134,8 +134,12 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
             | "/v1/jobs/{id}/complete"
             | "/v1/jobs/{id}/fail"
             | "/v1/jobs/{id}/release"
-            | "/v1/jobs/{id}/snooze",
+            | "/v1/jobs/{id}/snooze"
+            | "/v1/jobs/{id}/progress",
         ) => WORKER,
+        ("POST", "/v1/flows" | "/v1/flows/{id}/cancel" | "/v1/flows/{id}/signal") => PRODUCER,
+        ("GET", "/v1/flows/{id}") => PRODUCER,
+        ("GET", "/v1/flows") => ADMIN,
         ("POST", "/v1/jobs/{id}/cancel") => ADMIN,
         ("GET", "/v1/jobs/stuck" | "/v1/workers" | "/v1/dead" | "/v1/queues") => ADMIN,
         ("POST", "/v1/dead/replay") | ("DELETE", "/v1/dead/{id}") => ADMIN,

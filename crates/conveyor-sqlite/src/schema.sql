@@ -207,6 +207,7 @@ CREATE TABLE IF NOT EXISTS flows (
     on_failure      TEXT NOT NULL,
     failed_step     TEXT,
     idempotency_key TEXT,
+    tags            TEXT NOT NULL,          -- JSON array
     created_at      INTEGER NOT NULL,
     finished_at     INTEGER
 ) WITHOUT ROWID;

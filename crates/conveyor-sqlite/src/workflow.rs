@@ -77,8 +77,8 @@ pub(crate) fn create(ctx: &mut WriteCtx<'_>, flow: ValidFlow) -> StoreResult<Cre
     let id = Uuid::now_v7();
     ctx.conn
         .prepare_cached(
-            "INSERT INTO flows (id, name, state, on_failure, idempotency_key, created_at) \
-             VALUES (?1, ?2, 'running', ?3, ?4, ?5)",
+            "INSERT INTO flows (id, name, state, on_failure, idempotency_key, tags, created_at) \
+             VALUES (?1, ?2, 'running', ?3, ?4, ?5, ?6)",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -86,6 +86,7 @@ pub(crate) fn create(ctx: &mut WriteCtx<'_>, flow: ValidFlow) -> StoreResult<Cre
                 flow.name,
                 policy_text(&flow.on_failure).map_err(to_sql)?,
                 flow.idempotency_key,
+                to_json(&flow.tags, "tags").map_err(to_sql)?,
                 millis(ctx.now),
             ])
         })
@@ -609,16 +610,18 @@ type ViewHead = (
     Option<String>,
     i64,
     Option<i64>,
+    String,
 );
 
 fn head_view(head: ViewHead) -> StoreResult<FlowView> {
-    let (id, name, state, on_failure, failed_step, created_at, finished_at) = head;
+    let (id, name, state, on_failure, failed_step, created_at, finished_at, tags) = head;
     Ok(FlowView {
         id: uuid_of(Some(id))?.unwrap_or_default(),
         name,
         state: flow_state(&state)?,
         on_failure: policy_of(on_failure)?,
         failed_step,
+        tags: from_json(&tags, "tags")?,
         created_at: from_millis(created_at),
         finished_at: finished_at.map(from_millis),
         steps: Vec::new(),
@@ -626,7 +629,8 @@ fn head_view(head: ViewHead) -> StoreResult<FlowView> {
     })
 }
 
-const HEAD_COLUMNS: &str = "id, name, state, on_failure, failed_step, created_at, finished_at";
+const HEAD_COLUMNS: &str =
+    "id, name, state, on_failure, failed_step, created_at, finished_at, tags";
 
 fn head_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ViewHead> {
     Ok((
@@ -637,6 +641,7 @@ fn head_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<ViewHead> {
         row.get(4)?,
         row.get(5)?,
         row.get(6)?,
+        row.get(7)?,
     ))
 }
 

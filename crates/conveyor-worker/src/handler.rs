@@ -1,8 +1,9 @@
 //! What handlers receive and return.
 
-use conveyor_core::{error_class, Job, RetryPolicy};
+use conveyor_core::{error_class, Job, LeaseRef, RetryPolicy, Store};
 use futures::future::BoxFuture;
 use serde_json::Value;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -19,11 +20,37 @@ pub struct JobContext {
     pub max_attempts: u32,
     pub tenant: Option<String>,
     pub tags: Vec<String>,
+    /// For a workflow's step: its flow and step name (for a compensation job, the step it
+    /// compensates).
+    pub flow: Option<(Uuid, String)>,
+    /// For a workflow's step: its completed parents' results by step name (for a compensation
+    /// job, the compensated step's result).
+    pub parents: BTreeMap<String, Value>,
     cancel: CancellationToken,
+    reporter: Option<ProgressReporter>,
+}
+
+/// Where a handler's progress reports go: the store, under the job's lease.
+#[derive(Clone)]
+pub(crate) struct ProgressReporter {
+    pub store: Arc<dyn Store>,
+    pub lease: LeaseRef,
+}
+
+impl std::fmt::Debug for ProgressReporter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProgressReporter")
+            .field("job", &self.lease.id)
+            .finish_non_exhaustive()
+    }
 }
 
 impl JobContext {
-    pub(crate) fn new(job: &Job, cancel: CancellationToken) -> Self {
+    pub(crate) fn new(
+        job: &Job,
+        cancel: CancellationToken,
+        reporter: Option<ProgressReporter>,
+    ) -> Self {
         Self {
             id: job.id,
             kind: job.kind.clone(),
@@ -32,8 +59,38 @@ impl JobContext {
             max_attempts: job.max_attempts,
             tenant: job.tenant.clone(),
             tags: job.tags.clone(),
+            flow: job.flow.as_ref().map(|f| (f.flow_id, f.step.clone())),
+            parents: job
+                .flow
+                .as_ref()
+                .map(|f| f.parents.clone())
+                .unwrap_or_default(),
             cancel,
+            reporter,
         }
+    }
+
+    /// Records how far the job has come (0 to 100, with an optional message), shown in the job
+    /// and flow views. `LeaseLost` once the job no longer runs here.
+    pub async fn progress(
+        &self,
+        percent: u8,
+        message: Option<&str>,
+    ) -> conveyor_core::StoreResult<()> {
+        match &self.reporter {
+            Some(reporter) => {
+                reporter
+                    .store
+                    .job_progress(reporter.lease, percent, message.map(str::to_string))
+                    .await
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// A parent step's result, by the parent's name.
+    pub fn parent(&self, step: &str) -> Option<&Value> {
+        self.parents.get(step)
     }
 
     /// Resolves when the job should stop: shutdown past the drain timeout, or the lease was lost

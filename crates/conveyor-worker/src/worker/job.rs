@@ -52,7 +52,11 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
                 .timeout_ms
                 .map(Duration::from_millis)
                 .or(registered.timeout);
-            let ctx = JobContext::new(&job, cancel.clone());
+            let reporter = job.lease_ref().map(|lease| ProgressReporter {
+                store: shared.store.clone(),
+                lease,
+            });
+            let ctx = JobContext::new(&job, cancel.clone(), reporter);
             run_handler(&registered, ctx, job.payload.clone(), timeout, &cancel).await
         }
     };

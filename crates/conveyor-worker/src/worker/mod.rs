@@ -30,7 +30,9 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-use crate::handler::{ErasedHandler, JobContext, Outcome, Registered, RuntimeFailure};
+use crate::handler::{
+    ErasedHandler, JobContext, Outcome, ProgressReporter, Registered, RuntimeFailure,
+};
 use crate::maintenance::Maintenance;
 
 /// Most jobs claimed by one fetch.
