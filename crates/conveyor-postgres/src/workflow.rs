@@ -67,7 +67,8 @@ pub(crate) struct WorkflowSql {
     view_steps: SqlStr,
 }
 
-const HEAD_COLUMNS: &str = "id, name, state, on_failure, failed_step, created_at, finished_at";
+const HEAD_COLUMNS: &str =
+    "id, name, state, on_failure, failed_step, tags, created_at, finished_at";
 
 impl WorkflowSql {
     /// Statements for `schema`, which must already be validated.
@@ -100,8 +101,9 @@ impl WorkflowSql {
             // A concurrent create with the same key waits here until the first commits, then
             // inserts nothing and returns no row.
             insert_flow: stmt(format!(
-                "INSERT INTO {flows} (id, name, state, on_failure, idempotency_key, created_at) \
-                 VALUES ($1, $2, 'running', $3, $4, $5) \
+                "INSERT INTO {flows} (id, name, state, on_failure, idempotency_key, tags, \
+                     created_at) \
+                 VALUES ($1, $2, 'running', $3, $4, $5, $6) \
                  ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING \
                  RETURNING id"
             )),
@@ -294,6 +296,7 @@ pub(crate) async fn create(
         .bind(flow.name.as_deref())
         .bind(policy_text(&flow.on_failure)?)
         .bind(flow.idempotency_key.as_deref())
+        .bind(&flow.tags)
         .bind(ctx.now)
         .fetch_optional(&mut *conn)
         .await
@@ -883,6 +886,7 @@ fn head_view(row: &PgRow) -> StoreResult<FlowView> {
         state: flow_state(&column::<String>(row, "state")?)?,
         on_failure: policy_of(column(row, "on_failure")?)?,
         failed_step: column(row, "failed_step")?,
+        tags: column(row, "tags")?,
         created_at: column(row, "created_at")?,
         finished_at: column(row, "finished_at")?,
         steps: Vec::new(),

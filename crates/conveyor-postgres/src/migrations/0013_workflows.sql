@@ -26,6 +26,7 @@ CREATE TABLE @schema@.flows (
     on_failure      text NOT NULL CHECK (on_failure IN ('stop', 'compensate')),
     failed_step     text,
     idempotency_key text,
+    tags            text[] NOT NULL,           -- labels (the creating token's owner tag)
     created_at      timestamptz NOT NULL,
     finished_at     timestamptz
 );
