@@ -363,7 +363,7 @@ impl JobStore for PgStore {
         let flow_id = match ops::cancel(&mut tx, &ctx, id, None).await? {
             ops::CancelOutcome::Cancelled(job) => {
                 commit(tx).await?;
-                return Ok(job);
+                return Ok(*job);
             }
             ops::CancelOutcome::FlowBusy(flow_id) => flow_id,
         };
@@ -374,7 +374,7 @@ impl JobStore for PgStore {
         match ops::cancel(&mut tx, &ctx, id, Some(flow_id)).await? {
             ops::CancelOutcome::Cancelled(job) => {
                 commit(tx).await?;
-                Ok(job)
+                Ok(*job)
             }
             ops::CancelOutcome::FlowBusy(_) => Err(StoreError::backend(format!(
                 "postgres: cancel of job {id}: its flow {flow_id} was locked and then not found \

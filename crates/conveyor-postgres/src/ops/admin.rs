@@ -4,7 +4,7 @@ use super::*;
 
 /// What [`cancel`] did.
 pub(crate) enum CancelOutcome {
-    Cancelled(Job),
+    Cancelled(Box<Job>),
     /// The job belongs to this flow, which another transaction holds, perhaps waiting for the
     /// job's row that this one holds: roll back and call again with the flow to lock first.
     FlowBusy(Uuid),
@@ -57,7 +57,7 @@ pub(crate) async fn cancel(
         .map_err(db("cancel job"))?;
     let job = rows::job(&row)?;
     workflow::job_finished(conn, ctx, &job).await?;
-    Ok(CancelOutcome::Cancelled(job))
+    Ok(CancelOutcome::Cancelled(Box::new(job)))
 }
 
 pub(crate) async fn dead_replay(
