@@ -155,6 +155,14 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
         "'{}', '{}', '{}', now()",
     )
     .await;
+    let complete_flow_jobs = generic_plan(
+        &mut conn,
+        "complete_flow_jobs",
+        sql.complete_flow_jobs.as_str(),
+        "uuid[], uuid[], jsonb[], timestamptz",
+        "'{}', '{}', '{}', now()",
+    )
+    .await;
     let heartbeat = generic_plan(
         &mut conn,
         "heartbeat",
@@ -190,7 +198,11 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
             && !claim_kinds.contains("Sort"),
         "a claim naming kinds walks jobs_fetch in order too: {claim_kinds}"
     );
-    for (name, plan) in [("complete", &complete), ("heartbeat", &heartbeat)] {
+    for (name, plan) in [
+        ("complete", &complete),
+        ("complete_flow_jobs", &complete_flow_jobs),
+        ("heartbeat", &heartbeat),
+    ] {
         assert!(
             plan.contains("jobs_pkey") && !plan.contains("jobs_lease"),
             "{name} finds its rows by primary key, not among every running job: {plan}"
