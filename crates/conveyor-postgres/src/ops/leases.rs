@@ -149,7 +149,10 @@ pub(super) fn held_leases(found: Vec<PgRow>) -> StoreResult<HashSet<LeaseKey>> {
 /// Jobs of flows are left out of that statement and completed after it, in a transaction of
 /// their own (a savepoint when `conn` is already in one) that locks their flows first and tells
 /// them (see `workflow`). Only a batch with a job the first statement did not complete (a
-/// flow's, or one whose lease was lost) pays for the second look.
+/// flow's, or one whose lease was lost) pays for the second look. Outside a caller's
+/// transaction, an error in that second part leaves the first part's completions applied, as a
+/// connection lost right after a commit would: an error says nothing about which applied, and
+/// a retry reports those as `LeaseLost`.
 pub(crate) async fn complete_many(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
