@@ -340,6 +340,12 @@ pub fn validate_flow(flow: &NewFlow) -> Result<(), ValidationError> {
             }
         }
         if let Some(job) = &step.compensate {
+            if matches!(step.action, StepAction::Wait(_)) {
+                return Err(ValidationError::new(
+                    format!("steps[{i}].compensate"),
+                    "a wait step has nothing to compensate",
+                ));
+            }
             step_job(&format!("steps[{i}].compensate"), job)?;
         }
         for (j, parent) in step.after.iter().enumerate() {
