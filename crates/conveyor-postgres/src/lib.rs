@@ -36,10 +36,13 @@ mod sql;
 mod unique;
 mod upkeep;
 mod workers;
+mod workflow;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::truncate_to_millis;
+use conveyor_core::workflow::{CreatedFlow, FlowListParams, FlowView, SignalOutcome, ValidFlow};
+use conveyor_core::FlowStore;
 use conveyor_core::{
     AccessStore, Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
     JobListParams, JobStore, LeadershipStore, LeaseOutcome, LeaseRef, LeaseStore,
@@ -355,10 +358,29 @@ impl JobStore for PgStore {
     }
 
     async fn job_cancel(&self, id: Uuid) -> StoreResult<Job> {
+        let ctx = self.ctx();
         let mut tx = self.begin().await?;
-        let job = ops::cancel(&mut tx, &self.ctx(), id).await?;
-        commit(tx).await?;
-        Ok(job)
+        let flow_id = match ops::cancel(&mut tx, &ctx, id, None).await? {
+            ops::CancelOutcome::Cancelled(job) => {
+                commit(tx).await?;
+                return Ok(job);
+            }
+            ops::CancelOutcome::FlowBusy(flow_id) => flow_id,
+        };
+        // The job's flow is held by another transaction, which may be waiting for the job's
+        // row that this one holds: let go of it and start over, taking the flow first.
+        tx.rollback().await.map_err(db("roll back cancel"))?;
+        let mut tx = self.begin().await?;
+        match ops::cancel(&mut tx, &ctx, id, Some(flow_id)).await? {
+            ops::CancelOutcome::Cancelled(job) => {
+                commit(tx).await?;
+                Ok(job)
+            }
+            ops::CancelOutcome::FlowBusy(_) => Err(StoreError::backend(format!(
+                "postgres: cancel of job {id}: its flow {flow_id} was locked and then not found \
+                 locked by this transaction"
+            ))),
+        }
     }
 
     async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
@@ -437,12 +459,73 @@ impl LeaseStore for PgStore {
         Ok(released)
     }
 
+    async fn job_progress(
+        &self,
+        lease: LeaseRef,
+        percent: u8,
+        message: Option<String>,
+    ) -> StoreResult<()> {
+        let ctx = self.ctx();
+        let progress = conveyor_core::Progress::new(percent, message, ctx.now)?;
+        ops::progress(&mut *self.conn().await?, &ctx, lease, &progress).await
+    }
+
     fn wakeup(&self) -> Arc<Notify> {
         self.inner.wakeup.clone()
     }
 
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
         ops::next_due(&mut *self.conn().await?, &self.inner.sql, queues).await
+    }
+}
+
+/// Every flow event runs in one transaction that locks the flow first (see `workflow`).
+#[async_trait]
+impl FlowStore for PgStore {
+    async fn flow_create(&self, flow: ValidFlow) -> StoreResult<CreatedFlow> {
+        let mut tx = self.begin().await?;
+        let created = workflow::create(&mut tx, &self.ctx(), flow).await?;
+        commit(tx).await?;
+        Ok(created)
+    }
+
+    async fn flow_get(&self, id: Uuid) -> StoreResult<Option<FlowView>> {
+        workflow::view(&mut *self.conn().await?, &self.ctx(), id).await
+    }
+
+    async fn flows_list(&self, params: FlowListParams) -> StoreResult<Vec<FlowView>> {
+        workflow::list(&mut *self.conn().await?, &self.ctx(), &params).await
+    }
+
+    async fn flow_cancel(&self, id: Uuid) -> StoreResult<FlowView> {
+        let mut tx = self.begin().await?;
+        let flow = workflow::cancel(&mut tx, &self.ctx(), id).await?;
+        commit(tx).await?;
+        Ok(flow)
+    }
+
+    async fn flow_signal(
+        &self,
+        id: Uuid,
+        signal: &str,
+        payload: Value,
+    ) -> StoreResult<SignalOutcome> {
+        // jsonb cannot hold NUL; say so as a validation error rather than a backend one.
+        conveyor_core::validate::json_without_nul("payload", &payload)?;
+        let mut tx = self.begin().await?;
+        let outcome = workflow::signal(&mut tx, &self.ctx(), id, signal, &payload).await?;
+        commit(tx).await?;
+        Ok(outcome)
+    }
+
+    async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64> {
+        if limit == 0 {
+            return Ok(0);
+        }
+        let mut tx = self.begin().await?;
+        let expired = workflow::expire_waits(&mut tx, &self.ctx(), limit).await?;
+        commit(tx).await?;
+        Ok(expired)
     }
 }
 

@@ -81,10 +81,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "jobs_vacuum",
         sql: include_str!("migrations/0012_jobs_vacuum.sql"),
     },
+    Migration {
+        version: 13,
+        name: "workflows",
+        sql: include_str!("migrations/0013_workflows.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 12;
+pub const SCHEMA_VERSION: u32 = 13;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

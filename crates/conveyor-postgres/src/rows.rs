@@ -1,11 +1,13 @@
 //! Mapping between `jobs` rows and [`Job`].
 
 use chrono::{DateTime, Utc};
-use conveyor_core::{ErrorRecord, Job, JobState, Lease, StoreResult};
+use conveyor_core::workflow::FlowLink;
+use conveyor_core::{ErrorRecord, Job, JobState, Lease, Progress, StoreResult};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::Row;
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use uuid::Uuid;
 
@@ -67,7 +69,23 @@ pub(crate) fn job(row: &PgRow) -> StoreResult<Job> {
         started_at: column(row, "started_at")?,
         finished_at: column(row, "finished_at")?,
         unique_key: column(row, "unique_key")?,
+        flow: flow_link(row)?,
+        progress: column::<Option<Json<Progress>>>(row, "progress")?.map(|Json(p)| p),
     })
+}
+
+/// The job's flow, step and parents' results, when it belongs to a flow (`flow_id` set).
+fn flow_link(row: &PgRow) -> StoreResult<Option<FlowLink>> {
+    let Some(flow_id) = column::<Option<Uuid>>(row, "flow_id")? else {
+        return Ok(None);
+    };
+    let step: Option<String> = column(row, "flow_step")?;
+    let parents = column::<Option<Json<BTreeMap<String, Value>>>>(row, "parents")?;
+    Ok(Some(FlowLink {
+        flow_id,
+        step: step.ok_or_else(|| corrupt("a job of a flow without flow_step"))?,
+        parents: parents.map(|Json(p)| p).unwrap_or_default(),
+    }))
 }
 
 /// Every row as a job.

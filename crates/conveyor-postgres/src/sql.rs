@@ -12,7 +12,8 @@ use crate::names::{channel, quoted};
 /// The columns of a job row, in the order `rows::job` expects by name.
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
-    lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key";
+    lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, \
+    flow_id, flow_step, parents, progress";
 
 /// The columns of a queue settings row, as `ops::settings_of` reads them by name.
 pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tenant, \
@@ -72,6 +73,8 @@ pub(crate) struct Sql {
     pub claim_one_queue_gate: SqlStr,
     pub heartbeat: SqlStr,
     pub complete: SqlStr,
+    pub complete_flow_jobs: SqlStr,
+    pub flow_jobs: SqlStr,
     pub held: SqlStr,
     pub record_failure: SqlStr,
     pub snooze: SqlStr,
@@ -79,8 +82,13 @@ pub(crate) struct Sql {
     pub rescue_pick: SqlStr,
     pub cancel_lock: SqlStr,
     pub cancel: SqlStr,
+    pub cancel_unhooked: SqlStr,
     pub replay_ids: SqlStr,
     pub replay_filter: SqlStr,
+    pub dead_flow_jobs_ids: SqlStr,
+    pub dead_flow_jobs_filter: SqlStr,
+    pub replay_flow_jobs: SqlStr,
+    pub progress: SqlStr,
     pub discard: SqlStr,
     pub stats: SqlStr,
     pub next_due: SqlStr,
@@ -93,6 +101,8 @@ pub(crate) struct Sql {
     pub paused_queues: SqlStr,
     /// The flow-controlled claim's statements and state.
     pub flow: crate::flow::Flow,
+    /// Workflows' statements (`workflow.rs`).
+    pub workflow: crate::workflow::WorkflowSql,
     pub retention: crate::retention::Retention,
 }
 
@@ -271,16 +281,33 @@ impl Sql {
                 running("j.")
             )),
             // `result` stays SQL NULL for "no result" and is jsonb `null` for `Some(Null)`.
+            // Plain jobs only: a job of a flow must tell its flow in the same transaction,
+            // after locking the flow, so it is left for `complete_flow_jobs` (the filter reads
+            // one column of the row the key lookup already found).
             complete: stmt(format!(
                 "UPDATE {jobs} j SET state = 'completed', result = c.result, finished_at = $4, \
                      lease_token = NULL, lease_expires_at = NULL \
                  FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS c(id, token, result) \
-                 WHERE j.id = c.id AND {} AND j.lease_token = c.token \
+                 WHERE j.id = c.id AND {} AND j.lease_token = c.token AND j.flow_id IS NULL \
                  RETURNING j.id, c.token",
                 running("j.")
             )),
+            // The same for jobs of flows, run once their flows are locked.
+            complete_flow_jobs: stmt(format!(
+                "UPDATE {jobs} j SET state = 'completed', result = c.result, finished_at = $4, \
+                     lease_token = NULL, lease_expires_at = NULL \
+                 FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS c(id, token, result) \
+                 WHERE j.id = c.id AND {} AND j.lease_token = c.token \
+                 RETURNING j.id, c.token, j.flow_id",
+                running("j.")
+            )),
+            // Which of these jobs belong to a flow. A job's flow never changes once it is
+            // stored, so this needs no lock.
+            flow_jobs: stmt(format!(
+                "SELECT id, flow_id FROM {jobs} WHERE id = ANY($1) AND flow_id IS NOT NULL"
+            )),
             held: stmt(format!(
-                "SELECT attempt, max_attempts FROM {jobs} \
+                "SELECT attempt, max_attempts, flow_id FROM {jobs} \
                  WHERE id = $1 AND {} AND lease_token = $2",
                 running("")
             )),
@@ -316,22 +343,31 @@ impl Sql {
             // Locked so two rescuers (or a rescuer and the holder's completion) never both act
             // on one job; SKIP LOCKED lets concurrent rescuers share the work.
             rescue_pick: stmt(format!(
-                "SELECT id, attempt, max_attempts, lease_worker, lease_token FROM {jobs} \
+                "SELECT id, attempt, max_attempts, lease_worker, lease_token, flow_id \
+                 FROM {jobs} \
                  WHERE state = 'running' AND lease_expires_at <= $1 \
                  ORDER BY lease_expires_at LIMIT $2 \
                  FOR UPDATE SKIP LOCKED"
             )),
-            cancel_lock: stmt(format!("SELECT state FROM {jobs} WHERE id = $1 FOR UPDATE")),
+            cancel_lock: stmt(format!(
+                "SELECT state, flow_id FROM {jobs} WHERE id = $1 FOR UPDATE"
+            )),
             cancel: stmt(format!(
                 "UPDATE {jobs} SET state = 'cancelled', finished_at = $1, \
                      lease_token = NULL, lease_expires_at = NULL \
                  WHERE id = $2 RETURNING {COLUMNS}"
             )),
+            // A flow cancelling its own step's job: no state check to report, and no hook.
+            cancel_unhooked: stmt(format!(
+                "UPDATE {jobs} SET state = 'cancelled', finished_at = $1, \
+                     lease_token = NULL, lease_expires_at = NULL \
+                 WHERE id = $2 AND state NOT IN ('completed', 'dead', 'cancelled')"
+            )),
             replay_ids: stmt(format!(
                 "WITH changed AS ( \
                      UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
                          finished_at = NULL, result = NULL \
-                     WHERE id = ANY($2) AND state = 'dead' RETURNING queue) \
+                     WHERE id = ANY($2) AND state = 'dead' AND flow_id IS NULL RETURNING queue) \
                  {}",
                 notify_changed(3)
             )),
@@ -342,9 +378,31 @@ impl Sql {
                      WHERE state = 'dead' \
                          AND ($2::text IS NULL OR queue = $2) \
                          AND ($3::text IS NULL OR kind = $3) \
+                         AND flow_id IS NULL \
                      RETURNING queue) \
                  {}",
                 notify_changed(4)
+            )),
+            // The dead jobs of flows a replay selects (by ids, or by queue and kind): replayed
+            // by `replay_flow_jobs` once their flows are locked.
+            dead_flow_jobs_ids: stmt(format!(
+                "SELECT id, flow_id FROM {jobs} \
+                 WHERE id = ANY($1) AND state = 'dead' AND flow_id IS NOT NULL"
+            )),
+            dead_flow_jobs_filter: stmt(format!(
+                "SELECT id, flow_id FROM {jobs} \
+                 WHERE state = 'dead' AND ($1::text IS NULL OR queue = $1) \
+                     AND ($2::text IS NULL OR kind = $2) AND flow_id IS NOT NULL"
+            )),
+            replay_flow_jobs: stmt(format!(
+                "UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
+                     finished_at = NULL, result = NULL \
+                 WHERE id = ANY($2) AND state = 'dead' \
+                 RETURNING id, queue, flow_id"
+            )),
+            progress: stmt(format!(
+                "UPDATE {jobs} SET progress = $1 WHERE id = $2 AND {} AND lease_token = $3",
+                running("")
             )),
             discard: stmt(format!(
                 "DELETE FROM {jobs} WHERE id = $1 AND state = 'dead'"
@@ -359,7 +417,8 @@ impl Sql {
                  WHERE state IN ('scheduled', 'retryable') AND queue = ANY($1) \
                  ORDER BY run_at LIMIT 1"
             )),
-            // Jobs exactly as given, skipping ids that exist (so an interrupted copy resumes).
+            // Jobs exactly as given, every column, skipping ids that exist (so an interrupted
+            // copy resumes). Also how a flow's jobs are stored as their steps start.
             import: stmt(format!(
                 "INSERT INTO {jobs} ({COLUMNS}) \
                  SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, n.attempt, \
@@ -368,17 +427,19 @@ impl Sql {
                            WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
                      n.tenant, n.state, n.errors, n.lease_worker, n.lease_token, \
                      n.lease_expires_at, n.result, n.created_at, n.started_at, n.finished_at, \
-                     n.unique_key \
+                     n.unique_key, n.flow_id, n.flow_step, n.parents, n.progress \
                  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                              $6::timestamptz[], $7::int4[], $8::int4[], $9::int8[], \
                              $10::text[], $11::jsonb[], $12::text[], $13::text[], \
                              $14::jsonb[], $15::text[], $16::uuid[], $17::timestamptz[], \
                              $18::jsonb[], $19::timestamptz[], $20::timestamptz[], \
-                             $21::timestamptz[], $22::text[]) \
+                             $21::timestamptz[], $22::text[], $23::uuid[], $24::text[], \
+                             $25::jsonb[], $26::jsonb[]) \
                      AS n(id, kind, queue, payload, priority, run_at, attempt, max_attempts, \
                           timeout_ms, idempotency_key, tags, tenant, state, errors, \
                           lease_worker, lease_token, lease_expires_at, result, created_at, \
-                          started_at, finished_at, unique_key) \
+                          started_at, finished_at, unique_key, flow_id, flow_step, parents, \
+                          progress) \
                  ON CONFLICT (id) DO NOTHING \
                  RETURNING queue, state"
             )),
@@ -431,13 +492,17 @@ impl Sql {
             )),
             paused_queues: stmt(format!("SELECT queue FROM {settings} WHERE paused")),
             flow: crate::flow::Flow::new(schema),
+            workflow: crate::workflow::WorkflowSql::new(schema),
             retention: crate::retention::Retention::new(schema),
             jobs,
         }
     }
 }
 
-/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$15`.
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$15`. A `NewJob`
+/// has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
+/// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
+/// `import`, which writes every column.
 fn insert_sql(jobs: &str, condition: &str) -> String {
     // One statement for the whole batch. Tags travel as one JSON array per job because a SQL
     // array of arrays must be rectangular; they are unpacked in order.

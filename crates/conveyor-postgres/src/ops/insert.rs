@@ -350,6 +350,8 @@ mod tests {
             started_at: None,
             finished_at: None,
             unique_key: None,
+            flow: None,
+            progress: None,
         };
         job.finished_at = finished_at;
         job

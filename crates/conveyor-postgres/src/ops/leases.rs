@@ -145,6 +145,11 @@ pub(super) fn held_leases(found: Vec<PgRow>) -> StoreResult<HashSet<LeaseKey>> {
 
 /// Completes running jobs whose lease still holds, in one statement. Outcomes are per input, in
 /// order; a lease listed twice is applied once (the first), like two completions in sequence.
+///
+/// Jobs of flows are left out of that statement and completed after it, in a transaction of
+/// their own (a savepoint when `conn` is already in one) that locks their flows first and tells
+/// them (see `workflow`). Only a batch with a job the first statement did not complete (a
+/// flow's, or one whose lease was lost) pays for the second look.
 pub(crate) async fn complete_many(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -167,16 +172,25 @@ pub(crate) async fn complete_many(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let applied = held_leases(
+    let mut applied = held_leases(
         sqlx::query(ctx.sql.complete.clone())
             .bind(&ids)
             .bind(&tokens)
             .bind(&results)
             .bind(ctx.now)
-            .fetch_all(conn)
+            .fetch_all(&mut *conn)
             .await
             .map_err(db("complete jobs"))?,
     )?;
+    if applied.len() < ids.len() {
+        let mut left = Vec::new();
+        for ((id, token), result) in ids.iter().zip(&tokens).zip(&results) {
+            if !applied.contains(&(*id, *token)) {
+                left.push((*id, *token, *result));
+            }
+        }
+        applied.extend(complete_flow_jobs(conn, ctx, left).await?);
+    }
     Ok(completions
         .iter()
         .zip(is_first)
@@ -190,8 +204,80 @@ pub(crate) async fn complete_many(
         .collect())
 }
 
+/// Completes the jobs of flows among `left` (the completions the plain statement did not
+/// apply), locking their flows first, and tells each flow in the same transaction. Returns the
+/// leases applied.
+async fn complete_flow_jobs(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    left: Vec<(Uuid, Uuid, Option<Json<&Value>>)>,
+) -> StoreResult<HashSet<LeaseKey>> {
+    let ids: Vec<Uuid> = left.iter().map(|(id, _, _)| *id).collect();
+    let found = sqlx::query(ctx.sql.flow_jobs.clone())
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("find jobs of flows"))?;
+    let mut flow_of: HashMap<Uuid, Uuid> = HashMap::with_capacity(found.len());
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        flow_of.insert(
+            row.try_get("id").map_err(read)?,
+            row.try_get("flow_id").map_err(read)?,
+        );
+    }
+    if flow_of.is_empty() {
+        // Plain jobs whose lease was lost: nothing more to do.
+        return Ok(HashSet::new());
+    }
+    let mut tx = conn.begin().await.map_err(db("begin flow completion"))?;
+    workflow::lock_flows(&mut tx, ctx, flow_of.values().copied().collect()).await?;
+    let mut ids = Vec::with_capacity(flow_of.len());
+    let mut tokens = Vec::with_capacity(flow_of.len());
+    let mut results = Vec::with_capacity(flow_of.len());
+    for (id, token, result) in left {
+        if flow_of.contains_key(&id) {
+            ids.push(id);
+            tokens.push(token);
+            results.push(result);
+        }
+    }
+    let rows = sqlx::query(ctx.sql.complete_flow_jobs.clone())
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&results)
+        .bind(ctx.now)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db("complete jobs of flows"))?;
+    let mut applied = HashSet::with_capacity(rows.len());
+    let mut finished = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let id: Uuid = row.try_get(0).map_err(read)?;
+        applied.insert((id, row.try_get(1).map_err(read)?));
+        finished.push((row.try_get::<Uuid, _>(2).map_err(read)?, id));
+    }
+    // In the batch's order, so the flows see their steps finish as the caller listed them.
+    let order: HashMap<Uuid, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+    finished.sort_by_key(|(_, id)| order.get(id).copied());
+    for (flow_id, job_id) in finished {
+        let event = FlowEvent::JobFinished {
+            job_id,
+            state: JobState::Completed,
+        };
+        workflow::handle(&mut tx, ctx, flow_id, event).await?;
+    }
+    tx.commit().await.map_err(db("commit flow completion"))?;
+    Ok(applied)
+}
+
 /// Records a failed attempt on the job held under `lease`: `retryable` at `retry_at` while
-/// attempts remain, else `dead` and finished. `None` when the lease no longer holds.
+/// attempts remain, else `dead` and finished, and tells the job's flow when it died. `None`
+/// when the lease no longer holds.
+///
+/// A dying job of a flow needs `conn` in a transaction that holds the flow's lock (taken
+/// before the job's row: see `workflow`).
 #[allow(clippy::too_many_arguments)] // Every value is one column of the one statement.
 pub(crate) async fn record_failure(
     conn: &mut PgConnection,
@@ -215,10 +301,14 @@ pub(crate) async fn record_failure(
         .bind(Json(error))
         .bind(lease.id)
         .bind(lease.lease_token)
-        .fetch_optional(conn)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(db("record failure"))?;
-    row.as_ref().map(rows::job).transpose()
+    let job = row.as_ref().map(rows::job).transpose()?;
+    if let Some(job) = &job {
+        workflow::job_finished(conn, ctx, job).await?;
+    }
+    Ok(job)
 }
 
 pub(crate) async fn fail(
@@ -236,13 +326,27 @@ pub(crate) async fn fail(
         .ok_or(StoreError::LeaseLost(lease.id))?;
     let attempt: i32 = row.try_get(0).map_err(|e| corrupt(e.to_string()))?;
     let max_attempts: i32 = row.try_get(1).map_err(|e| corrupt(e.to_string()))?;
+    let flow_id: Option<Uuid> = row.try_get(2).map_err(|e| corrupt(e.to_string()))?;
     let (attempt, max_attempts) = (attempt.max(0) as u32, max_attempts.max(0) as u32);
     let (error, retry_at) = params.failure(ctx.now, attempt);
+    let dies = retry_at.is_none() || attempt >= max_attempts;
     // The update repeats the lease check: a rescue or cancel between the two statements makes
     // it match nothing, which is the same lost lease.
-    record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at)
-        .await?
-        .ok_or(StoreError::LeaseLost(lease.id))
+    match flow_id {
+        // A dying step tells its flow, in one transaction that locks the flow first.
+        Some(flow_id) if dies => {
+            let mut tx = conn.begin().await.map_err(db("begin flow failure"))?;
+            workflow::lock_flows(&mut tx, ctx, vec![flow_id]).await?;
+            let job = record_failure(&mut tx, ctx, lease, attempt, max_attempts, &error, retry_at)
+                .await?
+                .ok_or(StoreError::LeaseLost(lease.id))?;
+            tx.commit().await.map_err(db("commit flow failure"))?;
+            Ok(job)
+        }
+        _ => record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at)
+            .await?
+            .ok_or(StoreError::LeaseLost(lease.id)),
+    }
 }
 
 /// Puts a held job back to `scheduled` (or `available` when `until` is not in the future),
@@ -297,9 +401,10 @@ pub(crate) async fn release_many(
 }
 
 /// Records the lost attempt of a running job read as a row with `id`, `lease_token`,
-/// `attempt`, `max_attempts` and `lease_worker`: `retryable` after the policy's backoff, or
+/// `attempt`, `max_attempts`, `lease_worker` and `flow_id`: `retryable` after the policy's backoff, or
 /// `dead` when out of attempts, with the error `error_for(attempt, worker)` builds. `None` when
-/// its lease changed meanwhile. Shared by lease expiry and stale workers.
+/// its lease changed meanwhile, or when it would die and its flow is busy (see `workflow`).
+/// Shared by lease expiry and stale workers; `conn` must be in a transaction.
 pub(crate) async fn rescue_row(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -315,6 +420,15 @@ pub(crate) async fn rescue_row(
     let attempt = row.try_get::<i32, _>("attempt").map_err(read)?.max(0) as u32;
     let max_attempts = row.try_get::<i32, _>("max_attempts").map_err(read)?.max(0) as u32;
     let worker: Option<String> = row.try_get("lease_worker").map_err(read)?;
+    let flow_id: Option<Uuid> = row.try_get("flow_id").map_err(read)?;
+    // A step on its last attempt dies and tells its flow, whose lock comes after this job's
+    // row here (picked locked): only tried, so this never waits for a flow whose holder may be
+    // waiting for this row. A busy flow leaves the job to the next pass.
+    if let Some(flow_id) = flow_id {
+        if attempt >= max_attempts && !workflow::try_lock_flow(&mut *conn, ctx, flow_id).await? {
+            return Ok(None);
+        }
+    }
     let error = error_for(attempt, worker.as_deref());
     let retry_at = Some(retry.next_run_at(ctx.now, attempt));
     record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at).await
@@ -350,3 +464,24 @@ pub(crate) async fn rescue_expired(
 // ---------------------------------------------------------------------------------------------
 // Administration
 // ---------------------------------------------------------------------------------------------
+
+/// Records a running job's progress while its lease holds; `LeaseLost` otherwise.
+pub(crate) async fn progress(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    lease: LeaseRef,
+    progress: &conveyor_core::Progress,
+) -> StoreResult<()> {
+    let done = sqlx::query(ctx.sql.progress.clone())
+        .bind(Json(progress))
+        .bind(lease.id)
+        .bind(lease.lease_token)
+        .execute(conn)
+        .await
+        .map_err(db("record progress"))?;
+    if done.rows_affected() == 1 {
+        Ok(())
+    } else {
+        Err(StoreError::LeaseLost(lease.id))
+    }
+}

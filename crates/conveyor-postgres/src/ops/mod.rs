@@ -26,6 +26,8 @@ use crate::names::{depth_lock_key, idempotency_lock_key};
 use crate::rows;
 use crate::sql::{Sql, COLUMNS};
 use crate::unique;
+use crate::workflow;
+use conveyor_core::workflow::FlowEvent;
 
 mod admin;
 mod insert;
