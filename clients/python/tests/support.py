@@ -26,6 +26,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[2]
 sys.path.insert(0, str(HERE.parent / "src"))
 
+from conveyor_client import Worker  # noqa: E402 - after the path is set
+
 T = TypeVar("T")
 
 
@@ -139,3 +141,40 @@ def wait_for(what: str, check: Callable[[], Optional[T]], timeout: float = 30.0)
             return last
         time.sleep(0.02)
     pytest.fail(f"timed out waiting for {what} (last: {last!r})")
+
+
+class Running:
+    """Runs ``worker.run()`` in a thread (no signal handlers there); stops and joins it on
+    exit, re-raising what ``run()`` raised."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.ready = threading.Event()
+        self.error: BaseException | None = None
+        worker.on_ready = self.ready.set
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self.worker.run()
+        except BaseException as exc:  # noqa: BLE001
+            self.error = exc
+        finally:
+            self.ready.set()
+
+    def __enter__(self) -> "Running":
+        self.thread.start()
+        assert self.ready.wait(10), "the worker never started"
+        return self
+
+    def join(self, timeout: float = 30) -> float:
+        started = time.monotonic()
+        self.thread.join(timeout)
+        assert not self.thread.is_alive(), "the worker did not stop"
+        if self.error is not None:
+            raise self.error
+        return time.monotonic() - started
+
+    def __exit__(self, *exc) -> None:
+        self.worker.stop()
+        self.join()

@@ -27,44 +27,7 @@ from conveyor_client import (
     error_class_name,
 )
 from conveyor_client._async_http import AsyncTransport
-from support import wait_for
-
-
-class Running:
-    """Runs ``worker.run()`` in a thread (no signal handlers there); stops and joins it on
-    exit, re-raising what ``run()`` raised."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.ready = threading.Event()
-        self.error: BaseException | None = None
-        worker.on_ready = self.ready.set
-        self.thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        try:
-            self.worker.run()
-        except BaseException as exc:  # noqa: BLE001
-            self.error = exc
-        finally:
-            self.ready.set()
-
-    def __enter__(self) -> "Running":
-        self.thread.start()
-        assert self.ready.wait(10), "the worker never started"
-        return self
-
-    def join(self, timeout: float = 30) -> float:
-        started = time.monotonic()
-        self.thread.join(timeout)
-        assert not self.thread.is_alive(), "the worker did not stop"
-        if self.error is not None:
-            raise self.error
-        return time.monotonic() - started
-
-    def __exit__(self, *exc) -> None:
-        self.worker.stop()
-        self.join()
+from support import Running, wait_for
 
 
 def state_is(client: Client, job_id: str, state: str):

@@ -1,5 +1,6 @@
 import type http from 'node:http';
 import { Transport } from './http.js';
+import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
 export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled';
 /** One failed attempt in a job's history. */
 export interface ErrorRecord {
@@ -34,6 +35,77 @@ export interface JobView {
     unique_key?: string;
     [field: string]: unknown;
 }
+/** A running job's last progress report. */
+export interface Progress {
+    percent: number;
+    message?: string;
+    at: string;
+}
+/** One step of a flow as `GET /v1/flows/{id}` answers it (field names as in docs/openapi.yaml). */
+export interface StepView {
+    name: string;
+    state: StepState;
+    after: string[];
+    on_parent_failure: ParentFailurePolicy;
+    /** The step's job id (wait steps have none). */
+    job_id?: string;
+    kind?: string;
+    wait?: {
+        signal: string;
+        timeout_ms?: number;
+    };
+    job_state?: JobState;
+    attempts: number;
+    /** The step's result (a wait step's signal payload). */
+    result?: unknown;
+    error?: {
+        class: string;
+        message: string;
+    };
+    progress?: Progress;
+    wait_deadline?: string;
+    compensation?: 'running' | 'completed' | 'failed';
+    compensation_job_id?: string;
+    finished_at?: string;
+    [field: string]: unknown;
+}
+/** A flow as `GET /v1/flows/{id}` answers it. `steps` is empty in `listFlows`. */
+export interface FlowView {
+    id: string;
+    name?: string;
+    state: FlowState;
+    on_failure: FlowFailurePolicy;
+    /** The step the flow failed at (or whose compensation died). */
+    failed_step?: string;
+    tags: string[];
+    created_at: string;
+    finished_at?: string;
+    steps: StepView[];
+    /** How many steps are in each state. */
+    step_counts: Partial<Record<StepState, number>>;
+    [field: string]: unknown;
+}
+/** What `createFlow` resolves with: each job step's job id by step name (wait steps have none). */
+export interface CreatedFlow {
+    id: string;
+    steps: Record<string, string>;
+    /** The idempotency key matched a stored flow, which is answered instead. */
+    duplicate: boolean;
+}
+/** A page of `listFlows`, newest first; `next` is the `after` of the next page (null on the last). */
+export interface FlowPage {
+    flows: FlowView[];
+    next: string | null;
+}
+export interface ListFlowsOptions {
+    state?: FlowState;
+    name?: string;
+    limit?: number;
+    after?: string;
+}
+export type SignalOutcome = 'delivered' | 'stored';
+/** Whether a flow has ended (any state but `running` and `compensating`). */
+export declare function flowFinished(flow: Pick<FlowView, 'state'>): boolean;
 /** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
 export interface UniqueOptions {
     /** Top-level payload fields that make up the identity (default: the whole payload). */
@@ -109,6 +181,35 @@ export declare class Client {
     }): Promise<JobView>;
     /** Cancels an unfinished job (admin role); resolves with the cancelled job. */
     cancel(id: string): Promise<JobView>;
+    /**
+     * Creates a workflow, all or nothing (`POST /v1/flows`). `flow` is an array of steps
+     * (`step(...)`, `waitStep(...)` or plain objects), `chain([...])` / `group([...]).then(...)`,
+     * or a whole body `{steps, name, onFailure, idempotencyKey, tags}`; `options` set the flow's
+     * fields. Resolves with the flow's id and each job step's job id; a refused flow rejects with
+     * `InvalidRequest` naming the field (`steps[1].after[0]`).
+     */
+    createFlow(flow: Array<FlowStep | Steps> | Steps | FlowSpec, options?: FlowOptions): Promise<CreatedFlow>;
+    /** The flow with every step; rejects with `NotFound` for an unknown id (or another producer's flow). */
+    getFlow(id: string): Promise<FlowView>;
+    /**
+     * Resolves with the flow once it has finished (`completed`, `failed`, `compensated` or
+     * `cancelled`), or as it is when `timeoutMs` (default 30 000) passes first; the server holds
+     * each request (`GET /v1/flows/{id}?wait_ms=`), so waiting costs no polling.
+     */
+    waitFlow(id: string, options?: {
+        timeoutMs?: number;
+    }): Promise<FlowView>;
+    /** Flows newest first, without their steps (admin role); pass `next` as `after` for the next page. */
+    listFlows(options?: ListFlowsOptions): Promise<FlowPage>;
+    /** Cancels every unfinished step of the flow; resolves with it. `Conflict` when it has already ended. */
+    cancelFlow(id: string): Promise<FlowView>;
+    /**
+     * Delivers `signal` to the flow's step waiting for it, which completes with `payload` as its
+     * result. Resolves with `'delivered'`, or `'stored'` when the step has not begun waiting yet
+     * (it completes as soon as it does). `InvalidRequest` (field `signal`) when no step waits for
+     * it; `Conflict` when that step has finished.
+     */
+    signal(flowId: string, signal: string, payload?: unknown): Promise<SignalOutcome>;
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
     close(): void;
 }

@@ -1,10 +1,18 @@
-// The producer side: enqueue, enqueue many, read and cancel jobs.
+// The producer side: enqueue, enqueue many, read and cancel jobs; create, watch, signal and
+// cancel workflows.
 import { Transport, seg } from './http.js';
+import { flowBody } from './flows.js';
 /** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
 /** A job in one of these states never runs again unless replayed. */
 const FINISHED_STATES = new Set(['completed', 'dead', 'cancelled']);
 /** The longest one long-poll asks the server for (it caps it at its --max-fetch-wait-ms). */
 const MAX_WAIT_MS = 30_000;
+/** A flow in one of these states has ended (only `running` and `compensating` have not). */
+const FLOW_FINISHED_STATES = new Set(['completed', 'failed', 'compensated', 'cancelled']);
+/** Whether a flow has ended (any state but `running` and `compensating`). */
+export function flowFinished(flow) {
+    return FLOW_FINISHED_STATES.has(flow.state);
+}
 /** The request body of one job (`POST /v1/jobs`), from `kind`, `payload` and options. */
 export function enqueueBody(kind, payload, opts = {}, where = '') {
     if (typeof kind !== 'string' || kind === '')
@@ -94,11 +102,7 @@ export class Client {
      * (`GET /v1/jobs/{id}?wait_ms=`), so waiting costs no polling.
      */
     async wait(id, options = {}) {
-        const timeoutMs = options.timeoutMs ?? 30_000;
-        if (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0) {
-            throw new TypeError('conveyor: wait timeoutMs must be a non-negative number of milliseconds');
-        }
-        const deadline = Date.now() + timeoutMs;
+        const deadline = Date.now() + checkTimeout(options.timeoutMs ?? 30_000, 'wait');
         for (;;) {
             const waitMs = Math.min(Math.max(0, Math.floor(deadline - Date.now())), MAX_WAIT_MS);
             const res = await this.transport.request('GET', `/v1/jobs/${seg(id)}?wait_ms=${waitMs}`, undefined, { timeoutMs: waitMs + 30_000 });
@@ -111,8 +115,79 @@ export class Client {
         const res = await this.transport.request('POST', `/v1/jobs/${seg(id)}/cancel`, {});
         return res.body;
     }
+    // ---- workflows ------------------------------------------------------------------------------
+    /**
+     * Creates a workflow, all or nothing (`POST /v1/flows`). `flow` is an array of steps
+     * (`step(...)`, `waitStep(...)` or plain objects), `chain([...])` / `group([...]).then(...)`,
+     * or a whole body `{steps, name, onFailure, idempotencyKey, tags}`; `options` set the flow's
+     * fields. Resolves with the flow's id and each job step's job id; a refused flow rejects with
+     * `InvalidRequest` naming the field (`steps[1].after[0]`).
+     */
+    async createFlow(flow, options = {}) {
+        const res = await this.transport.request('POST', '/v1/flows', flowBody(flow, options));
+        return res.body;
+    }
+    /** The flow with every step; rejects with `NotFound` for an unknown id (or another producer's flow). */
+    async getFlow(id) {
+        const res = await this.transport.request('GET', `/v1/flows/${seg(id)}`);
+        return res.body;
+    }
+    /**
+     * Resolves with the flow once it has finished (`completed`, `failed`, `compensated` or
+     * `cancelled`), or as it is when `timeoutMs` (default 30 000) passes first; the server holds
+     * each request (`GET /v1/flows/{id}?wait_ms=`), so waiting costs no polling.
+     */
+    async waitFlow(id, options = {}) {
+        const deadline = Date.now() + checkTimeout(options.timeoutMs ?? 30_000, 'waitFlow');
+        for (;;) {
+            const waitMs = Math.min(Math.max(0, Math.floor(deadline - Date.now())), MAX_WAIT_MS);
+            const res = await this.transport.request('GET', `/v1/flows/${seg(id)}?wait_ms=${waitMs}`, undefined, {
+                timeoutMs: waitMs + 30_000,
+            });
+            if (flowFinished(res.body) || Date.now() >= deadline)
+                return res.body;
+        }
+    }
+    /** Flows newest first, without their steps (admin role); pass `next` as `after` for the next page. */
+    async listFlows(options = {}) {
+        const query = new URLSearchParams();
+        for (const key of ['state', 'name', 'limit', 'after']) {
+            const value = options[key];
+            if (value !== undefined && value !== null)
+                query.set(key, String(value));
+        }
+        const text = query.toString();
+        const res = await this.transport.request('GET', `/v1/flows${text ? `?${text}` : ''}`);
+        return res.body;
+    }
+    /** Cancels every unfinished step of the flow; resolves with it. `Conflict` when it has already ended. */
+    async cancelFlow(id) {
+        const res = await this.transport.request('POST', `/v1/flows/${seg(id)}/cancel`, {});
+        return res.body;
+    }
+    /**
+     * Delivers `signal` to the flow's step waiting for it, which completes with `payload` as its
+     * result. Resolves with `'delivered'`, or `'stored'` when the step has not begun waiting yet
+     * (it completes as soon as it does). `InvalidRequest` (field `signal`) when no step waits for
+     * it; `Conflict` when that step has finished.
+     */
+    async signal(flowId, signal, payload) {
+        if (typeof signal !== 'string')
+            throw new TypeError('conveyor: signal must be a string');
+        const body = { signal };
+        if (payload !== undefined)
+            body.payload = payload;
+        const res = await this.transport.request('POST', `/v1/flows/${seg(flowId)}/signal`, body);
+        return res.body.outcome;
+    }
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
     close() {
         this.transport.close();
     }
+}
+function checkTimeout(timeoutMs, what) {
+    if (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0) {
+        throw new TypeError(`conveyor: ${what} timeoutMs must be a non-negative number of milliseconds`);
+    }
+    return timeoutMs;
 }

@@ -1,5 +1,7 @@
-export { Client } from './client.js';
-export type { ClientOptions, EnqueueOptions, ErrorRecord, JobSpec, JobState, JobView, UniqueOptions } from './client.js';
+export { Client, flowFinished } from './client.js';
+export type { ClientOptions, CreatedFlow, EnqueueOptions, ErrorRecord, FlowPage, FlowView, JobSpec, JobState, JobView, ListFlowsOptions, Progress, SignalOutcome, StepView, UniqueOptions, } from './client.js';
+export { Steps, chain, group, step, waitStep, flowBody } from './flows.js';
+export type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, JobStep, ParentFailurePolicy, StepLike, StepOptions, StepState, WaitStep, } from './flows.js';
 export { Worker, errorClass, LeaseLostError, JobTimeoutError, ShutdownError } from './worker.js';
 export type { Handler, Job, Logger, WorkerOptions } from './worker.js';
 export { ConveyorError, Unauthorized, Forbidden, NotFound, InvalidRequest, Conflict, LeaseLost, QueueFull, ServerError, ConnectionError, Retry, RetryAfter, Permanent, } from './errors.js';

@@ -23,6 +23,20 @@ export interface Job<P = any> {
      */
     readonly signal: AbortSignal;
     readonly workerId: string;
+    /** For a workflow's step: its flow's id; null for a plain job. */
+    readonly flowId: string | null;
+    /** For a workflow's step: its name (for a compensation job, the step it compensates); null for a plain job. */
+    readonly step: string | null;
+    /** For a workflow's step: its completed parent steps' results by step name; `{}` for a plain job. */
+    readonly parents: Record<string, unknown>;
+    /**
+     * Reports how far the handler has come (`POST /v1/jobs/{id}/progress` under this job's
+     * lease): `percent` from 0 to 100 (rounded), an optional `message` (at most 1,024
+     * characters). Shown in the job's and its flow step's views. Rejects with `LeaseLost` when
+     * the job no longer runs here (and aborts `signal`); a report nobody awaits never causes an
+     * unhandled rejection.
+     */
+    progress(percent: number, message?: string): Promise<void>;
 }
 export type Handler<P = any, R = unknown> = (job: Job<P>) => R | Promise<R>;
 /** Where the worker writes what it does; `console` fits. */
@@ -184,6 +198,8 @@ export declare class Worker {
     /** A handler settled (or could not start). */
     private settle;
     private afterSlotFreed;
+    /** `job.progress()`: one `POST /v1/jobs/{id}/progress` under the job's lease. */
+    private readonly reportProgress;
     private queueAck;
     private takeAcks;
     private restoreAcks;

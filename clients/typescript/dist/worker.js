@@ -3,7 +3,7 @@
 import os from 'node:os';
 import { randomBytes } from 'node:crypto';
 import { Transport, VERSION, seg } from './http.js';
-import { ConveyorError, Forbidden, InvalidRequest, NotFound, Permanent, Retry, RetryAfter, Unauthorized, } from './errors.js';
+import { ConveyorError, Forbidden, InvalidRequest, LeaseLost, NotFound, Permanent, Retry, RetryAfter, Unauthorized, } from './errors.js';
 /** `signal.reason` when a job's lease was lost. */
 export class LeaseLostError extends Error {
     get name() {
@@ -84,8 +84,12 @@ class RunningJob {
     leaseToken;
     leaseExpiresAt;
     workerId;
+    flowId;
+    step;
+    parents;
     #held;
-    constructor(raw, workerId, held) {
+    #report;
+    constructor(raw, workerId, held, report) {
         this.id = raw.id;
         this.kind = raw.kind;
         this.queue = raw.queue;
@@ -98,7 +102,24 @@ class RunningJob {
         this.leaseToken = raw.lease_token;
         this.leaseExpiresAt = new Date(raw.lease_expires_at);
         this.workerId = workerId;
+        this.flowId = raw.flow_id ?? null;
+        this.step = raw.step ?? null;
+        this.parents = raw.parents && typeof raw.parents === 'object' ? raw.parents : {};
         this.#held = held;
+        this.#report = report;
+    }
+    progress(percent, message) {
+        if (typeof percent !== 'number' || !(percent >= 0 && percent <= 100)) {
+            return Promise.reject(new RangeError(`conveyor: progress percent must be a number from 0 to 100, got ${String(percent)}`));
+        }
+        if (message !== undefined && typeof message !== 'string') {
+            return Promise.reject(new TypeError('conveyor: progress message must be a string'));
+        }
+        const sent = this.#report(this.#held, Math.round(percent), message);
+        // Handled here so that a report nobody awaits is no unhandled rejection; awaiting `sent`
+        // still rejects.
+        sent.catch(() => { });
+        return sent;
     }
     get signal() {
         const h = this.#held;
@@ -537,7 +558,7 @@ export class Worker {
                 timer: undefined,
                 startedAt: 0,
             };
-            h.job = new RunningJob(raw, this.workerId, h);
+            h.job = new RunningJob(raw, this.workerId, h, this.reportProgress);
             this.held.set(raw.id, h);
             this.buffer.push(h);
         }
@@ -651,6 +672,22 @@ export class Worker {
         if (this.stopping && this.running === 0)
             this.wakeDrain?.();
     }
+    // ---- progress -------------------------------------------------------------------------------
+    /** `job.progress()`: one `POST /v1/jobs/{id}/progress` under the job's lease. */
+    reportProgress = async (h, percent, message) => {
+        const body = { lease_token: h.job.leaseToken, progress: percent };
+        if (message !== undefined)
+            body.message = message;
+        try {
+            await this.transport.request('POST', `/v1/jobs/${seg(h.job.id)}/progress`, body);
+        }
+        catch (e) {
+            // What the next heartbeat would find: the result would be dropped.
+            if (e instanceof LeaseLost && h.state === 'running')
+                this.leaseLost(h, 'lease_lost');
+            throw e;
+        }
+    };
     queueAck(h, kind, value) {
         h.state = 'acking';
         const base = { id: h.job.id, lease_token: h.job.leaseToken };

@@ -1,7 +1,10 @@
-// The producer side: enqueue, enqueue many, read and cancel jobs.
+// The producer side: enqueue, enqueue many, read and cancel jobs; create, watch, signal and
+// cancel workflows.
 
 import type http from 'node:http';
 import { Transport, seg } from './http.js';
+import { flowBody } from './flows.js';
+import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
 
 export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled';
 
@@ -41,6 +44,84 @@ export interface JobView {
   finished_at: string | null;
   unique_key?: string;
   [field: string]: unknown;
+}
+
+/** A running job's last progress report. */
+export interface Progress {
+  percent: number;
+  message?: string;
+  at: string;
+}
+
+/** One step of a flow as `GET /v1/flows/{id}` answers it (field names as in docs/openapi.yaml). */
+export interface StepView {
+  name: string;
+  state: StepState;
+  after: string[];
+  on_parent_failure: ParentFailurePolicy;
+  /** The step's job id (wait steps have none). */
+  job_id?: string;
+  kind?: string;
+  wait?: { signal: string; timeout_ms?: number };
+  job_state?: JobState;
+  attempts: number;
+  /** The step's result (a wait step's signal payload). */
+  result?: unknown;
+  error?: { class: string; message: string };
+  progress?: Progress;
+  wait_deadline?: string;
+  compensation?: 'running' | 'completed' | 'failed';
+  compensation_job_id?: string;
+  finished_at?: string;
+  [field: string]: unknown;
+}
+
+/** A flow as `GET /v1/flows/{id}` answers it. `steps` is empty in `listFlows`. */
+export interface FlowView {
+  id: string;
+  name?: string;
+  state: FlowState;
+  on_failure: FlowFailurePolicy;
+  /** The step the flow failed at (or whose compensation died). */
+  failed_step?: string;
+  tags: string[];
+  created_at: string;
+  finished_at?: string;
+  steps: StepView[];
+  /** How many steps are in each state. */
+  step_counts: Partial<Record<StepState, number>>;
+  [field: string]: unknown;
+}
+
+/** What `createFlow` resolves with: each job step's job id by step name (wait steps have none). */
+export interface CreatedFlow {
+  id: string;
+  steps: Record<string, string>;
+  /** The idempotency key matched a stored flow, which is answered instead. */
+  duplicate: boolean;
+}
+
+/** A page of `listFlows`, newest first; `next` is the `after` of the next page (null on the last). */
+export interface FlowPage {
+  flows: FlowView[];
+  next: string | null;
+}
+
+export interface ListFlowsOptions {
+  state?: FlowState;
+  name?: string;
+  limit?: number;
+  after?: string;
+}
+
+export type SignalOutcome = 'delivered' | 'stored';
+
+/** A flow in one of these states has ended (only `running` and `compensating` have not). */
+const FLOW_FINISHED_STATES: ReadonlySet<string> = new Set(['completed', 'failed', 'compensated', 'cancelled']);
+
+/** Whether a flow has ended (any state but `running` and `compensating`). */
+export function flowFinished(flow: Pick<FlowView, 'state'>): boolean {
+  return FLOW_FINISHED_STATES.has(flow.state);
 }
 
 /** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
@@ -172,11 +253,7 @@ export class Client {
    * (`GET /v1/jobs/{id}?wait_ms=`), so waiting costs no polling.
    */
   async wait(id: string, options: { timeoutMs?: number } = {}): Promise<JobView> {
-    const timeoutMs = options.timeoutMs ?? 30_000;
-    if (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0) {
-      throw new TypeError('conveyor: wait timeoutMs must be a non-negative number of milliseconds');
-    }
-    const deadline = Date.now() + timeoutMs;
+    const deadline = Date.now() + checkTimeout(options.timeoutMs ?? 30_000, 'wait');
     for (;;) {
       const waitMs = Math.min(Math.max(0, Math.floor(deadline - Date.now())), MAX_WAIT_MS);
       const res = await this.transport.request<JobView>(
@@ -195,8 +272,83 @@ export class Client {
     return res.body;
   }
 
+  // ---- workflows ------------------------------------------------------------------------------
+
+  /**
+   * Creates a workflow, all or nothing (`POST /v1/flows`). `flow` is an array of steps
+   * (`step(...)`, `waitStep(...)` or plain objects), `chain([...])` / `group([...]).then(...)`,
+   * or a whole body `{steps, name, onFailure, idempotencyKey, tags}`; `options` set the flow's
+   * fields. Resolves with the flow's id and each job step's job id; a refused flow rejects with
+   * `InvalidRequest` naming the field (`steps[1].after[0]`).
+   */
+  async createFlow(flow: Array<FlowStep | Steps> | Steps | FlowSpec, options: FlowOptions = {}): Promise<CreatedFlow> {
+    const res = await this.transport.request<CreatedFlow>('POST', '/v1/flows', flowBody(flow, options));
+    return res.body;
+  }
+
+  /** The flow with every step; rejects with `NotFound` for an unknown id (or another producer's flow). */
+  async getFlow(id: string): Promise<FlowView> {
+    const res = await this.transport.request<FlowView>('GET', `/v1/flows/${seg(id)}`);
+    return res.body;
+  }
+
+  /**
+   * Resolves with the flow once it has finished (`completed`, `failed`, `compensated` or
+   * `cancelled`), or as it is when `timeoutMs` (default 30 000) passes first; the server holds
+   * each request (`GET /v1/flows/{id}?wait_ms=`), so waiting costs no polling.
+   */
+  async waitFlow(id: string, options: { timeoutMs?: number } = {}): Promise<FlowView> {
+    const deadline = Date.now() + checkTimeout(options.timeoutMs ?? 30_000, 'waitFlow');
+    for (;;) {
+      const waitMs = Math.min(Math.max(0, Math.floor(deadline - Date.now())), MAX_WAIT_MS);
+      const res = await this.transport.request<FlowView>('GET', `/v1/flows/${seg(id)}?wait_ms=${waitMs}`, undefined, {
+        timeoutMs: waitMs + 30_000,
+      });
+      if (flowFinished(res.body) || Date.now() >= deadline) return res.body;
+    }
+  }
+
+  /** Flows newest first, without their steps (admin role); pass `next` as `after` for the next page. */
+  async listFlows(options: ListFlowsOptions = {}): Promise<FlowPage> {
+    const query = new URLSearchParams();
+    for (const key of ['state', 'name', 'limit', 'after'] as const) {
+      const value = options[key];
+      if (value !== undefined && value !== null) query.set(key, String(value));
+    }
+    const text = query.toString();
+    const res = await this.transport.request<FlowPage>('GET', `/v1/flows${text ? `?${text}` : ''}`);
+    return res.body;
+  }
+
+  /** Cancels every unfinished step of the flow; resolves with it. `Conflict` when it has already ended. */
+  async cancelFlow(id: string): Promise<FlowView> {
+    const res = await this.transport.request<FlowView>('POST', `/v1/flows/${seg(id)}/cancel`, {});
+    return res.body;
+  }
+
+  /**
+   * Delivers `signal` to the flow's step waiting for it, which completes with `payload` as its
+   * result. Resolves with `'delivered'`, or `'stored'` when the step has not begun waiting yet
+   * (it completes as soon as it does). `InvalidRequest` (field `signal`) when no step waits for
+   * it; `Conflict` when that step has finished.
+   */
+  async signal(flowId: string, signal: string, payload?: unknown): Promise<SignalOutcome> {
+    if (typeof signal !== 'string') throw new TypeError('conveyor: signal must be a string');
+    const body: Record<string, unknown> = { signal };
+    if (payload !== undefined) body.payload = payload;
+    const res = await this.transport.request<{ outcome: SignalOutcome }>('POST', `/v1/flows/${seg(flowId)}/signal`, body);
+    return res.body.outcome;
+  }
+
   /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
   close(): void {
     this.transport.close();
   }
+}
+
+function checkTimeout(timeoutMs: number, what: string): number {
+  if (typeof timeoutMs !== 'number' || !Number.isFinite(timeoutMs) || timeoutMs < 0) {
+    throw new TypeError(`conveyor: ${what} timeoutMs must be a non-negative number of milliseconds`);
+  }
+  return timeoutMs;
 }

@@ -9,6 +9,7 @@ import {
   ConveyorError,
   Forbidden,
   InvalidRequest,
+  LeaseLost,
   NotFound,
   Permanent,
   Retry,
@@ -40,6 +41,20 @@ export interface Job<P = any> {
    */
   readonly signal: AbortSignal;
   readonly workerId: string;
+  /** For a workflow's step: its flow's id; null for a plain job. */
+  readonly flowId: string | null;
+  /** For a workflow's step: its name (for a compensation job, the step it compensates); null for a plain job. */
+  readonly step: string | null;
+  /** For a workflow's step: its completed parent steps' results by step name; `{}` for a plain job. */
+  readonly parents: Record<string, unknown>;
+  /**
+   * Reports how far the handler has come (`POST /v1/jobs/{id}/progress` under this job's
+   * lease): `percent` from 0 to 100 (rounded), an optional `message` (at most 1,024
+   * characters). Shown in the job's and its flow step's views. Rejects with `LeaseLost` when
+   * the job no longer runs here (and aborts `signal`); a report nobody awaits never causes an
+   * unhandled rejection.
+   */
+  progress(percent: number, message?: string): Promise<void>;
 }
 
 export type Handler<P = any, R = unknown> = (job: Job<P>) => R | Promise<R>;
@@ -119,6 +134,9 @@ interface FetchedJob {
   lease_expires_at: string;
   tenant: string | null;
   tags: string[];
+  flow_id?: string;
+  step?: string;
+  parents?: Record<string, unknown>;
 }
 
 interface CompleteItem {
@@ -221,6 +239,8 @@ function ewma(avg: number | null, sample: number): number {
   return avg === null ? sample : avg + 0.2 * (sample - avg);
 }
 
+type ProgressReporter = (h: Held, percent: number, message: string | undefined) => Promise<void>;
+
 /** The job object handed to handlers. */
 class RunningJob implements Job {
   readonly id: string;
@@ -235,9 +255,13 @@ class RunningJob implements Job {
   readonly leaseToken: string;
   leaseExpiresAt: Date;
   readonly workerId: string;
+  readonly flowId: string | null;
+  readonly step: string | null;
+  readonly parents: Record<string, unknown>;
   readonly #held: Held;
+  readonly #report: ProgressReporter;
 
-  constructor(raw: FetchedJob, workerId: string, held: Held) {
+  constructor(raw: FetchedJob, workerId: string, held: Held, report: ProgressReporter) {
     this.id = raw.id;
     this.kind = raw.kind;
     this.queue = raw.queue;
@@ -250,7 +274,25 @@ class RunningJob implements Job {
     this.leaseToken = raw.lease_token;
     this.leaseExpiresAt = new Date(raw.lease_expires_at);
     this.workerId = workerId;
+    this.flowId = raw.flow_id ?? null;
+    this.step = raw.step ?? null;
+    this.parents = raw.parents && typeof raw.parents === 'object' ? raw.parents : {};
     this.#held = held;
+    this.#report = report;
+  }
+
+  progress(percent: number, message?: string): Promise<void> {
+    if (typeof percent !== 'number' || !(percent >= 0 && percent <= 100)) {
+      return Promise.reject(new RangeError(`conveyor: progress percent must be a number from 0 to 100, got ${String(percent)}`));
+    }
+    if (message !== undefined && typeof message !== 'string') {
+      return Promise.reject(new TypeError('conveyor: progress message must be a string'));
+    }
+    const sent = this.#report(this.#held, Math.round(percent), message);
+    // Handled here so that a report nobody awaits is no unhandled rejection; awaiting `sent`
+    // still rejects.
+    sent.catch(() => {});
+    return sent;
   }
 
   get signal(): AbortSignal {
@@ -687,7 +729,7 @@ export class Worker {
         timer: undefined,
         startedAt: 0,
       } as unknown as Held;
-      h.job = new RunningJob(raw, this.workerId, h);
+      h.job = new RunningJob(raw, this.workerId, h, this.reportProgress);
       this.held.set(raw.id, h);
       this.buffer.push(h);
     }
@@ -803,6 +845,21 @@ export class Worker {
     this.pump();
     if (this.stopping && this.running === 0) this.wakeDrain?.();
   }
+
+  // ---- progress -------------------------------------------------------------------------------
+
+  /** `job.progress()`: one `POST /v1/jobs/{id}/progress` under the job's lease. */
+  private readonly reportProgress: ProgressReporter = async (h, percent, message) => {
+    const body: Record<string, unknown> = { lease_token: h.job.leaseToken, progress: percent };
+    if (message !== undefined) body.message = message;
+    try {
+      await this.transport.request('POST', `/v1/jobs/${seg(h.job.id)}/progress`, body);
+    } catch (e) {
+      // What the next heartbeat would find: the result would be dropped.
+      if (e instanceof LeaseLost && h.state === 'running') this.leaseLost(h, 'lease_lost');
+      throw e;
+    }
+  };
 
   // ---- acknowledgements -----------------------------------------------------------------------
 

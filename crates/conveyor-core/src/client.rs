@@ -197,4 +197,27 @@ impl Client {
         }
         self.store.jobs_insert_valid(new_jobs).await
     }
+
+    /// Creates a workflow (see [`crate::workflow`]): checked whole, stored all or nothing, its
+    /// first steps started at once.
+    ///
+    /// ```ignore
+    /// let flow = NewFlow::chain([("fetch", fetch_job), ("resize", resize_job)]);
+    /// let created = client.create_flow(flow).await?;
+    /// ```
+    pub async fn create_flow(
+        &self,
+        flow: crate::workflow::NewFlow,
+    ) -> StoreResult<crate::workflow::CreatedFlow> {
+        let flow = crate::workflow::ValidFlow::new(flow)?;
+        self.store.flow_create(flow).await
+    }
+
+    /// A typed job as a flow step's job, with `options` (no idempotency key or unique spec:
+    /// a flow's steps are keyed by the flow).
+    pub fn step_job<J: TypedJob>(job: &J, options: JobOptions) -> StoreResult<NewJob> {
+        let payload = serde_json::to_value(job)
+            .map_err(|e| ValidationError::new("payload", e.to_string()))?;
+        Ok(options.into_new_job(J::KIND, payload)?)
+    }
 }

@@ -61,6 +61,8 @@ pub struct WaitSpec {
 }
 
 /// What a step does: run a job, or wait for a signal.
+// Unboxed for the builder's sake: a flow holds at most 1,000 steps, built once.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum StepAction {
@@ -340,6 +342,12 @@ pub fn validate_flow(flow: &NewFlow) -> Result<(), ValidationError> {
             }
         }
         if let Some(job) = &step.compensate {
+            if matches!(step.action, StepAction::Wait(_)) {
+                return Err(ValidationError::new(
+                    format!("steps[{i}].compensate"),
+                    "a wait step has nothing to compensate",
+                ));
+            }
             step_job(&format!("steps[{i}].compensate"), job)?;
         }
         for (j, parent) in step.after.iter().enumerate() {
@@ -872,14 +880,12 @@ impl FlowGraph {
         drop(index);
         loop {
             let mut moved = false;
-            for i in 0..self.steps.len() {
+            for (i, positions) in parent_positions.iter().enumerate() {
                 if self.steps[i].state != StepState::Pending {
                     continue;
                 }
-                let parents: Vec<StepState> = parent_positions[i]
-                    .iter()
-                    .map(|&j| self.steps[j].state)
-                    .collect();
+                let parents: Vec<StepState> =
+                    positions.iter().map(|&j| self.steps[j].state).collect();
                 let any_skipped = parents.contains(&StepState::Skipped);
                 let any_failed = parents.iter().any(|s| s.is_failure());
                 let policy = self.steps[i].on_parent_failure;

@@ -61,6 +61,7 @@ static ASSETS: &[Asset] = &[
     asset!("views/dead.js", JS),
     asset!("views/workers.js", JS),
     asset!("views/schedules.js", JS),
+    asset!("views/flows.js", JS),
 ];
 
 /// FNV-1a (64 bit): a content fingerprint for ETags that a `const fn` can compute. Not a

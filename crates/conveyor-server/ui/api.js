@@ -118,6 +118,11 @@ export const queues = {
   setPaused: (name, paused) => api('PUT', `/v1/queues/${encodeURIComponent(name)}`, { paused }),
 };
 
+export const flows = {
+  list: (params) => api('GET', `/v1/flows${query(params)}`),
+  get: (id) => api('GET', `/v1/flows/${encodeURIComponent(id)}`),
+};
+
 export const schedules = {
   list: () => api('GET', '/v1/schedules'),
 };

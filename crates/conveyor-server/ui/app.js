@@ -10,6 +10,7 @@ import jobView from './views/job.js';
 import deadView from './views/dead.js';
 import workersView from './views/workers.js';
 import schedulesView from './views/schedules.js';
+import flowsView, { flowView } from './views/flows.js';
 
 // A CSP violation means some part of the page silently did not work; make it visible in the
 // console and countable (the end-to-end test asserts there are none).
@@ -30,6 +31,7 @@ const NAV = [
   { id: 'dead', label: 'Dead letters', href: '#/dead' },
   { id: 'workers', label: 'Workers', href: '#/workers' },
   { id: 'schedules', label: 'Schedules', href: '#/schedules' },
+  { id: 'flows', label: 'Flows', href: '#/flows' },
 ];
 
 const root = document.getElementById('root');
@@ -140,6 +142,9 @@ function routeView(path) {
   if (path === '/dead') return { def: deadView, nav: 'dead' };
   if (path === '/workers') return { def: workersView, nav: 'workers' };
   if (path === '/schedules') return { def: schedulesView, nav: 'schedules' };
+  if (path === '/flows') return { def: flowsView, nav: 'flows' };
+  const flow = path.match(/^\/flows\/([^/]+)$/);
+  if (flow) return { def: flowView, nav: 'flows', arg: decodeURIComponent(flow[1]) };
   return null;
 }
 

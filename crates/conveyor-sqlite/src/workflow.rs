@@ -339,15 +339,18 @@ struct StepRow {
     result: Option<String>,
 }
 
+/// `job, job_id, after, wait_timeout_ms, compensate, result` of one step.
+type StepColumns = (
+    Option<String>,
+    Option<String>,
+    String,
+    Option<i64>,
+    Option<String>,
+    Option<String>,
+);
+
 fn step_row(conn: &Connection, flow_id: Uuid, step: &str) -> StoreResult<StepRow> {
-    let row: Option<(
-        Option<String>,
-        Option<String>,
-        String,
-        Option<i64>,
-        Option<String>,
-        Option<String>,
-    )> = conn
+    let row: Option<StepColumns> = conn
         .prepare_cached(
             "SELECT job, job_id, after, wait_timeout_ms, compensate, result FROM flow_steps \
              WHERE flow_id = ?1 AND name = ?2",

@@ -419,6 +419,18 @@ async fn seed(api: &Api) -> anyhow::Result<Ids> {
         json!({"cron": "*/5 * * * * *", "job": {"kind": "cache.sweep", "queue": "default"}}),
     )
     .await?;
+    // A flow waiting for an approval: no job exists until the signal, so the counts above stay.
+    api.send(
+        reqwest::Method::POST,
+        "/v1/flows",
+        json!({"name": "order-1042", "steps": [
+            {"name": "approve", "wait": {"signal": "approved"}},
+            {"name": "reserve", "job": {"kind": "stock.reserve", "queue": "orders"}, "after": ["approve"]},
+            {"name": "charge", "job": {"kind": "card.charge", "queue": "orders"}, "after": ["approve"]},
+            {"name": "ship", "job": {"kind": "parcel.ship", "queue": "orders"}, "after": ["reserve", "charge"]}
+        ]}),
+    )
+    .await?;
     Ok(Ids { doomed, legacy })
 }
 
@@ -556,6 +568,30 @@ async fn drive(
     })
     .await?;
     screenshot(client, "schedules").await?;
+
+    // Flows: the list, then one flow drawn as its graph, each step with its state.
+    click(client, "a[data-nav='flows']").await?;
+    wait_present(client, "#view-flows tr[data-flow]").await?;
+    click(client, "#view-flows tr[data-flow] a").await?;
+    wait_present(client, "#flow-graph g[data-step='ship']").await?;
+    anyhow::ensure!(
+        count(client, "#flow-graph .flow-node").await? == 4,
+        "every step is drawn"
+    );
+    anyhow::ensure!(
+        count(
+            client,
+            "#flow-graph g[data-step='approve'][data-state='waiting']"
+        )
+        .await?
+            == 1,
+        "the wait step shows that it waits"
+    );
+    anyhow::ensure!(
+        count(client, "#flow-graph .flow-edge").await? == 4,
+        "one edge per dependency"
+    );
+    screenshot(client, "flow").await?;
 
     // Job list: everything, then filtered by queue and state, then by a kind nothing has.
     click(client, "a[data-nav='jobs']").await?;

@@ -17,6 +17,23 @@ Workers::
         return {"sent": True}
 
     worker.run()
+
+Workflows::
+
+    from conveyor_client import chain, group, step, wait_step
+    flow = client.create_flow(chain([
+        step("fetch", "fetch_page", {"url": "https://example.com"}),
+        group([step("thumbs", "thumbnails"), step("text", "extract_text")]),
+        wait_step("review", "approved"),
+        step("publish", "publish_page"),
+    ]), name="publish")
+    client.signal(flow.id, "approved", {"by": "ana"})
+    done = client.wait_flow(flow.id, timeout=600)
+
+    @worker.handler("publish_page")
+    async def publish(job):
+        await job.progress(50, "uploading")
+        return {"text": job.parents["text"], "review": job.parents["review"]}
 """
 
 from ._version import __version__
@@ -38,7 +55,20 @@ from .errors import (
     Unauthorized,
     Unavailable,
 )
-from .models import ErrorRecord, Job, Lease, LeasedJob, NewJob
+from .flows import Steps, chain, group, step, wait_step
+from .models import (
+    CreatedFlow,
+    ErrorRecord,
+    FlowPage,
+    FlowView,
+    Job,
+    Lease,
+    LeasedJob,
+    NewJob,
+    Progress,
+    StepError,
+    StepView,
+)
 from .worker import Worker, error_class_name
 
 __all__ = [
@@ -47,7 +77,10 @@ __all__ = [
     "Client",
     "Conflict",
     "ConveyorError",
+    "CreatedFlow",
     "ErrorRecord",
+    "FlowPage",
+    "FlowView",
     "Forbidden",
     "InvalidRequest",
     "Job",
@@ -58,13 +91,21 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "Permanent",
+    "Progress",
     "QueueFull",
     "Retry",
     "RetryAfter",
     "ServerError",
+    "StepError",
+    "StepView",
+    "Steps",
     "TransportError",
     "Unauthorized",
     "Unavailable",
     "Worker",
+    "chain",
     "error_class_name",
+    "group",
+    "step",
+    "wait_step",
 ]

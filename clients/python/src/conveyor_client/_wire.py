@@ -11,7 +11,7 @@ from urllib.parse import quote, urlsplit
 
 from ._version import __version__
 from .errors import ConveyorError, TransportError, error_from_response
-from .models import format_time
+from .models import FLOW_FINISHED_STATES, format_time
 
 USER_AGENT = f"conveyor-client-python/{__version__}"
 
@@ -77,6 +77,26 @@ def wait_deadline_ms(timeout: Seconds) -> int:
 def job_path(job_id: str, action: str = "") -> str:
     path = "/v1/jobs/" + quote(str(job_id), safe="")
     return path + "/" + action if action else path
+
+
+def flow_path(flow_id: str, action: str = "") -> str:
+    path = "/v1/flows/" + quote(str(flow_id), safe="")
+    return path + "/" + action if action else path
+
+
+def milliseconds(value: Seconds, name: str) -> int:
+    """Seconds (a number or a timedelta) in whole milliseconds, checked (non-negative)."""
+    return _milliseconds(value, name)
+
+
+def query(params: Mapping[str, Any]) -> str:
+    """``?a=1&b=x`` from the parameters that are not ``None`` (or ``""`` when none are)."""
+    pairs = [
+        f"{quote(key, safe='')}={quote(str(value), safe='')}"
+        for key, value in params.items()
+        if value is not None
+    ]
+    return "?" + "&".join(pairs) if pairs else ""
 
 
 def decode(status: int, body: bytes, response_headers: Mapping[str, str]) -> Any:
@@ -169,9 +189,11 @@ def enqueue_body(
     return body
 
 
-def job_spec_body(spec: Any, index: int) -> Dict[str, Any]:
-    """One element of ``enqueue_many``: a dict with ``enqueue``'s keyword names (wire names such
-    as ``delay_ms`` pass through), a ``NewJob``, or any object with such attributes."""
+def job_spec_body(spec: Any, index: int, where: Optional[str] = None) -> Dict[str, Any]:
+    """One element of ``enqueue_many`` (or a flow step's job, ``where`` naming it in errors): a
+    dict with ``enqueue``'s keyword names (wire names such as ``delay_ms`` pass through), a
+    ``NewJob``, or any object with such attributes."""
+    label = where or f"jobs[{index}]"
     if isinstance(spec, Mapping):
         data = dict(spec)
     elif dataclasses.is_dataclass(spec) and not isinstance(spec, type):
@@ -179,11 +201,9 @@ def job_spec_body(spec: Any, index: int) -> Dict[str, Any]:
     elif hasattr(spec, "kind"):
         data = {key: getattr(spec, key) for key in _ENQUEUE_KEYS if hasattr(spec, key)}
     else:
-        raise TypeError(
-            f"jobs[{index}]: expected a dict or an object with a 'kind', got {type(spec).__name__}"
-        )
+        raise TypeError(f"{label}: expected a dict or an object with a 'kind', got {type(spec).__name__}")
     if "kind" not in data:
-        raise ValueError(f"jobs[{index}]: missing 'kind'")
+        raise ValueError(f"{label}: missing 'kind'")
     known = {key: data.pop(key) for key in _ENQUEUE_KEYS if key in data}
     known.setdefault("queue", "default")
     kind = known.pop("kind")
@@ -203,11 +223,27 @@ def enqueued_id(answer: Any) -> str:
     return str(answer["id"])
 
 
+def signal_body(signal: str, payload: Any) -> Dict[str, Any]:
+    if not isinstance(signal, str):
+        raise TypeError("signal must be a string")
+    body: Dict[str, Any] = {"signal": signal}
+    if payload is not None:
+        body["payload"] = payload
+    return body
+
+
+def signal_outcome(answer: Any) -> str:
+    if not isinstance(answer, dict) or "outcome" not in answer:
+        raise TransportError("the server's signal answer has no outcome")
+    return str(answer["outcome"])
+
+
 RequestParts = Tuple[str, str, Optional[bytes]]
 
 __all__ = [
     "ConveyorError",
     "Endpoint",
+    "FLOW_FINISHED_STATES",
     "USER_AGENT",
     "batch_ids",
     "decode",
@@ -215,7 +251,12 @@ __all__ = [
     "encode",
     "enqueue_body",
     "enqueued_id",
+    "flow_path",
     "headers",
     "job_path",
     "job_spec_body",
+    "milliseconds",
+    "query",
+    "signal_body",
+    "signal_outcome",
 ]

@@ -1,4 +1,5 @@
-"""Producers' API: enqueue jobs, read them back, cancel them (sync and asyncio)."""
+"""Producers' API: enqueue jobs, read them back, cancel them; create, watch, signal and cancel
+workflows (sync and asyncio)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any, Iterable, List, Mapping, Optional, Union
 from . import _wire
 from ._async_http import AsyncTransport
 from ._sync_http import SyncTransport
-from .models import Job
+from .flows import flow_body
+from .models import CreatedFlow, FlowPage, FlowView, Job
 
 __all__ = ["Client", "AsyncClient"]
 
@@ -108,6 +110,74 @@ class Client:
         ``Conflict`` when it had already finished, ``NotFound`` for an unknown id."""
         return Job.from_json(self._http.request("POST", _wire.job_path(id, "cancel")))
 
+    # --- Workflows ------------------------------------------------------------------------
+
+    def create_flow(
+        self,
+        steps: Any,
+        *,
+        name: Optional[str] = None,
+        on_failure: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        tags: Optional[Iterable[str]] = None,
+    ) -> CreatedFlow:
+        """Creates a workflow, all or nothing (``POST /v1/flows``). ``steps`` is a list of steps
+        (``step(...)``, ``wait_step(...)`` or dicts in the wire format), ``chain([...])`` /
+        ``group([...]).then(...)``, or a whole body (a dict with ``steps``). ``on_failure`` is
+        ``"stop"`` (default) or ``"compensate"``; ``idempotency_key`` makes creating it again
+        answer the stored flow (``duplicate`` true). Returns the flow's id and each job step's
+        job id by name; a refused flow raises ``InvalidRequest`` naming the field
+        (``steps[1].after[0]``)."""
+        body = flow_body(steps, name=name, on_failure=on_failure, idempotency_key=idempotency_key, tags=tags)
+        return CreatedFlow.from_json(self._http.request("POST", "/v1/flows", body))
+
+    def get_flow(self, id: str) -> FlowView:
+        """The flow with every step; raises ``NotFound`` for an unknown id (or, for a producer
+        token, another token's flow)."""
+        return FlowView.from_json(self._http.request("GET", _wire.flow_path(id)))
+
+    def wait_flow(self, id: str, timeout: Seconds = 30.0) -> FlowView:
+        """The flow once it has finished (``completed``, ``failed``, ``compensated`` or
+        ``cancelled``), or as it is when ``timeout`` seconds pass first; the server holds each
+        request (``GET /v1/flows/{id}?wait_ms=``), so waiting costs no polling."""
+        deadline = time.monotonic() + _wire.wait_deadline_ms(timeout) / 1000
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            wait_ms = min(left_ms, _wire.MAX_WAIT_MS)
+            answer = self._http.request(
+                "GET", f"{_wire.flow_path(id)}?wait_ms={wait_ms}", timeout=wait_ms / 1000 + 30
+            )
+            flow = FlowView.from_json(answer)
+            if flow.finished or time.monotonic() >= deadline:
+                return flow
+
+    def list_flows(
+        self,
+        *,
+        state: Optional[str] = None,
+        name: Optional[str] = None,
+        limit: Optional[int] = None,
+        after: Optional[str] = None,
+    ) -> FlowPage:
+        """Flows newest first, without their steps (admin role with access control); pass the
+        page's ``next`` as ``after`` for the next page."""
+        path = "/v1/flows" + _wire.query({"state": state, "name": name, "limit": limit, "after": after})
+        return FlowPage.from_json(self._http.request("GET", path))
+
+    def cancel_flow(self, id: str) -> FlowView:
+        """Cancels every unfinished step of the flow and returns it; raises ``Conflict`` when the
+        flow has already ended."""
+        return FlowView.from_json(self._http.request("POST", _wire.flow_path(id, "cancel")))
+
+    def signal(self, flow_id: str, signal: str, payload: Any = None) -> str:
+        """Delivers ``signal`` to the flow's step waiting for it, which completes with
+        ``payload`` as its result. Returns ``"delivered"``, or ``"stored"`` when the step has
+        not begun waiting yet (it completes as soon as it does). Raises ``InvalidRequest``
+        (field ``signal``) when no step waits for it, ``Conflict`` when that step has finished."""
+        body = _wire.signal_body(signal, payload)
+        answer = self._http.request("POST", _wire.flow_path(flow_id, "signal"), body)
+        return _wire.signal_outcome(answer)
+
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """Any other API call: ``client.request("GET", "/v1/queues")``; the answer's JSON."""
         return self._http.request(method, path, body)
@@ -198,6 +268,59 @@ class AsyncClient:
 
     async def cancel(self, id: str) -> Job:
         return Job.from_json(await self._http.request("POST", _wire.job_path(id, "cancel")))
+
+    # --- Workflows ------------------------------------------------------------------------
+
+    async def create_flow(
+        self,
+        steps: Any,
+        *,
+        name: Optional[str] = None,
+        on_failure: Optional[str] = None,
+        idempotency_key: Optional[str] = None,
+        tags: Optional[Iterable[str]] = None,
+    ) -> CreatedFlow:
+        """See :meth:`Client.create_flow`."""
+        body = flow_body(steps, name=name, on_failure=on_failure, idempotency_key=idempotency_key, tags=tags)
+        return CreatedFlow.from_json(await self._http.request("POST", "/v1/flows", body))
+
+    async def get_flow(self, id: str) -> FlowView:
+        return FlowView.from_json(await self._http.request("GET", _wire.flow_path(id)))
+
+    async def wait_flow(self, id: str, timeout: Seconds = 30.0) -> FlowView:
+        """The flow once it has finished, or as it is when ``timeout`` seconds pass first (see
+        :meth:`Client.wait_flow`)."""
+        deadline = time.monotonic() + _wire.wait_deadline_ms(timeout) / 1000
+        while True:
+            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
+            wait_ms = min(left_ms, _wire.MAX_WAIT_MS)
+            answer = await self._http.request(
+                "GET", f"{_wire.flow_path(id)}?wait_ms={wait_ms}", timeout=wait_ms / 1000 + 30
+            )
+            flow = FlowView.from_json(answer)
+            if flow.finished or time.monotonic() >= deadline:
+                return flow
+
+    async def list_flows(
+        self,
+        *,
+        state: Optional[str] = None,
+        name: Optional[str] = None,
+        limit: Optional[int] = None,
+        after: Optional[str] = None,
+    ) -> FlowPage:
+        path = "/v1/flows" + _wire.query({"state": state, "name": name, "limit": limit, "after": after})
+        return FlowPage.from_json(await self._http.request("GET", path))
+
+    async def cancel_flow(self, id: str) -> FlowView:
+        return FlowView.from_json(await self._http.request("POST", _wire.flow_path(id, "cancel")))
+
+    async def signal(self, flow_id: str, signal: str, payload: Any = None) -> str:
+        """See :meth:`Client.signal`."""
+        answer = await self._http.request(
+            "POST", _wire.flow_path(flow_id, "signal"), _wire.signal_body(signal, payload)
+        )
+        return _wire.signal_outcome(answer)
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         return await self._http.request(method, path, body)

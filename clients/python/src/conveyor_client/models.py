@@ -6,9 +6,23 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Union
 
-__all__ = ["Job", "ErrorRecord", "Lease", "NewJob", "LeasedJob", "parse_time", "format_time"]
+__all__ = [
+    "Job",
+    "ErrorRecord",
+    "Lease",
+    "NewJob",
+    "LeasedJob",
+    "CreatedFlow",
+    "FlowView",
+    "FlowPage",
+    "StepView",
+    "StepError",
+    "Progress",
+    "parse_time",
+    "format_time",
+]
 
 _FRACTION = re.compile(r"\.(\d+)")
 
@@ -155,11 +169,19 @@ class NewJob:
     tags: Optional[List[str]] = None
 
 
+ProgressReporter = Callable[["LeasedJob", int, Optional[str]], Awaitable[None]]
+
+
 class LeasedJob:
     """The job a handler receives: what it needs to do the work, under a lease the worker
     renews. ``lease_lost`` turns true when the server says the lease no longer holds
     (cancelled, or rescued after expiring): a long sync handler may check it and give up, its
-    result would be dropped anyway (an async handler is cancelled)."""
+    result would be dropped anyway (an async handler is cancelled).
+
+    A workflow's step also has ``flow_id``, ``step`` (its name; for a compensation job, the
+    step it compensates) and ``parents`` (the completed parent steps' results by step name);
+    for a plain job they are ``None``, ``None`` and ``{}``. ``progress(percent, message)``
+    reports how far the handler has come."""
 
     __slots__ = (
         "id",
@@ -173,8 +195,12 @@ class LeasedJob:
         "lease_expires_at",
         "tenant",
         "tags",
+        "flow_id",
+        "step",
+        "parents",
         "raw",
         "_lost",
+        "_reporter",
     )
 
     def __init__(self, data: Mapping[str, Any]) -> None:
@@ -189,8 +215,14 @@ class LeasedJob:
         self.lease_expires_at: Optional[str] = data.get("lease_expires_at")
         self.tenant: Optional[str] = data.get("tenant")
         self.tags: List[str] = data.get("tags") or []
+        flow_id = data.get("flow_id")
+        self.flow_id: Optional[str] = str(flow_id) if flow_id is not None else None
+        self.step: Optional[str] = data.get("step")
+        parents = data.get("parents")
+        self.parents: Dict[str, Any] = dict(parents) if isinstance(parents, Mapping) else {}
         self.raw: Mapping[str, Any] = data
         self._lost = False
+        self._reporter: Optional[ProgressReporter] = None
 
     @property
     def lease_lost(self) -> bool:
@@ -200,5 +232,220 @@ class LeasedJob:
     def is_last_attempt(self) -> bool:
         return self.attempt >= self.max_attempts
 
+    def progress(self, percent: Union[int, float], message: Optional[str] = None) -> Awaitable[None]:
+        """Reports how far the handler has come (``POST /v1/jobs/{id}/progress``, under this
+        job's lease): ``percent`` from 0 to 100 (rounded to a whole number), ``message`` an
+        optional note (at most 1,024 characters). Shown in the job's and its flow step's views.
+
+        In an ``async def`` handler, ``await job.progress(50)`` (not awaiting it sends it all
+        the same); in a plain function (run on a thread) ``job.progress(50)`` blocks until it
+        is recorded. Raises ``LeaseLost`` when the job no longer runs here (cancelled, or
+        rescued after its lease expired)."""
+        if isinstance(percent, bool) or not isinstance(percent, (int, float)):
+            raise TypeError("percent must be a number from 0 to 100")
+        if not 0 <= percent <= 100:  # NaN fails this too
+            raise ValueError("percent must be from 0 to 100")
+        if message is not None and not isinstance(message, str):
+            raise TypeError("message must be a string")
+        if self._reporter is None:
+            raise RuntimeError("progress() needs a job handed to a handler by a running Worker")
+        return self._reporter(self, int(round(percent)), message)
+
+    def parent(self, step: str, default: Any = None) -> Any:
+        """A parent step's result by the parent's name (``default`` when there is none)."""
+        return self.parents.get(step, default)
+
     def __repr__(self) -> str:
-        return f"LeasedJob(id={self.id!r}, kind={self.kind!r}, queue={self.queue!r}, attempt={self.attempt})"
+        flow = f", flow_id={self.flow_id!r}, step={self.step!r}" if self.flow_id is not None else ""
+        return (
+            f"LeasedJob(id={self.id!r}, kind={self.kind!r}, queue={self.queue!r}, "
+            f"attempt={self.attempt}{flow})"
+        )
+
+
+# --- Workflows -----------------------------------------------------------------------------
+
+# A flow in one of these states is finished (only ``running`` and ``compensating`` are not).
+FLOW_FINISHED_STATES = frozenset({"completed", "failed", "compensated", "cancelled"})
+
+
+def _opt_str(value: Any) -> Optional[str]:
+    return None if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class CreatedFlow:
+    """What ``create_flow`` answers: the flow's id, each job step's job id by step name (wait
+    steps have none), and ``duplicate`` (the flow's ``idempotency_key`` matched a stored flow,
+    which is answered instead)."""
+
+    id: str
+    steps: Dict[str, str] = field(default_factory=dict)
+    duplicate: bool = False
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "CreatedFlow":
+        steps = data.get("steps")
+        return cls(
+            id=str(data["id"]),
+            steps={str(k): str(v) for k, v in steps.items()} if isinstance(steps, Mapping) else {},
+            duplicate=bool(data.get("duplicate", False)),
+            raw=dict(data),
+        )
+
+
+@dataclass(frozen=True)
+class Progress:
+    """A running job's last progress report."""
+
+    percent: int
+    message: Optional[str] = None
+    at: Optional[_dt.datetime] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Progress":
+        return cls(
+            percent=int(data.get("percent", 0)),
+            message=_opt_str(data.get("message")),
+            at=parse_time(data.get("at")),
+        )
+
+
+@dataclass(frozen=True)
+class StepError:
+    """Why a step failed: its job's last error."""
+
+    error_class: str
+    message: str
+
+
+@dataclass(frozen=True)
+class StepView:
+    """One step of a flow as ``GET /v1/flows/{id}`` shows it. ``state`` is ``pending``,
+    ``active``, ``waiting``, ``completed``, ``failed``, ``skipped`` or ``cancelled``; ``result``
+    is the step's result (a wait step's signal payload)."""
+
+    name: str
+    state: str
+    after: List[str] = field(default_factory=list)
+    on_parent_failure: str = "fail"
+    job_id: Optional[str] = None
+    kind: Optional[str] = None
+    wait: Optional[Dict[str, Any]] = None
+    job_state: Optional[str] = None
+    attempts: int = 0
+    result: Any = None
+    error: Optional[StepError] = None
+    progress: Optional[Progress] = None
+    wait_deadline: Optional[_dt.datetime] = None
+    compensation: Optional[str] = None
+    compensation_job_id: Optional[str] = None
+    finished_at: Optional[_dt.datetime] = None
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "StepView":
+        error = data.get("error")
+        progress = data.get("progress")
+        wait = data.get("wait")
+        return cls(
+            name=str(data.get("name", "")),
+            state=str(data.get("state", "")),
+            after=[str(a) for a in data.get("after") or []],
+            on_parent_failure=str(data.get("on_parent_failure", "fail")),
+            job_id=_opt_str(data.get("job_id")),
+            kind=_opt_str(data.get("kind")),
+            wait=dict(wait) if isinstance(wait, Mapping) else None,
+            job_state=_opt_str(data.get("job_state")),
+            attempts=int(data.get("attempts", 0)),
+            result=data.get("result"),
+            error=(
+                StepError(error_class=str(error.get("class", "")), message=str(error.get("message", "")))
+                if isinstance(error, Mapping)
+                else None
+            ),
+            progress=Progress.from_json(progress) if isinstance(progress, Mapping) else None,
+            wait_deadline=parse_time(data.get("wait_deadline")),
+            compensation=_opt_str(data.get("compensation")),
+            compensation_job_id=_opt_str(data.get("compensation_job_id")),
+            finished_at=parse_time(data.get("finished_at")),
+            raw=dict(data),
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+
+@dataclass(frozen=True)
+class FlowView:
+    """A flow as ``GET /v1/flows/{id}`` shows it. ``state`` is ``running``, ``completed``,
+    ``failed``, ``compensating``, ``compensated`` or ``cancelled``; ``steps`` are in the order
+    they were given (empty in ``list_flows``); ``step_counts`` counts steps by state.
+    ``flow.step("name")`` finds one step; ``flow["state"]`` reads the JSON as answered."""
+
+    id: str
+    state: str
+    on_failure: str = "stop"
+    name: Optional[str] = None
+    failed_step: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    created_at: Optional[_dt.datetime] = None
+    finished_at: Optional[_dt.datetime] = None
+    steps: List[StepView] = field(default_factory=list)
+    step_counts: Dict[str, int] = field(default_factory=dict)
+    raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "FlowView":
+        counts = data.get("step_counts")
+        return cls(
+            id=str(data["id"]),
+            state=str(data.get("state", "")),
+            on_failure=str(data.get("on_failure", "stop")),
+            name=_opt_str(data.get("name")),
+            failed_step=_opt_str(data.get("failed_step")),
+            tags=[str(t) for t in data.get("tags") or []],
+            created_at=parse_time(data.get("created_at")),
+            finished_at=parse_time(data.get("finished_at")),
+            steps=[StepView.from_json(s) for s in data.get("steps") or [] if isinstance(s, Mapping)],
+            step_counts=(
+                {str(k): int(v) for k, v in counts.items()} if isinstance(counts, Mapping) else {}
+            ),
+            raw=dict(data),
+        )
+
+    @property
+    def finished(self) -> bool:
+        """Whether the flow has ended (any state but ``running`` and ``compensating``)."""
+        return self.state in FLOW_FINISHED_STATES
+
+    def step(self, name: str) -> StepView:
+        """The step named ``name``; ``KeyError`` when there is none."""
+        for step in self.steps:
+            if step.name == name:
+                return step
+        raise KeyError(name)
+
+    def __getitem__(self, key: str) -> Any:
+        return self.raw[key]
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The flow's JSON as the server answered it."""
+        return dict(self.raw)
+
+
+@dataclass(frozen=True)
+class FlowPage:
+    """A page of ``list_flows``: flows newest first (without their steps), and ``next``, the
+    ``after`` of the next page (``None`` on the last)."""
+
+    flows: List[FlowView]
+    next: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "FlowPage":
+        return cls(
+            flows=[FlowView.from_json(f) for f in data.get("flows") or [] if isinstance(f, Mapping)],
+            next=_opt_str(data.get("next")),
+        )

@@ -39,6 +39,7 @@ from typing import (
     Callable,
     Deque,
     Dict,
+    Generator,
     Iterable,
     List,
     Optional,
@@ -55,6 +56,7 @@ from .errors import (
     ConveyorError,
     Forbidden,
     InvalidRequest,
+    LeaseLost,
     PayloadTooLarge,
     Permanent,
     Retry,
@@ -661,6 +663,7 @@ class Worker:
                 log.error("the server sent a malformed job: %r", data)
                 continue
             slot = _Slot(job)
+            job._reporter = functools.partial(self._progress, slot)
             self._held[slot.key] = slot
             self._buffer.append(slot)
         self._pump()
@@ -869,6 +872,36 @@ class Worker:
         self._pending.append(slot)
         self._ack_event.set()
         self._changed.set()
+
+    # --- Progress ---------------------------------------------------------------------------
+
+    def _progress(
+        self, slot: _Slot, _job: LeasedJob, percent: int, message: Optional[str]
+    ) -> Awaitable[None]:
+        """``job.progress()``: on the worker's loop (an async handler) a task to await (it runs
+        whether awaited or not); on another thread (a sync handler) the report is sent on the
+        loop and waited for."""
+        loop = self._loop
+        if loop is None or not self._running or self._closing:
+            raise RuntimeError("progress() needs the worker running")
+        body: Dict[str, Any] = {"lease_token": slot.job.lease_token, "progress": percent}
+        if message is not None:
+            body["message"] = message
+        if threading.get_ident() == self._loop_thread:
+            task = loop.create_task(self._send_progress(slot, body))
+            task.add_done_callback(functools.partial(_progress_done, slot.job.id))
+            return task
+        asyncio.run_coroutine_threadsafe(self._send_progress(slot, body), loop).result(60)
+        return _Done()
+
+    async def _send_progress(self, slot: _Slot, body: Dict[str, Any]) -> None:
+        try:
+            await self._http.request("POST", _wire.job_path(slot.job.id, "progress"), body, timeout=30)
+        except LeaseLost:
+            # What the next heartbeat would find: the handler's result would be dropped.
+            if slot.key in self._held and not slot.reported and not slot.lost:
+                self._lose(slot, "lease_lost")
+            raise
 
     # --- Acknowledgements -------------------------------------------------------------------
 
@@ -1176,6 +1209,27 @@ class Worker:
 
 async def _await(awaitable: Awaitable[Any]) -> Any:
     return await awaitable
+
+
+class _Done:
+    """An awaitable that is already done: what ``job.progress()`` answers on a handler's
+    thread, where the report was sent before it returned."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield
+
+
+def _progress_done(job_id: str, task: "asyncio.Task[None]") -> None:
+    """Reads a progress report's outcome, so one nobody awaited is no "exception never
+    retrieved" (awaiting it still raises)."""
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        log.debug("job %s: progress report failed: %s", job_id, exc)
 
 
 async def _cancel_all(tasks: List["asyncio.Task[None]"]) -> None:

@@ -12,6 +12,9 @@ use tokio::sync::{mpsc, Notify};
 
 use super::DurabilityArg;
 
+// So are the workflow workloads.
+#[path = "bench_flows.rs"]
+mod bench_flows;
 // The soak is part of `conveyor bench`; declared here so cli/mod.rs need not change.
 #[path = "soak.rs"]
 mod soak;
@@ -78,6 +81,10 @@ pub(crate) struct BenchArgs {
     /// fairness. 0: jobs have no tenant.
     #[arg(long, default_value_t = 0)]
     tenants: usize,
+    /// Before the workloads, store this many unfinished flows of ten steps (their first step
+    /// queued where no worker looks), to measure the plain job path with flows stored.
+    #[arg(long, default_value_t = 0)]
+    stored_flows: usize,
     /// Run the workloads with this concurrency limit on their queue.
     #[arg(long)]
     concurrency_limit: Option<u64>,
@@ -107,6 +114,10 @@ enum Workload {
     Enqueue,
     Drain,
     Latency,
+    /// Workflow steps: `--jobs / 10` chains of 5 steps, then `--jobs / 100` fan-out/fan-in
+    /// flows of 100 steps (a root, 98 members, a callback), each drained by the in-process
+    /// worker; compare its steps/s with `drain` of the same run.
+    Flow,
 }
 
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
@@ -185,6 +196,19 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     } else {
         "sqlite://(temp file)".to_string()
     };
+    if args.stored_flows > 0 {
+        let seconds = bench_flows::store_idle(&store, args.stored_flows).await?;
+        let line = json!({"workload": "stored-flows", "store": shown_url, "flows": args.stored_flows,
+            "steps": args.stored_flows * 10, "seconds": seconds});
+        if args.json {
+            println!("{line}");
+        } else {
+            println!(
+                "stored   {} unfinished flows of 10 steps in {seconds:.3} s (kept for the workloads below)",
+                args.stored_flows
+            );
+        }
+    }
     for workload in &args.workload {
         // Each workload gets its own queue so leftovers of one never feed another.
         let queue = format!(
@@ -245,6 +269,40 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                     drain(&store, &queue, args.jobs, args.concurrency, args.prefetch).await?;
                 line["seconds"] = json!(seconds);
                 line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
+            }
+            Workload::Flow => {
+                for shape in [bench_flows::Shape::Chain, bench_flows::Shape::Fan] {
+                    let per = match shape {
+                        bench_flows::Shape::Chain => 10,
+                        bench_flows::Shape::Fan => 100,
+                    };
+                    let flows = (args.jobs / per).max(1);
+                    let steps = flows * shape.steps();
+                    let queue = format!("bench-{}-{}", shape.name(), uuid::Uuid::new_v4().simple());
+                    let created = bench_flows::create(&store, shape, &queue, flows).await?;
+                    let seconds =
+                        drain(&store, &queue, steps, args.concurrency, args.prefetch).await?;
+                    let mut line = line.clone();
+                    line["workload"] = json!(shape.name());
+                    line["flows"] = json!(flows);
+                    line["steps_per_flow"] = json!(shape.steps());
+                    line["jobs"] = json!(steps);
+                    line["create_seconds"] = json!(created);
+                    line["flows_per_s"] = json!((flows as f64 / created).round());
+                    line["seconds"] = json!(seconds);
+                    line["jobs_per_s"] = json!((steps as f64 / seconds).round());
+                    if args.json {
+                        println!("{line}");
+                    } else {
+                        println!(
+                            "{}  ({flows} flows of {} steps created at {} flows/s)",
+                            describe(&line),
+                            shape.steps(),
+                            line["flows_per_s"]
+                        );
+                    }
+                }
+                continue;
             }
             Workload::Latency => {
                 let samples = args.jobs.min(2000);

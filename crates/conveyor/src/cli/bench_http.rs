@@ -65,6 +65,9 @@ pub(super) async fn run(
             "fetchers": options.fetchers,
         });
         match workload {
+            Workload::Flow => {
+                anyhow::bail!("--workload flow runs in process (`--store`), not over --http")
+            }
             Workload::Enqueue => {
                 let seconds = enqueue(&api, &queue, options.jobs, options.batch).await?;
                 line["batch"] = json!(options.batch);

@@ -4,6 +4,7 @@ mod admin;
 mod audit;
 mod bench;
 mod demo;
+mod flow;
 mod http;
 mod observe;
 mod schedule;
@@ -113,6 +114,11 @@ enum Command {
         #[command(subcommand)]
         command: schedule::ScheduleCommand,
     },
+    /// Workflows: create, show, list, cancel, signal.
+    Flow {
+        #[command(subcommand)]
+        command: flow::FlowCommand,
+    },
     /// Run a worker that executes a shell command for each job.
     Work(work::WorkArgs),
     /// Measure enqueue, drain and latency against a store.
@@ -192,6 +198,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Stuck(args) => observe::stuck(args).await,
         Command::Queue { command } => admin::queue(command).await,
         Command::Schedule { command } => schedule::run(command).await,
+        Command::Flow { command } => flow::run(command).await,
         Command::Work(args) => work::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Store { command } => store::run(command).await,

@@ -1,7 +1,8 @@
 //! `conveyor work --exec CMD`: a worker over the HTTP API that runs a shell command per job.
 //!
 //! The command gets the job's payload (JSON) on stdin and its metadata in `CONVEYOR_*`
-//! environment variables. Its exit status decides the outcome:
+//! environment variables (a workflow's step also `CONVEYOR_FLOW_ID`, `CONVEYOR_STEP` and
+//! `CONVEYOR_PARENTS`, its parents' results as a JSON object). Its exit status decides the outcome:
 //! - `0`: completed (stdout, if it is JSON, becomes the job's result);
 //! - `75` (EX_TEMPFAIL): retry with backoff (class `error`);
 //! - `65` (EX_DATAERR): permanent failure, straight to the dead-letter queue (class `permanent`);
@@ -393,6 +394,17 @@ async fn execute(ctx: &Ctx, job: &FetchedJob, id: &str, token: &str) -> CommandE
         .kill_on_drop(true)
         // Its own process group, so a timeout or drain kills what the shell started too.
         .process_group(0);
+    // A workflow's step learns its flow, its name and its parents' results (JSON).
+    if let (Some(flow_id), Some(step)) = (&job.flow_id, &job.step) {
+        let parents = job.parents.as_ref().map_or_else(
+            || "{}".to_string(),
+            |parents| serde_json::to_string(parents).unwrap_or_else(|_| "{}".to_string()),
+        );
+        command
+            .env("CONVEYOR_FLOW_ID", flow_id.to_string())
+            .env("CONVEYOR_STEP", step)
+            .env("CONVEYOR_PARENTS", parents);
+    }
     #[cfg(target_os = "linux")]
     // SAFETY: prctl is async-signal-safe; it only asks the kernel to SIGKILL the child when this
     // worker dies, so a `kill -9`'d worker leaves no orphaned commands behind.
