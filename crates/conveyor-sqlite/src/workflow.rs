@@ -237,13 +237,55 @@ fn load_graph(conn: &Connection, flow_id: Uuid) -> StoreResult<Option<FlowGraph>
     }))
 }
 
+/// The graphs of recently changed flows, as the writer last wrote them. Every change to a
+/// flow goes through the writer thread, so a cached graph is the stored one; reading it again
+/// for every step of a wide flow would cost a row per step per event. Entries of an operation
+/// that fails are forgotten (its savepoint undid them), all of them when a round fails.
+#[derive(Default)]
+pub(crate) struct GraphCache {
+    graphs: std::collections::HashMap<Uuid, FlowGraph>,
+    /// Flows the current operation changed.
+    touched: Vec<Uuid>,
+}
+
+/// Most graphs kept; past it the cache starts afresh (a miss only costs a read).
+const MAX_CACHED_GRAPHS: usize = 4096;
+
+impl GraphCache {
+    pub(crate) fn begin_op(&mut self) {
+        self.touched.clear();
+    }
+
+    pub(crate) fn forget_op(&mut self) {
+        for id in self.touched.drain(..) {
+            self.graphs.remove(&id);
+        }
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.graphs.clear();
+        self.touched.clear();
+    }
+}
+
 /// Applies one event to a flow and writes what the policy decided.
 pub(crate) fn handle(ctx: &mut WriteCtx<'_>, flow_id: Uuid, event: FlowEvent) -> StoreResult<()> {
-    let Some(mut graph) = load_graph(ctx.conn, flow_id)? else {
-        return Ok(());
+    ctx.graphs.touched.push(flow_id);
+    let cached = ctx.graphs.graphs.remove(&flow_id);
+    let mut graph = match cached {
+        Some(graph) => graph,
+        None => match load_graph(ctx.conn, flow_id)? {
+            Some(graph) => graph,
+            None => return Ok(()),
+        },
     };
     let effects = graph.apply(event);
-    write_effects(ctx, &graph, effects)
+    write_effects(ctx, &mut graph, effects)?;
+    if ctx.graphs.graphs.len() >= MAX_CACHED_GRAPHS {
+        ctx.graphs.graphs.clear();
+    }
+    ctx.graphs.graphs.insert(flow_id, graph);
+    Ok(())
 }
 
 /// The flow hook for a job of a flow that reached `state` (completed, dead, cancelled).
@@ -263,7 +305,7 @@ pub(crate) fn job_finished(ctx: &mut WriteCtx<'_>, job: &Job) -> StoreResult<()>
 
 fn write_effects(
     ctx: &mut WriteCtx<'_>,
-    graph: &FlowGraph,
+    graph: &mut FlowGraph,
     effects: Vec<Effect>,
 ) -> StoreResult<()> {
     let flow = graph.id.to_string();
@@ -303,7 +345,13 @@ fn write_effects(
             Effect::CancelJob { job_id } => {
                 ops::cancel_unhooked(ctx, job_id)?;
             }
-            Effect::Compensate { step } => compensate(ctx, graph.id, &step)?,
+            Effect::Compensate { step } => {
+                let job_id = compensate(ctx, graph.id, &step)?;
+                // The policy learns the compensation's job when it finishes.
+                if let Some(s) = graph.steps.iter_mut().find(|s| s.name == step) {
+                    s.compensation_job_id = job_id;
+                }
+            }
             Effect::CompensationState { step, state } => {
                 ctx.conn
                     .prepare_cached(
@@ -465,10 +513,11 @@ pub(crate) fn flow_job(
     job
 }
 
-fn compensate(ctx: &mut WriteCtx<'_>, flow_id: Uuid, step: &str) -> StoreResult<()> {
+/// Inserts a step's compensation job; its id (`None` when the step has no compensation).
+fn compensate(ctx: &mut WriteCtx<'_>, flow_id: Uuid, step: &str) -> StoreResult<Option<Uuid>> {
     let row = step_row(ctx.conn, flow_id, step)?;
     let Some(spec) = row.compensate else {
-        return Ok(());
+        return Ok(None);
     };
     let mut job: NewJob = from_json(&spec, "compensate")?;
     // The compensation gets the step's payload unless it has its own.
@@ -501,7 +550,7 @@ fn compensate(ctx: &mut WriteCtx<'_>, flow_id: Uuid, step: &str) -> StoreResult<
         )
         .and_then(|mut stmt| stmt.execute(params![id.to_string(), flow_id.to_string(), step]))
         .map_err(backend)?;
-    Ok(())
+    Ok(Some(id))
 }
 
 pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<FlowView> {

@@ -39,6 +39,8 @@ pub(crate) struct WriteCtx<'c> {
     pub settings: &'c mut HashMap<String, QueueSettings>,
     /// Where each queue's tenant round-robin resumes (see `flow`).
     pub cursors: &'c mut crate::flow::Cursors,
+    /// Flow graphs as the writer last wrote them (see `workflow::GraphCache`).
+    pub graphs: &'c mut crate::workflow::GraphCache,
     /// Set when an operation panicked: the in-memory settings are re-read after the round.
     pub reload_settings: bool,
 }
@@ -148,6 +150,7 @@ where
         }
         let wake_before = ctx.wake;
         let counts_before = ctx.counts.len();
+        ctx.graphs.begin_op();
         // A panicking operation (a bug, or input no validation foresaw) fails alone: its
         // savepoint is rolled back below like any failed operation's, and the writer goes on
         // serving every other caller instead of dying with the thread.
@@ -168,6 +171,8 @@ where
         } else {
             ctx.wake = wake_before;
             ctx.counts.truncate(counts_before);
+            // The flows it changed are rolled back too: forget their cached graphs.
+            ctx.graphs.forget_op();
             run_cached(ctx.conn, "ROLLBACK TO op").and_then(|()| run_cached(ctx.conn, "RELEASE op"))
         };
         self.outcome = Some(match end {
@@ -261,6 +266,7 @@ pub(crate) fn run_writer(
     let mut claimed_queues = HashMap::new();
     let mut settings = load_settings(&conn);
     let mut cursors = crate::flow::Cursors::new();
+    let mut graphs = crate::workflow::GraphCache::default();
     while let Ok(first) = ops.recv() {
         // Entries of jobs that left `running` other than by completion are not removed one by
         // one; dropping the cache now and then bounds it (a miss only costs a read).
@@ -286,6 +292,7 @@ pub(crate) fn run_writer(
             claimed_queues: &mut claimed_queues,
             settings: &mut settings,
             cursors: &mut cursors,
+            graphs: &mut graphs,
             reload_settings: false,
         };
         let begin = sync
@@ -321,6 +328,8 @@ pub(crate) fn run_writer(
         if commit.is_err() || reload_settings {
             // A settings change may have been rolled back with the round: re-read them.
             settings = load_settings(&conn);
+            // So may any flow's change.
+            graphs.clear();
         }
         for op in batch.drain(..) {
             op.finish(commit.clone());
