@@ -197,6 +197,65 @@ pub async fn fault_in_complete_leaves_the_job_running(h: &Harness, fault: Fault)
     assert_counts_agree(h).await;
 }
 
+/// A step's completion that fails starts none of its children, and the flow goes on as if it
+/// had never been tried (the SQLite writer's cached graph is forgotten with the operation).
+pub async fn fault_in_completing_a_flow_step_starts_nothing(h: &Harness, fault: Fault) {
+    use conveyor_core::workflow::{NewFlow, StepState, ValidFlow};
+    let _one = ONE_AT_A_TIME.lock().await;
+    let flow = NewFlow::chain([
+        ("a", new_job("a")),
+        ("b", new_job("b")),
+        ("c", new_job("c")),
+    ]);
+    let created = h
+        .store
+        .flow_create(ValidFlow::new(flow).expect("valid"))
+        .await
+        .expect("create");
+    let a = fetch_one(h, "default").await;
+    let completion = vec![CompleteParams {
+        lease: lease_of(&a),
+        result: Some(serde_json::json!(1)),
+    }];
+    fails(
+        "complete",
+        fault,
+        h.store.jobs_complete_many(completion.clone()),
+    )
+    .await;
+    let view = h
+        .store
+        .flow_get(created.id)
+        .await
+        .expect("get")
+        .expect("flow");
+    assert_eq!(view.steps[0].state, StepState::Active, "{view:?}");
+    assert_eq!(view.steps[1].state, StepState::Pending, "{view:?}");
+    fetch_none(h, "default", "b waits for a's completion").await;
+    assert_counts_agree(h).await;
+    let outcomes = h.store.jobs_complete_many(completion).await.expect("retry");
+    assert_eq!(outcomes, vec![LeaseOutcome::Applied]);
+    let b = fetch_one(h, "default").await;
+    assert_eq!(b.id, created.steps["b"]);
+    fetch_none(h, "default", "b starts once").await;
+    complete(h, lease_of(&b), None).await;
+    let c = fetch_one(h, "default").await;
+    assert_eq!(c.id, created.steps["c"]);
+    complete(h, lease_of(&c), None).await;
+    let view = h
+        .store
+        .flow_get(created.id)
+        .await
+        .expect("get")
+        .expect("flow");
+    assert_eq!(
+        view.state,
+        conveyor_core::workflow::FlowState::Completed,
+        "{view:?}"
+    );
+    assert_counts_agree(h).await;
+}
+
 pub async fn fault_in_fail_leaves_the_job_running(h: &Harness, fault: Fault) {
     let _one = ONE_AT_A_TIME.lock().await;
     let job = insert(h, new_job("a")).await;
@@ -303,6 +362,7 @@ macro_rules! fault_tests {
             fault_in_insert_stores_nothing,
             fault_in_fetch_claims_nothing,
             fault_in_complete_leaves_the_job_running,
+            fault_in_completing_a_flow_step_starts_nothing,
             fault_in_fail_leaves_the_job_running,
             fault_in_rescue_leaves_expired_leases_for_the_next_pass,
             fault_in_schedule_fire_fires_the_tick_later_exactly_once,
