@@ -627,6 +627,9 @@ pub struct FlowGraph {
     pub on_failure: FlowFailurePolicy,
     pub failed_step: Option<String>,
     pub steps: Vec<GraphStep>,
+    /// Each step's parents by position, computed once per graph (the steps and their `after`
+    /// never change; a store keeping a graph between events keeps this too).
+    parents: Vec<Vec<usize>>,
 }
 
 /// Something that happened to a flow.
@@ -691,6 +694,37 @@ impl StepError {
 }
 
 impl FlowGraph {
+    pub fn new(
+        id: Uuid,
+        state: FlowState,
+        on_failure: FlowFailurePolicy,
+        failed_step: Option<String>,
+        steps: Vec<GraphStep>,
+    ) -> Self {
+        let index: HashMap<&str, usize> = steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| (s.name.as_str(), i))
+            .collect();
+        let parents = steps
+            .iter()
+            .map(|s| {
+                s.after
+                    .iter()
+                    .filter_map(|p| index.get(p.as_str()).copied())
+                    .collect()
+            })
+            .collect();
+        Self {
+            id,
+            state,
+            on_failure,
+            failed_step,
+            steps,
+            parents,
+        }
+    }
+
     fn position(&self, name: &str) -> Option<usize> {
         self.steps.iter().position(|s| s.name == name)
     }
@@ -861,23 +895,7 @@ impl FlowGraph {
         }
         // Steps become ready in dependency order, so one pass in a loop until nothing moves
         // reaches a fixed point (a pre-signalled wait completes at once and frees its children).
-        let index: HashMap<&str, usize> = self
-            .steps
-            .iter()
-            .enumerate()
-            .map(|(i, s)| (s.name.as_str(), i))
-            .collect();
-        let parent_positions: Vec<Vec<usize>> = self
-            .steps
-            .iter()
-            .map(|s| {
-                s.after
-                    .iter()
-                    .filter_map(|p| index.get(p.as_str()).copied())
-                    .collect()
-            })
-            .collect();
-        drop(index);
+        let parent_positions = std::mem::take(&mut self.parents);
         loop {
             let mut moved = false;
             for (i, positions) in parent_positions.iter().enumerate() {
@@ -902,6 +920,7 @@ impl FlowGraph {
                 break;
             }
         }
+        self.parents = parent_positions;
         if self.steps.iter().all(|s| s.state.is_finished()) {
             self.set_flow(effects, FlowState::Completed, None);
         }

@@ -443,13 +443,13 @@ async fn load_graph(
             completed_seq: column(row, "completed_seq")?,
         });
     }
-    Ok(Some(FlowGraph {
-        id: flow_id,
-        state: flow_state(&column::<String>(&head, "state")?)?,
-        on_failure: policy_of(column(&head, "on_failure")?)?,
-        failed_step: column(&head, "failed_step")?,
+    Ok(Some(FlowGraph::new(
+        flow_id,
+        flow_state(&column::<String>(&head, "state")?)?,
+        policy_of(column(&head, "on_failure")?)?,
+        column(&head, "failed_step")?,
         steps,
-    }))
+    )))
 }
 
 /// Applies one event to a flow (locking it first) and writes what the policy decided. Returns

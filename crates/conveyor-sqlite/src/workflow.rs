@@ -228,13 +228,13 @@ fn load_graph(conn: &Connection, flow_id: Uuid) -> StoreResult<Option<FlowGraph>
             completed_seq: row.10,
         });
     }
-    Ok(Some(FlowGraph {
-        id: flow_id,
-        state: flow_state(&state)?,
-        on_failure: policy_of::<FlowFailurePolicy>(on_failure)?,
+    Ok(Some(FlowGraph::new(
+        flow_id,
+        flow_state(&state)?,
+        policy_of::<FlowFailurePolicy>(on_failure)?,
         failed_step,
         steps,
-    }))
+    )))
 }
 
 /// The graphs of recently changed flows, as the writer last wrote them. Every change to a
@@ -244,12 +244,15 @@ fn load_graph(conn: &Connection, flow_id: Uuid) -> StoreResult<Option<FlowGraph>
 #[derive(Default)]
 pub(crate) struct GraphCache {
     graphs: std::collections::HashMap<Uuid, FlowGraph>,
+    /// Steps over all of `graphs`.
+    steps: usize,
     /// Flows the current operation changed.
     touched: Vec<Uuid>,
 }
 
-/// Most graphs kept; past it the cache starts afresh (a miss only costs a read).
-const MAX_CACHED_GRAPHS: usize = 4096;
+/// Most steps kept over all cached graphs (a few hundred bytes each); past it the cache starts
+/// afresh (a miss only costs a read).
+const MAX_CACHED_STEPS: usize = 200_000;
 
 impl GraphCache {
     pub(crate) fn begin_op(&mut self) {
@@ -257,21 +260,39 @@ impl GraphCache {
     }
 
     pub(crate) fn forget_op(&mut self) {
-        for id in self.touched.drain(..) {
-            self.graphs.remove(&id);
+        for id in std::mem::take(&mut self.touched) {
+            self.take(id);
         }
     }
 
     pub(crate) fn clear(&mut self) {
         self.graphs.clear();
+        self.steps = 0;
         self.touched.clear();
+    }
+
+    fn take(&mut self, id: Uuid) -> Option<FlowGraph> {
+        let graph = self.graphs.remove(&id)?;
+        self.steps -= graph.steps.len();
+        Some(graph)
+    }
+
+    fn keep(&mut self, graph: FlowGraph) {
+        if self.steps + graph.steps.len() > MAX_CACHED_STEPS {
+            self.graphs.clear();
+            self.steps = 0;
+        }
+        self.steps += graph.steps.len();
+        if let Some(old) = self.graphs.insert(graph.id, graph) {
+            self.steps -= old.steps.len();
+        }
     }
 }
 
 /// Applies one event to a flow and writes what the policy decided.
 pub(crate) fn handle(ctx: &mut WriteCtx<'_>, flow_id: Uuid, event: FlowEvent) -> StoreResult<()> {
     ctx.graphs.touched.push(flow_id);
-    let cached = ctx.graphs.graphs.remove(&flow_id);
+    let cached = ctx.graphs.take(flow_id);
     let mut graph = match cached {
         Some(graph) => graph,
         None => match load_graph(ctx.conn, flow_id)? {
@@ -281,10 +302,7 @@ pub(crate) fn handle(ctx: &mut WriteCtx<'_>, flow_id: Uuid, event: FlowEvent) ->
     };
     let effects = graph.apply(event);
     write_effects(ctx, &mut graph, effects)?;
-    if ctx.graphs.graphs.len() >= MAX_CACHED_GRAPHS {
-        ctx.graphs.graphs.clear();
-    }
-    ctx.graphs.graphs.insert(flow_id, graph);
+    ctx.graphs.keep(graph);
     Ok(())
 }
 

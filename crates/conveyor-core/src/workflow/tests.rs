@@ -7,13 +7,12 @@ fn job(kind: &str) -> NewJob {
 
 /// A graph as a store would load it right after creating `flow` (steps without parents started).
 fn graph(flow: &NewFlow) -> FlowGraph {
-    let mut graph = FlowGraph {
-        id: Uuid::now_v7(),
-        state: FlowState::Running,
-        on_failure: flow.on_failure,
-        failed_step: None,
-        steps: flow
-            .steps
+    let mut graph = FlowGraph::new(
+        Uuid::now_v7(),
+        FlowState::Running,
+        flow.on_failure,
+        None,
+        flow.steps
             .iter()
             .map(|s| GraphStep {
                 name: s.name.clone(),
@@ -32,7 +31,7 @@ fn graph(flow: &NewFlow) -> FlowGraph {
                 completed_seq: None,
             })
             .collect(),
-    };
+    );
     graph.settle(&mut Vec::new());
     graph
 }
