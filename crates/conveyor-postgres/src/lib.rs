@@ -263,7 +263,10 @@ impl PgStore {
     ) -> StoreResult<LeaseOutcome> {
         let completion = vec![CompleteParams { lease, result }];
         conveyor_core::validate::completions(&completion)?;
-        let ctx = self.ctx();
+        let ctx = Ctx {
+            pool: None,
+            ..self.ctx()
+        };
         let outcomes = ops::complete_many(tx, &ctx, completion).await?;
         outcomes
             .into_iter()
@@ -278,6 +281,7 @@ impl PgStore {
             schema: &self.inner.schema,
             now: truncate_to_millis(self.inner.clock.now()),
             options: &self.inner.options,
+            pool: Some(&self.inner.pool),
         }
     }
 

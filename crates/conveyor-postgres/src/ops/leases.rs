@@ -233,17 +233,56 @@ async fn complete_flow_jobs(
         // Plain jobs whose lease was lost: nothing more to do.
         return Ok(HashSet::new());
     }
-    let mut tx = conn.begin().await.map_err(db("begin flow completion"))?;
-    workflow::lock_flows(&mut tx, ctx, flow_of.values().copied().collect()).await?;
-    let mut ids = Vec::with_capacity(flow_of.len());
-    let mut tokens = Vec::with_capacity(flow_of.len());
-    let mut results = Vec::with_capacity(flow_of.len());
-    for (id, token, result) in left {
-        if flow_of.contains_key(&id) {
-            ids.push(id);
-            tokens.push(token);
-            results.push(result);
+    let left: Vec<_> = left
+        .into_iter()
+        .filter(|(id, _, _)| flow_of.contains_key(id))
+        .collect();
+    let mut by_flow: BTreeMap<Uuid, Vec<(Uuid, Uuid, Option<Json<&Value>>)>> = BTreeMap::new();
+    for completion in left {
+        if let Some(flow) = flow_of.get(&completion.0) {
+            by_flow.entry(*flow).or_default().push(completion);
         }
+    }
+    match ctx.pool {
+        // Each flow in a transaction of its own on a connection of its own, side by side: a
+        // flow's event is a few round trips, and the flows of one batch share nothing (each
+        // transaction locks its one flow, so none waits for another).
+        Some(pool) if by_flow.len() > 1 => {
+            let groups = by_flow.into_iter().map(|(flow, group)| async move {
+                let mut conn = pool.acquire().await.map_err(db("acquire a connection"))?;
+                complete_flow_group(&mut conn, ctx, vec![flow], group).await
+            });
+            let mut applied = HashSet::new();
+            for set in futures::future::try_join_all(groups).await? {
+                applied.extend(set);
+            }
+            Ok(applied)
+        }
+        _ => {
+            let flows = by_flow.keys().copied().collect();
+            let group = by_flow.into_values().flatten().collect();
+            complete_flow_group(conn, ctx, flows, group).await
+        }
+    }
+}
+
+/// Completes `group` (jobs of `flows`) in one transaction that locks the flows first, and tells
+/// each flow. Returns the leases applied.
+async fn complete_flow_group(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    flows: Vec<Uuid>,
+    group: Vec<(Uuid, Uuid, Option<Json<&Value>>)>,
+) -> StoreResult<HashSet<LeaseKey>> {
+    let mut tx = conn.begin().await.map_err(db("begin flow completion"))?;
+    workflow::lock_flows(&mut tx, ctx, flows).await?;
+    let mut ids = Vec::with_capacity(group.len());
+    let mut tokens = Vec::with_capacity(group.len());
+    let mut results = Vec::with_capacity(group.len());
+    for (id, token, result) in group {
+        ids.push(id);
+        tokens.push(token);
+        results.push(result);
     }
     let rows = sqlx::query(ctx.sql.complete_flow_jobs.clone())
         .bind(&ids)
