@@ -80,7 +80,8 @@ function graph(flow) {
       h('svg:rect', { x, y, width: NODE_W, height: NODE_H, rx: 8 }),
       h('svg:text', { x: x + 10, y: y + 20, class: 'flow-node-name', text: step.name.length > 22 ? `${step.name.slice(0, 21)}…` : step.name }),
       h('svg:text', { x: x + 10, y: y + 38, class: 'flow-node-detail', text: `${step.state}${step.progress && step.state === 'active' ? ` ${step.progress.percent}%` : ''} · ${label}`.slice(0, 30) }));
-    return step.job_id
+    // A step's job exists once the step has started; before that its page would be empty.
+    return step.job_id && step.job_state
       ? h('svg:a', { href: `#/jobs/${encodeURIComponent(step.job_id)}`, 'aria-label': `step ${step.name}: job` }, box)
       : box;
   });
@@ -95,7 +96,7 @@ function stepTable(flow) {
     h('tbody', {}, (flow.steps || []).map((s) => h('tr', { dataset: { step: s.name } },
       h('td', { class: 'strong', text: s.name }),
       h('td', {}, flowBadge(s.state), s.compensation ? h('div', { class: 'small muted', text: `compensation ${s.compensation}` }) : null),
-      h('td', {}, s.job_id ? jobLink(s.job_id) : null, ' ', s.kind || (s.wait ? `wait for “${s.wait.signal}”` : '')),
+      h('td', {}, s.job_id && s.job_state ? jobLink(s.job_id) : null, ' ', s.kind || (s.wait ? `wait for “${s.wait.signal}”` : '')),
       h('td', { class: 'small', text: (s.after || []).join(', ') || '—' }),
       h('td', { text: String(s.attempts || 0) }),
       h('td', { class: 'small' },
