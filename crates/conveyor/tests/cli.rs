@@ -538,3 +538,111 @@ fn concurrency_limit_holds_across_three_worker_processes() {
     assert_eq!(events.len(), 24);
     assert_eq!(peak, 3, "the limit is reached but never passed");
 }
+
+#[test]
+fn flow_commands_create_show_signal_list_and_cancel() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    let file = path_in(&dir, "flow.json");
+    std::fs::write(
+        &file,
+        json!({"name": "release", "steps": [
+            {"name": "build", "job": {"kind": "build"}},
+            {"name": "approve", "wait": {"signal": "go"}, "after": ["build"]},
+            {"name": "deploy", "job": {"kind": "deploy"}, "after": ["approve"]}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let created = stdout_json(&conveyor(&[
+        "flow", "create", file, "--server", s, "--json",
+    ]));
+    let id = created["id"].as_str().unwrap().to_string();
+    assert!(created["steps"]["build"].is_string(), "{created}");
+
+    // The table view names every step with its state.
+    let shown = conveyor(&["flow", "show", &id, "--server", s]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let text = String::from_utf8_lossy(&shown.stdout);
+    for expected in [
+        "release", "running", "build", "active", "approve", "pending", "deploy",
+    ] {
+        assert!(
+            text.contains(expected),
+            "{expected:?} missing from:\n{text}"
+        );
+    }
+
+    // An early signal is kept for the step.
+    let signalled = conveyor(&[
+        "flow",
+        "signal",
+        &id,
+        "go",
+        "--payload",
+        r#"{"by": "ops"}"#,
+        "--server",
+        s,
+    ]);
+    assert!(signalled.status.success(), "{}", stderr(&signalled));
+    assert!(String::from_utf8_lossy(&signalled.stdout).contains("stored"));
+    let bad_signal = conveyor(&["flow", "signal", &id, "nope", "--server", s]);
+    assert!(!bad_signal.status.success());
+    assert!(
+        stderr(&bad_signal).contains("signal"),
+        "{}",
+        stderr(&bad_signal)
+    );
+
+    let listed = stdout_json(&conveyor(&[
+        "flow", "list", "--state", "running", "--server", s, "--json",
+    ]));
+    assert_eq!(listed["flows"][0]["id"], id.as_str());
+
+    let cancelled = conveyor(&["flow", "cancel", &id, "--server", s]);
+    assert!(cancelled.status.success(), "{}", stderr(&cancelled));
+    assert!(String::from_utf8_lossy(&cancelled.stdout).contains("cancelled"));
+    let again = conveyor(&["flow", "cancel", &id, "--server", s]);
+    assert!(!again.status.success(), "a second cancel is refused");
+    assert!(stderr(&again).contains("409"), "{}", stderr(&again));
+
+    // A flow with a cycle is refused naming the field, and a file that is not JSON is named.
+    std::fs::write(
+        path_in(&dir, "cycle.json"),
+        json!({"steps": [
+            {"name": "a", "job": {"kind": "k"}, "after": ["b"]},
+            {"name": "b", "job": {"kind": "k"}, "after": ["a"]}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let cycle = conveyor(&[
+        "flow",
+        "create",
+        path_in(&dir, "cycle.json").to_str().unwrap(),
+        "--server",
+        s,
+    ]);
+    assert!(!cycle.status.success());
+    assert!(
+        stderr(&cycle).contains("steps[0].after"),
+        "{}",
+        stderr(&cycle)
+    );
+    std::fs::write(path_in(&dir, "broken.json"), "{not json").unwrap();
+    let broken = conveyor(&[
+        "flow",
+        "create",
+        path_in(&dir, "broken.json").to_str().unwrap(),
+        "--server",
+        s,
+    ]);
+    assert!(!broken.status.success());
+    assert!(
+        stderr(&broken).contains("not valid JSON"),
+        "{}",
+        stderr(&broken)
+    );
+}
