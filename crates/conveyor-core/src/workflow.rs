@@ -765,6 +765,69 @@ impl FlowGraph {
         effects.push(Effect::FlowState { state, failed_step });
     }
 
+    /// Whether the flow may be cancelled: only a running or a stopped (failed) one.
+    pub fn check_cancel(&self) -> Result<(), crate::StoreError> {
+        if matches!(self.state, FlowState::Running | FlowState::Failed) {
+            return Ok(());
+        }
+        Err(crate::StoreError::FlowConflict {
+            id: self.id,
+            message: format!(
+                "the flow is {}; only a running or failed flow can be cancelled",
+                self.state
+            ),
+        })
+    }
+
+    /// The step a signal is for and how it will be taken: `Invalid` naming `signal` when no
+    /// step waits for it, `FlowConflict` when the flow is not running or the step has had its
+    /// signal (or finished).
+    pub fn signal_target(
+        &self,
+        signal: &str,
+    ) -> Result<(String, SignalOutcome), crate::StoreError> {
+        let id = self.id;
+        let step = self
+            .steps
+            .iter()
+            .find(|s| s.wait_signal.as_deref() == Some(signal))
+            .ok_or_else(|| {
+                ValidationError::new(
+                    "signal",
+                    format!("no step of flow {id} waits for {signal:?}"),
+                )
+            })?;
+        if self.state != FlowState::Running {
+            return Err(crate::StoreError::FlowConflict {
+                id,
+                message: format!(
+                    "the flow is {}; signals are taken only while it runs",
+                    self.state
+                ),
+            });
+        }
+        let outcome = match step.state {
+            StepState::Waiting => SignalOutcome::Delivered,
+            StepState::Pending if !step.signalled => SignalOutcome::Stored,
+            state => {
+                let again = if step.signalled {
+                    " and already signalled"
+                } else {
+                    ""
+                };
+                return Err(crate::StoreError::FlowConflict {
+                    id,
+                    message: format!(
+                        "step {:?} is {}{again}; it takes one signal",
+                        step.name,
+                        state.as_str()
+                    ),
+                });
+            }
+        };
+        Ok((step.name.clone(), outcome))
+    }
+
     /// Applies one event; returns what the store must write (nothing for an event that no
     /// longer applies, such as a late completion of a job cancelled by its flow).
     pub fn apply(&mut self, event: FlowEvent) -> Vec<Effect> {

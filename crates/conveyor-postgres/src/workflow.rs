@@ -770,15 +770,7 @@ pub(crate) async fn cancel(
     let mut graph = load_graph(&mut *conn, ctx, id)
         .await?
         .ok_or(StoreError::FlowNotFound(id))?;
-    if !matches!(graph.state, FlowState::Running | FlowState::Failed) {
-        return Err(StoreError::FlowConflict {
-            id,
-            message: format!(
-                "the flow is {}; only a running or failed flow can be cancelled",
-                graph.state
-            ),
-        });
-    }
+    graph.check_cancel()?;
     let effects = graph.apply(FlowEvent::Cancel);
     write_effects(&mut *conn, ctx, &graph, effects).await?;
     view(conn, ctx, id)
@@ -797,45 +789,7 @@ pub(crate) async fn signal(
     let mut graph = load_graph(&mut *conn, ctx, id)
         .await?
         .ok_or(StoreError::FlowNotFound(id))?;
-    let step = graph
-        .steps
-        .iter()
-        .find(|s| s.wait_signal.as_deref() == Some(signal))
-        .ok_or_else(|| {
-            ValidationError::new(
-                "signal",
-                format!("no step of flow {id} waits for {signal:?}"),
-            )
-        })?;
-    if graph.state != FlowState::Running {
-        return Err(StoreError::FlowConflict {
-            id,
-            message: format!(
-                "the flow is {}; signals are taken only while it runs",
-                graph.state
-            ),
-        });
-    }
-    let outcome = match step.state {
-        StepState::Waiting => SignalOutcome::Delivered,
-        StepState::Pending if !step.signalled => SignalOutcome::Stored,
-        state => {
-            return Err(StoreError::FlowConflict {
-                id,
-                message: format!(
-                    "step {:?} is {}{}; it takes one signal",
-                    step.name,
-                    state.as_str(),
-                    if step.signalled {
-                        " and already signalled"
-                    } else {
-                        ""
-                    }
-                ),
-            })
-        }
-    };
-    let name = step.name.clone();
+    let (name, outcome) = graph.signal_target(signal)?;
     // The payload becomes the step's result: now when it is waiting, or when it begins to.
     sqlx::query(ctx.sql.workflow.signal.clone())
         .bind(Json(payload))

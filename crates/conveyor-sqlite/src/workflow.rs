@@ -8,7 +8,7 @@ use conveyor_core::workflow::{
     FlowLink, FlowListParams, FlowState, FlowView, GraphStep, ParentFailurePolicy, SignalOutcome,
     StepAction, StepError, StepState, StepView, ValidFlow,
 };
-use conveyor_core::{Job, JobState, NewJob, StoreError, StoreResult, ValidationError};
+use conveyor_core::{Job, JobState, NewJob, StoreError, StoreResult};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 use serde_json::Value;
@@ -573,15 +573,7 @@ fn compensate(ctx: &mut WriteCtx<'_>, flow_id: Uuid, step: &str) -> StoreResult<
 
 pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<FlowView> {
     let graph = load_graph(ctx.conn, id)?.ok_or(StoreError::FlowNotFound(id))?;
-    if !matches!(graph.state, FlowState::Running | FlowState::Failed) {
-        return Err(StoreError::FlowConflict {
-            id,
-            message: format!(
-                "the flow is {}; only a running or failed flow can be cancelled",
-                graph.state
-            ),
-        });
-    }
+    graph.check_cancel()?;
     handle(ctx, id, FlowEvent::Cancel)?;
     view(ctx.conn, id)?.ok_or(StoreError::FlowNotFound(id))
 }
@@ -593,45 +585,7 @@ pub(crate) fn signal(
     payload: &Value,
 ) -> StoreResult<SignalOutcome> {
     let graph = load_graph(ctx.conn, id)?.ok_or(StoreError::FlowNotFound(id))?;
-    let step = graph
-        .steps
-        .iter()
-        .find(|s| s.wait_signal.as_deref() == Some(signal))
-        .ok_or_else(|| {
-            ValidationError::new(
-                "signal",
-                format!("no step of flow {id} waits for {signal:?}"),
-            )
-        })?;
-    if graph.state != FlowState::Running {
-        return Err(StoreError::FlowConflict {
-            id,
-            message: format!(
-                "the flow is {}; signals are taken only while it runs",
-                graph.state
-            ),
-        });
-    }
-    let outcome = match step.state {
-        StepState::Waiting => SignalOutcome::Delivered,
-        StepState::Pending if !step.signalled => SignalOutcome::Stored,
-        state => {
-            return Err(StoreError::FlowConflict {
-                id,
-                message: format!(
-                    "step {:?} is {}{}; it takes one signal",
-                    step.name,
-                    state.as_str(),
-                    if step.signalled {
-                        " and already signalled"
-                    } else {
-                        ""
-                    }
-                ),
-            })
-        }
-    };
-    let name = step.name.clone();
+    let (name, outcome) = graph.signal_target(signal)?;
     ctx.conn
         .prepare_cached(
             "UPDATE flow_steps SET result = ?1, signalled = 1 WHERE flow_id = ?2 AND name = ?3",

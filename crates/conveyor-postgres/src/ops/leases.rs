@@ -237,7 +237,7 @@ async fn complete_flow_jobs(
         .into_iter()
         .filter(|(id, _, _)| flow_of.contains_key(id))
         .collect();
-    let mut by_flow: BTreeMap<Uuid, Vec<(Uuid, Uuid, Option<Json<&Value>>)>> = BTreeMap::new();
+    let mut by_flow: BTreeMap<Uuid, Vec<FlowCompletion<'_>>> = BTreeMap::new();
     for completion in left {
         if let Some(flow) = flow_of.get(&completion.0) {
             by_flow.entry(*flow).or_default().push(completion);
@@ -266,13 +266,16 @@ async fn complete_flow_jobs(
     }
 }
 
+/// One completion of a flow's job: id, lease token, result.
+type FlowCompletion<'a> = (Uuid, Uuid, Option<Json<&'a Value>>);
+
 /// Completes `group` (jobs of `flows`) in one transaction that locks the flows first, and tells
 /// each flow. Returns the leases applied.
 async fn complete_flow_group(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
     flows: Vec<Uuid>,
-    group: Vec<(Uuid, Uuid, Option<Json<&Value>>)>,
+    group: Vec<FlowCompletion<'_>>,
 ) -> StoreResult<HashSet<LeaseKey>> {
     let mut tx = conn.begin().await.map_err(db("begin flow completion"))?;
     workflow::lock_flows(&mut tx, ctx, flows).await?;
