@@ -72,6 +72,9 @@ macro_rules! delegate_store {
             async fn flows_expire_waits(&self, limit: usize) -> $crate::StoreResult<u64> {
                 $crate::FlowStore::flows_expire_waits(&*self.$field, limit).await
             }
+            async fn flows_prune(&self, params: $crate::PruneParams) -> $crate::StoreResult<u64> {
+                $crate::FlowStore::flows_prune(&*self.$field, params).await
+            }
         }
     };
     (@part LeaseStore, $decorator:ty, $field:ident) => {

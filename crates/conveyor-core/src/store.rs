@@ -555,6 +555,12 @@ pub trait FlowStore: Send + Sync {
     /// Fails (class `timeout`) up to `limit` wait steps whose deadline passed. Run by the
     /// maintenance leader.
     async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64>;
+
+    /// Deletes up to `params.limit` finished flows with their steps, oldest first: completed,
+    /// compensated and cancelled ones `params.retention.completed` after they finished, failed
+    /// ones (which a replay could still resume) after `params.retention.dead`. Their jobs are
+    /// pruned by [`LeadershipStore::jobs_prune`]. Returns how many flows were deleted.
+    async fn flows_prune(&self, params: PruneParams) -> StoreResult<u64>;
 }
 
 /// Everything a store does, bundled for callers: a store implements each part, and a decorator

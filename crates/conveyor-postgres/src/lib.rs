@@ -531,6 +531,10 @@ impl FlowStore for PgStore {
         commit(tx).await?;
         Ok(expired)
     }
+
+    async fn flows_prune(&self, params: conveyor_core::PruneParams) -> StoreResult<u64> {
+        workflow::prune(&mut *self.conn().await?, &self.ctx(), &params).await
+    }
 }
 
 #[async_trait]

@@ -63,6 +63,7 @@ pub(crate) struct WorkflowSql {
     flow_state: SqlStr,
     signal: SqlStr,
     due_waits: SqlStr,
+    prune: SqlStr,
     view_head: SqlStr,
     view_steps: SqlStr,
 }
@@ -181,6 +182,15 @@ impl WorkflowSql {
                 "SELECT flow_id, name FROM {steps} \
                  WHERE state = 'waiting' AND wait_deadline IS NOT NULL AND wait_deadline <= $1 \
                  ORDER BY wait_deadline LIMIT $2"
+            )),
+            // Steps go with their flow (ON DELETE CASCADE); a flow another transaction holds is
+            // left for the next pass.
+            prune: stmt(format!(
+                "DELETE FROM {flows} WHERE id IN (SELECT id FROM {flows} \
+                 WHERE finished_at IS NOT NULL \
+                 AND ((state IN ('completed', 'compensated', 'cancelled') AND finished_at <= $1) \
+                      OR (state = 'failed' AND finished_at <= $2)) \
+                 ORDER BY finished_at LIMIT $3 FOR UPDATE SKIP LOCKED)"
             )),
             view_head: stmt(format!("SELECT {HEAD_COLUMNS} FROM {flows} WHERE id = $1")),
             view_steps: stmt(format!(
@@ -831,6 +841,25 @@ pub(crate) async fn expire_waits(
         }
     }
     Ok(expired)
+}
+
+/// Deletes finished flows past their retention, with their steps (see `FlowStore::flows_prune`).
+pub(crate) async fn prune(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: &conveyor_core::PruneParams,
+) -> StoreResult<u64> {
+    let result = sqlx::query(ctx.sql.workflow.prune.clone())
+        .bind(conveyor_core::clock::before(
+            ctx.now,
+            params.retention.completed,
+        ))
+        .bind(conveyor_core::clock::before(ctx.now, params.retention.dead))
+        .bind(i64::try_from(params.limit).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await
+        .map_err(db("prune flows"))?;
+    Ok(result.rows_affected())
 }
 
 fn head_view(row: &PgRow) -> StoreResult<FlowView> {

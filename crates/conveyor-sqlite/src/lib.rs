@@ -589,6 +589,10 @@ impl FlowStore for SqliteStore {
         self.write(move |ctx| workflow::expire_waits(ctx, limit))
             .await
     }
+
+    async fn flows_prune(&self, params: conveyor_core::PruneParams) -> StoreResult<u64> {
+        self.write(move |ctx| workflow::prune(ctx, &params)).await
+    }
 }
 
 #[async_trait]

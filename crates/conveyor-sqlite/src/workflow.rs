@@ -2,7 +2,7 @@
 //! decides, and the flow views. Every change runs on the writer thread in the transaction of
 //! the event that caused it (a job's completion, failure, cancellation or replay).
 
-use conveyor_core::clock::from_millis;
+use conveyor_core::clock::{self, from_millis};
 use conveyor_core::workflow::{
     wait_deadline, CompensationState, CreatedFlow, Effect, FlowEvent, FlowFailurePolicy, FlowGraph,
     FlowLink, FlowListParams, FlowState, FlowView, GraphStep, ParentFailurePolicy, SignalOutcome,
@@ -624,6 +624,46 @@ pub(crate) fn expire_waits(ctx: &mut WriteCtx<'_>, limit: usize) -> StoreResult<
         }
     }
     Ok(expired)
+}
+
+/// Deletes finished flows past their retention, with their steps (see `FlowStore::flows_prune`).
+pub(crate) fn prune(
+    ctx: &mut WriteCtx<'_>,
+    params: &conveyor_core::PruneParams,
+) -> StoreResult<u64> {
+    let completed_before = clock::before(ctx.now, params.retention.completed);
+    let failed_before = clock::before(ctx.now, params.retention.dead);
+    let ids: Vec<String> = ctx
+        .conn
+        .prepare_cached(
+            "DELETE FROM flows WHERE id IN (SELECT id FROM flows WHERE finished_at IS NOT NULL \
+             AND ((state IN ('completed', 'compensated', 'cancelled') AND finished_at <= ?1) \
+                  OR (state = 'failed' AND finished_at <= ?2)) \
+             ORDER BY finished_at LIMIT ?3) RETURNING id",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(
+                params![
+                    millis(completed_before),
+                    millis(failed_before),
+                    params.limit as i64
+                ],
+                |row| row.get(0),
+            )?
+            .collect()
+        })
+        .map_err(backend)?;
+    for id in &ids {
+        ctx.conn
+            .prepare_cached("DELETE FROM flow_steps WHERE flow_id = ?1")
+            .and_then(|mut stmt| stmt.execute(params![id]))
+            .map_err(backend)?;
+        if let Some(id) = uuid_of(Some(id.clone()))? {
+            ctx.graphs.touched.push(id);
+            ctx.graphs.take(id);
+        }
+    }
+    Ok(ids.len() as u64)
 }
 
 type ViewHead = (

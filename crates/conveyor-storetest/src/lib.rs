@@ -256,6 +256,7 @@ macro_rules! __conveyor_behaviours {
             flow_idempotency_key_returns_the_first_flow,
             flows_list_filters_by_state_and_name_newest_first,
             job_progress_is_recorded_while_the_lease_holds,
+            flows_prune_deletes_finished_flows_past_their_retention,
         }
     };
 }

@@ -563,3 +563,42 @@ pub async fn job_progress_is_recorded_while_the_lease_holds(h: &Harness) {
         "kept after completion"
     );
 }
+
+pub async fn flows_prune_deletes_finished_flows_past_their_retention(h: &Harness) {
+    let q = "wf-prune";
+    let done = create(h, NewFlow::chain([("a", step_job("a", q))])).await;
+    run_step(h, q, "a", json!(1)).await;
+    let failed = create(h, NewFlow::chain([("a", step_job("a", q))])).await;
+    kill_step(h, q, "a").await;
+    let running = create(h, NewFlow::new().step(NewStep::wait("w", "go", None))).await;
+    let params = conveyor_core::PruneParams {
+        retention: conveyor_core::RetentionPolicy::default(),
+        limit: 100,
+    };
+    assert_eq!(
+        h.store.flows_prune(params).await.expect("prune"),
+        0,
+        "nothing expired yet"
+    );
+    h.advance(Duration::from_secs(24 * 3600 + 1));
+    assert_eq!(h.store.flows_prune(params).await.expect("prune"), 1);
+    assert!(h.store.flow_get(done.id).await.expect("get").is_none());
+    assert!(
+        h.store.flow_get(failed.id).await.expect("get").is_some(),
+        "a failed flow is kept as long as its dead step, which could resume it"
+    );
+    h.advance(Duration::from_secs(14 * 24 * 3600));
+    assert_eq!(h.store.flows_prune(params).await.expect("prune"), 1);
+    assert!(h.store.flow_get(failed.id).await.expect("get").is_none());
+    assert_eq!(
+        view(h, running.id).await.state,
+        FlowState::Running,
+        "running flows stay"
+    );
+    let listed = h
+        .store
+        .flows_list(FlowListParams::newest(10))
+        .await
+        .expect("list");
+    assert_eq!(listed.len(), 1);
+}

@@ -52,6 +52,8 @@ pub struct MaintenancePass {
     pub pruned: u64,
     /// Workflow wait steps failed for passing their timeout.
     pub waits_expired: usize,
+    /// Finished flows deleted for retention (with the finished jobs' retention).
+    pub flows_pruned: u64,
 }
 
 impl Maintenance {
@@ -204,6 +206,19 @@ impl Maintenance {
                     .await?;
                 pass.pruned += report.total();
                 if report.total() < self.batch as u64 {
+                    break;
+                }
+            }
+            for _ in 0..MAX_PRUNE_STEPS {
+                let pruned = self
+                    .store
+                    .flows_prune(PruneParams {
+                        retention,
+                        limit: self.batch,
+                    })
+                    .await?;
+                pass.flows_pruned += pruned;
+                if pruned < self.batch as u64 {
                     break;
                 }
             }

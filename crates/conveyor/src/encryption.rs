@@ -279,6 +279,9 @@ impl conveyor_core::FlowStore for EncryptedStore {
     async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64> {
         self.inner.flows_expire_waits(limit).await
     }
+    async fn flows_prune(&self, params: conveyor_core::PruneParams) -> StoreResult<u64> {
+        self.inner.flows_prune(params).await
+    }
 }
 
 #[async_trait]
