@@ -489,3 +489,57 @@ async fn cancelling_a_running_job_stops_its_handler() {
     let job = env.store.job_get(id).await.unwrap().unwrap();
     assert_eq!(job.state, JobState::Cancelled);
 }
+
+/// A flow run by the Rust worker: each step reads its parent's result from `ctx.parents` and
+/// reports progress with `ctx.progress`, which the step's job keeps.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_steps_read_their_parents_and_report_progress() {
+    use conveyor_core::workflow::{FlowState, NewFlow, ValidFlow};
+    let env = env();
+    let w = worker(&env.store)
+        .handle_json("count", |ctx: JobContext, _| async move {
+            ctx.progress(50, Some("halfway")).await.expect("progress");
+            let before = ctx
+                .parents
+                .values()
+                .next()
+                .and_then(|v| v.as_u64())
+                .unwrap_or(0);
+            Outcome::complete_with(json!(before + 1))
+        })
+        .build()
+        .unwrap();
+    let flow = NewFlow::chain([
+        ("one", NewJob::new("count", json!({}))),
+        ("two", NewJob::new("count", json!({}))),
+        ("three", NewJob::new("count", json!({}))),
+    ]);
+    let created = env
+        .store
+        .flow_create(ValidFlow::new(flow).unwrap())
+        .await
+        .unwrap();
+    let (stop, handle) = spawn_worker(w);
+    // The last step's job exists only once its parent has finished: wait for the flow.
+    let store = env.store.clone();
+    conveyor_storetest::eventually::eventually("the flow to complete", || async {
+        match store.flow_get(created.id).await.expect("get") {
+            Some(flow) if flow.state == FlowState::Completed => Ok(()),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    let last = wait_for_state(&env.store, created.steps["three"], JobState::Completed).await;
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    assert_eq!(
+        last.result,
+        Some(json!(3)),
+        "each step added one to its parent's result"
+    );
+    let progress = last.progress.expect("progress kept");
+    assert_eq!(
+        (progress.percent, progress.message.as_deref()),
+        (50, Some("halfway"))
+    );
+}
