@@ -4,9 +4,9 @@
 
 use conveyor_core::clock::{self, from_millis};
 use conveyor_core::workflow::{
-    wait_deadline, CompensationState, CreatedFlow, Effect, FlowEvent, FlowFailurePolicy, FlowGraph,
-    FlowLink, FlowListParams, FlowState, FlowView, GraphStep, ParentFailurePolicy, SignalOutcome,
-    StepAction, StepError, StepState, StepView, ValidFlow,
+    CompensationState, CreatedFlow, Effect, FlowEvent, FlowFailurePolicy, FlowGraph, FlowLink,
+    FlowListParams, FlowState, FlowView, GraphStep, ParentFailurePolicy, SignalOutcome, StepAction,
+    StepError, StepState, StepView, ValidFlow,
 };
 use conveyor_core::{Job, JobState, NewJob, StoreError, StoreResult};
 use rusqlite::types::Value as SqlValue;
@@ -395,53 +395,30 @@ fn write_effects(
     Ok(())
 }
 
-/// What a step needs to start: its job spec, reserved id, wait timeout.
+/// What compensating a step needs: its job's and its compensation's specs, its result.
 struct StepRow {
     job: Option<String>,
-    job_id: Option<Uuid>,
-    after: Vec<String>,
-    wait_timeout_ms: Option<i64>,
     compensate: Option<String>,
     result: Option<String>,
 }
 
-/// `job, job_id, after, wait_timeout_ms, compensate, result` of one step.
-type StepColumns = (
-    Option<String>,
-    Option<String>,
-    String,
-    Option<i64>,
-    Option<String>,
-    Option<String>,
-);
-
 fn step_row(conn: &Connection, flow_id: Uuid, step: &str) -> StoreResult<StepRow> {
-    let row: Option<StepColumns> = conn
+    type Columns = (Option<String>, Option<String>, Option<String>);
+    let row: Option<Columns> = conn
         .prepare_cached(
-            "SELECT job, job_id, after, wait_timeout_ms, compensate, result FROM flow_steps \
-             WHERE flow_id = ?1 AND name = ?2",
+            "SELECT job, compensate, result FROM flow_steps WHERE flow_id = ?1 AND name = ?2",
         )
         .and_then(|mut stmt| {
             stmt.query_row(params![flow_id.to_string(), step], |row| {
-                Ok((
-                    row.get(0)?,
-                    row.get(1)?,
-                    row.get(2)?,
-                    row.get(3)?,
-                    row.get(4)?,
-                    row.get(5)?,
-                ))
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
             })
             .optional()
         })
         .map_err(backend)?;
-    let (job, job_id, after, wait_timeout_ms, compensate, result) =
+    let (job, compensate, result) =
         row.ok_or_else(|| StoreError::backend(format!("flow {flow_id} has no step {step:?}")))?;
     Ok(StepRow {
         job,
-        job_id: uuid_of(job_id)?,
-        after: from_json(&after, "after")?,
-        wait_timeout_ms,
         compensate,
         result,
     })
@@ -449,21 +426,39 @@ fn step_row(conn: &Connection, flow_id: Uuid, step: &str) -> StoreResult<StepRow
 
 fn start_step(ctx: &mut WriteCtx<'_>, graph: &FlowGraph, step: &str) -> StoreResult<()> {
     let flow = graph.id.to_string();
-    let row = step_row(ctx.conn, graph.id, step)?;
-    let (Some(spec), Some(job_id)) = (row.job, row.job_id) else {
-        // A wait step begins waiting.
-        let deadline = wait_deadline(ctx.now, row.wait_timeout_ms.map(|ms| ms.max(0) as u64));
-        ctx.conn
-            .prepare_cached(
-                "UPDATE flow_steps SET state = 'waiting', wait_deadline = ?1 \
-                 WHERE flow_id = ?2 AND name = ?3",
-            )
-            .and_then(|mut stmt| stmt.execute(params![deadline.map(millis), flow, step]))
-            .map_err(backend)?;
+    // One statement marks the step started and reads what starting it needs: a job step
+    // becomes active, a wait step begins waiting (its deadline counted from now).
+    let started: Option<(Option<String>, Option<String>, String)> = ctx
+        .conn
+        .prepare_cached(
+            "UPDATE flow_steps SET \
+             state = CASE WHEN job_id IS NULL THEN 'waiting' ELSE 'active' END, \
+             wait_deadline = CASE WHEN job_id IS NULL AND wait_timeout_ms IS NOT NULL \
+                 THEN ?1 + wait_timeout_ms ELSE wait_deadline END \
+             WHERE flow_id = ?2 AND name = ?3 RETURNING job, job_id, after",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![millis(ctx.now), flow, step], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+            })
+            .optional()
+        })
+        .map_err(backend)?;
+    let (spec, job_id, after) =
+        started.ok_or_else(|| StoreError::backend(format!("flow {flow} has no step {step:?}")))?;
+    let (Some(spec), Some(job_id)) = (spec, uuid_of(job_id)?) else {
         return Ok(());
     };
+    let after: Vec<String> = from_json(&after, "after")?;
+    // Only completed parents have a result to hand on (the graph knows which).
+    let completed = |name: &String| {
+        graph
+            .steps
+            .iter()
+            .any(|s| &s.name == name && s.state == StepState::Completed)
+    };
     let mut parents = BTreeMap::new();
-    for parent in &row.after {
+    for parent in after.iter().filter(|p| completed(p)) {
         let result: Option<Option<String>> = ctx
             .conn
             .prepare_cached(
@@ -494,10 +489,6 @@ fn start_step(ctx: &mut WriteCtx<'_>, graph: &FlowGraph, step: &str) -> StoreRes
             parents,
         },
     )?;
-    ctx.conn
-        .prepare_cached("UPDATE flow_steps SET state = 'active' WHERE flow_id = ?1 AND name = ?2")
-        .and_then(|mut stmt| stmt.execute(params![flow, step]))
-        .map_err(backend)?;
     Ok(())
 }
 
