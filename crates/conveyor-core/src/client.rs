@@ -212,12 +212,4 @@ impl Client {
         let flow = crate::workflow::ValidFlow::new(flow)?;
         self.store.flow_create(flow).await
     }
-
-    /// A typed job as a flow step's job, with `options` (no idempotency key or unique spec:
-    /// a flow's steps are keyed by the flow).
-    pub fn step_job<J: TypedJob>(job: &J, options: JobOptions) -> StoreResult<NewJob> {
-        let payload = serde_json::to_value(job)
-            .map_err(|e| ValidationError::new("payload", e.to_string()))?;
-        Ok(options.into_new_job(J::KIND, payload)?)
-    }
 }

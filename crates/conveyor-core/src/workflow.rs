@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use uuid::Uuid;
 
 use crate::error::ValidationError;
-use crate::job::{ErrorRecord, JobState, NewJob};
+use crate::job::{JobState, NewJob};
 use crate::validate;
 
 /// Most steps one flow may have.
@@ -1168,13 +1168,6 @@ pub enum SignalOutcome {
 /// When a step's wait ends: `None` without a timeout.
 pub fn wait_deadline(now: DateTime<Utc>, timeout_ms: Option<u64>) -> Option<DateTime<Utc>> {
     timeout_ms.map(|ms| crate::clock::after(now, std::time::Duration::from_millis(ms)))
-}
-
-/// The error a step's failure shows, from its job's history.
-pub fn step_error_of(errors: &[ErrorRecord]) -> Option<StepError> {
-    errors
-        .last()
-        .map(|e| StepError::new(e.class.clone(), e.message.clone()))
 }
 
 #[cfg(test)]
