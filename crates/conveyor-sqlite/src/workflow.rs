@@ -188,11 +188,13 @@ fn load_graph(conn: &Connection, flow_id: Uuid) -> StoreResult<Option<FlowGraph>
         Option<i64>,
     );
     let rows: Vec<Row> = conn
-        .prepare_cached(
-            "SELECT name, state, after, on_parent_failure, job_id, wait_signal, signalled, \
-             compensate IS NOT NULL, compensation, compensation_job_id, completed_seq \
-             FROM flow_steps WHERE flow_id = ?1 ORDER BY position",
-        )
+        .prepare_cached(&format!(
+            "SELECT s.name, {STEP_STATE}, s.after, s.on_parent_failure, s.job_id, \
+                 s.wait_signal, s.signalled, s.compensate IS NOT NULL, s.compensation, \
+                 s.compensation_job_id, s.completed_seq \
+                 FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
+                 WHERE s.flow_id = ?1 ORDER BY s.position"
+        ))
         .and_then(|mut stmt| {
             stmt.query_map(params![flow_id.to_string()], |row| {
                 Ok((
@@ -236,6 +238,12 @@ fn load_graph(conn: &Connection, flow_id: Uuid) -> StoreResult<Option<FlowGraph>
         steps,
     )))
 }
+
+/// A step's state as read (`s` a `flow_steps` row, `j` its job's row or NULL). A job step that
+/// started is still stored `pending`: its job's existence says it is active (the job is inserted
+/// when the step starts, in the same transaction, and is only pruned after the step finished).
+const STEP_STATE: &str = "CASE WHEN s.state = 'pending' AND j.id IS NOT NULL THEN 'active' \
+                          ELSE s.state END";
 
 /// The graphs of recently changed flows, as the writer last wrote them. Every change to a
 /// flow goes through the writer thread, so a cached graph is the stored one; reading it again
@@ -426,27 +434,33 @@ fn step_row(conn: &Connection, flow_id: Uuid, step: &str) -> StoreResult<StepRow
 
 fn start_step(ctx: &mut WriteCtx<'_>, graph: &FlowGraph, step: &str) -> StoreResult<()> {
     let flow = graph.id.to_string();
-    // One statement marks the step started and reads what starting it needs: a job step
-    // becomes active, a wait step begins waiting (its deadline counted from now).
-    let started: Option<(Option<String>, Option<String>, String)> = ctx
+    // A job step becomes active by its job being inserted: its row is not written (see
+    // STEP_STATE), which spares every step one write of its (wide) row. A wait step begins
+    // waiting, its deadline counted from now.
+    let spec: Option<(Option<String>, Option<String>, String)> = ctx
         .conn
         .prepare_cached(
-            "UPDATE flow_steps SET \
-             state = CASE WHEN job_id IS NULL THEN 'waiting' ELSE 'active' END, \
-             wait_deadline = CASE WHEN job_id IS NULL AND wait_timeout_ms IS NOT NULL \
-                 THEN ?1 + wait_timeout_ms ELSE wait_deadline END \
-             WHERE flow_id = ?2 AND name = ?3 RETURNING job, job_id, after",
+            "SELECT job, job_id, after FROM flow_steps WHERE flow_id = ?1 AND name = ?2",
         )
         .and_then(|mut stmt| {
-            stmt.query_row(params![millis(ctx.now), flow, step], |row| {
+            stmt.query_row(params![flow, step], |row| {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?))
             })
             .optional()
         })
         .map_err(backend)?;
     let (spec, job_id, after) =
-        started.ok_or_else(|| StoreError::backend(format!("flow {flow} has no step {step:?}")))?;
+        spec.ok_or_else(|| StoreError::backend(format!("flow {flow} has no step {step:?}")))?;
     let (Some(spec), Some(job_id)) = (spec, uuid_of(job_id)?) else {
+        ctx.conn
+            .prepare_cached(
+                "UPDATE flow_steps SET state = 'waiting', \
+                 wait_deadline = CASE WHEN wait_timeout_ms IS NOT NULL \
+                     THEN ?1 + wait_timeout_ms END \
+                 WHERE flow_id = ?2 AND name = ?3",
+            )
+            .and_then(|mut stmt| stmt.execute(params![millis(ctx.now), flow, step]))
+            .map_err(backend)?;
         return Ok(());
     };
     let after: Vec<String> = from_json(&after, "after")?;
@@ -730,14 +744,14 @@ pub(crate) fn view(conn: &Connection, id: Uuid) -> StoreResult<Option<FlowView>>
         Option<String>,
     );
     let rows: Vec<Row> = conn
-        .prepare_cached(
-            "SELECT s.name, s.state, s.after, s.on_parent_failure, s.job_id, \
-             json_extract(s.job, '$.kind'), s.wait_signal, s.wait_timeout_ms, s.result, s.error, \
-             s.compensation, s.compensation_job_id, s.wait_deadline, s.finished_at, \
-             j.state, j.attempt, j.progress \
-             FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
-             WHERE s.flow_id = ?1 ORDER BY s.position",
-        )
+        .prepare_cached(&format!(
+            "SELECT s.name, {STEP_STATE}, s.after, s.on_parent_failure, s.job_id, \
+                 json_extract(s.job, '$.kind'), s.wait_signal, s.wait_timeout_ms, s.result, \
+                 s.error, s.compensation, s.compensation_job_id, s.wait_deadline, \
+                 s.finished_at, j.state, j.attempt, j.progress \
+                 FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
+                 WHERE s.flow_id = ?1 ORDER BY s.position"
+        ))
         .and_then(|mut stmt| {
             stmt.query_map(params![id.to_string()], |row| {
                 Ok((
@@ -826,9 +840,11 @@ pub(crate) fn list(conn: &Connection, params: &FlowListParams) -> StoreResult<Ve
     for head in heads {
         let mut flow = head_view(head)?;
         let counts: Vec<(String, i64)> = conn
-            .prepare_cached(
-                "SELECT state, COUNT(*) FROM flow_steps WHERE flow_id = ?1 GROUP BY state",
-            )
+            .prepare_cached(&format!(
+                "SELECT {STEP_STATE} AS step_state, COUNT(*) \
+                     FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
+                     WHERE s.flow_id = ?1 GROUP BY step_state"
+            ))
             .and_then(|mut stmt| {
                 stmt.query_map(params![flow.id.to_string()], |row| {
                     Ok((row.get(0)?, row.get(1)?))
