@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use crate::error::{StoreError, ValidationError};
 use crate::job::{Inserted, NewJob};
+use crate::kinds::KindRegistry;
 use crate::retry::RetryPolicy;
 use crate::store::{Store, StoreResult};
 use crate::unique::UniqueSpec;
@@ -31,6 +32,13 @@ pub trait TypedJob: Serialize + DeserializeOwned + Send + 'static {
     /// Options applied when the producer gives none.
     fn default_options() -> JobOptions {
         JobOptions::default()
+    }
+
+    /// The JSON Schema (2020-12) of this kind's payload, for [`Client::publish_schema`]; for
+    /// instance `serde_json::to_value(schemars::schema_for!(Self)).ok()` with the `schemars`
+    /// crate. `None` (the default): nothing to publish.
+    fn schema() -> Option<serde_json::Value> {
+        None
     }
 }
 
@@ -143,19 +151,64 @@ impl JobOptions {
     }
 }
 
-/// Enqueues typed jobs into any store.
+/// Enqueues typed jobs into any store, checking payloads against their kind's schema (see
+/// [`crate::kinds`]).
 #[derive(Clone)]
 pub struct Client {
     store: Arc<dyn Store>,
+    kinds: Arc<KindRegistry>,
 }
 
 impl Client {
     pub fn new(store: Arc<dyn Store>) -> Self {
-        Self { store }
+        let kinds = Arc::new(KindRegistry::new(store.clone()));
+        Self { store, kinds }
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
         &self.store
+    }
+
+    /// The payload schemas this client enforces.
+    pub fn kinds(&self) -> &Arc<KindRegistry> {
+        &self.kinds
+    }
+
+    /// Stores `J::schema()` as the schema of `J::KIND`, so every producer (in any language) is
+    /// held to it. Refused with a `Conflict` naming how many queued jobs of the kind it would
+    /// reject, unless `force`. Returns false when `J` has no schema to publish.
+    pub async fn publish_schema<J: TypedJob>(&self, force: bool) -> StoreResult<bool> {
+        let Some(schema) = J::schema() else {
+            return Ok(false);
+        };
+        let compiled = crate::kinds::KindSchema::compile(&schema)?;
+        if !force {
+            let found =
+                crate::kinds::queued_violations(self.store.as_ref(), J::KIND, &compiled).await?;
+            if found.failing > 0 {
+                return Err(ValidationError::new(
+                    "schema",
+                    format!(
+                        "would reject {} queued job(s) of kind {:?}; publish with force to set \
+                         it anyway",
+                        found.failing,
+                        J::KIND
+                    ),
+                )
+                .into());
+            }
+        }
+        let version = self.store.kind_get(J::KIND).await?.and_then(|k| k.version);
+        self.store
+            .kind_put(crate::kinds::KindSettings {
+                kind: J::KIND.to_string(),
+                schema: Some(schema),
+                version,
+                updated_at: chrono::DateTime::UNIX_EPOCH,
+            })
+            .await?;
+        self.kinds.invalidate();
+        Ok(true)
     }
 
     /// Enqueues one job with its type's default options.
@@ -195,6 +248,23 @@ impl Client {
                 .map_err(|e| ValidationError::new("payload", e.to_string()))?;
             new_jobs.push(options.into_valid_job(J::KIND, payload)?);
         }
+        let single = new_jobs.len() == 1;
+        self.kinds
+            .check_all(
+                new_jobs
+                    .iter()
+                    .map(|j| (j.job().kind.as_str(), &j.job().payload)),
+                |index| format!("jobs[{index}]"),
+            )
+            .await
+            .map_err(|e| match e {
+                // One job's error names its payload alone, as the single enqueue's does.
+                StoreError::Invalid(mut v) if single => {
+                    v.field = v.field.trim_start_matches("jobs[0].").to_string();
+                    StoreError::Invalid(v)
+                }
+                other => other,
+            })?;
         self.store.jobs_insert_valid(new_jobs).await
     }
 
@@ -210,6 +280,13 @@ impl Client {
         flow: crate::workflow::NewFlow,
     ) -> StoreResult<crate::workflow::CreatedFlow> {
         let flow = crate::workflow::ValidFlow::new(flow)?;
+        let names: Vec<String> = flow.step_jobs().map(|(path, _, _)| path).collect();
+        self.kinds
+            .check_all(
+                flow.step_jobs().map(|(_, kind, payload)| (kind, payload)),
+                |index| names.get(index).cloned().unwrap_or_default(),
+            )
+            .await?;
         self.store.flow_create(flow).await
     }
 }

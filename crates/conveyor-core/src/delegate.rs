@@ -51,6 +51,23 @@ macro_rules! delegate_store {
             }
         }
     };
+    (@part KindStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::KindStore for $decorator {
+            async fn kind_put(&self, settings: $crate::kinds::KindSettings) -> $crate::StoreResult<$crate::kinds::KindSettings> {
+                $crate::KindStore::kind_put(&*self.$field, settings).await
+            }
+            async fn kind_get(&self, kind: &str) -> $crate::StoreResult<Option<$crate::kinds::KindSettings>> {
+                $crate::KindStore::kind_get(&*self.$field, kind).await
+            }
+            async fn kinds_list(&self) -> $crate::StoreResult<Vec<$crate::kinds::KindSettings>> {
+                $crate::KindStore::kinds_list(&*self.$field).await
+            }
+            async fn kind_delete(&self, kind: &str) -> $crate::StoreResult<bool> {
+                $crate::KindStore::kind_delete(&*self.$field, kind).await
+            }
+        }
+    };
     (@part FlowStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::FlowStore for $decorator {

@@ -13,6 +13,7 @@ pub mod events;
 pub mod faults;
 pub mod flow;
 pub mod job;
+pub mod kinds;
 pub mod redact;
 pub mod retry;
 pub mod schedule;

@@ -563,6 +563,25 @@ pub trait FlowStore: Send + Sync {
     async fn flows_prune(&self, params: PruneParams) -> StoreResult<u64>;
 }
 
+/// Settings per job kind (see [`crate::kinds`]).
+#[async_trait]
+pub trait KindStore: Send + Sync {
+    /// Creates or replaces a kind's settings; `updated_at` is set from the store's clock.
+    async fn kind_put(
+        &self,
+        settings: crate::kinds::KindSettings,
+    ) -> StoreResult<crate::kinds::KindSettings>;
+
+    /// A kind's settings, `None` when it has none.
+    async fn kind_get(&self, kind: &str) -> StoreResult<Option<crate::kinds::KindSettings>>;
+
+    /// Every kind with settings, by name.
+    async fn kinds_list(&self) -> StoreResult<Vec<crate::kinds::KindSettings>>;
+
+    /// Deletes a kind's settings (its jobs stay). False when it had none.
+    async fn kind_delete(&self, kind: &str) -> StoreResult<bool>;
+}
+
 /// Everything a store does, bundled for callers: a store implements each part, and a decorator
 /// (say, one that encrypts payloads) implements the parts it changes and forwards the rest with
 /// [`crate::delegate_store!`]. Every store passes the conformance suite in `conveyor-storetest`.
@@ -575,6 +594,7 @@ pub trait Store:
     + WorkerStore
     + LeadershipStore
     + FlowStore
+    + KindStore
     + 'static
 {
 }
@@ -588,6 +608,7 @@ impl<T> Store for T where
         + WorkerStore
         + LeadershipStore
         + FlowStore
+        + KindStore
         + 'static
 {
 }

@@ -253,6 +253,24 @@ impl ValidFlow {
         self.0
     }
 
+    /// Each step's job and compensation as (its place in the HTTP body, kind, payload):
+    /// `("steps[2].job", ..)`, `("steps[2].compensate", ..)`.
+    pub fn step_jobs(&self) -> impl Iterator<Item = (String, &str, &serde_json::Value)> + '_ {
+        self.0.steps.iter().enumerate().flat_map(|(i, step)| {
+            let job = match &step.action {
+                StepAction::Job(job) => Some((format!("steps[{i}].job"), job)),
+                StepAction::Wait(_) => None,
+            };
+            let compensate = step
+                .compensate
+                .as_ref()
+                .map(|job| (format!("steps[{i}].compensate"), job));
+            job.into_iter()
+                .chain(compensate)
+                .map(|(path, job)| (path, job.kind.as_str(), &job.payload))
+        })
+    }
+
     /// The same flow with its jobs' payloads replaced by a decorator that transforms what is
     /// stored (encryption at rest); `seal` gets each step's and compensation's job.
     pub fn map_jobs(mut self, mut seal: impl FnMut(&mut NewJob)) -> Self {

@@ -23,6 +23,7 @@
 mod access;
 mod errors;
 mod flow;
+mod kinds;
 mod listener;
 mod migrate;
 mod names;
@@ -564,6 +565,36 @@ impl QueueStore for PgStore {
 
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
         ops::queue_settings_list(&mut *self.conn().await?, &self.inner.sql).await
+    }
+}
+
+#[async_trait]
+impl conveyor_core::KindStore for PgStore {
+    async fn kind_put(
+        &self,
+        settings: conveyor_core::kinds::KindSettings,
+    ) -> StoreResult<conveyor_core::kinds::KindSettings> {
+        conveyor_core::kinds::validate_settings(&settings)?;
+        kinds::put(&mut *self.conn().await?, &self.ctx(), settings).await
+    }
+
+    async fn kind_get(
+        &self,
+        kind: &str,
+    ) -> StoreResult<Option<conveyor_core::kinds::KindSettings>> {
+        Ok(self
+            .kinds_list()
+            .await?
+            .into_iter()
+            .find(|k| k.kind == kind))
+    }
+
+    async fn kinds_list(&self) -> StoreResult<Vec<conveyor_core::kinds::KindSettings>> {
+        kinds::list(&mut *self.conn().await?, &self.ctx()).await
+    }
+
+    async fn kind_delete(&self, kind: &str) -> StoreResult<bool> {
+        kinds::delete(&mut *self.conn().await?, &self.ctx(), kind).await
     }
 }
 

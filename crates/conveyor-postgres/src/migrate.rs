@@ -86,10 +86,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "workflows",
         sql: include_str!("migrations/0013_workflows.sql"),
     },
+    Migration {
+        version: 14,
+        name: "kinds",
+        sql: include_str!("migrations/0014_kinds.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 13;
+pub const SCHEMA_VERSION: u32 = 14;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

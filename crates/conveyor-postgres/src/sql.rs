@@ -104,6 +104,7 @@ pub(crate) struct Sql {
     /// Workflows' statements (`workflow.rs`).
     pub workflow: crate::workflow::WorkflowSql,
     pub retention: crate::retention::Retention,
+    pub kinds: crate::kinds::KindsSql,
 }
 
 impl Sql {
@@ -494,6 +495,7 @@ impl Sql {
             flow: crate::flow::Flow::new(schema),
             workflow: crate::workflow::WorkflowSql::new(schema),
             retention: crate::retention::Retention::new(schema),
+            kinds: crate::kinds::KindsSql::new(schema),
             jobs,
         }
     }

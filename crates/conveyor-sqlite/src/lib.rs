@@ -19,8 +19,8 @@ mod writer;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use conveyor_core::kinds::KindSettings;
 use conveyor_core::workflow::{CreatedFlow, FlowListParams, FlowView, SignalOutcome, ValidFlow};
-use conveyor_core::FlowStore;
 use conveyor_core::{
     AccessStore, Clock, CompleteParams, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
     JobListParams, JobStore, LeadershipStore, LeaseOutcome, LeaseRef, LeaseStore,
@@ -33,6 +33,7 @@ use conveyor_core::{
     StoredToken, TokenSelector,
 };
 use conveyor_core::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
+use conveyor_core::{FlowStore, KindStore};
 use conveyor_core::{
     StaleReport, StaleWorkerParams, StuckJob, StuckParams, WorkerHeartbeat, WorkerInfo,
 };
@@ -632,6 +633,67 @@ impl QueueStore for SqliteStore {
 
     async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
         self.read(reads::queues_stats).await
+    }
+}
+
+#[async_trait]
+impl KindStore for SqliteStore {
+    async fn kind_put(&self, settings: KindSettings) -> StoreResult<KindSettings> {
+        conveyor_core::kinds::validate_settings(&settings)?;
+        self.write(move |ctx| {
+            let schema = settings
+                .schema
+                .as_ref()
+                .map(|schema| {
+                    serde_json::to_string(schema)
+                        .map_err(|e| StoreError::backend(format!("cannot serialize schema: {e}")))
+                })
+                .transpose()?;
+            ctx.conn
+                .prepare_cached(
+                    "INSERT INTO kinds (kind, schema, version, updated_at) \
+                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (kind) DO UPDATE SET \
+                     schema = excluded.schema, version = excluded.version, \
+                     updated_at = excluded.updated_at",
+                )
+                .and_then(|mut stmt| {
+                    stmt.execute(rusqlite::params![
+                        settings.kind,
+                        schema,
+                        settings.version,
+                        rows::millis(ctx.now)
+                    ])
+                })
+                .map_err(backend)?;
+            Ok(KindSettings {
+                updated_at: conveyor_core::clock::from_millis(rows::millis(ctx.now)),
+                ..settings
+            })
+        })
+        .await
+    }
+
+    async fn kind_get(&self, kind: &str) -> StoreResult<Option<KindSettings>> {
+        let kind = kind.to_string();
+        self.read(move |conn, _| Ok(reads::kinds(conn)?.into_iter().find(|k| k.kind == kind)))
+            .await
+    }
+
+    async fn kinds_list(&self) -> StoreResult<Vec<KindSettings>> {
+        self.read(|conn, _| reads::kinds(conn)).await
+    }
+
+    async fn kind_delete(&self, kind: &str) -> StoreResult<bool> {
+        let kind = kind.to_string();
+        self.write(move |ctx| {
+            let deleted = ctx
+                .conn
+                .prepare_cached("DELETE FROM kinds WHERE kind = ?1")
+                .and_then(|mut stmt| stmt.execute([&kind]))
+                .map_err(backend)?;
+            Ok(deleted > 0)
+        })
+        .await
     }
 }
 

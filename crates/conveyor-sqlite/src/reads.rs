@@ -169,3 +169,36 @@ pub(crate) fn next_due(conn: &Connection, queues: &[String]) -> StoreResult<Opti
         .map_err(backend)?;
     Ok(run_at.map(from_millis))
 }
+
+/// Every kind's settings, by name.
+pub(crate) fn kinds(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::KindSettings>> {
+    type Row = (String, Option<String>, Option<i64>, i64);
+    let rows: Vec<Row> = conn
+        .prepare_cached("SELECT kind, schema, version, updated_at FROM kinds ORDER BY kind")
+        .and_then(|mut stmt| {
+            stmt.query_map([], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    rows.into_iter()
+        .map(|(kind, schema, version, updated_at)| {
+            let schema = schema
+                .map(|text| {
+                    serde_json::from_str(&text).map_err(|e| {
+                        conveyor_core::StoreError::backend(format!(
+                            "stored schema of kind {kind:?}: {e}"
+                        ))
+                    })
+                })
+                .transpose()?;
+            Ok(conveyor_core::kinds::KindSettings {
+                kind,
+                schema,
+                version: version.and_then(|v| u32::try_from(v).ok()),
+                updated_at: from_millis(updated_at),
+            })
+        })
+        .collect()
+}

@@ -240,3 +240,11 @@ CREATE TABLE IF NOT EXISTS flow_steps (
 -- The maintenance pass's look for waits past their deadline.
 CREATE INDEX IF NOT EXISTS flow_steps_deadline ON flow_steps (wait_deadline)
     WHERE state = 'waiting' AND wait_deadline IS NOT NULL;
+
+-- Version 12: settings per job kind (see `conveyor_core::kinds`): a payload schema.
+CREATE TABLE IF NOT EXISTS kinds (
+    kind        TEXT PRIMARY KEY,
+    schema      TEXT,                  -- JSON Schema 2020-12, checked at every enqueue
+    version     INTEGER,
+    updated_at  INTEGER NOT NULL
+) WITHOUT ROWID;

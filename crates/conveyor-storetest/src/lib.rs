@@ -39,6 +39,7 @@ mod finish;
 mod flow;
 mod hostile;
 mod insert;
+mod kinds;
 pub mod model;
 mod rescue;
 mod retention;
@@ -55,6 +56,7 @@ pub use finish::*;
 pub use flow::*;
 pub use hostile::*;
 pub use insert::*;
+pub use kinds::*;
 pub use rescue::*;
 pub use retention::*;
 pub use schedules::*;
@@ -257,6 +259,9 @@ macro_rules! __conveyor_behaviours {
             flows_list_filters_by_state_and_name_newest_first,
             job_progress_is_recorded_while_the_lease_holds,
             flows_prune_deletes_finished_flows_past_their_retention,
+            // settings per kind
+            kind_settings_round_trip_and_refuse_bad_schemas,
+            kind_schema_is_enforced_on_enqueue_and_counts_queued_violations,
         }
     };
 }

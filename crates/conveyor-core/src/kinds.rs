@@ -1,0 +1,334 @@
+//! Settings per job kind: a payload schema (JSON Schema 2020-12) that every enqueue of the
+//! kind must satisfy, checked at the door for every language at once.
+//!
+//! The settings live in the store ([`crate::KindStore`]); each process keeps the compiled
+//! schemas in a [`KindRegistry`] that re-reads them when a second old, so a schema set through
+//! one node is enforced by every node within [`KindRegistry::REFRESH`] (and at once by the node
+//! that set it). Jobs already stored are never re-checked: changing a schema to one that
+//! rejects queued jobs is refused unless forced (see [`queued_violations`]).
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::{StoreError, StoreResult, ValidationError};
+use crate::job::JobState;
+use crate::store::{JobListParams, Store};
+
+/// A kind's stored settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct KindSettings {
+    pub kind: String,
+    /// JSON Schema (2020-12) every payload of the kind must satisfy; `None`: any payload.
+    pub schema: Option<Value>,
+    /// The producer's own version of the schema, shown to operators (not interpreted).
+    pub version: Option<u32>,
+    /// When the settings were last written (the store's clock).
+    pub updated_at: DateTime<Utc>,
+}
+
+/// Checks settings before a store keeps them: the kind's name, and a schema that compiles.
+pub fn validate_settings(settings: &KindSettings) -> Result<(), ValidationError> {
+    crate::validate::name("kind", &settings.kind)?;
+    if let Some(schema) = &settings.schema {
+        KindSchema::compile(schema)?;
+    }
+    if let Some(version) = settings.version {
+        crate::validate::stored_integer("version", u64::from(version))?;
+    }
+    Ok(())
+}
+
+/// Most bytes a stored schema may take (as JSON text).
+pub const MAX_SCHEMA_BYTES: usize = 256 * 1024;
+
+/// A compiled payload schema.
+pub struct KindSchema {
+    validator: jsonschema::Validator,
+}
+
+impl std::fmt::Debug for KindSchema {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KindSchema")
+    }
+}
+
+impl KindSchema {
+    /// Compiles `schema` as JSON Schema 2020-12 (the draft a schema's own `$schema` names, if
+    /// any). A schema that is not one, or refers to documents outside itself, is refused with
+    /// the field `schema`.
+    pub fn compile(schema: &Value) -> Result<Self, ValidationError> {
+        let size = serde_json::to_vec(schema).map(|v| v.len()).unwrap_or(0);
+        if size > MAX_SCHEMA_BYTES {
+            return Err(ValidationError::new(
+                "schema",
+                format!("at most {MAX_SCHEMA_BYTES} bytes (got {size})"),
+            ));
+        }
+        if !(schema.is_object() || schema.is_boolean()) {
+            return Err(ValidationError::new(
+                "schema",
+                "must be a JSON Schema: an object (or true/false)",
+            ));
+        }
+        let validator = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(schema)
+            .map_err(|e| ValidationError::new("schema", format!("not a valid JSON Schema: {e}")))?;
+        Ok(Self { validator })
+    }
+
+    /// Checks a payload: the first violation names its place as `payload/<JSON pointer>`
+    /// (`payload/user_id`, `payload/items/2/sku`; a missing required property is named as the
+    /// place it is missing from).
+    pub fn check(&self, payload: &Value) -> Result<(), ValidationError> {
+        let Some(error) = self.validator.iter_errors(payload).next() else {
+            return Ok(());
+        };
+        let mut pointer = error.instance_path().as_str().to_string();
+        if let jsonschema::error::ValidationErrorKind::Required { property } = error.kind() {
+            if let Some(name) = property.as_str() {
+                pointer.push('/');
+                pointer.push_str(&name.replace('~', "~0").replace('/', "~1"));
+            }
+        }
+        Err(ValidationError::new(
+            format!("payload{pointer}"),
+            format!("does not match the kind's schema: {error}"),
+        ))
+    }
+}
+
+/// Compiled schemas of every kind that has one, as of `loaded_at`.
+#[derive(Default)]
+struct Snapshot {
+    loaded_at: Option<Instant>,
+    schemas: HashMap<String, Arc<KindSchema>>,
+}
+
+/// The payload schemas a process enforces, read from its store and refreshed when stale.
+pub struct KindRegistry {
+    store: Arc<dyn Store>,
+    current: RwLock<Arc<Snapshot>>,
+    /// One refresh at a time; callers that find the snapshot stale wait for it.
+    refreshing: tokio::sync::Mutex<()>,
+}
+
+impl std::fmt::Debug for KindRegistry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KindRegistry")
+    }
+}
+
+impl KindRegistry {
+    /// How old the compiled schemas may get before the next check re-reads them.
+    pub const REFRESH: Duration = Duration::from_secs(1);
+
+    pub fn new(store: Arc<dyn Store>) -> Self {
+        Self {
+            store,
+            current: RwLock::new(Arc::new(Snapshot::default())),
+            refreshing: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot> {
+        match self.current.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn fresh(snapshot: &Snapshot) -> bool {
+        snapshot
+            .loaded_at
+            .is_some_and(|at| at.elapsed() < Self::REFRESH)
+    }
+
+    async fn current(&self) -> StoreResult<Arc<Snapshot>> {
+        let snapshot = self.snapshot();
+        if Self::fresh(&snapshot) {
+            return Ok(snapshot);
+        }
+        let _refresh = self.refreshing.lock().await;
+        // Another caller may have refreshed while this one waited.
+        let snapshot = self.snapshot();
+        if Self::fresh(&snapshot) {
+            return Ok(snapshot);
+        }
+        let mut schemas = HashMap::new();
+        for settings in self.store.kinds_list().await? {
+            let Some(schema) = settings.schema else {
+                continue;
+            };
+            // A stored schema was compiled when it was set; one this build cannot compile is
+            // reported on every enqueue of its kind rather than silently not enforced.
+            let compiled = KindSchema::compile(&schema).map_err(|e| {
+                StoreError::backend(format!(
+                    "the stored schema of kind {:?} does not compile: {}",
+                    settings.kind, e.message
+                ))
+            })?;
+            schemas.insert(settings.kind, Arc::new(compiled));
+        }
+        let snapshot = Arc::new(Snapshot {
+            loaded_at: Some(Instant::now()),
+            schemas,
+        });
+        match self.current.write() {
+            Ok(mut guard) => *guard = snapshot.clone(),
+            Err(poisoned) => *poisoned.into_inner() = snapshot.clone(),
+        }
+        Ok(snapshot)
+    }
+
+    /// Forgets the compiled schemas: the next check reads them again (after this process
+    /// changed one).
+    pub fn invalidate(&self) {
+        match self.current.write() {
+            Ok(mut guard) => *guard = Arc::new(Snapshot::default()),
+            Err(poisoned) => *poisoned.into_inner() = Arc::new(Snapshot::default()),
+        }
+    }
+
+    /// Checks one payload of `kind` against the kind's schema, if it has one.
+    pub async fn check(&self, kind: &str, payload: &Value) -> StoreResult<()> {
+        let snapshot = self.current().await?;
+        if let Some(schema) = snapshot.schemas.get(kind) {
+            schema.check(payload)?;
+        }
+        Ok(())
+    }
+
+    /// Checks many payloads; an error is named within `prefix(index)` (say `jobs[3]`).
+    pub async fn check_all<'a>(
+        &self,
+        jobs: impl IntoIterator<Item = (&'a str, &'a Value)>,
+        prefix: impl Fn(usize) -> String,
+    ) -> StoreResult<()> {
+        let snapshot = self.current().await?;
+        if snapshot.schemas.is_empty() {
+            return Ok(());
+        }
+        for (index, (kind, payload)) in jobs.into_iter().enumerate() {
+            if let Some(schema) = snapshot.schemas.get(kind) {
+                schema.check(payload).map_err(|e| {
+                    ValidationError::new(format!("{}.{}", prefix(index), e.field), e.message)
+                })?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The states of jobs that are queued: not yet started, so a new schema would apply to them.
+pub const QUEUED_STATES: [JobState; 3] = [
+    JobState::Available,
+    JobState::Scheduled,
+    JobState::Retryable,
+];
+
+/// How many queued jobs of `kind` `schema` would reject, and the first one's id and error.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct QueuedViolations {
+    pub checked: u64,
+    pub failing: u64,
+    pub first: Option<(uuid::Uuid, String)>,
+}
+
+/// Checks every queued job of `kind` against `schema` (a page at a time).
+pub async fn queued_violations(
+    store: &dyn Store,
+    kind: &str,
+    schema: &KindSchema,
+) -> StoreResult<QueuedViolations> {
+    const PAGE: usize = 1000;
+    let mut found = QueuedViolations::default();
+    for state in QUEUED_STATES {
+        let mut after = None;
+        loop {
+            let page = store
+                .jobs_list(JobListParams {
+                    kind: Some(kind.to_string()),
+                    state: Some(state),
+                    limit: PAGE,
+                    after,
+                    ..JobListParams::default()
+                })
+                .await?;
+            for job in &page {
+                found.checked += 1;
+                if let Err(e) = schema.check(&job.payload) {
+                    found.failing += 1;
+                    if found.first.is_none() {
+                        found.first = Some((job.id, format!("{}: {}", e.field, e.message)));
+                    }
+                }
+            }
+            if page.len() < PAGE {
+                break;
+            }
+            after = page.last().map(|job| job.id);
+        }
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> KindSchema {
+        KindSchema::compile(&json!({
+            "type": "object",
+            "required": ["user_id"],
+            "properties": {
+                "user_id": {"type": "integer"},
+                "items": {"type": "array", "items": {"type": "object",
+                    "properties": {"sku": {"type": "string"}}}}
+            }
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_wrong_type_is_named_by_its_pointer() {
+        let e = schema().check(&json!({"user_id": "seven"})).unwrap_err();
+        assert_eq!(e.field, "payload/user_id");
+        assert!(e.message.contains("integer"), "{}", e.message);
+    }
+
+    #[test]
+    fn a_missing_property_is_named_where_it_is_missing() {
+        let e = schema().check(&json!({})).unwrap_err();
+        assert_eq!(e.field, "payload/user_id");
+        let e = schema()
+            .check(&json!({"user_id": 1, "items": [{"sku": "a"}, {"sku": "b"}, {"sku": 3}]}))
+            .unwrap_err();
+        assert_eq!(e.field, "payload/items/2/sku");
+    }
+
+    #[test]
+    fn a_matching_payload_passes() {
+        schema()
+            .check(&json!({"user_id": 7, "extra": true}))
+            .unwrap();
+    }
+
+    #[test]
+    fn not_a_schema_is_refused_naming_the_field() {
+        for bad in [
+            json!(5),
+            json!({"type": 12}),
+            json!({"$ref": "https://example.com/s"}),
+        ] {
+            let e = KindSchema::compile(&bad).unwrap_err();
+            assert_eq!(e.field, "schema", "{bad}");
+        }
+    }
+}
