@@ -247,10 +247,14 @@ pub enum AuditAction {
     FlowCancel,
     #[serde(rename = "flow.signal")]
     FlowSignal,
+    #[serde(rename = "kind.put")]
+    KindPut,
+    #[serde(rename = "kind.delete")]
+    KindDelete,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 12] = [
+    pub const ALL: [AuditAction; 14] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -263,6 +267,8 @@ impl AuditAction {
         AuditAction::FlowCreate,
         AuditAction::FlowCancel,
         AuditAction::FlowSignal,
+        AuditAction::KindPut,
+        AuditAction::KindDelete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -272,6 +278,8 @@ impl AuditAction {
             AuditAction::FlowCreate => "flow.create",
             AuditAction::FlowCancel => "flow.cancel",
             AuditAction::FlowSignal => "flow.signal",
+            AuditAction::KindPut => "kind.put",
+            AuditAction::KindDelete => "kind.delete",
             AuditAction::DeadReplay => "dead.replay",
             AuditAction::DeadDiscard => "dead.discard",
             AuditAction::QueueSettings => "queue.settings",

@@ -26,6 +26,9 @@ pub struct ErrorDetail {
     /// The input at fault (`priority`, `jobs[3].kind`, `body`), when one is.
     pub field: Option<String>,
     pub message: String,
+    /// With `schema_rejects_queued_jobs`: how many queued jobs the schema would reject.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub would_fail: Option<u64>,
 }
 
 /// The answer to `POST /v1/jobs`: the job as `GET /v1/jobs/{id}` would show it to the caller
@@ -318,6 +321,7 @@ mod tests {
                 code: "invalid".into(),
                 field: Some("jobs[3].kind".into()),
                 message: "must not be empty".into(),
+                would_fail: None,
             },
         });
         round_trip(Health {

@@ -131,6 +131,11 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/v1/workers", ADMIN),
     (Method::GET, "/v1/queues/{name}", ADMIN),
     (Method::PUT, "/v1/queues/{name}", ADMIN),
+    // Payload schemas: producers may read them (to check before sending); operators set them.
+    (Method::GET, "/v1/kinds", PRODUCER),
+    (Method::GET, "/v1/kinds/{kind}", PRODUCER),
+    (Method::PUT, "/v1/kinds/{kind}", ADMIN),
+    (Method::DELETE, "/v1/kinds/{kind}", ADMIN),
     (Method::GET, "/v1/schedules", ADMIN),
     (Method::GET, "/v1/schedules/{name}", ADMIN),
     (Method::PUT, "/v1/schedules/{name}", ADMIN),

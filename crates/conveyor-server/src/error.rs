@@ -26,6 +26,12 @@ pub enum ApiError {
     /// 404: no such cron schedule.
     #[error("schedule {0:?} not found")]
     ScheduleNotFound(String),
+    /// 404: no such kind settings.
+    #[error("kind {0:?} has no settings")]
+    KindNotFound(String),
+    /// 409: a schema that queued jobs of its kind would not pass, set without `force`.
+    #[error("{message}")]
+    SchemaRejectsQueued { would_fail: u64, message: String },
     /// 404: no such API token.
     #[error("token {0:?} not found")]
     TokenNotFound(String),
@@ -99,9 +105,12 @@ impl ApiError {
             | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
             | ApiError::TokenNotFound(_)
+            | ApiError::KindNotFound(_)
             | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            ApiError::LeaseLost(_) | ApiError::Conflict(_) => StatusCode::CONFLICT,
+            ApiError::LeaseLost(_)
+            | ApiError::Conflict(_)
+            | ApiError::SchemaRejectsQueued { .. } => StatusCode::CONFLICT,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
@@ -118,10 +127,12 @@ impl ApiError {
             | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
             | ApiError::TokenNotFound(_)
+            | ApiError::KindNotFound(_)
             | ApiError::RouteNotFound { .. } => "not_found",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::LeaseLost(_) => "lease_lost",
             ApiError::Conflict(_) => "conflict",
+            ApiError::SchemaRejectsQueued { .. } => "schema_rejects_queued_jobs",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::StoreUnavailable(_) => "store_unavailable",
             ApiError::Internal(_) => "internal",
@@ -134,6 +145,7 @@ impl ApiError {
         match self {
             ApiError::Invalid { field, .. } | ApiError::TooLarge { field, .. } => Some(field),
             ApiError::QueueFull { field, .. } => Some(field),
+            ApiError::SchemaRejectsQueued { .. } => Some("schema"),
             _ => None,
         }
     }
@@ -220,6 +232,10 @@ impl IntoResponse for ApiError {
                 code: self.code().to_string(),
                 field: self.field().map(str::to_string),
                 message: self.public_message(),
+                would_fail: match &self {
+                    ApiError::SchemaRejectsQueued { would_fail, .. } => Some(*would_fail),
+                    _ => None,
+                },
             },
         };
         let retry_after = match &self {
@@ -286,6 +302,7 @@ pub(crate) async fn json_client_errors(
             .to_string(),
             field: (status == StatusCode::BAD_REQUEST).then(|| "path".to_string()),
             message,
+            would_fail: None,
         },
     };
     let mut converted = (status, Json(body)).into_response();

@@ -134,6 +134,14 @@ pub(crate) async fn create(
     ApiJson(request): ApiJson<CreateFlowRequest>,
 ) -> ApiResult<(StatusCode, Json<CreatedFlow>)> {
     let flow = request.into_valid_flow(&state, &caller)?;
+    let places: Vec<String> = flow.step_jobs().map(|(place, _, _)| place).collect();
+    state
+        .kinds
+        .check_all(
+            flow.step_jobs().map(|(_, kind, payload)| (kind, payload)),
+            |index| places.get(index).cloned().unwrap_or_default(),
+        )
+        .await?;
     let name = flow.flow().name.clone();
     let created = state.store.flow_create(flow).await?;
     let entry = caller

@@ -196,6 +196,7 @@ pub(crate) async fn enqueue(
     ApiJson(request): ApiJson<EnqueueRequest>,
 ) -> ApiResult<(StatusCode, Json<EnqueuedJob>)> {
     let job = request.into_valid_job(&state, &caller, state.clock.now())?;
+    state.kinds.check(&job.job().kind, &job.job().payload).await?;
     let inserted = state
         .store
         .jobs_insert_valid(vec![job])
@@ -254,6 +255,13 @@ pub(crate) async fn enqueue_batch(
         let within = |e: ApiError| e.within(&format!("jobs[{index}]"));
         jobs.push(job.into_valid_job(&state, &caller, now).map_err(within)?);
     }
+    state
+        .kinds
+        .check_all(
+            jobs.iter().map(|j| (j.job().kind.as_str(), &j.job().payload)),
+            |index| format!("jobs[{index}]"),
+        )
+        .await?;
     let inserted = state.store.jobs_insert_valid(jobs).await?;
     if inserted.len() != count {
         return Err(ApiError::Internal(format!(

@@ -25,6 +25,7 @@ mod error;
 mod extract;
 mod flows;
 mod jobs;
+mod kinds;
 mod lease;
 mod metrics;
 mod observe;
@@ -158,6 +159,8 @@ pub(crate) struct AppState {
     /// cancellation), so `GET /v1/jobs/{id}?wait_ms=` answers at once; jobs finished through
     /// other processes are seen by that wait's polling.
     pub finished: Arc<tokio::sync::Notify>,
+    /// The payload schemas enqueues are checked against (see `conveyor_core::kinds`).
+    pub kinds: Arc<conveyor_core::kinds::KindRegistry>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -181,8 +184,10 @@ pub fn router_with_options(
             .map_err(|error| tracing::error!(%error, "metrics disabled"))
             .ok(),
     };
+    let kinds = Arc::new(conveyor_core::kinds::KindRegistry::new(store.clone()));
     let state = AppState {
         store,
+        kinds,
         config: Arc::new(config),
         clock: options.clock,
         shutdown: options.shutdown,
@@ -217,6 +222,11 @@ pub fn router_with_options(
         .route("/v1/dead/{id}", delete(admin::dead_discard))
         .route("/v1/queues", get(admin::queues))
         .route("/v1/queues/{name}", get(settings::get).put(settings::put))
+        .route("/v1/kinds", get(kinds::list))
+        .route(
+            "/v1/kinds/{kind}",
+            get(kinds::get).put(kinds::put).delete(kinds::delete),
+        )
         .route("/v1/schedules", get(schedules::list))
         .route(
             "/v1/schedules/{name}",

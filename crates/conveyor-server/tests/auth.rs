@@ -144,6 +144,8 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/v1/jobs/stuck" | "/v1/workers" | "/v1/dead" | "/v1/queues") => ADMIN,
         ("POST", "/v1/dead/replay") | ("DELETE", "/v1/dead/{id}") => ADMIN,
         ("GET" | "PUT", "/v1/queues/{name}") => ADMIN,
+        ("GET", "/v1/kinds" | "/v1/kinds/{kind}") => PRODUCER,
+        ("PUT" | "DELETE", "/v1/kinds/{kind}") => ADMIN,
         ("GET", "/v1/schedules" | "/v1/schedules/{name}/runs") => ADMIN,
         ("GET" | "PUT" | "DELETE", "/v1/schedules/{name}") => ADMIN,
         ("GET" | "POST", "/v1/tokens") | ("DELETE", "/v1/tokens/{token}") => ADMIN,

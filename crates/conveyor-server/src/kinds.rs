@@ -1,0 +1,130 @@
+//! `GET /v1/kinds`, `GET/PUT/DELETE /v1/kinds/{kind}`: settings per job kind, for now the
+//! payload schema every enqueue of the kind is checked against (see `conveyor_core::kinds`).
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::Json;
+use conveyor_core::kinds::{queued_violations, KindSchema, KindSettings};
+use conveyor_core::{validate, wire, AuditAction};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::audit;
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::ApiJson;
+use crate::AppState;
+
+/// `PUT /v1/kinds/{kind}`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct KindRequest {
+    /// JSON Schema 2020-12; `null` removes the kind's schema.
+    schema: Option<Value>,
+    #[serde(default)]
+    version: Option<Value>,
+    /// Set the schema even if queued jobs of the kind would not pass it.
+    #[serde(default, deserialize_with = "wire::non_null")]
+    force: Option<bool>,
+}
+
+/// `GET /v1/kinds`.
+#[derive(Debug, Serialize)]
+pub(crate) struct KindList {
+    kinds: Vec<KindSettings>,
+}
+
+fn kind_name(kind: &str) -> ApiResult<()> {
+    validate::name("kind", kind).map_err(ApiError::from)
+}
+
+pub(crate) async fn list(State(state): State<AppState>) -> ApiResult<Json<KindList>> {
+    Ok(Json(KindList {
+        kinds: state.store.kinds_list().await?,
+    }))
+}
+
+pub(crate) async fn get(
+    State(state): State<AppState>,
+    Path(kind): Path<String>,
+) -> ApiResult<Json<KindSettings>> {
+    kind_name(&kind)?;
+    state
+        .store
+        .kind_get(&kind)
+        .await?
+        .map(Json)
+        .ok_or(ApiError::KindNotFound(kind))
+}
+
+pub(crate) async fn put(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(kind): Path<String>,
+    ApiJson(request): ApiJson<KindRequest>,
+) -> ApiResult<Json<KindSettings>> {
+    kind_name(&kind)?;
+    let version = match &request.version {
+        None | Some(Value::Null) => None,
+        Some(value) => Some(
+            wire::whole_number(value)
+                .and_then(|n| u32::try_from(n).ok())
+                .ok_or_else(|| {
+                    ApiError::invalid("version", "must be a whole number from 0 to 4294967295")
+                })?,
+        ),
+    };
+    if let Some(schema) = &request.schema {
+        let compiled = KindSchema::compile(schema)?;
+        if request.force != Some(true) {
+            let found = queued_violations(state.store.as_ref(), &kind, &compiled).await?;
+            if found.failing > 0 {
+                return Err(ApiError::SchemaRejectsQueued {
+                    would_fail: found.failing,
+                    message: format!(
+                        "the schema would reject {} of the {} queued job(s) of kind {kind:?} \
+                         (first: job {}); send \"force\": true to set it anyway",
+                        found.failing,
+                        found.checked,
+                        found
+                            .first
+                            .map(|(id, why)| format!("{id}, {why}"))
+                            .unwrap_or_default()
+                    ),
+                });
+            }
+        }
+    }
+    let stored = state
+        .store
+        .kind_put(KindSettings {
+            kind: kind.clone(),
+            schema: request.schema,
+            version,
+            updated_at: state.clock.now(),
+        })
+        .await?;
+    state.kinds.invalidate();
+    let detail = serde_json::json!({
+        "schema": stored.schema.is_some(),
+        "version": stored.version,
+        "forced": request.force == Some(true),
+    });
+    let entry = caller.audit(AuditAction::KindPut).target(kind);
+    audit::record(&state, entry.detail(detail.to_string())).await;
+    Ok(Json(stored))
+}
+
+pub(crate) async fn delete(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(kind): Path<String>,
+) -> ApiResult<StatusCode> {
+    kind_name(&kind)?;
+    if !state.store.kind_delete(&kind).await? {
+        return Err(ApiError::KindNotFound(kind));
+    }
+    state.kinds.invalidate();
+    audit::record(&state, caller.audit(AuditAction::KindDelete).target(kind)).await;
+    Ok(StatusCode::NO_CONTENT)
+}

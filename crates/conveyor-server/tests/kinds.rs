@@ -1,0 +1,206 @@
+//! Payload schemas per kind over HTTP: set, read, enforced on every enqueue path (single,
+//! batch, flows) with the failing pointer named, refused when queued jobs would not pass
+//! unless forced, bad schemas refused, roles, audit.
+
+mod common;
+
+use common::{auth, TestServer};
+use conveyor_core::Role;
+use reqwest::StatusCode;
+use serde_json::{json, Value};
+
+fn first_hundred() -> conveyor_core::JobListParams {
+    let mut params = conveyor_core::JobListParams::default();
+    params.limit = 100;
+    params
+}
+
+async fn send(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
+    let response = request.send().await.expect("send");
+    let status = response.status();
+    (status, response.json::<Value>().await.unwrap_or(Value::Null))
+}
+
+fn signup_schema() -> Value {
+    json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "type": "object",
+        "required": ["user_id"],
+        "properties": {
+            "user_id": {"type": "integer", "minimum": 1},
+            "plan": {"enum": ["free", "pro"]}
+        }
+    })
+}
+
+#[tokio::test]
+async fn a_kind_schema_is_enforced_on_every_enqueue_path() {
+    let server = TestServer::start().await;
+    let http = &server.http;
+    let put = |body: Value| http.put(server.url("/v1/kinds/signup")).json(&body);
+
+    let (status, body) = send(put(json!({"schema": signup_schema(), "version": 3}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["kind"], "signup");
+    assert_eq!(body["version"], 3);
+    assert_eq!(body["schema"], signup_schema());
+
+    let (status, body) = send(http.get(server.url("/v1/kinds"))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["kinds"][0]["kind"], "signup");
+    let (status, body) = send(http.get(server.url("/v1/kinds/signup"))).await;
+    assert_eq!((status, body["version"].clone()), (StatusCode::OK, json!(3)));
+
+    // Single enqueue: the failing pointer is the field.
+    let enqueue = |payload: Value| {
+        http.post(server.url("/v1/jobs"))
+            .json(&json!({"kind": "signup", "payload": payload}))
+    };
+    let (status, body) = send(enqueue(json!({"user_id": "seven"}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["field"], "payload/user_id");
+    let (status, body) = send(enqueue(json!({"plan": "pro"}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["field"], "payload/user_id", "a missing property");
+    let (status, body) = send(enqueue(json!({"user_id": 1, "plan": "gold"}))).await;
+    assert_eq!(body["error"]["field"], "payload/plan", "{status} {body}");
+    let (status, _) = send(enqueue(json!({"user_id": 1, "plan": "pro"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+
+    // Batch: all or nothing, the job named by its index.
+    let (status, body) = send(http.post(server.url("/v1/jobs/batch")).json(&json!({"jobs": [
+        {"kind": "signup", "payload": {"user_id": 2}},
+        {"kind": "other", "payload": {"anything": true}},
+        {"kind": "signup", "payload": {"user_id": 0}},
+    ]})))
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["field"], "jobs[2].payload/user_id");
+
+    // Flows: each step's job and compensation.
+    let (status, body) = send(http.post(server.url("/v1/flows")).json(&json!({"steps": [
+        {"name": "a", "job": {"kind": "other", "payload": {}}},
+        {"name": "b", "after": ["a"], "job": {"kind": "signup", "payload": {"user_id": 5}},
+         "compensate": {"kind": "signup", "payload": {"user_id": -1}}},
+    ]})))
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert_eq!(body["error"]["field"], "steps[1].compensate.payload/user_id");
+
+    // Only the one valid job was stored.
+    let stored = server
+        .store
+        .jobs_list(first_hundred())
+        .await
+        .expect("list");
+    assert_eq!(stored.len(), 1, "{stored:?}");
+
+    // Removing the schema lets anything through again.
+    let (status, _) = send(http.delete(server.url("/v1/kinds/signup"))).await;
+    assert_eq!(status, StatusCode::NO_CONTENT);
+    let (status, _) = send(enqueue(json!({"user_id": "free-form"}))).await;
+    assert_eq!(status, StatusCode::CREATED);
+    let (status, body) = send(http.delete(server.url("/v1/kinds/signup"))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+    let (status, _) = send(http.get(server.url("/v1/kinds/signup"))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_schema_rejecting_queued_jobs_is_refused_unless_forced() {
+    let server = TestServer::start().await;
+    let http = &server.http;
+    for payload in [json!({"user_id": 1}), json!({"user_id": "x"}), json!({})] {
+        let (status, _) = send(
+            http.post(server.url("/v1/jobs"))
+                .json(&json!({"kind": "signup", "payload": payload})),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+    let put = |body: Value| http.put(server.url("/v1/kinds/signup")).json(&body);
+    let (status, body) = send(put(json!({"schema": signup_schema()}))).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["error"]["code"], "schema_rejects_queued_jobs");
+    assert_eq!(body["error"]["field"], "schema");
+    assert_eq!(body["error"]["would_fail"], 2);
+    assert!(
+        body["error"]["message"].as_str().unwrap_or("").contains("2 of the 3"),
+        "{body}"
+    );
+    let (status, _) = send(http.get(server.url("/v1/kinds/signup"))).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "nothing was set");
+
+    let (status, body) = send(put(json!({"schema": signup_schema(), "force": true}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // The queued jobs stay as they were.
+    let queued = server
+        .store
+        .jobs_list(first_hundred())
+        .await
+        .expect("list");
+    assert_eq!(queued.len(), 3);
+}
+
+#[tokio::test]
+async fn bad_kind_requests_name_the_field() {
+    let server = TestServer::start().await;
+    let http = &server.http;
+    for (body, field) in [
+        (json!({"schema": {"type": 12}}), "schema"),
+        (json!({"schema": "object"}), "schema"),
+        (json!({"schema": {"$ref": "https://example.com/remote.json"}}), "schema"),
+        (json!({"schema": {}, "version": -1}), "version"),
+        (json!({"schema": {}, "version": "one"}), "version"),
+        (json!({"schema": {}, "force": null}), "force"),
+        (json!({"schema": {}, "colour": "red"}), "colour"),
+    ] {
+        let (status, answer) = send(http.put(server.url("/v1/kinds/signup")).json(&body)).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {answer}");
+        let named = answer["error"]["field"].as_str().unwrap_or("");
+        assert!(named.starts_with(field), "{body}: expected {field}, got {answer}");
+    }
+    let (status, answer) = send(
+        http.put(server.url("/v1/kinds/%20bad%20"))
+            .json(&json!({"schema": {}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert_eq!(answer["error"]["field"], "kind");
+    let (_, listed) = send(http.get(server.url("/v1/kinds"))).await;
+    assert_eq!(listed["kinds"], json!([]), "nothing stored by bad requests");
+}
+
+#[tokio::test]
+async fn producers_read_schemas_and_only_admins_set_them() {
+    let server = TestServer::start_with_options(Default::default(), auth(true)).await;
+    let producer = server.token(Role::Producer, "shop").await;
+    let admin = server.token(Role::Admin, "ops").await;
+    let http = &server.http;
+    let put = |token: &str| {
+        http.put(server.url("/v1/kinds/signup"))
+            .bearer_auth(token)
+            .json(&json!({"schema": signup_schema()}))
+    };
+    let (status, _) = send(put(&producer)).await;
+    assert_eq!(status, StatusCode::FORBIDDEN);
+    let (status, _) = send(put(&admin)).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = send(http.get(server.url("/v1/kinds/signup")).bearer_auth(&producer)).await;
+    assert_eq!((status, body["kind"].clone()), (StatusCode::OK, json!("signup")));
+    let (status, body) = send(
+        http.post(server.url("/v1/jobs"))
+            .bearer_auth(&producer)
+            .json(&json!({"kind": "signup", "payload": {"user_id": "x"}})),
+    )
+    .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["field"], "payload/user_id");
+    let (status, audit) = send(
+        http.get(server.url("/v1/audit?action=kind.put"))
+            .bearer_auth(&admin),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{audit}");
+    assert_eq!(audit["entries"][0]["target"], "signup", "{audit}");
+}
