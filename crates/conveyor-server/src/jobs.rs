@@ -196,7 +196,10 @@ pub(crate) async fn enqueue(
     ApiJson(request): ApiJson<EnqueueRequest>,
 ) -> ApiResult<(StatusCode, Json<EnqueuedJob>)> {
     let job = request.into_valid_job(&state, &caller, state.clock.now())?;
-    state.kinds.check(&job.job().kind, &job.job().payload).await?;
+    state
+        .kinds
+        .check(&job.job().kind, &job.job().payload)
+        .await?;
     let inserted = state
         .store
         .jobs_insert_valid(vec![job])
@@ -258,7 +261,8 @@ pub(crate) async fn enqueue_batch(
     state
         .kinds
         .check_all(
-            jobs.iter().map(|j| (j.job().kind.as_str(), &j.job().payload)),
+            jobs.iter()
+                .map(|j| (j.job().kind.as_str(), &j.job().payload)),
             |index| format!("jobs[{index}]"),
         )
         .await?;

@@ -18,7 +18,10 @@ fn first_hundred() -> conveyor_core::JobListParams {
 async fn send(request: reqwest::RequestBuilder) -> (StatusCode, Value) {
     let response = request.send().await.expect("send");
     let status = response.status();
-    (status, response.json::<Value>().await.unwrap_or(Value::Null))
+    (
+        status,
+        response.json::<Value>().await.unwrap_or(Value::Null),
+    )
 }
 
 fn signup_schema() -> Value {
@@ -49,7 +52,10 @@ async fn a_kind_schema_is_enforced_on_every_enqueue_path() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(body["kinds"][0]["kind"], "signup");
     let (status, body) = send(http.get(server.url("/v1/kinds/signup"))).await;
-    assert_eq!((status, body["version"].clone()), (StatusCode::OK, json!(3)));
+    assert_eq!(
+        (status, body["version"].clone()),
+        (StatusCode::OK, json!(3))
+    );
 
     // Single enqueue: the failing pointer is the field.
     let enqueue = |payload: Value| {
@@ -61,18 +67,24 @@ async fn a_kind_schema_is_enforced_on_every_enqueue_path() {
     assert_eq!(body["error"]["field"], "payload/user_id");
     let (status, body) = send(enqueue(json!({"plan": "pro"}))).await;
     assert_eq!(status, StatusCode::BAD_REQUEST);
-    assert_eq!(body["error"]["field"], "payload/user_id", "a missing property");
+    assert_eq!(
+        body["error"]["field"], "payload/user_id",
+        "a missing property"
+    );
     let (status, body) = send(enqueue(json!({"user_id": 1, "plan": "gold"}))).await;
     assert_eq!(body["error"]["field"], "payload/plan", "{status} {body}");
     let (status, _) = send(enqueue(json!({"user_id": 1, "plan": "pro"}))).await;
     assert_eq!(status, StatusCode::CREATED);
 
     // Batch: all or nothing, the job named by its index.
-    let (status, body) = send(http.post(server.url("/v1/jobs/batch")).json(&json!({"jobs": [
-        {"kind": "signup", "payload": {"user_id": 2}},
-        {"kind": "other", "payload": {"anything": true}},
-        {"kind": "signup", "payload": {"user_id": 0}},
-    ]})))
+    let (status, body) = send(
+        http.post(server.url("/v1/jobs/batch"))
+            .json(&json!({"jobs": [
+                {"kind": "signup", "payload": {"user_id": 2}},
+                {"kind": "other", "payload": {"anything": true}},
+                {"kind": "signup", "payload": {"user_id": 0}},
+            ]})),
+    )
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     assert_eq!(body["error"]["field"], "jobs[2].payload/user_id");
@@ -85,14 +97,13 @@ async fn a_kind_schema_is_enforced_on_every_enqueue_path() {
     ]})))
     .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
-    assert_eq!(body["error"]["field"], "steps[1].compensate.payload/user_id");
+    assert_eq!(
+        body["error"]["field"],
+        "steps[1].compensate.payload/user_id"
+    );
 
     // Only the one valid job was stored.
-    let stored = server
-        .store
-        .jobs_list(first_hundred())
-        .await
-        .expect("list");
+    let stored = server.store.jobs_list(first_hundred()).await.expect("list");
     assert_eq!(stored.len(), 1, "{stored:?}");
 
     // Removing the schema lets anything through again.
@@ -125,7 +136,10 @@ async fn a_schema_rejecting_queued_jobs_is_refused_unless_forced() {
     assert_eq!(body["error"]["field"], "schema");
     assert_eq!(body["error"]["would_fail"], 2);
     assert!(
-        body["error"]["message"].as_str().unwrap_or("").contains("2 of the 3"),
+        body["error"]["message"]
+            .as_str()
+            .unwrap_or("")
+            .contains("2 of the 3"),
         "{body}"
     );
     let (status, _) = send(http.get(server.url("/v1/kinds/signup"))).await;
@@ -134,11 +148,7 @@ async fn a_schema_rejecting_queued_jobs_is_refused_unless_forced() {
     let (status, body) = send(put(json!({"schema": signup_schema(), "force": true}))).await;
     assert_eq!(status, StatusCode::OK, "{body}");
     // The queued jobs stay as they were.
-    let queued = server
-        .store
-        .jobs_list(first_hundred())
-        .await
-        .expect("list");
+    let queued = server.store.jobs_list(first_hundred()).await.expect("list");
     assert_eq!(queued.len(), 3);
 }
 
@@ -149,7 +159,10 @@ async fn bad_kind_requests_name_the_field() {
     for (body, field) in [
         (json!({"schema": {"type": 12}}), "schema"),
         (json!({"schema": "object"}), "schema"),
-        (json!({"schema": {"$ref": "https://example.com/remote.json"}}), "schema"),
+        (
+            json!({"schema": {"$ref": "https://example.com/remote.json"}}),
+            "schema",
+        ),
         (json!({"schema": {}, "version": -1}), "version"),
         (json!({"schema": {}, "version": "one"}), "version"),
         (json!({"schema": {}, "force": null}), "force"),
@@ -158,7 +171,10 @@ async fn bad_kind_requests_name_the_field() {
         let (status, answer) = send(http.put(server.url("/v1/kinds/signup")).json(&body)).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {answer}");
         let named = answer["error"]["field"].as_str().unwrap_or("");
-        assert!(named.starts_with(field), "{body}: expected {field}, got {answer}");
+        assert!(
+            named.starts_with(field),
+            "{body}: expected {field}, got {answer}"
+        );
     }
     let (status, answer) = send(
         http.put(server.url("/v1/kinds/%20bad%20"))
@@ -186,8 +202,15 @@ async fn producers_read_schemas_and_only_admins_set_them() {
     assert_eq!(status, StatusCode::FORBIDDEN);
     let (status, _) = send(put(&admin)).await;
     assert_eq!(status, StatusCode::OK);
-    let (status, body) = send(http.get(server.url("/v1/kinds/signup")).bearer_auth(&producer)).await;
-    assert_eq!((status, body["kind"].clone()), (StatusCode::OK, json!("signup")));
+    let (status, body) = send(
+        http.get(server.url("/v1/kinds/signup"))
+            .bearer_auth(&producer),
+    )
+    .await;
+    assert_eq!(
+        (status, body["kind"].clone()),
+        (StatusCode::OK, json!("signup"))
+    );
     let (status, body) = send(
         http.post(server.url("/v1/jobs"))
             .bearer_auth(&producer)

@@ -646,3 +646,118 @@ fn flow_commands_create_show_signal_list_and_cancel() {
         stderr(&broken)
     );
 }
+
+#[test]
+fn kind_commands_set_list_show_enforce_and_delete_a_schema() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    // A queued job the schema will not accept.
+    let queued = conveyor(&[
+        "enqueue",
+        "signup",
+        "--payload",
+        r#"{"user_id": "x"}"#,
+        "--server",
+        s,
+    ]);
+    assert!(queued.status.success(), "{}", stderr(&queued));
+
+    let file = path_in(&dir, "signup.json");
+    std::fs::write(
+        &file,
+        json!({"type": "object", "required": ["user_id"],
+               "properties": {"user_id": {"type": "integer"}}})
+        .to_string(),
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let refused = conveyor(&["kind", "set", "signup", "--schema", file, "--server", s]);
+    assert!(!refused.status.success());
+    let why = stderr(&refused);
+    assert!(why.contains("409") && why.contains("1 of the 1"), "{why}");
+
+    let set = conveyor(&[
+        "kind",
+        "set",
+        "signup",
+        "--schema",
+        file,
+        "--version",
+        "2",
+        "--force",
+        "--server",
+        s,
+    ]);
+    assert!(set.status.success(), "{}", stderr(&set));
+    let listed = conveyor(&["kind", "list", "--server", s]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(text.contains("signup") && text.contains("v2"), "{text}");
+    let shown = stdout_json(&conveyor(&[
+        "kind", "show", "signup", "--server", s, "--json",
+    ]));
+    assert_eq!(shown["schema"]["required"][0], "user_id");
+
+    // Enforced on the CLI's own enqueue: the failing pointer is named.
+    let bad = conveyor(&[
+        "enqueue",
+        "signup",
+        "--payload",
+        r#"{"user_id": "seven"}"#,
+        "--server",
+        s,
+    ]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("payload/user_id"), "{}", stderr(&bad));
+    let good = conveyor(&[
+        "enqueue",
+        "signup",
+        "--payload",
+        r#"{"user_id": 7}"#,
+        "--server",
+        s,
+    ]);
+    assert!(good.status.success(), "{}", stderr(&good));
+
+    // Bad input: a file that is not JSON, a schema that is not one, an unknown kind.
+    std::fs::write(path_in(&dir, "broken.json"), "{not json").unwrap();
+    let broken = path_in(&dir, "broken.json");
+    let not_json = conveyor(&[
+        "kind",
+        "set",
+        "signup",
+        "--schema",
+        broken.to_str().unwrap(),
+        "--server",
+        s,
+    ]);
+    assert!(!not_json.status.success());
+    assert!(
+        stderr(&not_json).contains("not valid JSON"),
+        "{}",
+        stderr(&not_json)
+    );
+    std::fs::write(path_in(&dir, "bad.json"), r#"{"type": 12}"#).unwrap();
+    let bad_schema = path_in(&dir, "bad.json");
+    let refused = conveyor(&[
+        "kind",
+        "set",
+        "signup",
+        "--schema",
+        bad_schema.to_str().unwrap(),
+        "--server",
+        s,
+    ]);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("field: schema"),
+        "{}",
+        stderr(&refused)
+    );
+
+    let deleted = conveyor(&["kind", "delete", "signup", "--server", s]);
+    assert!(deleted.status.success(), "{}", stderr(&deleted));
+    let missing = conveyor(&["kind", "show", "signup", "--server", s]);
+    assert!(!missing.status.success());
+    assert!(stderr(&missing).contains("404"), "{}", stderr(&missing));
+}

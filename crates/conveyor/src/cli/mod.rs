@@ -6,6 +6,7 @@ mod bench;
 mod demo;
 mod flow;
 mod http;
+mod kind;
 mod observe;
 mod schedule;
 mod serve;
@@ -119,6 +120,11 @@ enum Command {
         #[command(subcommand)]
         command: flow::FlowCommand,
     },
+    /// Payload schemas per job kind: set, list, show, delete.
+    Kind {
+        #[command(subcommand)]
+        command: kind::KindCommand,
+    },
     /// Run a worker that executes a shell command for each job.
     Work(work::WorkArgs),
     /// Measure enqueue, drain and latency against a store.
@@ -199,6 +205,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Queue { command } => admin::queue(command).await,
         Command::Schedule { command } => schedule::run(command).await,
         Command::Flow { command } => flow::run(command).await,
+        Command::Kind { command } => kind::run(command).await,
         Command::Work(args) => work::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Store { command } => store::run(command).await,

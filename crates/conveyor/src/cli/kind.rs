@@ -1,0 +1,169 @@
+//! `conveyor kind ...`: payload schemas per job kind, through the server's API.
+
+use anyhow::Context;
+use clap::Subcommand;
+use reqwest::Method;
+use serde_json::{json, Value};
+use std::process::ExitCode;
+
+use super::ServerArg;
+use crate::cli::http::{decode, stamp};
+use conveyor::kinds::KindSettings;
+
+#[derive(Subcommand, Debug)]
+pub(crate) enum KindCommand {
+    /// Set a kind's payload schema (JSON Schema 2020-12) from a file (`-` for standard input).
+    /// Every enqueue of the kind is checked against it from then on. Refused, naming how many,
+    /// when queued jobs of the kind would not pass, unless --force.
+    Set {
+        kind: String,
+        #[arg(long, value_name = "FILE")]
+        schema: String,
+        /// Your own version number of the schema, shown with it.
+        #[arg(long)]
+        version: Option<u32>,
+        /// Set it even if queued jobs of the kind would not pass it.
+        #[arg(long)]
+        force: bool,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Every kind with a schema.
+    List {
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// One kind's schema.
+    Show {
+        kind: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Remove a kind's schema (its jobs stay).
+    Delete {
+        kind: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+/// A kind as a path segment: anything outside a name's characters is escaped, so the server
+/// (not the URL) refuses it with a message naming `kind`.
+fn segment(raw: &str) -> String {
+    raw.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+fn print_json(value: &Value) {
+    println!(
+        "{}",
+        serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())
+    );
+}
+
+fn summary(kind: &KindSettings) -> String {
+    let version = kind
+        .version
+        .map(|v| format!("v{v}"))
+        .unwrap_or_else(|| "-".to_string());
+    let schema = match &kind.schema {
+        Some(schema) => format!("{} bytes", schema.to_string().len()),
+        None => "none".to_string(),
+    };
+    format!(
+        "{:<32} {:<8} {:<14} {}",
+        kind.kind,
+        version,
+        schema,
+        stamp(&kind.updated_at)
+    )
+}
+
+pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        KindCommand::Set {
+            kind,
+            schema,
+            version,
+            force,
+            server,
+        } => {
+            let text = if schema == "-" {
+                std::io::read_to_string(std::io::stdin())
+                    .context("reading the schema from stdin")?
+            } else {
+                std::fs::read_to_string(&schema)
+                    .with_context(|| format!("reading the schema from {schema:?}"))?
+            };
+            let schema_value: Value = serde_json::from_str(&text)
+                .with_context(|| format!("{schema:?} is not valid JSON"))?;
+            let body = json!({"schema": schema_value, "version": version, "force": force});
+            let client = server.client()?;
+            let (_, answer) = client
+                .call(
+                    Method::PUT,
+                    &format!("/v1/kinds/{}", segment(&kind)),
+                    Some(&body),
+                )
+                .await?;
+            if server.json {
+                print_json(&answer);
+            } else {
+                let stored: KindSettings = decode(&answer, "PUT /v1/kinds/{kind}")?;
+                println!("schema of kind {} set", stored.kind);
+            }
+        }
+        KindCommand::List { server } => {
+            let answer = server.client()?.get("/v1/kinds").await?;
+            if server.json {
+                print_json(&answer);
+                return Ok(ExitCode::SUCCESS);
+            }
+            let kinds: Vec<KindSettings> = decode(&answer["kinds"], "GET /v1/kinds")?;
+            if kinds.is_empty() {
+                println!("no kind has a schema (conveyor kind set KIND --schema FILE)");
+            } else {
+                println!("{:<32} {:<8} {:<14} UPDATED", "KIND", "VERSION", "SCHEMA");
+                for kind in &kinds {
+                    println!("{}", summary(kind));
+                }
+            }
+        }
+        KindCommand::Show { kind, server } => {
+            let answer = server
+                .client()?
+                .get(&format!("/v1/kinds/{}", segment(&kind)))
+                .await?;
+            if server.json {
+                print_json(&answer);
+            } else {
+                let stored: KindSettings = decode(&answer, "GET /v1/kinds/{kind}")?;
+                println!("kind {}", stored.kind);
+                if let Some(version) = stored.version {
+                    println!("  version: {version}");
+                }
+                println!("  updated: {}", stamp(&stored.updated_at));
+                match &stored.schema {
+                    Some(schema) => print_json(schema),
+                    None => println!("  no schema"),
+                }
+            }
+        }
+        KindCommand::Delete { kind, server } => {
+            server
+                .client()?
+                .call(
+                    Method::DELETE,
+                    &format!("/v1/kinds/{}", segment(&kind)),
+                    None,
+                )
+                .await?;
+            println!("schema of kind {kind} removed");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
