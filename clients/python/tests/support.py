@@ -95,7 +95,7 @@ class Server:
         )
         assert self.proc.stdout is not None
         first = self.proc.stdout.readline().decode()
-        words = [w for w in first.split() if w.startswith("http://")]
+        words = [w for w in first.split() if w.startswith(("http://", "https://"))]
         if not words:
             self.kill()
             raise RuntimeError(f"conveyor serve did not start on {listen}: {first!r}")
@@ -112,7 +112,7 @@ class Server:
 
     def restart(self) -> None:
         """Kills the server (SIGKILL) and starts it again on the same port and store."""
-        listen = self.url[len("http://") :]
+        listen = self.url.split("://", 1)[1]
         self.kill()
         self.start(listen)
 
@@ -178,3 +178,40 @@ class Running:
     def __exit__(self, *exc) -> None:
         self.worker.stop()
         self.join()
+
+
+def make_certs(directory: str) -> dict:
+    """A CA, a server certificate for 127.0.0.1 signed by it, a second CA for clients, a client
+    certificate it signed, and one from a third CA; made with the `openssl` command (skips the
+    test when there is none). The files' paths by name."""
+    if shutil.which("openssl") is None:
+        pytest.skip("no openssl command to make test certificates")
+    d = Path(directory)
+
+    def run(*args: str) -> None:
+        subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+    def ca(name: str) -> None:
+        run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.crt"), "-days", "2",
+            "-subj", f"/CN={name}", "-addext", "basicConstraints=critical,CA:TRUE",
+            "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+
+    def leaf(name: str, issuer: str, extensions: str) -> None:
+        (d / f"{name}.ext").write_text(extensions)
+        run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", str(d / f"{name}.key"), "-out", str(d / f"{name}.csr"), "-subj", f"/CN={name}")
+        run("x509", "-req", "-in", str(d / f"{name}.csr"), "-CA", str(d / f"{issuer}.crt"),
+            "-CAkey", str(d / f"{issuer}.key"), "-CAcreateserial", "-days", "2",
+            "-out", str(d / f"{name}.crt"), "-extfile", str(d / f"{name}.ext"))
+
+    ca("server-ca")
+    ca("clients-ca")
+    ca("other-ca")
+    leaf("server", "server-ca", "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n")
+    leaf("client", "clients-ca", "extendedKeyUsage=clientAuth\n")
+    leaf("intruder", "other-ca", "extendedKeyUsage=clientAuth\n")
+    return {name: str(d / name) for name in (
+        "server-ca.crt", "clients-ca.crt", "server.crt", "server.key",
+        "client.crt", "client.key", "intruder.crt", "intruder.key",
+    )}

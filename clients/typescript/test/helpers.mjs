@@ -82,7 +82,7 @@ export class Server {
     this.exited = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
     let url;
     try {
-      [, url] = await waitForLine(proc.stdout, /conveyor listening on (http:\/\/\S+)/, 20_000, 'conveyor serve');
+      [, url] = await waitForLine(proc.stdout, /conveyor listening on (https?:\/\/\S+)/, 20_000, 'conveyor serve');
     } catch (e) {
       proc.kill('SIGKILL');
       throw e;

@@ -32,6 +32,7 @@ mod observe;
 mod schedules;
 mod serve;
 mod settings;
+mod tls;
 mod tokens;
 mod ui;
 
@@ -48,7 +49,8 @@ use tower_http::trace::TraceLayer;
 pub use auth::{rule_for, Access, AuthOptions, CSRF_HEADER, RULES, SESSION_COOKIE};
 pub use error::{ApiError, ApiResult};
 pub use metrics::{Metrics, MetricsError, Snapshot};
-pub use serve::{serve, ConnectionLimits};
+pub use serve::{serve, serve_tls, ConnectionLimits};
+pub use tls::{TlsConfig, TlsError, TlsFiles};
 
 /// Limits and defaults of the HTTP API.
 #[derive(Debug, Clone)]

@@ -5,6 +5,12 @@
 //! `axum::serve` has none of these: idle or one-byte-per-second clients can hold sockets
 //! until the process runs out of file descriptors, after which it cannot even answer
 //! `/healthz`.
+//!
+//! [`serve_tls`] does the same over TLS: the handshake happens in the connection's task, after
+//! it took its place under the connection cap, and must finish within
+//! [`ConnectionLimits::tls_handshake_timeout`], so a client that connects and says nothing
+//! cannot hold a socket. A failed handshake (a plain-HTTP client, an untrusted or missing client
+//! certificate) closes the connection.
 
 use axum::body::Body;
 use axum::extract::Request;
@@ -25,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
 use crate::error::ApiError;
+use crate::tls::TlsConfig;
 
 /// Limits on the connections [`serve`] keeps.
 #[derive(Debug, Clone, Copy)]
@@ -39,6 +46,9 @@ pub struct ConnectionLimits {
     /// The longest a request may take from headers to response, body upload included. Must
     /// exceed the longest long-poll (`ServerConfig::max_fetch_wait`).
     pub request_timeout: Duration,
+    /// How long a client may take to complete the TLS handshake, from its connection
+    /// ([`serve_tls`] only).
+    pub tls_handshake_timeout: Duration,
 }
 
 impl Default for ConnectionLimits {
@@ -48,6 +58,7 @@ impl Default for ConnectionLimits {
             header_read_timeout: Duration::from_secs(10),
             idle_timeout: Duration::from_secs(60),
             request_timeout: Duration::from_secs(90),
+            tls_handshake_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -58,6 +69,29 @@ pub async fn serve(
     listener: TcpListener,
     app: Router,
     limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    serve_with(listener, app, limits, None, shutdown).await
+}
+
+/// [`serve`] over TLS: every connection first completes a handshake under `tls` (within
+/// `limits.tls_handshake_timeout`), with a client certificate when `tls` requires one.
+pub async fn serve_tls(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    tls: TlsConfig,
+    shutdown: CancellationToken,
+) -> io::Result<()> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(tls.inner);
+    serve_with(listener, app, limits, Some(acceptor), shutdown).await
+}
+
+async fn serve_with(
+    listener: TcpListener,
+    app: Router,
+    limits: ConnectionLimits,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     shutdown: CancellationToken,
 ) -> io::Result<()> {
     let app = app.layer(axum::middleware::from_fn(move |request, next| {
@@ -99,8 +133,9 @@ pub async fn serve(
         };
         let app = app.clone();
         let shutdown = shutdown.clone();
+        let tls = tls.clone();
         connections.spawn(async move {
-            serve_connection(stream, app, limits, shutdown).await;
+            serve_connection(stream, tls, app, limits, shutdown).await;
             drop(permit);
         });
     }
@@ -156,6 +191,7 @@ impl Drop for InFlight {
 
 async fn serve_connection(
     stream: TcpStream,
+    tls: Option<tokio_rustls::TlsAcceptor>,
     app: Router,
     limits: ConnectionLimits,
     shutdown: CancellationToken,
@@ -166,10 +202,43 @@ async fn serve_connection(
         last_ms: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
     });
-    let io = TokioIo::new(Tracked {
+    let tracked = Tracked {
         stream,
         activity: activity.clone(),
-    });
+    };
+    let Some(acceptor) = tls else {
+        return run_connection(TokioIo::new(tracked), activity, app, limits, shutdown).await;
+    };
+    let handshake = tokio::time::timeout(limits.tls_handshake_timeout, acceptor.accept(tracked));
+    let stream = tokio::select! {
+        _ = shutdown.cancelled() => return,
+        done = handshake => match done {
+            Ok(Ok(stream)) => stream,
+            // Scanners, plain-HTTP clients and refused client certificates: not worth a warning.
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(timeout = ?limits.tls_handshake_timeout, "TLS handshake timed out");
+                return;
+            }
+        },
+    };
+    run_connection(TokioIo::new(stream), activity, app, limits, shutdown).await;
+}
+
+/// Serves HTTP/1 or HTTP/2 on an established connection until it ends, goes idle, or the
+/// server shuts down.
+async fn run_connection<I>(
+    io: I,
+    activity: Arc<Activity>,
+    app: Router,
+    limits: ConnectionLimits,
+    shutdown: CancellationToken,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
     let requests = activity.clone();
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
         requests.in_flight.fetch_add(1, Ordering::Relaxed);

@@ -82,7 +82,7 @@ pub fn start_server_at(url: &str, extra: &[&str]) -> Server {
     std::thread::spawn(move || std::io::copy(&mut reader, &mut std::io::sink()));
     let url = first
         .split_whitespace()
-        .find(|w| w.starts_with("http://"))
+        .find(|w| w.starts_with("http://") || w.starts_with("https://"))
         .unwrap_or_else(|| panic!("no address in {first:?}"))
         .to_string();
     Server {

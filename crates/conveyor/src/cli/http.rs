@@ -6,7 +6,10 @@ use reqwest::{Method, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::Value;
+use std::path::Path;
 use std::time::Duration;
+
+use super::ClientTlsArgs;
 
 #[derive(Clone)]
 pub(crate) struct ApiClient {
@@ -51,9 +54,9 @@ impl std::fmt::Display for ApiFailure {
 impl std::error::Error for ApiFailure {}
 
 impl ApiClient {
-    pub fn new(base: &str, token: Option<&str>) -> anyhow::Result<Self> {
-        let http = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(5))
+    pub fn new(base: &str, token: Option<&str>, tls: &ClientTlsArgs) -> anyhow::Result<Self> {
+        let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
+        let http = with_tls(builder, tls)?
             .build()
             .context("building HTTP client")?;
         Ok(Self {
@@ -116,6 +119,58 @@ impl ApiClient {
     pub async fn post(&self, path: &str, body: &Value) -> anyhow::Result<(StatusCode, Value)> {
         self.call(Method::POST, path, Some(body)).await
     }
+}
+
+/// The client with the extra CAs to trust and the certificate to present.
+pub(crate) fn with_tls(
+    mut builder: reqwest::ClientBuilder,
+    tls: &ClientTlsArgs,
+) -> anyhow::Result<reqwest::ClientBuilder> {
+    if let Some(path) = &tls.ca_cert {
+        for certificate in read_ca_file(path, "--ca-cert")? {
+            builder = builder.add_root_certificate(certificate);
+        }
+    }
+    if let (Some(cert), Some(key)) = (&tls.client_cert, &tls.client_key) {
+        let mut pem = read_file(key, "--client-key")?;
+        pem.push(b'\n');
+        pem.extend(read_file(cert, "--client-cert")?);
+        let identity = reqwest::Identity::from_pem(&pem).with_context(|| {
+            format!(
+                "--client-cert {} and --client-key {} are not a PEM certificate and its private key",
+                cert.display(),
+                key.display()
+            )
+        })?;
+        builder = builder.identity(identity);
+    }
+    Ok(builder)
+}
+
+fn read_file(path: &Path, flag: &str) -> anyhow::Result<Vec<u8>> {
+    std::fs::read(path).with_context(|| format!("cannot read {flag} {}", path.display()))
+}
+
+/// The certificates of a PEM file of CAs (at least one).
+pub(crate) fn read_ca_file(path: &Path, flag: &str) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    parse_ca_pem(&read_file(path, flag)?, path, flag)
+}
+
+/// The certificates of PEM read from `path` (at least one).
+pub(crate) fn parse_ca_pem(
+    pem: &[u8],
+    path: &Path,
+    flag: &str,
+) -> anyhow::Result<Vec<reqwest::Certificate>> {
+    let certificates = reqwest::Certificate::from_pem_bundle(pem)
+        .with_context(|| format!("{flag} {}: not valid PEM certificates", path.display()))?;
+    if certificates.is_empty() {
+        anyhow::bail!(
+            "{flag} {}: no certificate (-----BEGIN CERTIFICATE-----) in it",
+            path.display()
+        );
+    }
+    Ok(certificates)
 }
 
 /// Reads a server answer as its type in `conveyor_server::api` (or core), the definitions the

@@ -15,6 +15,7 @@ mod token;
 mod work;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// Conveyor: durable background jobs. Run `conveyor serve --demo` to see it work.
@@ -74,13 +75,41 @@ pub(crate) struct ServerArg {
     /// API token, for a server with access control on (`conveyor token create`).
     #[arg(long, env = "CONVEYOR_TOKEN", hide_env_values = true)]
     pub token: Option<String>,
+    #[command(flatten)]
+    pub tls: ClientTlsArgs,
 }
 
 impl ServerArg {
     /// A client for the server, sending the token when one was given.
     pub fn client(&self) -> anyhow::Result<http::ApiClient> {
-        http::ApiClient::new(&self.server, self.token.as_deref())
+        http::ApiClient::new(&self.server, self.token.as_deref(), &self.tls)
     }
+}
+
+/// How client commands talk to an `https://` server (`serve --tls-cert`).
+#[derive(Args, Debug, Clone, Default)]
+pub(crate) struct ClientTlsArgs {
+    /// Trust the CA certificates in this PEM file for an https:// server (besides the public
+    /// roots), e.g. the CA that signed the server's own certificate.
+    #[arg(long, env = "CONVEYOR_CA_CERT", value_name = "FILE")]
+    pub ca_cert: Option<PathBuf>,
+    /// Present this client certificate (PEM) to a server that requires one
+    /// (`serve --tls-client-ca`). Needs --client-key.
+    #[arg(
+        long,
+        env = "CONVEYOR_CLIENT_CERT",
+        value_name = "FILE",
+        requires = "client_key"
+    )]
+    pub client_cert: Option<PathBuf>,
+    /// The private key of --client-cert (PEM).
+    #[arg(
+        long,
+        env = "CONVEYOR_CLIENT_KEY",
+        value_name = "FILE",
+        requires = "client_cert"
+    )]
+    pub client_key: Option<PathBuf>,
 }
 
 #[derive(Subcommand, Debug)]

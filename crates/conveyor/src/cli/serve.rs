@@ -4,7 +4,7 @@ use anyhow::Context;
 use clap::Args;
 use conveyor::alerts::{AlertConfig, AlertEngine, Thresholds};
 use conveyor::{Maintenance, Scheduler, StuckParams, DEFAULT_STORE_URL};
-use conveyor_server::{Metrics, RouterOptions, ServerConfig};
+use conveyor_server::{Metrics, RouterOptions, ServerConfig, TlsConfig, TlsFiles};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -106,6 +106,7 @@ pub(crate) struct ServeArgs {
     #[arg(long, env = "CONVEYOR_MAX_CONNECTIONS", value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     max_connections: Option<u64>,
     /// How long a client may take to send a request's headers, in milliseconds (slowloris).
+    /// With TLS, also how long it may take to complete the handshake.
     #[arg(long, default_value_t = 10_000, env = "CONVEYOR_HEADER_READ_TIMEOUT_MS", value_parser = clap::value_parser!(u64).range(10..=HOUR_MS))]
     header_read_timeout_ms: u64,
     /// A connection idle this long between requests is closed, in seconds.
@@ -121,6 +122,32 @@ pub(crate) struct ServeArgs {
     /// least 31: a long-polling fetch may wait 30 s.
     #[arg(long, default_value_t = 90, env = "CONVEYOR_REQUEST_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(31..=86_400))]
     request_timeout_secs: u64,
+    /// Serve HTTPS with this certificate chain (PEM, the server's certificate first). Needs
+    /// --tls-key.
+    #[arg(
+        long,
+        env = "CONVEYOR_TLS_CERT",
+        value_name = "FILE",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, PKCS#1 or SEC1).
+    #[arg(
+        long,
+        env = "CONVEYOR_TLS_KEY",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
+    /// Require every client to present a certificate signed by a CA in this PEM file (mutual
+    /// TLS); the handshake of any other client fails. Needs --tls-cert.
+    #[arg(
+        long,
+        env = "CONVEYOR_TLS_CLIENT_CA",
+        value_name = "FILE",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
     #[command(flatten)]
     alerts: AlertArgs,
 }
@@ -168,13 +195,37 @@ fn auth_enabled(args: &ServeArgs) -> anyhow::Result<bool> {
     Ok(enabled)
 }
 
+/// The TLS configuration from `--tls-cert`, `--tls-key` and `--tls-client-ca` (clap makes sure
+/// they come together), or `None` for plain HTTP.
+fn tls_config(args: &ServeArgs) -> anyhow::Result<Option<TlsConfig>> {
+    let (Some(cert), Some(key)) = (&args.tls_cert, &args.tls_key) else {
+        return Ok(None);
+    };
+    let files = TlsFiles {
+        cert: cert.clone(),
+        key: key.clone(),
+        client_ca: args.tls_client_ca.clone(),
+    };
+    let config = TlsConfig::from_files(&files).context("cannot set up TLS")?;
+    Ok(Some(config))
+}
+
 /// Webhook alerts (see `conveyor::alerts`); off unless `--alert-webhook` is given.
 #[derive(Args, Debug)]
 pub(crate) struct AlertArgs {
-    /// POST signed alerts to this http:// URL: jobs entering the dead-letter queue, queues past
-    /// their thresholds, workers going stale. Only the maintenance leader alerts.
+    /// POST signed alerts to this http:// or https:// URL: jobs entering the dead-letter queue,
+    /// queues past their thresholds, workers going stale. Only the maintenance leader alerts.
     #[arg(long, env = "CONVEYOR_ALERT_WEBHOOK")]
     alert_webhook: Option<String>,
+    /// Also trust the CA certificates in this PEM file for an https:// webhook (besides the
+    /// public roots), e.g. a private CA's.
+    #[arg(
+        long,
+        env = "CONVEYOR_ALERT_CA",
+        value_name = "FILE",
+        requires = "alert_webhook"
+    )]
+    alert_ca: Option<PathBuf>,
     /// The environment variable holding the webhook's HMAC secret.
     #[arg(long, default_value = "CONVEYOR_ALERT_SECRET")]
     alert_secret_env: String,
@@ -212,6 +263,13 @@ impl AlertArgs {
             )
         })?;
         let mut config = AlertConfig::new(webhook.clone(), secret.into_bytes());
+        if let Some(path) = &self.alert_ca {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("cannot read --alert-ca {}", path.display()))?;
+            // Checked here, where the file can be named.
+            super::http::parse_ca_pem(&pem, path, "--alert-ca")?;
+            config.extra_ca_pem = Some(pem);
+        }
         config.sustain = seconds("--alert-sustain-secs", self.alert_sustain_secs)?;
         config.cooldown = seconds("--alert-cooldown-secs", self.alert_cooldown_secs)?;
         config.check_interval = Duration::from_millis(self.alert_check_ms.max(10));
@@ -238,6 +296,7 @@ fn seconds(flag: &str, value: f64) -> anyhow::Result<Duration> {
 pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Checked before anything is opened or bound, so a refusal leaves nothing behind.
     let auth = auth_enabled(&args)?;
+    let tls = tls_config(&args)?;
     let mut open_options = args.durability.open_options();
     open_options.store.completed_idempotency_window =
         Duration::from_secs(args.idempotency_window_secs);
@@ -328,18 +387,28 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
 
     // The first stdout line tells scripts and tests where we listen. Written without println!,
     // which panics when whoever started us has closed our stdout.
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let client_certificates = tls
+        .as_ref()
+        .is_some_and(TlsConfig::requires_client_certificate);
     announce(&format!(
-        "conveyor listening on http://{local} (store: {}, durability: {:?}, auth: {})",
+        "conveyor listening on {scheme}://{local} (store: {}, durability: {:?}, auth: {}, tls: {})",
         args.store,
         args.durability,
-        if auth { "on" } else { "off" }
+        if auth { "on" } else { "off" },
+        match (&tls, client_certificates) {
+            (None, _) => "off",
+            (Some(_), false) => "on",
+            (Some(_), true) => "on, client certificates required",
+        }
     ));
     if args.demo {
         announce(&format!(
-            "demo running: watch it with `conveyor queues --watch --server http://{local}`"
+            "demo running: watch it with `conveyor queues --watch --server {scheme}://{local}`"
         ));
     }
-    tracing::info!(%local, store = %args.store, auth, "server started");
+    tracing::info!(url = %format!("{scheme}://{local}"), store = %args.store, auth,
+        tls = tls.is_some(), client_certificates, "server started");
     if auth && !store.tokens_list().await?.iter().any(|t| t.is_active()) {
         tracing::warn!(
             "access control is on but the store has no active token: every request but \
@@ -360,10 +429,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
         idle_timeout: Duration::from_secs(args.idle_timeout_secs),
         request_timeout: Duration::from_secs(args.request_timeout_secs),
+        tls_handshake_timeout: Duration::from_millis(args.header_read_timeout_ms),
     };
-    conveyor_server::serve(listener, app, limits, graceful)
-        .await
-        .context("HTTP server failed")?;
+    match tls {
+        Some(tls) => conveyor_server::serve_tls(listener, app, limits, tls, graceful).await,
+        None => conveyor_server::serve(listener, app, limits, graceful).await,
+    }
+    .context("HTTP server failed")?;
     if let Some(demo) = demo {
         let _ = demo.await;
     }

@@ -216,7 +216,7 @@ pub(crate) async fn run(
     let queue = format!("soak-{}", Uuid::new_v4().simple());
 
     let mut server = Server::start(&exe, &url, durability, args.soak_retain_completed_secs).await?;
-    let api = ApiClient::new(&server.url, None)?;
+    let api = ApiClient::new(&server.url, None, &crate::cli::ClientTlsArgs::default())?;
     api.get("/healthz")
         .await
         .context("the soak's server is not healthy")?;

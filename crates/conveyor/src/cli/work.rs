@@ -57,6 +57,8 @@ pub(crate) struct WorkArgs {
     /// API token (role worker or admin), for a server with access control on.
     #[arg(long, env = "CONVEYOR_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    #[command(flatten)]
+    tls: super::ClientTlsArgs,
     /// How often the worker reports itself to the server's worker registry, in milliseconds
     /// (keep it well under the server's `--worker-stale-secs`).
     #[arg(long, default_value_t = 10_000)]
@@ -84,7 +86,7 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
     for queue in &args.queues {
         conveyor::validate::name("queues", queue)?;
     }
-    let api = ApiClient::new(&args.server, args.token.as_deref())?;
+    let api = ApiClient::new(&args.server, args.token.as_deref(), &args.tls)?;
     api.get("/healthz")
         .await
         .context("checking the server before starting")?;
