@@ -43,6 +43,7 @@ pub(crate) struct WorkflowSql {
     /// filters.
     flows: String,
     steps: String,
+    custom_plans: SqlStr,
     lock_heads: SqlStr,
     lock_many: SqlStr,
     try_lock: SqlStr,
@@ -76,6 +77,8 @@ impl WorkflowSql {
         let steps = format!("{}.flow_steps", quoted(schema));
         let jobs = format!("{}.jobs", quoted(schema));
         Self {
+            // See `lock_heads`.
+            custom_plans: stmt("SET LOCAL plan_cache_mode = force_custom_plan".to_string()),
             // The heads of the graphs, locked: the first statement of every flow event. Rows are
             // locked as the sort hands them over: in id order, so two transactions locking
             // overlapping sets of flows cannot deadlock.
@@ -94,11 +97,20 @@ impl WorkflowSql {
             exists: stmt(format!(
                 "SELECT EXISTS (SELECT 1 FROM {flows} WHERE id = $1)"
             )),
+            // Each flow's steps found through the primary key, whatever the planner estimates
+            // (a subquery per flow, kept apart by `OFFSET 0`): planned while the table was
+            // small, `flow_id = ANY($1)` reads it whole, and keeps doing so once it is large.
             graph_steps: stmt(format!(
-                "SELECT name, state, after, on_parent_failure, job_id, wait_signal, signalled, \
-                     compensate IS NOT NULL AS has_compensate, compensation, \
-                     compensation_job_id, completed_seq, flow_id \
-                 FROM {steps} WHERE flow_id = ANY($1) ORDER BY flow_id, position"
+                "SELECT s.flow_id, s.name, s.state, s.after, s.on_parent_failure, s.job_id, \
+                     s.wait_signal, s.signalled, s.has_compensate, s.compensation, \
+                     s.compensation_job_id, s.completed_seq \
+                 FROM unnest($1::uuid[]) AS f(id) \
+                 CROSS JOIN LATERAL (SELECT t.flow_id, t.name, t.state, t.after, \
+                         t.on_parent_failure, t.job_id, t.wait_signal, t.signalled, \
+                         t.compensate IS NOT NULL AS has_compensate, t.compensation, \
+                         t.compensation_job_id, t.completed_seq, t.position \
+                     FROM {steps} t WHERE t.flow_id = f.id OFFSET 0) s \
+                 ORDER BY s.flow_id, s.position"
             )),
             // A concurrent create with the same key waits here until the first commits, then
             // inserts nothing and returns no row.
@@ -154,7 +166,9 @@ impl WorkflowSql {
             // their completed parents (once per parent, however many children start). The
             // parents are read from the statement's snapshot, which has every step change
             // written before it, and none of them starts here (a step starts only once its
-            // parents have finished).
+            // parents have finished). Each parent is looked up by its key (`LIMIT 1` keeps the
+            // lookup a subquery of its own), so the read is an index probe per parent whatever
+            // the planner estimates.
             start_steps: stmt(format!(
                 "WITH started AS ( \
                      UPDATE {steps} s SET state = CASE WHEN s.job IS NULL THEN 'waiting' \
@@ -166,11 +180,13 @@ impl WorkflowSql {
                      NULL::jsonb AS result \
                  FROM started \
                  UNION ALL \
-                 SELECT false, p.flow_id, p.name, NULL, NULL, NULL, NULL, p.result \
-                 FROM {steps} p \
-                 WHERE p.state = 'completed' AND (p.flow_id, p.name) IN \
-                     (SELECT st.flow_id, unnest(st.after) FROM started st \
-                      WHERE st.job IS NOT NULL)"
+                 SELECT false, w.flow_id, w.name, NULL, NULL, NULL, NULL, p.result \
+                 FROM (SELECT DISTINCT st.flow_id, a.name FROM started st \
+                       CROSS JOIN LATERAL unnest(st.after) AS a(name) \
+                       WHERE st.job IS NOT NULL) w \
+                 CROSS JOIN LATERAL (SELECT p.result FROM {steps} p \
+                     WHERE p.flow_id = w.flow_id AND p.name = w.name \
+                         AND p.state = 'completed' LIMIT 1) p"
             )),
             begin_waits: stmt(format!(
                 "UPDATE {steps} s SET state = 'waiting', wait_deadline = w.deadline \
@@ -453,6 +469,19 @@ pub(crate) async fn lock_heads(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
+    // The statements that write a flow's steps find them by joining the table to the (flow,
+    // step) pairs they are given. A plan cached while the table was small (PostgreSQL's generic
+    // plan, after five runs of a prepared statement on one connection) hashes the whole table
+    // and keeps doing so as it grows: seen at a second per completion batch once a benchmark
+    // had filled it, where the index probes take milliseconds, and nothing re-plans it while
+    // the table has no statistics (the server's autovacuum off). Planned for each run, with
+    // the batch's own sizes, these joins probe the primary key. For the rest of this
+    // transaction, which moves flows; a savepoint's transaction keeps it until it ends, which
+    // only changes how its later statements are planned.
+    sqlx::query(ctx.sql.workflow.custom_plans.clone())
+        .execute(&mut *conn)
+        .await
+        .map_err(db("plan flow statements"))?;
     let rows = sqlx::query(ctx.sql.workflow.lock_heads.clone())
         .bind(&ids)
         .fetch_all(conn)
