@@ -16,6 +16,13 @@
 //! their jobs locked (`FOR UPDATE SKIP LOCKED`) before they know their flows; they only try
 //! the flow's lock, and leave a job whose flow is busy to their next pass. A transaction that
 //! locks several flows locks them in id order.
+//!
+//! A batch of events (a completion batch, the replays or timed-out waits of one call) is
+//! handled as a set: one statement locks all its flows in id order and reads their heads
+//! (`lock_heads`), one reads all their steps, each graph takes its events in memory through
+//! the policy (`FlowGraph::apply`, the only place of policy), and the effects of all flows are
+//! written together, a few statements however many flows moved (`write_effects`). A
+//! completion batch locks its flows before it completes their jobs, as the lock order wants.
 
 use chrono::{DateTime, Utc};
 use conveyor_core::workflow::{

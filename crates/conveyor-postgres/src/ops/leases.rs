@@ -146,9 +146,9 @@ pub(super) fn held_leases(found: Vec<PgRow>) -> StoreResult<HashSet<LeaseKey>> {
 /// Completes running jobs whose lease still holds, in one statement. Outcomes are per input, in
 /// order; a lease listed twice is applied once (the first), like two completions in sequence.
 ///
-/// Jobs of flows are left out of that statement and completed after it, in a transaction of
-/// their own (a savepoint when `conn` is already in one) that locks their flows first and tells
-/// them (see `workflow`). Only a batch with a job the first statement did not complete (a
+/// Jobs of flows are left out of that statement and completed after it, all of them in one
+/// transaction of their own (a savepoint when `conn` is already in one) that locks their flows
+/// first, in id order, and moves every flow with a few statements (see `workflow`). Only a batch with a job the first statement did not complete (a
 /// flow's, or one whose lease was lost) pays for the second look. Outside a caller's
 /// transaction, an error in that second part leaves the first part's completions applied, as a
 /// connection lost right after a commit would: an error says nothing about which applied, and
@@ -208,7 +208,7 @@ pub(crate) async fn complete_many(
 }
 
 /// Completes the jobs of flows among `left` (the completions the plain statement did not
-/// apply), locking their flows first, and tells each flow in the same transaction. Returns the
+/// apply), locking their flows first, and tells the flows in the same transaction. Returns the
 /// leases applied.
 async fn complete_flow_jobs(
     conn: &mut PgConnection,
