@@ -264,11 +264,7 @@ impl PgStore {
     ) -> StoreResult<LeaseOutcome> {
         let completion = vec![CompleteParams { lease, result }];
         conveyor_core::validate::completions(&completion)?;
-        let ctx = Ctx {
-            pool: None,
-            ..self.ctx()
-        };
-        let outcomes = ops::complete_many(tx, &ctx, completion).await?;
+        let outcomes = ops::complete_many(tx, &self.ctx(), completion).await?;
         outcomes
             .into_iter()
             .next()
@@ -282,7 +278,6 @@ impl PgStore {
             schema: &self.inner.schema,
             now: truncate_to_millis(self.inner.clock.now()),
             options: &self.inner.options,
-            pool: Some(&self.inner.pool),
         }
     }
 

@@ -214,3 +214,68 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
         "prune walks the primary key range: {prune}"
     );
 }
+
+/// The flow statements' reads, as generic plans made while the flow tables are empty and have
+/// no statistics (a new schema on a server whose autovacuum is off): such a plan stays cached
+/// on its connection while the tables grow, so a read that scanned the table here would scan
+/// it whole on every flow event later. Each read must probe the primary key instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_reads_probe_keys_when_planned_on_empty_tables() {
+    let url = database_url();
+    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
+    let _cleanup = DropSchema(schema.clone());
+    let _store = PgStore::connect(
+        &url,
+        PgOptions {
+            schema: schema.clone(),
+            max_connections: 2,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .expect("the test database (set CONVEYOR_TEST_PG_URL)");
+    let sql = Sql::new(&schema);
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut conn)
+        .await
+        .expect("generic plans");
+    let heads = generic_plan(
+        &mut conn,
+        "lock_heads",
+        sql.workflow.lock_heads.as_str(),
+        "uuid[]",
+        "'{}'",
+    )
+    .await;
+    let steps = generic_plan(
+        &mut conn,
+        "graph_steps",
+        sql.workflow.graph_steps.as_str(),
+        "uuid[]",
+        "'{}'",
+    )
+    .await;
+    let start = generic_plan(
+        &mut conn,
+        "start_steps",
+        sql.workflow.start_steps.as_str(),
+        "uuid[], text[]",
+        "'{}', '{}'",
+    )
+    .await;
+    assert!(
+        heads.contains("flows_pkey") && !heads.contains("Seq Scan"),
+        "lock_heads: {heads}"
+    );
+    assert!(
+        steps.contains("flow_steps_pkey") && !steps.contains("Seq Scan"),
+        "graph_steps: {steps}"
+    );
+    // The parents' results: one key lookup each (the update of the starting steps is planned
+    // per run in a flow transaction, see `workflow::lock_heads`).
+    assert!(
+        start.contains("\"Node Type\":\"Limit\"") && start.contains("flow_steps_pkey"),
+        "start_steps reads parents by key: {start}"
+    );
+}

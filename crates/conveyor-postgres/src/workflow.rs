@@ -16,6 +16,13 @@
 //! their jobs locked (`FOR UPDATE SKIP LOCKED`) before they know their flows; they only try
 //! the flow's lock, and leave a job whose flow is busy to their next pass. A transaction that
 //! locks several flows locks them in id order.
+//!
+//! A batch of events (a completion batch, the replays or timed-out waits of one call) is
+//! handled as a set: one statement locks all its flows in id order and reads their heads
+//! (`lock_heads`), one reads all their steps, each graph takes its events in memory through
+//! the policy (`FlowGraph::apply`, the only place of policy), and the effects of all flows are
+//! written together, a few statements however many flows moved (`write_effects`). A
+//! completion batch locks its flows before it completes their jobs, as the lock order wants.
 
 use chrono::{DateTime, Utc};
 use conveyor_core::workflow::{
@@ -28,7 +35,7 @@ use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, PgConnection, Row, SqlStr};
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::str::FromStr;
 use uuid::Uuid;
 
@@ -43,19 +50,18 @@ pub(crate) struct WorkflowSql {
     /// filters.
     flows: String,
     steps: String,
-    lock_head: SqlStr,
+    custom_plans: SqlStr,
+    pub(crate) lock_heads: SqlStr,
     lock_many: SqlStr,
     try_lock: SqlStr,
     exists: SqlStr,
-    graph_steps: SqlStr,
+    pub(crate) graph_steps: SqlStr,
     insert_flow: SqlStr,
     flow_by_key: SqlStr,
     insert_steps: SqlStr,
     step_jobs: SqlStr,
     set_steps: SqlStr,
-    start_rows: SqlStr,
-    completed_results: SqlStr,
-    activate: SqlStr,
+    pub(crate) start_steps: SqlStr,
     begin_waits: SqlStr,
     compensation_row: SqlStr,
     compensation_started: SqlStr,
@@ -78,9 +84,14 @@ impl WorkflowSql {
         let steps = format!("{}.flow_steps", quoted(schema));
         let jobs = format!("{}.jobs", quoted(schema));
         Self {
-            // The head of the graph, locked: the first statement of every flow event.
-            lock_head: stmt(format!(
-                "SELECT state, on_failure, failed_step FROM {flows} WHERE id = $1 FOR UPDATE"
+            // See `lock_heads`.
+            custom_plans: stmt("SET LOCAL plan_cache_mode = force_custom_plan".to_string()),
+            // The heads of the graphs, locked: the first statement of every flow event. Rows are
+            // locked as the sort hands them over: in id order, so two transactions locking
+            // overlapping sets of flows cannot deadlock.
+            lock_heads: stmt(format!(
+                "SELECT id, state, on_failure, failed_step FROM {flows} \
+                 WHERE id = ANY($1) ORDER BY id FOR UPDATE"
             )),
             // Rows are locked as the sort hands them over: in id order, so two transactions
             // locking overlapping sets of flows cannot deadlock.
@@ -93,11 +104,20 @@ impl WorkflowSql {
             exists: stmt(format!(
                 "SELECT EXISTS (SELECT 1 FROM {flows} WHERE id = $1)"
             )),
+            // Each flow's steps found through the primary key, whatever the planner estimates
+            // (a subquery per flow, kept apart by `OFFSET 0`): planned while the table was
+            // small, `flow_id = ANY($1)` reads it whole, and keeps doing so once it is large.
             graph_steps: stmt(format!(
-                "SELECT name, state, after, on_parent_failure, job_id, wait_signal, signalled, \
-                     compensate IS NOT NULL AS has_compensate, compensation, \
-                     compensation_job_id, completed_seq \
-                 FROM {steps} WHERE flow_id = $1 ORDER BY position"
+                "SELECT s.flow_id, s.name, s.state, s.after, s.on_parent_failure, s.job_id, \
+                     s.wait_signal, s.signalled, s.has_compensate, s.compensation, \
+                     s.compensation_job_id, s.completed_seq \
+                 FROM unnest($1::uuid[]) AS f(id) \
+                 CROSS JOIN LATERAL (SELECT t.flow_id, t.name, t.state, t.after, \
+                         t.on_parent_failure, t.job_id, t.wait_signal, t.signalled, \
+                         t.compensate IS NOT NULL AS has_compensate, t.compensation, \
+                         t.compensation_job_id, t.completed_seq, t.position \
+                     FROM {steps} t WHERE t.flow_id = f.id OFFSET 0) s \
+                 ORDER BY s.flow_id, s.position"
             )),
             // A concurrent create with the same key waits here until the first commits, then
             // inserts nothing and returns no row.
@@ -129,6 +149,7 @@ impl WorkflowSql {
             )),
             // A job step takes its job's result when it completes, and its job's last error
             // when it fails without an error of the policy's own (a wait's timeout, a skip).
+            // Steps of any number of flows, each (flow, name) once.
             set_steps: stmt(format!(
                 "UPDATE {steps} s SET state = u.state, finished_at = u.finished_at, \
                      completed_seq = CASE WHEN u.state = 'completed' THEN u.seq \
@@ -141,25 +162,44 @@ impl WorkflowSql {
                          WHEN u.state = 'failed' AND s.job_id IS NOT NULL \
                          THEN (SELECT j.errors -> -1 FROM {jobs} j WHERE j.id = s.job_id) \
                          ELSE s.error END \
-                 FROM unnest($2::text[], $3::text[], $4::timestamptz[], $5::int8[], \
-                             $6::jsonb[]) AS u(name, state, finished_at, seq, error) \
-                 WHERE s.flow_id = $1 AND s.name = u.name"
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[], \
+                             $5::int8[], $6::jsonb[]) \
+                     AS u(flow_id, name, state, finished_at, seq, error) \
+                 WHERE s.flow_id = u.flow_id AND s.name = u.name"
             )),
-            start_rows: stmt(format!(
-                "SELECT name, job, job_id, after, wait_timeout_ms FROM {steps} \
-                 WHERE flow_id = $1 AND name = ANY($2)"
-            )),
-            completed_results: stmt(format!(
-                "SELECT name, result FROM {steps} \
-                 WHERE flow_id = $1 AND name = ANY($2) AND state = 'completed'"
-            )),
-            activate: stmt(format!(
-                "UPDATE {steps} SET state = 'active' WHERE flow_id = $1 AND name = ANY($2)"
+            // Starts steps of any number of flows in one round trip: marks each job step
+            // active and each wait step waiting (its deadline follows in `begin_waits`), and
+            // returns the started steps' specs (`starting`) together with the results of
+            // their completed parents (once per parent, however many children start). The
+            // parents are read from the statement's snapshot, which has every step change
+            // written before it, and none of them starts here (a step starts only once its
+            // parents have finished). Each parent is looked up by its key (`LIMIT 1` keeps the
+            // lookup a subquery of its own), so the read is an index probe per parent whatever
+            // the planner estimates.
+            start_steps: stmt(format!(
+                "WITH started AS ( \
+                     UPDATE {steps} s SET state = CASE WHEN s.job IS NULL THEN 'waiting' \
+                         ELSE 'active' END \
+                     FROM unnest($1::uuid[], $2::text[]) AS k(flow_id, name) \
+                     WHERE s.flow_id = k.flow_id AND s.name = k.name \
+                     RETURNING s.flow_id, s.name, s.job, s.job_id, s.after, s.wait_timeout_ms) \
+                 SELECT true AS starting, flow_id, name, job, job_id, after, wait_timeout_ms, \
+                     NULL::jsonb AS result \
+                 FROM started \
+                 UNION ALL \
+                 SELECT false, w.flow_id, w.name, NULL, NULL, NULL, NULL, p.result \
+                 FROM (SELECT DISTINCT st.flow_id, a.name FROM started st \
+                       CROSS JOIN LATERAL unnest(st.after) AS a(name) \
+                       WHERE st.job IS NOT NULL) w \
+                 CROSS JOIN LATERAL (SELECT p.result FROM {steps} p \
+                     WHERE p.flow_id = w.flow_id AND p.name = w.name \
+                         AND p.state = 'completed' LIMIT 1) p"
             )),
             begin_waits: stmt(format!(
                 "UPDATE {steps} s SET state = 'waiting', wait_deadline = w.deadline \
-                 FROM unnest($2::text[], $3::timestamptz[]) AS w(name, deadline) \
-                 WHERE s.flow_id = $1 AND s.name = w.name"
+                 FROM unnest($1::uuid[], $2::text[], $3::timestamptz[]) \
+                     AS w(flow_id, name, deadline) \
+                 WHERE s.flow_id = w.flow_id AND s.name = w.name"
             )),
             compensation_row: stmt(format!(
                 "SELECT job, compensate, result FROM {steps} WHERE flow_id = $1 AND name = $2"
@@ -171,8 +211,13 @@ impl WorkflowSql {
             compensation_state: stmt(format!(
                 "UPDATE {steps} SET compensation = $1 WHERE flow_id = $2 AND name = $3"
             )),
+            // Flow states of any number of flows, each flow once.
             flow_state: stmt(format!(
-                "UPDATE {flows} SET state = $1, failed_step = $2, finished_at = $3 WHERE id = $4"
+                "UPDATE {flows} f SET state = u.state, failed_step = u.failed_step, \
+                     finished_at = u.finished_at \
+                 FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[]) \
+                     AS u(id, state, failed_step, finished_at) \
+                 WHERE f.id = u.id"
             )),
             signal: stmt(format!(
                 "UPDATE {steps} SET result = $1, signalled = true \
@@ -410,56 +455,123 @@ async fn step_jobs(
         .collect()
 }
 
-/// The flow's graph as the policy sees it, its row locked until the transaction ends; `None`
-/// when there is no such flow.
+/// A flow's head as read under its lock: everything of its graph but the steps.
+pub(crate) struct Head {
+    id: Uuid,
+    state: FlowState,
+    on_failure: conveyor_core::workflow::FlowFailurePolicy,
+    failed_step: Option<String>,
+}
+
+/// Locks the flows `ids` (those that exist) in id order, in one statement, and reads their
+/// heads. The locks are held until the transaction ends, so the heads stay true for it. The
+/// first statement of every flow event: see the module's lock order.
+pub(crate) async fn lock_heads(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    mut ids: Vec<Uuid>,
+) -> StoreResult<Vec<Head>> {
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    // The statements that write a flow's steps find them by joining the table to the (flow,
+    // step) pairs they are given. A plan cached while the table was small (PostgreSQL's generic
+    // plan, after five runs of a prepared statement on one connection) hashes the whole table
+    // and keeps doing so as it grows: seen at a second per completion batch once a benchmark
+    // had filled it, where the index probes take milliseconds, and nothing re-plans it while
+    // the table has no statistics (the server's autovacuum off). Planned for each run, with
+    // the batch's own sizes, these joins probe the primary key. For the rest of this
+    // transaction, which moves flows; a savepoint's transaction keeps it until it ends, which
+    // only changes how its later statements are planned.
+    sqlx::query(ctx.sql.workflow.custom_plans.clone())
+        .execute(&mut *conn)
+        .await
+        .map_err(db("plan flow statements"))?;
+    let rows = sqlx::query(ctx.sql.workflow.lock_heads.clone())
+        .bind(&ids)
+        .fetch_all(conn)
+        .await
+        .map_err(db("lock flows"))?;
+    rows.iter()
+        .map(|row| {
+            Ok(Head {
+                id: column(row, "id")?,
+                state: flow_state(&column::<String>(row, "state")?)?,
+                on_failure: policy_of(column(row, "on_failure")?)?,
+                failed_step: column(row, "failed_step")?,
+            })
+        })
+        .collect()
+}
+
+/// The graphs of the flows whose heads were locked, as the policy sees them, by id: all their
+/// steps in one statement. Run after the lock (a statement of its own, so that it reads the
+/// steps as the last holder of the lock left them).
+async fn load_graphs(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    heads: Vec<Head>,
+) -> StoreResult<BTreeMap<Uuid, FlowGraph>> {
+    if heads.is_empty() {
+        return Ok(BTreeMap::new());
+    }
+    let ids: Vec<Uuid> = heads.iter().map(|head| head.id).collect();
+    let rows = sqlx::query(ctx.sql.workflow.graph_steps.clone())
+        .bind(&ids)
+        .fetch_all(conn)
+        .await
+        .map_err(db("load flow steps"))?;
+    let mut steps: HashMap<Uuid, Vec<GraphStep>> = HashMap::with_capacity(heads.len());
+    for row in &rows {
+        let compensation: Option<String> = column(row, "compensation")?;
+        steps
+            .entry(column(row, "flow_id")?)
+            .or_default()
+            .push(GraphStep {
+                name: column(row, "name")?,
+                state: step_state(&column::<String>(row, "state")?)?,
+                after: column(row, "after")?,
+                on_parent_failure: policy_of(column(row, "on_parent_failure")?)?,
+                job_id: column(row, "job_id")?,
+                wait_signal: column(row, "wait_signal")?,
+                signalled: column(row, "signalled")?,
+                has_compensate: column(row, "has_compensate")?,
+                compensation: compensation
+                    .map(|text| {
+                        CompensationState::parse(&text)
+                            .ok_or_else(|| unreadable(format!("compensation {text:?}")))
+                    })
+                    .transpose()?,
+                compensation_job_id: column(row, "compensation_job_id")?,
+                completed_seq: column(row, "completed_seq")?,
+            });
+    }
+    Ok(heads
+        .into_iter()
+        .map(|head| {
+            let graph = FlowGraph::new(
+                head.id,
+                head.state,
+                head.on_failure,
+                head.failed_step,
+                steps.remove(&head.id).unwrap_or_default(),
+            );
+            (head.id, graph)
+        })
+        .collect())
+}
+
+/// One flow's graph, its row locked until the transaction ends; `None` when there is no such
+/// flow.
 async fn load_graph(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
     flow_id: Uuid,
 ) -> StoreResult<Option<FlowGraph>> {
-    let sql = &ctx.sql.workflow;
-    let Some(head) = sqlx::query(sql.lock_head.clone())
-        .bind(flow_id)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db("lock flow"))?
-    else {
-        return Ok(None);
-    };
-    let rows = sqlx::query(sql.graph_steps.clone())
-        .bind(flow_id)
-        .fetch_all(conn)
-        .await
-        .map_err(db("load flow steps"))?;
-    let mut steps = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let compensation: Option<String> = column(row, "compensation")?;
-        steps.push(GraphStep {
-            name: column(row, "name")?,
-            state: step_state(&column::<String>(row, "state")?)?,
-            after: column(row, "after")?,
-            on_parent_failure: policy_of(column(row, "on_parent_failure")?)?,
-            job_id: column(row, "job_id")?,
-            wait_signal: column(row, "wait_signal")?,
-            signalled: column(row, "signalled")?,
-            has_compensate: column(row, "has_compensate")?,
-            compensation: compensation
-                .map(|text| {
-                    CompensationState::parse(&text)
-                        .ok_or_else(|| unreadable(format!("compensation {text:?}")))
-                })
-                .transpose()?,
-            compensation_job_id: column(row, "compensation_job_id")?,
-            completed_seq: column(row, "completed_seq")?,
-        });
-    }
-    Ok(Some(FlowGraph::new(
-        flow_id,
-        flow_state(&column::<String>(&head, "state")?)?,
-        policy_of(column(&head, "on_failure")?)?,
-        column(&head, "failed_step")?,
-        steps,
-    )))
+    let heads = lock_heads(&mut *conn, ctx, vec![flow_id]).await?;
+    Ok(load_graphs(conn, ctx, heads).await?.remove(&flow_id))
 }
 
 /// Applies one event to a flow (locking it first) and writes what the policy decided. Returns
@@ -471,12 +583,51 @@ pub(crate) async fn handle(
     flow_id: Uuid,
     event: FlowEvent,
 ) -> StoreResult<bool> {
-    let Some(mut graph) = load_graph(&mut *conn, ctx, flow_id).await? else {
-        return Ok(false);
-    };
-    let effects = graph.apply(event);
-    let changed = !effects.is_empty();
-    write_effects(conn, ctx, &graph, effects).await?;
+    let changed = handle_many(conn, ctx, vec![(flow_id, event)]).await?;
+    Ok(changed.first().copied().unwrap_or(false))
+}
+
+/// Applies events to their flows, locking every flow first (in id order), and writes what the
+/// policy decided for all of them together (see `write_effects`). Returns, per event, whether
+/// it changed anything. Must run inside a transaction, the events' own.
+pub(crate) async fn handle_many(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    events: Vec<(Uuid, FlowEvent)>,
+) -> StoreResult<Vec<bool>> {
+    let heads = lock_heads(&mut *conn, ctx, events.iter().map(|(id, _)| *id).collect()).await?;
+    handle_locked(conn, ctx, heads, events).await
+}
+
+/// `handle_many` for flows whose heads the transaction has locked already (`lock_heads`, taken
+/// before the jobs whose events these are: see the module's lock order). Every graph is loaded
+/// once, takes its events in the order given (each seeing the ones before it, in memory, as
+/// it would after writing them: none of these events can concern a job that the earlier ones
+/// created, as such a job did not exist when the event happened), and all effects are written
+/// together. An event of a flow that was not locked (there is no such flow) changes nothing.
+pub(crate) async fn handle_locked(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    heads: Vec<Head>,
+    events: Vec<(Uuid, FlowEvent)>,
+) -> StoreResult<Vec<bool>> {
+    let mut graphs = load_graphs(&mut *conn, ctx, heads).await?;
+    let mut effects: BTreeMap<Uuid, Vec<Effect>> = BTreeMap::new();
+    let mut changed = Vec::with_capacity(events.len());
+    for (flow_id, event) in events {
+        let Some(graph) = graphs.get_mut(&flow_id) else {
+            changed.push(false);
+            continue;
+        };
+        let decided = graph.apply(event);
+        changed.push(!decided.is_empty());
+        effects.entry(flow_id).or_default().extend(decided);
+    }
+    let flows = effects
+        .into_iter()
+        .filter_map(|(id, effects)| graphs.get(&id).map(|graph| (graph, effects)))
+        .collect();
+    write_effects(conn, ctx, flows).await?;
     Ok(changed)
 }
 
@@ -502,44 +653,213 @@ pub(crate) async fn job_finished(
     }
 }
 
-/// A step's new state, as an `Effect::StepState` gives it.
-type StepChange = (String, StepState, Option<StepError>);
+/// A step's new state, as an `Effect::StepState` gives it, with the order of completion the
+/// policy gave the step (stored only when it completed).
+struct StepChange {
+    step: String,
+    state: StepState,
+    error: Option<StepError>,
+    seq: Option<i64>,
+}
 
-/// Writes the effects in order. Consecutive step changes are written by one statement, and so
-/// are consecutive starts (a fan-out starts all its members at once, a cancel cancels every
-/// step), which keeps a flow of a thousand steps to a few round trips per event.
+/// A run of one flow's effects, in order.
+enum Segment {
+    /// Step changes, starts and at most one flow state, touching each step once, so that
+    /// writing them as all step changes, then all starts, then the flow state, is the same as
+    /// writing them in order (see `Cutter`). Runs of many flows are written together.
+    Plain(Plain),
+    /// Rare effects (the flow is failing, compensating or being cancelled), written one by
+    /// one, in order.
+    Ordered(Vec<Rare>),
+}
+
+#[derive(Default)]
+struct Plain {
+    steps: Vec<StepChange>,
+    starts: Vec<String>,
+    flow: Option<(FlowState, Option<String>)>,
+}
+
+enum Rare {
+    CancelJob(Uuid),
+    Compensate(String),
+    CompensationState(String, CompensationState),
+}
+
+/// Cuts one flow's effects into segments, in order. A plain segment ends before an effect
+/// that would make writing it out of order differ from writing it in order: a second change
+/// or start of a step it touched (a step changed twice is written twice, in order), a second
+/// flow state, a change of a parent of a step it started (the start reads the parent's result
+/// as it was before; the policy never does this, as a parent has finished before its child
+/// starts), or a rare effect.
+struct Cutter<'g> {
+    steps: HashMap<&'g str, &'g GraphStep>,
+    out: Vec<Segment>,
+    plain: Plain,
+    touched: HashSet<String>,
+    started_parents: HashSet<&'g str>,
+}
+
+impl<'g> Cutter<'g> {
+    fn cut(graph: &'g FlowGraph, effects: Vec<Effect>) -> Vec<Segment> {
+        let mut cutter = Cutter {
+            steps: graph.steps.iter().map(|s| (s.name.as_str(), s)).collect(),
+            out: Vec::new(),
+            plain: Plain::default(),
+            touched: HashSet::new(),
+            started_parents: HashSet::new(),
+        };
+        for effect in effects {
+            cutter.push(effect);
+        }
+        cutter.close();
+        cutter.out
+    }
+
+    fn push(&mut self, effect: Effect) {
+        match effect {
+            Effect::StepState { step, state, error } => {
+                if self.touched.contains(&step) || self.started_parents.contains(step.as_str()) {
+                    self.close();
+                }
+                self.touched.insert(step.clone());
+                let seq = self.steps.get(step.as_str()).and_then(|s| s.completed_seq);
+                self.plain.steps.push(StepChange {
+                    step,
+                    state,
+                    error,
+                    seq,
+                });
+            }
+            Effect::Start { step } => {
+                if self.touched.contains(&step) {
+                    self.close();
+                }
+                if let Some(s) = self.steps.get(step.as_str()) {
+                    self.started_parents
+                        .extend(s.after.iter().map(String::as_str));
+                }
+                self.touched.insert(step.clone());
+                self.plain.starts.push(step);
+            }
+            Effect::FlowState { state, failed_step } => {
+                if self.plain.flow.is_some() {
+                    self.close();
+                }
+                self.plain.flow = Some((state, failed_step));
+            }
+            Effect::CancelJob { job_id } => self.rare(Rare::CancelJob(job_id)),
+            Effect::Compensate { step } => self.rare(Rare::Compensate(step)),
+            Effect::CompensationState { step, state } => {
+                self.rare(Rare::CompensationState(step, state))
+            }
+        }
+    }
+
+    fn rare(&mut self, rare: Rare) {
+        self.close();
+        match self.out.last_mut() {
+            Some(Segment::Ordered(rares)) => rares.push(rare),
+            _ => self.out.push(Segment::Ordered(vec![rare])),
+        }
+    }
+
+    /// Ends the current plain segment.
+    fn close(&mut self) {
+        let plain = std::mem::take(&mut self.plain);
+        if !plain.steps.is_empty() || !plain.starts.is_empty() || plain.flow.is_some() {
+            self.out.push(Segment::Plain(plain));
+        }
+        self.touched.clear();
+        self.started_parents.clear();
+    }
+}
+
+/// The plain segments of many flows, gathered to be written by one statement of each kind.
+#[derive(Default)]
+struct PlainBatch {
+    step_flows: Vec<Uuid>,
+    step_names: Vec<String>,
+    step_states: Vec<&'static str>,
+    step_finished: Vec<Option<DateTime<Utc>>>,
+    step_seqs: Vec<Option<i64>>,
+    step_errors: Vec<Option<Json<StepError>>>,
+    starts: Vec<(Uuid, String)>,
+    flow_ids: Vec<Uuid>,
+    flow_states: Vec<&'static str>,
+    flow_failed: Vec<Option<String>>,
+    flow_finished: Vec<Option<DateTime<Utc>>>,
+}
+
+impl PlainBatch {
+    fn add(&mut self, now: DateTime<Utc>, flow_id: Uuid, plain: Plain) {
+        for change in plain.steps {
+            self.step_flows.push(flow_id);
+            self.step_names.push(change.step);
+            self.step_states.push(change.state.as_str());
+            self.step_finished
+                .push(change.state.is_finished().then_some(now));
+            self.step_seqs.push(change.seq);
+            self.step_errors.push(change.error.map(Json));
+        }
+        self.starts
+            .extend(plain.starts.into_iter().map(|step| (flow_id, step)));
+        if let Some((state, failed_step)) = plain.flow {
+            self.flow_ids.push(flow_id);
+            self.flow_states.push(state.as_str());
+            self.flow_failed.push(failed_step);
+            self.flow_finished.push(state.is_finished().then_some(now));
+        }
+    }
+}
+
+/// Writes the effects of flows, each flow's in order. Each flow's effects are cut into
+/// segments (`Cutter`); the first segments of all flows are written, then the second ones,
+/// and so on. Flows share no rows, so only each flow's own order matters. Plain segments of
+/// one round are written together: one statement for all step changes, one start (a read and
+/// an insert of all new jobs) and one for all flow states, so a completion batch costs the
+/// same few round trips however many flows it moves. Ordered segments (rare) are written
+/// effect by effect.
 async fn write_effects(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-    graph: &FlowGraph,
-    effects: Vec<Effect>,
+    flows: Vec<(&FlowGraph, Vec<Effect>)>,
 ) -> StoreResult<()> {
-    let sql = &ctx.sql.workflow;
-    let mut effects = effects.into_iter().peekable();
-    while let Some(effect) = effects.next() {
+    let mut queues: Vec<(Uuid, VecDeque<Segment>)> = flows
+        .into_iter()
+        .map(|(graph, effects)| (graph.id, Cutter::cut(graph, effects).into()))
+        .collect();
+    loop {
+        let mut batch = PlainBatch::default();
+        let mut any = false;
+        for (flow_id, queue) in &mut queues {
+            match queue.pop_front() {
+                Some(Segment::Plain(plain)) => batch.add(ctx.now, *flow_id, plain),
+                Some(Segment::Ordered(rares)) => {
+                    write_ordered(&mut *conn, ctx, *flow_id, rares).await?
+                }
+                None => continue,
+            }
+            any = true;
+        }
+        if !any {
+            return Ok(());
+        }
+        write_plain(&mut *conn, ctx, batch).await?;
+    }
+}
+
+/// Writes rare effects of one flow, one by one in order.
+async fn write_ordered(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    flow_id: Uuid,
+    effects: Vec<Rare>,
+) -> StoreResult<()> {
+    for effect in effects {
         match effect {
-            Effect::StepState { step, state, error } => {
-                let mut changes: Vec<StepChange> = vec![(step, state, error)];
-                // A step changed twice in one run is written in two statements, in order.
-                while let Some(Effect::StepState { step, state, error }) = effects.next_if(|e| {
-                    matches!(e, Effect::StepState { step, .. }
-                        if !changes.iter().any(|(name, _, _)| name == step))
-                }) {
-                    changes.push((step, state, error));
-                }
-                set_steps(conn, ctx, graph, changes).await?;
-            }
-            Effect::Start { step } => {
-                let mut starting = vec![step];
-                while let Some(Effect::Start { step }) =
-                    effects.next_if(|e| matches!(e, Effect::Start { .. }))
-                {
-                    starting.push(step);
-                }
-                start_steps(conn, ctx, graph.id, &starting).await?;
-            }
             // The flow is cancelling its own step: the hook must not hear of it again.
-            Effect::CancelJob { job_id } => {
+            Rare::CancelJob(job_id) => {
                 sqlx::query(ctx.sql.cancel_unhooked.clone())
                     .bind(ctx.now)
                     .bind(job_id)
@@ -547,172 +867,146 @@ async fn write_effects(
                     .await
                     .map_err(db("cancel a flow's job"))?;
             }
-            Effect::Compensate { step } => compensate(conn, ctx, graph.id, &step).await?,
-            Effect::CompensationState { step, state } => {
-                sqlx::query(sql.compensation_state.clone())
+            Rare::Compensate(step) => compensate(&mut *conn, ctx, flow_id, &step).await?,
+            Rare::CompensationState(step, state) => {
+                sqlx::query(ctx.sql.workflow.compensation_state.clone())
                     .bind(state.as_str())
-                    .bind(graph.id)
+                    .bind(flow_id)
                     .bind(&step)
                     .execute(&mut *conn)
                     .await
                     .map_err(db("record a compensation"))?;
-            }
-            Effect::FlowState { state, failed_step } => {
-                let finished = state.is_finished().then_some(ctx.now);
-                sqlx::query(sql.flow_state.clone())
-                    .bind(state.as_str())
-                    .bind(failed_step.as_deref())
-                    .bind(finished)
-                    .bind(graph.id)
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db("record a flow's state"))?;
             }
         }
     }
     Ok(())
 }
 
-async fn set_steps(
-    conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
-    graph: &FlowGraph,
-    changes: Vec<StepChange>,
-) -> StoreResult<()> {
-    let mut names = Vec::with_capacity(changes.len());
-    let mut states = Vec::with_capacity(changes.len());
-    let mut finished = Vec::with_capacity(changes.len());
-    let mut seqs = Vec::with_capacity(changes.len());
-    let mut errors = Vec::with_capacity(changes.len());
-    for (step, state, error) in changes {
-        // The order of completion the policy gave the step (read only when it completed).
-        seqs.push(
-            graph
-                .steps
-                .iter()
-                .find(|s| s.name == step)
-                .and_then(|s| s.completed_seq),
-        );
-        names.push(step);
-        states.push(state.as_str());
-        finished.push(state.is_finished().then_some(ctx.now));
-        errors.push(error.map(Json));
+/// Writes the plain segments of one round: every step change in one statement, then every
+/// start, then every flow state in one statement (see `Segment::Plain` for why this order is
+/// the effects' own).
+async fn write_plain(conn: &mut PgConnection, ctx: &Ctx<'_>, batch: PlainBatch) -> StoreResult<()> {
+    let sql = &ctx.sql.workflow;
+    if !batch.step_names.is_empty() {
+        sqlx::query(sql.set_steps.clone())
+            .bind(&batch.step_flows)
+            .bind(&batch.step_names)
+            .bind(&batch.step_states)
+            .bind(&batch.step_finished)
+            .bind(&batch.step_seqs)
+            .bind(&batch.step_errors)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("record flow steps' states"))?;
     }
-    sqlx::query(ctx.sql.workflow.set_steps.clone())
-        .bind(graph.id)
-        .bind(&names)
-        .bind(&states)
-        .bind(&finished)
-        .bind(&seqs)
-        .bind(&errors)
-        .execute(conn)
-        .await
-        .map_err(db("record flow steps' states"))?;
+    if !batch.starts.is_empty() {
+        start_steps(&mut *conn, ctx, &batch.starts).await?;
+    }
+    if !batch.flow_ids.is_empty() {
+        sqlx::query(sql.flow_state.clone())
+            .bind(&batch.flow_ids)
+            .bind(&batch.flow_states)
+            .bind(&batch.flow_failed)
+            .bind(&batch.flow_finished)
+            .execute(conn)
+            .await
+            .map_err(db("record flows' states"))?;
+    }
     Ok(())
 }
 
-/// Starts steps whose parents allow it: inserts each job step's job (under its reserved id,
-/// with its completed parents' results) and makes each wait step wait.
+/// Starts steps of any number of flows, `(flow, step)` each once: marks them and reads their
+/// specs and their completed parents' results in one statement, inserts every job step's job
+/// (under its reserved id, with those results) in one import, and gives each wait step its
+/// deadline.
 async fn start_steps(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-    flow_id: Uuid,
-    starting: &[String],
+    starting: &[(Uuid, String)],
 ) -> StoreResult<()> {
     let sql = &ctx.sql.workflow;
-    let rows = sqlx::query(sql.start_rows.clone())
-        .bind(flow_id)
-        .bind(starting)
+    let (flows, names): (Vec<Uuid>, Vec<&str>) = starting
+        .iter()
+        .map(|(flow, name)| (*flow, name.as_str()))
+        .unzip();
+    let rows = sqlx::query(sql.start_steps.clone())
+        .bind(&flows)
+        .bind(&names)
         .fetch_all(&mut *conn)
         .await
-        .map_err(db("read starting flow steps"))?;
+        .map_err(db("start flow steps"))?;
     struct Starting {
         job: Option<NewJob>,
         job_id: Option<Uuid>,
         after: Vec<String>,
         wait_timeout_ms: Option<i64>,
     }
-    let mut by_name: HashMap<String, Starting> = HashMap::with_capacity(rows.len());
+    let mut specs: HashMap<(Uuid, String), Starting> = HashMap::with_capacity(starting.len());
+    let mut results: HashMap<Uuid, HashMap<String, Value>> = HashMap::new();
     for row in &rows {
-        let job: Option<Json<NewJob>> = column(row, "job")?;
-        by_name.insert(
-            column(row, "name")?,
-            Starting {
-                job: job.map(|Json(job)| job),
-                job_id: column(row, "job_id")?,
-                after: column(row, "after")?,
-                wait_timeout_ms: column(row, "wait_timeout_ms")?,
-            },
-        );
-    }
-    // Every parent's result in one read (a fan-in's callback has many parents).
-    let parents: HashSet<&str> = by_name
-        .values()
-        .filter(|s| s.job.is_some())
-        .flat_map(|s| s.after.iter().map(String::as_str))
-        .collect();
-    let mut results: HashMap<String, Value> = HashMap::new();
-    if !parents.is_empty() {
-        let parents: Vec<&str> = parents.into_iter().collect();
-        let rows = sqlx::query(sql.completed_results.clone())
-            .bind(flow_id)
-            .bind(&parents)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db("read flow steps' results"))?;
-        for row in &rows {
-            let result: Option<Json<Value>> = column(row, "result")?;
-            // A completed parent without a result is handed on as null.
-            results.insert(
-                column(row, "name")?,
-                result.map_or(Value::Null, |Json(v)| v),
+        let key = (column(row, "flow_id")?, column(row, "name")?);
+        if column(row, "starting")? {
+            let job: Option<Json<NewJob>> = column(row, "job")?;
+            specs.insert(
+                key,
+                Starting {
+                    job: job.map(|Json(job)| job),
+                    job_id: column(row, "job_id")?,
+                    after: column(row, "after")?,
+                    wait_timeout_ms: column(row, "wait_timeout_ms")?,
+                },
             );
+        } else {
+            // A completed parent without a result is handed on as null.
+            let result: Option<Json<Value>> = column(row, "result")?;
+            results
+                .entry(key.0)
+                .or_default()
+                .insert(key.1, result.map_or(Value::Null, |Json(v)| v));
         }
     }
     let mut jobs = Vec::new();
-    let mut activated = Vec::new();
+    let mut wait_flows = Vec::new();
     let mut waiting = Vec::new();
     let mut deadlines = Vec::new();
-    for name in starting {
-        let step = by_name
-            .remove(name)
+    for (flow_id, name) in starting {
+        let step = specs
+            .remove(&(*flow_id, name.clone()))
             .ok_or_else(|| unreadable(format!("flow {flow_id} has no step {name:?}")))?;
         match (step.job, step.job_id) {
             (Some(job), Some(job_id)) => {
                 // Only completed parents have a result; a failed one the step runs despite
                 // (`continue`) is absent.
+                let done = results.get(flow_id);
                 let parents = step
                     .after
-                    .iter()
-                    .filter_map(|p| results.get(p).map(|r| (p.clone(), r.clone())))
+                    .into_iter()
+                    .filter_map(|p| {
+                        let result = done?.get(&p)?.clone();
+                        Some((p, result))
+                    })
                     .collect();
                 let link = FlowLink {
-                    flow_id,
+                    flow_id: *flow_id,
                     step: name.clone(),
                     parents,
                 };
                 jobs.push(flow_job(ctx.now, job, job_id, link));
-                activated.push(name.as_str());
             }
             _ => {
+                wait_flows.push(*flow_id);
                 waiting.push(name.as_str());
                 deadlines.push(deadline(ctx.now, step.wait_timeout_ms));
             }
         }
     }
     if !jobs.is_empty() {
-        // Queue depth limits do not apply: the flow was accepted whole when it was created.
+        // Queue depth limits do not apply: the flows were accepted whole when created.
         ops::import(&mut *conn, ctx.sql, &jobs).await?;
-        sqlx::query(sql.activate.clone())
-            .bind(flow_id)
-            .bind(&activated)
-            .execute(&mut *conn)
-            .await
-            .map_err(db("activate flow steps"))?;
     }
     if !waiting.is_empty() {
         sqlx::query(sql.begin_waits.clone())
-            .bind(flow_id)
+            .bind(&wait_flows)
             .bind(&waiting)
             .bind(&deadlines)
             .execute(conn)
@@ -782,7 +1076,7 @@ pub(crate) async fn cancel(
         .ok_or(StoreError::FlowNotFound(id))?;
     graph.check_cancel()?;
     let effects = graph.apply(FlowEvent::Cancel);
-    write_effects(&mut *conn, ctx, &graph, effects).await?;
+    write_effects(&mut *conn, ctx, vec![(&graph, effects)]).await?;
     view(conn, ctx, id)
         .await?
         .ok_or(StoreError::FlowNotFound(id))
@@ -809,7 +1103,7 @@ pub(crate) async fn signal(
         .await
         .map_err(db("store a signal"))?;
     let effects = graph.apply(FlowEvent::Signal { step: name });
-    write_effects(conn, ctx, &graph, effects).await?;
+    write_effects(conn, ctx, vec![(&graph, effects)]).await?;
     Ok(outcome)
 }
 
@@ -831,16 +1125,14 @@ pub(crate) async fn expire_waits(
         .iter()
         .map(|row| Ok((column(row, "flow_id")?, column(row, "name")?)))
         .collect::<StoreResult<_>>()?;
-    // All of them up front, in id order: handling them one by one in deadline order would
-    // lock them in an order another transaction might reverse.
-    lock_flows(&mut *conn, ctx, due.iter().map(|(id, _)| *id).collect()).await?;
-    let mut expired = 0;
-    for (flow_id, step) in due {
-        if handle(&mut *conn, ctx, flow_id, FlowEvent::WaitTimedOut { step }).await? {
-            expired += 1;
-        }
-    }
-    Ok(expired)
+    // All of them together, locked up front in id order (handling them one by one in deadline
+    // order would lock them in an order another transaction might reverse).
+    let events = due
+        .into_iter()
+        .map(|(flow_id, step)| (flow_id, FlowEvent::WaitTimedOut { step }))
+        .collect();
+    let changed = handle_many(conn, ctx, events).await?;
+    Ok(changed.into_iter().filter(|&c| c).count() as u64)
 }
 
 /// Deletes finished flows past their retention, with their steps (see `FlowStore::flows_prune`).

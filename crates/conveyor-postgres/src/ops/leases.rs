@@ -146,9 +146,9 @@ pub(super) fn held_leases(found: Vec<PgRow>) -> StoreResult<HashSet<LeaseKey>> {
 /// Completes running jobs whose lease still holds, in one statement. Outcomes are per input, in
 /// order; a lease listed twice is applied once (the first), like two completions in sequence.
 ///
-/// Jobs of flows are left out of that statement and completed after it, in a transaction of
-/// their own (a savepoint when `conn` is already in one) that locks their flows first and tells
-/// them (see `workflow`). Only a batch with a job the first statement did not complete (a
+/// Jobs of flows are left out of that statement and completed after it, all of them in one
+/// transaction of their own (a savepoint when `conn` is already in one) that locks their flows
+/// first, in id order, and moves every flow with a few statements (see `workflow`). Only a batch with a job the first statement did not complete (a
 /// flow's, or one whose lease was lost) pays for the second look. Outside a caller's
 /// transaction, an error in that second part leaves the first part's completions applied, as a
 /// connection lost right after a commit would: an error says nothing about which applied, and
@@ -208,7 +208,7 @@ pub(crate) async fn complete_many(
 }
 
 /// Completes the jobs of flows among `left` (the completions the plain statement did not
-/// apply), locking their flows first, and tells each flow in the same transaction. Returns the
+/// apply), locking their flows first, and tells the flows in the same transaction. Returns the
 /// leases applied.
 async fn complete_flow_jobs(
     conn: &mut PgConnection,
@@ -233,56 +233,19 @@ async fn complete_flow_jobs(
         // Plain jobs whose lease was lost: nothing more to do.
         return Ok(HashSet::new());
     }
-    let left: Vec<_> = left
+    let left: Vec<FlowCompletion<'_>> = left
         .into_iter()
         .filter(|(id, _, _)| flow_of.contains_key(id))
         .collect();
-    let mut by_flow: BTreeMap<Uuid, Vec<FlowCompletion<'_>>> = BTreeMap::new();
-    for completion in left {
-        if let Some(flow) = flow_of.get(&completion.0) {
-            by_flow.entry(*flow).or_default().push(completion);
-        }
-    }
-    match ctx.pool {
-        // Each flow in a transaction of its own on a connection of its own, side by side: a
-        // flow's event is a few round trips, and the flows of one batch share nothing (each
-        // transaction locks its one flow, so none waits for another).
-        Some(pool) if by_flow.len() > 1 => {
-            let groups = by_flow.into_iter().map(|(flow, group)| async move {
-                let mut conn = pool.acquire().await.map_err(db("acquire a connection"))?;
-                complete_flow_group(&mut conn, ctx, vec![flow], group).await
-            });
-            let mut applied = HashSet::new();
-            for set in futures::future::try_join_all(groups).await? {
-                applied.extend(set);
-            }
-            Ok(applied)
-        }
-        _ => {
-            let flows = by_flow.keys().copied().collect();
-            let group = by_flow.into_values().flatten().collect();
-            complete_flow_group(conn, ctx, flows, group).await
-        }
-    }
-}
-
-/// One completion of a flow's job: id, lease token, result.
-type FlowCompletion<'a> = (Uuid, Uuid, Option<Json<&'a Value>>);
-
-/// Completes `group` (jobs of `flows`) in one transaction that locks the flows first, and tells
-/// each flow. Returns the leases applied.
-async fn complete_flow_group(
-    conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
-    flows: Vec<Uuid>,
-    group: Vec<FlowCompletion<'_>>,
-) -> StoreResult<HashSet<LeaseKey>> {
+    // One transaction for the whole batch, however many flows it touches: it locks them all
+    // (in id order, before their jobs: see `workflow`), completes the jobs, and moves every
+    // flow with a few statements for all of them together (`workflow::handle_locked`).
     let mut tx = conn.begin().await.map_err(db("begin flow completion"))?;
-    workflow::lock_flows(&mut tx, ctx, flows).await?;
-    let mut ids = Vec::with_capacity(group.len());
-    let mut tokens = Vec::with_capacity(group.len());
-    let mut results = Vec::with_capacity(group.len());
-    for (id, token, result) in group {
+    let heads = workflow::lock_heads(&mut tx, ctx, flow_of.into_values().collect()).await?;
+    let mut ids = Vec::with_capacity(left.len());
+    let mut tokens = Vec::with_capacity(left.len());
+    let mut results = Vec::with_capacity(left.len());
+    for (id, token, result) in left {
         ids.push(id);
         tokens.push(token);
         results.push(result);
@@ -306,16 +269,23 @@ async fn complete_flow_group(
     // In the batch's order, so the flows see their steps finish as the caller listed them.
     let order: HashMap<Uuid, usize> = ids.iter().enumerate().map(|(i, id)| (*id, i)).collect();
     finished.sort_by_key(|(_, id)| order.get(id).copied());
-    for (flow_id, job_id) in finished {
-        let event = FlowEvent::JobFinished {
-            job_id,
-            state: JobState::Completed,
-        };
-        workflow::handle(&mut tx, ctx, flow_id, event).await?;
-    }
+    let events = finished
+        .into_iter()
+        .map(|(flow_id, job_id)| {
+            let event = FlowEvent::JobFinished {
+                job_id,
+                state: JobState::Completed,
+            };
+            (flow_id, event)
+        })
+        .collect();
+    workflow::handle_locked(&mut tx, ctx, heads, events).await?;
     tx.commit().await.map_err(db("commit flow completion"))?;
     Ok(applied)
 }
+
+/// One completion of a flow's job: id, lease token, result.
+type FlowCompletion<'a> = (Uuid, Uuid, Option<Json<&'a Value>>);
 
 /// Records a failed attempt on the job held under `lease`: `retryable` at `retry_at` while
 /// attempts remain, else `dead` and finished, and tells the job's flow when it died. `None`

@@ -53,9 +53,6 @@ pub(crate) struct Ctx<'a> {
     pub schema: &'a str,
     pub now: DateTime<Utc>,
     pub options: &'a StoreOptions,
-    /// The store's pool, for work that may spread over connections of its own (the flows of a
-    /// completion batch); `None` inside a caller's transaction, where everything stays in it.
-    pub pool: Option<&'a sqlx::PgPool>,
 }
 
 /// Takes the transaction-scoped advisory locks `keys` (in ascending order, each once, so two
