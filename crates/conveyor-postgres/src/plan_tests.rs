@@ -279,3 +279,82 @@ async fn flow_reads_probe_keys_when_planned_on_empty_tables() {
         "start_steps reads parents by key: {start}"
     );
 }
+
+/// The batched completion, planned for its real arguments on a table that has never been
+/// analyzed (a new schema, autovacuum off, before the store's own ANALYZE): it must look each
+/// completion up by key. Its filter on `flow_id` once made the planner estimate one running
+/// job, scan `jobs` and compare every running job with every completion (870 ms a batch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_completion_keeps_its_flow_filter_out_of_the_scan_of_an_unanalyzed_table() {
+    let url = database_url();
+    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
+    let _cleanup = DropSchema(schema.clone());
+    let store = PgStore::connect(
+        &url,
+        PgOptions {
+            schema: schema.clone(),
+            max_connections: 2,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .expect("the test database (set CONVEYOR_TEST_PG_URL)");
+    let jobs: Vec<NewJob> = (0..20_000)
+        .map(|i| NewJob::new("plan", serde_json::json!({ "i": i })))
+        .collect();
+    store.jobs_insert_many(jobs).await.expect("insert");
+    let mut claimed = Vec::new();
+    while claimed.len() < 5000 {
+        claimed.extend(
+            store
+                .jobs_fetch(FetchParams {
+                    worker_id: "w".to_string(),
+                    queues: vec!["default".to_string()],
+                    max: 1000,
+                    lease: Duration::from_secs(60),
+                    kinds: None,
+                })
+                .await
+                .expect("fetch"),
+        );
+    }
+    let leases: Vec<_> = claimed[..1000]
+        .iter()
+        .filter_map(|j| j.lease_ref())
+        .collect();
+    let array = |values: Vec<String>| format!("'{{{}}}'", values.join(","));
+    let ids = array(leases.iter().map(|l| l.id.to_string()).collect());
+    let tokens = array(leases.iter().map(|l| l.lease_token.to_string()).collect());
+    let sql = Sql::new(&schema);
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::raw_sql("SET plan_cache_mode = force_custom_plan")
+        .execute(&mut conn)
+        .await
+        .expect("custom plans");
+    let plan = generic_plan(
+        &mut conn,
+        "complete_fresh",
+        sql.complete.as_str(),
+        "uuid[], uuid[], jsonb[], timestamptz",
+        &format!("{ids}, {tokens}, '{{}}', now()"),
+    )
+    .await;
+    // A hash join over one scan of `jobs` is linear in the table (and the cost model moves to
+    // the key once the table is large); a nested loop is fine only as key lookups.
+    // The estimate that misled the planner came from filtering the scan of `jobs` on
+    // `flow_id IS NULL` (one row estimated): that filter must stay a join filter.
+    let scan_filters_flow = plan
+        .split("\"Node Type\":")
+        .any(|node| node.contains("\"Filter\":\"((flow_id IS NULL)"));
+    assert!(
+        !scan_filters_flow,
+        "the scan of jobs must not be filtered on flow_id: {plan}"
+    );
+    // A hash join over one scan of `jobs` is linear in the table (and the cost model moves to
+    // the key once the table is large); a nested loop is fine only as key lookups.
+    let nested = plan.contains("\"Node Type\":\"Nested Loop\"");
+    assert!(
+        !nested || plan.contains("jobs_pkey"),
+        "the completion must not compare every running job with every completion: {plan}"
+    );
+}

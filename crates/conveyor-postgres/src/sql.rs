@@ -284,12 +284,18 @@ impl Sql {
             // `result` stays SQL NULL for "no result" and is jsonb `null` for `Some(Null)`.
             // Plain jobs only: a job of a flow must tell its flow in the same transaction,
             // after locking the flow, so it is left for `complete_flow_jobs` (the filter reads
-            // one column of the row the key lookup already found).
+            // one column of the row the key lookup already found). The filter mentions `c` so
+            // that it is a join filter, never a filter of the scan of `jobs`: on a table not yet
+            // analyzed, `flow_id IS NULL AND state = 'running'` was estimated at one row, and
+            // the planner scanned `jobs` first and compared every running job with every
+            // completion (4.85 M comparisons, 870 ms for a batch of 1,000 with 4,851 running,
+            // seen with auto_explain on a fresh schema).
             complete: stmt(format!(
                 "UPDATE {jobs} j SET state = 'completed', result = c.result, finished_at = $4, \
                      lease_token = NULL, lease_expires_at = NULL \
                  FROM unnest($1::uuid[], $2::uuid[], $3::jsonb[]) AS c(id, token, result) \
-                 WHERE j.id = c.id AND {} AND j.lease_token = c.token AND j.flow_id IS NULL \
+                 WHERE j.id = c.id AND {} AND j.lease_token = c.token \
+                     AND (j.flow_id IS NULL OR c.id IS NULL) \
                  RETURNING j.id, c.token",
                 running("j.")
             )),
