@@ -221,3 +221,56 @@ async fn the_store_vacuums_its_jobs_table_when_autovacuum_is_off() {
     )
     .await;
 }
+
+/// Workflows rewrite their step and flow rows at every step: with autovacuum off the store
+/// vacuums those tables too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_vacuums_its_flow_tables_when_autovacuum_is_off() {
+    use conveyor_core::workflow::{NewFlow, ValidFlow};
+    use conveyor_core::FlowStore;
+    let (store, _clock, _guard) = common::fresh_store().await;
+    let pool = store.pool().clone();
+    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
+        .fetch_one(&pool)
+        .await
+        .expect("autovacuum setting");
+    // 400 chains of 3 steps run to the end: every step row written at least twice.
+    for _ in 0..400 {
+        let flow = NewFlow::chain(
+            ["a", "b", "c"].map(|name| (name, NewJob::new("step", serde_json::json!({})))),
+        );
+        store
+            .flow_create(ValidFlow::new(flow).expect("valid"))
+            .await
+            .expect("create");
+    }
+    drain(&store, "default").await;
+    let last_vacuum = || async {
+        sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
+            "SELECT last_vacuum FROM pg_stat_user_tables \
+             WHERE schemaname = $1 AND relname = 'flow_steps'",
+        )
+        .bind(store.schema())
+        .fetch_optional(&pool)
+        .await
+        .expect("statistics")
+        .flatten()
+    };
+    if autovacuum == "on" {
+        store.storage_maintenance().await.expect("no-op");
+        assert!(last_vacuum().await.is_none(), "autovacuum's job");
+        return;
+    }
+    eventually_within(
+        "the maintenance pass to vacuum flow_steps",
+        Duration::from_secs(30),
+        || async {
+            if let Some(at) = last_vacuum().await {
+                return Some(at);
+            }
+            store.storage_maintenance().await.expect("maintenance");
+            None
+        },
+    )
+    .await;
+}
