@@ -280,3 +280,38 @@ def test_async_client_flows(server, queue):
             assert caught.value.field == "steps[1].after[0]"
 
     asyncio.run(main())
+
+
+def test_a_kind_schema_refuses_payloads_naming_the_place(client):
+    kind = "signup-" + uuid.uuid4().hex[:8]
+    schema = {"type": "object", "required": ["user_id"], "properties": {"user_id": {"type": "integer"}}}
+    stored = client.set_schema(kind, schema, version=3)
+    assert stored["schema"] == schema and stored["version"] == 3
+    assert client.get_schema(kind)["kind"] == kind
+    assert kind in [k["kind"] for k in client.list_schemas()]
+    with pytest.raises(InvalidRequest) as refused:
+        client.enqueue(kind, {"user_id": "seven"})
+    assert refused.value.field == "payload/user_id"
+    assert client.enqueue(kind, {"user_id": 7})
+    # A stricter schema that the queued job would not pass is refused unless forced.
+    stricter = {"type": "object", "properties": {"user_id": {"type": "integer", "minimum": 100}}}
+    with pytest.raises(Conflict):
+        client.set_schema(kind, stricter)
+    client.set_schema(kind, stricter, force=True)
+    client.delete_schema(kind)
+    with pytest.raises(NotFound):
+        client.get_schema(kind)
+
+
+def test_async_client_sets_and_reads_a_schema(server):
+    async def main():
+        kind = "async-" + uuid.uuid4().hex[:8]
+        async with AsyncClient(server.url) as c:
+            await c.set_schema(kind, {"type": "object"})
+            assert (await c.get_schema(kind))["schema"] == {"type": "object"}
+            with pytest.raises(InvalidRequest) as refused:
+                await c.enqueue(kind, [1, 2])
+            assert refused.value.field == "payload"
+            await c.delete_schema(kind)
+
+    asyncio.run(main())

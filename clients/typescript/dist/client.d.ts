@@ -105,6 +105,13 @@ export interface ListFlowsOptions {
 }
 export type SignalOutcome = 'delivered' | 'stored';
 /** Whether a flow has ended (any state but `running` and `compensating`). */
+/** A kind's settings: its payload schema (JSON Schema 2020-12) and your version of it. */
+export interface KindSettings {
+    kind: string;
+    schema: unknown;
+    version: number | null;
+    updated_at: string;
+}
 export declare function flowFinished(flow: Pick<FlowView, 'state'>): boolean;
 /** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
 export interface UniqueOptions {
@@ -210,6 +217,22 @@ export declare class Client {
      * it; `Conflict` when that step has finished.
      */
     signal(flowId: string, signal: string, payload?: unknown): Promise<SignalOutcome>;
+    /**
+     * Sets `kind`'s payload schema (JSON Schema 2020-12; admin role): from then on every enqueue
+     * of the kind, from any language, is checked against it, and a payload that does not pass is
+     * refused with `InvalidRequest` naming the place (`payload/user_id`). `Conflict` (with
+     * `would_fail` in the answer) when queued jobs of the kind would not pass, unless `force`.
+     */
+    setSchema(kind: string, schema: unknown, options?: {
+        version?: number;
+        force?: boolean;
+    }): Promise<KindSettings>;
+    /** `kind`'s settings; `NotFound` when it has none. */
+    getSchema(kind: string): Promise<KindSettings>;
+    /** Every kind with settings, by name. */
+    listSchemas(): Promise<KindSettings[]>;
+    /** Removes `kind`'s schema (its jobs stay); `NotFound` when it had none. */
+    deleteSchema(kind: string): Promise<void>;
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
     close(): void;
 }

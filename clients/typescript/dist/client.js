@@ -9,7 +9,6 @@ const FINISHED_STATES = new Set(['completed', 'dead', 'cancelled']);
 const MAX_WAIT_MS = 30_000;
 /** A flow in one of these states has ended (only `running` and `compensating` have not). */
 const FLOW_FINISHED_STATES = new Set(['completed', 'failed', 'compensated', 'cancelled']);
-/** Whether a flow has ended (any state but `running` and `compensating`). */
 export function flowFinished(flow) {
     return FLOW_FINISHED_STATES.has(flow.state);
 }
@@ -179,6 +178,35 @@ export class Client {
             body.payload = payload;
         const res = await this.transport.request('POST', `/v1/flows/${seg(flowId)}/signal`, body);
         return res.body.outcome;
+    }
+    /**
+     * Sets `kind`'s payload schema (JSON Schema 2020-12; admin role): from then on every enqueue
+     * of the kind, from any language, is checked against it, and a payload that does not pass is
+     * refused with `InvalidRequest` naming the place (`payload/user_id`). `Conflict` (with
+     * `would_fail` in the answer) when queued jobs of the kind would not pass, unless `force`.
+     */
+    async setSchema(kind, schema, options = {}) {
+        const body = { schema };
+        if (options.version !== undefined)
+            body.version = options.version;
+        if (options.force)
+            body.force = true;
+        const res = await this.transport.request('PUT', `/v1/kinds/${seg(kind)}`, body);
+        return res.body;
+    }
+    /** `kind`'s settings; `NotFound` when it has none. */
+    async getSchema(kind) {
+        const res = await this.transport.request('GET', `/v1/kinds/${seg(kind)}`);
+        return res.body;
+    }
+    /** Every kind with settings, by name. */
+    async listSchemas() {
+        const res = await this.transport.request('GET', '/v1/kinds');
+        return res.body.kinds;
+    }
+    /** Removes `kind`'s schema (its jobs stay); `NotFound` when it had none. */
+    async deleteSchema(kind) {
+        await this.transport.request('DELETE', `/v1/kinds/${seg(kind)}`);
     }
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
     close() {

@@ -120,6 +120,14 @@ export type SignalOutcome = 'delivered' | 'stored';
 const FLOW_FINISHED_STATES: ReadonlySet<string> = new Set(['completed', 'failed', 'compensated', 'cancelled']);
 
 /** Whether a flow has ended (any state but `running` and `compensating`). */
+/** A kind's settings: its payload schema (JSON Schema 2020-12) and your version of it. */
+export interface KindSettings {
+  kind: string;
+  schema: unknown;
+  version: number | null;
+  updated_at: string;
+}
+
 export function flowFinished(flow: Pick<FlowView, 'state'>): boolean {
   return FLOW_FINISHED_STATES.has(flow.state);
 }
@@ -338,6 +346,37 @@ export class Client {
     if (payload !== undefined) body.payload = payload;
     const res = await this.transport.request<{ outcome: SignalOutcome }>('POST', `/v1/flows/${seg(flowId)}/signal`, body);
     return res.body.outcome;
+  }
+
+  /**
+   * Sets `kind`'s payload schema (JSON Schema 2020-12; admin role): from then on every enqueue
+   * of the kind, from any language, is checked against it, and a payload that does not pass is
+   * refused with `InvalidRequest` naming the place (`payload/user_id`). `Conflict` (with
+   * `would_fail` in the answer) when queued jobs of the kind would not pass, unless `force`.
+   */
+  async setSchema(kind: string, schema: unknown, options: { version?: number; force?: boolean } = {}): Promise<KindSettings> {
+    const body: Record<string, unknown> = { schema };
+    if (options.version !== undefined) body.version = options.version;
+    if (options.force) body.force = true;
+    const res = await this.transport.request<KindSettings>('PUT', `/v1/kinds/${seg(kind)}`, body);
+    return res.body;
+  }
+
+  /** `kind`'s settings; `NotFound` when it has none. */
+  async getSchema(kind: string): Promise<KindSettings> {
+    const res = await this.transport.request<KindSettings>('GET', `/v1/kinds/${seg(kind)}`);
+    return res.body;
+  }
+
+  /** Every kind with settings, by name. */
+  async listSchemas(): Promise<KindSettings[]> {
+    const res = await this.transport.request<{ kinds: KindSettings[] }>('GET', '/v1/kinds');
+    return res.body.kinds;
+  }
+
+  /** Removes `kind`'s schema (its jobs stay); `NotFound` when it had none. */
+  async deleteSchema(kind: string): Promise<void> {
+    await this.transport.request<unknown>('DELETE', `/v1/kinds/${seg(kind)}`);
   }
 
   /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */

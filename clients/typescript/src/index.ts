@@ -9,6 +9,7 @@ export type {
   JobSpec,
   JobState,
   JobView,
+  KindSettings,
   ListFlowsOptions,
   Progress,
   SignalOutcome,

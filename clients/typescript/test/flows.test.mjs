@@ -238,3 +238,20 @@ test('idempotency key and listFlows', async () => {
   assert.deepEqual((await client.listFlows({ name, state: 'cancelled' })).flows.map((f) => f.id), [first.id]);
   await assert.rejects(client.listFlows({ state: 'sleeping' }), (e) => e instanceof InvalidRequest && e.field === 'state');
 });
+
+test('a kind schema refuses payloads naming the place, and is refused over queued jobs unless forced', async () => {
+  const kind = `signup-${Math.random().toString(16).slice(2, 10)}`;
+  const schema = { type: 'object', required: ['user_id'], properties: { user_id: { type: 'integer' } } };
+  const stored = await client.setSchema(kind, schema, { version: 3 });
+  assert.deepEqual(stored.schema, schema);
+  assert.equal(stored.version, 3);
+  assert.equal((await client.getSchema(kind)).kind, kind);
+  assert.ok((await client.listSchemas()).some((k) => k.kind === kind));
+  await assert.rejects(client.enqueue(kind, { user_id: 'seven' }), (e) => e instanceof InvalidRequest && e.field === 'payload/user_id');
+  await client.enqueue(kind, { user_id: 7 });
+  const stricter = { type: 'object', properties: { user_id: { type: 'integer', minimum: 100 } } };
+  await assert.rejects(client.setSchema(kind, stricter), (e) => e instanceof Conflict);
+  await client.setSchema(kind, stricter, { force: true });
+  await client.deleteSchema(kind);
+  await assert.rejects(client.getSchema(kind), (e) => e instanceof NotFound);
+});

@@ -79,6 +79,19 @@ def job_path(job_id: str, action: str = "") -> str:
     return path + "/" + action if action else path
 
 
+def kind_path(kind: str) -> str:
+    return "/v1/kinds/" + quote(str(kind), safe="")
+
+
+def kind_body(schema: Any, version: Optional[int], force: bool) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"schema": schema}
+    if version is not None:
+        body["version"] = version
+    if force:
+        body["force"] = True
+    return body
+
+
 def flow_path(flow_id: str, action: str = "") -> str:
     path = "/v1/flows/" + quote(str(flow_id), safe="")
     return path + "/" + action if action else path

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import ssl
 import time
-from typing import Any, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 from . import _wire
 from ._async_http import AsyncTransport
@@ -178,6 +178,30 @@ class Client:
         answer = self._http.request("POST", _wire.flow_path(flow_id, "signal"), body)
         return _wire.signal_outcome(answer)
 
+    # --- Payload schemas ------------------------------------------------------------------
+
+    def set_schema(
+        self, kind: str, schema: Any, *, version: Optional[int] = None, force: bool = False
+    ) -> Dict[str, Any]:
+        """Sets ``kind``'s payload schema (JSON Schema 2020-12; admin role): from then on every
+        enqueue of the kind, from any language, is checked against it and a payload that does
+        not pass raises ``InvalidRequest`` naming the place (``payload/user_id``). Raises
+        ``Conflict`` (``would_fail`` in its body) when queued jobs of the kind would not pass,
+        unless ``force``. Returns ``{kind, schema, version, updated_at}``."""
+        return self._http.request("PUT", _wire.kind_path(kind), _wire.kind_body(schema, version, force))
+
+    def get_schema(self, kind: str) -> Dict[str, Any]:
+        """``kind``'s settings (``{kind, schema, version, updated_at}``); ``NotFound`` if none."""
+        return self._http.request("GET", _wire.kind_path(kind))
+
+    def list_schemas(self) -> List[Dict[str, Any]]:
+        """Every kind with settings, by name."""
+        return self._http.request("GET", "/v1/kinds")["kinds"]
+
+    def delete_schema(self, kind: str) -> None:
+        """Removes ``kind``'s schema (its jobs stay); ``NotFound`` if it had none."""
+        self._http.request("DELETE", _wire.kind_path(kind))
+
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """Any other API call: ``client.request("GET", "/v1/queues")``; the answer's JSON."""
         return self._http.request(method, path, body)
@@ -321,6 +345,25 @@ class AsyncClient:
             "POST", _wire.flow_path(flow_id, "signal"), _wire.signal_body(signal, payload)
         )
         return _wire.signal_outcome(answer)
+
+    # --- Payload schemas ------------------------------------------------------------------
+
+    async def set_schema(
+        self, kind: str, schema: Any, *, version: Optional[int] = None, force: bool = False
+    ) -> Dict[str, Any]:
+        """See :meth:`Client.set_schema`."""
+        return await self._http.request(
+            "PUT", _wire.kind_path(kind), _wire.kind_body(schema, version, force)
+        )
+
+    async def get_schema(self, kind: str) -> Dict[str, Any]:
+        return await self._http.request("GET", _wire.kind_path(kind))
+
+    async def list_schemas(self) -> List[Dict[str, Any]]:
+        return (await self._http.request("GET", "/v1/kinds"))["kinds"]
+
+    async def delete_schema(self, kind: str) -> None:
+        await self._http.request("DELETE", _wire.kind_path(kind))
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         return await self._http.request(method, path, body)
