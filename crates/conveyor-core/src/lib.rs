@@ -16,6 +16,7 @@ pub mod job;
 pub mod kinds;
 pub mod redact;
 pub mod retry;
+pub mod scaling;
 pub mod schedule;
 pub mod store;
 pub mod stuck;

@@ -122,6 +122,12 @@ pub const RULES: &[(Method, &str, Access)] = &[
     // Counters and gauges hold no payloads: any token may read them (give a scraper the
     // least powerful one).
     (Method::GET, "/metrics", Access::Authenticated),
+    // The scaling signal holds counts only: any token (give the autoscaler the least one).
+    (
+        Method::GET,
+        "/v1/queues/{name}/scale",
+        Access::Authenticated,
+    ),
     // Operators.
     (Method::GET, "/v1/dead", ADMIN),
     (Method::POST, "/v1/dead/replay", ADMIN),

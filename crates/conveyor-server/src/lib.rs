@@ -78,6 +78,9 @@ pub struct ServerConfig {
     /// /v1/jobs`, `/v1/jobs/{id}`, `/v1/dead` and the dashboard. Fetches still hand workers
     /// the whole payload.
     pub sensitive_fields: Vec<String>,
+    /// The scaling signal's default target: the backlog worked off within this long
+    /// (`queue_desired_workers`, `GET /v1/queues/{name}`; `.../scale?target_s=` overrides it).
+    pub scale_target: Duration,
 }
 
 impl Default for ServerConfig {
@@ -92,6 +95,7 @@ impl Default for ServerConfig {
             max_batch_jobs: 10_000,
             stuck: StuckParams::default(),
             sensitive_fields: Vec::new(),
+            scale_target: Duration::from_secs(60),
         }
     }
 }
@@ -163,6 +167,8 @@ pub(crate) struct AppState {
     pub finished: Arc<tokio::sync::Notify>,
     /// The payload schemas enqueues are checked against (see `conveyor_core::kinds`).
     pub kinds: Arc<conveyor_core::kinds::KindRegistry>,
+    /// Each queue's measured throughput, for the scaling signal.
+    pub throughput: Arc<std::sync::Mutex<conveyor_core::scaling::ThroughputMeter>>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -187,9 +193,13 @@ pub fn router_with_options(
             .ok(),
     };
     let kinds = Arc::new(conveyor_core::kinds::KindRegistry::new(store.clone()));
+    if let Some(metrics) = &metrics {
+        metrics.set_scale_target(config.scale_target);
+    }
     let state = AppState {
         store,
         kinds,
+        throughput: Arc::default(),
         config: Arc::new(config),
         clock: options.clock,
         shutdown: options.shutdown,
@@ -224,6 +234,7 @@ pub fn router_with_options(
         .route("/v1/dead/{id}", delete(admin::dead_discard))
         .route("/v1/queues", get(admin::queues))
         .route("/v1/queues/{name}", get(settings::get).put(settings::put))
+        .route("/v1/queues/{name}/scale", get(settings::scale))
         .route("/v1/kinds", get(kinds::list))
         .route(
             "/v1/kinds/{kind}",

@@ -67,6 +67,9 @@ pub struct Metrics {
     retried: IntCounterVec,
     duration: HistogramVec,
     queue_depth: IntGaugeVec,
+    desired_workers: IntGaugeVec,
+    /// Each queue's throughput from successive snapshots, and the target the gauge uses.
+    meter: std::sync::Mutex<(conveyor_core::scaling::ThroughputMeter, f64)>,
     oldest_age: GaugeVec,
     dead_jobs: IntGaugeVec,
     utilization: GaugeVec,
@@ -144,6 +147,15 @@ impl Metrics {
         registry.register(Box::new(retried.clone()))?;
         registry.register(Box::new(duration.clone()))?;
         registry.register(Box::new(queue_depth.clone()))?;
+        let desired_workers = IntGaugeVec::new(
+            Opts::new(
+                "queue_desired_workers",
+                "Workers that would work off the queue's backlog (available and running jobs) \
+                 within the scale target at the measured rate per worker",
+            ),
+            &["queue"],
+        )?;
+        registry.register(Box::new(desired_workers.clone()))?;
         registry.register(Box::new(oldest_age.clone()))?;
         registry.register(Box::new(dead_jobs.clone()))?;
         registry.register(Box::new(utilization.clone()))?;
@@ -155,6 +167,11 @@ impl Metrics {
             retried,
             duration,
             queue_depth,
+            desired_workers,
+            meter: std::sync::Mutex::new((
+                conveyor_core::scaling::ThroughputMeter::new(),
+                conveyor_core::scaling::DEFAULT_TARGET_SECS,
+            )),
             oldest_age,
             dead_jobs,
             utilization,
@@ -185,6 +202,17 @@ impl Metrics {
     /// dropped.
     pub fn set_gauges(&self, snapshot: &Snapshot) {
         self.queue_depth.reset();
+        self.desired_workers.reset();
+        if let Ok(mut guard) = self.meter.lock() {
+            let (meter, target_s) = &mut *guard;
+            meter.observe(&snapshot.queues, Instant::now());
+            for queue in &snapshot.queues {
+                let signal = meter.signal(queue, &snapshot.workers, *target_s);
+                self.desired_workers
+                    .with_label_values(&[queue.name.as_str()])
+                    .set(i64::from(signal.desired_workers));
+            }
+        }
         self.oldest_age.reset();
         self.dead_jobs.reset();
         self.utilization.reset();
@@ -228,6 +256,13 @@ impl Metrics {
                     .with_label_values(&[queue])
                     .set(busy as f64 / total as f64);
             }
+        }
+    }
+
+    /// The target `queue_desired_workers` is computed for.
+    pub fn set_scale_target(&self, target: Duration) {
+        if let Ok(mut guard) = self.meter.lock() {
+            guard.1 = target.as_secs_f64();
         }
     }
 

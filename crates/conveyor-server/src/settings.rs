@@ -3,14 +3,15 @@
 
 use axum::extract::{Path, State};
 use axum::Json;
-use conveyor_core::{validate, wire, AuditAction, NamedQueueSettings, RateLimit};
-use serde::{Deserialize, Deserializer};
+use conveyor_core::scaling::ScaleSignal;
+use conveyor_core::{validate, wire, AuditAction, NamedQueueSettings, QueueStats, RateLimit};
+use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
 use crate::audit;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::ApiJson;
+use crate::extract::{ApiJson, QueryPairs};
 use crate::AppState;
 
 /// A partial update: an absent field keeps its value, `null` clears a limit, a value sets it.
@@ -97,13 +98,81 @@ fn patched<T>(
     Ok(())
 }
 
+/// `GET /v1/queues/{name}`: the settings, and the queue's scaling signal.
+#[derive(Debug, Serialize)]
+pub(crate) struct QueueView {
+    #[serde(flatten)]
+    named: NamedQueueSettings,
+    /// Workers that would work off the backlog within the server's scale target.
+    desired_workers: u32,
+    scale: ScaleSignal,
+}
+
 pub(crate) async fn get(
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> ApiResult<Json<NamedQueueSettings>> {
+) -> ApiResult<Json<QueueView>> {
     queue_name(&name)?;
     let settings = state.store.queue_settings_get(&name).await?;
-    Ok(Json(NamedQueueSettings { name, settings }))
+    let scale = scale_signal(&state, &name, state.config.scale_target.as_secs_f64()).await?;
+    Ok(Json(QueueView {
+        named: NamedQueueSettings { name, settings },
+        desired_workers: scale.desired_workers,
+        scale,
+    }))
+}
+
+/// The queue's scaling signal for `target_s`, measuring its throughput on the way (each call
+/// is a reading; see `conveyor_core::scaling`).
+async fn scale_signal(state: &AppState, queue: &str, target_s: f64) -> ApiResult<ScaleSignal> {
+    let queues = state.store.queues_stats().await?;
+    let workers = state.store.workers_list().await?;
+    let stats = queues
+        .iter()
+        .find(|q| q.name == queue)
+        .cloned()
+        .unwrap_or_else(|| QueueStats {
+            name: queue.to_string(),
+            ..QueueStats::default()
+        });
+    let mut meter = state
+        .throughput
+        .lock()
+        .map_err(|_| ApiError::Internal("throughput meter poisoned".to_string()))?;
+    meter.observe(&queues, std::time::Instant::now());
+    Ok(meter.signal(&stats, &workers, target_s))
+}
+
+/// `GET /v1/queues/{name}/scale[?target_s=N]`: the scaling signal alone, for autoscalers
+/// (KEDA's metrics-api scaler reads `desired_workers`). `target_s` (1 to 86,400) overrides the
+/// server's target for this queue.
+pub(crate) async fn scale(
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    QueryPairs(pairs): QueryPairs,
+) -> ApiResult<Json<ScaleSignal>> {
+    queue_name(&name)?;
+    let mut target_s = state.config.scale_target.as_secs_f64();
+    for (key, value) in pairs {
+        match key.as_str() {
+            "target_s" => {
+                target_s = value
+                    .parse::<f64>()
+                    .ok()
+                    .filter(|t| t.is_finite() && (1.0..=86_400.0).contains(t))
+                    .ok_or_else(|| {
+                        ApiError::invalid("target_s", "must be a number of seconds from 1 to 86400")
+                    })?;
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    other,
+                    "unknown query parameter; expected target_s",
+                ))
+            }
+        }
+    }
+    Ok(Json(scale_signal(&state, &name, target_s).await?))
 }
 
 pub(crate) async fn put(
@@ -111,7 +180,7 @@ pub(crate) async fn put(
     caller: Caller,
     Path(name): Path<String>,
     ApiJson(patch): ApiJson<SettingsPatch>,
-) -> ApiResult<Json<NamedQueueSettings>> {
+) -> ApiResult<Json<QueueView>> {
     queue_name(&name)?;
     let mut settings = state.store.queue_settings_get(&name).await?;
     if let Some(paused) = patch.paused {
@@ -165,5 +234,10 @@ pub(crate) async fn put(
         .audit(AuditAction::QueueSettings)
         .target(name.clone());
     audit::record(&state, entry.detail(detail)).await;
-    Ok(Json(NamedQueueSettings { name, settings }))
+    let scale = scale_signal(&state, &name, state.config.scale_target.as_secs_f64()).await?;
+    Ok(Json(QueueView {
+        named: NamedQueueSettings { name, settings },
+        desired_workers: scale.desired_workers,
+        scale,
+    }))
 }

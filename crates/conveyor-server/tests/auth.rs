@@ -121,6 +121,7 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("POST", "/v1/session") => Expect::Public,
         ("GET", "/v1/session") | ("DELETE", "/v1/session") => Expect::AnyToken,
         ("GET", "/metrics") => Expect::AnyToken,
+        ("GET", "/v1/queues/{name}/scale") => Expect::AnyToken,
         ("POST", "/v1/jobs") | ("POST", "/v1/jobs/batch") => PRODUCER,
         ("GET", "/v1/jobs/{id}") => PRODUCER,
         ("GET", "/v1/jobs") => ADMIN,

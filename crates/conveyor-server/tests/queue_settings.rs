@@ -62,8 +62,15 @@ impl Api {
 #[tokio::test]
 async fn max_depth_answers_429_with_retry_after_and_stores_nothing_until_drained() {
     let api = start().await;
-    let (status, settings) = api.put("mail", json!({"max_depth": 3})).await;
+    let (status, mut settings) = api.put("mail", json!({"max_depth": 3})).await;
     assert_eq!(status, 200);
+    // Beside the settings, the queue's scaling signal (tests/scaling.rs).
+    let object = settings.as_object_mut().expect("an object");
+    assert_eq!(object.remove("desired_workers"), Some(json!(0)));
+    assert_eq!(
+        object.remove("scale").map(|s| s["backlog"].clone()),
+        Some(json!(0))
+    );
     assert_eq!(
         settings,
         json!({

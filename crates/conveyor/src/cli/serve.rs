@@ -60,6 +60,12 @@ pub(crate) struct ServeArgs {
     /// dashboard, e.g. `password,card_number`. Workers still receive them.
     #[arg(long, value_delimiter = ',', env = "CONVEYOR_SENSITIVE_FIELDS")]
     sensitive_fields: Vec<String>,
+    /// The scaling signal's target: `queue_desired_workers` and `GET /v1/queues/{name}` give the
+    /// workers that would work off each queue's backlog within this many seconds (an
+    /// autoscaler may ask `/v1/queues/{name}/scale?target_s=N` for its own).
+    #[arg(long, default_value_t = 60, env = "CONVEYOR_SCALE_TARGET_SECS",
+          value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    scale_target_secs: u64,
     /// Cron schedules to create or update at start (TOML, or JSON when the name ends in
     /// `.json`). Schedules not in the file are left as they are.
     #[arg(long, env = "CONVEYOR_SCHEDULES")]
@@ -342,6 +348,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         },
         sensitive_fields: args.sensitive_fields.clone(),
         max_fetch_wait: Duration::from_millis(args.max_fetch_wait_ms),
+        scale_target: Duration::from_secs(args.scale_target_secs),
         ..ServerConfig::default()
     };
     let maintenance = Maintenance::new(store.clone())

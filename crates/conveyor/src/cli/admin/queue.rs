@@ -204,7 +204,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
         };
         println!(
             "{}: {}; max depth {}; max depth per tenant {}; concurrency limit {}; \
-             per-tenant concurrency limit {}; rate limit {}; per-tenant rate limit {}; weight {}",
+             per-tenant concurrency limit {}; rate limit {}; per-tenant rate limit {}; weight {}; \
+             desired workers {}",
             name,
             if settings["paused"] == true {
                 "paused"
@@ -217,7 +218,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             limit(&settings["per_key_concurrency_limit"]),
             rate(&settings["rate_limit"]),
             rate(&settings["per_key_rate_limit"]),
-            settings["weight"].as_u64().unwrap_or(1)
+            settings["weight"].as_u64().unwrap_or(1),
+            limit(&settings["desired_workers"])
         );
     }
     Ok(ExitCode::SUCCESS)
