@@ -7,7 +7,7 @@
 //! (not timed), after `ANALYZE` of a table where few jobs are running, the case that misled the
 //! planner.
 
-use conveyor_core::{CompleteParams, FetchParams, NewJob};
+use conveyor_core::{CompleteParams, FetchParams, Job, NewJob};
 use conveyor_core::{JobStore, LeaseStore};
 use sqlx::Connection;
 use std::time::Duration;
@@ -75,34 +75,30 @@ async fn generic_plan(
     plan.to_string()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
-    let url = database_url();
-    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
-    let _cleanup = DropSchema(schema.clone());
+/// A store in a new schema holding 20,000 jobs, `claimed` of them claimed (running).
+async fn store_with_claims(url: &str, schema: &str, claimed: usize) -> (PgStore, Vec<Job>) {
     let store = PgStore::connect(
-        &url,
+        url,
         PgOptions {
-            schema: schema.clone(),
+            schema: schema.to_string(),
             max_connections: 4,
             ..PgOptions::default()
         },
     )
     .await
     .expect("the test database (set CONVEYOR_TEST_PG_URL)");
-    // 20,000 jobs; 3,000 claimed and 2,700 of those completed: few running, many finished.
     let jobs: Vec<NewJob> = (0..20_000)
         .map(|i| NewJob::new("plan", serde_json::json!({ "i": i })))
         .collect();
     store.jobs_insert_many(jobs).await.expect("insert");
-    let mut claimed = Vec::new();
-    while claimed.len() < 3000 {
-        claimed.extend(
+    let mut running = Vec::new();
+    while running.len() < claimed {
+        running.extend(
             store
                 .jobs_fetch(FetchParams {
                     worker_id: "w".to_string(),
                     queues: vec!["default".to_string()],
-                    max: 500,
+                    max: 500.min(claimed - running.len()),
                     lease: Duration::from_secs(60),
                     kinds: None,
                 })
@@ -110,6 +106,16 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
                 .expect("fetch"),
         );
     }
+    (store, running)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
+    let url = database_url();
+    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
+    let _cleanup = DropSchema(schema.clone());
+    // 20,000 jobs; 3,000 claimed and 2,700 of those completed: few running, many finished.
+    let (store, claimed) = store_with_claims(&url, &schema, 3000).await;
     let completions = claimed[..2700]
         .iter()
         .filter_map(|job| job.lease_ref())
@@ -281,43 +287,16 @@ async fn flow_reads_probe_keys_when_planned_on_empty_tables() {
 }
 
 /// The batched completion, planned for its real arguments on a table that has never been
-/// analyzed (a new schema, autovacuum off, before the store's own ANALYZE): it must look each
-/// completion up by key. Its filter on `flow_id` once made the planner estimate one running
-/// job, scan `jobs` and compare every running job with every completion (870 ms a batch).
+/// analyzed (a new schema, autovacuum off, before the store's own ANALYZE): its filter on
+/// `flow_id` once filtered the scan of `jobs`, which made the planner estimate one running job,
+/// scan `jobs` and compare every running job with every completion (870 ms a batch). The filter
+/// must stay a join filter, and any nested loop must look jobs up by key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_completion_keeps_its_flow_filter_out_of_the_scan_of_an_unanalyzed_table() {
     let url = database_url();
     let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
     let _cleanup = DropSchema(schema.clone());
-    let store = PgStore::connect(
-        &url,
-        PgOptions {
-            schema: schema.clone(),
-            max_connections: 2,
-            ..PgOptions::default()
-        },
-    )
-    .await
-    .expect("the test database (set CONVEYOR_TEST_PG_URL)");
-    let jobs: Vec<NewJob> = (0..20_000)
-        .map(|i| NewJob::new("plan", serde_json::json!({ "i": i })))
-        .collect();
-    store.jobs_insert_many(jobs).await.expect("insert");
-    let mut claimed = Vec::new();
-    while claimed.len() < 5000 {
-        claimed.extend(
-            store
-                .jobs_fetch(FetchParams {
-                    worker_id: "w".to_string(),
-                    queues: vec!["default".to_string()],
-                    max: 1000,
-                    lease: Duration::from_secs(60),
-                    kinds: None,
-                })
-                .await
-                .expect("fetch"),
-        );
-    }
+    let (_store, claimed) = store_with_claims(&url, &schema, 5000).await;
     let leases: Vec<_> = claimed[..1000]
         .iter()
         .filter_map(|j| j.lease_ref())

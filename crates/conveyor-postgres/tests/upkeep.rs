@@ -187,12 +187,20 @@ async fn the_store_vacuums_its_jobs_table_when_autovacuum_is_off() {
         .collect();
     store.jobs_insert_many(jobs).await.expect("insert");
     drain(&store, "default").await;
+    vacuumed_by_the_store(&store, &autovacuum, "jobs").await;
+}
+
+/// With autovacuum off, maintenance passes until the store has vacuumed `table`; with it on,
+/// a pass leaves the table to PostgreSQL.
+async fn vacuumed_by_the_store(store: &conveyor_postgres::PgStore, autovacuum: &str, table: &str) {
+    let pool = store.pool().clone();
     let last_vacuum = || async {
         sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
             "SELECT last_vacuum FROM pg_stat_user_tables \
-             WHERE schemaname = $1 AND relname = 'jobs'",
+             WHERE schemaname = $1 AND relname = $2",
         )
         .bind(store.schema())
+        .bind(table)
         .fetch_optional(&pool)
         .await
         .expect("statistics")
@@ -203,13 +211,13 @@ async fn the_store_vacuums_its_jobs_table_when_autovacuum_is_off() {
         store.storage_maintenance().await.expect("no-op");
         assert!(
             last_vacuum().await.is_none(),
-            "no manual vacuum with autovacuum on"
+            "no manual vacuum of {table} with autovacuum on"
         );
         return;
     }
     // Statistics reach pg_stat_user_tables within about a second: pass until the vacuum ran.
     eventually_within(
-        "the maintenance pass to vacuum the jobs table",
+        &format!("the maintenance pass to vacuum {table}"),
         Duration::from_secs(30),
         || async {
             if let Some(at) = last_vacuum().await {
@@ -245,32 +253,5 @@ async fn the_store_vacuums_its_flow_tables_when_autovacuum_is_off() {
             .expect("create");
     }
     drain(&store, "default").await;
-    let last_vacuum = || async {
-        sqlx::query_scalar::<_, Option<chrono::DateTime<chrono::Utc>>>(
-            "SELECT last_vacuum FROM pg_stat_user_tables \
-             WHERE schemaname = $1 AND relname = 'flow_steps'",
-        )
-        .bind(store.schema())
-        .fetch_optional(&pool)
-        .await
-        .expect("statistics")
-        .flatten()
-    };
-    if autovacuum == "on" {
-        store.storage_maintenance().await.expect("no-op");
-        assert!(last_vacuum().await.is_none(), "autovacuum's job");
-        return;
-    }
-    eventually_within(
-        "the maintenance pass to vacuum flow_steps",
-        Duration::from_secs(30),
-        || async {
-            if let Some(at) = last_vacuum().await {
-                return Some(at);
-            }
-            store.storage_maintenance().await.expect("maintenance");
-            None
-        },
-    )
-    .await;
+    vacuumed_by_the_store(&store, &autovacuum, "flow_steps").await;
 }
