@@ -135,6 +135,19 @@ fn default_max_attempts() -> u32 {
     DEFAULT_MAX_ATTEMPTS
 }
 
+/// A string that is given must say something: an empty `cron` is refused rather than taken
+/// for a left-out one.
+fn non_blank<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    if text.trim().is_empty() {
+        return Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Str(&text),
+            &"a cron expression (leave cron out to use every)",
+        ));
+    }
+    Ok(text)
+}
+
 fn default_timezone() -> String {
     DEFAULT_TIMEZONE.to_string()
 }
@@ -173,8 +186,13 @@ impl JobTemplate {
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSpec {
     /// 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first. Exactly
-    /// one of `cron` and `every` is given; an empty `cron` counts as not given.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// one of `cron` and `every` is given. Left out, it is empty here (and an interval
+    /// schedule's JSON leaves it out); given, it must not be blank.
+    #[serde(
+        default,
+        skip_serializing_if = "String::is_empty",
+        deserialize_with = "non_blank"
+    )]
     pub cron: String,
     /// A fixed interval such as `30s`, `5m`, `1h30m` or `2d` (see [`parse_every`]), instead of
     /// `cron`.
@@ -1431,6 +1449,11 @@ mod tests {
         .unwrap();
         let parsed = Schedule::from_spec("n", parsed).unwrap();
         assert_eq!(parsed.every(), Some(Duration::from_secs(5_400)));
+        // A given cron must say something, even beside every.
+        assert!(serde_json::from_str::<ScheduleSpec>(
+            r#"{"cron": " ", "every": "30s", "job": {"kind": "k"}}"#
+        )
+        .is_err());
         // A cron schedule's JSON has no `every`, as before.
         let cron = schedule("0 3 * * *", "UTC");
         assert!(serde_json::to_value(&cron).unwrap().get("every").is_none());

@@ -252,6 +252,9 @@ async fn bad_interval_input_is_400_naming_the_field() {
     assert!(message.contains("not both"), "{message}");
     let message = api.bad("s", json!({"job": job}), "cron").await;
     assert!(message.contains("every"), "{message}");
+    api.bad("s", json!({"cron": "", "every": "30s", "job": job}), "cron")
+        .await;
+    api.bad("s", json!({"cron": "", "job": job}), "cron").await;
     for bad in ["0s", "abc", "30", "", "5ms", "367d"] {
         let message = api
             .bad("s", json!({"every": bad, "job": job}), "every")
