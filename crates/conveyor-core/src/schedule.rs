@@ -1,5 +1,5 @@
-//! Cron schedules: named cron expressions, evaluated in an IANA time zone, that enqueue a job
-//! template on every tick.
+//! Schedules: named cron expressions, evaluated in an IANA time zone, or fixed intervals
+//! (`every: "30s"`), that enqueue a job template on every tick.
 //!
 //! This module is pure: it parses and validates schedules ([`Schedule::from_spec`]), plans which
 //! ticks are due at a given instant ([`Schedule::plan`]) and builds each run's job
@@ -18,6 +18,13 @@
 //!
 //! Either way no tick is planned twice: ticks are instants, and a schedule fires only ticks
 //! after the last one it handled.
+//!
+//! An *interval* schedule (`every`, see [`parse_every`]) ticks at `anchor + k * every`
+//! (k = 1, 2, ...), where the anchor is the instant it was created or its interval last
+//! changed, in whole seconds. Time zones do not apply to intervals: a schedule with `every`
+//! must leave `timezone` at its default, `UTC`. Stores need not keep the anchor: a schedule's
+//! `due_after` is always the anchor or one of its ticks, so the ticks after it are
+//! `due_after + k * every`.
 
 use chrono::{DateTime, SecondsFormat, Timelike, Utc};
 use chrono_tz::Tz;
@@ -43,6 +50,10 @@ pub const MAX_CATCH_UP_LIMIT: u32 = 1000;
 /// Schedule names are job names (`[A-Za-z0-9_.:-]`) of at most this length, so that the tag
 /// `schedule:{name}` each run's job carries is itself a valid tag.
 pub const MAX_SCHEDULE_NAME_LEN: usize = validate::MAX_NAME_LEN - SCHEDULE_TAG_PREFIX.len();
+/// The shortest interval `every` accepts.
+pub const MIN_EVERY: Duration = Duration::from_secs(1);
+/// The longest interval `every` accepts: 366 days.
+pub const MAX_EVERY: Duration = Duration::from_secs(366 * 86_400);
 /// How late a tick may be fired and still count as on time (see [`Schedule::plan`]).
 pub const DEFAULT_MISFIRE_THRESHOLD: Duration = Duration::from_secs(5);
 /// Runs kept per schedule; older ones are pruned when new ones are recorded.
@@ -124,6 +135,19 @@ fn default_max_attempts() -> u32 {
     DEFAULT_MAX_ATTEMPTS
 }
 
+/// A string that is given must say something: an empty `cron` is refused rather than taken
+/// for a left-out one.
+fn non_blank<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<String, D::Error> {
+    let text = String::deserialize(deserializer)?;
+    if text.trim().is_empty() {
+        return Err(serde::de::Error::invalid_value(
+            serde::de::Unexpected::Str(&text),
+            &"a cron expression (leave cron out to use every)",
+        ));
+    }
+    Ok(text)
+}
+
 fn default_timezone() -> String {
     DEFAULT_TIMEZONE.to_string()
 }
@@ -161,9 +185,21 @@ impl JobTemplate {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ScheduleSpec {
-    /// 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first.
+    /// 5 fields (minute hour day-of-month month day-of-week), or 6 with seconds first. Exactly
+    /// one of `cron` and `every` is given. Left out, it is empty here (and an interval
+    /// schedule's JSON leaves it out); given, it must not be blank.
+    #[serde(
+        default,
+        skip_serializing_if = "String::is_empty",
+        deserialize_with = "non_blank"
+    )]
     pub cron: String,
-    /// An IANA time zone name such as `Europe/Berlin` (default `UTC`).
+    /// A fixed interval such as `30s`, `5m`, `1h30m` or `2d` (see [`parse_every`]), instead of
+    /// `cron`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
+    /// An IANA time zone name such as `Europe/Berlin` (default `UTC`). Only for `cron`: with
+    /// `every` it must stay `UTC`.
     #[serde(default = "default_timezone")]
     pub timezone: String,
     pub job: JobTemplate,
@@ -185,11 +221,21 @@ impl ScheduleSpec {
     pub fn new(cron: impl Into<String>, job: JobTemplate) -> Self {
         Self {
             cron: cron.into(),
+            every: None,
             timezone: default_timezone(),
             job,
             overlap: OverlapPolicy::Skip,
             missed: MissedKind::Skip,
             max_catch_up: None,
+        }
+    }
+
+    /// A schedule running every `every` (such as `"30s"`, `"1h30m"`) that skips overlapping
+    /// and missed runs.
+    pub fn every(every: impl Into<String>, job: JobTemplate) -> Self {
+        Self {
+            every: Some(every.into()),
+            ..Self::new(String::new(), job)
         }
     }
 
@@ -218,7 +264,76 @@ impl ScheduleSpec {
     }
 }
 
-/// A validated schedule: its cron expression parsed and its time zone resolved.
+/// How a schedule's ticks are computed.
+#[derive(Debug, Clone)]
+enum Ticks {
+    /// A cron expression in a time zone.
+    Cron { cron: Box<Cron>, tz: Tz },
+    /// Every this many seconds from the anchor.
+    Every { seconds: i64 },
+}
+
+/// Parses an interval such as `30s`, `5m`, `1h30m` or `2d`: one or more whole numbers, each
+/// followed by its unit (`s`, `m`, `h`, `d` or `w`), at least [`MIN_EVERY`] and at most
+/// [`MAX_EVERY`] in all. Errors name the field `every`.
+///
+/// ```
+/// use conveyor_core::schedule::parse_every;
+/// use std::time::Duration;
+/// assert_eq!(parse_every("1h30m").unwrap(), Duration::from_secs(5400));
+/// assert_eq!(parse_every("30").unwrap_err().field, "every");
+/// ```
+pub fn parse_every(text: &str) -> Result<Duration, ValidationError> {
+    let bad = |why: &str| {
+        ValidationError::new(
+            "every",
+            format!(
+                "{text:?} is not a valid interval ({why}); expected whole numbers with units, \
+                 such as 30s, 5m, 1h30m or 2d (units s, m, h, d, w)"
+            ),
+        )
+    };
+    let trimmed = text.trim();
+    if trimmed.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    let mut total: u64 = 0;
+    let mut rest = trimmed;
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        if digits == 0 {
+            return Err(bad("a number must come before each unit"));
+        }
+        let (number, after) = rest.split_at(digits);
+        let number: u64 = number.parse().map_err(|_| bad("a number is too large"))?;
+        let mut chars = after.chars();
+        let unit = match chars.next() {
+            Some('s') => 1,
+            Some('m') => 60,
+            Some('h') => 3_600,
+            Some('d') => 86_400,
+            Some('w') => 7 * 86_400,
+            Some(_) => return Err(bad("unknown unit")),
+            None => return Err(bad("the last number has no unit")),
+        };
+        total = number
+            .checked_mul(unit)
+            .and_then(|part| total.checked_add(part))
+            .ok_or_else(|| bad("too long"))?;
+        rest = chars.as_str();
+    }
+    let every = Duration::from_secs(total);
+    if every < MIN_EVERY {
+        return Err(bad("it must be at least 1s"));
+    }
+    if every > MAX_EVERY {
+        return Err(bad("it must be at most 366d"));
+    }
+    Ok(every)
+}
+
+/// A validated schedule: its cron expression parsed and its time zone resolved, or its
+/// interval parsed.
 ///
 /// ```
 /// use conveyor_core::schedule::{JobTemplate, MissedPolicy, Schedule, ScheduleSpec};
@@ -232,8 +347,7 @@ impl ScheduleSpec {
 pub struct Schedule {
     name: String,
     spec: ScheduleSpec,
-    cron: Cron,
-    tz: Tz,
+    ticks: Ticks,
     missed: MissedPolicy,
 }
 
@@ -277,7 +391,7 @@ fn floor_to_second(at: DateTime<Utc>) -> DateTime<Utc> {
 
 impl Schedule {
     /// Validates `spec` under `name`. Errors name the field at fault as the HTTP API spells it:
-    /// `name`, `cron`, `timezone`, `max_catch_up`, `job.kind`, `job.tags`, ...
+    /// `name`, `cron`, `every`, `timezone`, `max_catch_up`, `job.kind`, `job.tags`, ...
     pub fn from_spec(name: impl Into<String>, spec: ScheduleSpec) -> Result<Self, ValidationError> {
         let name = name.into();
         validate::name("name", &name)?;
@@ -289,16 +403,6 @@ impl Schedule {
         }
         let mut spec = spec;
         spec.cron = spec.cron.trim().to_string();
-        let cron = cron_parser().parse(&spec.cron).map_err(|e| {
-            ValidationError::new(
-                "cron",
-                format!(
-                    "{:?} is not a valid cron expression ({e}); expected 5 fields (minute hour \
-                     day-of-month month day-of-week) or 6 with seconds first",
-                    spec.cron
-                ),
-            )
-        })?;
         let tz = Tz::from_str(spec.timezone.trim()).map_err(|_| {
             ValidationError::new(
                 "timezone",
@@ -309,6 +413,49 @@ impl Schedule {
             )
         })?;
         spec.timezone = tz.name().to_string();
+        let ticks = match spec.every.take() {
+            Some(_) if !spec.cron.is_empty() => {
+                return Err(ValidationError::new(
+                    "every",
+                    "give either cron or every, not both",
+                ))
+            }
+            Some(every) => {
+                let every = every.trim().to_string();
+                let seconds = parse_every(&every)?.as_secs() as i64;
+                if tz != Tz::UTC {
+                    return Err(ValidationError::new(
+                        "timezone",
+                        "only applies to cron schedules; an interval (every) counts real time \
+                         and takes no time zone",
+                    ));
+                }
+                spec.every = Some(every);
+                Ticks::Every { seconds }
+            }
+            None if spec.cron.is_empty() => {
+                return Err(ValidationError::new(
+                    "cron",
+                    "a schedule needs a cron expression (cron) or an interval (every)",
+                ))
+            }
+            None => {
+                let cron = cron_parser().parse(&spec.cron).map_err(|e| {
+                    ValidationError::new(
+                        "cron",
+                        format!(
+                            "{:?} is not a valid cron expression ({e}); expected 5 fields \
+                             (minute hour day-of-month month day-of-week) or 6 with seconds first",
+                            spec.cron
+                        ),
+                    )
+                })?;
+                Ticks::Cron {
+                    cron: Box::new(cron),
+                    tz,
+                }
+            }
+        };
         let missed = match (spec.missed, spec.max_catch_up) {
             (MissedKind::Skip, None) => MissedPolicy::Skip,
             (MissedKind::Skip, Some(_)) => {
@@ -335,14 +482,13 @@ impl Schedule {
         let schedule = Self {
             name,
             spec,
-            cron,
-            tz,
+            ticks,
             missed,
         };
         // An expression such as `0 0 30 2 *` parses but never matches: refuse it now rather
         // than leave a schedule that silently never runs.
         let reference = DateTime::<Utc>::from_timestamp(946_684_800, 0).unwrap_or_default();
-        if schedule.next_after(reference).is_none() {
+        if schedule.is_cron() && schedule.next_after(reference).is_none() {
             return Err(ValidationError::new(
                 "cron",
                 format!("{:?} never matches a date", schedule.spec.cron),
@@ -388,8 +534,21 @@ impl Schedule {
         &self.spec
     }
 
+    /// The cron expression; empty for an interval schedule.
     pub fn cron(&self) -> &str {
         &self.spec.cron
+    }
+
+    /// The interval of an interval schedule (`None` for a cron schedule).
+    pub fn every(&self) -> Option<Duration> {
+        match self.ticks {
+            Ticks::Every { seconds } => Some(Duration::from_secs(seconds.unsigned_abs())),
+            Ticks::Cron { .. } => None,
+        }
+    }
+
+    fn is_cron(&self) -> bool {
+        matches!(self.ticks, Ticks::Cron { .. })
     }
 
     pub fn timezone(&self) -> &str {
@@ -408,37 +567,103 @@ impl Schedule {
         self.missed
     }
 
-    /// Whether `other` has the same ticks (same expression and time zone). Changing them
-    /// restarts the schedule's clock; changing only the job or the policies does not.
+    /// Whether `other` has the same ticks (same expression and time zone, or the same
+    /// interval). Changing them restarts the schedule's clock (an interval counts from then
+    /// on); changing only the job or the policies does not.
     pub fn same_ticks(&self, other: &Schedule) -> bool {
-        self.spec.cron == other.spec.cron && self.spec.timezone == other.spec.timezone
+        match (&self.ticks, &other.ticks) {
+            (Ticks::Every { seconds: a }, Ticks::Every { seconds: b }) => a == b,
+            (Ticks::Cron { .. }, Ticks::Cron { .. }) => {
+                self.spec.cron == other.spec.cron && self.spec.timezone == other.spec.timezone
+            }
+            _ => false,
+        }
     }
 
-    /// The first tick strictly after `after`.
+    /// The first tick of a cron schedule strictly after `after`. An interval schedule's ticks
+    /// depend on its anchor: this is `None` for it (see [`Schedule::next_run`]).
     pub fn next_after(&self, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let from = floor_to_second(after).with_timezone(&self.tz);
-        self.cron
-            .find_next_occurrence(&from, false)
-            .ok()
-            .map(|t| t.with_timezone(&Utc))
+        match &self.ticks {
+            Ticks::Cron { .. } => self.tick_after(after, after),
+            Ticks::Every { .. } => None,
+        }
     }
 
-    /// The last tick at or before `at`.
+    /// The last tick of a cron schedule at or before `at`; `None` for an interval schedule,
+    /// whose ticks depend on its anchor.
     pub fn latest_at_or_before(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let from = floor_to_second(at).with_timezone(&self.tz);
-        self.cron
-            .find_previous_occurrence(&from, true)
-            .ok()
-            .map(|t| t.with_timezone(&Utc))
+        match &self.ticks {
+            Ticks::Cron { .. } => self.tick_at_or_before(at, at),
+            Ticks::Every { .. } => None,
+        }
+    }
+
+    /// An interval schedule's ticks are `base + k * every` (k >= 1), with `base` its
+    /// `due_after` in whole seconds (see the module documentation).
+    fn interval_base(due_after: DateTime<Utc>) -> DateTime<Utc> {
+        floor_to_second(due_after)
+    }
+
+    /// The first tick strictly after `after`, for a schedule handled up to `due_after`.
+    fn tick_after(&self, due_after: DateTime<Utc>, after: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        match &self.ticks {
+            Ticks::Cron { cron, tz } => {
+                let from = floor_to_second(after).with_timezone(tz);
+                cron.find_next_occurrence(&from, false)
+                    .ok()
+                    .map(|t| t.with_timezone(&Utc))
+            }
+            Ticks::Every { seconds } => {
+                let base = Self::interval_base(due_after);
+                // Whole seconds since the base, rounded down (the base is a whole second).
+                let since = (after - base).num_seconds();
+                let k = if after < base { 1 } else { since / seconds + 1 };
+                base.checked_add_signed(chrono::Duration::seconds(k.checked_mul(*seconds)?))
+            }
+        }
+    }
+
+    /// The last tick at or before `at`, for a schedule handled up to `due_after`.
+    fn tick_at_or_before(
+        &self,
+        due_after: DateTime<Utc>,
+        at: DateTime<Utc>,
+    ) -> Option<DateTime<Utc>> {
+        match &self.ticks {
+            Ticks::Cron { cron, tz } => {
+                let from = floor_to_second(at).with_timezone(tz);
+                cron.find_previous_occurrence(&from, true)
+                    .ok()
+                    .map(|t| t.with_timezone(&Utc))
+            }
+            Ticks::Every { seconds } => {
+                let base = Self::interval_base(due_after);
+                if at < base {
+                    return None;
+                }
+                let k = (at - base).num_seconds() / seconds;
+                if k < 1 {
+                    return None;
+                }
+                base.checked_add_signed(chrono::Duration::seconds(k.checked_mul(*seconds)?))
+            }
+        }
     }
 
     /// The last tick strictly before `before` (a tick).
     fn latest_before(&self, before: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        let from = floor_to_second(before).with_timezone(&self.tz);
-        self.cron
-            .find_previous_occurrence(&from, false)
-            .ok()
-            .map(|t| t.with_timezone(&Utc))
+        match &self.ticks {
+            Ticks::Cron { cron, tz } => {
+                let from = floor_to_second(before).with_timezone(tz);
+                cron.find_previous_occurrence(&from, false)
+                    .ok()
+                    .map(|t| t.with_timezone(&Utc))
+            }
+            // The caller stops at due_after, so walking below the base does not matter.
+            Ticks::Every { seconds } => {
+                before.checked_sub_signed(chrono::Duration::seconds(*seconds))
+            }
+        }
     }
 
     /// Which ticks to fire at `now`, for a schedule that has handled every tick up to
@@ -464,7 +689,7 @@ impl Schedule {
         let mut latest_due = None;
         // Backwards from now: the on-time ticks, then the most recent missed ones. Walking
         // back bounds the work however long the schedule was down.
-        let mut tick = self.latest_at_or_before(now);
+        let mut tick = self.tick_at_or_before(due_after, now);
         while let Some(at) = tick.filter(|at| *at > due_after) {
             latest_due.get_or_insert(at);
             if at > on_time_after && fire.len() < MAX_ON_TIME {
@@ -488,13 +713,13 @@ impl Schedule {
             fire,
             due_after: latest_due,
             dropped,
-            next: self.next_after(now),
+            next: self.tick_after(latest_due.unwrap_or(due_after), now),
         }
     }
 
     /// When the schedule runs next, as seen at `now` by a schedule handled up to `due_after`.
     pub fn next_run(&self, due_after: DateTime<Utc>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
-        self.next_after(due_after.max(now))
+        self.tick_after(due_after, due_after.max(now))
     }
 
     /// The idempotency key of the run at `tick`: `schedule:{name}:{tick}` (RFC 3339, UTC).
@@ -1143,6 +1368,184 @@ mod tests {
                 assert_eq!(dedup, planned, "{cron}: no tick twice");
             }
         }
+    }
+
+    fn interval(every: &str) -> Schedule {
+        let spec = ScheduleSpec::every(every, JobTemplate::new("tick", serde_json::json!({})));
+        Schedule::from_spec("s", spec).unwrap()
+    }
+
+    #[test]
+    fn intervals_parse() {
+        for (text, secs) in [
+            ("30s", 30),
+            ("1s", 1),
+            ("5m", 300),
+            ("1h30m", 5_400),
+            ("2d", 172_800),
+            ("1w", 604_800),
+            (" 90s ", 90),
+            ("1h0m5s", 3_605),
+            ("366d", 366 * 86_400),
+        ] {
+            assert_eq!(
+                parse_every(text).unwrap(),
+                Duration::from_secs(secs),
+                "{text:?}"
+            );
+        }
+        for bad in [
+            "",
+            "0s",
+            "0m0s",
+            "abc",
+            "30",
+            "1h30",
+            "s",
+            "-5s",
+            "1.5h",
+            "30 s",
+            "5ms",
+            "367d",
+            "99999999999999999999s",
+            "18446744073709551615w",
+        ] {
+            let err = parse_every(bad).unwrap_err();
+            assert_eq!(err.field, "every", "{bad:?}");
+            assert!(err.message.contains(&format!("{:?}", bad)), "{err}");
+        }
+    }
+
+    #[test]
+    fn interval_specs_are_checked() {
+        let job = || JobTemplate::new("tick", serde_json::json!({}));
+        let mut both = ScheduleSpec::every("30s", job());
+        both.cron = "* * * * *".into();
+        assert_eq!(field_of(Schedule::from_spec("s", both)), "every");
+        let neither = ScheduleSpec::new("", job());
+        assert_eq!(field_of(Schedule::from_spec("s", neither)), "cron");
+        let blank = ScheduleSpec::new("  ", job());
+        assert_eq!(field_of(Schedule::from_spec("s", blank)), "cron");
+        for bad in ["0s", "abc", "30"] {
+            let spec = ScheduleSpec::every(bad, job());
+            assert_eq!(field_of(Schedule::from_spec("s", spec)), "every");
+        }
+        // Time zones are for cron only: an interval takes UTC (the default) or nothing.
+        let zoned = ScheduleSpec::every("30s", job()).timezone("Europe/Berlin");
+        assert_eq!(field_of(Schedule::from_spec("s", zoned)), "timezone");
+        let utc_zone = ScheduleSpec::every(" 30s ", job()).timezone("UTC");
+        let s = Schedule::from_spec("s", utc_zone).unwrap();
+        assert_eq!(s.every(), Some(Duration::from_secs(30)));
+        assert_eq!(s.spec().every.as_deref(), Some("30s"));
+        assert_eq!(s.cron(), "");
+        // Round trip, and `cron` is left out of an interval schedule's JSON.
+        let json = serde_json::to_value(&s).unwrap();
+        assert_eq!(json["every"], "30s");
+        assert!(json.get("cron").is_none());
+        assert_eq!(Schedule::from_json("s", &s.to_json()).unwrap(), s);
+        let parsed: ScheduleSpec = serde_json::from_str(
+            r#"{"every": "1h30m", "job": {"kind": "k"}, "missed": "catch_up"}"#,
+        )
+        .unwrap();
+        let parsed = Schedule::from_spec("n", parsed).unwrap();
+        assert_eq!(parsed.every(), Some(Duration::from_secs(5_400)));
+        // A given cron must say something, even beside every.
+        assert!(serde_json::from_str::<ScheduleSpec>(
+            r#"{"cron": " ", "every": "30s", "job": {"kind": "k"}}"#
+        )
+        .is_err());
+        // A cron schedule's JSON has no `every`, as before.
+        let cron = schedule("0 3 * * *", "UTC");
+        assert!(serde_json::to_value(&cron).unwrap().get("every").is_none());
+        assert_eq!(cron.every(), None);
+        // Same interval (however written) keeps the anchor; another interval or cron does not.
+        assert!(interval("90s").same_ticks(&interval("1m30s")));
+        assert!(!interval("90s").same_ticks(&interval("2m")));
+        assert!(!interval("1m").same_ticks(&schedule("* * * * *", "UTC")));
+        assert!(!schedule("* * * * *", "UTC").same_ticks(&interval("1m")));
+    }
+
+    #[test]
+    fn interval_ticks_count_from_the_anchor() {
+        let s = interval("30s");
+        // Created at 12:00:07.250: ticks at :37, 12:01:07, ... (whole seconds from the anchor).
+        let anchor = utc(2026, 5, 1, 12, 0, 7) + chrono::Duration::milliseconds(250);
+        assert_eq!(s.next_after(anchor), None);
+        assert_eq!(s.next_run(anchor, anchor), Some(utc(2026, 5, 1, 12, 0, 37)));
+        let plan = s.plan(
+            anchor,
+            utc(2026, 5, 1, 12, 0, 36),
+            DEFAULT_MISFIRE_THRESHOLD,
+        );
+        assert!(plan.fire.is_empty() && plan.due_after.is_none());
+        assert_eq!(plan.next, Some(utc(2026, 5, 1, 12, 0, 37)));
+        let now = utc(2026, 5, 1, 12, 0, 38);
+        let plan = s.plan(anchor, now, DEFAULT_MISFIRE_THRESHOLD);
+        assert_eq!(
+            plan.fire,
+            vec![PlannedTick {
+                at: utc(2026, 5, 1, 12, 0, 37),
+                catch_up: false
+            }]
+        );
+        assert_eq!(plan.due_after, Some(utc(2026, 5, 1, 12, 0, 37)));
+        assert_eq!(plan.next, Some(utc(2026, 5, 1, 12, 1, 7)));
+        // From the fired tick on, the same lattice; driven every 3 s for 10 minutes: each
+        // tick exactly once.
+        let fired = driven(&s, anchor, anchor + chrono::Duration::minutes(10), 3);
+        assert_eq!(fired.len(), 20);
+        for (k, at) in fired.iter().enumerate() {
+            assert_eq!(
+                *at,
+                utc(2026, 5, 1, 12, 0, 7) + chrono::Duration::seconds(30 * (k as i64 + 1))
+            );
+        }
+        // A tick exactly at "now" is due; the next one is a whole interval later.
+        let tick = utc(2026, 5, 1, 12, 1, 7);
+        let plan = s.plan(utc(2026, 5, 1, 12, 0, 37), tick, DEFAULT_MISFIRE_THRESHOLD);
+        assert_eq!(plan.due_after, Some(tick));
+        assert_eq!(s.next_run(tick, tick), Some(utc(2026, 5, 1, 12, 1, 37)));
+    }
+
+    #[test]
+    fn interval_missed_ticks_follow_the_policy() {
+        let spec = ScheduleSpec::every("10s", JobTemplate::new("k", Value::Null));
+        let skip = Schedule::from_spec("s", spec.clone()).unwrap();
+        let catch_up =
+            Schedule::from_spec("s", spec.missed(MissedPolicy::CatchUp { max: 2 })).unwrap();
+        let last = utc(2026, 5, 1, 12, 0, 0);
+        // Down for 94 s: ticks :10 .. 1:30 are due; only 1:30 is on time (threshold 5 s).
+        let now = utc(2026, 5, 1, 12, 1, 34);
+        let plan = skip.plan(last, now, DEFAULT_MISFIRE_THRESHOLD);
+        assert_eq!(
+            plan.fire,
+            vec![PlannedTick {
+                at: utc(2026, 5, 1, 12, 1, 30),
+                catch_up: false
+            }]
+        );
+        assert_eq!(plan.dropped, 8);
+        assert_eq!(plan.due_after, Some(utc(2026, 5, 1, 12, 1, 30)));
+        assert_eq!(plan.next, Some(utc(2026, 5, 1, 12, 1, 40)));
+        let plan = catch_up.plan(last, now, DEFAULT_MISFIRE_THRESHOLD);
+        let at: Vec<_> = plan.fire.iter().map(|t| (t.at, t.catch_up)).collect();
+        assert_eq!(
+            at,
+            vec![
+                (utc(2026, 5, 1, 12, 1, 10), true),
+                (utc(2026, 5, 1, 12, 1, 20), true),
+                (utc(2026, 5, 1, 12, 1, 30), false),
+            ]
+        );
+        assert_eq!(plan.dropped, 6);
+        // A year down on a 1 s interval: bounded work.
+        let long = skip.plan(
+            last - chrono::Duration::days(365),
+            now,
+            DEFAULT_MISFIRE_THRESHOLD,
+        );
+        assert_eq!(long.dropped, DROPPED_COUNT_CAP);
+        assert_eq!(long.due_after, Some(utc(2026, 5, 1, 12, 1, 30)));
     }
 
     #[test]

@@ -225,7 +225,12 @@ pub struct AckResponse {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ScheduleAnswer {
     pub name: String,
+    /// Empty for an interval schedule.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub cron: String,
+    /// The interval of an interval schedule (`30s`, `1h30m`, ...).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub every: Option<String>,
     pub timezone: String,
     pub job: JobTemplate,
     pub overlap: OverlapPolicy,

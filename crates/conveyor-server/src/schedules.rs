@@ -1,4 +1,4 @@
-//! Cron schedules: `PUT/GET/DELETE /v1/schedules/{name}`, `GET /v1/schedules` and
+//! Cron and interval schedules: `PUT/GET/DELETE /v1/schedules/{name}`, `GET /v1/schedules` and
 //! `GET /v1/schedules/{name}/runs`.
 
 use axum::extract::{Path, State};
@@ -23,7 +23,7 @@ fn schedule_name(name: &str) -> ApiResult<()> {
 }
 
 /// Creates or replaces a schedule. The body is a [`ScheduleSpec`]; every 400 names its field
-/// (`cron`, `timezone`, `job.kind`, `max_catch_up`, ...).
+/// (`cron`, `every`, `timezone`, `job.kind`, `max_catch_up`, ...).
 pub(crate) async fn put(
     State(state): State<AppState>,
     caller: Caller,
@@ -37,10 +37,13 @@ pub(crate) async fn put(
         state.config.max_payload_bytes,
     )?;
     // The when and the what, never the job's payload.
-    let detail = format!(
-        "cron={:?} timezone={} kind={}",
-        spec.cron, spec.timezone, spec.job.kind
-    );
+    let detail = match &spec.every {
+        Some(every) => format!("every={every:?} kind={}", spec.job.kind),
+        None => format!(
+            "cron={:?} timezone={} kind={}",
+            spec.cron, spec.timezone, spec.job.kind
+        ),
+    };
     let schedule = Schedule::from_spec(name.clone(), spec)?;
     let view = state.store.schedule_put(schedule).await?;
     let entry = caller.audit(AuditAction::SchedulePut).target(name);

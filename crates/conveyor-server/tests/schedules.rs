@@ -195,3 +195,81 @@ async fn bad_input_is_400_naming_the_field() {
     // Nothing was stored by any of them.
     assert!(api.store.schedules_list().await.expect("list").is_empty());
 }
+
+#[tokio::test]
+async fn interval_schedules_over_http() {
+    let api = start().await;
+    let (status, created) = api
+        .put(
+            "pulse",
+            json!({"every": "1h30m", "job": {"kind": "pulse"}, "missed": "catch_up"}),
+        )
+        .await;
+    assert_eq!(status, 200, "{created}");
+    assert_eq!(created["every"], "1h30m");
+    assert!(created.get("cron").is_none(), "{created}");
+    assert_eq!(created["timezone"], "UTC");
+    assert_eq!(created["missed"], "catch_up");
+    // The first run is one interval after creation (counted in whole seconds).
+    let due_after: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(created["due_after"].clone()).expect("due_after");
+    let next: chrono::DateTime<chrono::Utc> =
+        serde_json::from_value(created["next_run_at"].clone()).expect("next_run_at");
+    let gap = next - due_after;
+    assert!(
+        gap > chrono::Duration::seconds(5_399) && gap <= chrono::Duration::seconds(5_400),
+        "{created}"
+    );
+    let (status, got) = api.send(Method::GET, "/v1/schedules/pulse", None).await;
+    assert_eq!(status, 200);
+    assert_eq!(got["every"], "1h30m");
+    assert_eq!(got["next_run_at"], created["next_run_at"]);
+    // `timezone: UTC` is accepted with every (it is the default).
+    let (status, utc) = api
+        .put(
+            "pulse",
+            json!({"every": "1h30m", "timezone": "UTC", "job": {"kind": "pulse"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{utc}");
+    assert_eq!(
+        utc["due_after"], created["due_after"],
+        "same interval, same anchor"
+    );
+}
+
+#[tokio::test]
+async fn bad_interval_input_is_400_naming_the_field() {
+    let api = start().await;
+    let job = json!({"kind": "k"});
+    let message = api
+        .bad(
+            "s",
+            json!({"cron": "* * * * *", "every": "30s", "job": job}),
+            "every",
+        )
+        .await;
+    assert!(message.contains("not both"), "{message}");
+    let message = api.bad("s", json!({"job": job}), "cron").await;
+    assert!(message.contains("every"), "{message}");
+    api.bad("s", json!({"cron": "", "every": "30s", "job": job}), "cron")
+        .await;
+    api.bad("s", json!({"cron": "", "job": job}), "cron").await;
+    for bad in ["0s", "abc", "30", "", "5ms", "367d"] {
+        let message = api
+            .bad("s", json!({"every": bad, "job": job}), "every")
+            .await;
+        assert!(message.contains(&format!("{bad:?}")), "{message}");
+    }
+    api.bad("s", json!({"every": 30, "job": job}), "every")
+        .await;
+    let message = api
+        .bad(
+            "s",
+            json!({"every": "30s", "timezone": "Europe/Berlin", "job": job}),
+            "timezone",
+        )
+        .await;
+    assert!(message.contains("cron"), "{message}");
+    assert!(api.store.schedules_list().await.expect("list").is_empty());
+}

@@ -215,6 +215,7 @@ macro_rules! __conveyor_behaviours {
             schedule_run_history_shows_a_dead_runs_state,
             schedule_refused_job_is_recorded_as_a_refused_run,
             schedule_dst_edges_fire_at_the_right_utc_instants,
+            schedule_interval_ticks_from_its_anchor,
             // access control and audit
             token_insert_get_and_list,
             token_names_are_unique_among_active_tokens,

@@ -1,4 +1,4 @@
-//! Cron schedules: definitions round-trip, each tick is fired once however many callers race,
+//! Cron and interval schedules: definitions round-trip, each tick is fired once however many callers race,
 //! `overlap: skip` and `missed: catch_up` behave, a run's job state is visible, refused jobs are
 //! recorded, and daylight-saving transitions fire at the right UTC instants (driven by the
 //! manual clock, never by waiting).
@@ -494,4 +494,115 @@ pub async fn schedule_dst_edges_fire_at_the_right_utc_instants(h: &Harness) {
             "{season}: every real hour once"
         );
     }
+}
+
+/// An interval schedule (`every`) ticks at `anchor + k * every`, the anchor being when it was
+/// created (in whole seconds): one run and one job per tick however often the scheduler looks;
+/// after a gap `missed: catch_up` runs the most recent missed ticks; `overlap: skip` applies as
+/// for cron; changing the interval re-anchors it (ticks count from the change), while the same
+/// interval spelt differently or a new job keeps its place.
+pub async fn schedule_interval_ticks_from_its_anchor(h: &Harness) {
+    let every = |every: &str| {
+        ScheduleSpec::every(
+            every,
+            JobTemplate::new("pulse", json!({ "from": "interval" })),
+        )
+        .overlap(OverlapPolicy::Allow)
+        .missed(MissedPolicy::CatchUp { max: 2 })
+    };
+    let created = put(h, schedule("pulse", every("30s"))).await;
+    let t0 = h.now();
+    let base = t0 - span(Duration::from_nanos(u64::from(t0.timestamp_subsec_nanos())));
+    let at = |s: i64| base + Span::seconds(s);
+    assert_eq!(created.due_after, t0, "ticks count from creation");
+    assert_eq!(created.schedule.every(), Some(secs(30)));
+    assert_eq!(created.schedule.spec().every.as_deref(), Some("30s"));
+    assert_eq!(created.next_run_at, Some(at(30)));
+
+    h.advance(secs(29));
+    assert!(fire_due(h, "pulse", DEFAULT_MISFIRE_THRESHOLD)
+        .await
+        .is_empty());
+    // Looked at every 3 s for 3 minutes: each tick once, on time.
+    for _ in 0..60 {
+        h.advance(secs(3));
+        fire_due(h, "pulse", DEFAULT_MISFIRE_THRESHOLD).await;
+        assert!(fire_due(h, "pulse", DEFAULT_MISFIRE_THRESHOLD)
+            .await
+            .is_empty());
+    }
+    let runs = all_runs(h, "pulse").await;
+    assert_eq!(
+        ticks(&runs),
+        (1..=6).map(|k| at(30 * k)).collect::<Vec<_>>(),
+        "one run per tick, at anchor + k * 30 s"
+    );
+    assert!(
+        runs.iter()
+            .all(|r| r.status == RunStatus::Enqueued && !r.catch_up),
+        "{runs:?}"
+    );
+    let jobs = list(h, {
+        let mut params = JobListParams::default();
+        params.kind = Some("pulse".into());
+        params.limit = 100;
+        params
+    })
+    .await;
+    assert_eq!(jobs.len(), 6, "one job per tick");
+    let current = view(h, "pulse").await;
+    assert_eq!(current.last_tick, Some(at(180)));
+    assert_eq!(current.next_run_at, Some(at(210)));
+
+    // Down for 273 s (now anchor + 482 s): the ticks 210 .. 480 are due; 480 is on time,
+    // the two most recent missed ones are caught up, the other seven dropped.
+    h.advance(secs(273));
+    let caught = fire_due(h, "pulse", DEFAULT_MISFIRE_THRESHOLD).await;
+    let got: Vec<_> = caught.iter().map(|r| (r.tick, r.catch_up)).collect();
+    assert_eq!(
+        got,
+        vec![(at(420), true), (at(450), true), (at(480), false)]
+    );
+    assert_eq!(view(h, "pulse").await.due_after, at(480));
+
+    // A new job, or the same interval spelt differently, keeps the anchor.
+    let mut new_job = every("0m30s");
+    new_job.job.queue = "pulses".into();
+    let kept = put(h, schedule("pulse", new_job)).await;
+    assert_eq!(kept.due_after, at(480), "same interval: same place");
+    assert_eq!(kept.next_run_at, Some(at(510)));
+
+    // Changing the interval re-anchors: ticks from now (anchor + 482 s + fraction) every
+    // minute, never on the old 30 s lattice.
+    let changed = put(h, schedule("pulse", every("1m"))).await;
+    assert_eq!(
+        changed.due_after,
+        h.now(),
+        "a new interval counts from the change"
+    );
+    assert_eq!(changed.next_run_at, Some(at(542)));
+    h.advance(secs(30));
+    assert!(fire_due(h, "pulse", DEFAULT_MISFIRE_THRESHOLD)
+        .await
+        .is_empty());
+    h.advance(secs(29));
+    assert!(fire_due(h, "pulse", DEFAULT_MISFIRE_THRESHOLD)
+        .await
+        .is_empty());
+    h.advance(secs(1));
+    let fired = fire_due(h, "pulse", DEFAULT_MISFIRE_THRESHOLD).await;
+    assert_eq!(ticks(&fired), vec![at(542)]);
+
+    // overlap: skip, as for cron: the second tick finds the first run's job unfinished.
+    let skipper = ScheduleSpec::every("5s", JobTemplate::new("pulse", json!({})));
+    put(h, schedule("pulse-skip", skipper)).await;
+    h.advance(secs(5));
+    let first = fire_due(h, "pulse-skip", DEFAULT_MISFIRE_THRESHOLD).await;
+    assert_eq!(first.len(), 1);
+    assert_eq!(first[0].status, RunStatus::Enqueued);
+    h.advance(secs(5));
+    let second = fire_due(h, "pulse-skip", DEFAULT_MISFIRE_THRESHOLD).await;
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].status, RunStatus::SkippedOverlap);
+    assert_eq!(second[0].tick - first[0].tick, Span::seconds(5));
 }

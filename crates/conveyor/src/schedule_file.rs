@@ -1,4 +1,5 @@
-//! The schedules file `conveyor serve --schedules FILE` reads at start: named cron schedules,
+//! The schedules file `conveyor serve --schedules FILE` reads at start: named cron or interval
+//! schedules (`cron = "..."` or `every = "30s"`),
 //! in TOML (or JSON when the file name ends in `.json`), each in the shape of the body of
 //! `PUT /v1/schedules/{name}`.
 //!
@@ -13,6 +14,10 @@
 //! [schedules.heartbeat]
 //! cron = "*/10 * * * * *"
 //! job = { kind = "heartbeat" }
+//!
+//! [schedules.cache-refresh]
+//! every = "5m"
+//! job = { kind = "refresh_cache" }
 //! ```
 //!
 //! The JSON form is `{"schedules": {"nightly-report": {"cron": ..., "job": {...}}}}`.
@@ -135,6 +140,35 @@ mod tests {
             serde_json::json!({"day": "yesterday", "n": 2})
         );
         assert_eq!(nightly.job().queue, "reports");
+
+        let every = r#"
+            [schedules.refresh]
+            every = "1h30m"
+            missed = "catch_up"
+            job = { kind = "refresh" }
+        "#;
+        let schedules = parse_schedules(every, false).expect("valid");
+        assert_eq!(
+            schedules[0].every(),
+            Some(std::time::Duration::from_secs(5_400))
+        );
+        assert_eq!(schedules[0].cron(), "");
+        assert_eq!(schedules[0].missed(), MissedPolicy::CatchUp { max: 10 });
+        for (bad, field) in [
+            ("every = \"30\"", "every"),
+            ("every = \"0s\"", "every"),
+            ("every = \"30s\"\ncron = \"* * * * *\"", "every"),
+            ("every = \"30s\"\ntimezone = \"Europe/Berlin\"", "timezone"),
+            ("", "cron"),
+        ] {
+            let text = format!("[schedules.b]\n{bad}\njob = {{ kind = \"k\" }}\n");
+            match parse_schedules(&text, false) {
+                Err(ScheduleFileError::Invalid { name, field: f, .. }) => {
+                    assert_eq!((name.as_str(), f.as_str()), ("b", field), "{bad}");
+                }
+                other => panic!("{bad}: expected Invalid, got {other:?}"),
+            }
+        }
 
         let json = r#"{"schedules": {"ping": {"cron": "* * * * *", "job": {"kind": "ping"}}}}"#;
         let schedules = parse_schedules(json, true).expect("valid");

@@ -761,3 +761,79 @@ fn kind_commands_set_list_show_enforce_and_delete_a_schema() {
     assert!(!missing.status.success());
     assert!(stderr(&missing).contains("404"), "{}", stderr(&missing));
 }
+
+#[test]
+fn schedule_set_takes_an_interval() {
+    let dir = temp_dir();
+    let file = path_in(&dir, "schedules.toml");
+    std::fs::write(
+        &file,
+        "[schedules.from-file]\nevery = \"5m\"\njob = { kind = \"refresh\" }\n",
+    )
+    .expect("write schedules file");
+    let file_arg = file.display().to_string();
+    let server = start_server(&path_in(&dir, "jobs.db"), &["--schedules", &file_arg]);
+    let s = server.url.as_str();
+    let set = stdout_json(&conveyor(&[
+        "schedule", "set", "pulse", "--every", "30s", "--kind", "pulse", "--missed", "catch_up",
+        "--server", s, "--json",
+    ]));
+    assert_eq!(set["every"], "30s", "{set}");
+    assert!(set.get("cron").is_none(), "{set}");
+    assert_eq!(set["missed"], "catch_up");
+    assert!(set["next_run_at"].is_string(), "{set}");
+    let shown = conveyor(&["schedule", "show", "pulse", "--server", s]);
+    assert!(shown.status.success(), "{}", stderr(&shown));
+    let text = String::from_utf8_lossy(&shown.stdout).to_string();
+    assert!(text.contains("every 30s"), "{text}");
+    let listed = conveyor(&["schedule", "list", "--server", s]);
+    let text = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert!(text.contains("every 5m"), "the file's schedule: {text}");
+    assert!(text.contains("every 30s"), "{text}");
+    for bad in ["30", "0s", "abc", "367d"] {
+        let refused = conveyor(&[
+            "schedule", "set", "pulse", "--every", bad, "--kind", "pulse", "--server", s,
+        ]);
+        assert!(!refused.status.success(), "{bad} accepted");
+        let err = stderr(&refused);
+        assert!(err.contains("--every") && err.contains(bad), "{bad}: {err}");
+    }
+    let both = conveyor(&[
+        "schedule",
+        "set",
+        "pulse",
+        "--every",
+        "30s",
+        "--cron",
+        "* * * * *",
+        "--kind",
+        "k",
+        "--server",
+        s,
+    ]);
+    assert!(!both.status.success());
+    assert!(stderr(&both).contains("--cron"), "{}", stderr(&both));
+    let neither = conveyor(&["schedule", "set", "pulse", "--kind", "k", "--server", s]);
+    assert!(!neither.status.success());
+    assert!(stderr(&neither).contains("--cron"), "{}", stderr(&neither));
+    let zoned = conveyor(&[
+        "schedule",
+        "set",
+        "pulse",
+        "--every",
+        "30s",
+        "--timezone",
+        "Europe/Berlin",
+        "--kind",
+        "k",
+        "--server",
+        s,
+    ]);
+    assert!(!zoned.status.success());
+    // Unchanged by the refused attempts.
+    let again = stdout_json(&conveyor(&[
+        "schedule", "show", "pulse", "--server", s, "--json",
+    ]));
+    assert_eq!(again["every"], "30s");
+    assert_eq!(again["due_after"], set["due_after"]);
+}

@@ -1,4 +1,4 @@
-//! `conveyor schedule ...`: cron schedules through the server's API.
+//! `conveyor schedule ...`: cron and interval schedules through the server's API.
 
 use anyhow::Context;
 use clap::{Args, Subcommand, ValueEnum};
@@ -60,10 +60,14 @@ pub(crate) struct SetArgs {
     name: String,
     /// Cron expression: 5 fields (minute hour day-of-month month day-of-week), or 6 with
     /// seconds first. Quote it: '*/5 * * * *'.
-    #[arg(long)]
-    cron: String,
-    /// IANA time zone the expression is read in (default UTC), e.g. Europe/Berlin.
-    #[arg(long)]
+    #[arg(long, required_unless_present = "every", conflicts_with = "every")]
+    cron: Option<String>,
+    /// A fixed interval instead of --cron: 30s, 5m, 1h30m, 2d (units s, m, h, d, w; from 1s
+    /// to 366d), counted from when the schedule is set.
+    #[arg(long, value_parser = every_arg)]
+    every: Option<String>,
+    /// IANA time zone the cron expression is read in (default UTC), e.g. Europe/Berlin.
+    #[arg(long, conflicts_with = "every")]
     timezone: Option<String>,
     /// The kind of job each run enqueues.
     #[arg(long)]
@@ -95,6 +99,13 @@ pub(crate) struct SetArgs {
     max_catch_up: Option<u32>,
     #[command(flatten)]
     server: ServerArg,
+}
+
+/// Checks `--every` before anything is sent: the server would refuse it the same way.
+fn every_arg(text: &str) -> Result<String, String> {
+    conveyor::schedule::parse_every(text)
+        .map(|_| text.trim().to_string())
+        .map_err(|e| e.message)
 }
 
 /// The schedule's path; names are `[A-Za-z0-9_.:-]`, anything else is escaped so that the
@@ -131,6 +142,14 @@ fn optional_stamp(at: Option<&chrono::DateTime<chrono::Utc>>) -> String {
     at.map_or_else(|| "-".to_string(), stamp)
 }
 
+/// When a schedule runs: `cron EXPR in ZONE`, or `every INTERVAL`.
+fn when(schedule: &ScheduleAnswer) -> String {
+    match &schedule.every {
+        Some(every) => format!("every {every}"),
+        None => format!("cron {} in {}", schedule.cron, schedule.timezone),
+    }
+}
+
 /// `missed` as one word: `skip`, or `catch_up(N)`.
 fn missed(schedule: &ScheduleAnswer) -> String {
     match (wire_name(schedule.missed), schedule.max_catch_up) {
@@ -158,8 +177,7 @@ fn print_schedule(schedule: &ScheduleAnswer) {
     let job = &schedule.job;
     for (label, value) in [
         ("name", schedule.name.clone()),
-        ("cron", schedule.cron.clone()),
-        ("timezone", schedule.timezone.clone()),
+        ("when", when(schedule)),
         ("job", format!("{} in {}", job.kind, job.queue)),
         ("payload", job.payload.to_string()),
         ("overlap", wire_name(schedule.overlap)),
@@ -188,15 +206,22 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
             let schedules = decode::<ScheduleList>(&answer, "GET /v1/schedules")?.schedules;
             println!(
                 "{:<24} {:<16} {:<16} {:<20} {:<24} {:<16} LAST JOB",
-                "NAME", "CRON", "TIMEZONE", "KIND", "NEXT RUN", "LAST RUN"
+                "NAME", "CRON/EVERY", "TIMEZONE", "KIND", "NEXT RUN", "LAST RUN"
             );
             for schedule in &schedules {
                 let last = schedule.last_run.as_ref();
                 println!(
                     "{:<24} {:<16} {:<16} {:<20} {:<24} {:<16} {}",
                     schedule.name,
-                    schedule.cron,
-                    schedule.timezone,
+                    match &schedule.every {
+                        Some(every) => format!("every {every}"),
+                        None => schedule.cron.clone(),
+                    },
+                    if schedule.every.is_some() {
+                        "-"
+                    } else {
+                        &schedule.timezone
+                    },
                     schedule.job.kind,
                     optional_stamp(schedule.next_run_at.as_ref()),
                     last.map_or_else(|| "-".to_string(), |run| wire_name(run.status)),
@@ -236,7 +261,13 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
             if !args.tags.is_empty() {
                 job["tags"] = json!(args.tags);
             }
-            let mut body = json!({"cron": args.cron, "job": job});
+            let mut body = json!({"job": job});
+            if let Some(cron) = args.cron {
+                body["cron"] = json!(cron);
+            }
+            if let Some(every) = args.every {
+                body["every"] = json!(every);
+            }
             if let Some(timezone) = args.timezone {
                 body["timezone"] = json!(timezone);
             }
