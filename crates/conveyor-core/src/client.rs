@@ -248,23 +248,22 @@ impl Client {
                 .map_err(|e| ValidationError::new("payload", e.to_string()))?;
             new_jobs.push(options.into_valid_job(J::KIND, payload)?);
         }
-        let single = new_jobs.len() == 1;
-        self.kinds
-            .check_all(
-                new_jobs
-                    .iter()
-                    .map(|j| (j.job().kind.as_str(), &j.job().payload)),
-                |index| format!("jobs[{index}]"),
-            )
-            .await
-            .map_err(|e| match e {
-                // One job's error names its payload alone, as the single enqueue's does.
-                StoreError::Invalid(mut v) if single => {
-                    v.field = v.field.trim_start_matches("jobs[0].").to_string();
-                    StoreError::Invalid(v)
-                }
-                other => other,
-            })?;
+        // One job's error names its payload alone (`payload/user_id`), as the HTTP enqueue's
+        // does; in a batch, the job's index (`jobs[3].payload/user_id`).
+        if let [job] = new_jobs.as_slice() {
+            self.kinds
+                .check(&job.job().kind, &job.job().payload)
+                .await?;
+        } else {
+            self.kinds
+                .check_all(
+                    new_jobs
+                        .iter()
+                        .map(|j| (j.job().kind.as_str(), &j.job().payload)),
+                    |index| format!("jobs[{index}]"),
+                )
+                .await?;
+        }
         self.store.jobs_insert_valid(new_jobs).await
     }
 

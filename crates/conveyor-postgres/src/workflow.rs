@@ -290,6 +290,14 @@ fn step_state(text: &str) -> StoreResult<StepState> {
 }
 
 /// `now` plus a stored timeout (positive: the column is checked).
+/// A stored compensation state, `None` when the step has none.
+fn compensation_of(text: Option<String>) -> StoreResult<Option<CompensationState>> {
+    text.map(|text| {
+        CompensationState::parse(&text).ok_or_else(|| unreadable(format!("compensation {text:?}")))
+    })
+    .transpose()
+}
+
 fn deadline(now: DateTime<Utc>, timeout_ms: Option<i64>) -> Option<DateTime<Utc>> {
     wait_deadline(now, timeout_ms.map(|ms| ms.max(0) as u64))
 }
@@ -538,12 +546,7 @@ async fn load_graphs(
                 wait_signal: column(row, "wait_signal")?,
                 signalled: column(row, "signalled")?,
                 has_compensate: column(row, "has_compensate")?,
-                compensation: compensation
-                    .map(|text| {
-                        CompensationState::parse(&text)
-                            .ok_or_else(|| unreadable(format!("compensation {text:?}")))
-                    })
-                    .transpose()?,
+                compensation: compensation_of(compensation)?,
                 compensation_job_id: column(row, "compensation_job_id")?,
                 completed_seq: column(row, "completed_seq")?,
             });
@@ -1214,12 +1217,7 @@ pub(crate) async fn view(
             }),
             result: column::<Option<Json<Value>>>(row, "result")?.map(|Json(v)| v),
             error: column::<Option<Json<StepError>>>(row, "error")?.map(|Json(e)| e),
-            compensation: compensation
-                .map(|text| {
-                    CompensationState::parse(&text)
-                        .ok_or_else(|| unreadable(format!("compensation {text:?}")))
-                })
-                .transpose()?,
+            compensation: compensation_of(compensation)?,
             compensation_job_id: column(row, "compensation_job_id")?,
             wait_deadline: column(row, "wait_deadline")?,
             finished_at: column(row, "finished_at")?,

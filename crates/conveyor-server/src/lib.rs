@@ -199,7 +199,9 @@ pub fn router_with_options(
     let state = AppState {
         store,
         kinds,
-        throughput: Arc::default(),
+        throughput: metrics
+            .as_ref()
+            .map_or_else(Arc::default, |metrics| metrics.throughput()),
         config: Arc::new(config),
         clock: options.clock,
         shutdown: options.shutdown,

@@ -11,6 +11,7 @@
 //!   [`SNAPSHOT_TTL`], so frequent scrapes cost one set of reads a second). Every server reports
 //!   the same values: aggregate them with `max`, not `sum`.
 
+use conveyor_core::scaling::ThroughputMeter;
 use conveyor_core::{
     AttemptEvent, AttemptStatus, JobObserver, JobState, QueueStats, Store, StoreResult, StuckJob,
     StuckParams, WorkerInfo, WorkerState,
@@ -20,6 +21,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
@@ -69,7 +71,8 @@ pub struct Metrics {
     queue_depth: IntGaugeVec,
     desired_workers: IntGaugeVec,
     /// Each queue's throughput from successive snapshots, and the target the gauge uses.
-    meter: std::sync::Mutex<(conveyor_core::scaling::ThroughputMeter, f64)>,
+    meter: Arc<std::sync::Mutex<ThroughputMeter>>,
+    scale_target_s: std::sync::Mutex<f64>,
     oldest_age: GaugeVec,
     dead_jobs: IntGaugeVec,
     utilization: GaugeVec,
@@ -168,10 +171,8 @@ impl Metrics {
             duration,
             queue_depth,
             desired_workers,
-            meter: std::sync::Mutex::new((
-                conveyor_core::scaling::ThroughputMeter::new(),
-                conveyor_core::scaling::DEFAULT_TARGET_SECS,
-            )),
+            meter: Arc::default(),
+            scale_target_s: std::sync::Mutex::new(conveyor_core::scaling::DEFAULT_TARGET_SECS),
             oldest_age,
             dead_jobs,
             utilization,
@@ -203,11 +204,16 @@ impl Metrics {
     pub fn set_gauges(&self, snapshot: &Snapshot) {
         self.queue_depth.reset();
         self.desired_workers.reset();
-        if let Ok(mut guard) = self.meter.lock() {
-            let (meter, target_s) = &mut *guard;
+        let target_s = self
+            .scale_target_s
+            .lock()
+            .map_or(conveyor_core::scaling::DEFAULT_TARGET_SECS, |target| {
+                *target
+            });
+        if let Ok(mut meter) = self.meter.lock() {
             meter.observe(&snapshot.queues, Instant::now());
             for queue in &snapshot.queues {
-                let signal = meter.signal(queue, &snapshot.workers, *target_s);
+                let signal = meter.signal(queue, &snapshot.workers, target_s);
                 self.desired_workers
                     .with_label_values(&[queue.name.as_str()])
                     .set(i64::from(signal.desired_workers));
@@ -259,10 +265,16 @@ impl Metrics {
         }
     }
 
+    /// The throughput meter the gauge reads, for the API's scaling signal to share (one set of
+    /// readings per server).
+    pub fn throughput(&self) -> Arc<std::sync::Mutex<ThroughputMeter>> {
+        self.meter.clone()
+    }
+
     /// The target `queue_desired_workers` is computed for.
     pub fn set_scale_target(&self, target: Duration) {
-        if let Ok(mut guard) = self.meter.lock() {
-            guard.1 = target.as_secs_f64();
+        if let Ok(mut target_s) = self.scale_target_s.lock() {
+            *target_s = target.as_secs_f64();
         }
     }
 
