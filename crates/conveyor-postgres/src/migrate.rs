@@ -91,10 +91,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "kinds",
         sql: include_str!("migrations/0014_kinds.sql"),
     },
+    Migration {
+        version: 15,
+        name: "flow_steps_hot",
+        sql: include_str!("migrations/0015_flow_steps_hot.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 14;
+pub const SCHEMA_VERSION: u32 = 15;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

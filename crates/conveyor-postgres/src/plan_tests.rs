@@ -337,3 +337,90 @@ async fn batched_completion_keeps_its_flow_filter_out_of_the_scan_of_an_unanalyz
         "the completion must not compare every running job with every completion: {plan}"
     );
 }
+
+/// The batched writes of a flow event (`set_steps`, `start_steps`), planned as a flow
+/// transaction plans them (`workflow::lock_heads` sets the planner up) on an analyzed table of
+/// 5,000 steps, for a batch of 400: each was costed as a hash of the whole steps table (6 ms a
+/// completion batch at 5,000 steps, growing with the table) where probing the key costs 3 us a
+/// step. They must probe the primary key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flow_step_writes_probe_keys_on_an_analyzed_table() {
+    use conveyor_core::workflow::{NewFlow, ValidFlow};
+    use conveyor_core::FlowStore;
+    let url = database_url();
+    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
+    let _cleanup = DropSchema(schema.clone());
+    let store = PgStore::connect(
+        &url,
+        PgOptions {
+            schema: schema.clone(),
+            max_connections: 2,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .expect("the test database (set CONVEYOR_TEST_PG_URL)");
+    let mut flows = Vec::new();
+    for _ in 0..1000 {
+        let flow = NewFlow::chain(
+            ["a", "b", "c", "d", "e"]
+                .map(|name| (name, NewJob::new("step", serde_json::json!({})))),
+        );
+        let created = store
+            .flow_create(ValidFlow::new(flow).expect("valid"))
+            .await
+            .expect("create");
+        flows.push(created.id);
+    }
+    let sql = Sql::new(&schema);
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ANALYZE \"{schema}\".flow_steps; BEGIN"
+    )))
+    .execute(&mut conn)
+    .await
+    .expect("analyze");
+    sqlx::query(sql.workflow.custom_plans.clone())
+        .execute(&mut conn)
+        .await
+        .expect("flow planner settings");
+    let array = |values: Vec<String>| format!("'{{{}}}'", values.join(","));
+    let ids = array(flows[..400].iter().map(|id| id.to_string()).collect());
+    let names = array(vec!["b".to_string(); 400]);
+    let set = generic_plan(
+        &mut conn,
+        "set_steps",
+        sql.workflow.set_steps.as_str(),
+        "uuid[], text[], text[], timestamptz[], int8[], jsonb[]",
+        &format!(
+            "{ids}, {names}, {}, {}, {}, {}",
+            array(vec!["completed".to_string(); 400]),
+            array(vec!["2026-01-01T00:00:00Z".to_string(); 400]),
+            array(vec!["1".to_string(); 400]),
+            array(vec!["NULL".to_string(); 400]),
+        ),
+    )
+    .await;
+    let start = generic_plan(
+        &mut conn,
+        "start_steps",
+        sql.workflow.start_steps.as_str(),
+        "uuid[], text[]",
+        &format!("{ids}, {names}"),
+    )
+    .await;
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut conn)
+        .await
+        .expect("rollback");
+    for (name, plan) in [("set_steps", &set), ("start_steps", &start)] {
+        assert!(
+            !plan.contains("Hash Join") && !plan.contains("Seq Scan"),
+            "{name} must not read the whole steps table: {plan}"
+        );
+        assert!(
+            plan.contains("flow_steps_pkey"),
+            "{name} probes keys: {plan}"
+        );
+    }
+}

@@ -50,7 +50,7 @@ pub(crate) struct WorkflowSql {
     /// filters.
     flows: String,
     steps: String,
-    custom_plans: SqlStr,
+    pub(crate) custom_plans: SqlStr,
     pub(crate) lock_heads: SqlStr,
     lock_many: SqlStr,
     try_lock: SqlStr,
@@ -60,7 +60,7 @@ pub(crate) struct WorkflowSql {
     flow_by_key: SqlStr,
     insert_steps: SqlStr,
     step_jobs: SqlStr,
-    set_steps: SqlStr,
+    pub(crate) set_steps: SqlStr,
     pub(crate) start_steps: SqlStr,
     begin_waits: SqlStr,
     compensation_row: SqlStr,
@@ -85,7 +85,12 @@ impl WorkflowSql {
         let jobs = format!("{}.jobs", quoted(schema));
         Self {
             // See `lock_heads`.
-            custom_plans: stmt("SET LOCAL plan_cache_mode = force_custom_plan".to_string()),
+            custom_plans: stmt(
+                "SELECT set_config('plan_cache_mode', 'force_custom_plan', true), \
+                     set_config('enable_hashjoin', 'off', true), \
+                     set_config('enable_mergejoin', 'off', true)"
+                    .to_string(),
+            ),
             // The heads of the graphs, locked: the first statement of every flow event. Rows are
             // locked as the sort hands them over: in id order, so two transactions locking
             // overlapping sets of flows cannot deadlock.
@@ -150,8 +155,11 @@ impl WorkflowSql {
             // A job step takes its job's result when it completes, and its job's last error
             // when it fails without an error of the policy's own (a wait's timeout, a skip).
             // Steps of any number of flows, each (flow, name) once.
+            // A step that stops waiting loses its deadline (see migration 15: the deadline
+            // index holds waiting steps only, and a job step's change stays a HOT update).
             set_steps: stmt(format!(
                 "UPDATE {steps} s SET state = u.state, finished_at = u.finished_at, \
+                     wait_deadline = CASE WHEN u.state = 'waiting' THEN s.wait_deadline END, \
                      completed_seq = CASE WHEN u.state = 'completed' THEN u.seq \
                          ELSE s.completed_seq END, \
                      result = CASE WHEN u.state = 'completed' AND s.job_id IS NOT NULL \
@@ -225,7 +233,7 @@ impl WorkflowSql {
             )),
             due_waits: stmt(format!(
                 "SELECT flow_id, name FROM {steps} \
-                 WHERE state = 'waiting' AND wait_deadline IS NOT NULL AND wait_deadline <= $1 \
+                 WHERE wait_deadline IS NOT NULL AND wait_deadline <= $1 AND state = 'waiting' \
                  ORDER BY wait_deadline LIMIT $2"
             )),
             // Steps go with their flow (ON DELETE CASCADE); a flow another transaction holds is
@@ -490,9 +498,13 @@ pub(crate) async fn lock_heads(
     // and keeps doing so as it grows: seen at a second per completion batch once a benchmark
     // had filled it, where the index probes take milliseconds, and nothing re-plans it while
     // the table has no statistics (the server's autovacuum off). Planned for each run, with
-    // the batch's own sizes, these joins probe the primary key. For the rest of this
-    // transaction, which moves flows; a savepoint's transaction keeps it until it ends, which
-    // only changes how its later statements are planned.
+    // the batch's own sizes, these joins probe the primary key. Even planned afresh, a join of
+    // a batch of (flow, step) keys to the steps table was costed as a hash of the whole table
+    // (every completion batch of a benchmark hashed all 5,000 steps there were, 6 ms, and it
+    // grows with the table), where probing the key is 3 us a step: every statement of a flow
+    // event is driven by a handful of keys, so this transaction plans joins as nested loops
+    // only. For the rest of this transaction, which moves flows; a savepoint's transaction
+    // keeps it until it ends, which only changes how its later statements are planned.
     sqlx::query(ctx.sql.workflow.custom_plans.clone())
         .execute(&mut *conn)
         .await

@@ -230,19 +230,19 @@ async fn vacuumed_by_the_store(store: &conveyor_postgres::PgStore, autovacuum: &
     .await;
 }
 
-/// Workflows rewrite their step and flow rows at every step: with autovacuum off the store
-/// vacuums those tables too.
+/// A flow's step rows change in place (HOT updates, migration 15), but pruning finished flows
+/// deletes them: with autovacuum off the store vacuums the flow tables too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_store_vacuums_its_flow_tables_when_autovacuum_is_off() {
     use conveyor_core::workflow::{NewFlow, ValidFlow};
     use conveyor_core::FlowStore;
-    let (store, _clock, _guard) = common::fresh_store().await;
+    let (store, clock, _guard) = common::fresh_store().await;
     let pool = store.pool().clone();
     let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
         .fetch_one(&pool)
         .await
         .expect("autovacuum setting");
-    // 400 chains of 3 steps run to the end: every step row written at least twice.
+    // 400 chains of 3 steps run to the end and pruned: 1,200 dead step rows.
     for _ in 0..400 {
         let flow = NewFlow::chain(
             ["a", "b", "c"].map(|name| (name, NewJob::new("step", serde_json::json!({})))),
@@ -253,5 +253,18 @@ async fn the_store_vacuums_its_flow_tables_when_autovacuum_is_off() {
             .expect("create");
     }
     drain(&store, "default").await;
+    clock.advance(Duration::from_secs(2));
+    let retention = RetentionPolicy {
+        completed: Duration::from_secs(1),
+        dead: Duration::from_secs(1),
+    };
+    let pruned = store
+        .flows_prune(PruneParams {
+            retention,
+            limit: 10_000,
+        })
+        .await
+        .expect("prune flows");
+    assert_eq!(pruned, 400, "every finished flow pruned");
     vacuumed_by_the_store(&store, &autovacuum, "flow_steps").await;
 }

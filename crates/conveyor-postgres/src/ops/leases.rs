@@ -148,8 +148,8 @@ pub(super) fn held_leases(found: Vec<PgRow>) -> StoreResult<HashSet<LeaseKey>> {
 ///
 /// Jobs of flows are left out of that statement and completed after it, all of them in one
 /// transaction of their own (a savepoint when `conn` is already in one) that locks their flows
-/// first, in id order, and moves every flow with a few statements (see `workflow`). Only a batch with a job the first statement did not complete (a
-/// flow's, or one whose lease was lost) pays for the second look. Outside a caller's
+/// first, in id order, and moves every flow with a few statements (see `workflow`); the first
+/// statement names them. Outside a caller's
 /// transaction, an error in that second part leaves the first part's completions applied, as a
 /// connection lost right after a commit would: an error says nothing about which applied, and
 /// a retry reports those as `LeaseLost`.
@@ -175,24 +175,39 @@ pub(crate) async fn complete_many(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let mut applied = held_leases(
-        sqlx::query(ctx.sql.complete.clone())
-            .bind(&ids)
-            .bind(&tokens)
-            .bind(&results)
-            .bind(ctx.now)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db("complete jobs"))?,
-    )?;
-    if applied.len() < ids.len() {
+    let rows = sqlx::query(ctx.sql.complete.clone())
+        .bind(&ids)
+        .bind(&tokens)
+        .bind(&results)
+        .bind(ctx.now)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("complete jobs"))?;
+    let mut applied = HashSet::with_capacity(rows.len());
+    let mut flow_of: HashMap<Uuid, Uuid> = HashMap::new();
+    for row in &rows {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let id: Uuid = row.try_get(0).map_err(read)?;
+        match row.try_get::<Option<Uuid>, _>(1).map_err(read)? {
+            Some(token) => {
+                applied.insert((id, token));
+            }
+            None => {
+                if let Some(flow_id) = row.try_get::<Option<Uuid>, _>(2).map_err(read)? {
+                    flow_of.insert(id, flow_id);
+                }
+            }
+        }
+    }
+    if !flow_of.is_empty() {
+        // Plain jobs whose lease was lost need nothing more.
         let mut left = Vec::new();
         for ((id, token), result) in ids.iter().zip(&tokens).zip(&results) {
-            if !applied.contains(&(*id, *token)) {
+            if flow_of.contains_key(id) {
                 left.push((*id, *token, *result));
             }
         }
-        applied.extend(complete_flow_jobs(conn, ctx, left).await?);
+        applied.extend(complete_flow_jobs(conn, ctx, flow_of, left).await?);
     }
     Ok(completions
         .iter()
@@ -207,36 +222,14 @@ pub(crate) async fn complete_many(
         .collect())
 }
 
-/// Completes the jobs of flows among `left` (the completions the plain statement did not
-/// apply), locking their flows first, and tells the flows in the same transaction. Returns the
-/// leases applied.
+/// Completes `left`, the completions of jobs of flows (`flow_of`: each one's flow), locking
+/// their flows first, and tells the flows in the same transaction. Returns the leases applied.
 async fn complete_flow_jobs(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-    left: Vec<(Uuid, Uuid, Option<Json<&Value>>)>,
+    flow_of: HashMap<Uuid, Uuid>,
+    left: Vec<FlowCompletion<'_>>,
 ) -> StoreResult<HashSet<LeaseKey>> {
-    let ids: Vec<Uuid> = left.iter().map(|(id, _, _)| *id).collect();
-    let found = sqlx::query(ctx.sql.flow_jobs.clone())
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db("find jobs of flows"))?;
-    let mut flow_of: HashMap<Uuid, Uuid> = HashMap::with_capacity(found.len());
-    for row in &found {
-        let read = |e: sqlx::Error| corrupt(e.to_string());
-        flow_of.insert(
-            row.try_get("id").map_err(read)?,
-            row.try_get("flow_id").map_err(read)?,
-        );
-    }
-    if flow_of.is_empty() {
-        // Plain jobs whose lease was lost: nothing more to do.
-        return Ok(HashSet::new());
-    }
-    let left: Vec<FlowCompletion<'_>> = left
-        .into_iter()
-        .filter(|(id, _, _)| flow_of.contains_key(id))
-        .collect();
     // One transaction for the whole batch, however many flows it touches: it locks them all
     // (in id order, before their jobs: see `workflow`), completes the jobs, and moves every
     // flow with a few statements for all of them together (`workflow::handle_locked`).
