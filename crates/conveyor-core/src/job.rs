@@ -38,10 +38,13 @@ pub enum JobState {
     /// In the dead-letter queue: attempts exhausted, or a permanent failure.
     Dead,
     Cancelled,
+    /// Not started before its `expires_at`: never run (or not run again), kept like dead jobs
+    /// and replayable like them.
+    Expired,
 }
 
 impl JobState {
-    pub const ALL: [JobState; 7] = [
+    pub const ALL: [JobState; 8] = [
         JobState::Scheduled,
         JobState::Available,
         JobState::Running,
@@ -49,6 +52,7 @@ impl JobState {
         JobState::Completed,
         JobState::Dead,
         JobState::Cancelled,
+        JobState::Expired,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -60,16 +64,24 @@ impl JobState {
             JobState::Completed => "completed",
             JobState::Dead => "dead",
             JobState::Cancelled => "cancelled",
+            JobState::Expired => "expired",
         }
     }
 
-    /// Finished jobs never run again unless replayed from `dead`.
+    /// Finished jobs never run again unless replayed from `dead` or `expired`.
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            JobState::Completed | JobState::Dead | JobState::Cancelled
+            JobState::Completed | JobState::Dead | JobState::Cancelled | JobState::Expired
         )
     }
+
+    /// States a job waits in before it (next) starts: the ones that expire.
+    pub const WAITING: [JobState; 3] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Retryable,
+    ];
 }
 
 impl fmt::Display for JobState {
@@ -90,7 +102,7 @@ impl FromStr for JobState {
                     "state",
                     format!(
                         "unknown state {s:?}; expected one of scheduled, available, running, \
-                         retryable, completed, dead, cancelled"
+                         retryable, completed, dead, cancelled, expired"
                     ),
                 )
             })
@@ -199,6 +211,13 @@ pub struct Job {
     /// The latest progress its handler reported (while running and after).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
+    /// Not started by then, the job moves to `expired` instead of running (see
+    /// [`JobState::Expired`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The producer's W3C trace context, handed to the worker with the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 /// How far a running job has come, as its handler reported it.
@@ -270,6 +289,13 @@ pub struct NewJob {
     /// Makes the enqueue unique by the job's kind, queue and payload (see [`UniqueSpec`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unique: Option<UniqueSpec>,
+    /// A job not started by then expires (`None`: the queue's `default_ttl_ms` from enqueue,
+    /// if it has one, else never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The producer's W3C trace context (see [`crate::trace`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 impl NewJob {
@@ -286,6 +312,8 @@ impl NewJob {
             tags: Vec::new(),
             tenant: None,
             unique: None,
+            expires_at: None,
+            trace: None,
         }
     }
 
@@ -325,6 +353,8 @@ impl NewJob {
             unique_key,
             flow: None,
             progress: None,
+            expires_at: self.expires_at.map(crate::clock::truncate_to_millis),
+            trace: self.trace,
         }
     }
 
@@ -356,6 +386,9 @@ pub struct QueueStats {
     pub dead: u64,
     pub completed: u64,
     pub cancelled: u64,
+    /// Jobs that were not started before their `expires_at`.
+    #[serde(default)]
+    pub expired: u64,
     /// Age of the oldest available job (time since its `run_at`), 0 when none waits.
     pub oldest_available_age_ms: u64,
     /// Whether fetching from the queue is paused.
@@ -373,6 +406,7 @@ impl QueueStats {
             JobState::Completed => self.completed += count,
             JobState::Dead => self.dead += count,
             JobState::Cancelled => self.cancelled += count,
+            JobState::Expired => self.expired += count,
         }
     }
 
@@ -386,6 +420,7 @@ impl QueueStats {
             JobState::Completed => self.completed,
             JobState::Dead => self.dead,
             JobState::Cancelled => self.cancelled,
+            JobState::Expired => self.expired,
         }
     }
 }
@@ -430,6 +465,26 @@ pub struct QueueSettings {
     /// Dead jobs are deleted this long after they died (default: the server's, 14 days).
     #[serde(default)]
     pub dead_retention_secs: Option<u64>,
+    /// Jobs enqueued without an expiry of their own expire this long after their enqueue
+    /// (or after their `run_at`, when that is later).
+    #[serde(default)]
+    pub default_ttl_ms: Option<u64>,
+}
+
+impl QueueSettings {
+    /// When a job enqueued at `now` with `run_at` expires by this queue's default, if it has
+    /// one: `default_ttl_ms` after whichever is later.
+    pub fn default_expiry(
+        &self,
+        now: DateTime<Utc>,
+        run_at: Option<DateTime<Utc>>,
+    ) -> Option<DateTime<Utc>> {
+        let ttl = self.default_ttl_ms?;
+        let from = run_at.map_or(now, |run_at| run_at.max(now));
+        from.checked_add_signed(chrono::Duration::milliseconds(
+            i64::try_from(ttl).unwrap_or(i64::MAX),
+        ))
+    }
 }
 
 impl QueueSettings {

@@ -20,6 +20,7 @@ pub mod scaling;
 pub mod schedule;
 pub mod store;
 pub mod stuck;
+pub mod trace;
 pub mod unique;
 pub mod validate;
 pub mod wire;

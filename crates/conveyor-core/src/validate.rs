@@ -281,6 +281,17 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
     if let Some(unique) = &job.unique {
         unique.validate()?;
     }
+    if let (Some(expires_at), Some(run_at)) = (job.expires_at, job.run_at) {
+        if expires_at <= run_at {
+            return Err(ValidationError::new(
+                "expires_at",
+                "must be after run_at: the job would expire before it could start",
+            ));
+        }
+    }
+    if let Some(trace) = &job.trace {
+        trace.validate()?;
+    }
     Ok(())
 }
 

@@ -909,8 +909,17 @@ impl FlowGraph {
                 JobState::Cancelled => StepState::Cancelled,
                 _ => StepState::Failed,
             };
-            let error = (state == JobState::Cancelled)
-                .then(|| StepError::new("cancelled", "the step's job was cancelled"));
+            let error = match state {
+                JobState::Cancelled => Some(StepError::new(
+                    "cancelled",
+                    "the step's job was cancelled",
+                )),
+                JobState::Expired => Some(StepError::new(
+                    "expired",
+                    "the step's job expired before it started",
+                )),
+                _ => None,
+            };
             self.set_step(effects, i, step_state, error);
             self.settle(effects);
         } else if let Some(i) = self

@@ -121,6 +121,7 @@ impl Flow {
                      lease_expires_at = $3, started_at = $4 \
                  WHERE id = ANY($1) AND state = 'available' \
                  AND ($5::text[] IS NULL OR kind = ANY($5)) \
+                 AND (expires_at IS NULL OR expires_at > $4) \
                  RETURNING {COLUMNS}"
             )),
             cursors: Mutex::new(HashMap::new()),

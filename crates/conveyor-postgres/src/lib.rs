@@ -728,6 +728,8 @@ impl LeadershipStore for PgStore {
     async fn jobs_promote_due(&self) -> StoreResult<u64> {
         let mut conn = self.conn().await?;
         let ctx = self.ctx();
+        // Expiry first: a job expiring now is not made available.
+        ops::expire_due(&mut conn, &ctx).await?;
         // Batches keep each statement short; a short batch means nothing due is left.
         let mut promoted = 0;
         loop {

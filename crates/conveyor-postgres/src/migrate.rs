@@ -96,10 +96,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "flow_steps_hot",
         sql: include_str!("migrations/0015_flow_steps_hot.sql"),
     },
+    Migration {
+        version: 16,
+        name: "expiry_trace",
+        sql: include_str!("migrations/0016_expiry_trace.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 15;
+pub const SCHEMA_VERSION: u32 = 16;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

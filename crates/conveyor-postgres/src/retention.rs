@@ -33,11 +33,11 @@ impl Retention {
             prune: stmt(format!(
                 "DELETE FROM {jobs} WHERE id IN ( \
                      SELECT j.id FROM {jobs} j LEFT JOIN {settings} s ON s.queue = j.queue \
-                     WHERE j.id < $1 AND j.state IN ('completed', 'cancelled', 'dead') \
+                     WHERE j.id < $1 AND j.state IN ('completed', 'cancelled', 'dead', 'expired') \
                      AND j.finished_at < $2 - make_interval(secs => COALESCE( \
-                         CASE WHEN j.state = 'dead' THEN s.dead_retention_secs \
+                         CASE WHEN j.state IN ('dead', 'expired') THEN s.dead_retention_secs \
                               ELSE s.completed_retention_secs END, \
-                         CASE WHEN j.state = 'dead' THEN $3 ELSE $4 END)) \
+                         CASE WHEN j.state IN ('dead', 'expired') THEN $3 ELSE $4 END)) \
                      ORDER BY j.id LIMIT $5 \
                      FOR UPDATE OF j SKIP LOCKED) \
                  RETURNING state"

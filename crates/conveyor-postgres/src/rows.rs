@@ -71,6 +71,9 @@ pub(crate) fn job(row: &PgRow) -> StoreResult<Job> {
         unique_key: column(row, "unique_key")?,
         flow: flow_link(row)?,
         progress: column::<Option<Json<Progress>>>(row, "progress")?.map(|Json(p)| p),
+        expires_at: column::<Option<DateTime<Utc>>>(row, "expires_at")?,
+        trace: column::<Option<Json<conveyor_core::trace::TraceContext>>>(row, "trace")?
+            .map(|Json(t)| t),
     })
 }
 

@@ -13,13 +13,13 @@ use crate::names::{channel, quoted};
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
     lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, \
-    flow_id, flow_step, parents, progress";
+    flow_id, flow_step, parents, progress, expires_at, trace";
 
 /// The columns of a queue settings row, as `ops::settings_of` reads them by name.
 pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tenant, \
     concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
     per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
-    dead_retention_secs";
+    dead_retention_secs, default_ttl_ms";
 
 /// [`COLUMNS`] qualified with the alias `j`, for `UPDATE ... FROM` statements where a bare `id`
 /// would be ambiguous.
@@ -64,6 +64,9 @@ pub(crate) struct Sql {
     pub depths: SqlStr,
     pub notify: SqlStr,
     pub promote: SqlStr,
+    pub expire_plain: SqlStr,
+    pub expiring_flow_jobs: SqlStr,
+    pub expire_flow_job: SqlStr,
     pub claim: SqlStr,
     pub claim_one_queue: SqlStr,
     /// `claim` and `claim_one_queue` for a fetch of every kind (no `$6`): see `KindFilter`.
@@ -146,7 +149,7 @@ impl Sql {
             idempotent_matches: stmt(format!(
                 "SELECT DISTINCT ON (idempotency_key) {COLUMNS} FROM {jobs} \
                  WHERE idempotency_key = ANY($1) \
-                 AND (state NOT IN ('completed', 'dead', 'cancelled') \
+                 AND (state NOT IN ('completed', 'dead', 'cancelled', 'expired') \
                       OR (state = 'completed' AND finished_at > $2)) \
                  ORDER BY idempotency_key, created_at DESC, id DESC"
             )),
@@ -169,15 +172,16 @@ impl Sql {
                          ORDER BY j.created_at DESC, j.id DESC LIMIT 1) x \
                      ORDER BY x.created_at DESC, x.id DESC LIMIT 1) m"
             )),
-            insert: stmt(insert_sql(&jobs, "")),
+            insert: stmt(insert_sql(&jobs, &settings, "")),
             // The fast path for queues without depth limits: the same insert, guarded by a
-            // one-time check that no queue of the batch (`$15`, distinct) has a limit. When one
+            // one-time check that no queue of the batch (`$17`, distinct) has a limit. When one
             // does, nothing is inserted and no row comes back, and the caller takes the locks,
             // counts, and uses `insert`.
             insert_unlimited: stmt(insert_sql(
                 &jobs,
+                &settings,
                 &format!(
-                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($15) \
+                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($17) \
                          AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
                 ),
             )),
@@ -229,6 +233,29 @@ impl Sql {
                      WHERE j.id = due.id RETURNING j.queue) \
                  {}",
                 notify_changed(3)
+            )),
+            // Waiting jobs whose expiry has come, soonest first, in a bounded batch (see
+            // `ops::expire_due`); jobs of flows go one by one, after their flow's lock.
+            expire_plain: stmt(format!(
+                "WITH due AS MATERIALIZED ( \
+                     SELECT id FROM {jobs} WHERE expires_at IS NOT NULL \
+                     AND state IN ('scheduled', 'available', 'retryable') \
+                     AND expires_at <= $1 AND flow_id IS NULL \
+                     ORDER BY expires_at LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 UPDATE {jobs} j SET state = 'expired', finished_at = $1 FROM due \
+                 WHERE j.id = due.id"
+            )),
+            expiring_flow_jobs: stmt(format!(
+                "SELECT id, flow_id FROM {jobs} WHERE expires_at IS NOT NULL \
+                 AND state IN ('scheduled', 'available', 'retryable') \
+                 AND expires_at <= $1 AND flow_id IS NOT NULL \
+                 ORDER BY expires_at LIMIT $2"
+            )),
+            expire_flow_job: stmt(format!(
+                "UPDATE {jobs} SET state = 'expired', finished_at = $1 \
+                 WHERE id = $2 AND state IN ('scheduled', 'available', 'retryable') \
+                     AND expires_at <= $1 \
+                 RETURNING {COLUMNS}"
             )),
             // Claim and mark running in one statement: rows another fetcher is claiming are
             // skipped, never double-claimed, and never waited for.
@@ -319,15 +346,21 @@ impl Sql {
                 running("j.")
             )),
             held: stmt(format!(
-                "SELECT attempt, max_attempts, flow_id FROM {jobs} \
+                "SELECT attempt, max_attempts, flow_id, expires_at FROM {jobs} \
                  WHERE id = $1 AND {} AND lease_token = $2",
                 running("")
             )),
             // Shared by fail and rescue. Still conditional on the token: if the lease was lost
             // since it was read, nothing changes and no row comes back.
+            // A retry that could not start before the job expires makes it expire now.
             record_failure: stmt(format!(
-                "UPDATE {jobs} SET state = $1, run_at = COALESCE($2, run_at), \
-                     finished_at = $3, errors = errors || jsonb_build_array($4::jsonb), \
+                "UPDATE {jobs} SET \
+                     state = CASE WHEN $1 = 'retryable' AND expires_at IS NOT NULL \
+                         AND $2 >= expires_at THEN 'expired' ELSE $1 END, \
+                     finished_at = CASE WHEN $1 = 'retryable' AND expires_at IS NOT NULL \
+                         AND $2 >= expires_at THEN $7 ELSE $3 END, \
+                     run_at = COALESCE($2, run_at), \
+                     errors = errors || jsonb_build_array($4::jsonb), \
                      lease_token = NULL, lease_expires_at = NULL \
                  WHERE id = $5 AND {} AND lease_token = $6 \
                  RETURNING {COLUMNS}",
@@ -355,7 +388,7 @@ impl Sql {
             // Locked so two rescuers (or a rescuer and the holder's completion) never both act
             // on one job; SKIP LOCKED lets concurrent rescuers share the work.
             rescue_pick: stmt(format!(
-                "SELECT id, attempt, max_attempts, lease_worker, lease_token, flow_id \
+                "SELECT id, attempt, max_attempts, lease_worker, lease_token, flow_id, expires_at \
                  FROM {jobs} \
                  WHERE state = 'running' AND lease_expires_at <= $1 \
                  ORDER BY lease_expires_at LIMIT $2 \
@@ -373,21 +406,22 @@ impl Sql {
             cancel_unhooked: stmt(format!(
                 "UPDATE {jobs} SET state = 'cancelled', finished_at = $1, \
                      lease_token = NULL, lease_expires_at = NULL \
-                 WHERE id = $2 AND state NOT IN ('completed', 'dead', 'cancelled')"
+                 WHERE id = $2 AND state NOT IN ('completed', 'dead', 'cancelled', 'expired')"
             )),
             replay_ids: stmt(format!(
                 "WITH changed AS ( \
                      UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
-                         finished_at = NULL, result = NULL \
-                     WHERE id = ANY($2) AND state = 'dead' AND flow_id IS NULL RETURNING queue) \
+                         finished_at = NULL, result = NULL, expires_at = NULL \
+                     WHERE id = ANY($2) AND state IN ('dead', 'expired') AND flow_id IS NULL \
+                     RETURNING queue) \
                  {}",
                 notify_changed(3)
             )),
             replay_filter: stmt(format!(
                 "WITH changed AS ( \
                      UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
-                         finished_at = NULL, result = NULL \
-                     WHERE state = 'dead' \
+                         finished_at = NULL, result = NULL, expires_at = NULL \
+                     WHERE state IN ('dead', 'expired') \
                          AND ($2::text IS NULL OR queue = $2) \
                          AND ($3::text IS NULL OR kind = $3) \
                          AND flow_id IS NULL \
@@ -399,17 +433,17 @@ impl Sql {
             // by `replay_flow_jobs` once their flows are locked.
             dead_flow_jobs_ids: stmt(format!(
                 "SELECT id, flow_id FROM {jobs} \
-                 WHERE id = ANY($1) AND state = 'dead' AND flow_id IS NOT NULL"
+                 WHERE id = ANY($1) AND state IN ('dead', 'expired') AND flow_id IS NOT NULL"
             )),
             dead_flow_jobs_filter: stmt(format!(
                 "SELECT id, flow_id FROM {jobs} \
-                 WHERE state = 'dead' AND ($1::text IS NULL OR queue = $1) \
+                 WHERE state IN ('dead', 'expired') AND ($1::text IS NULL OR queue = $1) \
                      AND ($2::text IS NULL OR kind = $2) AND flow_id IS NOT NULL"
             )),
             replay_flow_jobs: stmt(format!(
                 "UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
-                     finished_at = NULL, result = NULL \
-                 WHERE id = ANY($2) AND state = 'dead' \
+                     finished_at = NULL, result = NULL, expires_at = NULL \
+                 WHERE id = ANY($2) AND state IN ('dead', 'expired') \
                  RETURNING id, queue, flow_id"
             )),
             progress: stmt(format!(
@@ -439,19 +473,21 @@ impl Sql {
                            WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
                      n.tenant, n.state, n.errors, n.lease_worker, n.lease_token, \
                      n.lease_expires_at, n.result, n.created_at, n.started_at, n.finished_at, \
-                     n.unique_key, n.flow_id, n.flow_step, n.parents, n.progress \
+                     n.unique_key, n.flow_id, n.flow_step, n.parents, n.progress, \
+                     n.expires_at, n.trace \
                  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                              $6::timestamptz[], $7::int4[], $8::int4[], $9::int8[], \
                              $10::text[], $11::jsonb[], $12::text[], $13::text[], \
                              $14::jsonb[], $15::text[], $16::uuid[], $17::timestamptz[], \
                              $18::jsonb[], $19::timestamptz[], $20::timestamptz[], \
                              $21::timestamptz[], $22::text[], $23::uuid[], $24::text[], \
-                             $25::jsonb[], $26::jsonb[]) \
+                             $25::jsonb[], $26::jsonb[], $27::timestamptz[], \
+                             $28::jsonb[]) \
                      AS n(id, kind, queue, payload, priority, run_at, attempt, max_attempts, \
                           timeout_ms, idempotency_key, tags, tenant, state, errors, \
                           lease_worker, lease_token, lease_expires_at, result, created_at, \
                           started_at, finished_at, unique_key, flow_id, flow_step, parents, \
-                          progress) \
+                          progress, expires_at, trace) \
                  ON CONFLICT (id) DO NOTHING \
                  RETURNING queue, state"
             )),
@@ -479,8 +515,9 @@ impl Sql {
                          (queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
                           updated_at, per_key_concurrency_limit, rate_count, rate_period_ms, \
                           per_key_rate_count, per_key_rate_period_ms, weight, \
-                          completed_retention_secs, dead_retention_secs) \
-                     VALUES ($1, $2, $3, $4, $6, $5, $7, $8, $9, $10, $11, $12, $13, $14) \
+                          completed_retention_secs, dead_retention_secs, default_ttl_ms) \
+                     VALUES ($1, $2, $3, $4, $6, $5, $7, $8, $9, $10, $11, $12, $13, $14, \
+                         $15) \
                      ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
                          max_depth = excluded.max_depth, \
                          max_depth_per_tenant = excluded.max_depth_per_tenant, \
@@ -493,6 +530,7 @@ impl Sql {
                          weight = excluded.weight, \
                          completed_retention_secs = excluded.completed_retention_secs, \
                          dead_retention_secs = excluded.dead_retention_secs, \
+                         default_ttl_ms = excluded.default_ttl_ms, \
                          updated_at = excluded.updated_at \
                      RETURNING {SETTINGS_COLUMNS}) \
                  SELECT stored.*, \
@@ -512,27 +550,35 @@ impl Sql {
     }
 }
 
-/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$15`. A `NewJob`
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$17`. A `NewJob`
 /// has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
 /// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
 /// `import`, which writes every column.
-fn insert_sql(jobs: &str, condition: &str) -> String {
+fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
     // One statement for the whole batch. Tags travel as one JSON array per job because a SQL
-    // array of arrays must be rectangular; they are unpacked in order.
+    // array of arrays must be rectangular; they are unpacked in order. A job without an expiry
+    // takes its queue's default (`QueueSettings::default_expiry`: `default_ttl_ms` after its
+    // run_at or now, whichever is later), read by key from the settings.
     format!(
         "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
              max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-             created_at, unique_key) \
+             created_at, unique_key, expires_at, trace) \
          SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
              n.max_attempts, n.timeout_ms, n.idempotency_key, \
              ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
                    WITH ORDINALITY AS t(tag, pos) ORDER BY t.pos), \
-             n.tenant, n.state, '[]'::jsonb, $13, n.unique_key \
+             n.tenant, n.state, '[]'::jsonb, $13, n.unique_key, \
+             COALESCE(n.expires_at, (SELECT GREATEST(n.run_at, $13) \
+                 + s.default_ttl_ms * interval '1 millisecond' \
+                 FROM {settings} s WHERE s.queue = n.queue)), \
+             n.trace \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                      $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
-                     $10::jsonb[], $11::text[], $12::text[], $14::text[]) \
+                     $10::jsonb[], $11::text[], $12::text[], $14::text[], \
+                     $15::timestamptz[], $16::jsonb[]) \
              AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
-                  timeout_ms, idempotency_key, tags, tenant, state, unique_key) \
+                  timeout_ms, idempotency_key, tags, tenant, state, unique_key, \
+                  expires_at, trace) \
          {condition} \
          RETURNING {COLUMNS}"
     )
@@ -615,7 +661,7 @@ fn gated_claim_sql(
         "WITH picked AS MATERIALIZED ( \
              SELECT c.ctid AS tid FROM {jobs} c \
              WHERE c.state = 'available' AND {queue_condition} AND NOT ({gate}) \
-             {kind_condition} \
+             {kind_condition} AND (c.expires_at IS NULL OR c.expires_at > $5) \
              ORDER BY c.priority DESC, c.run_at, c.id LIMIT $2 \
              FOR UPDATE SKIP LOCKED) \
          UPDATE {jobs} j SET state = 'running', attempt = j.attempt + 1, \

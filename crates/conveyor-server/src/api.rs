@@ -157,6 +157,14 @@ pub struct FetchedJob {
     /// For a workflow's step: its completed parents' results by step name.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parents: Option<std::collections::BTreeMap<String, Value>>,
+    /// When the job expires if not started (it was started: informative for the handler).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// The producer's W3C trace context: run the handler as a child span of it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// `POST /v1/flows`: the new flow (or, with `duplicate`, the flow its idempotency key names) and

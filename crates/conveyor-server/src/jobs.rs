@@ -1,7 +1,7 @@
 //! Producer endpoints: enqueue (one or a batch), get, list, cancel.
 
 use axum::extract::State;
-use axum::http::StatusCode;
+use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::job::DEFAULT_MAX_ATTEMPTS;
@@ -50,6 +50,17 @@ pub(crate) struct EnqueueRequest {
     tenant: Option<String>,
     #[serde(default, deserialize_with = "wire::non_null")]
     unique: Option<UniqueRequest>,
+    /// Not started by then, the job expires (RFC 3339); or `ttl_ms` after the enqueue.
+    #[serde(default, deserialize_with = "wire::non_null")]
+    expires_at: Option<String>,
+    #[serde(default, deserialize_with = "wire::opt_int")]
+    ttl_ms: Option<i64>,
+    /// W3C trace context; the `traceparent`/`tracestate` headers of `POST /v1/jobs` give it
+    /// too (the body wins).
+    #[serde(default, deserialize_with = "wire::non_null")]
+    traceparent: Option<String>,
+    #[serde(default, deserialize_with = "wire::non_null")]
+    tracestate: Option<String>,
 }
 
 /// `unique` of an enqueue request: a [`UniqueSpec`] whose unset fields take its defaults. States
@@ -86,6 +97,24 @@ impl UniqueRequest {
 }
 
 impl EnqueueRequest {
+    /// Takes the request's `traceparent`/`tracestate` headers as the job's trace context
+    /// when the body gives none (a producer's HTTP instrumentation sets the headers).
+    pub(crate) fn adopt_trace_headers(&mut self, headers: &HeaderMap) {
+        if self.traceparent.is_some() {
+            return;
+        }
+        let header = |name: &str| {
+            headers
+                .get(name)
+                .and_then(|value| value.to_str().ok())
+                .map(str::to_string)
+        };
+        if let Some(parent) = header("traceparent") {
+            self.traceparent = Some(parent);
+            self.tracestate = self.tracestate.take().or_else(|| header("tracestate"));
+        }
+    }
+
     /// Checks every field and builds the job the caller may enqueue (its owner recorded),
     /// validated once for the store; errors name the field (without any batch prefix).
     fn into_valid_job(
@@ -127,6 +156,46 @@ impl EnqueueRequest {
             (None, Some(ms)) => Some(after_ms("delay_ms", now, ms)?),
             (None, None) => None,
         };
+        let expires_at = match (self.expires_at, self.ttl_ms) {
+            (Some(_), Some(_)) => {
+                return Err(ApiError::invalid(
+                    "ttl_ms",
+                    "give either expires_at or ttl_ms, not both",
+                ))
+            }
+            (Some(raw), None) => {
+                let at = DateTime::parse_from_rfc3339(&raw)
+                    .map_err(|e| {
+                        ApiError::invalid(
+                            "expires_at",
+                            format!("{raw:?} is not an RFC 3339 timestamp: {e}"),
+                        )
+                    })?
+                    .with_timezone(&Utc);
+                if at <= now {
+                    return Err(ApiError::invalid(
+                        "expires_at",
+                        "is not in the future: the job would expire before it could start",
+                    ));
+                }
+                Some(at)
+            }
+            (None, Some(ms)) => {
+                if ms < 1 {
+                    return Err(ApiError::invalid("ttl_ms", "must be at least 1"));
+                }
+                Some(after_ms("ttl_ms", now, ms)?)
+            }
+            (None, None) => None,
+        };
+        // A tracestate without a traceparent qualifies nothing and is dropped, as the W3C
+        // specification has receivers do.
+        let trace = self
+            .traceparent
+            .map(|parent| {
+                conveyor_core::trace::TraceContext::parse(&parent, self.tracestate.as_deref(), "")
+            })
+            .transpose()?;
         let mut job = {
             let mut job = NewJob::new(self.kind, payload);
             job.queue = self
@@ -140,6 +209,8 @@ impl EnqueueRequest {
             job.tags = self.tags.unwrap_or_default();
             job.tenant = self.tenant;
             job.unique = self.unique.map(UniqueRequest::into_spec).transpose()?;
+            job.expires_at = expires_at;
+            job.trace = trace;
             job
         };
         claim_ownership(caller, &mut job.tags)?;
@@ -193,8 +264,10 @@ pub(crate) fn claim_ownership(caller: &Caller, tags: &mut Vec<String>) -> ApiRes
 pub(crate) async fn enqueue(
     State(state): State<AppState>,
     caller: Caller,
-    ApiJson(request): ApiJson<EnqueueRequest>,
+    headers: HeaderMap,
+    ApiJson(mut request): ApiJson<EnqueueRequest>,
 ) -> ApiResult<(StatusCode, Json<EnqueuedJob>)> {
+    request.adopt_trace_headers(&headers);
     let job = request.into_valid_job(&state, &caller, state.clock.now())?;
     state
         .kinds
@@ -239,6 +312,7 @@ pub(crate) struct BatchRequest {
 pub(crate) async fn enqueue_batch(
     State(state): State<AppState>,
     caller: Caller,
+    headers: HeaderMap,
     ApiJson(request): ApiJson<BatchRequest>,
 ) -> ApiResult<(StatusCode, Json<BatchResponse>)> {
     if request.jobs.is_empty() {
@@ -254,7 +328,8 @@ pub(crate) async fn enqueue_batch(
     let now = state.clock.now();
     let count = request.jobs.len();
     let mut jobs = Vec::with_capacity(count);
-    for (index, job) in request.jobs.into_iter().enumerate() {
+    for (index, mut job) in request.jobs.into_iter().enumerate() {
+        job.adopt_trace_headers(&headers);
         let within = |e: ApiError| e.within(&format!("jobs[{index}]"));
         jobs.push(job.into_valid_job(&state, &caller, now).map_err(within)?);
     }

@@ -94,6 +94,9 @@ fn fetched_job(job: Job) -> ApiResult<FetchedJob> {
         lease_expires_at: lease.expires_at,
         tenant: job.tenant,
         tags: job.tags,
+        expires_at: job.expires_at,
+        traceparent: job.trace.as_ref().map(|t| t.traceparent.clone()),
+        tracestate: job.trace.and_then(|t| t.tracestate),
     })
 }
 

@@ -38,6 +38,8 @@ pub(crate) struct SettingsPatch {
     completed_retention_secs: Option<Option<Value>>,
     #[serde(default, deserialize_with = "present")]
     dead_retention_secs: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    default_ttl_ms: Option<Option<Value>>,
 }
 
 /// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`). Values
@@ -226,6 +228,19 @@ pub(crate) async fn put(
         patch.dead_retention_secs,
         |v| positive("dead_retention_secs", v),
     )?;
+    patched(&mut settings.default_ttl_ms, patch.default_ttl_ms, |v| {
+        let ttl = positive("default_ttl_ms", v)?;
+        if ttl > conveyor_core::validate::MAX_DELAY_MS as u64 {
+            return Err(ApiError::invalid(
+                "default_ttl_ms",
+                format!(
+                    "must be at most {} (100 years)",
+                    conveyor_core::validate::MAX_DELAY_MS
+                ),
+            ));
+        }
+        Ok(ttl)
+    })?;
     // The store checks the ranges again (and the Rust API relies on that).
     let settings = state.store.queue_settings_put(&name, settings).await?;
     // The settings as stored (limits and the pause flag; nothing from any job).

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use crate::backend;
 
 /// The schema version this code writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 12;
+pub(crate) const SCHEMA_VERSION: i64 = 13;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
@@ -83,6 +83,9 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
                 ("progress", "TEXT"),
             ],
         )?;
+        // Version 13: expiry and trace context.
+        add_missing_columns(conn, "jobs", &[("expires_at", "INTEGER"), ("trace", "TEXT")])?;
+        add_missing_columns(conn, "queue_settings", &[("default_ttl_ms", "INTEGER")])?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

@@ -112,8 +112,8 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
         .prepare_cached(
             "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
              per_key_concurrency_limit, rate_count, rate_period_ms, per_key_rate_count, \
-             per_key_rate_period_ms, weight, completed_retention_secs, dead_retention_secs \
-             FROM queue_settings ORDER BY queue",
+             per_key_rate_period_ms, weight, completed_retention_secs, dead_retention_secs, \
+             default_ttl_ms FROM queue_settings ORDER BY queue",
         )
         .map_err(backend)?;
     let count = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<u64>> {
@@ -141,6 +141,7 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
                     settings.weight = count(row, 10)?.map(|w| w.min(u64::from(u32::MAX)) as u32);
                     settings.completed_retention_secs = count(row, 11)?;
                     settings.dead_retention_secs = count(row, 12)?;
+                    settings.default_ttl_ms = count(row, 13)?;
                     settings
                 },
             })

@@ -34,12 +34,12 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
         .prepare_cached(
             "DELETE FROM jobs WHERE id IN ( \
                  SELECT j.id FROM jobs j \
-                 WHERE j.id < ?1 AND j.state IN ('completed', 'cancelled', 'dead') \
+                 WHERE j.id < ?1 AND j.state IN ('completed', 'cancelled', 'dead', 'expired') \
                  AND j.finished_at < ?2 - 1000 * COALESCE( \
-                     (SELECT CASE WHEN j.state = 'dead' THEN s.dead_retention_secs \
+                     (SELECT CASE WHEN j.state IN ('dead', 'expired') THEN s.dead_retention_secs \
                              ELSE s.completed_retention_secs END \
                       FROM queue_settings s WHERE s.queue = j.queue), \
-                     CASE WHEN j.state = 'dead' THEN ?3 ELSE ?4 END) \
+                     CASE WHEN j.state IN ('dead', 'expired') THEN ?3 ELSE ?4 END) \
                  ORDER BY j.id LIMIT ?5) \
              RETURNING queue, state",
         )

@@ -10,7 +10,8 @@ use uuid::Uuid;
 
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
-    lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, flow_id, flow_step, parents, progress";
+    lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, flow_id, flow_step, parents, progress, \
+    expires_at, trace";
 
 fn conversion(
     column: usize,
@@ -72,6 +73,8 @@ pub(crate) fn job(row: &Row<'_>) -> rusqlite::Result<Job> {
         unique_key: row.get(21)?,
         flow: flow_link(row)?,
         progress: optional_json(row, 25)?,
+        expires_at: row.get::<_, Option<i64>>(26)?.map(from_millis),
+        trace: optional_json(row, 27)?,
     })
 }
 

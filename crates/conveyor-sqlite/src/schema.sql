@@ -27,7 +27,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     flow_id          TEXT,                  -- version 11: a workflow's step or compensation
     flow_step        TEXT,
     parents          TEXT,                  -- JSON object: the step's parents' results
-    progress         TEXT                   -- JSON: the handler's latest progress report
+    progress         TEXT,                  -- JSON: the handler's latest progress report
+    expires_at       INTEGER,               -- version 13: not started by then, it expires
+    trace            TEXT                   -- version 13: JSON W3C trace context
 ) WITHOUT ROWID;
 
 -- The fetch path: only available jobs, in claim order.
@@ -79,8 +81,13 @@ CREATE TABLE IF NOT EXISTS queue_settings (
     weight                    INTEGER,
     -- Version 10: retention per queue (seconds; NULL: the server's default).
     completed_retention_secs  INTEGER,
-    dead_retention_secs       INTEGER
+    dead_retention_secs       INTEGER,
+    -- Version 13: jobs enqueued without an expiry expire this long after they could start.
+    default_ttl_ms            INTEGER
 ) WITHOUT ROWID;
+-- Version 13: waiting jobs by expiry, for the sweep that expires them.
+CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs (expires_at)
+    WHERE expires_at IS NOT NULL AND state IN ('scheduled', 'available', 'retryable');
 -- Unfinished jobs per tenant, for the per-tenant depth limit (jobs without a tenant cost nothing).
 CREATE INDEX IF NOT EXISTS jobs_tenant_unfinished ON jobs (queue, tenant)
     WHERE tenant IS NOT NULL AND state IN ('scheduled', 'available', 'running', 'retryable');

@@ -469,6 +469,7 @@ pub async fn queue_stats_count_each_state_and_oldest_age(h: &Harness) {
             dead: 1,
             completed: 1,
             cancelled: 1,
+            expired: 0,
             oldest_available_age_ms: 2_250,
             paused: false,
         },

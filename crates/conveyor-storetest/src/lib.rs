@@ -37,6 +37,7 @@ pub mod faults;
 mod fetch;
 mod finish;
 mod flow;
+mod expiry;
 mod hostile;
 mod insert;
 mod kinds;
@@ -54,6 +55,7 @@ pub use admin::*;
 pub use fetch::*;
 pub use finish::*;
 pub use flow::*;
+pub use expiry::*;
 pub use hostile::*;
 pub use insert::*;
 pub use kinds::*;
@@ -128,6 +130,12 @@ macro_rules! __conveyor_behaviours {
             insert_many_returns_one_result_per_job_in_order,
             insert_with_future_run_at_is_scheduled,
             insert_with_past_run_at_is_available,
+            // expiry and trace context
+            a_job_not_started_by_its_expiry_expires_instead_of_running,
+            a_retry_after_the_expiry_expires_the_job,
+            expired_jobs_are_replayed_like_dead_ones,
+            a_queue_default_ttl_gives_jobs_an_expiry,
+            trace_context_travels_with_the_job,
             insert_many_is_all_or_nothing,
             idempotency_key_returns_existing_unfinished_job,
             idempotency_key_deduplicates_within_one_batch,

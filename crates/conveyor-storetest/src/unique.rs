@@ -45,7 +45,7 @@ async fn assert_new(h: &Harness, job: NewJob, why: &str) -> Job {
     fresh.job
 }
 
-fn every_state() -> [JobState; 7] {
+fn every_state() -> [JobState; 8] {
     JobState::ALL
 }
 

@@ -277,6 +277,16 @@ pub(crate) async fn import(
                 .map(|j| j.progress.as_ref().map(Json))
                 .collect::<Vec<_>>(),
         )
+        .bind(
+            jobs.iter()
+                .map(|j| j.expires_at.map(ms))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| j.trace.as_ref().map(Json))
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await
         .map_err(db("import jobs"))?;

@@ -8,7 +8,7 @@ pub(super) fn holds_key(job: &Job, now: DateTime<Utc>, options: &StoreOptions) -
         JobState::Completed => job.finished_at.is_some_and(|finished| {
             conveyor_core::clock::after(finished, options.completed_idempotency_window) > now
         }),
-        JobState::Dead | JobState::Cancelled => false,
+        JobState::Dead | JobState::Cancelled | JobState::Expired => false,
         _ => true,
     }
 }
@@ -41,6 +41,8 @@ pub(super) struct Columns {
     tenants: Vec<Option<String>>,
     states: Vec<&'static str>,
     unique_keys: Vec<Option<String>>,
+    expires: Vec<Option<DateTime<Utc>>>,
+    traces: Vec<Option<Json<conveyor_core::trace::TraceContext>>>,
 }
 
 /// The outcome of an insert: one result per job, and whether any job became available.
@@ -172,6 +174,10 @@ pub(crate) async fn insert_many(
                 .push((id, state));
         }
         columns.unique_keys.push(unique_key);
+        columns
+            .expires
+            .push(new.expires_at.map(truncate_to_millis));
+        columns.traces.push(new.trace.map(Json));
         slots.push(Slot::New(id));
     }
 
@@ -245,6 +251,8 @@ pub(super) fn bind_columns<'q>(
         .bind(&columns.states)
         .bind(now)
         .bind(&columns.unique_keys)
+        .bind(&columns.expires)
+        .bind(&columns.traces)
 }
 
 /// Refuses the batch's new jobs (`columns`, in `queues`) with `QueueFull` when they would take a
@@ -352,6 +360,8 @@ mod tests {
             unique_key: None,
             flow: None,
             progress: None,
+            expires_at: None,
+            trace: None,
         };
         job.finished_at = finished_at;
         job

@@ -19,6 +19,50 @@ pub(crate) async fn promote_due(
     changed_count(&found)
 }
 
+/// Most jobs one expiry pass moves (the rest wait for the next; a claim never takes them, as
+/// it filters on the expiry itself).
+pub(crate) const EXPIRE_BATCH: i64 = 1000;
+
+/// Moves waiting jobs (scheduled, available, retryable) whose `expires_at` has come to
+/// `expired`. Plain jobs in one statement; a job of a flow in a transaction of its own that
+/// locks its flow first and tells it. Returns how many expired.
+pub(crate) async fn expire_due(conn: &mut PgConnection, ctx: &Ctx<'_>) -> StoreResult<u64> {
+    let plain = sqlx::query(ctx.sql.expire_plain.clone())
+        .bind(ctx.now)
+        .bind(EXPIRE_BATCH)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("expire jobs"))?
+        .rows_affected();
+    let flow_jobs = sqlx::query(ctx.sql.expiring_flow_jobs.clone())
+        .bind(ctx.now)
+        .bind(EXPIRE_BATCH)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("find expiring jobs of flows"))?;
+    let mut expired = plain;
+    for row in &flow_jobs {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let id: Uuid = row.try_get("id").map_err(read)?;
+        let flow_id: Uuid = row.try_get("flow_id").map_err(read)?;
+        let mut tx = conn.begin().await.map_err(db("begin flow job expiry"))?;
+        workflow::lock_flows(&mut tx, ctx, vec![flow_id]).await?;
+        let row = sqlx::query(ctx.sql.expire_flow_job.clone())
+            .bind(ctx.now)
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db("expire a job of a flow"))?;
+        if let Some(row) = row {
+            let job = rows::job(&row)?;
+            workflow::job_finished(&mut tx, ctx, &job).await?;
+            expired += 1;
+        }
+        tx.commit().await.map_err(db("commit flow job expiry"))?;
+    }
+    Ok(expired)
+}
+
 /// Jobs claimed by one fetch, and how many due jobs it promoted first.
 pub(crate) struct Fetched {
     pub jobs: Vec<Job>,
@@ -309,6 +353,7 @@ pub(crate) async fn record_failure(
         .bind(Json(error))
         .bind(lease.id)
         .bind(lease.lease_token)
+        .bind(ctx.now)
         .fetch_optional(&mut *conn)
         .await
         .map_err(db("record failure"))?;
@@ -335,9 +380,13 @@ pub(crate) async fn fail(
     let attempt: i32 = row.try_get(0).map_err(|e| corrupt(e.to_string()))?;
     let max_attempts: i32 = row.try_get(1).map_err(|e| corrupt(e.to_string()))?;
     let flow_id: Option<Uuid> = row.try_get(2).map_err(|e| corrupt(e.to_string()))?;
+    let expires_at: Option<DateTime<Utc>> = row.try_get(3).map_err(|e| corrupt(e.to_string()))?;
     let (attempt, max_attempts) = (attempt.max(0) as u32, max_attempts.max(0) as u32);
     let (error, retry_at) = params.failure(ctx.now, attempt);
-    let dies = retry_at.is_none() || attempt >= max_attempts;
+    // A retry past the expiry finishes the job as well (`record_failure`).
+    let dies = retry_at.is_none()
+        || attempt >= max_attempts
+        || retry_at.zip(expires_at).is_some_and(|(at, expiry)| at >= expiry);
     // The update repeats the lease check: a rescue or cancel between the two statements makes
     // it match nothing, which is the same lost lease.
     match flow_id {
@@ -432,13 +481,17 @@ pub(crate) async fn rescue_row(
     // A step on its last attempt dies and tells its flow, whose lock comes after this job's
     // row here (picked locked): only tried, so this never waits for a flow whose holder may be
     // waiting for this row. A busy flow leaves the job to the next pass.
+    let expires_at: Option<DateTime<Utc>> = row.try_get("expires_at").map_err(read)?;
+    let retry_at = Some(retry.next_run_at(ctx.now, attempt));
+    // A retry past the expiry finishes the job as well (`record_failure`).
+    let dies = attempt >= max_attempts
+        || retry_at.zip(expires_at).is_some_and(|(at, expiry)| at >= expiry);
     if let Some(flow_id) = flow_id {
-        if attempt >= max_attempts && !workflow::try_lock_flow(&mut *conn, ctx, flow_id).await? {
+        if dies && !workflow::try_lock_flow(&mut *conn, ctx, flow_id).await? {
             return Ok(None);
         }
     }
     let error = error_for(attempt, worker.as_deref());
-    let retry_at = Some(retry.next_run_at(ctx.now, attempt));
     record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at).await
 }
 

@@ -29,6 +29,7 @@ pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
         settings.weight = weight.map(|w| u32::try_from(w).unwrap_or(1));
         settings.completed_retention_secs = count("completed_retention_secs")?;
         settings.dead_retention_secs = count("dead_retention_secs")?;
+        settings.default_ttl_ms = count("default_ttl_ms")?;
         settings
     })
 }
@@ -81,6 +82,7 @@ pub(crate) async fn queue_settings_put(
         )
         .bind(settings.completed_retention_secs.map(stored_depth))
         .bind(settings.dead_retention_secs.map(stored_depth))
+        .bind(settings.default_ttl_ms.map(stored_depth))
         .fetch_one(&mut *conn)
         .await
         .map_err(db("store queue settings"))?;

@@ -44,54 +44,63 @@ fn replayed_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Replayed> {
     Ok((row.get(0)?, row.get(1)?, row.get(2)?))
 }
 
+/// Replays dead and expired jobs (an expired one loses its expiry: replaying it is asking for
+/// it to run).
 pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> StoreResult<u64> {
     let now = millis(ctx.now);
-    let queues: Vec<Replayed> = match &selector.ids {
-        Some(ids) => {
-            let mut stmt = ctx
+    let mut replayed = 0;
+    // One pass per state replayed from, so each job's count moves from the state it was in.
+    for from in [JobState::Dead, JobState::Expired] {
+        let queues: Vec<Replayed> = match &selector.ids {
+            Some(ids) => {
+                let mut stmt = ctx
+                    .conn
+                    .prepare_cached(
+                        "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
+                         finished_at = NULL, result = NULL, expires_at = NULL \
+                         WHERE id = ?2 AND state = ?3 RETURNING queue, id, flow_id",
+                    )
+                    .map_err(backend)?;
+                let mut queues = Vec::new();
+                for id in ids {
+                    let replayed: Option<Replayed> = stmt
+                        .query_row(params![now, id.to_string(), from.as_str()], replayed_row)
+                        .optional()
+                        .map_err(backend)?;
+                    queues.extend(replayed);
+                }
+                queues
+            }
+            None => ctx
                 .conn
                 .prepare_cached(
                     "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
-                     finished_at = NULL, result = NULL WHERE id = ?2 AND state = 'dead' \
+                     finished_at = NULL, result = NULL, expires_at = NULL WHERE state = ?4 \
+                     AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3) \
                      RETURNING queue, id, flow_id",
                 )
-                .map_err(backend)?;
-            let mut queues = Vec::new();
-            for id in ids {
-                let replayed: Option<Replayed> = stmt
-                    .query_row(params![now, id.to_string()], replayed_row)
-                    .optional()
-                    .map_err(backend)?;
-                queues.extend(replayed);
-            }
-            queues
-        }
-        None => ctx
-            .conn
-            .prepare_cached(
-                "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
-                 finished_at = NULL, result = NULL WHERE state = 'dead' \
-                 AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3) \
-                 RETURNING queue, id, flow_id",
-            )
-            .and_then(|mut stmt| {
-                stmt.query_map(params![now, selector.queue, selector.kind], replayed_row)?
+                .and_then(|mut stmt| {
+                    stmt.query_map(
+                        params![now, selector.queue, selector.kind, from.as_str()],
+                        replayed_row,
+                    )?
                     .collect()
-            })
-            .map_err(backend)?,
-    };
-    for (queue, id, flow_id) in &queues {
-        ctx.count_move(queue, Some(JobState::Dead), Some(JobState::Available));
-        // A replayed step resumes its flow when the flow stopped at it.
-        if let Some(flow_id) = flow_id {
-            let flow_id = Uuid::parse_str(flow_id)
-                .map_err(|e| StoreError::backend(format!("stored flow id: {e}")))?;
-            let job_id = Uuid::parse_str(id)
-                .map_err(|e| StoreError::backend(format!("stored job id: {e}")))?;
-            workflow::handle(ctx, flow_id, FlowEvent::JobReplayed { job_id })?;
+                })
+                .map_err(backend)?,
+        };
+        for (queue, id, flow_id) in &queues {
+            ctx.count_move(queue, Some(from), Some(JobState::Available));
+            // A replayed step resumes its flow when the flow stopped at it.
+            if let Some(flow_id) = flow_id {
+                let flow_id = Uuid::parse_str(flow_id)
+                    .map_err(|e| StoreError::backend(format!("stored flow id: {e}")))?;
+                let job_id = Uuid::parse_str(id)
+                    .map_err(|e| StoreError::backend(format!("stored job id: {e}")))?;
+                workflow::handle(ctx, flow_id, FlowEvent::JobReplayed { job_id })?;
+            }
         }
+        replayed += queues.len() as u64;
     }
-    let replayed = queues.len() as u64;
     if replayed > 0 {
         ctx.wake = true;
     }
@@ -141,6 +150,9 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
     let progress = (job.progress.as_ref())
         .map(|p| json_text(p, "progress"))
         .transpose()?;
+    let trace = (job.trace.as_ref())
+        .map(|t| json_text(t, "trace"))
+        .transpose()?;
     let payload = json_text(&job.payload, "payload")?;
     let tags = json_text(&job.tags, "tags")?;
     let errors = json_text(&job.errors, "errors")?;
@@ -148,7 +160,8 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
         .conn
         .prepare_cached(&format!(
             "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
-             ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26) \
+             ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, \
+             ?27, ?28) \
              ON CONFLICT (id) DO NOTHING"
         ))
         .and_then(|mut stmt| {
@@ -179,6 +192,8 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
                 job.flow.as_ref().map(|f| f.step.clone()),
                 parents,
                 progress,
+                job.expires_at.map(millis),
+                trace,
             ])
         })
         .map_err(backend)?;

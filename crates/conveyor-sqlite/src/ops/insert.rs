@@ -11,7 +11,7 @@ pub(super) fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Opt
         .conn
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM jobs WHERE idempotency_key = ?1 \
-             AND (state NOT IN ('completed', 'dead', 'cancelled') \
+             AND (state NOT IN ('completed', 'dead', 'cancelled', 'expired') \
                   OR (state = 'completed' AND finished_at > ?2)) \
              ORDER BY created_at DESC, id DESC LIMIT 1"
         ))
@@ -25,7 +25,7 @@ pub(super) fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Opt
         JobState::Completed => job
             .finished_at
             .is_some_and(|finished| clock::after(finished, window) > ctx.now),
-        JobState::Dead | JobState::Cancelled => false,
+        JobState::Dead | JobState::Cancelled | JobState::Expired => false,
         _ => true,
     }))
 }
@@ -33,7 +33,11 @@ pub(super) fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Opt
 pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
     check_depth_limits(ctx, &jobs)?;
     let mut inserted = Vec::with_capacity(jobs.len());
-    for new in jobs {
+    for mut new in jobs {
+        if new.expires_at.is_none() {
+            new.expires_at = (ctx.settings.get(&new.queue))
+                .and_then(|settings| settings.default_expiry(ctx.now, new.run_at));
+        }
         if let Some(key) = &new.idempotency_key {
             if let Some(existing) = idempotent_match(ctx, key)? {
                 inserted.push(Inserted {

@@ -5,6 +5,7 @@ use super::*;
 /// Makes due scheduled and retryable jobs available.
 pub(crate) fn promote_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
     ctx.promoted = true;
+    expire_due(ctx)?;
     let mut changed = 0;
     // Each repeats the partial index's own condition (`state IN (...)`) so SQLite uses it.
     let promotions = [
@@ -37,6 +38,43 @@ pub(crate) fn promote_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
         ctx.wake = true;
     }
     Ok(changed)
+}
+
+/// Most jobs expired by one pass (the rest wait for the next; a fetch never claims them, as
+/// it expires due jobs first and claims within the same transaction).
+const EXPIRE_BATCH: i64 = 1000;
+
+/// Moves waiting jobs (scheduled, available, retryable) whose `expires_at` has come to
+/// `expired`, telling their flows.
+pub(crate) fn expire_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
+    let mut count = 0;
+    // One statement per waiting state, so each job's count moves from the state it was in.
+    // Each repeats the partial index's own condition so SQLite uses it.
+    for from in JobState::WAITING {
+        let expired: Vec<Job> = ctx
+            .conn
+            .prepare_cached(&format!(
+                "UPDATE jobs SET state = 'expired', finished_at = ?1 WHERE id IN ( \
+                     SELECT id FROM jobs WHERE expires_at IS NOT NULL \
+                     AND state IN ('scheduled', 'available', 'retryable') AND state = ?3 \
+                     AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2) \
+                 RETURNING {COLUMNS}"
+            ))
+            .and_then(|mut stmt| {
+                stmt.query_map(
+                    params![millis(ctx.now), EXPIRE_BATCH, from.as_str()],
+                    rows::job,
+                )?
+                .collect()
+            })
+            .map_err(backend)?;
+        for job in &expired {
+            ctx.count_move(&job.queue, Some(from), Some(JobState::Expired));
+            workflow::job_finished(ctx, job)?;
+        }
+        count += expired.len() as u64;
+    }
+    Ok(count)
 }
 
 pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult<Vec<Job>> {
@@ -333,10 +371,16 @@ pub(crate) fn record_failure(
         Some(at) if attempt < max_attempts => (JobState::Retryable, Some(millis(at)), None),
         _ => (JobState::Dead, None, Some(millis(ctx.now))),
     };
+    // A retry that could not start before the job expires makes it expire now instead.
     let mut stmt = ctx
         .conn
         .prepare_cached(&format!(
-            "UPDATE jobs SET state = ?1, run_at = COALESCE(?2, run_at), finished_at = ?3, \
+            "UPDATE jobs SET \
+             state = CASE WHEN ?1 = 'retryable' AND expires_at IS NOT NULL \
+                 AND ?2 >= expires_at THEN 'expired' ELSE ?1 END, \
+             finished_at = CASE WHEN ?1 = 'retryable' AND expires_at IS NOT NULL \
+                 AND ?2 >= expires_at THEN ?6 ELSE ?3 END, \
+             run_at = COALESCE(?2, run_at), \
              errors = json_insert(errors, '$[#]', json(?4)), \
              lease_token = NULL, lease_expires_at = NULL \
              WHERE id = ?5 AND state = 'running' RETURNING {COLUMNS}"
@@ -349,7 +393,8 @@ pub(crate) fn record_failure(
                 run_at,
                 finished_at,
                 json_text(&error, "error")?,
-                id
+                id,
+                millis(ctx.now)
             ],
             rows::job,
         )

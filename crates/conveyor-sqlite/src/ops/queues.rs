@@ -54,8 +54,8 @@ pub(crate) fn queue_settings_put(
             "INSERT INTO queue_settings (queue, paused, max_depth, max_depth_per_tenant, \
              concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
              per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
-             dead_retention_secs) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13) \
+             dead_retention_secs, default_ttl_ms) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14) \
              ON CONFLICT (queue) DO UPDATE SET \
              paused = excluded.paused, max_depth = excluded.max_depth, \
              max_depth_per_tenant = excluded.max_depth_per_tenant, \
@@ -66,7 +66,8 @@ pub(crate) fn queue_settings_put(
              per_key_rate_period_ms = excluded.per_key_rate_period_ms, \
              weight = excluded.weight, \
              completed_retention_secs = excluded.completed_retention_secs, \
-             dead_retention_secs = excluded.dead_retention_secs",
+             dead_retention_secs = excluded.dead_retention_secs, \
+             default_ttl_ms = excluded.default_ttl_ms",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -83,6 +84,7 @@ pub(crate) fn queue_settings_put(
                 settings.weight,
                 as_sql(settings.completed_retention_secs),
                 as_sql(settings.dead_retention_secs),
+                as_sql(settings.default_ttl_ms),
             ])
         })
         .map_err(backend)?;
