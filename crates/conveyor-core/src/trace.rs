@@ -155,5 +155,4 @@ mod tests {
         let error = TraceContext::parse(GOOD, Some("a=\u{1}"), "").expect_err("control char");
         assert_eq!(error.field, "tracestate");
     }
-
 }

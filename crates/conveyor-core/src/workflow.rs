@@ -910,10 +910,9 @@ impl FlowGraph {
                 _ => StepState::Failed,
             };
             let error = match state {
-                JobState::Cancelled => Some(StepError::new(
-                    "cancelled",
-                    "the step's job was cancelled",
-                )),
+                JobState::Cancelled => {
+                    Some(StepError::new("cancelled", "the step's job was cancelled"))
+                }
                 JobState::Expired => Some(StepError::new(
                     "expired",
                     "the step's job expired before it started",

@@ -84,7 +84,11 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
             ],
         )?;
         // Version 13: expiry and trace context.
-        add_missing_columns(conn, "jobs", &[("expires_at", "INTEGER"), ("trace", "TEXT")])?;
+        add_missing_columns(
+            conn,
+            "jobs",
+            &[("expires_at", "INTEGER"), ("trace", "TEXT")],
+        )?;
         add_missing_columns(conn, "queue_settings", &[("default_ttl_ms", "INTEGER")])?;
     }
     if version < SCHEMA_VERSION {

@@ -41,7 +41,11 @@ pub async fn a_job_not_started_by_its_expiry_expires_instead_of_running(h: &Harn
     assert_eq!(expired.attempt, 0, "never run");
     assert_eq!(expired.finished_at, Some(h.now()));
     let running = get(h, in_time.id).await;
-    assert_eq!(running.state, JobState::Running, "started in time, it runs on");
+    assert_eq!(
+        running.state,
+        JobState::Running,
+        "started in time, it runs on"
+    );
     complete(h, lease_of(&started[0]), None).await;
     let stats = h.store.queues_stats().await.expect("stats");
     let queue = stats
@@ -52,6 +56,7 @@ pub async fn a_job_not_started_by_its_expiry_expires_instead_of_running(h: &Harn
     let listed = list(h, {
         let mut params = JobListParams::default();
         params.state = Some(JobState::Expired);
+        params.limit = 100;
         params
     })
     .await;
@@ -63,17 +68,27 @@ pub async fn a_job_not_started_by_its_expiry_expires_instead_of_running(h: &Harn
 pub async fn a_retry_after_the_expiry_expires_the_job(h: &Harness) {
     let job = insert(h, expiring("flaky", h, secs(30))).await;
     let first = fetch_one(h, DEFAULT_QUEUE).await;
-    let retried = fail(h, lease_of(&first), "oops", RetryPlan::Backoff(backoff(secs(10))))
-        .await
-        .expect("fail");
+    let retried = fail(
+        h,
+        lease_of(&first),
+        "oops",
+        RetryPlan::Backoff(backoff(secs(10))),
+    )
+    .await
+    .expect("fail");
     assert_eq!(retried.state, JobState::Retryable, "10 s < 30 s: retried");
     h.advance(secs(10));
     let second = fetch_one(h, DEFAULT_QUEUE).await;
     assert_eq!(second.id, job.id);
     // The next backoff is 20 s: at 30 s, when the job expires.
-    let expired = fail(h, lease_of(&second), "oops", RetryPlan::Backoff(backoff(secs(10))))
-        .await
-        .expect("fail");
+    let expired = fail(
+        h,
+        lease_of(&second),
+        "oops",
+        RetryPlan::Backoff(backoff(secs(10))),
+    )
+    .await
+    .expect("fail");
     assert_eq!(expired.state, JobState::Expired);
     assert_eq!(expired.finished_at, Some(h.now()));
     assert_eq!(expired.errors.len(), 2, "the attempt's error is kept");
@@ -113,7 +128,11 @@ pub async fn a_queue_default_ttl_gives_jobs_an_expiry(h: &Harness) {
         .expect("settings");
     assert_eq!(stored.default_ttl_ms, Some(60_000));
     assert_eq!(
-        h.store.queue_settings_get("ttl").await.expect("get").default_ttl_ms,
+        h.store
+            .queue_settings_get("ttl")
+            .await
+            .expect("get")
+            .default_ttl_ms,
         Some(60_000)
     );
     let plain = insert(h, job_in("ttl", "k")).await;
@@ -121,11 +140,19 @@ pub async fn a_queue_default_ttl_gives_jobs_an_expiry(h: &Harness) {
     let mut later = job_in("ttl", "k");
     later.run_at = Some(h.now() + span(secs(30)));
     let later = insert(h, later).await;
-    assert_eq!(later.expires_at, Some(h.now() + span(secs(90))), "from its run_at");
+    assert_eq!(
+        later.expires_at,
+        Some(h.now() + span(secs(90))),
+        "from its run_at"
+    );
     let mut own = job_in("ttl", "k");
     own.expires_at = Some(h.now() + span(secs(5)));
     let own = insert(h, own).await;
-    assert_eq!(own.expires_at, Some(h.now() + span(secs(5))), "its own wins");
+    assert_eq!(
+        own.expires_at,
+        Some(h.now() + span(secs(5))),
+        "its own wins"
+    );
     let other = insert(h, job_in("other", "k")).await;
     assert_eq!(other.expires_at, None, "other queues are unaffected");
 }

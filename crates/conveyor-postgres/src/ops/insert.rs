@@ -174,9 +174,7 @@ pub(crate) async fn insert_many(
                 .push((id, state));
         }
         columns.unique_keys.push(unique_key);
-        columns
-            .expires
-            .push(new.expires_at.map(truncate_to_millis));
+        columns.expires.push(new.expires_at.map(truncate_to_millis));
         columns.traces.push(new.trace.map(Json));
         slots.push(Slot::New(id));
     }

@@ -386,7 +386,9 @@ pub(crate) async fn fail(
     // A retry past the expiry finishes the job as well (`record_failure`).
     let dies = retry_at.is_none()
         || attempt >= max_attempts
-        || retry_at.zip(expires_at).is_some_and(|(at, expiry)| at >= expiry);
+        || retry_at
+            .zip(expires_at)
+            .is_some_and(|(at, expiry)| at >= expiry);
     // The update repeats the lease check: a rescue or cancel between the two statements makes
     // it match nothing, which is the same lost lease.
     match flow_id {
@@ -485,7 +487,9 @@ pub(crate) async fn rescue_row(
     let retry_at = Some(retry.next_run_at(ctx.now, attempt));
     // A retry past the expiry finishes the job as well (`record_failure`).
     let dies = attempt >= max_attempts
-        || retry_at.zip(expires_at).is_some_and(|(at, expiry)| at >= expiry);
+        || retry_at
+            .zip(expires_at)
+            .is_some_and(|(at, expiry)| at >= expiry);
     if let Some(flow_id) = flow_id {
         if dies && !workflow::try_lock_flow(&mut *conn, ctx, flow_id).await? {
             return Ok(None);
