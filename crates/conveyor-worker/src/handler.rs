@@ -26,6 +26,10 @@ pub struct JobContext {
     /// For a workflow's step: its completed parents' results by step name (for a compensation
     /// job, the compensated step's result).
     pub parents: BTreeMap<String, Value>,
+    /// The handler's own span as a W3C trace context, a child of the producer's (the job's
+    /// `trace`): pass `trace.traceparent` on to keep one trace across the calls it makes.
+    /// `None` when the producer gave no trace context.
+    pub trace: Option<conveyor_core::trace::TraceContext>,
     cancel: CancellationToken,
     reporter: Option<ProgressReporter>,
 }
@@ -65,6 +69,10 @@ impl JobContext {
                 .as_ref()
                 .map(|f| f.parents.clone())
                 .unwrap_or_default(),
+            trace: job
+                .trace
+                .as_ref()
+                .map(|t| t.child(&conveyor_core::trace::TraceContext::new_span_id())),
             cancel,
             reporter,
         }

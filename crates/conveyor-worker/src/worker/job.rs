@@ -1,6 +1,7 @@
 //! Running one job: its handler under the timeout, panics contained, the outcome settled.
 
 use super::*;
+use tracing::Instrument;
 
 /// How one attempt ended, from the runtime's point of view.
 enum Attempt {
@@ -57,7 +58,17 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
                 lease,
             });
             let ctx = JobContext::new(&job, cancel.clone(), reporter);
-            run_handler(&registered, ctx, job.payload.clone(), timeout, &cancel).await
+            // Whatever the handler logs carries the job's id and, when the producer gave one,
+            // its trace id and the handler's span id (a child of the producer's span).
+            let span = tracing::info_span!(
+                "job",
+                job_id = %job.id,
+                trace_id = ctx.trace.as_ref().map(|t| t.trace_id()).unwrap_or_default(),
+                span_id = ctx.trace.as_ref().map(|t| t.parent_id()).unwrap_or_default(),
+            );
+            run_handler(&registered, ctx, job.payload.clone(), timeout, &cancel)
+                .instrument(span)
+                .await
         }
     };
     shared.running().remove(&job.id);
