@@ -43,7 +43,7 @@ npm test --prefix clients/typescript
 
 # The Python client's own suite, in a venv under target/ (Debian's pip refuses system installs).
 python3 -m venv target/py-venv
-target/py-venv/bin/pip install -q -e clients/python pytest
+target/py-venv/bin/pip install -q -e 'clients/python[test]'
 target/py-venv/bin/python -m pytest -q clients/python/tests
 
 # The API document against a real server (schemathesis, pinned in the same venv): any

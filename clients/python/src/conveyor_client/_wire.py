@@ -9,6 +9,7 @@ import math
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 from urllib.parse import quote, urlsplit
 
+from . import _trace
 from ._version import __version__
 from .errors import ConveyorError, TransportError, error_from_response
 from .models import FLOW_FINISHED_STATES, format_time
@@ -145,6 +146,10 @@ _ENQUEUE_KEYS = (
     "unique",
     "timeout",
     "tags",
+    "ttl",
+    "expires_at",
+    "traceparent",
+    "tracestate",
 )
 
 
@@ -162,9 +167,15 @@ def enqueue_body(
     unique: Optional[Mapping[str, Any]] = None,
     timeout: Optional[Seconds] = None,
     tags: Optional[Iterable[str]] = None,
+    ttl: Optional[Seconds] = None,
+    expires_at: Optional[_dt.datetime] = None,
+    traceparent: Optional[str] = None,
+    tracestate: Optional[str] = None,
     extra: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
-    """The JSON object of one job for ``POST /v1/jobs`` (or an element of a batch)."""
+    """The JSON object of one job for ``POST /v1/jobs`` (or an element of a batch). Without a
+    ``traceparent``, the active OpenTelemetry span's context goes with the job (when
+    OpenTelemetry is installed)."""
     if not isinstance(kind, str):
         raise TypeError("kind must be a string")
     body: Dict[str, Any] = {"kind": kind}
@@ -195,6 +206,18 @@ def enqueue_body(
         body["timeout_ms"] = max(1, _milliseconds(timeout, "timeout"))
     if tags is not None:
         body["tags"] = list(tags)
+    if ttl is not None and expires_at is not None:
+        raise ValueError("give ttl or expires_at, not both")
+    if ttl is not None:
+        body["ttl_ms"] = max(1, _milliseconds(ttl, "ttl"))
+    if expires_at is not None:
+        body["expires_at"] = expires_at if isinstance(expires_at, str) else format_time(expires_at)
+    if traceparent is not None:
+        body["traceparent"] = traceparent
+        if tracestate is not None:
+            body["tracestate"] = tracestate
+    elif not (extra and "traceparent" in extra):
+        body.update(_trace.current())
     if extra:
         # Wire names (delay_ms, timeout_ms, ...) and fields of newer servers go as they are;
         # the server names any it does not know in a 400.

@@ -56,10 +56,16 @@ class Client:
         unique: Optional[Mapping[str, Any]] = None,
         timeout: Optional[Seconds] = None,
         tags: Optional[Iterable[str]] = None,
+        ttl: Optional[Seconds] = None,
+        expires_at: Optional[_dt.datetime] = None,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
     ) -> str:
         """Enqueues one job; returns its id (the existing job's id when ``idempotency_key`` or
-        ``unique`` matched one). ``delay`` and ``timeout`` are seconds (or timedeltas);
-        ``run_at`` an aware datetime."""
+        ``unique`` matched one). ``delay``, ``timeout`` and ``ttl`` are seconds (or timedeltas);
+        ``run_at`` and ``expires_at`` aware datetimes. A job not started within ``ttl`` (or by
+        ``expires_at``) expires instead of running. ``traceparent``/``tracestate`` (W3C) go
+        with the job; by default, the active OpenTelemetry span's."""
         body = _wire.enqueue_body(
             kind,
             payload,
@@ -73,6 +79,10 @@ class Client:
             unique=unique,
             timeout=timeout,
             tags=tags,
+            ttl=ttl,
+            expires_at=expires_at,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         return _wire.enqueued_id(self._http.request("POST", "/v1/jobs", body))
 
@@ -249,6 +259,10 @@ class AsyncClient:
         unique: Optional[Mapping[str, Any]] = None,
         timeout: Optional[Seconds] = None,
         tags: Optional[Iterable[str]] = None,
+        ttl: Optional[Seconds] = None,
+        expires_at: Optional[_dt.datetime] = None,
+        traceparent: Optional[str] = None,
+        tracestate: Optional[str] = None,
     ) -> str:
         body = _wire.enqueue_body(
             kind,
@@ -263,6 +277,10 @@ class AsyncClient:
             unique=unique,
             timeout=timeout,
             tags=tags,
+            ttl=ttl,
+            expires_at=expires_at,
+            traceparent=traceparent,
+            tracestate=tracestate,
         )
         return _wire.enqueued_id(await self._http.request("POST", "/v1/jobs", body))
 

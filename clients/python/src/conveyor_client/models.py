@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Union
 
+from . import _trace
+
 __all__ = [
     "Job",
     "ErrorRecord",
@@ -167,6 +169,10 @@ class NewJob:
     unique: Optional[Dict[str, Any]] = None
     timeout: Optional[Seconds] = None
     tags: Optional[List[str]] = None
+    ttl: Optional[Seconds] = None
+    expires_at: Optional[_dt.datetime] = None
+    traceparent: Optional[str] = None
+    tracestate: Optional[str] = None
 
 
 ProgressReporter = Callable[["LeasedJob", int, Optional[str]], Awaitable[None]]
@@ -198,6 +204,10 @@ class LeasedJob:
         "flow_id",
         "step",
         "parents",
+        "expires_at",
+        "traceparent",
+        "tracestate",
+        "handler_traceparent",
         "raw",
         "_lost",
         "_reporter",
@@ -220,6 +230,12 @@ class LeasedJob:
         self.step: Optional[str] = data.get("step")
         parents = data.get("parents")
         self.parents: Dict[str, Any] = dict(parents) if isinstance(parents, Mapping) else {}
+        self.expires_at: Optional[str] = data.get("expires_at")
+        # The producer's W3C trace context, and a child context for the handler's own span
+        # (to pass on to what it calls); None without one.
+        self.traceparent: Optional[str] = data.get("traceparent")
+        self.tracestate: Optional[str] = data.get("tracestate")
+        self.handler_traceparent: Optional[str] = _trace.child(self.traceparent)
         self.raw: Mapping[str, Any] = data
         self._lost = False
         self._reporter: Optional[ProgressReporter] = None
@@ -227,6 +243,12 @@ class LeasedJob:
     @property
     def lease_lost(self) -> bool:
         return self._lost
+
+    @property
+    def trace_id(self) -> Optional[str]:
+        """The trace the producer's span belongs to (32 hex digits), for logs; or ``None``."""
+        parsed = _trace.parse(self.traceparent)
+        return parsed[0] if parsed else None
 
     @property
     def is_last_attempt(self) -> bool:

@@ -49,7 +49,7 @@ from typing import (
     Union,
 )
 
-from . import _wire
+from . import _trace, _wire
 from ._async_http import AsyncTransport
 from ._version import __version__
 from .errors import (
@@ -707,10 +707,12 @@ class Worker:
             self._pool.submit(lambda: self._run_sync_handler(slot, fn, loop))
 
     async def _run_async_handler(self, slot: _Slot, fn: Handler) -> None:
+        job = slot.job
         try:
-            result = fn(slot.job)
-            if inspect.isawaitable(result):
-                result = await result
+            with _trace.handler_span(job.kind, job.id, job.traceparent, job.tracestate):
+                result = fn(job)
+                if inspect.isawaitable(result):
+                    result = await result
         except asyncio.CancelledError as exc:
             if slot.timed_out:
                 self._finish(slot, self._timeout_outcome(slot))
@@ -729,10 +731,12 @@ class Worker:
         self._finish(slot, self._timeout_outcome(slot) if slot.timed_out else self._completion(result))
 
     def _run_sync_handler(self, slot: _Slot, fn: Handler, loop: asyncio.AbstractEventLoop) -> None:
+        job = slot.job
         try:
-            result = fn(slot.job)
-            if inspect.isawaitable(result):
-                result = asyncio.run_coroutine_threadsafe(_await(result), loop).result()
+            with _trace.handler_span(job.kind, job.id, job.traceparent, job.tracestate):
+                result = fn(job)
+                if inspect.isawaitable(result):
+                    result = asyncio.run_coroutine_threadsafe(_await(result), loop).result()
             outcome = self._completion(result)
         except BaseException as exc:  # noqa: BLE001 - SystemExit in a handler fails the job
             outcome = self._failure(exc)
