@@ -1,7 +1,7 @@
 import type http from 'node:http';
 import { Transport } from './http.js';
 import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
-export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled';
+export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled' | 'expired';
 /** One failed attempt in a job's history. */
 export interface ErrorRecord {
     attempt: number;
@@ -33,6 +33,13 @@ export interface JobView {
     started_at: string | null;
     finished_at: string | null;
     unique_key?: string;
+    /** Present when the job expires if not started by then (state `expired`). */
+    expires_at?: string;
+    /** Present when the producer gave a W3C trace context. */
+    trace?: {
+        traceparent: string;
+        tracestate?: string;
+    };
     [field: string]: unknown;
 }
 /** A running job's last progress report. */
@@ -144,6 +151,16 @@ export interface EnqueueOptions {
     /** Per-attempt timeout the worker enforces, in milliseconds. */
     timeoutMs?: number;
     tags?: string[];
+    /** Not started within this many milliseconds of the enqueue, the job expires instead of running. */
+    ttlMs?: number;
+    /** Not started by then (a Date, or an RFC 3339 string), the job expires. Not with `ttlMs`. */
+    expiresAt?: Date | string;
+    /**
+     * W3C trace context sent with the job; the worker runs the handler as a child span. By
+     * default the active OpenTelemetry span's, when `@opentelemetry/api` is installed.
+     */
+    traceparent?: string;
+    tracestate?: string;
 }
 /** One job for `enqueueMany`. */
 export interface JobSpec extends EnqueueOptions {

@@ -2,6 +2,7 @@
 // cancel workflows.
 import { Transport, seg } from './http.js';
 import { flowBody } from './flows.js';
+import { currentTraceContext } from './trace.js';
 /** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
 /** A job in one of these states never runs again unless replayed. */
 const FINISHED_STATES = new Set(['completed', 'dead', 'cancelled']);
@@ -48,6 +49,25 @@ export function enqueueBody(kind, payload, opts = {}, where = '') {
         body.timeout_ms = opts.timeoutMs;
     if (opts.tags !== undefined)
         body.tags = opts.tags;
+    if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
+        throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
+    }
+    if (opts.ttlMs !== undefined)
+        body.ttl_ms = opts.ttlMs;
+    if (opts.expiresAt !== undefined) {
+        const at = opts.expiresAt instanceof Date ? opts.expiresAt : new Date(opts.expiresAt);
+        if (Number.isNaN(at.getTime()))
+            throw new TypeError(`conveyor: ${where}expiresAt is not a valid date`);
+        body.expires_at = at.toISOString();
+    }
+    if (opts.traceparent !== undefined) {
+        body.traceparent = opts.traceparent;
+        if (opts.tracestate !== undefined)
+            body.tracestate = opts.tracestate;
+    }
+    else {
+        Object.assign(body, currentTraceContext());
+    }
     if (opts.unique !== undefined && opts.unique !== false) {
         const u = opts.unique === true ? {} : opts.unique;
         const unique = {};

@@ -29,6 +29,15 @@ export interface Job<P = any> {
     readonly step: string | null;
     /** For a workflow's step: its completed parent steps' results by step name; `{}` for a plain job. */
     readonly parents: Record<string, unknown>;
+    /** When the job would have expired had it not started; null without an expiry. */
+    readonly expiresAt: Date | null;
+    /** The producer's W3C trace context; null when it gave none. */
+    readonly traceparent: string | null;
+    readonly tracestate: string | null;
+    /** The producer's trace id (32 hex digits), for logs; null without a trace context. */
+    readonly traceId: string | null;
+    /** A child context for the handler's own span, to pass on to what it calls; null without one. */
+    readonly handlerTraceparent: string | null;
     /**
      * Reports how far the handler has come (`POST /v1/jobs/{id}/progress` under this job's
      * lease): `percent` from 0 to 100 (rounded), an optional `message` (at most 1,024

@@ -4,6 +4,7 @@ import os from 'node:os';
 import { randomBytes } from 'node:crypto';
 import { Transport, VERSION, seg } from './http.js';
 import { ConveyorError, Forbidden, InvalidRequest, LeaseLost, NotFound, Permanent, Retry, RetryAfter, Unauthorized, } from './errors.js';
+import { childTraceparent, parseTraceparent, withHandlerSpan } from './trace.js';
 /** `signal.reason` when a job's lease was lost. */
 export class LeaseLostError extends Error {
     get name() {
@@ -87,6 +88,11 @@ class RunningJob {
     flowId;
     step;
     parents;
+    expiresAt;
+    traceparent;
+    tracestate;
+    traceId;
+    handlerTraceparent;
     #held;
     #report;
     constructor(raw, workerId, held, report) {
@@ -105,6 +111,11 @@ class RunningJob {
         this.flowId = raw.flow_id ?? null;
         this.step = raw.step ?? null;
         this.parents = raw.parents && typeof raw.parents === 'object' ? raw.parents : {};
+        this.expiresAt = raw.expires_at ? new Date(raw.expires_at) : null;
+        this.traceparent = raw.traceparent ?? null;
+        this.tracestate = raw.tracestate ?? null;
+        this.traceId = parseTraceparent(this.traceparent)?.[0] ?? null;
+        this.handlerTraceparent = childTraceparent(this.traceparent);
         this.#held = held;
         this.#report = report;
     }
@@ -591,7 +602,7 @@ export class Worker {
         }
         let result;
         try {
-            result = Promise.resolve(handler(job));
+            result = Promise.resolve(withHandlerSpan(job.kind, job.id, job.traceparent, job.tracestate, () => handler(job)));
         }
         catch (e) {
             result = Promise.reject(e);

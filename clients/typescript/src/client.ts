@@ -5,8 +5,9 @@ import type http from 'node:http';
 import { Transport, seg } from './http.js';
 import { flowBody } from './flows.js';
 import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
+import { currentTraceContext } from './trace.js';
 
-export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled';
+export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled' | 'expired';
 
 /** One failed attempt in a job's history. */
 export interface ErrorRecord {
@@ -43,6 +44,10 @@ export interface JobView {
   started_at: string | null;
   finished_at: string | null;
   unique_key?: string;
+  /** Present when the job expires if not started by then (state `expired`). */
+  expires_at?: string;
+  /** Present when the producer gave a W3C trace context. */
+  trace?: { traceparent: string; tracestate?: string };
   [field: string]: unknown;
 }
 
@@ -164,6 +169,16 @@ export interface EnqueueOptions {
   /** Per-attempt timeout the worker enforces, in milliseconds. */
   timeoutMs?: number;
   tags?: string[];
+  /** Not started within this many milliseconds of the enqueue, the job expires instead of running. */
+  ttlMs?: number;
+  /** Not started by then (a Date, or an RFC 3339 string), the job expires. Not with `ttlMs`. */
+  expiresAt?: Date | string;
+  /**
+   * W3C trace context sent with the job; the worker runs the handler as a child span. By
+   * default the active OpenTelemetry span's, when `@opentelemetry/api` is installed.
+   */
+  traceparent?: string;
+  tracestate?: string;
 }
 
 /** One job for `enqueueMany`. */
@@ -208,6 +223,21 @@ export function enqueueBody(kind: string, payload: unknown, opts: EnqueueOptions
   if (opts.tenant !== undefined) body.tenant = opts.tenant;
   if (opts.timeoutMs !== undefined) body.timeout_ms = opts.timeoutMs;
   if (opts.tags !== undefined) body.tags = opts.tags;
+  if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
+    throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
+  }
+  if (opts.ttlMs !== undefined) body.ttl_ms = opts.ttlMs;
+  if (opts.expiresAt !== undefined) {
+    const at = opts.expiresAt instanceof Date ? opts.expiresAt : new Date(opts.expiresAt);
+    if (Number.isNaN(at.getTime())) throw new TypeError(`conveyor: ${where}expiresAt is not a valid date`);
+    body.expires_at = at.toISOString();
+  }
+  if (opts.traceparent !== undefined) {
+    body.traceparent = opts.traceparent;
+    if (opts.tracestate !== undefined) body.tracestate = opts.tracestate;
+  } else {
+    Object.assign(body, currentTraceContext());
+  }
   if (opts.unique !== undefined && opts.unique !== false) {
     const u = opts.unique === true ? {} : opts.unique;
     const unique: Record<string, unknown> = {};

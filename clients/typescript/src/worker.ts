@@ -16,6 +16,7 @@ import {
   RetryAfter,
   Unauthorized,
 } from './errors.js';
+import { childTraceparent, parseTraceparent, withHandlerSpan } from './trace.js';
 
 /** A fetched job, as a handler sees it. */
 export interface Job<P = any> {
@@ -47,6 +48,15 @@ export interface Job<P = any> {
   readonly step: string | null;
   /** For a workflow's step: its completed parent steps' results by step name; `{}` for a plain job. */
   readonly parents: Record<string, unknown>;
+  /** When the job would have expired had it not started; null without an expiry. */
+  readonly expiresAt: Date | null;
+  /** The producer's W3C trace context; null when it gave none. */
+  readonly traceparent: string | null;
+  readonly tracestate: string | null;
+  /** The producer's trace id (32 hex digits), for logs; null without a trace context. */
+  readonly traceId: string | null;
+  /** A child context for the handler's own span, to pass on to what it calls; null without one. */
+  readonly handlerTraceparent: string | null;
   /**
    * Reports how far the handler has come (`POST /v1/jobs/{id}/progress` under this job's
    * lease): `percent` from 0 to 100 (rounded), an optional `message` (at most 1,024
@@ -137,6 +147,9 @@ interface FetchedJob {
   flow_id?: string;
   step?: string;
   parents?: Record<string, unknown>;
+  expires_at?: string;
+  traceparent?: string;
+  tracestate?: string;
 }
 
 interface CompleteItem {
@@ -258,6 +271,11 @@ class RunningJob implements Job {
   readonly flowId: string | null;
   readonly step: string | null;
   readonly parents: Record<string, unknown>;
+  readonly expiresAt: Date | null;
+  readonly traceparent: string | null;
+  readonly tracestate: string | null;
+  readonly traceId: string | null;
+  readonly handlerTraceparent: string | null;
   readonly #held: Held;
   readonly #report: ProgressReporter;
 
@@ -277,6 +295,11 @@ class RunningJob implements Job {
     this.flowId = raw.flow_id ?? null;
     this.step = raw.step ?? null;
     this.parents = raw.parents && typeof raw.parents === 'object' ? raw.parents : {};
+    this.expiresAt = raw.expires_at ? new Date(raw.expires_at) : null;
+    this.traceparent = raw.traceparent ?? null;
+    this.tracestate = raw.tracestate ?? null;
+    this.traceId = parseTraceparent(this.traceparent)?.[0] ?? null;
+    this.handlerTraceparent = childTraceparent(this.traceparent);
     this.#held = held;
     this.#report = report;
   }
@@ -763,7 +786,7 @@ export class Worker {
     }
     let result: Promise<unknown>;
     try {
-      result = Promise.resolve(handler(job));
+      result = Promise.resolve(withHandlerSpan(job.kind, job.id, job.traceparent, job.tracestate, () => handler(job)));
     } catch (e) {
       result = Promise.reject(e);
     }
