@@ -837,3 +837,73 @@ fn schedule_set_takes_an_interval() {
     assert_eq!(again["every"], "30s");
     assert_eq!(again["due_after"], set["due_after"]);
 }
+
+/// `enqueue --ttl-ms/--expires-at/--traceparent` and `queue set --default-ttl-ms`, against a
+/// real server: what is stored, and a clear refusal of bad input.
+#[test]
+fn enqueue_takes_an_expiry_and_a_trace_context_and_queues_a_default_ttl() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let enqueued = stdout_json(&conveyor(&[
+        "enqueue",
+        "k",
+        "--ttl-ms",
+        "60000",
+        "--traceparent",
+        parent,
+        "--tracestate",
+        "v=1",
+        "--server",
+        s,
+        "--json",
+    ]));
+    let id = enqueued["id"].as_str().expect("id");
+    let job = stdout_json(&conveyor(&["job", "show", id, "--server", s, "--json"]));
+    assert!(job["expires_at"].is_string(), "{job}");
+    assert_eq!(job["trace"]["traceparent"], parent, "{job}");
+    assert_eq!(job["trace"]["tracestate"], "v=1", "{job}");
+
+    let both = conveyor(&[
+        "enqueue",
+        "k",
+        "--ttl-ms",
+        "1",
+        "--expires-at",
+        "2999-01-01T00:00:00Z",
+        "--server",
+        s,
+    ]);
+    assert!(!both.status.success());
+    let bad = conveyor(&["enqueue", "k", "--traceparent", "nope", "--server", s]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("traceparent"), "{}", stderr(&bad));
+
+    let set = stdout_json(&conveyor(&[
+        "queue",
+        "set",
+        "mail",
+        "--default-ttl-ms",
+        "30000",
+        "--server",
+        s,
+        "--json",
+    ]));
+    assert_eq!(set["default_ttl_ms"], 30000, "{set}");
+    let enqueued = stdout_json(&conveyor(&[
+        "enqueue", "k", "--queue", "mail", "--server", s, "--json",
+    ]));
+    let job = stdout_json(&conveyor(&[
+        "job",
+        "show",
+        enqueued["id"].as_str().expect("id"),
+        "--server",
+        s,
+        "--json",
+    ]));
+    assert!(
+        job["expires_at"].is_string(),
+        "the queue's default applies: {job}"
+    );
+}

@@ -39,6 +39,17 @@ pub(crate) struct EnqueueArgs {
     tags: Vec<String>,
     #[arg(long)]
     tenant: Option<String>,
+    /// Not started within this many milliseconds, the job expires instead of running.
+    #[arg(long, conflicts_with = "expires_at")]
+    ttl_ms: Option<u64>,
+    /// Not started by this RFC 3339 time, the job expires instead of running.
+    #[arg(long)]
+    expires_at: Option<String>,
+    /// W3C trace context of the span enqueueing the job (00-<trace id>-<span id>-<flags>).
+    #[arg(long)]
+    traceparent: Option<String>,
+    #[arg(long, requires = "traceparent")]
+    tracestate: Option<String>,
     #[command(flatten)]
     unique: UniqueArgs,
     #[command(flatten)]
@@ -115,6 +126,10 @@ pub(crate) async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
         ("timeout_ms", args.timeout_ms.map(Value::from)),
         ("idempotency_key", args.idempotency_key.map(Value::from)),
         ("tenant", args.tenant.map(Value::from)),
+        ("ttl_ms", args.ttl_ms.map(Value::from)),
+        ("expires_at", args.expires_at.map(Value::from)),
+        ("traceparent", args.traceparent.map(Value::from)),
+        ("tracestate", args.tracestate.map(Value::from)),
     ];
     for (name, value) in fields {
         if let Some(value) = value {

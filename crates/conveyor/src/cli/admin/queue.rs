@@ -60,6 +60,10 @@ pub(crate) enum QueueCommand {
         /// Delete dead jobs this many seconds after they die (`none`: the server's default).
         #[arg(long)]
         dead_retention_secs: Option<Limit>,
+        /// Jobs enqueued without an expiry expire this many milliseconds after they could
+        /// start (`none`: never).
+        #[arg(long)]
+        default_ttl_ms: Option<Limit>,
         #[command(flatten)]
         server: ServerArg,
     },
@@ -143,6 +147,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             weight,
             completed_retention_secs,
             dead_retention_secs,
+            default_ttl_ms,
             server,
         } => {
             let mut change = json!({});
@@ -167,6 +172,9 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             if let Some(Limit(secs)) = dead_retention_secs {
                 change["dead_retention_secs"] = json!(secs);
             }
+            if let Some(Limit(ms)) = default_ttl_ms {
+                change["default_ttl_ms"] = json!(ms);
+            }
             for (field, rate) in [
                 ("rate_limit", rate_limit),
                 ("per_key_rate_limit", per_key_rate_limit),
@@ -180,8 +188,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
                 bail!(
                     "nothing to set: give --max-depth, --max-depth-per-tenant, \
                      --concurrency-limit, --per-key-concurrency-limit, --rate-limit, \
-                     --per-key-rate-limit, --weight, --completed-retention-secs or \
-                     --dead-retention-secs"
+                     --per-key-rate-limit, --weight, --completed-retention-secs, \
+                     --dead-retention-secs or --default-ttl-ms"
                 );
             }
             (name, server, Some(change))
