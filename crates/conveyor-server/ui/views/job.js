@@ -1,6 +1,6 @@
 // One job: its state (live), details, payload and result as the API returns them (sensitive
 // fields are redacted by the server, not here), and its attempts with the error history.
-// Dead jobs can be replayed or discarded, unfinished ones cancelled.
+// Dead and expired jobs can be replayed (dead ones discarded), unfinished ones cancelled.
 
 import { h, mount, update, stateBadge, when, localTime, prettyJson, emptyState, duration, routeHref } from '../dom.js';
 import * as api from '../api.js';
@@ -116,9 +116,11 @@ export default {
       const canOperate = ctx.canOperate;
       const buttons = [];
       const hint = canOperate ? null : 'Needs the admin role';
-      if (job.state === 'dead') {
+      if (job.state === 'dead' || job.state === 'expired') {
         buttons.push(h('button', { class: 'btn btn-primary', type: 'button', id: 'job-replay', text: 'Replay', disabled: !canOperate, title: hint, onclick: replay }));
-        buttons.push(h('button', { class: 'btn btn-danger-outline', type: 'button', id: 'job-discard', text: 'Discard', disabled: !canOperate, title: hint, onclick: discard }));
+        if (job.state === 'dead') {
+          buttons.push(h('button', { class: 'btn btn-danger-outline', type: 'button', id: 'job-discard', text: 'Discard', disabled: !canOperate, title: hint, onclick: discard }));
+        }
       } else if (UNFINISHED.includes(job.state)) {
         buttons.push(h('button', { class: 'btn btn-danger-outline', type: 'button', id: 'job-cancel', text: 'Cancel job', disabled: !canOperate, title: hint, onclick: cancel }));
       }
@@ -158,6 +160,8 @@ export default {
             detail('Took', started && finished && finished >= started ? duration(finished - started) : null),
             detail('Timeout', job.timeout_ms ? duration(job.timeout_ms) : null),
             detail('Tenant', job.tenant),
+            job.expires_at ? detail('Expires', localTime(job.expires_at)) : null,
+            job.trace ? detail('Trace', job.trace.traceparent.split('-')[1]) : null,
             detail('Tags', job.tags && job.tags.length ? h('span', { class: 'tags' }, job.tags.map((t) => h('span', { class: 'tag', text: t }))) : null),
             detail('Idempotency key', job.idempotency_key ? h('span', { class: 'mono small', text: job.idempotency_key }) : null),
             job.unique_key ? detail('Unique key', h('span', { class: 'mono small', title: job.unique_key, text: `${job.unique_key.slice(0, 16)}…` })) : null,
