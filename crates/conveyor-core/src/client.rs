@@ -55,9 +55,31 @@ pub struct JobOptions {
     pub tags: Vec<String>,
     pub tenant: Option<String>,
     pub unique: Option<UniqueSpec>,
+    /// Not started by then, the job expires instead of running.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Not started within this long of the enqueue, the job expires (not with `expires_at`).
+    pub ttl: Option<Duration>,
+    /// The producer's W3C trace context.
+    pub trace: Option<crate::trace::TraceContext>,
 }
 
 impl JobOptions {
+    /// Not started by `at`, the job expires instead of running.
+    pub fn expires_at(mut self, at: DateTime<Utc>) -> Self {
+        self.expires_at = Some(at);
+        self
+    }
+    /// Not started within `ttl` of the enqueue, the job expires instead of running.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+    /// Sends the producer's W3C trace context with the job; the worker runs the handler as a
+    /// child span of it (see `JobContext::trace`).
+    pub fn trace(mut self, trace: crate::trace::TraceContext) -> Self {
+        self.trace = Some(trace);
+        self
+    }
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = Some(queue.into());
         self
@@ -147,6 +169,23 @@ impl JobOptions {
         job.tags = self.tags;
         job.tenant = self.tenant;
         job.unique = self.unique;
+        job.expires_at = match (self.expires_at, self.ttl) {
+            (Some(_), Some(_)) => {
+                return Err(ValidationError::new(
+                    "ttl",
+                    "give either expires_at or ttl, not both",
+                ))
+            }
+            (Some(at), None) => Some(at),
+            (None, Some(ttl)) => Some(
+                chrono::Duration::from_std(ttl)
+                    .ok()
+                    .and_then(|ttl| Utc::now().checked_add_signed(ttl))
+                    .ok_or_else(|| ValidationError::new("ttl", "too large"))?,
+            ),
+            (None, None) => None,
+        };
+        job.trace = self.trace;
         ValidJob::new(job)
     }
 }
@@ -287,5 +326,42 @@ impl Client {
             )
             .await?;
         self.store.flow_create(flow).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_give_a_job_its_expiry_and_trace_context() {
+        let before = Utc::now();
+        let trace = crate::trace::TraceContext::parse(
+            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            None,
+            "",
+        )
+        .expect("valid");
+        let job = JobOptions::default()
+            .ttl(Duration::from_secs(60))
+            .trace(trace.clone())
+            .into_new_job("k", serde_json::Value::Null)
+            .expect("valid");
+        let expires = job.expires_at.expect("an expiry");
+        assert!(expires >= before + chrono::Duration::seconds(60));
+        assert!(expires <= Utc::now() + chrono::Duration::seconds(60));
+        assert_eq!(job.trace, Some(trace));
+        let both = JobOptions::default()
+            .ttl(Duration::from_secs(1))
+            .expires_at(Utc::now())
+            .into_new_job("k", serde_json::Value::Null)
+            .expect_err("both");
+        assert_eq!(both.field, "ttl");
+        let before_run = JobOptions::default()
+            .delay(Duration::from_secs(60))
+            .ttl(Duration::from_secs(1))
+            .into_new_job("k", serde_json::Value::Null)
+            .expect_err("expires before it can start");
+        assert_eq!(before_run.field, "expires_at");
     }
 }
