@@ -10,6 +10,18 @@ use crate::error::ValidationError;
 /// characters each; 512 characters is what it asks vendors to propagate at least).
 pub const MAX_TRACESTATE_LEN: usize = 8192;
 
+/// Checks a `tracestate` (printable ASCII of at most [`MAX_TRACESTATE_LEN`] characters), also
+/// when it comes without a `traceparent` (it is then dropped, but bad input is still refused).
+pub fn check_tracestate(state: &str, field_prefix: &str) -> Result<(), ValidationError> {
+    if state.len() > MAX_TRACESTATE_LEN || !state.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return Err(ValidationError::new(
+            format!("{field_prefix}tracestate"),
+            format!("must be printable ASCII of at most {MAX_TRACESTATE_LEN} characters"),
+        ));
+    }
+    Ok(())
+}
+
 /// A job's trace context, as received: `traceparent` checked against the version-00 format,
 /// `tracestate` kept opaque.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -50,20 +62,13 @@ impl TraceContext {
                 ),
             ));
         }
-        let tracestate = match tracestate.map(str::trim) {
-            None | Some("") => None,
+        let tracestate = match tracestate {
+            None => None,
             Some(state) => {
-                if state.len() > MAX_TRACESTATE_LEN
-                    || !state.bytes().all(|b| (0x20..0x7f).contains(&b))
-                {
-                    return Err(ValidationError::new(
-                        field("tracestate"),
-                        format!(
-                            "must be printable ASCII of at most {MAX_TRACESTATE_LEN} characters"
-                        ),
-                    ));
-                }
-                Some(state.to_string())
+                check_tracestate(state, field_prefix)?;
+                Some(state.trim())
+                    .filter(|state| !state.is_empty())
+                    .map(str::to_string)
             }
         };
         Ok(Self {

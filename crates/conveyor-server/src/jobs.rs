@@ -189,7 +189,10 @@ impl EnqueueRequest {
             (None, None) => None,
         };
         // A tracestate without a traceparent qualifies nothing and is dropped, as the W3C
-        // specification has receivers do.
+        // specification has receivers do (once checked: bad input is refused all the same).
+        if let (None, Some(state)) = (&self.traceparent, &self.tracestate) {
+            conveyor_core::trace::check_tracestate(state, "")?;
+        }
         let trace = self
             .traceparent
             .map(|parent| {

@@ -138,8 +138,16 @@ fn exec_worker_logs_each_job_as_json_without_its_payload() {
     let child = Command::new(BIN)
         .args(["--log-format", "json", "work", "--server", &server.url])
         .args(["--queues", "logs", "--worker-id", "w-logs"])
-        // The payload arrives on stdin: a job marked doomed fails permanently.
-        .args(["--exec", "if grep -q doomed; then exit 65; fi"])
+        // The payload arrives on stdin: a job marked doomed fails permanently. The command
+        // writes the trace context it was given where the test can read it.
+        .args([
+            "--exec",
+            &format!(
+                "echo \"$TRACEPARENT\" > {}/$CONVEYOR_JOB_ID.trace; \
+                 if grep -q doomed; then exit 65; fi",
+                dir.path().display()
+            ),
+        ])
         .env("CONVEYOR_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::from(log))
@@ -147,9 +155,11 @@ fn exec_worker_logs_each_job_as_json_without_its_payload() {
         .expect("spawn conveyor work");
     let mut worker = Proc { child };
     let secret = "hunter2-payload-marker";
+    let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
     let ok = enqueue(
         &server.url,
-        json!({"queue": "logs", "kind": "report", "payload": {"secret": secret, "mode": "fine"}}),
+        json!({"queue": "logs", "kind": "report", "traceparent": parent,
+               "payload": {"secret": secret, "mode": "fine"}}),
     );
     let doomed = enqueue(
         &server.url,
@@ -181,6 +191,24 @@ fn exec_worker_logs_each_job_as_json_without_its_payload() {
     }
     let completed = &event(&events, "job completed", &ok_id)["fields"];
     assert_eq!(completed["outcome"], "completed");
+    // The job's trace: in its log lines, and handed to the command as a child span's context.
+    assert_eq!(
+        completed["trace_id"], "4bf92f3577b34da6a3ce929d0e0e4736",
+        "{completed}"
+    );
+    assert_eq!(
+        event(&events, "job started", &ok_id)["fields"]["trace_id"],
+        "4bf92f3577b34da6a3ce929d0e0e4736"
+    );
+    let given = std::fs::read_to_string(dir.path().join(format!("{ok_id}.trace")))
+        .expect("the command wrote its TRACEPARENT");
+    let given: Vec<&str> = given.trim().split('-').collect();
+    assert_eq!(given.len(), 4, "{given:?}");
+    assert_eq!(given[1], "4bf92f3577b34da6a3ce929d0e0e4736");
+    assert_ne!(
+        given[2], "00f067aa0ba902b7",
+        "the command's span is a new span"
+    );
     assert_eq!(completed["kind"], "report");
     assert_eq!(completed["attempt"], 1);
     assert!(completed["duration_ms"].is_u64(), "{completed}");

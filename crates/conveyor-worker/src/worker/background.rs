@@ -25,13 +25,13 @@ pub(super) async fn run_completer(
                 Ok(outcomes) => {
                     for (job, outcome) in jobs.iter().zip(outcomes) {
                         if outcome == LeaseOutcome::LeaseLost {
-                            tracing::warn!(target: JOB_LOG_TARGET, job_id = %job.id,
+                            tracing::warn!(target: JOB_LOG_TARGET, job_id = %job.id, trace_id = %job.trace_id,
                                 queue = %job.queue, kind = %job.kind, attempt = job.attempt,
                                 outcome = "lease_lost",
                                 "completion rejected: lease was lost (job rescued or cancelled)");
                             continue;
                         }
-                        tracing::info!(target: JOB_LOG_TARGET, job_id = %job.id,
+                        tracing::info!(target: JOB_LOG_TARGET, job_id = %job.id, trace_id = %job.trace_id,
                             queue = %job.queue, kind = %job.kind, attempt = job.attempt,
                             duration_ms = job.duration.as_millis() as u64,
                             outcome = "completed", "job completed");

@@ -36,8 +36,14 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
         .map_or(shared.default_retry, |r| r.retry);
     let started = std::time::Instant::now();
     // Lifecycle events name the job, never its payload (which may hold personal data).
-    tracing::info!(target: JOB_LOG_TARGET, job_id = %job.id, queue = %job.queue,
-        kind = %job.kind, attempt = job.attempt, worker_id = %shared.id, "job started");
+    let trace_id = job
+        .trace
+        .as_ref()
+        .map(|t| t.trace_id().to_string())
+        .unwrap_or_default();
+    tracing::info!(target: JOB_LOG_TARGET, job_id = %job.id, trace_id = %trace_id,
+        queue = %job.queue, kind = %job.kind, attempt = job.attempt, worker_id = %shared.id,
+        "job started");
 
     let attempt = match registered {
         None => Attempt::Failed(RuntimeFailure {
@@ -80,11 +86,12 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
         kind: job.kind,
         attempt: job.attempt,
         duration: started.elapsed(),
+        trace_id,
     };
     let duration_ms = meta.duration.as_millis() as u64;
     let (class, message, plan) = match attempt {
         Attempt::Interrupted => {
-            tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id, queue = %meta.queue,
+            tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id, trace_id = %meta.trace_id, queue = %meta.queue,
                 kind = %meta.kind, attempt = meta.attempt, duration_ms, outcome = "interrupted",
                 "job interrupted (shutdown or lost lease)");
             return;
@@ -117,12 +124,14 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
             let until = conveyor_core::clock::after(shared.clock.now(), delay);
             match shared.store.job_snooze(SnoozeParams { lease, until }).await {
                 Ok(_) => {
-                    tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id,
+                    tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id, trace_id = %meta.trace_id,
                         queue = %meta.queue, kind = %meta.kind, attempt = meta.attempt,
                         duration_ms, outcome = "snoozed", "job snoozed");
                     shared.observe(&meta, AttemptStatus::Snoozed);
                 }
-                Err(error) => tracing::warn!(job_id = %meta.id, %error, "snooze not recorded"),
+                Err(error) => {
+                    tracing::warn!(job_id = %meta.id, trace_id = %meta.trace_id, %error, "snooze not recorded")
+                }
             }
             return;
         }
@@ -157,13 +166,15 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
     match failed {
         Ok(after) => {
             let status = AttemptStatus::of_failure(after.state);
-            tracing::warn!(target: JOB_LOG_TARGET, job_id = %meta.id, queue = %meta.queue,
+            tracing::warn!(target: JOB_LOG_TARGET, job_id = %meta.id, trace_id = %meta.trace_id, queue = %meta.queue,
                 kind = %meta.kind, attempt = meta.attempt, duration_ms,
                 outcome = status.as_str(), state = %after.state, error_class = class,
                 error = %message, "job failed");
             shared.observe(&meta, status);
         }
-        Err(error) => tracing::warn!(job_id = %meta.id, %error, "failure not recorded"),
+        Err(error) => {
+            tracing::warn!(job_id = %meta.id, trace_id = %meta.trace_id, %error, "failure not recorded")
+        }
     }
 }
 

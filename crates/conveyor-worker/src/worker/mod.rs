@@ -121,6 +121,9 @@ struct JobMeta {
     kind: String,
     attempt: u32,
     duration: Duration,
+    /// The producer's trace id, empty without a trace context: every log line of the job
+    /// carries it beside `job_id`.
+    trace_id: String,
 }
 
 struct Completion {

@@ -282,8 +282,15 @@ async fn run_job(ctx: &Ctx, job: FetchedJob) {
         running.insert(id.clone(), token.clone());
     }
     // Lifecycle events name the job, never its payload (which may hold personal data).
-    tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind, attempt,
-        "job started");
+    let trace = job.traceparent.as_deref().and_then(|parent| {
+        conveyor::trace::TraceContext::parse(parent, job.tracestate.as_deref(), "").ok()
+    });
+    let trace_id = trace
+        .as_ref()
+        .map(|t| t.trace_id().to_string())
+        .unwrap_or_default();
+    tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %trace_id, %queue, %kind,
+        attempt, "job started");
     let started = std::time::Instant::now();
     let end = execute(ctx, &job, &id, &token).await;
     let duration_ms = started.elapsed().as_millis() as u64;
@@ -343,7 +350,7 @@ async fn run_job(ctx: &Ctx, job: FetchedJob) {
         ),
         CommandEnd::Aborted => ("release", json!({"lease_token": token})),
         CommandEnd::LeaseLost => {
-            tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
+            tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %trace_id, %queue, %kind,
                 attempt, duration_ms, outcome = "lease_lost",
                 "lease lost (cancelled or rescued); command killed");
             return;
@@ -351,25 +358,27 @@ async fn run_job(ctx: &Ctx, job: FetchedJob) {
     };
     match ctx.api.post(&format!("/v1/jobs/{id}/{path}"), &body).await {
         Ok((_, answer)) => match path {
-            "complete" => tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id,
+            "complete" => tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %trace_id,
                 %queue, %kind, attempt, duration_ms, outcome = "completed", "job completed"),
             "fail" => {
                 // The server answers with the job: `dead` when this was the last attempt.
                 let dead = decode::<conveyor::Job>(&answer, "a failure report")
                     .is_ok_and(|job| job.state == conveyor::JobState::Dead);
                 let outcome = if dead { "dead" } else { "failed" };
-                tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
+                tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %trace_id, %queue, %kind,
                     attempt, duration_ms, outcome,
                     error_class = body["error"]["class"].as_str().unwrap_or_default(),
                     error = body["error"]["message"].as_str().unwrap_or_default(),
                     "job failed")
             }
-            _ => tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
-                attempt, duration_ms, outcome = "released", "job released at shutdown"),
+            _ => {
+                tracing::info!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %trace_id, %queue, %kind,
+                attempt, duration_ms, outcome = "released", "job released at shutdown")
+            }
         },
         Err(error) => match error.downcast_ref::<ApiFailure>() {
             Some(failure) if failure.status.as_u16() == 409 => {
-                tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %queue, %kind,
+                tracing::warn!(target: conveyor::JOB_LOG_TARGET, job_id = %id, %trace_id, %queue, %kind,
                     attempt, duration_ms, outcome = "lease_lost", "report rejected: lease was lost")
             }
             _ => {
@@ -396,6 +405,17 @@ async fn execute(ctx: &Ctx, job: &FetchedJob, id: &str, token: &str) -> CommandE
         .kill_on_drop(true)
         // Its own process group, so a timeout or drain kills what the shell started too.
         .process_group(0);
+    // The command runs as a child span of the producer's: TRACEPARENT/TRACESTATE, the
+    // environment carrier OpenTelemetry's SDKs read.
+    if let Some(trace) = job.traceparent.as_deref().and_then(|parent| {
+        conveyor::trace::TraceContext::parse(parent, job.tracestate.as_deref(), "").ok()
+    }) {
+        let child = trace.child(&conveyor::trace::TraceContext::new_span_id());
+        command.env("TRACEPARENT", &child.traceparent);
+        if let Some(state) = &child.tracestate {
+            command.env("TRACESTATE", state);
+        }
+    }
     // A workflow's step learns its flow, its name and its parents' results (JSON).
     if let (Some(flow_id), Some(step)) = (&job.flow_id, &job.step) {
         let parents = job.parents.as_ref().map_or_else(
