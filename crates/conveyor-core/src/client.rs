@@ -145,22 +145,8 @@ impl JobOptions {
         if let Some(priority) = self.priority {
             job.priority = priority;
         }
-        job.run_at = match (self.run_at, self.delay) {
-            (Some(_), Some(_)) => {
-                return Err(ValidationError::new(
-                    "delay",
-                    "give either run_at or delay, not both",
-                ))
-            }
-            (Some(at), None) => Some(at),
-            (None, Some(delay)) => Some(
-                chrono::Duration::from_std(delay)
-                    .ok()
-                    .and_then(|delay| Utc::now().checked_add_signed(delay))
-                    .ok_or_else(|| ValidationError::new("delay", "too large"))?,
-            ),
-            (None, None) => None,
-        };
+        let now = Utc::now();
+        job.run_at = instant_or_after(now, self.run_at, self.delay, ("run_at", "delay"))?;
         if let Some(attempts) = self.max_attempts {
             job.max_attempts = attempts;
         }
@@ -169,24 +155,32 @@ impl JobOptions {
         job.tags = self.tags;
         job.tenant = self.tenant;
         job.unique = self.unique;
-        job.expires_at = match (self.expires_at, self.ttl) {
-            (Some(_), Some(_)) => {
-                return Err(ValidationError::new(
-                    "ttl",
-                    "give either expires_at or ttl, not both",
-                ))
-            }
-            (Some(at), None) => Some(at),
-            (None, Some(ttl)) => Some(
-                chrono::Duration::from_std(ttl)
-                    .ok()
-                    .and_then(|ttl| Utc::now().checked_add_signed(ttl))
-                    .ok_or_else(|| ValidationError::new("ttl", "too large"))?,
-            ),
-            (None, None) => None,
-        };
+        job.expires_at = instant_or_after(now, self.expires_at, self.ttl, ("expires_at", "ttl"))?;
         job.trace = self.trace;
         ValidJob::new(job)
+    }
+}
+
+/// An instant given either as itself or as a span after `now` (`run_at`/`delay`,
+/// `expires_at`/`ttl`): both given is an error naming the span's field.
+fn instant_or_after(
+    now: DateTime<Utc>,
+    at: Option<DateTime<Utc>>,
+    after: Option<Duration>,
+    (at_field, after_field): (&str, &str),
+) -> Result<Option<DateTime<Utc>>, ValidationError> {
+    match (at, after) {
+        (Some(_), Some(_)) => Err(ValidationError::new(
+            after_field,
+            format!("give either {at_field} or {after_field}, not both"),
+        )),
+        (Some(at), None) => Ok(Some(at)),
+        (None, Some(after)) => chrono::Duration::from_std(after)
+            .ok()
+            .and_then(|after| now.checked_add_signed(after))
+            .map(Some)
+            .ok_or_else(|| ValidationError::new(after_field, "too large")),
+        (None, None) => Ok(None),
     }
 }
 

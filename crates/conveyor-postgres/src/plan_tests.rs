@@ -75,6 +75,25 @@ async fn generic_plan(
     plan.to_string()
 }
 
+/// A store (two connections) in a new schema that is dropped with the guard: the database
+/// URL, the schema, the store and the guard.
+async fn store_in_new_schema() -> (String, String, PgStore, DropSchema) {
+    let url = database_url();
+    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
+    let cleanup = DropSchema(schema.clone());
+    let store = PgStore::connect(
+        &url,
+        PgOptions {
+            schema: schema.clone(),
+            max_connections: 2,
+            ..PgOptions::default()
+        },
+    )
+    .await
+    .expect("the test database (set CONVEYOR_TEST_PG_URL)");
+    (url, schema, store, cleanup)
+}
+
 /// A store in a new schema holding 20,000 jobs, `claimed` of them claimed (running).
 async fn store_with_claims(url: &str, schema: &str, claimed: usize) -> (PgStore, Vec<Job>) {
     let store = PgStore::connect(
@@ -227,19 +246,7 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
 /// it whole on every flow event later. Each read must probe the primary key instead.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flow_reads_probe_keys_when_planned_on_empty_tables() {
-    let url = database_url();
-    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
-    let _cleanup = DropSchema(schema.clone());
-    let _store = PgStore::connect(
-        &url,
-        PgOptions {
-            schema: schema.clone(),
-            max_connections: 2,
-            ..PgOptions::default()
-        },
-    )
-    .await
-    .expect("the test database (set CONVEYOR_TEST_PG_URL)");
+    let (url, schema, _store, _cleanup) = store_in_new_schema().await;
     let sql = Sql::new(&schema);
     let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
     sqlx::raw_sql("SET plan_cache_mode = force_generic_plan")
@@ -347,19 +354,7 @@ async fn batched_completion_keeps_its_flow_filter_out_of_the_scan_of_an_unanalyz
 async fn flow_step_writes_probe_keys_on_an_analyzed_table() {
     use conveyor_core::workflow::{NewFlow, ValidFlow};
     use conveyor_core::FlowStore;
-    let url = database_url();
-    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
-    let _cleanup = DropSchema(schema.clone());
-    let store = PgStore::connect(
-        &url,
-        PgOptions {
-            schema: schema.clone(),
-            max_connections: 2,
-            ..PgOptions::default()
-        },
-    )
-    .await
-    .expect("the test database (set CONVEYOR_TEST_PG_URL)");
+    let (url, schema, store, _cleanup) = store_in_new_schema().await;
     let mut flows = Vec::new();
     for _ in 0..1000 {
         let flow = NewFlow::chain(
