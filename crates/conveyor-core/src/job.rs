@@ -220,6 +220,15 @@ pub struct Job {
     pub trace: Option<crate::trace::TraceContext>,
 }
 
+impl Job {
+    /// Whether the job waits (scheduled, available, retryable) past its expiry: it will never
+    /// run, even if no sweep has moved it to `expired` yet, so it holds no idempotency or
+    /// unique key and no claim may take it.
+    pub fn is_past_expiry(&self, now: DateTime<Utc>) -> bool {
+        self.expires_at.is_some_and(|at| at <= now) && JobState::WAITING.contains(&self.state)
+    }
+}
+
 /// How far a running job has come, as its handler reported it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {

@@ -347,6 +347,14 @@ pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), Valida
             ));
         }
     }
+    if let Some(ttl) = settings.default_ttl_ms {
+        if ttl == 0 || ttl > MAX_DELAY_MS as u64 {
+            return Err(ValidationError::new(
+                "default_ttl_ms",
+                format!("must be from 1 to {MAX_DELAY_MS} (100 years), or null"),
+            ));
+        }
+    }
     for (field, rate) in [
         ("rate_limit", settings.rate_limit),
         ("per_key_rate_limit", settings.per_key_rate_limit),

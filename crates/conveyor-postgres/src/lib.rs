@@ -264,7 +264,11 @@ impl PgStore {
     ) -> StoreResult<LeaseOutcome> {
         let completion = vec![CompleteParams { lease, result }];
         conveyor_core::validate::completions(&completion)?;
+        // A job of a flow changes planner settings for the rest of the transaction (see
+        // `workflow::lock_heads`): this one is the caller's, so they are put back.
+        let planner = workflow::planner_settings(tx).await?;
         let outcomes = ops::complete_many(tx, &self.ctx(), completion).await?;
+        workflow::restore_planner(tx, &planner).await?;
         outcomes
             .into_iter()
             .next()
@@ -728,8 +732,9 @@ impl LeadershipStore for PgStore {
     async fn jobs_promote_due(&self) -> StoreResult<u64> {
         let mut conn = self.conn().await?;
         let ctx = self.ctx();
-        // Expiry first: a job expiring now is not made available.
-        ops::expire_due(&mut conn, &ctx).await?;
+        // Expiry first: a job expiring now is not made available. Batches keep each statement
+        // short; a short batch means nothing expiring is left.
+        while ops::expire_due(&mut conn, &ctx).await? >= ops::EXPIRE_BATCH as u64 {}
         // Batches keep each statement short; a short batch means nothing due is left.
         let mut promoted = 0;
         loop {

@@ -420,8 +420,8 @@ impl Sql {
             replay_filter: stmt(format!(
                 "WITH changed AS ( \
                      UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
-                         finished_at = NULL, result = NULL, expires_at = NULL \
-                     WHERE state IN ('dead', 'expired') \
+                         finished_at = NULL, result = NULL \
+                     WHERE state = 'dead' \
                          AND ($2::text IS NULL OR queue = $2) \
                          AND ($3::text IS NULL OR kind = $3) \
                          AND flow_id IS NULL \
@@ -437,7 +437,7 @@ impl Sql {
             )),
             dead_flow_jobs_filter: stmt(format!(
                 "SELECT id, flow_id FROM {jobs} \
-                 WHERE state IN ('dead', 'expired') AND ($1::text IS NULL OR queue = $1) \
+                 WHERE state = 'dead' AND ($1::text IS NULL OR queue = $1) \
                      AND ($2::text IS NULL OR kind = $2) AND flow_id IS NOT NULL"
             )),
             replay_flow_jobs: stmt(format!(
@@ -451,7 +451,7 @@ impl Sql {
                 running("")
             )),
             discard: stmt(format!(
-                "DELETE FROM {jobs} WHERE id = $1 AND state = 'dead'"
+                "DELETE FROM {jobs} WHERE id = $1 AND state IN ('dead', 'expired')"
             )),
             stats: stmt(format!(
                 "SELECT queue, state, count(*) AS n, \

@@ -72,7 +72,11 @@ pub(crate) async fn stored_matches(
             .ok()
             .and_then(|i| positions.get(i).copied())
             .ok_or_else(|| corrupt(format!("unique lookup returned position {pos}")))?;
-        matches.insert(index, rows::job(row)?);
+        let job = rows::job(row)?;
+        // A job waiting past its expiry will never run: it blocks nothing.
+        if !job.is_past_expiry(ctx.now) {
+            matches.insert(index, job);
+        }
     }
     Ok(matches)
 }

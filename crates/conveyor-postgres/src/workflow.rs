@@ -479,6 +479,42 @@ pub(crate) struct Head {
     failed_step: Option<String>,
 }
 
+/// The planner settings a flow event changes for the rest of its transaction (see
+/// `lock_heads`), as they are now: for a caller's own transaction, which keeps them through
+/// the savepoint's release, to get them back (`restore_planner`).
+pub(crate) async fn planner_settings(conn: &mut PgConnection) -> StoreResult<[String; 3]> {
+    let row = sqlx::query(
+        "SELECT current_setting('plan_cache_mode'), current_setting('enable_hashjoin'), \
+             current_setting('enable_mergejoin')",
+    )
+    .fetch_one(conn)
+    .await
+    .map_err(db("read planner settings"))?;
+    let read = |i: usize| -> StoreResult<String> {
+        row.try_get::<String, _>(i)
+            .map_err(|e| unreadable(e.to_string()))
+    };
+    Ok([read(0)?, read(1)?, read(2)?])
+}
+
+/// Puts back planner settings read by `planner_settings`, for the rest of the transaction.
+pub(crate) async fn restore_planner(
+    conn: &mut PgConnection,
+    settings: &[String; 3],
+) -> StoreResult<()> {
+    sqlx::query(
+        "SELECT set_config('plan_cache_mode', $1, true), set_config('enable_hashjoin', $2, true), \
+             set_config('enable_mergejoin', $3, true)",
+    )
+    .bind(&settings[0])
+    .bind(&settings[1])
+    .bind(&settings[2])
+    .execute(conn)
+    .await
+    .map_err(db("restore planner settings"))?;
+    Ok(())
+}
+
 /// Locks the flows `ids` (those that exist) in id order, in one statement, and reads their
 /// heads. The locks are held until the transaction ends, so the heads stay true for it. The
 /// first statement of every flow event: see the module's lock order.

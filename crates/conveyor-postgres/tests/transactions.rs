@@ -186,3 +186,65 @@ async fn complete_tx_rolled_back_leaves_job_running_and_committed_completes_it()
     assert_eq!(outcome, LeaseOutcome::LeaseLost);
     tx.rollback().await.expect("rollback");
 }
+
+/// Completing a flow's step inside the caller's transaction moves the flow (its next step
+/// starts when the transaction commits) and leaves the caller's planner settings as they were:
+/// the flow event's own settings do not outlive it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_tx_of_a_flow_step_keeps_the_callers_planner_settings() {
+    use conveyor_core::workflow::{NewFlow, ValidFlow};
+    use conveyor_core::FlowStore;
+    let (store, _clock, _guard) = common::fresh_store().await;
+    let flow = NewFlow::chain(["a", "b"].map(|name| (name, NewJob::new("step", json!({})))));
+    store
+        .flow_create(ValidFlow::new(flow).expect("valid"))
+        .await
+        .expect("create");
+    let first = store
+        .jobs_fetch(fetch_params())
+        .await
+        .expect("fetch")
+        .pop()
+        .expect("step a");
+    let lease = LeaseRef {
+        id: first.id,
+        lease_token: first.lease.as_ref().expect("lease").token,
+    };
+    let mut tx = store.pool().begin().await.expect("begin");
+    let setting = |name: &'static str| format!("SELECT current_setting('{name}')");
+    let before: Vec<String> = {
+        let mut values = Vec::new();
+        for name in ["enable_hashjoin", "enable_mergejoin", "plan_cache_mode"] {
+            values.push(
+                sqlx::query_scalar(sqlx::AssertSqlSafe(setting(name)))
+                    .fetch_one(&mut *tx)
+                    .await
+                    .expect("setting"),
+            );
+        }
+        values
+    };
+    let outcome = store
+        .complete_tx(&mut tx, lease, None)
+        .await
+        .expect("complete_tx");
+    assert_eq!(outcome, LeaseOutcome::Applied);
+    let mut after = Vec::new();
+    for name in ["enable_hashjoin", "enable_mergejoin", "plan_cache_mode"] {
+        after.push(
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(setting(name)))
+                .fetch_one(&mut *tx)
+                .await
+                .expect("setting"),
+        );
+    }
+    assert_eq!(after, before, "the caller's planner settings are kept");
+    tx.commit().await.expect("commit");
+    let next = store
+        .jobs_fetch(fetch_params())
+        .await
+        .expect("fetch")
+        .pop()
+        .expect("step b started with a's completion");
+    assert_eq!(next.flow.as_ref().map(|f| f.step.as_str()), Some("b"));
+}

@@ -98,20 +98,22 @@ impl UniqueRequest {
 
 impl EnqueueRequest {
     /// Takes the request's `traceparent`/`tracestate` headers as the job's trace context
-    /// when the body gives none (a producer's HTTP instrumentation sets the headers).
+    /// when the body gives none (a producer's HTTP instrumentation sets the headers). Headers
+    /// that are not a valid context are ignored, as the W3C specification has receivers do
+    /// (only the body's fields are the caller's explicit input, refused when malformed).
     pub(crate) fn adopt_trace_headers(&mut self, headers: &HeaderMap) {
         if self.traceparent.is_some() {
             return;
         }
-        let header = |name: &str| {
-            headers
-                .get(name)
-                .and_then(|value| value.to_str().ok())
-                .map(str::to_string)
+        let header = |name: &str| headers.get(name).and_then(|value| value.to_str().ok());
+        let Some(parent) = header("traceparent") else {
+            return;
         };
-        if let Some(parent) = header("traceparent") {
-            self.traceparent = Some(parent);
-            self.tracestate = self.tracestate.take().or_else(|| header("tracestate"));
+        if let Ok(context) =
+            conveyor_core::trace::TraceContext::parse(parent, header("tracestate"), "")
+        {
+            self.traceparent = Some(context.traceparent);
+            self.tracestate = context.tracestate;
         }
     }
 

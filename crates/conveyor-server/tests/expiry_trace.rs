@@ -63,6 +63,28 @@ async fn a_job_takes_its_expiry_and_trace_context_and_the_worker_gets_them() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_traceparent_header_is_ignored_not_refused() {
+    let server = TestServer::start().await;
+    let response = server
+        .http
+        .post(server.url("/v1/jobs"))
+        .header("traceparent", "01-something-a-newer-version-sends")
+        .json(&json!({"kind": "mail"}))
+        .send()
+        .await
+        .expect("send");
+    assert_eq!(response.status(), StatusCode::CREATED);
+    let created: Value = response.json().await.expect("json");
+    let job = server
+        .store
+        .job_get(created["id"].as_str().expect("id").parse().expect("uuid"))
+        .await
+        .expect("get")
+        .expect("stored");
+    assert_eq!(job.trace, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_expiry_and_trace_input_is_refused_naming_the_field() {
     let server = TestServer::start().await;
     let cases = [

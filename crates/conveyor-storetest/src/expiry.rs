@@ -94,13 +94,26 @@ pub async fn a_retry_after_the_expiry_expires_the_job(h: &Harness) {
     assert_eq!(expired.errors.len(), 2, "the attempt's error is kept");
 }
 
-/// Expired jobs are replayed like dead ones, without their expiry (the replay asks for them to
-/// run), by id or by filter.
+/// Expired jobs are replayed by id like dead ones, without their expiry (the replay asks for
+/// them to run), and discarded like them; a replay by filter (the dead-letter queue's) leaves
+/// them alone.
 pub async fn expired_jobs_are_replayed_like_dead_ones(h: &Harness) {
     let job = insert(h, expiring("late", h, secs(1))).await;
+    let other = insert(h, expiring("late", h, secs(1))).await;
     h.advance(secs(1));
     h.store.jobs_promote_due().await.expect("maintenance pass");
     assert_eq!(get(h, job.id).await.state, JobState::Expired);
+    let by_filter = h
+        .store
+        .dead_replay(ReplaySelector {
+            kind: Some("late".to_string()),
+            ..ReplaySelector::default()
+        })
+        .await
+        .expect("replay by filter");
+    assert_eq!(by_filter, 0, "the dead-letter filters are about dead jobs");
+    assert!(h.store.dead_discard(other.id).await.expect("discard"));
+    assert_eq!(h.store.job_get(other.id).await.expect("get"), None);
     let replayed = h
         .store
         .dead_replay(ReplaySelector {

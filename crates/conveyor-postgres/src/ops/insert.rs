@@ -4,6 +4,9 @@ use super::*;
 
 /// Whether `job` still holds its idempotency key at `now` (see `StoreOptions`).
 pub(super) fn holds_key(job: &Job, now: DateTime<Utc>, options: &StoreOptions) -> bool {
+    if job.is_past_expiry(now) {
+        return false;
+    }
     match job.state {
         JobState::Completed => job.finished_at.is_some_and(|finished| {
             conveyor_core::clock::after(finished, options.completed_idempotency_window) > now

@@ -44,82 +44,87 @@ fn replayed_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Replayed> {
     Ok((row.get(0)?, row.get(1)?, row.get(2)?))
 }
 
-/// Replays dead and expired jobs (an expired one loses its expiry: replaying it is asking for
-/// it to run).
+/// Replays dead jobs (by ids or by queue/kind) and expired ones (by ids only: the dead-letter
+/// views and filters are about dead jobs). An expired job loses its expiry: replaying it is
+/// asking for it to run.
 pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> StoreResult<u64> {
     let now = millis(ctx.now);
-    let mut replayed = 0;
-    // One pass per state replayed from, so each job's count moves from the state it was in.
-    for from in [JobState::Dead, JobState::Expired] {
-        let queues: Vec<Replayed> = match &selector.ids {
-            Some(ids) => {
-                let mut stmt = ctx
-                    .conn
-                    .prepare_cached(
-                        "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
-                         finished_at = NULL, result = NULL, expires_at = NULL \
-                         WHERE id = ?2 AND state = ?3 RETURNING queue, id, flow_id",
-                    )
-                    .map_err(backend)?;
-                let mut queues = Vec::new();
-                for id in ids {
+    // Each job with the state it was replayed from, so its count moves from that state.
+    let mut found: Vec<(JobState, Replayed)> = Vec::new();
+    match &selector.ids {
+        Some(ids) => {
+            let mut stmt = ctx
+                .conn
+                .prepare_cached(
+                    "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
+                     finished_at = NULL, result = NULL, expires_at = NULL \
+                     WHERE id = ?2 AND state = ?3 RETURNING queue, id, flow_id",
+                )
+                .map_err(backend)?;
+            for id in ids {
+                for from in [JobState::Dead, JobState::Expired] {
                     let replayed: Option<Replayed> = stmt
                         .query_row(params![now, id.to_string(), from.as_str()], replayed_row)
                         .optional()
                         .map_err(backend)?;
-                    queues.extend(replayed);
+                    found.extend(replayed.map(|row| (from, row)));
                 }
-                queues
             }
-            None => ctx
+        }
+        None => {
+            let rows: Vec<Replayed> = ctx
                 .conn
                 .prepare_cached(
                     "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
-                     finished_at = NULL, result = NULL, expires_at = NULL WHERE state = ?4 \
+                     finished_at = NULL, result = NULL WHERE state = 'dead' \
                      AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3) \
                      RETURNING queue, id, flow_id",
                 )
                 .and_then(|mut stmt| {
-                    stmt.query_map(
-                        params![now, selector.queue, selector.kind, from.as_str()],
-                        replayed_row,
-                    )?
-                    .collect()
+                    stmt.query_map(params![now, selector.queue, selector.kind], replayed_row)?
+                        .collect()
                 })
-                .map_err(backend)?,
-        };
-        for (queue, id, flow_id) in &queues {
-            ctx.count_move(queue, Some(from), Some(JobState::Available));
-            // A replayed step resumes its flow when the flow stopped at it.
-            if let Some(flow_id) = flow_id {
-                let flow_id = Uuid::parse_str(flow_id)
-                    .map_err(|e| StoreError::backend(format!("stored flow id: {e}")))?;
-                let job_id = Uuid::parse_str(id)
-                    .map_err(|e| StoreError::backend(format!("stored job id: {e}")))?;
-                workflow::handle(ctx, flow_id, FlowEvent::JobReplayed { job_id })?;
-            }
+                .map_err(backend)?;
+            found.extend(rows.into_iter().map(|row| (JobState::Dead, row)));
         }
-        replayed += queues.len() as u64;
     }
+    for (from, (queue, id, flow_id)) in &found {
+        ctx.count_move(queue, Some(*from), Some(JobState::Available));
+        // A replayed step resumes its flow when the flow stopped at it.
+        if let Some(flow_id) = flow_id {
+            let flow_id = Uuid::parse_str(flow_id)
+                .map_err(|e| StoreError::backend(format!("stored flow id: {e}")))?;
+            let job_id = Uuid::parse_str(id)
+                .map_err(|e| StoreError::backend(format!("stored job id: {e}")))?;
+            workflow::handle(ctx, flow_id, FlowEvent::JobReplayed { job_id })?;
+        }
+    }
+    let replayed = found.len() as u64;
     if replayed > 0 {
         ctx.wake = true;
     }
     Ok(replayed)
 }
 
+/// Deletes a dead or expired job.
 pub(crate) fn dead_discard(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<bool> {
-    let queue: Option<String> = ctx
+    let deleted: Option<(String, String)> = ctx
         .conn
-        .prepare_cached("DELETE FROM jobs WHERE id = ?1 AND state = 'dead' RETURNING queue")
+        .prepare_cached(
+            "DELETE FROM jobs WHERE id = ?1 AND state IN ('dead', 'expired') \
+             RETURNING queue, state",
+        )
         .and_then(|mut stmt| {
-            stmt.query_row(params![id.to_string()], |row| row.get(0))
-                .optional()
+            stmt.query_row(params![id.to_string()], |row| {
+                Ok((row.get(0)?, row.get(1)?))
+            })
+            .optional()
         })
         .map_err(backend)?;
-    if let Some(queue) = &queue {
-        ctx.count_move(queue, Some(JobState::Dead), None);
+    if let Some((queue, state)) = &deleted {
+        ctx.count_move(queue, Some(state.parse::<JobState>()?), None);
     }
-    Ok(queue.is_some())
+    Ok(deleted.is_some())
 }
 
 pub(crate) fn import(ctx: &mut WriteCtx<'_>, jobs: Vec<Job>) -> StoreResult<u64> {

@@ -21,13 +21,15 @@ pub(super) fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Opt
         })
         .map_err(backend)?;
     let window = ctx.options.completed_idempotency_window;
-    Ok(latest.filter(|job| match job.state {
-        JobState::Completed => job
-            .finished_at
-            .is_some_and(|finished| clock::after(finished, window) > ctx.now),
-        JobState::Dead | JobState::Cancelled | JobState::Expired => false,
-        _ => true,
-    }))
+    Ok(latest
+        .filter(|job| !job.is_past_expiry(ctx.now))
+        .filter(|job| match job.state {
+            JobState::Completed => job
+                .finished_at
+                .is_some_and(|finished| clock::after(finished, window) > ctx.now),
+            JobState::Dead | JobState::Cancelled | JobState::Expired => false,
+            _ => true,
+        }))
 }
 
 pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
@@ -50,7 +52,10 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
         // Checked after the idempotency key, which keeps precedence.
         let unique_key = new.unique_key();
         if let (Some(spec), Some(key)) = (&new.unique, &unique_key) {
-            if let Some(existing) = unique::existing(ctx, key, spec)? {
+            // A job waiting past its expiry will never run: it blocks nothing.
+            let existing = unique::existing(ctx, key, spec)?
+                .filter(|existing| !existing.is_past_expiry(ctx.now));
+            if let Some(existing) = existing {
                 inserted.push(Inserted {
                     job: existing,
                     duplicate: true,

@@ -40,8 +40,8 @@ pub(crate) fn promote_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
     Ok(changed)
 }
 
-/// Most jobs expired by one pass (the rest wait for the next; a fetch never claims them, as
-/// it expires due jobs first and claims within the same transaction).
+/// Most jobs expired by one pass (the rest wait for the next; the claim itself skips a job
+/// whose expiry has come).
 const EXPIRE_BATCH: i64 = 1000;
 
 /// Moves waiting jobs (scheduled, available, retryable) whose `expires_at` has come to
@@ -205,6 +205,10 @@ pub(super) fn claim(
         .map_err(backend)?;
     let mut jobs = Vec::with_capacity(candidates.len());
     for mut job in candidates {
+        // Never hand out a job whose expiry has come (more than one sweep's batch may be due).
+        if job.is_past_expiry(ctx.now) {
+            continue;
+        }
         let token = Uuid::new_v4();
         let claimed = claim
             .execute(params![
