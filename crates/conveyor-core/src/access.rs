@@ -251,10 +251,18 @@ pub enum AuditAction {
     KindPut,
     #[serde(rename = "kind.delete")]
     KindDelete,
+    /// A circuit breaker opened (by its failure ratio, a retry-after, or an operator).
+    #[serde(rename = "breaker.open")]
+    BreakerOpen,
+    /// A circuit breaker started handing out probe jobs.
+    #[serde(rename = "breaker.half_open")]
+    BreakerHalfOpen,
+    #[serde(rename = "breaker.close")]
+    BreakerClose,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 14] = [
+    pub const ALL: [AuditAction; 17] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -269,6 +277,9 @@ impl AuditAction {
         AuditAction::FlowSignal,
         AuditAction::KindPut,
         AuditAction::KindDelete,
+        AuditAction::BreakerOpen,
+        AuditAction::BreakerHalfOpen,
+        AuditAction::BreakerClose,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -280,6 +291,9 @@ impl AuditAction {
             AuditAction::FlowSignal => "flow.signal",
             AuditAction::KindPut => "kind.put",
             AuditAction::KindDelete => "kind.delete",
+            AuditAction::BreakerOpen => "breaker.open",
+            AuditAction::BreakerHalfOpen => "breaker.half_open",
+            AuditAction::BreakerClose => "breaker.close",
             AuditAction::DeadReplay => "dead.replay",
             AuditAction::DeadDiscard => "dead.discard",
             AuditAction::QueueSettings => "queue.settings",
@@ -323,6 +337,14 @@ pub struct Actor {
 }
 
 impl Actor {
+    /// Changes Conveyor makes on its own (a circuit breaker tripping, say).
+    pub fn system() -> Self {
+        Self {
+            name: "system".to_string(),
+            token_id: None,
+        }
+    }
+
     pub fn anonymous() -> Self {
         Self {
             name: ANONYMOUS.to_string(),

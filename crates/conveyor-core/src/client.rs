@@ -231,12 +231,14 @@ impl Client {
                 .into());
             }
         }
-        let version = self.store.kind_get(J::KIND).await?.and_then(|k| k.version);
+        let existing = self.store.kind_get(J::KIND).await?;
+        let version = existing.as_ref().and_then(|k| k.version);
         self.store
             .kind_put(crate::kinds::KindSettings {
                 kind: J::KIND.to_string(),
                 schema: Some(schema),
                 version,
+                circuit_breaker: existing.and_then(|k| k.circuit_breaker),
                 updated_at: chrono::DateTime::UNIX_EPOCH,
             })
             .await?;

@@ -51,6 +51,20 @@ macro_rules! delegate_store {
             }
         }
     };
+    (@part BreakerStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::BreakerStore for $decorator {
+            async fn breakers_list(&self) -> $crate::StoreResult<Vec<$crate::StoredBreaker>> {
+                $crate::BreakerStore::breakers_list(&*self.$field).await
+            }
+            async fn breaker_get(&self, scope: $crate::BreakerScope, name: &str) -> $crate::StoreResult<Option<$crate::StoredBreaker>> {
+                $crate::BreakerStore::breaker_get(&*self.$field, scope, name).await
+            }
+            async fn breaker_write(&self, breaker: &$crate::StoredBreaker) -> $crate::StoreResult<bool> {
+                $crate::BreakerStore::breaker_write(&*self.$field, breaker).await
+            }
+        }
+    };
     (@part KindStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::KindStore for $decorator {

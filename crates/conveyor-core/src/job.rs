@@ -435,7 +435,7 @@ impl QueueStats {
 }
 
 /// Per-queue settings, persisted in the store. Unset limits mean "no limit".
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct QueueSettings {
     /// Fetching stops while paused; enqueuing continues.
@@ -478,6 +478,10 @@ pub struct QueueSettings {
     /// (or after their `run_at`, when that is later).
     #[serde(default)]
     pub default_ttl_ms: Option<u64>,
+    /// Stops handing out the queue's jobs while too many of them fail (see
+    /// [`crate::breaker`]).
+    #[serde(default)]
+    pub circuit_breaker: Option<crate::breaker::BreakerSettings>,
 }
 
 impl QueueSettings {
@@ -541,7 +545,7 @@ impl RateLimit {
 }
 
 /// A queue's settings with its name.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NamedQueueSettings {
     pub name: String,
     #[serde(flatten)]

@@ -27,6 +27,10 @@ pub struct KindSettings {
     pub schema: Option<Value>,
     /// The producer's own version of the schema, shown to operators (not interpreted).
     pub version: Option<u32>,
+    /// Stops handing out the kind's jobs (in every queue) while too many of them fail (see
+    /// [`crate::breaker`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub circuit_breaker: Option<crate::breaker::BreakerSettings>,
     /// When the settings were last written (the store's clock).
     pub updated_at: DateTime<Utc>,
 }
@@ -39,6 +43,9 @@ pub fn validate_settings(settings: &KindSettings) -> Result<(), ValidationError>
     }
     if let Some(version) = settings.version {
         crate::validate::stored_integer("version", u64::from(version))?;
+    }
+    if let Some(breaker) = &settings.circuit_breaker {
+        breaker.validate("circuit_breaker")?;
     }
     Ok(())
 }

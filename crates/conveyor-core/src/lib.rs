@@ -5,6 +5,7 @@
 //! (`conveyor-worker`) build on these types.
 
 pub mod access;
+pub mod breaker;
 pub mod client;
 pub mod clock;
 mod delegate;
@@ -30,6 +31,10 @@ pub mod workflow;
 pub use access::{
     ApiToken, AuditAction, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, Role,
     StoredSession, StoredToken, TokenSelector,
+};
+pub use breaker::{
+    BreakerScope, BreakerSettings, BreakerState, BreakerStore, BreakerView, CircuitBreakers,
+    StoredBreaker,
 };
 pub use client::{Client, JobOptions, TypedJob};
 pub use clock::{Clock, ManualClock, SystemClock};

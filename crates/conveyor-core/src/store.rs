@@ -35,6 +35,10 @@ pub struct FetchParams {
     /// Claim only jobs of these kinds (`None`: any kind). A worker names the kinds it has
     /// handlers for, so during a rolling deploy an old worker never claims a new kind.
     pub kinds: Option<Vec<String>>,
+    /// Claim no job of these kinds (their circuit breaker is open). Folded into `kinds` when
+    /// the fetch names kinds (`validate::fetch`), so a store sees it only for a fetch of any
+    /// kind.
+    pub excluded_kinds: Vec<String>,
 }
 
 /// Identifies a running job and the lease its worker holds.
@@ -595,6 +599,7 @@ pub trait Store:
     + LeadershipStore
     + FlowStore
     + KindStore
+    + crate::breaker::BreakerStore
     + 'static
 {
 }
@@ -609,6 +614,7 @@ impl<T> Store for T where
         + LeadershipStore
         + FlowStore
         + KindStore
+        + crate::breaker::BreakerStore
         + 'static
 {
 }
@@ -621,8 +627,11 @@ pub const IDLE_POLL_GROWTH: u32 = 16;
 /// [`LeaseStore::wakeup`]; the `poll` interval bounds how late a job made available by another
 /// process is seen, and the next due run_at shortens it for scheduled jobs. `stop` only
 /// interrupts the waiting, never a fetch in flight, so no claimed job is dropped on the floor.
+/// With `breakers`, fetches skip what their circuit breakers hold back (see
+/// [`crate::breaker`]).
 pub async fn fetch_waiting(
     store: &dyn Store,
+    breakers: Option<&crate::breaker::CircuitBreakers>,
     params: FetchParams,
     wait: Duration,
     poll: Duration,
@@ -641,7 +650,10 @@ pub async fn fetch_waiting(
         let notified = wakeup.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let jobs = store.jobs_fetch(params.clone()).await?;
+        let jobs = match breakers {
+            Some(breakers) => breakers.fetch(params.clone()).await?,
+            None => store.jobs_fetch(params.clone()).await?,
+        };
         let now = tokio::time::Instant::now();
         if !jobs.is_empty() || now >= deadline {
             return Ok(jobs);

@@ -182,6 +182,11 @@ pub fn fetch(params: &mut crate::store::FetchParams) -> Result<(), ValidationErr
         }
         kinds.sort_unstable();
         kinds.dedup();
+        kinds.retain(|kind| !params.excluded_kinds.contains(kind));
+        params.excluded_kinds.clear();
+    }
+    for (index, kind) in params.excluded_kinds.iter().enumerate() {
+        name(&format!("excluded_kinds[{index}]"), kind)?;
     }
     Ok(())
 }
@@ -308,6 +313,9 @@ pub const MAX_RATE_COUNT: u64 = 1_000_000;
 
 /// Checks a queue's settings: every limit at least 1, rate periods from 1 ms to a day.
 pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), ValidationError> {
+    if let Some(breaker) = &settings.circuit_breaker {
+        breaker.validate("circuit_breaker")?;
+    }
     for (field, value) in [
         ("max_depth", settings.max_depth),
         ("max_depth_per_tenant", settings.max_depth_per_tenant),

@@ -120,7 +120,7 @@ impl Flow {
                      lease_worker = $2, lease_token = gen_random_uuid(), \
                      lease_expires_at = $3, started_at = $4 \
                  WHERE id = ANY($1) AND state = 'available' \
-                 AND ($5::text[] IS NULL OR kind = ANY($5)) \
+                 AND ($5::text[] IS NULL OR kind = ANY($5)) AND kind <> ALL($6) \
                  AND (expires_at IS NULL OR expires_at > $4) \
                  RETURNING {COLUMNS}"
             )),
@@ -259,6 +259,7 @@ impl Claim<'_, '_> {
             // Candidates are picked before the kinds filter: a fetch restricted to some kinds
             // may claim fewer than it could when other kinds lead a flow-controlled queue.
             .bind(self.params.kinds.as_deref())
+            .bind(&self.params.excluded_kinds)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("claim jobs"))?;

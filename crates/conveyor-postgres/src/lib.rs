@@ -598,6 +598,26 @@ impl conveyor_core::KindStore for PgStore {
 }
 
 #[async_trait]
+impl conveyor_core::BreakerStore for PgStore {
+    async fn breakers_list(&self) -> StoreResult<Vec<conveyor_core::StoredBreaker>> {
+        kinds::breakers_list(&mut *self.conn().await?, &self.ctx()).await
+    }
+
+    async fn breaker_get(
+        &self,
+        scope: conveyor_core::BreakerScope,
+        name: &str,
+    ) -> StoreResult<Option<conveyor_core::StoredBreaker>> {
+        kinds::breaker_get(&mut *self.conn().await?, &self.ctx(), scope, name).await
+    }
+
+    async fn breaker_write(&self, breaker: &conveyor_core::StoredBreaker) -> StoreResult<bool> {
+        conveyor_core::validate::name("name", &breaker.name)?;
+        kinds::breaker_write(&mut *self.conn().await?, &self.ctx(), breaker).await
+    }
+}
+
+#[async_trait]
 impl ScheduleStore for PgStore {
     async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
         let mut tx = self.begin().await?;

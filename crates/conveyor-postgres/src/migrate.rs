@@ -101,10 +101,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "expiry_trace",
         sql: include_str!("migrations/0016_expiry_trace.sql"),
     },
+    Migration {
+        version: 17,
+        name: "circuit_breakers",
+        sql: include_str!("migrations/0017_circuit_breakers.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 16;
+pub const SCHEMA_VERSION: u32 = 17;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

@@ -120,6 +120,7 @@ async fn store_with_claims(url: &str, schema: &str, claimed: usize) -> (PgStore,
                     max: 500.min(claimed - running.len()),
                     lease: Duration::from_secs(60),
                     kinds: None,
+                    excluded_kinds: Vec::new(),
                 })
                 .await
                 .expect("fetch"),

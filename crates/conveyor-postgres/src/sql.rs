@@ -19,7 +19,7 @@ pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, at
 pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tenant, \
     concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
     per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
-    dead_retention_secs, default_ttl_ms";
+    dead_retention_secs, default_ttl_ms, circuit_breaker";
 
 /// [`COLUMNS`] qualified with the alias `j`, for `UPDATE ... FROM` statements where a bare `id`
 /// would be ambiguous.
@@ -72,6 +72,10 @@ pub(crate) struct Sql {
     /// `claim` and `claim_one_queue` for a fetch of every kind (no `$6`): see `KindFilter`.
     pub claim_any_kind: SqlStr,
     pub claim_one_queue_any_kind: SqlStr,
+    /// `claim` and `claim_one_queue` for a fetch of every kind but `$6` (kinds whose circuit
+    /// breaker is open).
+    pub claim_except_kinds: SqlStr,
+    pub claim_one_queue_except_kinds: SqlStr,
     pub claim_gate: SqlStr,
     pub claim_one_queue_gate: SqlStr,
     pub heartbeat: SqlStr,
@@ -107,6 +111,7 @@ pub(crate) struct Sql {
     pub workflow: crate::workflow::WorkflowSql,
     pub retention: crate::retention::Retention,
     pub kinds: crate::kinds::KindsSql,
+    pub breakers: crate::kinds::BreakersSql,
 }
 
 impl Sql {
@@ -280,6 +285,13 @@ impl Sql {
                 &many_gate,
                 KindFilter::AnyKind,
             )),
+            claim_except_kinds: stmt(gated_claim_sql(
+                &jobs,
+                &j_columns,
+                &many_condition,
+                &many_gate,
+                KindFilter::ExceptKinds,
+            )),
             claim_gate: stmt(format!("SELECT {many_gate}")),
             // The common case (a worker's fetch loop serves one queue): with `queue = $1` the
             // index hands rows over in claim order, where `= ANY` makes PostgreSQL sort every
@@ -297,6 +309,13 @@ impl Sql {
                 &one_queue_condition(&settings),
                 &one_gate,
                 KindFilter::AnyKind,
+            )),
+            claim_one_queue_except_kinds: stmt(gated_claim_sql(
+                &jobs,
+                &j_columns,
+                &one_queue_condition(&settings),
+                &one_gate,
+                KindFilter::ExceptKinds,
             )),
             claim_one_queue_gate: stmt(format!("SELECT {one_gate}")),
             heartbeat: stmt(format!(
@@ -515,9 +534,10 @@ impl Sql {
                          (queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
                           updated_at, per_key_concurrency_limit, rate_count, rate_period_ms, \
                           per_key_rate_count, per_key_rate_period_ms, weight, \
-                          completed_retention_secs, dead_retention_secs, default_ttl_ms) \
+                          completed_retention_secs, dead_retention_secs, default_ttl_ms, \
+                          circuit_breaker) \
                      VALUES ($1, $2, $3, $4, $6, $5, $7, $8, $9, $10, $11, $12, $13, $14, \
-                         $15) \
+                         $15, $16) \
                      ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
                          max_depth = excluded.max_depth, \
                          max_depth_per_tenant = excluded.max_depth_per_tenant, \
@@ -531,6 +551,7 @@ impl Sql {
                          completed_retention_secs = excluded.completed_retention_secs, \
                          dead_retention_secs = excluded.dead_retention_secs, \
                          default_ttl_ms = excluded.default_ttl_ms, \
+                         circuit_breaker = excluded.circuit_breaker, \
                          updated_at = excluded.updated_at \
                      RETURNING {SETTINGS_COLUMNS}) \
                  SELECT stored.*, \
@@ -545,6 +566,7 @@ impl Sql {
             workflow: crate::workflow::WorkflowSql::new(schema),
             retention: crate::retention::Retention::new(schema),
             kinds: crate::kinds::KindsSql::new(schema),
+            breakers: crate::kinds::BreakersSql::new(schema),
             jobs,
         }
     }
@@ -631,6 +653,8 @@ fn flow_gate(
 enum KindFilter {
     Kinds,
     AnyKind,
+    /// Every kind but `$6`: only while a kind's circuit breaker is open.
+    ExceptKinds,
 }
 
 /// The picked rows are updated by their physical address (`ctid`), read while they are locked,
@@ -656,6 +680,7 @@ fn gated_claim_sql(
     let kind_condition = match kinds {
         KindFilter::Kinds => "AND c.kind = ANY($6)",
         KindFilter::AnyKind => "",
+        KindFilter::ExceptKinds => "AND c.kind <> ALL($6)",
     };
     format!(
         "WITH picked AS MATERIALIZED ( \

@@ -34,6 +34,7 @@ async fn a_job_enqueued_by_another_instance_wakes_a_waiting_fetcher() {
             max: 10,
             lease: Duration::from_secs(30),
             kinds: None,
+            excluded_kinds: Vec::new(),
         })
         .await
         .expect("fetch");

@@ -359,6 +359,7 @@ async fn a_populated_version_11_schema_upgrades_without_losing_a_job() {
             max: 10,
             lease: std::time::Duration::from_secs(60),
             kinds: None,
+            excluded_kinds: Vec::new(),
         })
         .await
         .expect("claim after the upgrade");

@@ -22,6 +22,7 @@ fn fetch_params(queues: &[&str]) -> FetchParams {
         max: 10,
         lease: Duration::from_secs(30),
         kinds: None,
+        excluded_kinds: Vec::new(),
     }
 }
 

@@ -14,6 +14,7 @@ fn fetch_params() -> FetchParams {
         max: 1,
         lease: Duration::from_secs(30),
         kinds: None,
+        excluded_kinds: Vec::new(),
     }
 }
 

@@ -20,6 +20,7 @@ async fn drain(store: &conveyor_postgres::PgStore, queue: &str) {
                 max: 500,
                 lease: Duration::from_secs(60),
                 kinds: None,
+                excluded_kinds: Vec::new(),
             })
             .await
             .expect("fetch");

@@ -34,6 +34,7 @@ async fn fetch(store: &PgStore, queue: &str, max: usize) -> Vec<Job> {
             max,
             lease: LEASE,
             kinds: None,
+            excluded_kinds: Vec::new(),
         })
         .await
         .expect("fetch")

@@ -140,7 +140,8 @@ pub(crate) async fn apply(state: &AppState, acks: Acks) -> ApiResult<Vec<ItemRes
     };
     let failures = futures::future::join_all(fail.into_iter().map(|params| {
         let id = params.lease.id;
-        async move { (id, state.store.job_fail(params).await) }
+        let retry_at = crate::observe::retry_at_of(&params);
+        async move { (id, retry_at, state.store.job_fail(params).await) }
     }));
     let (completed, failed) = tokio::join!(completions, failures);
     state.finished.notify_waiters();
@@ -163,10 +164,11 @@ pub(crate) async fn apply(state: &AppState, acks: Acks) -> ApiResult<Vec<ItemRes
         };
         results.push(ItemResult::new(id, status));
     }
-    for (id, outcome) in failed {
+    for (id, retry_at, outcome) in failed {
         let status = match outcome {
             Ok(job) => {
                 crate::observe::count_reported(state, &job, AttemptStatus::of_failure(job.state));
+                crate::observe::count_for_breakers(state, &job.queue, &job.kind, false, retry_at);
                 ItemStatus::Ok
             }
             Err(StoreError::LeaseLost(_)) => lost_or_missing(state, id).await?,
@@ -190,22 +192,22 @@ async fn lost_or_missing(state: &AppState, id: Uuid) -> ApiResult<ItemStatus> {
 /// Counts a completion in the metrics, from what the fetch that handed the job out
 /// remembered (no read), else by reading the job back.
 async fn count_completed(state: &AppState, id: Uuid) {
-    if state.metrics.is_none() {
-        return;
-    }
     let remembered = state
         .leased
         .lock()
         .ok()
         .and_then(|mut leased| leased.remove(&id));
     match remembered {
-        Some(job) => crate::observe::count_finished(
-            state,
-            &job.queue,
-            &job.kind,
-            AttemptStatus::Completed,
-            job.started.elapsed(),
-        ),
+        Some(job) => {
+            crate::observe::count_finished(
+                state,
+                &job.queue,
+                &job.kind,
+                AttemptStatus::Completed,
+                job.started.elapsed(),
+            );
+            crate::observe::count_for_breakers(state, &job.queue, &job.kind, true, None);
+        }
         None => crate::observe::count_completed(state, id).await,
     }
 }

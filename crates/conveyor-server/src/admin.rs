@@ -117,7 +117,8 @@ pub(crate) async fn dead_discard(
 
 pub(crate) async fn queues(State(state): State<AppState>) -> ApiResult<Json<QueuesResponse>> {
     let queues = state.store.queues_stats().await?;
-    Ok(Json(QueuesResponse { queues }))
+    let breakers = state.breakers.list().await?;
+    Ok(Json(QueuesResponse { queues, breakers }))
 }
 
 async fn health(state: &AppState) -> Health {

@@ -85,6 +85,15 @@ pub struct JobPage {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueuesResponse {
     pub queues: Vec<QueueStats>,
+    /// Every circuit breaker configured or away from closed, queues' and kinds'.
+    #[serde(default)]
+    pub breakers: Vec<conveyor_core::BreakerView>,
+}
+
+/// `GET /v1/breakers`: every circuit breaker configured or stored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakersResponse {
+    pub breakers: Vec<conveyor_core::BreakerView>,
 }
 
 /// `POST /v1/dead/replay`.

@@ -137,6 +137,11 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/v1/workers", ADMIN),
     (Method::GET, "/v1/queues/{name}", ADMIN),
     (Method::PUT, "/v1/queues/{name}", ADMIN),
+    (Method::POST, "/v1/queues/{name}/circuit/open", ADMIN),
+    (Method::POST, "/v1/queues/{name}/circuit/close", ADMIN),
+    (Method::POST, "/v1/kinds/{kind}/circuit/open", ADMIN),
+    (Method::POST, "/v1/kinds/{kind}/circuit/close", ADMIN),
+    (Method::GET, "/v1/breakers", ADMIN),
     // Payload schemas: producers may read them (to check before sending); operators set them.
     (Method::GET, "/v1/kinds", PRODUCER),
     (Method::GET, "/v1/kinds/{kind}", PRODUCER),

@@ -5,7 +5,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use conveyor_core::kinds::{queued_violations, KindSchema, KindSettings};
-use conveyor_core::{validate, wire, AuditAction};
+use conveyor_core::{validate, wire, AuditAction, BreakerSettings};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -19,8 +19,12 @@ use crate::AppState;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct KindRequest {
-    /// JSON Schema 2020-12; `null` removes the kind's schema.
-    schema: Option<Value>,
+    /// JSON Schema 2020-12; `null` removes the kind's schema, absent keeps it.
+    #[serde(default, deserialize_with = "crate::settings::present")]
+    schema: Option<Option<Value>>,
+    /// The kind's circuit breaker (`conveyor_core::breaker`); `null` removes it, absent keeps it.
+    #[serde(default, deserialize_with = "crate::settings::present")]
+    circuit_breaker: Option<Option<Value>>,
     #[serde(default)]
     version: Option<Value>,
     /// Set the schema even if queued jobs of the kind would not pass it.
@@ -74,7 +78,19 @@ pub(crate) async fn put(
                 })?,
         ),
     };
-    if let Some(schema) = &request.schema {
+    let existing = state.store.kind_get(&kind).await?;
+    let breaker = match request.circuit_breaker {
+        None => existing.as_ref().and_then(|k| k.circuit_breaker),
+        Some(None) => None,
+        Some(Some(value)) => Some(BreakerSettings::from_json("circuit_breaker", &value)?),
+    };
+    // A schema kept as it was is not checked against the queue again.
+    let schema_changed = request.schema.is_some();
+    let schema = match request.schema {
+        None => existing.and_then(|k| k.schema),
+        Some(schema) => schema,
+    };
+    if let Some(schema) = schema.as_ref().filter(|_| schema_changed) {
         let compiled = KindSchema::compile(schema)?;
         if request.force != Some(true) {
             let found = queued_violations(state.store.as_ref(), &kind, &compiled).await?;
@@ -99,14 +115,17 @@ pub(crate) async fn put(
         .store
         .kind_put(KindSettings {
             kind: kind.clone(),
-            schema: request.schema,
+            schema,
             version,
+            circuit_breaker: breaker,
             updated_at: state.clock.now(),
         })
         .await?;
     state.kinds.invalidate();
+    state.breakers.invalidate();
     let detail = serde_json::json!({
         "schema": stored.schema.is_some(),
+        "circuit_breaker": stored.circuit_breaker,
         "version": stored.version,
         "forced": request.force == Some(true),
     });

@@ -124,6 +124,7 @@ pub(crate) async fn fetch(
         max,
         lease,
         kinds: request.kinds,
+        excluded_kinds: Vec::new(),
     };
     // Names, the cap on distinct queues, repeated names dropped: once, not on every look of
     // the long-poll.
@@ -176,10 +177,18 @@ async fn fetch_released_if_abandoned(
     let _cancel_on_drop = abandoned.clone().drop_guard();
     let (answer, receive) = tokio::sync::oneshot::channel();
     let store = state.store.clone();
+    let breakers = state.breakers.clone();
     let poll = state.config.fetch_poll;
     tokio::spawn(async move {
-        let fetched =
-            fetch_waiting(store.as_ref(), params, wait, poll, abandoned.cancelled()).await;
+        let fetched = fetch_waiting(
+            store.as_ref(),
+            Some(&breakers),
+            params,
+            wait,
+            poll,
+            abandoned.cancelled(),
+        )
+        .await;
         // Test builds can slow the answer down here (a client leaving mid-answer).
         let _ = conveyor_core::faults::inject("server_fetch_answer");
         if let Err(Ok(jobs)) = answer.send(fetched) {
@@ -203,7 +212,7 @@ async fn fetch_released_if_abandoned(
 
 /// Remembers what metrics need of each job handed out (see `acks::LeasedJob`).
 fn remember_leased(state: &AppState, jobs: &[Job]) {
-    if state.metrics.is_none() || jobs.is_empty() {
+    if jobs.is_empty() {
         return;
     }
     let Ok(mut leased) = state.leased.lock() else {
@@ -378,9 +387,11 @@ pub(crate) async fn fail(
         request.retry,
         request.retry_after_ms,
     )?;
+    let retry_at = crate::observe::retry_at_of(&params);
     let job = state.store.job_fail(params).await?;
     state.finished.notify_waiters();
     crate::observe::count_reported(&state, &job, AttemptStatus::of_failure(job.state));
+    crate::observe::count_for_breakers(&state, &job.queue, &job.kind, false, retry_at);
     Ok(Json(job))
 }
 

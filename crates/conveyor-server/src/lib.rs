@@ -21,6 +21,7 @@ mod admin;
 pub mod api;
 mod audit;
 mod auth;
+mod breakers;
 mod error;
 mod extract;
 mod flows;
@@ -165,6 +166,8 @@ pub(crate) struct AppState {
     /// cancellation), so `GET /v1/jobs/{id}?wait_ms=` answers at once; jobs finished through
     /// other processes are seen by that wait's polling.
     pub finished: Arc<tokio::sync::Notify>,
+    /// Circuit breakers: gate this server's fetches, count its workers' outcomes.
+    pub breakers: Arc<conveyor_core::CircuitBreakers>,
     /// The payload schemas enqueues are checked against (see `conveyor_core::kinds`).
     pub kinds: Arc<conveyor_core::kinds::KindRegistry>,
     /// Each queue's measured throughput, for the scaling signal.
@@ -196,8 +199,10 @@ pub fn router_with_options(
     if let Some(metrics) = &metrics {
         metrics.set_scale_target(config.scale_target);
     }
+    let breakers = conveyor_core::CircuitBreakers::new(store.clone(), options.clock.clone());
     let state = AppState {
         store,
+        breakers,
         kinds,
         throughput: metrics
             .as_ref()
@@ -237,6 +242,14 @@ pub fn router_with_options(
         .route("/v1/queues", get(admin::queues))
         .route("/v1/queues/{name}", get(settings::get).put(settings::put))
         .route("/v1/queues/{name}/scale", get(settings::scale))
+        .route("/v1/queues/{name}/circuit/open", post(breakers::queue_open))
+        .route(
+            "/v1/queues/{name}/circuit/close",
+            post(breakers::queue_close),
+        )
+        .route("/v1/kinds/{kind}/circuit/open", post(breakers::kind_open))
+        .route("/v1/kinds/{kind}/circuit/close", post(breakers::kind_close))
+        .route("/v1/breakers", get(breakers::list))
         .route("/v1/kinds", get(kinds::list))
         .route(
             "/v1/kinds/{kind}",

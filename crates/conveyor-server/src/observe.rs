@@ -137,13 +137,14 @@ pub(crate) fn count_reported(state: &AppState, job: &Job, status: AttemptStatus)
 /// Counts a completion an HTTP worker reported; the store's answer to a completion carries no
 /// job, so it is read back (one primary-key read) for its queue, kind and times.
 pub(crate) async fn count_completed(state: &AppState, id: Uuid) {
-    if state.metrics.is_none() {
+    if state.metrics.is_none() && !state.breakers.watching() {
         return;
     }
     match state.store.job_get(id).await {
         Ok(Some(job)) => {
             let ended = job.finished_at.unwrap_or_else(|| state.clock.now());
             count(state, &job, AttemptStatus::Completed, ended);
+            count_for_breakers(state, &job.queue, &job.kind, true, None);
         }
         // Completed but gone already (another node pruned it): nothing to label it with.
         Ok(None) => {}
@@ -183,5 +184,30 @@ fn count(state: &AppState, job: &Job, status: AttemptStatus, ended: DateTime<Utc
             status,
             duration,
         });
+    }
+}
+
+/// Counts an attempt's outcome toward its queue's and its kind's circuit breakers (nothing
+/// when neither has one; see `conveyor_core::breaker`).
+pub(crate) fn count_for_breakers(
+    state: &AppState,
+    queue: &str,
+    kind: &str,
+    succeeded: bool,
+    retry_at: Option<DateTime<Utc>>,
+) {
+    state.breakers.record(conveyor_core::breaker::Outcome {
+        queue,
+        kind,
+        succeeded,
+        retry_at,
+    });
+}
+
+/// When a failure asked to be retried at a given time (a dependency's retry-after).
+pub(crate) fn retry_at_of(params: &conveyor_core::FailParams) -> Option<DateTime<Utc>> {
+    match params.retry {
+        conveyor_core::RetryPlan::At(at) => Some(at),
+        _ => None,
     }
 }

@@ -4,7 +4,10 @@
 use axum::extract::{Path, State};
 use axum::Json;
 use conveyor_core::scaling::ScaleSignal;
-use conveyor_core::{validate, wire, AuditAction, NamedQueueSettings, QueueStats, RateLimit};
+use conveyor_core::{
+    validate, wire, AuditAction, BreakerScope, BreakerSettings, BreakerView, NamedQueueSettings,
+    QueueStats, RateLimit,
+};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::Value;
 
@@ -40,11 +43,15 @@ pub(crate) struct SettingsPatch {
     dead_retention_secs: Option<Option<Value>>,
     #[serde(default, deserialize_with = "present")]
     default_ttl_ms: Option<Option<Value>>,
+    #[serde(default, deserialize_with = "present")]
+    circuit_breaker: Option<Option<Value>>,
 }
 
 /// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`). Values
 /// are checked field by field afterwards, so a wrong type is reported with its field's name.
-fn present<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Option<Value>>, D::Error> {
+pub(crate) fn present<'de, D: Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<Option<Value>>, D::Error> {
     Option::<Value>::deserialize(deserializer).map(Some)
 }
 
@@ -108,6 +115,8 @@ pub(crate) struct QueueView {
     /// Workers that would work off the backlog within the server's scale target.
     desired_workers: u32,
     scale: ScaleSignal,
+    /// The queue's circuit breaker: its state (closed without one).
+    circuit: BreakerView,
 }
 
 pub(crate) async fn get(
@@ -117,10 +126,12 @@ pub(crate) async fn get(
     queue_name(&name)?;
     let settings = state.store.queue_settings_get(&name).await?;
     let scale = scale_signal(&state, &name, state.config.scale_target.as_secs_f64()).await?;
+    let circuit = state.breakers.view(BreakerScope::Queue, &name).await?;
     Ok(Json(QueueView {
         named: NamedQueueSettings { name, settings },
         desired_workers: scale.desired_workers,
         scale,
+        circuit,
     }))
 }
 
@@ -241,8 +252,12 @@ pub(crate) async fn put(
         }
         Ok(ttl)
     })?;
+    patched(&mut settings.circuit_breaker, patch.circuit_breaker, |v| {
+        Ok(BreakerSettings::from_json("circuit_breaker", v)?)
+    })?;
     // The store checks the ranges again (and the Rust API relies on that).
     let settings = state.store.queue_settings_put(&name, settings).await?;
+    state.breakers.invalidate();
     // The settings as stored (limits and the pause flag; nothing from any job).
     let detail = serde_json::to_string(&settings).unwrap_or_default();
     let entry = caller
@@ -250,9 +265,11 @@ pub(crate) async fn put(
         .target(name.clone());
     audit::record(&state, entry.detail(detail)).await;
     let scale = scale_signal(&state, &name, state.config.scale_target.as_secs_f64()).await?;
+    let circuit = state.breakers.view(BreakerScope::Queue, &name).await?;
     Ok(Json(QueueView {
         named: NamedQueueSettings { name, settings },
         desired_workers: scale.desired_workers,
         scale,
+        circuit,
     }))
 }

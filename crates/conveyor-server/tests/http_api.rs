@@ -1256,6 +1256,7 @@ async fn a_job_read_with_wait_ms_sees_other_processes_and_gives_up_at_the_deadli
         max: 1,
         lease: Duration::from_secs(30),
         kinds: None,
+        excluded_kinds: Vec::new(),
     };
     conveyor_core::validate::fetch(&mut params).unwrap();
     let claimed = api.store.jobs_fetch(params).await.unwrap();

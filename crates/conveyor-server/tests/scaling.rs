@@ -66,6 +66,7 @@ async fn the_signal_sizes_workers_to_the_backlog_at_the_measured_rate() {
                 max: n,
                 lease: Duration::from_secs(60),
                 kinds: None,
+                excluded_kinds: Vec::new(),
             })
             .await
             .expect("fetch");

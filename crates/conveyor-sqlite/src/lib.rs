@@ -637,6 +637,55 @@ impl QueueStore for SqliteStore {
 }
 
 #[async_trait]
+impl conveyor_core::BreakerStore for SqliteStore {
+    async fn breakers_list(&self) -> StoreResult<Vec<conveyor_core::StoredBreaker>> {
+        self.read(|conn, _| reads::breakers(conn, None)).await
+    }
+
+    async fn breaker_get(
+        &self,
+        scope: conveyor_core::BreakerScope,
+        name: &str,
+    ) -> StoreResult<Option<conveyor_core::StoredBreaker>> {
+        let name = name.to_string();
+        self.read(move |conn, _| Ok(reads::breakers(conn, Some((scope, &name)))?.pop()))
+            .await
+    }
+
+    async fn breaker_write(&self, breaker: &conveyor_core::StoredBreaker) -> StoreResult<bool> {
+        conveyor_core::validate::name("name", &breaker.name)?;
+        let record = serde_json::to_string(&breaker.record)
+            .map_err(|e| StoreError::backend(format!("cannot serialize a breaker: {e}")))?;
+        let scope = breaker.scope.as_str();
+        let name = breaker.name.clone();
+        let version = i64::try_from(breaker.version)
+            .map_err(|_| StoreError::backend("breaker version out of range"))?;
+        self.write(move |ctx| {
+            let written = if version == 0 {
+                ctx.conn
+                    .prepare_cached(
+                        "INSERT INTO circuit_breakers (scope, name, version, record) \
+                         VALUES (?1, ?2, 1, ?3) ON CONFLICT (scope, name) DO NOTHING",
+                    )
+                    .and_then(|mut stmt| stmt.execute(rusqlite::params![scope, name, record]))
+            } else {
+                ctx.conn
+                    .prepare_cached(
+                        "UPDATE circuit_breakers SET version = version + 1, record = ?3 \
+                         WHERE scope = ?1 AND name = ?2 AND version = ?4",
+                    )
+                    .and_then(|mut stmt| {
+                        stmt.execute(rusqlite::params![scope, name, record, version])
+                    })
+            }
+            .map_err(backend)?;
+            Ok(written == 1)
+        })
+        .await
+    }
+}
+
+#[async_trait]
 impl KindStore for SqliteStore {
     async fn kind_put(&self, settings: KindSettings) -> StoreResult<KindSettings> {
         conveyor_core::kinds::validate_settings(&settings)?;
@@ -649,19 +698,22 @@ impl KindStore for SqliteStore {
                         .map_err(|e| StoreError::backend(format!("cannot serialize schema: {e}")))
                 })
                 .transpose()?;
+            let breaker = rows::breaker_settings_text(settings.circuit_breaker.as_ref())?;
             ctx.conn
                 .prepare_cached(
-                    "INSERT INTO kinds (kind, schema, version, updated_at) \
-                     VALUES (?1, ?2, ?3, ?4) ON CONFLICT (kind) DO UPDATE SET \
+                    "INSERT INTO kinds (kind, schema, version, updated_at, circuit_breaker) \
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (kind) DO UPDATE SET \
                      schema = excluded.schema, version = excluded.version, \
-                     updated_at = excluded.updated_at",
+                     updated_at = excluded.updated_at, \
+                     circuit_breaker = excluded.circuit_breaker",
                 )
                 .and_then(|mut stmt| {
                     stmt.execute(rusqlite::params![
                         settings.kind,
                         schema,
                         settings.version,
-                        rows::millis(ctx.now)
+                        rows::millis(ctx.now),
+                        breaker
                     ])
                 })
                 .map_err(backend)?;

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use crate::backend;
 
 /// The schema version this code writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 13;
+pub(crate) const SCHEMA_VERSION: i64 = 14;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
@@ -90,6 +90,9 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
             &[("expires_at", "INTEGER"), ("trace", "TEXT")],
         )?;
         add_missing_columns(conn, "queue_settings", &[("default_ttl_ms", "INTEGER")])?;
+        // Version 14: circuit breakers.
+        add_missing_columns(conn, "queue_settings", &[("circuit_breaker", "TEXT")])?;
+        add_missing_columns(conn, "kinds", &[("circuit_breaker", "TEXT")])?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

@@ -113,7 +113,7 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
             "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
              per_key_concurrency_limit, rate_count, rate_period_ms, per_key_rate_count, \
              per_key_rate_period_ms, weight, completed_retention_secs, dead_retention_secs, \
-             default_ttl_ms FROM queue_settings ORDER BY queue",
+             default_ttl_ms, circuit_breaker FROM queue_settings ORDER BY queue",
         )
         .map_err(backend)?;
     let count = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<u64>> {
@@ -142,6 +142,8 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
                     settings.completed_retention_secs = count(row, 11)?;
                     settings.dead_retention_secs = count(row, 12)?;
                     settings.default_ttl_ms = count(row, 13)?;
+                    settings.circuit_breaker =
+                        crate::rows::breaker_settings(row.get::<_, Option<String>>(14)?)?;
                     settings
                 },
             })
@@ -173,18 +175,26 @@ pub(crate) fn next_due(conn: &Connection, queues: &[String]) -> StoreResult<Opti
 
 /// Every kind's settings, by name.
 pub(crate) fn kinds(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::KindSettings>> {
-    type Row = (String, Option<String>, Option<i64>, i64);
+    type Row = (String, Option<String>, Option<i64>, i64, Option<String>);
     let rows: Vec<Row> = conn
-        .prepare_cached("SELECT kind, schema, version, updated_at FROM kinds ORDER BY kind")
+        .prepare_cached(
+            "SELECT kind, schema, version, updated_at, circuit_breaker FROM kinds ORDER BY kind",
+        )
         .and_then(|mut stmt| {
             stmt.query_map([], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
             })?
             .collect()
         })
         .map_err(backend)?;
     rows.into_iter()
-        .map(|(kind, schema, version, updated_at)| {
+        .map(|(kind, schema, version, updated_at, breaker)| {
             let schema = schema
                 .map(|text| {
                     serde_json::from_str(&text).map_err(|e| {
@@ -198,8 +208,49 @@ pub(crate) fn kinds(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::
                 kind,
                 schema,
                 version: version.and_then(|v| u32::try_from(v).ok()),
+                circuit_breaker: crate::rows::breaker_settings(breaker).map_err(backend)?,
                 updated_at: from_millis(updated_at),
             })
+        })
+        .collect()
+}
+
+/// Stored circuit breakers, all or the one of `only`.
+pub(crate) fn breakers(
+    conn: &Connection,
+    only: Option<(conveyor_core::BreakerScope, &str)>,
+) -> StoreResult<Vec<conveyor_core::StoredBreaker>> {
+    let (scope, name) = only.map_or((None, None), |(scope, name)| {
+        (Some(scope.as_str()), Some(name.to_string()))
+    });
+    let rows: Vec<(String, String, i64, String)> = conn
+        .prepare_cached(
+            "SELECT scope, name, version, record FROM circuit_breakers \
+             WHERE (?1 IS NULL OR (scope = ?1 AND name = ?2)) ORDER BY scope, name",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_map(params![scope, name], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })?
+            .collect()
+        })
+        .map_err(backend)?;
+    rows.into_iter()
+        .filter_map(|(scope, name, version, record)| {
+            // A scope this build does not know is skipped, not an error.
+            let scope = conveyor_core::BreakerScope::parse(&scope)?;
+            Some(
+                serde_json::from_str(&record)
+                    .map(|record| conveyor_core::StoredBreaker {
+                        scope,
+                        name,
+                        version: version.max(0) as u64,
+                        record,
+                    })
+                    .map_err(|e| {
+                        conveyor_core::StoreError::backend(format!("stored breaker: {e}"))
+                    }),
+            )
         })
         .collect()
 }

@@ -2,7 +2,7 @@
 
 use conveyor_core::clock::{from_millis, to_millis};
 use conveyor_core::workflow::FlowLink;
-use conveyor_core::{ErrorRecord, Job, JobState, Lease};
+use conveyor_core::{ErrorRecord, Job, JobState, Lease, StoreError};
 use rusqlite::types::Type;
 use rusqlite::Row;
 use std::str::FromStr;
@@ -104,4 +104,24 @@ fn flow_link(row: &Row<'_>) -> rusqlite::Result<Option<FlowLink>> {
 
 pub(crate) fn millis(at: chrono::DateTime<chrono::Utc>) -> i64 {
     to_millis(at)
+}
+
+/// A queue's or kind's circuit breaker settings, stored as JSON text.
+pub(crate) fn breaker_settings(
+    text: Option<String>,
+) -> rusqlite::Result<Option<conveyor_core::BreakerSettings>> {
+    text.map(|text| serde_json::from_str(&text).map_err(|e| conversion(0, e)))
+        .transpose()
+}
+
+pub(crate) fn breaker_settings_text(
+    settings: Option<&conveyor_core::BreakerSettings>,
+) -> conveyor_core::StoreResult<Option<String>> {
+    settings
+        .map(|settings| {
+            serde_json::to_string(settings).map_err(|e| {
+                StoreError::backend(format!("cannot serialize circuit breaker settings: {e}"))
+            })
+        })
+        .transpose()
 }

@@ -83,7 +83,9 @@ CREATE TABLE IF NOT EXISTS queue_settings (
     completed_retention_secs  INTEGER,
     dead_retention_secs       INTEGER,
     -- Version 13: jobs enqueued without an expiry expire this long after they could start.
-    default_ttl_ms            INTEGER
+    default_ttl_ms            INTEGER,
+    -- Version 14: the queue's circuit breaker settings (JSON, `BreakerSettings`).
+    circuit_breaker           TEXT
 ) WITHOUT ROWID;
 -- Version 13: waiting jobs by expiry, for the sweep that expires them.
 CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs (expires_at)
@@ -253,5 +255,17 @@ CREATE TABLE IF NOT EXISTS kinds (
     kind        TEXT PRIMARY KEY,
     schema      TEXT,                  -- JSON Schema 2020-12, checked at every enqueue
     version     INTEGER,
-    updated_at  INTEGER NOT NULL
+    updated_at  INTEGER NOT NULL,
+    -- Version 14: the kind's circuit breaker settings (JSON, `BreakerSettings`).
+    circuit_breaker TEXT
+) WITHOUT ROWID;
+
+-- Version 14: circuit breakers' states (`conveyor_core::breaker`), one document each, changed
+-- only by a conditional write on `version`.
+CREATE TABLE IF NOT EXISTS circuit_breakers (
+    scope    TEXT NOT NULL,             -- 'queue' or 'kind'
+    name     TEXT NOT NULL,
+    version  INTEGER NOT NULL,
+    record   TEXT NOT NULL,             -- JSON, `BreakerRecord`
+    PRIMARY KEY (scope, name)
 ) WITHOUT ROWID;

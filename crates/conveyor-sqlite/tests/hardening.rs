@@ -26,6 +26,7 @@ fn fetch_params() -> FetchParams {
         max: 10,
         lease: Duration::from_secs(30),
         kinds: None,
+        excluded_kinds: Vec::new(),
     }
 }
 
@@ -194,6 +195,7 @@ async fn idle_long_polls_leave_the_writer_alone_and_still_wake_at_once() {
     let before = store.write_rounds();
     let jobs = fetch_waiting(
         store.as_ref(),
+        None,
         fetch_params(),
         Duration::from_secs(3),
         Duration::from_millis(100),
@@ -215,6 +217,7 @@ async fn idle_long_polls_leave_the_writer_alone_and_still_wake_at_once() {
         tokio::spawn(async move {
             fetch_waiting(
                 store.as_ref(),
+                None,
                 fetch_params(),
                 Duration::from_secs(60),
                 Duration::from_secs(60),

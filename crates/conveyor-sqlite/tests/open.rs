@@ -98,6 +98,7 @@ async fn queue_state_counts_match_the_rows_after_every_kind_of_change() {
         max,
         lease: Duration::from_secs(60),
         kinds: None,
+        excluded_kinds: Vec::new(),
     };
     let lease = |job: &conveyor_core::Job| LeaseRef {
         id: job.id,

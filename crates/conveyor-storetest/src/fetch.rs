@@ -137,6 +137,7 @@ pub async fn fetch_sets_lease_and_increments_attempt(h: &Harness) {
             max: 5,
             lease,
             kinds: None,
+            excluded_kinds: Vec::new(),
         })
         .await
         .expect("fetch");
@@ -180,6 +181,7 @@ pub async fn concurrent_fetches_never_claim_a_job_twice(h: &Harness) {
                         max: 4,
                         lease: secs(30),
                         kinds: None,
+                        excluded_kinds: Vec::new(),
                     };
                     let jobs = store.jobs_fetch(params).await.expect("fetch");
                     if jobs.is_empty() {

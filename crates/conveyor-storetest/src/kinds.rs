@@ -13,6 +13,7 @@ fn settings(kind: &str, schema: Option<serde_json::Value>, version: Option<u32>)
         kind: kind.to_string(),
         schema,
         version,
+        circuit_breaker: None,
         updated_at: chrono::DateTime::UNIX_EPOCH,
     }
 }

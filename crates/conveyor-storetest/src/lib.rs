@@ -32,6 +32,7 @@ use uuid::Uuid;
 
 mod access;
 mod admin;
+mod breakers;
 pub mod eventually;
 mod expiry;
 pub mod faults;
@@ -52,6 +53,7 @@ mod workflows;
 
 pub use access::*;
 pub use admin::*;
+pub use breakers::*;
 pub use expiry::*;
 pub use fetch::*;
 pub use finish::*;
@@ -130,6 +132,12 @@ macro_rules! __conveyor_behaviours {
             insert_many_returns_one_result_per_job_in_order,
             insert_with_future_run_at_is_scheduled,
             insert_with_past_run_at_is_available,
+            // circuit breakers
+            breaker_records_are_written_only_on_their_version,
+            breaker_settings_round_trip_with_queue_and_kind_settings,
+            a_fetch_skips_excluded_kinds,
+            a_queue_breaker_opens_probes_and_closes_across_processes,
+            a_kind_breaker_holds_only_its_kind_and_obeys_operators,
             // expiry and trace context
             a_job_not_started_by_its_expiry_expires_instead_of_running,
             a_retry_after_the_expiry_expires_the_job,
@@ -360,6 +368,7 @@ pub fn fetch_params(queues: &[&str], max: usize) -> FetchParams {
         max,
         lease: LEASE,
         kinds: None,
+        excluded_kinds: Vec::new(),
     }
 }
 

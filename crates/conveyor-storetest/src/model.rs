@@ -1451,6 +1451,7 @@ impl<B: ModelBackend> Runner<'_, B> {
                     max: *max,
                     lease: Duration::from_millis(LEASE_MS as u64),
                     kinds: None,
+                    excluded_kinds: Vec::new(),
                 };
                 let answer = timed("fetch", self.store().jobs_fetch(params)).await?;
                 let actual = match answer {

@@ -61,6 +61,7 @@ async fn fetch_as(h: &Harness, worker: &str, queue: &str) -> Job {
             max: 1,
             lease: LEASE,
             kinds: None,
+            excluded_kinds: Vec::new(),
         })
         .await
         .expect("fetch should succeed");

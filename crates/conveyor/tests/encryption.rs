@@ -90,6 +90,7 @@ async fn encrypts_and_rotates(url: &str) -> (uuid::Uuid, uuid::Uuid) {
             max: 10,
             lease: std::time::Duration::from_secs(30),
             kinds: None,
+            excluded_kinds: Vec::new(),
         })
         .await
         .expect("fetch");

@@ -82,11 +82,16 @@ pub(crate) async fn fetch(
     let expires_at = after(ctx.now, params.lease, "lease")?;
     let promoted = promote_due(&mut *conn, ctx, PROMOTE_BATCH).await?;
     // A fetch of every kind takes the statement without a kind filter (`sql::KindFilter`).
-    let statement = match (params.queues.as_slice(), params.kinds.is_some()) {
-        ([_], true) => &ctx.sql.claim_one_queue,
-        ([_], false) => &ctx.sql.claim_one_queue_any_kind,
-        (_, true) => &ctx.sql.claim,
-        (_, false) => &ctx.sql.claim_any_kind,
+    // Kinds whose circuit breaker is open; only a fetch of any kind still has them
+    // (`validate::fetch` folds them into a fetch's own kinds).
+    let excluding = params.kinds.is_none() && !params.excluded_kinds.is_empty();
+    let statement = match (params.queues.as_slice(), params.kinds.is_some(), excluding) {
+        ([_], true, _) => &ctx.sql.claim_one_queue,
+        ([_], false, true) => &ctx.sql.claim_one_queue_except_kinds,
+        ([_], false, false) => &ctx.sql.claim_one_queue_any_kind,
+        (_, true, _) => &ctx.sql.claim,
+        (_, false, true) => &ctx.sql.claim_except_kinds,
+        (_, false, false) => &ctx.sql.claim_any_kind,
     };
     let claim = match params.queues.as_slice() {
         [queue] => sqlx::query(statement.clone()).bind(queue),
@@ -99,6 +104,7 @@ pub(crate) async fn fetch(
         .bind(ctx.now);
     let claim = match params.kinds.as_deref() {
         Some(kinds) => claim.bind(kinds),
+        None if excluding => claim.bind(&params.excluded_kinds),
         None => claim,
     };
     let found = claim

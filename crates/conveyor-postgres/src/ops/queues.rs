@@ -30,6 +30,9 @@ pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
         settings.completed_retention_secs = count("completed_retention_secs")?;
         settings.dead_retention_secs = count("dead_retention_secs")?;
         settings.default_ttl_ms = count("default_ttl_ms")?;
+        let breaker: Option<sqlx::types::Json<conveyor_core::BreakerSettings>> =
+            row.try_get("circuit_breaker").map_err(read)?;
+        settings.circuit_breaker = breaker.map(|sqlx::types::Json(b)| b);
         settings
     })
 }
@@ -83,6 +86,7 @@ pub(crate) async fn queue_settings_put(
         .bind(settings.completed_retention_secs.map(stored_depth))
         .bind(settings.dead_retention_secs.map(stored_depth))
         .bind(settings.default_ttl_ms.map(stored_depth))
+        .bind(settings.circuit_breaker.map(sqlx::types::Json))
         .fetch_one(&mut *conn)
         .await
         .map_err(db("store queue settings"))?;

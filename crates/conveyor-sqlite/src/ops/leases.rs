@@ -94,7 +94,7 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let found = queue_candidates(ctx, queue, settings, params.kinds.as_deref(), ask)?;
+            let found = queue_candidates(ctx, queue, settings, params, ask)?;
             let candidates = found.len();
             let claimed = claim(ctx, params, found)?;
             plan.record(candidates, claimed.len());
@@ -104,13 +104,7 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
     }
     let mut lists = Vec::with_capacity(queues.len());
     for (queue, settings) in &queues {
-        lists.push(queue_candidates(
-            ctx,
-            queue,
-            settings,
-            params.kinds.as_deref(),
-            params.max,
-        )?);
+        lists.push(queue_candidates(ctx, queue, settings, params, params.max)?);
     }
     let candidates =
         planner::merge_in_claim_order(lists, params.max, |job| (job.priority, job.run_at, job.id));
@@ -123,9 +117,13 @@ pub(super) fn queue_candidates(
     ctx: &mut WriteCtx<'_>,
     queue: &str,
     settings: &QueueSettings,
-    kinds: Option<&[String]>,
+    params: &FetchParams,
     want: usize,
 ) -> StoreResult<Vec<Job>> {
+    let kinds = params.kinds.as_deref();
+    // Kinds whose circuit breaker is open; only a fetch of any kind still has them
+    // (`validate::fetch` folds them into a fetch's own kinds).
+    let excluded = params.excluded_kinds.as_slice();
     let tenanted = flow::has_tenanted(ctx, queue)?;
     if settings.limits_starts() || tenanted {
         let mut picked = flow::candidates(ctx, queue, settings, want, tenanted)?;
@@ -134,27 +132,32 @@ pub(super) fn queue_candidates(
         if let Some(kinds) = kinds {
             picked.retain(|job| kinds.contains(&job.kind));
         }
+        picked.retain(|job| !excluded.contains(&job.kind));
         return Ok(picked);
     }
-    match kinds {
-        None => first_available(ctx, queue, want),
-        Some(kinds) => first_available_of_kinds(ctx, queue, kinds, want),
+    match (kinds, excluded) {
+        (None, []) => first_available(ctx, queue, want),
+        (Some(kinds), _) => first_available_of_kinds(ctx, queue, kinds, false, want),
+        (None, excluded) => first_available_of_kinds(ctx, queue, excluded, true, want),
     }
 }
 
-/// Like [`first_available`], only jobs of `kinds` (skipping others in the same index range).
+/// Like [`first_available`], only jobs of `kinds` (skipping others in the same index range),
+/// or with `except`, only jobs of other kinds.
 pub(super) fn first_available_of_kinds(
     ctx: &WriteCtx<'_>,
     queue: &str,
     kinds: &[String],
+    except: bool,
     limit: usize,
 ) -> StoreResult<Vec<Job>> {
     let kinds = serde_json::to_string(kinds)
         .map_err(|e| StoreError::backend(format!("cannot serialize kinds: {e}")))?;
+    let not = if except { "NOT" } else { "" };
     ctx.conn
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 \
-             AND kind IN (SELECT value FROM json_each(?3)) \
+             AND kind {not} IN (SELECT value FROM json_each(?3)) \
              ORDER BY priority DESC, run_at, id LIMIT ?2"
         ))
         .and_then(|mut stmt| {

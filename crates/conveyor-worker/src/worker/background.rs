@@ -36,6 +36,12 @@ pub(super) async fn run_completer(
                             duration_ms = job.duration.as_millis() as u64,
                             outcome = "completed", "job completed");
                         shared.observe(job, AttemptStatus::Completed);
+                        shared.breakers.record(conveyor_core::breaker::Outcome {
+                            queue: &job.queue,
+                            kind: &job.kind,
+                            succeeded: true,
+                            retry_at: None,
+                        });
                     }
                     break;
                 }

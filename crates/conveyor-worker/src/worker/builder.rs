@@ -194,6 +194,10 @@ impl WorkerBuilder {
         }
         Ok(Worker {
             shared: Arc::new(Shared {
+                breakers: conveyor_core::CircuitBreakers::new(
+                    self.store.clone(),
+                    self.clock.clone(),
+                ),
                 store: self.store,
                 id: self.id,
                 handlers: self.handlers,

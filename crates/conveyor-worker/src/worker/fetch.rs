@@ -296,6 +296,7 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
             // Any kind: one without a handler fails as `unknown_kind`, visibly, rather than
             // waiting unclaimed.
             kinds: None,
+            excluded_kinds: Vec::new(),
         };
         // Long-poll only for free slots; fetching ahead asks once and moves on.
         let wait = if permits.is_empty() {
@@ -308,6 +309,7 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
             conveyor_core::faults::inject("worker_fetch")?;
             fetch_waiting(
                 lane.shared.store.as_ref(),
+                Some(&lane.shared.breakers),
                 params,
                 wait,
                 poll,
@@ -510,6 +512,7 @@ mod prefetch_tests {
             max,
             lease: Duration::from_secs(30),
             kinds: None,
+            excluded_kinds: Vec::new(),
         };
         let old = store.jobs_fetch(fetch(2)).await.expect("fetch");
         let claimed = Instant::now();

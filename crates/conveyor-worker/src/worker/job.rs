@@ -154,6 +154,10 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
             (failure.class, failure.message, plan)
         }
     };
+    let retry_at = match plan {
+        RetryPlan::At(at) => Some(at),
+        _ => None,
+    };
     let failed = shared
         .store
         .job_fail(FailParams {
@@ -171,6 +175,12 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
                 outcome = status.as_str(), state = %after.state, error_class = class,
                 error = %message, "job failed");
             shared.observe(&meta, status);
+            shared.breakers.record(conveyor_core::breaker::Outcome {
+                queue: &meta.queue,
+                kind: &meta.kind,
+                succeeded: false,
+                retry_at,
+            });
         }
         Err(error) => {
             tracing::warn!(job_id = %meta.id, trace_id = %meta.trace_id, %error, "failure not recorded")

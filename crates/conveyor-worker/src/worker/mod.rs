@@ -90,6 +90,8 @@ struct Shared {
     default_retry: RetryPolicy,
     running: Mutex<HashMap<Uuid, RunningJob>>,
     observer: Option<Arc<dyn JobObserver>>,
+    /// Circuit breakers: gate the worker's fetches, count its outcomes.
+    breakers: Arc<conveyor_core::CircuitBreakers>,
     /// "Now" for the times the worker computes (a snooze's end, a retry-after's time).
     clock: Arc<dyn Clock>,
 }

@@ -1,0 +1,1392 @@
+//! Circuit breakers per queue and per job kind: when too many of a scope's recent attempts
+//! fail, no job of that scope is handed out for a while (its jobs stay queued and enqueues go
+//! on), then a few probe jobs decide whether it closes again.
+//!
+//! The rules live here once; stores only keep each breaker's record ([`BreakerStore`]) and
+//! change it conditionally on its version, so a transition made by one node is the one every
+//! node sees. A [`CircuitBreakers`] in each fetching process (the server's fetch, a
+//! `conveyor-worker` worker) gates its fetches and reports the attempts it sees finish:
+//!
+//! - **closed**: attempts are counted over a sliding window of `window_ms` (two fixed windows,
+//!   the previous one weighted by how much of it still overlaps). At least `min_calls` with a
+//!   failed share of at least `failure_ratio` opens it.
+//! - **open**: fetches skip the scope until `open_ms` has passed, then it is half-open.
+//! - **half-open**: at most `half_open_calls` probe jobs are handed out across the cluster;
+//!   that many successes close it, one failure opens it again. Probes that never report (a
+//!   worker died) are given up on after `window_ms` and new ones are handed out.
+//!
+//! Operators open and close a breaker by hand (open for a while or until closed), and a
+//! handler's `retry_after` (a dependency's 429) pauses its kind until then when the kind's
+//! breaker has `pause_on_retry_after`.
+//!
+//! Counting happens off the job path: outcomes are added up in memory and written by a
+//! background task, one conditional update per breaker for everything that piled up since
+//! the last write. Only scopes with a breaker (configured or not closed) are counted at all.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::access::{Actor, AuditAction, NewAuditEntry};
+use crate::clock::Clock;
+use crate::error::{StoreResult, ValidationError};
+use crate::job::Job;
+use crate::store::{FetchParams, Store};
+
+/// What a breaker guards: one queue, or one job kind in every queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerScope {
+    Queue,
+    Kind,
+}
+
+impl BreakerScope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerScope::Queue => "queue",
+            BreakerScope::Kind => "kind",
+        }
+    }
+
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "queue" => Some(BreakerScope::Queue),
+            "kind" => Some(BreakerScope::Kind),
+            _ => None,
+        }
+    }
+}
+
+/// A breaker's configuration, part of a queue's or a kind's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct BreakerSettings {
+    /// Opens when at least this share of the window's attempts failed (0 < r ≤ 1).
+    pub failure_ratio: f64,
+    /// ... and the window holds at least this many attempts.
+    pub min_calls: u32,
+    /// The sliding window attempts are counted over.
+    pub window_ms: u64,
+    /// How long it stays open before probing.
+    pub open_ms: u64,
+    /// Probe jobs handed out while half-open; that many successes close it.
+    pub half_open_calls: u32,
+    /// A failure with `retry_after` (a dependency's 429) opens the breaker until that time
+    /// (only meaningful for a kind's breaker, where the dependency is the kind's).
+    #[serde(default)]
+    pub pause_on_retry_after: bool,
+}
+
+impl Default for BreakerSettings {
+    fn default() -> Self {
+        Self {
+            failure_ratio: 0.5,
+            min_calls: 10,
+            window_ms: 60_000,
+            open_ms: 30_000,
+            half_open_calls: 1,
+            pause_on_retry_after: false,
+        }
+    }
+}
+
+/// Longest window or open period a breaker takes: a week.
+pub const MAX_BREAKER_MS: u64 = 7 * 24 * 3_600_000;
+/// Shortest window or open period.
+pub const MIN_BREAKER_MS: u64 = 100;
+/// Most probes a half-open breaker hands out.
+pub const MAX_HALF_OPEN_CALLS: u32 = 1_000;
+
+impl BreakerSettings {
+    /// Reads settings from JSON as sent by a client: every field optional (defaults as in
+    /// [`BreakerSettings::default`]), unknown fields and bad values refused naming
+    /// `{field}.{name}`.
+    pub fn from_json(field: &str, value: &Value) -> Result<Self, ValidationError> {
+        let Some(object) = value.as_object() else {
+            return Err(ValidationError::new(
+                field,
+                "must be an object {\"failure_ratio\", \"min_calls\", \"window_ms\", \
+                 \"open_ms\", \"half_open_calls\", \"pause_on_retry_after\"} (or null)",
+            ));
+        };
+        const FIELDS: [&str; 6] = [
+            "failure_ratio",
+            "min_calls",
+            "window_ms",
+            "open_ms",
+            "half_open_calls",
+            "pause_on_retry_after",
+        ];
+        if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+            return Err(ValidationError::new(
+                format!("{field}.{unknown}"),
+                format!("unknown field; expected one of {}", FIELDS.join(", ")),
+            ));
+        }
+        let mut settings = Self::default();
+        let whole = |name: &str, low: u64, high: u64| -> Result<Option<u64>, ValidationError> {
+            match object.get(name) {
+                None => Ok(None),
+                Some(value) => crate::wire::whole_number(value)
+                    .and_then(|n| u64::try_from(n).ok())
+                    .filter(|n| (low..=high).contains(n))
+                    .map(Some)
+                    .ok_or_else(|| {
+                        ValidationError::new(
+                            format!("{field}.{name}"),
+                            format!("must be a whole number from {low} to {high}"),
+                        )
+                    }),
+            }
+        };
+        if let Some(ratio) = object.get("failure_ratio") {
+            settings.failure_ratio = ratio.as_f64().ok_or_else(|| {
+                ValidationError::new(
+                    format!("{field}.failure_ratio"),
+                    "must be a number above 0 and at most 1",
+                )
+            })?;
+        }
+        if let Some(n) = whole("min_calls", 1, 1_000_000)? {
+            settings.min_calls = n as u32;
+        }
+        if let Some(n) = whole("window_ms", MIN_BREAKER_MS, MAX_BREAKER_MS)? {
+            settings.window_ms = n;
+        }
+        if let Some(n) = whole("open_ms", MIN_BREAKER_MS, MAX_BREAKER_MS)? {
+            settings.open_ms = n;
+        }
+        if let Some(n) = whole("half_open_calls", 1, u64::from(MAX_HALF_OPEN_CALLS))? {
+            settings.half_open_calls = n as u32;
+        }
+        if let Some(flag) = object.get("pause_on_retry_after") {
+            settings.pause_on_retry_after = flag.as_bool().ok_or_else(|| {
+                ValidationError::new(
+                    format!("{field}.pause_on_retry_after"),
+                    "must be true or false",
+                )
+            })?;
+        }
+        settings.validate(field)?;
+        Ok(settings)
+    }
+
+    /// Checks every value, naming `{field}.{name}` for the first one out of range.
+    pub fn validate(&self, field: &str) -> Result<(), ValidationError> {
+        let bad =
+            |name: &str, why: String| Err(ValidationError::new(format!("{field}.{name}"), why));
+        if !(self.failure_ratio.is_finite()
+            && self.failure_ratio > 0.0
+            && self.failure_ratio <= 1.0)
+        {
+            return bad(
+                "failure_ratio",
+                "must be a number above 0 and at most 1".into(),
+            );
+        }
+        if !(1..=1_000_000).contains(&self.min_calls) {
+            return bad(
+                "min_calls",
+                "must be a whole number from 1 to 1000000".into(),
+            );
+        }
+        for (name, value) in [("window_ms", self.window_ms), ("open_ms", self.open_ms)] {
+            if !(MIN_BREAKER_MS..=MAX_BREAKER_MS).contains(&value) {
+                return bad(
+                    name,
+                    format!("must be a whole number from {MIN_BREAKER_MS} to {MAX_BREAKER_MS}"),
+                );
+            }
+        }
+        if !(1..=MAX_HALF_OPEN_CALLS).contains(&self.half_open_calls) {
+            return bad(
+                "half_open_calls",
+                format!("must be a whole number from 1 to {MAX_HALF_OPEN_CALLS}"),
+            );
+        }
+        Ok(())
+    }
+
+    fn window(&self) -> chrono::Duration {
+        millis(self.window_ms)
+    }
+}
+
+fn millis(ms: u64) -> chrono::Duration {
+    chrono::Duration::milliseconds(i64::try_from(ms).unwrap_or(i64::MAX))
+}
+
+/// Where a breaker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BreakerState {
+    Closed,
+    Open,
+    HalfOpen,
+}
+
+impl BreakerState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BreakerState::Closed => "closed",
+            BreakerState::Open => "open",
+            BreakerState::HalfOpen => "half_open",
+        }
+    }
+
+    /// The value of the `conveyor_circuit_breaker_state` gauge: 0 closed, 1 half-open, 2 open.
+    pub fn gauge(self) -> i64 {
+        match self {
+            BreakerState::Closed => 0,
+            BreakerState::HalfOpen => 1,
+            BreakerState::Open => 2,
+        }
+    }
+}
+
+/// A breaker's state as stored: the stores keep it as one document and never look inside.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakerRecord {
+    pub state: BreakerState,
+    /// Start of the current counting window.
+    pub window_started_at: DateTime<Utc>,
+    /// Attempts and failures in the current window, and in the one before it.
+    pub calls: u64,
+    pub failures: u64,
+    pub previous_calls: u64,
+    pub previous_failures: u64,
+    /// When it last opened.
+    pub opened_at: Option<DateTime<Utc>>,
+    /// While open: when it starts probing (`None`: only when closed by hand).
+    pub open_until: Option<DateTime<Utc>>,
+    /// While half-open: since when the current round of probes runs.
+    pub half_open_since: Option<DateTime<Utc>>,
+    pub probes_started: u32,
+    pub probe_successes: u32,
+    /// Why it last changed state, for people.
+    pub reason: Option<String>,
+    /// Opened by an operator (or a retry-after), not by the failure ratio.
+    pub manual: bool,
+    /// When it last changed state.
+    pub changed_at: DateTime<Utc>,
+}
+
+/// A state change, reported to the audit log, logs and alerts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transition {
+    pub from: BreakerState,
+    pub to: BreakerState,
+}
+
+impl BreakerRecord {
+    pub fn closed(now: DateTime<Utc>) -> Self {
+        Self {
+            state: BreakerState::Closed,
+            window_started_at: now,
+            calls: 0,
+            failures: 0,
+            previous_calls: 0,
+            previous_failures: 0,
+            opened_at: None,
+            open_until: None,
+            half_open_since: None,
+            probes_started: 0,
+            probe_successes: 0,
+            reason: None,
+            manual: false,
+            changed_at: now,
+        }
+    }
+
+    fn enter(&mut self, to: BreakerState, now: DateTime<Utc>, reason: String) -> Transition {
+        let from = self.state;
+        self.state = to;
+        self.changed_at = now;
+        self.reason = Some(reason);
+        self.probes_started = 0;
+        self.probe_successes = 0;
+        self.half_open_since = (to == BreakerState::HalfOpen).then_some(now);
+        if to == BreakerState::Open {
+            self.opened_at = Some(now);
+        }
+        if to != BreakerState::Open {
+            self.open_until = None;
+            self.manual = false;
+        }
+        if to == BreakerState::Closed {
+            // A fresh start: what failed before it opened no longer says anything.
+            self.window_started_at = now;
+            self.calls = 0;
+            self.failures = 0;
+            self.previous_calls = 0;
+            self.previous_failures = 0;
+        }
+        Transition { from, to }
+    }
+
+    /// Moves the counting window forward to the one holding `now`.
+    fn roll(&mut self, window: chrono::Duration, now: DateTime<Utc>) {
+        let elapsed = now - self.window_started_at;
+        if elapsed < window || window <= chrono::Duration::zero() {
+            return;
+        }
+        let windows = elapsed.num_milliseconds() / window.num_milliseconds().max(1);
+        if windows == 1 {
+            self.previous_calls = self.calls;
+            self.previous_failures = self.failures;
+        } else {
+            self.previous_calls = 0;
+            self.previous_failures = 0;
+        }
+        self.calls = 0;
+        self.failures = 0;
+        self.window_started_at +=
+            chrono::Duration::milliseconds(window.num_milliseconds().saturating_mul(windows));
+    }
+
+    /// Attempts and failures in the sliding window ending at `now`: the current window plus
+    /// the share of the previous one that still falls inside it.
+    pub fn estimate(&self, settings: &BreakerSettings, now: DateTime<Utc>) -> (f64, f64) {
+        let window = settings.window_ms.max(1) as f64;
+        let into = (now - self.window_started_at).num_milliseconds().max(0) as f64;
+        let weight = (1.0 - into / window).clamp(0.0, 1.0);
+        (
+            self.calls as f64 + self.previous_calls as f64 * weight,
+            self.failures as f64 + self.previous_failures as f64 * weight,
+        )
+    }
+
+    /// Counts finished attempts; may open (too many failures), re-open (a probe failed) or
+    /// close (enough probes succeeded) the breaker.
+    pub fn record(
+        &mut self,
+        settings: Option<&BreakerSettings>,
+        now: DateTime<Utc>,
+        successes: u64,
+        failures: u64,
+    ) -> Option<Transition> {
+        match self.state {
+            BreakerState::Closed => {
+                let settings = settings?;
+                self.roll(settings.window(), now);
+                self.calls += successes + failures;
+                self.failures += failures;
+                let (calls, failed) = self.estimate(settings, now);
+                if failures > 0
+                    && calls >= f64::from(settings.min_calls)
+                    && failed / calls >= settings.failure_ratio
+                {
+                    let reason = format!(
+                        "{:.0}% of {:.0} attempts failed in the last {} ms (threshold {:.0}%)",
+                        100.0 * failed / calls,
+                        calls,
+                        settings.window_ms,
+                        100.0 * settings.failure_ratio
+                    );
+                    let transition = self.enter(BreakerState::Open, now, reason);
+                    self.open_until = Some(now + millis(settings.open_ms));
+                    return Some(transition);
+                }
+                None
+            }
+            // Attempts started before it opened may still finish; they change nothing.
+            BreakerState::Open => None,
+            BreakerState::HalfOpen => {
+                if failures > 0 {
+                    let open_ms =
+                        settings.map_or(BreakerSettings::default().open_ms, |s| s.open_ms);
+                    let transition = self.enter(
+                        BreakerState::Open,
+                        now,
+                        "a probe attempt failed".to_string(),
+                    );
+                    self.open_until = Some(now + millis(open_ms));
+                    return Some(transition);
+                }
+                self.probe_successes = self.probe_successes.saturating_add(successes as u32);
+                let needed = settings.map_or(1, |s| s.half_open_calls);
+                if self.probe_successes >= needed {
+                    let reason = format!("{} probe attempt(s) succeeded", self.probe_successes);
+                    return Some(self.enter(BreakerState::Closed, now, reason));
+                }
+                None
+            }
+        }
+    }
+
+    /// Time-driven changes: an open breaker whose time is up starts probing (or closes, with no
+    /// breaker configured any more); a half-open one whose probes never reported hands out
+    /// new ones.
+    pub fn tick(
+        &mut self,
+        settings: Option<&BreakerSettings>,
+        now: DateTime<Utc>,
+    ) -> Option<Transition> {
+        match self.state {
+            BreakerState::Open => {
+                let until = self.open_until?;
+                if now < until {
+                    return None;
+                }
+                Some(match settings {
+                    Some(_) => self.enter(
+                        BreakerState::HalfOpen,
+                        now,
+                        "open time is up; probing".to_string(),
+                    ),
+                    None => self.enter(
+                        BreakerState::Closed,
+                        now,
+                        "open time is up (no breaker configured)".to_string(),
+                    ),
+                })
+            }
+            BreakerState::HalfOpen => {
+                let Some(settings) = settings else {
+                    return Some(self.enter(
+                        BreakerState::Closed,
+                        now,
+                        "breaker removed".to_string(),
+                    ));
+                };
+                let since = self.half_open_since.unwrap_or(self.changed_at);
+                if self.probes_started > 0 && now - since >= settings.window() {
+                    self.probes_started = self.probe_successes;
+                    self.half_open_since = Some(now);
+                }
+                None
+            }
+            BreakerState::Closed => None,
+        }
+    }
+
+    /// Whether [`BreakerRecord::tick`] would change anything at `now`.
+    pub fn due(&self, settings: Option<&BreakerSettings>, now: DateTime<Utc>) -> bool {
+        self.clone().tick(settings, now).is_some() || {
+            let mut copy = self.clone();
+            copy.tick(settings, now);
+            copy != *self
+        }
+    }
+
+    /// Takes up to `want` probe permits while half-open; returns how many it got.
+    pub fn take_probes(&mut self, settings: Option<&BreakerSettings>, want: u32) -> u32 {
+        if self.state != BreakerState::HalfOpen {
+            return 0;
+        }
+        let allowed = settings.map_or(1, |s| s.half_open_calls);
+        let granted = allowed.saturating_sub(self.probes_started).min(want);
+        self.probes_started += granted;
+        granted
+    }
+
+    /// Gives back permits a probe fetch did not use.
+    pub fn return_probes(&mut self, unused: u32) {
+        if self.state == BreakerState::HalfOpen {
+            self.probes_started = self.probes_started.saturating_sub(unused);
+        }
+    }
+
+    /// Opened by an operator, until `until` (then it probes, or closes without a breaker
+    /// configured) or, with `None`, until closed by hand.
+    pub fn open_by_hand(
+        &mut self,
+        now: DateTime<Utc>,
+        until: Option<DateTime<Utc>>,
+        reason: String,
+    ) -> Option<Transition> {
+        let transition = self.enter(BreakerState::Open, now, reason);
+        self.open_until = until;
+        self.manual = true;
+        (transition.from != transition.to).then_some(transition)
+    }
+
+    /// Closed by an operator: counting starts afresh.
+    pub fn close_by_hand(&mut self, now: DateTime<Utc>, reason: String) -> Option<Transition> {
+        let transition = self.enter(BreakerState::Closed, now, reason);
+        (transition.from != transition.to).then_some(transition)
+    }
+
+    /// A dependency asked to be left alone until `until`: opens (or keeps open) the breaker
+    /// at least that long. A breaker opened by hand without an end stays as it is.
+    pub fn pause_until(
+        &mut self,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+        reason: String,
+    ) -> Option<Transition> {
+        if until <= now {
+            return None;
+        }
+        if self.state == BreakerState::Open {
+            match self.open_until {
+                None => return None,
+                Some(current) if current >= until => return None,
+                Some(_) => {
+                    self.open_until = Some(until);
+                    self.reason = Some(reason);
+                    return None;
+                }
+            }
+        }
+        let transition = self.enter(BreakerState::Open, now, reason);
+        self.open_until = Some(until);
+        self.manual = true;
+        Some(transition)
+    }
+}
+
+/// A breaker as the store keeps it: its scope and name, the version its conditional writes
+/// check, and its record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StoredBreaker {
+    pub scope: BreakerScope,
+    pub name: String,
+    /// Incremented by every write; 0 for one not stored yet.
+    pub version: u64,
+    pub record: BreakerRecord,
+}
+
+/// Where breakers' records are kept, cluster-wide.
+#[async_trait]
+pub trait BreakerStore: Send + Sync {
+    /// Every stored breaker, by scope (`kind` before `queue`) and name.
+    async fn breakers_list(&self) -> StoreResult<Vec<StoredBreaker>>;
+
+    /// One breaker, `None` when none is stored.
+    async fn breaker_get(
+        &self,
+        scope: BreakerScope,
+        name: &str,
+    ) -> StoreResult<Option<StoredBreaker>>;
+
+    /// Writes `breaker.record` if the stored version is still `breaker.version` (0: only if
+    /// none is stored), storing version + 1. False when another write came first.
+    async fn breaker_write(&self, breaker: &StoredBreaker) -> StoreResult<bool>;
+}
+
+/// What the API shows of one breaker: its settings (if configured) and its state.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BreakerView {
+    pub scope: BreakerScope,
+    pub name: String,
+    pub state: BreakerState,
+    #[serde(skip_serializing_if = "Option::is_none", default)]
+    pub settings: Option<BreakerSettings>,
+    /// Attempts and failures in the current sliding window (estimated, see the module docs).
+    pub calls: u64,
+    pub failures: u64,
+    pub opened_at: Option<DateTime<Utc>>,
+    pub open_until: Option<DateTime<Utc>>,
+    pub probes_started: u32,
+    pub probe_successes: u32,
+    pub reason: Option<String>,
+    pub manual: bool,
+    pub changed_at: Option<DateTime<Utc>>,
+}
+
+impl BreakerView {
+    pub fn of(
+        scope: BreakerScope,
+        name: &str,
+        settings: Option<BreakerSettings>,
+        record: Option<&BreakerRecord>,
+        now: DateTime<Utc>,
+    ) -> Self {
+        let (calls, failures) = match (record, &settings) {
+            (Some(record), Some(settings)) => {
+                let mut rolled = record.clone();
+                rolled.roll(settings.window(), now);
+                let (calls, failures) = rolled.estimate(settings, now);
+                (calls.round() as u64, failures.round() as u64)
+            }
+            _ => (0, 0),
+        };
+        Self {
+            scope,
+            name: name.to_string(),
+            state: record.map_or(BreakerState::Closed, |r| r.state),
+            settings,
+            calls,
+            failures,
+            opened_at: record.and_then(|r| r.opened_at),
+            open_until: record.and_then(|r| r.open_until),
+            probes_started: record.map_or(0, |r| r.probes_started),
+            probe_successes: record.map_or(0, |r| r.probe_successes),
+            reason: record.and_then(|r| r.reason.clone()),
+            manual: record.is_some_and(|r| r.manual),
+            changed_at: record.map(|r| r.changed_at),
+        }
+    }
+}
+
+type Key = (BreakerScope, String);
+
+/// Settings and records as of `loaded_at`.
+#[derive(Default)]
+struct Snapshot {
+    loaded_at: Option<Instant>,
+    settings: HashMap<Key, BreakerSettings>,
+    breakers: HashMap<Key, StoredBreaker>,
+}
+
+impl Snapshot {
+    /// Nothing to gate or count: no breaker configured and none away from closed.
+    fn quiet(&self) -> bool {
+        self.settings.is_empty()
+            && self
+                .breakers
+                .values()
+                .all(|b| b.record.state == BreakerState::Closed)
+    }
+
+    /// Whether attempts of this scope are counted.
+    fn watches(&self, key: &Key) -> bool {
+        self.settings.contains_key(key)
+            || self
+                .breakers
+                .get(key)
+                .is_some_and(|b| b.record.state != BreakerState::Closed)
+    }
+}
+
+/// Outcomes of one scope not yet written.
+#[derive(Debug, Default, Clone, Copy)]
+struct Pending {
+    successes: u64,
+    failures: u64,
+    pause_until: Option<DateTime<Utc>>,
+}
+
+/// A finished attempt, as the breakers count it.
+#[derive(Debug, Clone, Copy)]
+pub struct Outcome<'a> {
+    pub queue: &'a str,
+    pub kind: &'a str,
+    pub succeeded: bool,
+    /// For a failure that asked to be retried at a given time (a dependency's 429).
+    pub retry_at: Option<DateTime<Utc>>,
+}
+
+/// A process's view of the cluster's breakers: gates its fetches, counts its attempts.
+pub struct CircuitBreakers {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    current: RwLock<Arc<Snapshot>>,
+    refreshing: tokio::sync::Mutex<()>,
+    pending: Mutex<HashMap<Key, Pending>>,
+    flush: Arc<tokio::sync::Notify>,
+    flusher: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for CircuitBreakers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("CircuitBreakers")
+    }
+}
+
+impl Drop for CircuitBreakers {
+    fn drop(&mut self) {
+        if let Ok(mut flusher) = self.flusher.lock() {
+            if let Some(task) = flusher.take() {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Tries of a conditional write before giving up for now (many nodes writing one breaker).
+const WRITE_TRIES: usize = 16;
+
+impl CircuitBreakers {
+    /// How old settings and states may get before a fetch re-reads them. A transition made
+    /// by this process is seen at once; one made by another within this.
+    pub const REFRESH: Duration = Duration::from_secs(1);
+
+    pub fn new(store: Arc<dyn Store>, clock: Arc<dyn Clock>) -> Arc<Self> {
+        Arc::new(Self {
+            store,
+            clock,
+            current: RwLock::new(Arc::new(Snapshot::default())),
+            refreshing: tokio::sync::Mutex::new(()),
+            pending: Mutex::new(HashMap::new()),
+            flush: Arc::new(tokio::sync::Notify::new()),
+            flusher: Mutex::new(None),
+        })
+    }
+
+    fn snapshot(&self) -> Arc<Snapshot> {
+        match self.current.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn replace(&self, snapshot: Arc<Snapshot>) {
+        match self.current.write() {
+            Ok(mut guard) => *guard = snapshot,
+            Err(poisoned) => *poisoned.into_inner() = snapshot,
+        }
+    }
+
+    fn fresh(snapshot: &Snapshot) -> bool {
+        snapshot
+            .loaded_at
+            .is_some_and(|at| at.elapsed() < Self::REFRESH)
+    }
+
+    /// Whether any breaker is configured or away from closed (as last read): outcomes are
+    /// worth looking up only then.
+    pub fn watching(&self) -> bool {
+        !self.snapshot().quiet()
+    }
+
+    /// Forgets what was read: the next fetch reads settings and states again (after this
+    /// process changed a queue's or kind's settings).
+    pub fn invalidate(&self) {
+        self.replace(Arc::new(Snapshot::default()));
+    }
+
+    async fn current(&self) -> StoreResult<Arc<Snapshot>> {
+        let snapshot = self.snapshot();
+        if Self::fresh(&snapshot) {
+            return Ok(snapshot);
+        }
+        let _refresh = self.refreshing.lock().await;
+        let snapshot = self.snapshot();
+        if Self::fresh(&snapshot) {
+            return Ok(snapshot);
+        }
+        let mut settings = HashMap::new();
+        for queue in self.store.queue_settings_list().await? {
+            if let Some(breaker) = queue.settings.circuit_breaker {
+                settings.insert((BreakerScope::Queue, queue.name), breaker);
+            }
+        }
+        for kind in self.store.kinds_list().await? {
+            if let Some(breaker) = kind.circuit_breaker {
+                settings.insert((BreakerScope::Kind, kind.kind), breaker);
+            }
+        }
+        let breakers = self
+            .store
+            .breakers_list()
+            .await?
+            .into_iter()
+            .map(|b| ((b.scope, b.name.clone()), b))
+            .collect();
+        let snapshot = Arc::new(Snapshot {
+            loaded_at: Some(Instant::now()),
+            settings,
+            breakers,
+        });
+        self.replace(snapshot.clone());
+        Ok(snapshot)
+    }
+
+    /// Keeps a breaker this process just wrote, so its own next fetch acts on it.
+    fn remember(&self, breaker: StoredBreaker) {
+        let old = self.snapshot();
+        let mut breakers = old.breakers.clone();
+        breakers.insert((breaker.scope, breaker.name.clone()), breaker);
+        self.replace(Arc::new(Snapshot {
+            loaded_at: old.loaded_at,
+            settings: old.settings.clone(),
+            breakers,
+        }));
+    }
+
+    /// Every breaker configured or stored, with its settings and state.
+    pub async fn list(&self) -> StoreResult<Vec<BreakerView>> {
+        self.invalidate();
+        let snapshot = self.current().await?;
+        let now = self.clock.now();
+        let mut keys: Vec<&Key> = snapshot
+            .settings
+            .keys()
+            .chain(snapshot.breakers.keys())
+            .collect();
+        keys.sort();
+        keys.dedup();
+        Ok(keys
+            .into_iter()
+            .map(|key| {
+                BreakerView::of(
+                    key.0,
+                    &key.1,
+                    snapshot.settings.get(key).copied(),
+                    snapshot.breakers.get(key).map(|b| &b.record),
+                    now,
+                )
+            })
+            .collect())
+    }
+
+    /// One breaker's settings and state (closed and unconfigured when it has neither).
+    pub async fn view(&self, scope: BreakerScope, name: &str) -> StoreResult<BreakerView> {
+        let snapshot = self.current().await?;
+        let key = (scope, name.to_string());
+        let stored = self.store.breaker_get(scope, name).await?;
+        if let Some(stored) = &stored {
+            self.remember(stored.clone());
+        }
+        Ok(BreakerView::of(
+            scope,
+            name,
+            snapshot.settings.get(&key).copied(),
+            stored.as_ref().map(|b| &b.record),
+            self.clock.now(),
+        ))
+    }
+
+    /// Changes one breaker by `change` with a conditional write, re-reading and re-applying on
+    /// a conflict. Transitions are written to the audit log (by `actor`) and logged.
+    async fn update(
+        &self,
+        scope: BreakerScope,
+        name: &str,
+        actor: &Actor,
+        mut change: impl FnMut(
+            &mut BreakerRecord,
+            Option<&BreakerSettings>,
+            DateTime<Utc>,
+        ) -> Option<Transition>,
+    ) -> StoreResult<Option<StoredBreaker>> {
+        let settings = self
+            .current()
+            .await?
+            .settings
+            .get(&(scope, name.to_string()))
+            .copied();
+        for _ in 0..WRITE_TRIES {
+            let now = self.clock.now();
+            let stored = self.store.breaker_get(scope, name).await?;
+            let mut next = stored.clone().unwrap_or_else(|| StoredBreaker {
+                scope,
+                name: name.to_string(),
+                version: 0,
+                record: BreakerRecord::closed(now),
+            });
+            let transition = change(&mut next.record, settings.as_ref(), now);
+            if let Some(unchanged) = stored.as_ref().filter(|s| s.record == next.record) {
+                self.remember(unchanged.clone());
+                return Ok(Some(unchanged.clone()));
+            }
+            if stored.is_none() && next.record.state == BreakerState::Closed && transition.is_none()
+            {
+                // Nothing worth a row yet beyond counts; keep counting from a stored record.
+                if next.record.calls == 0 {
+                    return Ok(None);
+                }
+            }
+            if !self.store.breaker_write(&next).await? {
+                continue;
+            }
+            next.version += 1;
+            if let Some(transition) = transition {
+                self.announce(&next, transition, actor).await;
+            }
+            self.remember(next.clone());
+            return Ok(Some(next));
+        }
+        tracing::warn!(
+            scope = scope.as_str(),
+            name,
+            "circuit breaker: too many concurrent writes; change dropped"
+        );
+        Ok(None)
+    }
+
+    async fn announce(&self, breaker: &StoredBreaker, transition: Transition, actor: &Actor) {
+        let action = match transition.to {
+            BreakerState::Open => AuditAction::BreakerOpen,
+            BreakerState::HalfOpen => AuditAction::BreakerHalfOpen,
+            BreakerState::Closed => AuditAction::BreakerClose,
+        };
+        let reason = breaker.record.reason.clone().unwrap_or_default();
+        tracing::warn!(
+            scope = breaker.scope.as_str(),
+            name = %breaker.name,
+            from = transition.from.as_str(),
+            to = transition.to.as_str(),
+            open_until = ?breaker.record.open_until,
+            %reason,
+            "circuit breaker {}", transition.to.as_str()
+        );
+        let detail = serde_json::json!({
+            "scope": breaker.scope.as_str(),
+            "from": transition.from.as_str(),
+            "to": transition.to.as_str(),
+            "reason": reason,
+            "open_until": breaker.record.open_until,
+        });
+        let entry = NewAuditEntry::new(actor.clone(), action)
+            .target(format!("{}:{}", breaker.scope.as_str(), breaker.name))
+            .detail(detail.to_string());
+        if let Err(error) = self.store.audit_append(entry).await {
+            tracing::warn!(%error, "circuit breaker: transition not written to the audit log");
+        }
+    }
+
+    /// Opens a breaker by hand, for `open_for` (then it probes) or until closed by hand.
+    pub async fn open(
+        &self,
+        scope: BreakerScope,
+        name: &str,
+        open_for: Option<Duration>,
+        reason: Option<String>,
+        actor: &Actor,
+    ) -> StoreResult<BreakerView> {
+        let reason = reason.unwrap_or_else(|| format!("opened by {}", actor.name));
+        let now = self.clock.now();
+        let until = open_for.map(|d| {
+            now + chrono::Duration::milliseconds(d.as_millis().min(i64::MAX as u128) as i64)
+        });
+        self.update(scope, name, actor, |record, _, now| {
+            record.open_by_hand(now, until, reason.clone())
+        })
+        .await?;
+        self.view(scope, name).await
+    }
+
+    /// Closes a breaker by hand; counting starts afresh.
+    pub async fn close(
+        &self,
+        scope: BreakerScope,
+        name: &str,
+        reason: Option<String>,
+        actor: &Actor,
+    ) -> StoreResult<BreakerView> {
+        let reason = reason.unwrap_or_else(|| format!("closed by {}", actor.name));
+        self.update(scope, name, actor, |record, _, now| {
+            record.close_by_hand(now, reason.clone())
+        })
+        .await?;
+        self.view(scope, name).await
+    }
+
+    /// Claims up to `params.max` jobs, skipping queues and kinds whose breaker is open and
+    /// handing out a half-open breaker's probes.
+    pub async fn fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
+        let snapshot = self.current().await?;
+        if snapshot.quiet() {
+            return self.store.jobs_fetch(params).await;
+        }
+        let system = Actor::system();
+        let mut blocked_queues: Vec<String> = Vec::new();
+        let mut blocked_kinds: Vec<String> = Vec::new();
+        // Half-open breakers with the probe permits this fetch holds.
+        let mut probes: Vec<(Key, u32)> = Vec::new();
+        let now = self.clock.now();
+        let want = u32::try_from(params.max).unwrap_or(u32::MAX);
+        let mut keys: Vec<&Key> = snapshot.breakers.keys().collect();
+        keys.sort();
+        for key in keys {
+            let stored = &snapshot.breakers[key];
+            if stored.record.state == BreakerState::Closed {
+                continue;
+            }
+            let relevant = match key.0 {
+                BreakerScope::Queue => params.queues.contains(&key.1),
+                BreakerScope::Kind => params.kinds.as_ref().is_none_or(|k| k.contains(&key.1)),
+            };
+            if !relevant {
+                continue;
+            }
+            let settings = snapshot.settings.get(key);
+            let mut state = stored.record.state;
+            if stored.record.due(settings, now) {
+                let updated = self
+                    .update(key.0, &key.1, &system, |record, settings, now| {
+                        record.tick(settings, now)
+                    })
+                    .await?;
+                state = updated.map_or(BreakerState::Closed, |b| b.record.state);
+            }
+            if state == BreakerState::HalfOpen {
+                let mut granted = 0;
+                let fresh = self
+                    .update(key.0, &key.1, &system, |record, settings, _| {
+                        granted = record.take_probes(settings, want);
+                        None
+                    })
+                    .await?;
+                // Read at the store: another process may have closed or reopened it.
+                state = fresh.map_or(BreakerState::Closed, |b| b.record.state);
+                if granted > 0 {
+                    probes.push((key.clone(), granted));
+                }
+            }
+            if state == BreakerState::Closed {
+                continue;
+            }
+            match key.0 {
+                BreakerScope::Queue => blocked_queues.push(key.1.clone()),
+                BreakerScope::Kind => blocked_kinds.push(key.1.clone()),
+            }
+        }
+        let mut main = params.clone();
+        main.queues.retain(|q| !blocked_queues.contains(q));
+        main.excluded_kinds.extend(blocked_kinds.iter().cloned());
+        let mut jobs = Vec::new();
+        for (key, granted) in probes {
+            let room = u32::try_from(params.max.saturating_sub(jobs.len())).unwrap_or(u32::MAX);
+            let mut probe = main.clone();
+            match key.0 {
+                BreakerScope::Queue => probe.queues = vec![key.1.clone()],
+                BreakerScope::Kind => {
+                    probe.kinds = Some(vec![key.1.clone()]);
+                    probe.excluded_kinds.retain(|k| *k != key.1);
+                }
+            }
+            let asked = granted.min(room);
+            let got = if asked > 0 && !probe.queues.is_empty() {
+                probe.max = asked as usize;
+                self.store.jobs_fetch(probe).await?
+            } else {
+                Vec::new()
+            };
+            let unused = granted.saturating_sub(got.len() as u32);
+            if unused > 0 {
+                self.update(key.0, &key.1, &system, |record, _, _| {
+                    record.return_probes(unused);
+                    None
+                })
+                .await?;
+            }
+            if !got.is_empty() {
+                tracing::info!(scope = key.0.as_str(), name = %key.1, probes = got.len(),
+                    "circuit breaker half-open: probe job(s) handed out");
+            }
+            jobs.extend(got);
+        }
+        let room = params.max.saturating_sub(jobs.len());
+        if room > 0 && !main.queues.is_empty() {
+            main.max = room;
+            jobs.extend(self.store.jobs_fetch(main).await?);
+        }
+        Ok(jobs)
+    }
+
+    /// Counts a finished attempt toward its queue's and kind's breakers (if they have one).
+    /// Never waits: the count is written by a background task.
+    pub fn record(self: &Arc<Self>, outcome: Outcome<'_>) {
+        if self.add_pending(outcome) {
+            self.start_flusher();
+            self.flush.notify_one();
+        }
+    }
+
+    /// Like [`CircuitBreakers::record`], but writes the count before returning (tests, and
+    /// callers that want the breaker to act on this very outcome before they go on).
+    pub async fn record_now(&self, outcome: Outcome<'_>) -> StoreResult<()> {
+        self.current().await?;
+        if self.add_pending(outcome) {
+            self.write_pending().await?;
+        }
+        Ok(())
+    }
+
+    /// Adds an outcome to the counts not yet written; false when no breaker watches it.
+    fn add_pending(&self, outcome: Outcome<'_>) -> bool {
+        let snapshot = self.snapshot();
+        if snapshot.quiet() {
+            return false;
+        }
+        let mut any = false;
+        let Ok(mut pending) = self.pending.lock() else {
+            return false;
+        };
+        for (scope, name) in [
+            (BreakerScope::Queue, outcome.queue),
+            (BreakerScope::Kind, outcome.kind),
+        ] {
+            let key = (scope, name.to_string());
+            if !snapshot.watches(&key) {
+                continue;
+            }
+            let pause = outcome.retry_at.filter(|_| {
+                snapshot
+                    .settings
+                    .get(&key)
+                    .is_some_and(|s| s.pause_on_retry_after)
+            });
+            let entry = pending.entry(key).or_default();
+            if outcome.succeeded {
+                entry.successes += 1;
+            } else {
+                entry.failures += 1;
+            }
+            if let Some(until) = pause {
+                entry.pause_until = Some(entry.pause_until.map_or(until, |u| u.max(until)));
+            }
+            any = true;
+        }
+        any
+    }
+
+    fn start_flusher(self: &Arc<Self>) {
+        let Ok(mut flusher) = self.flusher.lock() else {
+            return;
+        };
+        if flusher.as_ref().is_some_and(|task| !task.is_finished()) {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let weak: Weak<Self> = Arc::downgrade(self);
+        let signal = self.flush.clone();
+        *flusher = Some(runtime.spawn(async move {
+            loop {
+                signal.notified().await;
+                let Some(breakers) = weak.upgrade() else {
+                    return;
+                };
+                if let Err(error) = breakers.write_pending().await {
+                    tracing::warn!(%error, "circuit breaker: counts not written; will retry");
+                    breakers.flush.notify_one();
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }));
+    }
+
+    /// Writes every count that piled up: one conditional write per breaker.
+    pub async fn write_pending(&self) -> StoreResult<()> {
+        let pending: Vec<(Key, Pending)> = match self.pending.lock() {
+            Ok(mut pending) => pending.drain().collect(),
+            Err(_) => return Ok(()),
+        };
+        let system = Actor::system();
+        for (key, counts) in pending {
+            let result = self
+                .update(key.0, &key.1, &system, |record, settings, now| {
+                    let counted = record.record(settings, now, counts.successes, counts.failures);
+                    let paused = counts.pause_until.and_then(|until| {
+                        record.pause_until(
+                            now,
+                            until,
+                            "a handler asked to retry after this (retry_after)".to_string(),
+                        )
+                    });
+                    paused.or(counted)
+                })
+                .await;
+            if let Err(error) = result {
+                // Put the counts back for the next try.
+                if let Ok(mut pending) = self.pending.lock() {
+                    let entry = pending.entry(key).or_default();
+                    entry.successes += counts.successes;
+                    entry.failures += counts.failures;
+                    entry.pause_until = entry.pause_until.max(counts.pause_until);
+                }
+                return Err(error);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: i64) -> DateTime<Utc> {
+        DateTime::<Utc>::from_timestamp_millis(1_800_000_000_000 + ms).expect("time")
+    }
+
+    fn settings() -> BreakerSettings {
+        BreakerSettings {
+            failure_ratio: 0.5,
+            min_calls: 4,
+            window_ms: 10_000,
+            open_ms: 5_000,
+            half_open_calls: 2,
+            pause_on_retry_after: true,
+        }
+    }
+
+    #[test]
+    fn opens_only_past_min_calls_and_the_ratio() {
+        let s = settings();
+        let mut record = BreakerRecord::closed(at(0));
+        assert_eq!(
+            record.record(Some(&s), at(1), 0, 3),
+            None,
+            "3 calls < min_calls 4"
+        );
+        assert_eq!(
+            record.record(Some(&s), at(2), 5, 0),
+            None,
+            "3 of 8 failed < 50%"
+        );
+        assert_eq!(
+            record.record(Some(&s), at(3), 0, 1),
+            None,
+            "4 of 9 failed < 50%"
+        );
+        let opened = record
+            .record(Some(&s), at(4), 0, 1)
+            .expect("5 of 10 failed");
+        assert_eq!(
+            (opened.from, opened.to),
+            (BreakerState::Closed, BreakerState::Open)
+        );
+        assert_eq!(record.open_until, Some(at(5_004)));
+        assert!(!record.manual);
+        assert_eq!(
+            record.record(Some(&s), at(5), 0, 9),
+            None,
+            "late outcomes change nothing"
+        );
+    }
+
+    #[test]
+    fn the_ratio_counts_the_sliding_window() {
+        let s = settings();
+        let mut record = BreakerRecord::closed(at(0));
+        assert_eq!(record.record(Some(&s), at(1), 4, 0), None);
+        assert_eq!(record.record(Some(&s), at(2), 0, 3), None, "3 of 7 failed");
+        // Half the next window later the old window weighs half: 2 + 1.5 of 3.5 + 2 failed.
+        let t = record.record(Some(&s), at(15_000), 0, 2).expect("opens");
+        assert_eq!((t.from, t.to), (BreakerState::Closed, BreakerState::Open));
+        assert_eq!(record.open_until, Some(at(20_000)));
+        // Two windows later nothing of the old counts is left.
+        let mut fresh = BreakerRecord::closed(at(0));
+        fresh.record(Some(&s), at(1), 0, 3);
+        assert_eq!(
+            fresh.record(Some(&s), at(25_000), 0, 1),
+            None,
+            "1 call only"
+        );
+    }
+
+    #[test]
+    fn open_probes_then_closes_after_enough_successes() {
+        let s = settings();
+        let mut record = BreakerRecord::closed(at(0));
+        record.record(Some(&s), at(1), 0, 4).expect("opens");
+        assert_eq!(record.take_probes(Some(&s), 5), 0, "no probes while open");
+        assert!(!record.due(Some(&s), at(4_000)));
+        assert_eq!(record.tick(Some(&s), at(4_000)), None);
+        assert!(record.due(Some(&s), at(5_001)));
+        let t = record.tick(Some(&s), at(5_001)).expect("half-opens");
+        assert_eq!(t.to, BreakerState::HalfOpen);
+        assert_eq!(record.take_probes(Some(&s), 5), 2, "half_open_calls");
+        assert_eq!(record.take_probes(Some(&s), 5), 0, "all handed out");
+        record.return_probes(1);
+        assert_eq!(record.take_probes(Some(&s), 5), 1);
+        assert_eq!(record.record(Some(&s), at(5_100), 1, 0), None, "1 of 2");
+        let t = record.record(Some(&s), at(5_200), 1, 0).expect("closes");
+        assert_eq!(t.to, BreakerState::Closed);
+        assert_eq!((record.calls, record.failures), (0, 0), "counting afresh");
+    }
+
+    #[test]
+    fn a_failed_probe_reopens_and_lost_probes_are_reissued() {
+        let s = settings();
+        let mut record = BreakerRecord::closed(at(0));
+        record.record(Some(&s), at(1), 0, 4);
+        record.tick(Some(&s), at(6_000));
+        assert_eq!(record.take_probes(Some(&s), 2), 2);
+        // The probes' workers died: after a window new probes are handed out.
+        assert_eq!(record.take_probes(Some(&s), 2), 0);
+        record.tick(Some(&s), at(16_001));
+        assert_eq!(record.take_probes(Some(&s), 2), 2);
+        let t = record.record(Some(&s), at(16_100), 0, 1).expect("reopens");
+        assert_eq!((t.from, t.to), (BreakerState::HalfOpen, BreakerState::Open));
+        assert_eq!(record.open_until, Some(at(21_100)));
+    }
+
+    #[test]
+    fn manual_open_without_end_stays_until_closed_by_hand() {
+        let s = settings();
+        let mut record = BreakerRecord::closed(at(0));
+        record
+            .open_by_hand(at(1), None, "maintenance".into())
+            .expect("opens");
+        assert_eq!(record.tick(Some(&s), at(1_000_000_000)), None);
+        assert_eq!(
+            record.pause_until(at(2), at(10_000), "429".into()),
+            None,
+            "a retry-after does not shorten an open without end"
+        );
+        assert_eq!(record.open_until, None);
+        record.close_by_hand(at(3), "done".into()).expect("closes");
+        assert_eq!(record.state, BreakerState::Closed);
+        assert!(!record.manual);
+    }
+
+    #[test]
+    fn retry_after_pauses_until_then_and_only_extends() {
+        let s = settings();
+        let mut record = BreakerRecord::closed(at(0));
+        let t = record
+            .pause_until(at(1), at(30_000), "429".into())
+            .expect("opens");
+        assert_eq!(t.to, BreakerState::Open);
+        assert_eq!(record.pause_until(at(2), at(20_000), "429".into()), None);
+        assert_eq!(record.open_until, Some(at(30_000)), "not shortened");
+        record.pause_until(at(3), at(40_000), "429".into());
+        assert_eq!(record.open_until, Some(at(40_000)), "extended");
+        // Without a breaker configured, time up closes it outright.
+        assert_eq!(
+            record.tick(None, at(40_000)).map(|t| t.to),
+            Some(BreakerState::Closed)
+        );
+        let _ = s;
+    }
+
+    #[test]
+    fn settings_from_json_name_the_field() {
+        let parsed = BreakerSettings::from_json(
+            "circuit_breaker",
+            &serde_json::json!({"failure_ratio": 0.25, "min_calls": 5.0}),
+        )
+        .expect("valid");
+        assert_eq!(parsed.failure_ratio, 0.25);
+        assert_eq!(parsed.min_calls, 5);
+        assert_eq!(parsed.window_ms, BreakerSettings::default().window_ms);
+        for (body, field) in [
+            (
+                serde_json::json!({"failure_ratio": 0}),
+                "circuit_breaker.failure_ratio",
+            ),
+            (
+                serde_json::json!({"failure_ratio": 1.5}),
+                "circuit_breaker.failure_ratio",
+            ),
+            (
+                serde_json::json!({"min_calls": 0}),
+                "circuit_breaker.min_calls",
+            ),
+            (
+                serde_json::json!({"window_ms": 5}),
+                "circuit_breaker.window_ms",
+            ),
+            (
+                serde_json::json!({"open_ms": "x"}),
+                "circuit_breaker.open_ms",
+            ),
+            (
+                serde_json::json!({"half_open_calls": 0}),
+                "circuit_breaker.half_open_calls",
+            ),
+            (
+                serde_json::json!({"pause_on_retry_after": 1}),
+                "circuit_breaker.pause_on_retry_after",
+            ),
+            (serde_json::json!({"ratio": 0.5}), "circuit_breaker.ratio"),
+            (serde_json::json!([1]), "circuit_breaker"),
+        ] {
+            let error = BreakerSettings::from_json("circuit_breaker", &body).expect_err("bad");
+            assert_eq!(error.field, field, "{body}");
+        }
+    }
+}
