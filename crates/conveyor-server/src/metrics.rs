@@ -48,6 +48,8 @@ pub struct Snapshot {
     pub queues: Vec<QueueStats>,
     pub workers: Vec<WorkerInfo>,
     pub stuck: Vec<StuckJob>,
+    /// Circuit breakers as stored (see `conveyor_core::breaker`).
+    pub breakers: Vec<conveyor_core::StoredBreaker>,
 }
 
 impl Snapshot {
@@ -57,6 +59,7 @@ impl Snapshot {
             queues: store.queues_stats().await?,
             workers: store.workers_list().await?,
             stuck: store.jobs_stuck(stuck.clone()).await?,
+            breakers: store.breakers_list().await?,
         })
     }
 }
@@ -78,6 +81,7 @@ pub struct Metrics {
     utilization: GaugeVec,
     workers_alive: IntGauge,
     stuck_jobs: IntGaugeVec,
+    breaker_state: IntGaugeVec,
     /// When the gauges were last read from the store; the lock also makes concurrent scrapes
     /// wait for one read instead of each reading.
     refreshed: Mutex<Option<Instant>>,
@@ -164,6 +168,15 @@ impl Metrics {
         registry.register(Box::new(utilization.clone()))?;
         registry.register(Box::new(workers_alive.clone()))?;
         registry.register(Box::new(stuck_jobs.clone()))?;
+        let breaker_state = IntGaugeVec::new(
+            Opts::new(
+                "conveyor_circuit_breaker_state",
+                "Each circuit breaker's state: 0 closed, 1 half-open (probing), 2 open \
+                 (store-wide; scope is queue or kind)",
+            ),
+            &["scope", "name"],
+        )?;
+        registry.register(Box::new(breaker_state.clone()))?;
         Ok(Self {
             registry,
             processed,
@@ -178,6 +191,7 @@ impl Metrics {
             utilization,
             workers_alive,
             stuck_jobs,
+            breaker_state,
             refreshed: Mutex::new(None),
         })
     }
@@ -241,6 +255,12 @@ impl Metrics {
         }
         for job in &snapshot.stuck {
             self.stuck_jobs.with_label_values(&[&job.queue]).inc();
+        }
+        self.breaker_state.reset();
+        for breaker in &snapshot.breakers {
+            self.breaker_state
+                .with_label_values(&[breaker.scope.as_str(), breaker.name.as_str()])
+                .set(breaker.record.state.gauge());
         }
         let alive: Vec<&WorkerInfo> = snapshot
             .workers

@@ -18,13 +18,27 @@ pub(crate) enum KindCommand {
     Set {
         kind: String,
         #[arg(long, value_name = "FILE")]
-        schema: String,
+        schema: Option<String>,
+        /// The kind's circuit breaker as JSON (every field optional): `{"failure_ratio": 0.5,
+        /// "min_calls": 10, "window_ms": 60000, "open_ms": 30000, "half_open_calls": 1,
+        /// "pause_on_retry_after": true}`, or `none` to remove it.
+        #[arg(long, value_name = "JSON")]
+        circuit_breaker: Option<crate::cli::admin::queue::BreakerArg>,
         /// Your own version number of the schema, shown with it.
         #[arg(long)]
         version: Option<u32>,
         /// Set it even if queued jobs of the kind would not pass it.
         #[arg(long)]
         force: bool,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Open or close the kind's circuit breaker by hand (holds the kind in every queue).
+    Circuit {
+        kind: String,
+        action: crate::cli::admin::queue::CircuitAction,
+        #[command(flatten)]
+        circuit: crate::cli::admin::queue::CircuitArgs,
         #[command(flatten)]
         server: ServerArg,
     },
@@ -85,23 +99,52 @@ fn summary(kind: &KindSettings) -> String {
 
 pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
     match command {
+        KindCommand::Circuit {
+            kind,
+            action,
+            circuit,
+            server,
+        } => {
+            let path = format!("/v1/kinds/{}/circuit", segment(&kind));
+            return crate::cli::admin::queue::circuit(
+                &server,
+                &path,
+                &format!("kind {kind}"),
+                action,
+                circuit,
+            )
+            .await;
+        }
         KindCommand::Set {
             kind,
             schema,
+            circuit_breaker,
             version,
             force,
             server,
         } => {
-            let text = if schema == "-" {
-                std::io::read_to_string(std::io::stdin())
-                    .context("reading the schema from stdin")?
-            } else {
-                std::fs::read_to_string(&schema)
-                    .with_context(|| format!("reading the schema from {schema:?}"))?
-            };
-            let schema_value: Value = serde_json::from_str(&text)
-                .with_context(|| format!("{schema:?} is not valid JSON"))?;
-            let body = json!({"schema": schema_value, "version": version, "force": force});
+            let mut body = json!({"force": force});
+            if let Some(schema) = &schema {
+                let text = if schema == "-" {
+                    std::io::read_to_string(std::io::stdin())
+                        .context("reading the schema from stdin")?
+                } else {
+                    std::fs::read_to_string(schema)
+                        .with_context(|| format!("reading the schema from {schema:?}"))?
+                };
+                let schema_value: Value = serde_json::from_str(&text)
+                    .with_context(|| format!("{schema:?} is not valid JSON"))?;
+                body["schema"] = schema_value;
+                body["version"] = json!(version);
+            } else if let Some(version) = version {
+                body["version"] = json!(version);
+            }
+            if let Some(breaker) = circuit_breaker {
+                body["circuit_breaker"] = breaker.0;
+            }
+            if schema.is_none() && body.get("circuit_breaker").is_none() {
+                anyhow::bail!("nothing to set: give --schema FILE and/or --circuit-breaker JSON");
+            }
             let client = server.client()?;
             let (_, answer) = client
                 .call(
@@ -114,7 +157,20 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
                 print_json(&answer);
             } else {
                 let stored: KindSettings = decode(&answer, "PUT /v1/kinds/{kind}")?;
-                println!("schema of kind {} set", stored.kind);
+                println!(
+                    "kind {} set: schema {}, circuit breaker {}",
+                    stored.kind,
+                    if stored.schema.is_some() {
+                        "set"
+                    } else {
+                        "none"
+                    },
+                    if stored.circuit_breaker.is_some() {
+                        "set"
+                    } else {
+                        "none"
+                    }
+                );
             }
         }
         KindCommand::List { server } => {

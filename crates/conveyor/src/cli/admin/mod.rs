@@ -4,7 +4,7 @@
 mod dead;
 mod enqueue;
 mod job;
-mod queue;
+pub(crate) mod queue;
 mod queues;
 
 pub(crate) use dead::{dead, DeadCommand};

@@ -1,4 +1,4 @@
-//! `conveyor queue show|pause|resume|set`: one queue's settings.
+//! `conveyor queue show|pause|resume|set|circuit`: one queue's settings and circuit breaker.
 
 use anyhow::bail;
 use clap::Subcommand;
@@ -64,9 +64,121 @@ pub(crate) enum QueueCommand {
         /// start (`none`: never).
         #[arg(long)]
         default_ttl_ms: Option<Limit>,
+        /// The queue's circuit breaker as JSON (every field optional): `{"failure_ratio": 0.5,
+        /// "min_calls": 10, "window_ms": 60000, "open_ms": 30000, "half_open_calls": 1}`, or
+        /// `none` to remove it.
+        #[arg(long, value_name = "JSON")]
+        circuit_breaker: Option<BreakerArg>,
         #[command(flatten)]
         server: ServerArg,
     },
+    /// Open or close the queue's circuit breaker by hand.
+    Circuit {
+        name: String,
+        action: CircuitAction,
+        #[command(flatten)]
+        circuit: CircuitArgs,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+/// `open` or `close` a circuit breaker.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub(crate) enum CircuitAction {
+    Open,
+    Close,
+}
+
+/// How and why a breaker is opened or closed by hand.
+#[derive(clap::Args, Debug, Clone)]
+pub(crate) struct CircuitArgs {
+    /// Open for this many milliseconds, then probe (default: open until closed by hand).
+    #[arg(long)]
+    open_ms: Option<u64>,
+    /// Why, for the audit log and the dashboard.
+    #[arg(long)]
+    reason: Option<String>,
+}
+
+/// Circuit breaker settings on the command line: a JSON object, or `none`.
+#[derive(Debug, Clone)]
+pub(crate) struct BreakerArg(pub(crate) Value);
+
+impl std::str::FromStr for BreakerArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(BreakerArg(Value::Null));
+        }
+        let value: Value = serde_json::from_str(s).map_err(|e| {
+            format!("{s:?} is not a JSON object ({e}); e.g. '{{\"failure_ratio\": 0.5, \"min_calls\": 10}}' or `none`")
+        })?;
+        conveyor::BreakerSettings::from_json("circuit_breaker", &value)
+            .map_err(|e| format!("{}: {}", e.field, e.message))?;
+        Ok(BreakerArg(value))
+    }
+}
+
+/// Opens or closes a breaker through `path` (`/v1/queues/NAME/circuit` or the kind's) and
+/// prints where it stands.
+pub(crate) async fn circuit(
+    server: &ServerArg,
+    path: &str,
+    what: &str,
+    action: CircuitAction,
+    args: CircuitArgs,
+) -> anyhow::Result<ExitCode> {
+    let mut body = json!({});
+    if let Some(reason) = args.reason {
+        body["reason"] = json!(reason);
+    }
+    let verb = match action {
+        CircuitAction::Open => {
+            if let Some(ms) = args.open_ms {
+                body["open_ms"] = json!(ms);
+            }
+            "open"
+        }
+        CircuitAction::Close => {
+            if args.open_ms.is_some() {
+                bail!("--open-ms is only for `open`");
+            }
+            "close"
+        }
+    };
+    let client = server.client()?;
+    let (_, answer) = client
+        .call(Method::POST, &format!("{path}/{verb}"), Some(&body))
+        .await?;
+    if server.json {
+        print_json(&answer);
+    } else {
+        println!("circuit breaker of {what}: {}", breaker_summary(&answer));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One line on a breaker as the server shows it (`BreakerView`).
+pub(crate) fn breaker_summary(view: &Value) -> String {
+    let state = view["state"].as_str().unwrap_or("closed");
+    let mut line = state.replace('_', "-");
+    if state == "open" {
+        match view["open_until"].as_str() {
+            Some(until) => line.push_str(&format!(" until {until}")),
+            None => line.push_str(" until closed by hand"),
+        }
+    }
+    if let Some(reason) = view["reason"].as_str() {
+        line.push_str(&format!(" ({reason})"));
+    }
+    if view["settings"].is_object() {
+        line.push_str(&format!(
+            "; {} of {} attempts failed in the window",
+            view["failures"], view["calls"]
+        ));
+    }
+    line
 }
 
 /// A rate limit on the command line: `COUNT/PERIOD` with the period in ms, s, m or h, or
@@ -136,6 +248,16 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
         QueueCommand::Show { name, server } => (name, server, None),
         QueueCommand::Pause { name, server } => (name, server, Some(json!({"paused": true}))),
         QueueCommand::Resume { name, server } => (name, server, Some(json!({"paused": false}))),
+        QueueCommand::Circuit {
+            name,
+            action,
+            circuit: args,
+            server,
+        } => {
+            conveyor::validate::name("queue", &name)?;
+            let path = format!("/v1/queues/{name}/circuit");
+            return circuit(&server, &path, &format!("queue {name}"), action, args).await;
+        }
         QueueCommand::Set {
             name,
             max_depth,
@@ -148,6 +270,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             completed_retention_secs,
             dead_retention_secs,
             default_ttl_ms,
+            circuit_breaker,
             server,
         } => {
             let mut change = json!({});
@@ -175,6 +298,9 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             if let Some(Limit(ms)) = default_ttl_ms {
                 change["default_ttl_ms"] = json!(ms);
             }
+            if let Some(BreakerArg(breaker)) = circuit_breaker {
+                change["circuit_breaker"] = breaker;
+            }
             for (field, rate) in [
                 ("rate_limit", rate_limit),
                 ("per_key_rate_limit", per_key_rate_limit),
@@ -189,7 +315,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
                     "nothing to set: give --max-depth, --max-depth-per-tenant, \
                      --concurrency-limit, --per-key-concurrency-limit, --rate-limit, \
                      --per-key-rate-limit, --weight, --completed-retention-secs, \
-                     --dead-retention-secs or --default-ttl-ms"
+                     --dead-retention-secs, --default-ttl-ms or --circuit-breaker"
                 );
             }
             (name, server, Some(change))
@@ -213,7 +339,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
         println!(
             "{}: {}; max depth {}; max depth per tenant {}; concurrency limit {}; \
              per-tenant concurrency limit {}; rate limit {}; per-tenant rate limit {}; weight {}; \
-             desired workers {}",
+             desired workers {}; circuit breaker {}",
             name,
             if settings["paused"] == true {
                 "paused"
@@ -227,7 +353,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             rate(&settings["rate_limit"]),
             rate(&settings["per_key_rate_limit"]),
             settings["weight"].as_u64().unwrap_or(1),
-            limit(&settings["desired_workers"])
+            limit(&settings["desired_workers"]),
+            breaker_summary(&settings["circuit"])
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -55,6 +55,19 @@ pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
                     if q.paused { "paused" } else { "" }
                 );
             }
+            for breaker in answer
+                .breakers
+                .iter()
+                .filter(|b| b.state != conveyor::BreakerState::Closed)
+            {
+                let view = serde_json::to_value(breaker).unwrap_or_default();
+                println!(
+                    "circuit breaker of {} {}: {}",
+                    breaker.scope.as_str(),
+                    breaker.name,
+                    super::queue::breaker_summary(&view)
+                );
+            }
         }
         if !args.watch {
             return Ok(ExitCode::SUCCESS);
