@@ -71,13 +71,18 @@ async fn max_depth_answers_429_with_retry_after_and_stores_nothing_until_drained
         object.remove("scale").map(|s| s["backlog"].clone()),
         Some(json!(0))
     );
+    // And its circuit breaker's state (conveyor/tests/breakers_cli.rs).
+    assert_eq!(
+        object.remove("circuit").map(|c| c["state"].clone()),
+        Some(json!("closed"))
+    );
     assert_eq!(
         settings,
         json!({
             "name": "mail", "paused": false, "max_depth": 3, "max_depth_per_tenant": null,
             "concurrency_limit": null, "per_key_concurrency_limit": null, "rate_limit": null,
             "per_key_rate_limit": null, "weight": null, "completed_retention_secs": null,
-            "dead_retention_secs": null, "default_ttl_ms": null
+            "dead_retention_secs": null, "default_ttl_ms": null, "circuit_breaker": null
         })
     );
     for _ in 0..3 {
