@@ -888,10 +888,12 @@ impl CircuitBreakers {
                 continue;
             }
             next.version += 1;
+            // Acted on by this process's next fetch before anyone can read of it in the
+            // audit log.
+            self.remember(next.clone());
             if let Some(transition) = transition {
                 self.announce(&next, transition, actor).await;
             }
-            self.remember(next.clone());
             return Ok(Some(next));
         }
         tracing::warn!(

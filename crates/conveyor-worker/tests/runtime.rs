@@ -543,3 +543,112 @@ async fn flow_steps_read_their_parents_and_report_progress() {
         (50, Some("halfway"))
     );
 }
+
+/// A handler's retry-after on a kind whose circuit breaker has `pause_on_retry_after` holds
+/// the whole kind until then (other kinds run on); when the time is up one probe runs, its
+/// success closes the breaker and the rest of the kind follows. On the injected clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_after_pauses_its_kind_until_then() {
+    let clock = Arc::new(ManualClock::new(Utc::now()));
+    let env = env_with(SqliteOptions {
+        clock: clock.clone(),
+        ..SqliteOptions::default()
+    });
+    env.store
+        .kind_put(conveyor_core::kinds::KindSettings {
+            kind: "charge".to_string(),
+            schema: None,
+            version: None,
+            circuit_breaker: Some(conveyor_core::BreakerSettings {
+                pause_on_retry_after: true,
+                min_calls: 100,
+                half_open_calls: 1,
+                ..conveyor_core::BreakerSettings::default()
+            }),
+            updated_at: Utc::now(),
+        })
+        .await
+        .expect("kind settings");
+    let (marker_ran, mut markers) = mpsc::unbounded_channel();
+    let charges = Arc::new(AtomicUsize::new(0));
+    let counted = charges.clone();
+    let w = worker(&env.store)
+        .clock(clock.clone())
+        .handle_json("marker", move |_, _| {
+            let marker_ran = marker_ran.clone();
+            async move {
+                marker_ran.send(()).unwrap();
+                Outcome::ok()
+            }
+        })
+        .handle_json("charge", move |ctx: JobContext, _| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            // Only the very first attempt of all is rate limited.
+            let first_attempt = FIRST.fetch_add(1, Ordering::SeqCst) == 0;
+            async move {
+                if first_attempt && ctx.attempt == 1 {
+                    return Outcome::retry_after(Duration::from_secs(60), "429 Retry-After: 60");
+                }
+                Outcome::ok()
+            }
+        })
+        .build()
+        .unwrap();
+    static FIRST: AtomicUsize = AtomicUsize::new(0);
+    let first = enqueue(&env.store, job("charge", 5)).await;
+    let (stop, handle) = spawn_worker(w);
+    wait_for_state(&env.store, first, JobState::Retryable).await;
+    // The audit entry is written after the worker's own view has the breaker open.
+    conveyor_storetest::eventually::eventually(
+        "the breaker's opening in the audit log",
+        || async {
+            let mut params = conveyor_core::AuditListParams::default();
+            params.limit = 10;
+            let entries = env.store.audit_list(params).await.expect("audit");
+            entries
+                .iter()
+                .any(|e| {
+                    e.action == conveyor_core::AuditAction::BreakerOpen
+                        && e.target.as_deref() == Some("kind:charge")
+                })
+                .then_some(())
+                .ok_or(format!("{} entries", entries.len()))
+        },
+    )
+    .await;
+    let open = env
+        .store
+        .breaker_get(conveyor_core::BreakerScope::Kind, "charge")
+        .await
+        .expect("read breaker")
+        .expect("stored");
+    assert_eq!(open.record.state, conveyor_core::BreakerState::Open);
+    assert_eq!(
+        open.record.open_until,
+        Some(conveyor_core::clock::truncate_to_millis(clock.now()) + chrono::Duration::seconds(60))
+    );
+    let rest = [
+        enqueue(&env.store, job("charge", 5)).await,
+        enqueue(&env.store, job("charge", 5)).await,
+    ];
+    enqueue(&env.store, job("marker", 1)).await;
+    markers.recv().await.unwrap();
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "the kind is paused");
+    for id in rest {
+        let job = env.store.job_get(id).await.unwrap().unwrap();
+        assert_eq!(job.state, JobState::Available, "queued, not run");
+    }
+    clock.advance(Duration::from_secs(60));
+    for id in rest.iter().chain([&first]) {
+        wait_for_state(&env.store, *id, JobState::Completed).await;
+    }
+    stop.send(()).unwrap();
+    handle.await.unwrap();
+    let closed = env
+        .store
+        .breaker_get(conveyor_core::BreakerScope::Kind, "charge")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(closed.record.state, conveyor_core::BreakerState::Closed);
+}

@@ -208,6 +208,9 @@ pub enum AlertKind {
     QueueAge,
     /// A worker stopped heartbeating and was marked dead (subject: the worker id).
     WorkerStale,
+    /// A circuit breaker opened: its queue's or kind's jobs are held back (subject:
+    /// `queue:NAME` or `kind:NAME`).
+    CircuitOpen,
 }
 
 /// One alert, as POSTed (JSON).
@@ -313,6 +316,9 @@ struct Evaluator {
     /// Dead workers already known (by id and when they were marked), `None` before the first
     /// check.
     workers_seen: Option<HashSet<(String, Option<DateTime<Utc>>)>>,
+    /// Open breakers already known (by subject and when they opened), `None` before the first
+    /// check.
+    breakers_seen: Option<HashSet<(String, Option<DateTime<Utc>>)>>,
     /// Since when each threshold condition has held without a break.
     crossing_since: HashMap<(AlertKind, String), Instant>,
     last_sent: HashMap<(AlertKind, String), Instant>,
@@ -331,6 +337,7 @@ impl Evaluator {
             max_depth: config.max_depth.clone(),
             max_age_secs: config.max_age_secs.clone(),
             dead_seen: None,
+            breakers_seen: None,
             dead_pending: BTreeMap::new(),
             workers_seen: None,
             crossing_since: HashMap::new(),
@@ -488,6 +495,58 @@ impl Evaluator {
         }
         self.workers_seen = Some(dead);
     }
+
+    /// An alert for each breaker that opened since the last check (breakers open at the
+    /// first check are the baseline).
+    fn check_breakers(
+        &mut self,
+        now: Instant,
+        breakers: &[conveyor_core::StoredBreaker],
+        verdict: &mut Verdict,
+    ) {
+        let open: HashSet<(String, Option<DateTime<Utc>>)> = breakers
+            .iter()
+            .filter(|b| b.record.state == conveyor_core::BreakerState::Open)
+            .map(|b| {
+                (
+                    format!("{}:{}", b.scope.as_str(), b.name),
+                    b.record.opened_at,
+                )
+            })
+            .collect();
+        if let Some(seen) = &self.breakers_seen {
+            let mut fresh: Vec<&conveyor_core::StoredBreaker> = breakers
+                .iter()
+                .filter(|b| {
+                    let subject = format!("{}:{}", b.scope.as_str(), b.name);
+                    b.record.state == conveyor_core::BreakerState::Open
+                        && !seen.contains(&(subject, b.record.opened_at))
+                })
+                .collect();
+            fresh.sort_by(|a, b| (a.scope, &a.name).cmp(&(b.scope, &b.name)));
+            for breaker in fresh {
+                let subject = format!("{}:{}", breaker.scope.as_str(), breaker.name);
+                if self.take_turn(AlertKind::CircuitOpen, &subject, now) {
+                    let reason = breaker.record.reason.clone().unwrap_or_default();
+                    verdict.alerts.push(Alert::new(
+                        AlertKind::CircuitOpen,
+                        &subject,
+                        format!(
+                            "the circuit breaker of {} {} opened: {reason}; its jobs stay \
+                             queued until it closes",
+                            breaker.scope.as_str(),
+                            breaker.name
+                        ),
+                        json!({"scope": breaker.scope.as_str(), "name": breaker.name,
+                               "reason": reason, "opened_at": breaker.record.opened_at,
+                               "open_until": breaker.record.open_until,
+                               "manual": breaker.record.manual}),
+                    ));
+                }
+            }
+        }
+        self.breakers_seen = Some(open);
+    }
 }
 
 /// Watches the store and sends alerts while this node leads. Start it with [`AlertEngine::run`].
@@ -587,7 +646,10 @@ impl AlertEngine {
     ) -> conveyor_core::StoreResult<()> {
         let queues = self.store.queues_stats().await?;
         let workers = self.store.workers_list().await?;
-        let verdict = evaluator.check(Instant::now(), &queues, &workers);
+        let breakers = self.store.breakers_list().await?;
+        let now = Instant::now();
+        let mut verdict = evaluator.check(now, &queues, &workers);
+        evaluator.check_breakers(now, &breakers, &mut verdict);
         let mut alerts = verdict.alerts;
         for news in verdict.dead {
             alerts.push(self.dead_alert(news).await);
@@ -793,6 +855,51 @@ mod tests {
             vec![(AlertKind::QueueDepth, "q".to_string())],
             "still crossed after the cool-down: alerts again"
         );
+    }
+
+    fn breaker(name: &str, open: bool, opened_secs: i64) -> conveyor_core::StoredBreaker {
+        let at = DateTime::<Utc>::from_timestamp(1_800_000_000 + opened_secs, 0).expect("time");
+        let mut record = conveyor_core::breaker::BreakerRecord::closed(at);
+        if open {
+            record.state = conveyor_core::BreakerState::Open;
+            record.opened_at = Some(at);
+            record.reason = Some("too many failures".to_string());
+        }
+        conveyor_core::StoredBreaker {
+            scope: conveyor_core::BreakerScope::Queue,
+            name: name.to_string(),
+            version: 1,
+            record,
+        }
+    }
+
+    #[test]
+    fn a_breaker_alerts_each_time_it_opens_not_while_it_stays_open() {
+        let mut rules = Evaluator::new(&config());
+        let start = Instant::now();
+        let at = |secs: u64| start + Duration::from_secs(secs);
+        let mut check = |secs: u64, breakers: &[conveyor_core::StoredBreaker]| {
+            let mut verdict = rules.check(at(secs), &[], &[]);
+            rules.check_breakers(at(secs), breakers, &mut verdict);
+            verdict
+                .alerts
+                .iter()
+                .map(|a| (a.alert, a.subject.clone()))
+                .collect::<Vec<_>>()
+        };
+        assert!(check(0, &[breaker("old", true, 0)]).is_empty(), "baseline");
+        let opened = check(1, &[breaker("old", true, 0), breaker("pay", true, 1)]);
+        assert_eq!(
+            opened,
+            vec![(AlertKind::CircuitOpen, "queue:pay".to_string())]
+        );
+        assert!(
+            check(2, &[breaker("pay", true, 1)]).is_empty(),
+            "still open"
+        );
+        assert!(check(3, &[breaker("pay", false, 1)]).is_empty(), "closed");
+        let again = check(200, &[breaker("pay", true, 200)]);
+        assert_eq!(again.len(), 1, "opened again after the cool-down");
     }
 
     #[test]

@@ -242,7 +242,10 @@ fn a_breaker_opened_through_one_server_holds_on_the_other_until_closed_by_hand()
         .expect("PUT");
     assert_eq!(response.status(), 400);
     let body: Value = response.json().expect("JSON");
-    assert_eq!(body["error"]["field"], "circuit_breaker.min_calls", "{body}");
+    assert_eq!(
+        body["error"]["field"], "circuit_breaker.min_calls",
+        "{body}"
+    );
     let response = http()
         .post(format!("{a}/v1/queues/payments/circuit/close"))
         .json(&json!({"open_ms": 5}))
