@@ -118,6 +118,17 @@ export const queues = {
   setPaused: (name, paused) => api('PUT', `/v1/queues/${encodeURIComponent(name)}`, { paused }),
 };
 
+/** Circuit breakers: `scope` is `queue` or `kind`; opening without `open_ms` lasts until closed. */
+export const breakers = {
+  list: () => api('GET', '/v1/breakers'),
+  open: (scope, name, body = {}) => api('POST', `${breakerPath(scope, name)}/open`, body),
+  close: (scope, name, body = {}) => api('POST', `${breakerPath(scope, name)}/close`, body),
+};
+
+function breakerPath(scope, name) {
+  return `/v1/${scope === 'kind' ? 'kinds' : 'queues'}/${encodeURIComponent(name)}/circuit`;
+}
+
 export const flows = {
   list: (params) => api('GET', `/v1/flows${query(params)}`),
   get: (id) => api('GET', `/v1/flows/${encodeURIComponent(id)}`),

@@ -44,6 +44,8 @@ const state = {
   again: false,
   history: [],
   queues: null,
+  // Circuit breakers from the same `/v1/queues` answer (empty on a server without them).
+  breakers: [],
   queuesError: null,
   // Attempt counters from /metrics: null until read, false once the server turned out not to
   // serve them (or not to this role), so they are not asked for again.
@@ -80,6 +82,7 @@ async function sampleQueues() {
     const answer = await api.queues.stats();
     await metrics;
     state.queues = answer.queues || [];
+    state.breakers = answer.breakers || [];
     state.queuesError = null;
     recordSample(state.queues);
     state.lastUpdate = Date.now();
@@ -91,10 +94,11 @@ async function sampleQueues() {
 const ctx = {
   get session() { return state.session; },
   get queues() { return state.queues; },
+  get breakers() { return state.breakers; },
   get queuesError() { return state.queuesError; },
   get history() { return state.history; },
   historyMs: HISTORY_MS,
-  /** Whether the signed-in role may change things (replay, discard, pause, cancel). */
+  /** Whether the signed-in role may change things (replay, discard, pause, circuits, cancel). */
   get canOperate() { return !state.session || state.session.role === 'admin'; },
   refreshNow,
   /** Changes the address without leaving the view (filters), keeping it bookmarkable. */

@@ -2,7 +2,8 @@
 //! control) on a temp SQLite store, a `conveyor work --exec` worker, and headless Chromium
 //! driven through chromedriver (WebDriver, via fantoccini). The test signs in, reads the live
 //! counts, opens the dead job, replays it and watches it complete without reloading the page,
-//! and writes screenshots of the main pages to `docs/screenshots/`.
+//! sees a queue's circuit breaker opened through the API and closes and reopens it from the
+//! page, and writes screenshots of the main pages to `docs/screenshots/`.
 //!
 //! Needs `chromium` and `chromedriver` on the PATH (Debian: `apt-get install chromium
 //! chromium-driver`; `.ci/run` installs them), or `CONVEYOR_CHROMIUM` / `CONVEYOR_CHROMEDRIVER`.
@@ -477,6 +478,12 @@ async fn drive(
         count(client, "#token").await? == 0,
         "no login step without a token"
     );
+    wait_text(
+        client,
+        "#breakers-table .empty-title",
+        "No circuit breakers",
+    )
+    .await?;
 
     // Live counts: the worker completes the mail jobs and kills the reports.
     wait_text(
@@ -699,6 +706,81 @@ async fn drive(
     )
     .await?;
     wait_text(client, "tr[data-queue='media'] .badge", "active").await?;
+
+    // Circuit breakers: one configured on `media` and opened through the API shows on the
+    // queue's row and in the breakers panel; the panel closes it and opens it again.
+    api.send(
+        reqwest::Method::PUT,
+        "/v1/queues/media",
+        json!({"circuit_breaker": {"failure_ratio": 0.5, "min_calls": 5, "window_ms": 60_000, "open_ms": 30_000}}),
+    )
+    .await?;
+    api.send(
+        reqwest::Method::POST,
+        "/v1/queues/media/circuit/open",
+        json!({"reason": "vendor outage"}),
+    )
+    .await?;
+    let media_breaker = "#breakers-table tr[data-breaker='queue:media']";
+    wait_text(
+        client,
+        "tr[data-queue='media'] .badge[data-breaker='open']",
+        "circuit open",
+    )
+    .await?;
+    wait_text(
+        client,
+        "tr[data-queue='media'] .breaker-note",
+        "until closed · vendor outage",
+    )
+    .await?;
+    wait_text(
+        client,
+        &format!("{media_breaker}[data-state='open']"),
+        "vendor outage",
+    )
+    .await?;
+    ensure!(
+        text(client, &format!("{media_breaker} .badge"))
+            .await?
+            .as_deref()
+            == Some("circuit open"),
+        "the panel's row shows the open state"
+    );
+    click(
+        client,
+        &format!("{media_breaker} button[data-action='circuit-close']"),
+    )
+    .await?;
+    confirm(client).await?;
+    wait_present(client, &format!("{media_breaker}[data-state='closed']")).await?;
+    wait_text(
+        client,
+        "tr[data-queue='media'] .badge[data-breaker='closed']",
+        "breaker",
+    )
+    .await?;
+    click(
+        client,
+        &format!("{media_breaker} button[data-action='circuit-open']"),
+    )
+    .await?;
+    confirm(client).await?;
+    wait_text(
+        client,
+        &format!("{media_breaker}[data-state='open']"),
+        "opened from the dashboard",
+    )
+    .await?;
+    let breakers = api
+        .send(reqwest::Method::GET, "/v1/breakers", Value::Null)
+        .await?;
+    ensure!(
+        breakers["breakers"].as_array().is_some_and(|all| all
+            .iter()
+            .any(|b| b["name"] == "media" && b["state"] == "open" && b["manual"] == true)),
+        "the dashboard opened the breaker: {breakers}"
+    );
 
     let violations = client
         .execute(

@@ -1,8 +1,9 @@
-// Overview: totals per state, throughput and failure charts, and one row per queue with its
-// counts, oldest waiting job and pause/resume. Everything comes from `GET /v1/queues`, which
-// the shell polls every second; rates are differences between successive answers.
+// Overview: totals per state, throughput and failure charts, one row per queue with its
+// counts, oldest waiting job, circuit breaker and pause/resume, and the circuit breakers with
+// open/close. Everything comes from `GET /v1/queues`, which the shell polls every second;
+// rates are differences between successive answers.
 
-import { h, mount, update, num, duration, emptyState, routeHref } from '../dom.js';
+import { h, mount, update, num, duration, emptyState, routeHref, when, localTime } from '../dom.js';
 import { lineChart } from '../charts.js';
 import * as api from '../api.js';
 
@@ -39,6 +40,55 @@ function growth(history, pick, windowMs, now) {
   return total;
 }
 
+/** "14:03:20" today-ish, the full date and time further away. */
+function clockTime(iso) {
+  const t = new Date(iso);
+  if (Number.isNaN(t.getTime())) return String(iso);
+  return Math.abs(t.getTime() - Date.now()) < 12 * 3600 * 1000 ? t.toLocaleTimeString() : localTime(iso);
+}
+
+/** When a breaker opens, from its settings: "opens at ≥ 50 % failed of ≥ 10 attempts in 1 m". */
+function breakerRule(settings) {
+  if (!settings) return 'no settings: opened by hand';
+  const ratio = Math.round(settings.failure_ratio * 1000) / 10;
+  return `opens at ≥ ${ratio} % failed of ≥ ${num(settings.min_calls)} attempts in ${duration(settings.window_ms)}, `
+    + `stays open ${duration(settings.open_ms)}, then ${num(settings.half_open_calls)} probe${settings.half_open_calls === 1 ? '' : 's'}`;
+}
+
+/** A breaker's state in words, for tooltips: until when, probes, why. */
+function breakerDetail(breaker) {
+  const parts = [];
+  if (breaker.state === 'open') {
+    parts.push(breaker.open_until ? `open until ${localTime(breaker.open_until)}, then probing` : 'open until closed by hand');
+  } else if (breaker.state === 'half_open') {
+    const wanted = breaker.settings ? breaker.settings.half_open_calls : 1;
+    parts.push(`probing: ${num(breaker.probe_successes)} of ${num(wanted)} probe${wanted === 1 ? '' : 's'} succeeded`);
+  }
+  if (breaker.manual && breaker.state !== 'closed') parts.push('by hand');
+  if (breaker.reason) parts.push(`reason: ${breaker.reason}`);
+  if (breaker.state === 'closed') parts.push(breakerRule(breaker.settings));
+  return parts.join(' · ');
+}
+
+/** Red "circuit open", amber "probing", or a faint "breaker" for a closed, configured one. */
+function breakerBadge(breaker) {
+  const title = breakerDetail(breaker) || null;
+  const dataset = { breaker: breaker.state };
+  if (breaker.state === 'open') return h('span', { class: 'badge badge-circuit-open', title, dataset, text: 'circuit open' });
+  if (breaker.state === 'half_open') return h('span', { class: 'badge badge-circuit-probing', title, dataset, text: 'probing' });
+  return h('span', { class: 'badge badge-none', title, dataset, text: 'breaker' });
+}
+
+/** Under an open breaker's badge: until when, and why. */
+function breakerNote(breaker) {
+  if (breaker.state !== 'open') return null;
+  const until = breaker.open_until
+    ? h('span', { title: localTime(breaker.open_until), text: `until ${clockTime(breaker.open_until)}` })
+    : 'until closed';
+  return h('div', { class: 'breaker-note muted small', title: breaker.reason || null },
+    until, breaker.reason ? ` · ${breaker.reason}` : null);
+}
+
 function perSecond(value) {
   if (value >= 100) return `${Math.round(value)}/s`;
   if (value >= 10) return `${value.toFixed(1)}/s`;
@@ -57,6 +107,8 @@ export default {
     const failures = h('div', { class: 'chart-slot', id: 'chart-failures' });
     const table = h('div', { id: 'queues-table' });
     const actionError = h('div', { class: 'slot-error' });
+    const breakerTable = h('div', { id: 'breakers-table' });
+    const breakerError = h('div', { class: 'slot-error' });
     const el = h('section', { id: 'view-overview' },
       h('div', { class: 'view-head' },
         h('div', {},
@@ -78,7 +130,14 @@ export default {
       h('div', { class: 'panel' },
         h('div', { class: 'panel-head' }, h('h2', { text: 'Queues' })),
         actionError,
-        table));
+        table),
+      h('div', { class: 'panel', id: 'breakers-panel' },
+        h('div', { class: 'panel-head' },
+          h('div', {},
+            h('h2', { text: 'Circuit breakers' }),
+            h('p', { class: 'muted small', text: 'While a breaker is open, no job of its queue or kind is handed out; the jobs stay queued and enqueues go on.' }))),
+        breakerError,
+        breakerTable));
 
     async function setPaused(name, paused) {
       await ctx.guard(actionError, async () => {
@@ -86,6 +145,79 @@ export default {
         ctx.notify(paused ? `Queue ${name} paused: workers get no more of its jobs.` : `Queue ${name} resumed.`);
         await ctx.refreshNow();
       }, paused ? `Cannot pause ${name}:` : `Cannot resume ${name}:`);
+    }
+
+    async function setCircuit(breaker, open) {
+      const what = `${breaker.scope} ${breaker.name}`;
+      const asked = open
+        ? await ctx.confirm({
+          title: `Open the circuit of ${what}?`,
+          text: `Workers get none of its jobs until it is closed again here (or with conveyor ${breaker.scope} circuit close). Its jobs stay queued.`,
+          ok: 'Open circuit',
+          danger: true,
+        })
+        : await ctx.confirm({
+          title: `Close the circuit of ${what}?`,
+          text: 'Its jobs are handed out to workers again at once, without probing first.',
+          ok: 'Close circuit',
+        });
+      if (!asked) return;
+      await ctx.guard(breakerError, async () => {
+        if (open) await api.breakers.open(breaker.scope, breaker.name, { reason: 'opened from the dashboard' });
+        else await api.breakers.close(breaker.scope, breaker.name);
+        ctx.notify(open ? `Circuit of ${what} opened: its jobs are held back.` : `Circuit of ${what} closed.`);
+        await ctx.refreshNow();
+      }, open ? `Cannot open the circuit of ${what}:` : `Cannot close the circuit of ${what}:`);
+    }
+
+    function renderBreakers(breakers) {
+      const canOperate = ctx.canOperate;
+      const order = { open: 0, half_open: 1, closed: 2 };
+      const sorted = [...breakers].sort((a, b) => (order[a.state] ?? 3) - (order[b.state] ?? 3)
+        || a.scope.localeCompare(b.scope) || a.name.localeCompare(b.name));
+      update(breakerTable, JSON.stringify([sorted, canOperate]), () => {
+        if (!sorted.length) {
+          return emptyState('No circuit breakers',
+            h('span', {}, 'Give a queue or a job kind one with ',
+              h('code', { text: 'conveyor queue set NAME --circuit-breaker \'{}\'' }), '.'));
+        }
+        return h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
+          h('thead', {}, h('tr', {},
+            h('th', { text: 'Scope' }),
+            h('th', { text: 'Name' }),
+            h('th', { text: 'State' }),
+            h('th', { class: 'num', text: 'Failed / attempts' }),
+            h('th', { text: 'Open until' }),
+            h('th', { text: 'Reason' }),
+            h('th', { text: 'Changed' }),
+            h('th', { class: 'actions', text: '' }))),
+          h('tbody', {}, sorted.map((breaker) => {
+            const closed = breaker.state === 'closed';
+            let until = h('span', { class: 'muted', text: '—' });
+            if (breaker.state === 'open') until = breaker.open_until ? when(breaker.open_until) : h('span', { text: 'until closed' });
+            return h('tr', { dataset: { breaker: `${breaker.scope}:${breaker.name}`, state: breaker.state } },
+              h('td', { class: 'muted', text: breaker.scope }),
+              h('td', {}, h('a', { class: 'strong', href: routeHref('/jobs', { [breaker.scope]: breaker.name }), text: breaker.name })),
+              h('td', {}, breaker.state === 'closed'
+                ? h('span', { class: 'badge badge-active', title: breakerDetail(breaker), text: 'closed' })
+                : breakerBadge(breaker),
+              breaker.manual && !closed ? h('span', { class: 'muted small', text: ' by hand' }) : null),
+              h('td', { class: 'num', title: breakerRule(breaker.settings), text: `${num(breaker.failures)} / ${num(breaker.calls)}` }),
+              h('td', {}, until),
+              h('td', { class: 'cell-error' }, breaker.reason
+                ? h('span', { class: 'last-error', title: breaker.reason, text: breaker.reason })
+                : h('span', { class: 'muted', text: '—' })),
+              h('td', {}, when(breaker.changed_at)),
+              h('td', { class: 'actions' }, h('button', {
+                class: closed ? 'btn btn-small btn-danger-outline' : 'btn btn-small', type: 'button',
+                dataset: { action: closed ? 'circuit-open' : 'circuit-close' },
+                disabled: !canOperate,
+                title: canOperate ? null : 'Needs the admin role',
+                text: closed ? 'Open' : 'Close',
+                onclick: () => setCircuit(breaker, closed),
+              })));
+          }))));
+      });
     }
 
     function renderCards(queues) {
@@ -154,13 +286,16 @@ export default {
       mount(failures, lineChart({ points: died, windowMs, now, format: perSecond, tone: 'bad', label: failureLabel.textContent }));
     }
 
-    function renderTable(queues) {
+    function renderTable(queues, breakers) {
+      const byQueue = new Map(breakers.filter((b) => b.scope === 'queue').map((b) => [b.name, b]));
       const history = ctx.history;
       const now = history.length ? history[history.length - 1].t : Date.now();
       const perMinute = Object.fromEntries(queues.map((q) => [q.name,
         growth(history, (s) => (s.perQueue[q.name] ? s.perQueue[q.name].completed : 0), RATE_WINDOW_MS, now)]));
       const canOperate = ctx.canOperate;
-      update(table, JSON.stringify([queues, perMinute, canOperate]), () => {
+      // Only what the row shows of a breaker: its live attempt counts change all the time.
+      const shown = [...byQueue.values()].map((b) => [b.name, b.state, b.open_until, b.reason, b.manual, b.probe_successes, b.settings]);
+      update(table, JSON.stringify([queues, perMinute, canOperate, shown]), () => {
         if (!queues.length) {
           return emptyState('No queues yet',
             h('span', {}, 'A queue appears as soon as a job is enqueued into it, e.g. ',
@@ -178,7 +313,9 @@ export default {
             h('td', {}, h('a', { class: 'strong', href: routeHref('/jobs', { queue: queue.name }), text: queue.name })),
             h('td', {}, queue.paused
               ? h('span', { class: 'badge badge-paused', text: 'paused' })
-              : h('span', { class: 'badge badge-active', text: 'active' })),
+              : h('span', { class: 'badge badge-active', text: 'active' }),
+            byQueue.has(queue.name) ? breakerBadge(byQueue.get(queue.name)) : null,
+            byQueue.has(queue.name) ? breakerNote(byQueue.get(queue.name)) : null),
             TABLE_STATES.map((s) => h('td', { class: `num${queue[s] ? '' : ' zero'}`, dataset: { state: s } },
               h('a', {
                 href: s === 'dead' ? routeHref('/dead', { queue: queue.name }) : routeHref('/jobs', { queue: queue.name, state: s }),
@@ -208,7 +345,8 @@ export default {
         if (!ctx.queues) return;
         renderCards(ctx.queues);
         renderCharts();
-        renderTable(ctx.queues);
+        renderTable(ctx.queues, ctx.breakers || []);
+        renderBreakers(ctx.breakers || []);
       },
     };
   },
