@@ -156,7 +156,7 @@ impl JobOptions {
         job.tenant = self.tenant;
         job.unique = self.unique;
         job.expires_at = instant_or_after(now, self.expires_at, self.ttl, ("expires_at", "ttl"))?;
-        job.trace = self.trace;
+        job.trace = crate::trace::begin_enqueue(self.trace, chrono::Utc::now());
         ValidJob::new(job)
     }
 }
@@ -299,7 +299,12 @@ impl Client {
                 )
                 .await?;
         }
-        self.store.jobs_insert_valid(new_jobs).await
+        let inserted = self.store.jobs_insert_valid(new_jobs).await?;
+        let now = chrono::Utc::now();
+        for one in &inserted {
+            crate::trace::end_enqueue(&one.job, one.duplicate, now);
+        }
+        Ok(inserted)
     }
 
     /// Creates a workflow (see [`crate::workflow`]): checked whole, stored all or nothing, its

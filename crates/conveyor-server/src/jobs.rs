@@ -215,7 +215,8 @@ impl EnqueueRequest {
             job.tenant = self.tenant;
             job.unique = self.unique.map(UniqueRequest::into_spec).transpose()?;
             job.expires_at = expires_at;
-            job.trace = trace;
+            // Spans are on the wall clock, whatever clock the store runs on.
+            job.trace = conveyor_core::trace::begin_enqueue(trace, chrono::Utc::now());
             job
         };
         claim_ownership(caller, &mut job.tags)?;
@@ -284,6 +285,7 @@ pub(crate) async fn enqueue(
         .await?
         .pop()
         .ok_or_else(|| ApiError::Internal("store returned no row for an insert".to_string()))?;
+    conveyor_core::trace::end_enqueue(&inserted.job, inserted.duplicate, chrono::Utc::now());
     audit::record(
         &state,
         audit::enqueued(&caller, std::slice::from_ref(&inserted)),
@@ -352,6 +354,10 @@ pub(crate) async fn enqueue_batch(
             "store returned {} rows for {count} inserted jobs",
             inserted.len()
         )));
+    }
+    let now = chrono::Utc::now();
+    for one in &inserted {
+        conveyor_core::trace::end_enqueue(&one.job, one.duplicate, now);
     }
     audit::record(&state, audit::enqueued(&caller, &inserted)).await;
     let (ids, duplicates) = inserted

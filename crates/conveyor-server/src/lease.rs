@@ -155,7 +155,10 @@ pub(crate) async fn fetch(
         },
     )
     .await?;
+    let worker_id = params.worker_id.clone();
+    let fetch_started = chrono::Utc::now();
     let jobs = fetch_released_if_abandoned(&state, params, wait).await?;
+    conveyor_core::trace::fetched(&jobs, &worker_id, fetch_started, chrono::Utc::now());
     remember_leased(&state, &jobs);
     let jobs = jobs
         .into_iter()

@@ -40,6 +40,8 @@ pub use schedule_file::{load_schedules, parse_schedules, ScheduleFileError};
 #[cfg(feature = "server")]
 pub mod alerts;
 pub mod encryption;
+#[cfg(feature = "otlp")]
+pub mod otlp;
 pub mod schedule_file;
 
 use std::path::PathBuf;

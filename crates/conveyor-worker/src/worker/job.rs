@@ -35,6 +35,8 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
         .as_ref()
         .map_or(shared.default_retry, |r| r.retry);
     let started = std::time::Instant::now();
+    let started_at = chrono::Utc::now();
+    let mut handler_trace = None;
     // Lifecycle events name the job, never its payload (which may hold personal data).
     let trace_id = job
         .trace
@@ -64,6 +66,7 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
                 lease,
             });
             let ctx = JobContext::new(&job, cancel.clone(), reporter);
+            handler_trace = ctx.trace.clone();
             // Whatever the handler logs carries the job's id and, when the producer gave one,
             // its trace id and the handler's span id (a child of the producer's span).
             let span = tracing::info_span!(
@@ -79,6 +82,9 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
     };
     shared.running().remove(&job.id);
     lane.slot_freed(permit);
+    if let (Some(handler), Some(producer)) = (&handler_trace, &job.trace) {
+        execute_span(&job, handler, producer, started_at, &attempt);
+    }
 
     let meta = JobMeta {
         id: job.id,
@@ -263,4 +269,40 @@ pub(crate) async fn contained<T>(
             )))
         }
     }
+}
+
+/// Exports the handler's run as a `conveyor.execute` span (when spans are exported): the span
+/// whose id the handler got in `JobContext::trace`, a child of the job's stored context.
+fn execute_span(
+    job: &Job,
+    handler: &conveyor_core::trace::TraceContext,
+    producer: &conveyor_core::trace::TraceContext,
+    start: chrono::DateTime<chrono::Utc>,
+    attempt: &Attempt,
+) {
+    if !conveyor_core::trace::exporting() {
+        return;
+    }
+    let (outcome, error) = match attempt {
+        Attempt::Handler(Outcome::Complete(_)) => ("completed", None),
+        Attempt::Handler(Outcome::Snooze(_)) => ("snoozed", None),
+        Attempt::Handler(Outcome::Retry(message))
+        | Attempt::Handler(Outcome::RetryAfter(_, message))
+        | Attempt::Handler(Outcome::Permanent(message)) => ("failed", Some(message.clone())),
+        Attempt::Failed(failure) => ("failed", Some(failure.message.clone())),
+        Attempt::Interrupted => ("interrupted", None),
+    };
+    let mut attributes = conveyor_core::trace::job_attributes(job);
+    attributes.push(("conveyor.outcome", outcome.to_string()));
+    conveyor_core::trace::emit(conveyor_core::trace::FinishedSpan {
+        name: "conveyor.execute",
+        kind: conveyor_core::trace::SpanKind::Consumer,
+        trace_id: handler.trace_id().to_string(),
+        span_id: handler.parent_id().to_string(),
+        parent_span_id: Some(producer.parent_id().to_string()),
+        start,
+        end: chrono::Utc::now(),
+        attributes,
+        error,
+    });
 }

@@ -154,6 +154,13 @@ pub(crate) struct ServeArgs {
         requires = "tls_cert"
     )]
     tls_client_ca: Option<PathBuf>,
+    /// Export enqueue and fetch spans (and the execute spans of workers in this process) to an
+    /// OpenTelemetry collector's OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318 (off without).
+    #[arg(long, env = "CONVEYOR_OTLP_ENDPOINT", value_name = "URL")]
+    otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans.
+    #[arg(long, env = "CONVEYOR_OTLP_SERVICE_NAME", default_value = "conveyor")]
+    otlp_service_name: String,
     #[command(flatten)]
     alerts: AlertArgs,
 }
@@ -303,6 +310,14 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     // Checked before anything is opened or bound, so a refusal leaves nothing behind.
     let auth = auth_enabled(&args)?;
     let tls = tls_config(&args)?;
+    let otlp = match &args.otlp_endpoint {
+        Some(endpoint) => {
+            let mut config = conveyor::otlp::OtlpConfig::new(endpoint.clone());
+            config.service_name = args.otlp_service_name.clone();
+            Some(conveyor::otlp::OtlpExporter::install(&config)?)
+        }
+        None => None,
+    };
     let mut open_options = args.durability.open_options();
     open_options.store.completed_idempotency_window =
         Duration::from_secs(args.idempotency_window_secs);
@@ -449,6 +464,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let _ = maintenance.await;
     if let Some(alerts) = alerts {
         let _ = alerts.await;
+    }
+    if let Some(otlp) = otlp {
+        otlp.flush().await;
     }
     tracing::info!("server stopped");
     Ok(ExitCode::SUCCESS)
