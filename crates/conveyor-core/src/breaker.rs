@@ -24,8 +24,8 @@
 //! the last write. Only scopes with a breaker (configured or not closed) are counted at all.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock, Weak};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
@@ -627,10 +627,9 @@ impl BreakerView {
 
 type Key = (BreakerScope, String);
 
-/// Settings and records as of `loaded_at`.
+/// Settings and records as last read.
 #[derive(Default)]
 struct Snapshot {
-    loaded_at: Option<Instant>,
     settings: HashMap<Key, BreakerSettings>,
     breakers: HashMap<Key, StoredBreaker>,
 }
@@ -677,8 +676,7 @@ pub struct Outcome<'a> {
 pub struct CircuitBreakers {
     store: Arc<dyn Store>,
     clock: Arc<dyn Clock>,
-    current: RwLock<Arc<Snapshot>>,
-    refreshing: tokio::sync::Mutex<()>,
+    current: crate::refreshed::Refreshed<Snapshot>,
     pending: Mutex<HashMap<Key, Pending>>,
     flush: Arc<tokio::sync::Notify>,
     flusher: Mutex<Option<tokio::task::JoinHandle<()>>>,
@@ -712,32 +710,16 @@ impl CircuitBreakers {
         Arc::new(Self {
             store,
             clock,
-            current: RwLock::new(Arc::new(Snapshot::default())),
-            refreshing: tokio::sync::Mutex::new(()),
+            current: crate::refreshed::Refreshed::new(Self::REFRESH),
             pending: Mutex::new(HashMap::new()),
             flush: Arc::new(tokio::sync::Notify::new()),
             flusher: Mutex::new(None),
         })
     }
 
+    /// The settings and states as last read, however old.
     fn snapshot(&self) -> Arc<Snapshot> {
-        match self.current.read() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    fn replace(&self, snapshot: Arc<Snapshot>) {
-        match self.current.write() {
-            Ok(mut guard) => *guard = snapshot,
-            Err(poisoned) => *poisoned.into_inner() = snapshot,
-        }
-    }
-
-    fn fresh(snapshot: &Snapshot) -> bool {
-        snapshot
-            .loaded_at
-            .is_some_and(|at| at.elapsed() < Self::REFRESH)
+        self.current.last()
     }
 
     /// Whether any breaker is configured or away from closed (as last read): outcomes are
@@ -749,56 +731,45 @@ impl CircuitBreakers {
     /// Forgets what was read: the next fetch reads settings and states again (after this
     /// process changed a queue's or kind's settings).
     pub fn invalidate(&self) {
-        self.replace(Arc::new(Snapshot::default()));
+        self.current.invalidate();
     }
 
     async fn current(&self) -> StoreResult<Arc<Snapshot>> {
-        let snapshot = self.snapshot();
-        if Self::fresh(&snapshot) {
-            return Ok(snapshot);
-        }
-        let _refresh = self.refreshing.lock().await;
-        let snapshot = self.snapshot();
-        if Self::fresh(&snapshot) {
-            return Ok(snapshot);
-        }
-        let mut settings = HashMap::new();
-        for queue in self.store.queue_settings_list().await? {
-            if let Some(breaker) = queue.settings.circuit_breaker {
-                settings.insert((BreakerScope::Queue, queue.name), breaker);
-            }
-        }
-        for kind in self.store.kinds_list().await? {
-            if let Some(breaker) = kind.circuit_breaker {
-                settings.insert((BreakerScope::Kind, kind.kind), breaker);
-            }
-        }
-        let breakers = self
-            .store
-            .breakers_list()
-            .await?
-            .into_iter()
-            .map(|b| ((b.scope, b.name.clone()), b))
-            .collect();
-        let snapshot = Arc::new(Snapshot {
-            loaded_at: Some(Instant::now()),
-            settings,
-            breakers,
-        });
-        self.replace(snapshot.clone());
-        Ok(snapshot)
+        self.current
+            .get(|| async {
+                let mut settings = HashMap::new();
+                for queue in self.store.queue_settings_list().await? {
+                    if let Some(breaker) = queue.settings.circuit_breaker {
+                        settings.insert((BreakerScope::Queue, queue.name), breaker);
+                    }
+                }
+                for kind in self.store.kinds_list().await? {
+                    if let Some(breaker) = kind.circuit_breaker {
+                        settings.insert((BreakerScope::Kind, kind.kind), breaker);
+                    }
+                }
+                let breakers = self
+                    .store
+                    .breakers_list()
+                    .await?
+                    .into_iter()
+                    .map(|b| ((b.scope, b.name.clone()), b))
+                    .collect();
+                Ok(Snapshot { settings, breakers })
+            })
+            .await
     }
 
     /// Keeps a breaker this process just wrote, so its own next fetch acts on it.
     fn remember(&self, breaker: StoredBreaker) {
-        let old = self.snapshot();
-        let mut breakers = old.breakers.clone();
-        breakers.insert((breaker.scope, breaker.name.clone()), breaker);
-        self.replace(Arc::new(Snapshot {
-            loaded_at: old.loaded_at,
-            settings: old.settings.clone(),
-            breakers,
-        }));
+        self.current.update(|old| {
+            let mut breakers = old.breakers.clone();
+            breakers.insert((breaker.scope, breaker.name.clone()), breaker);
+            Snapshot {
+                settings: old.settings.clone(),
+                breakers,
+            }
+        });
     }
 
     /// Every breaker configured or stored, with its settings and state.

@@ -8,8 +8,8 @@
 //! rejects queued jobs is refused unless forced (see [`queued_violations`]).
 
 use std::collections::HashMap;
-use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
@@ -110,19 +110,16 @@ impl KindSchema {
     }
 }
 
-/// Compiled schemas of every kind that has one, as of `loaded_at`.
+/// Compiled schemas of every kind that has one.
 #[derive(Default)]
 struct Snapshot {
-    loaded_at: Option<Instant>,
     schemas: HashMap<String, Arc<KindSchema>>,
 }
 
 /// The payload schemas a process enforces, read from its store and refreshed when stale.
 pub struct KindRegistry {
     store: Arc<dyn Store>,
-    current: RwLock<Arc<Snapshot>>,
-    /// One refresh at a time; callers that find the snapshot stale wait for it.
-    refreshing: tokio::sync::Mutex<()>,
+    current: crate::refreshed::Refreshed<Snapshot>,
 }
 
 impl std::fmt::Debug for KindRegistry {
@@ -138,68 +135,38 @@ impl KindRegistry {
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
             store,
-            current: RwLock::new(Arc::new(Snapshot::default())),
-            refreshing: tokio::sync::Mutex::new(()),
+            current: crate::refreshed::Refreshed::new(Self::REFRESH),
         }
-    }
-
-    fn snapshot(&self) -> Arc<Snapshot> {
-        match self.current.read() {
-            Ok(guard) => guard.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    fn fresh(snapshot: &Snapshot) -> bool {
-        snapshot
-            .loaded_at
-            .is_some_and(|at| at.elapsed() < Self::REFRESH)
     }
 
     async fn current(&self) -> StoreResult<Arc<Snapshot>> {
-        let snapshot = self.snapshot();
-        if Self::fresh(&snapshot) {
-            return Ok(snapshot);
-        }
-        let _refresh = self.refreshing.lock().await;
-        // Another caller may have refreshed while this one waited.
-        let snapshot = self.snapshot();
-        if Self::fresh(&snapshot) {
-            return Ok(snapshot);
-        }
-        let mut schemas = HashMap::new();
-        for settings in self.store.kinds_list().await? {
-            let Some(schema) = settings.schema else {
-                continue;
-            };
-            // A stored schema was compiled when it was set; one this build cannot compile is
-            // reported on every enqueue of its kind rather than silently not enforced.
-            let compiled = KindSchema::compile(&schema).map_err(|e| {
-                StoreError::backend(format!(
-                    "the stored schema of kind {:?} does not compile: {}",
-                    settings.kind, e.message
-                ))
-            })?;
-            schemas.insert(settings.kind, Arc::new(compiled));
-        }
-        let snapshot = Arc::new(Snapshot {
-            loaded_at: Some(Instant::now()),
-            schemas,
-        });
-        match self.current.write() {
-            Ok(mut guard) => *guard = snapshot.clone(),
-            Err(poisoned) => *poisoned.into_inner() = snapshot.clone(),
-        }
-        Ok(snapshot)
+        self.current
+            .get(|| async {
+                let mut schemas = HashMap::new();
+                for settings in self.store.kinds_list().await? {
+                    let Some(schema) = settings.schema else {
+                        continue;
+                    };
+                    // A stored schema was compiled when it was set; one this build cannot
+                    // compile is reported on every enqueue of its kind rather than silently
+                    // not enforced.
+                    let compiled = KindSchema::compile(&schema).map_err(|e| {
+                        StoreError::backend(format!(
+                            "the stored schema of kind {:?} does not compile: {}",
+                            settings.kind, e.message
+                        ))
+                    })?;
+                    schemas.insert(settings.kind, Arc::new(compiled));
+                }
+                Ok(Snapshot { schemas })
+            })
+            .await
     }
 
     /// Forgets the compiled schemas: the next check reads them again (after this process
     /// changed one).
     pub fn invalidate(&self) {
-        match self.current.write() {
-            Ok(mut guard) => *guard = Arc::new(Snapshot::default()),
-            Err(poisoned) => *poisoned.into_inner() = Arc::new(Snapshot::default()),
-        }
+        self.current.invalidate();
     }
 
     /// Checks one payload of `kind` against the kind's schema, if it has one.

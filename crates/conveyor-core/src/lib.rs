@@ -16,6 +16,7 @@ pub mod flow;
 pub mod job;
 pub mod kinds;
 pub mod redact;
+mod refreshed;
 pub mod retry;
 pub mod scaling;
 pub mod schedule;

@@ -9,15 +9,6 @@ mod common;
 use common::*;
 use conveyor_storetest::eventually::eventually_blocking;
 use serde_json::{json, Value};
-use std::process::{Command, Output};
-
-fn conveyor(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("CONVEYOR_LOG", "warn")
-        .output()
-        .expect("run conveyor")
-}
 
 fn fetch(server: &str, max: u32) -> Vec<Value> {
     let answer: Value = http()

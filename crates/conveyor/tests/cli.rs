@@ -5,15 +5,7 @@ mod common;
 
 use common::*;
 use serde_json::{json, Value};
-use std::process::{Command, Output};
-
-fn conveyor(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("CONVEYOR_LOG", "warn")
-        .output()
-        .expect("run conveyor")
-}
+use std::process::Output;
 
 fn stdout_json(output: &Output) -> Value {
     assert!(

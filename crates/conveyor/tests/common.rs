@@ -174,3 +174,12 @@ impl Drop for Schema {
             .output();
     }
 }
+
+/// Runs the `conveyor` command line to its end (warnings only in its log).
+pub fn conveyor(args: &[&str]) -> std::process::Output {
+    Command::new(BIN)
+        .args(args)
+        .env("CONVEYOR_LOG", "warn")
+        .output()
+        .expect("run conveyor")
+}

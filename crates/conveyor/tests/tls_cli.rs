@@ -13,17 +13,9 @@ use common::*;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
-
-fn conveyor(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("CONVEYOR_LOG", "warn")
-        .output()
-        .expect("run conveyor")
-}
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()

@@ -5,15 +5,6 @@ mod common;
 
 use common::*;
 use serde_json::Value;
-use std::process::{Command, Output};
-
-fn conveyor(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .env("CONVEYOR_LOG", "warn")
-        .output()
-        .expect("run conveyor")
-}
 
 /// `conveyor enqueue KIND --payload PAYLOAD EXTRA... --server SERVER --json`, which must succeed.
 fn enqueue_json(server: &str, kind: &str, payload: &str, extra: &[&str]) -> Value {
