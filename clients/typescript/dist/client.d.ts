@@ -9,6 +9,7 @@ export interface ErrorRecord {
     class: string;
     message: string;
 }
+/** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
 export interface JobView {
     id: string;
     kind: string;
@@ -111,14 +112,85 @@ export interface ListFlowsOptions {
     after?: string;
 }
 export type SignalOutcome = 'delivered' | 'stored';
-/** Whether a flow has ended (any state but `running` and `compensating`). */
 /** A kind's settings: its payload schema (JSON Schema 2020-12) and your version of it. */
 export interface KindSettings {
     kind: string;
     schema: unknown;
     version: number | null;
+    /** The kind's circuit breaker (see `setCircuitBreaker`); absent when it has none. */
+    circuit_breaker?: BreakerSettings;
     updated_at: string;
 }
+/**
+ * A circuit breaker's settings, in the server's field names (as `BreakerView.settings` shows
+ * them, so a view's settings can be sent back as they are). `setCircuitBreaker` takes any of
+ * them (the server's default in brackets); answers have every one. It opens when, over the
+ * last `window_ms`, at least `min_calls` attempts finished and at least `failure_ratio` of them
+ * failed; stays open `open_ms`; then hands out `half_open_calls` probe jobs, which must all
+ * succeed to close it.
+ */
+export interface BreakerSettings {
+    /** Share of failed attempts that opens it: above 0, at most 1 [0.5]. */
+    failure_ratio: number;
+    /** Fewest attempts in the window before it may open: 1 to 1,000,000 [10]. */
+    min_calls: number;
+    /** The sliding window attempts are counted over, in ms: 100 ms to a week [60 000]. */
+    window_ms: number;
+    /** How long it stays open before probing, in ms: 100 ms to a week [30 000]. */
+    open_ms: number;
+    /** Probe jobs handed out while half-open; that many successes close it: 1 to 1,000 [1]. */
+    half_open_calls: number;
+    /** A failure with a retry-after (a dependency's 429) opens it until then; meant for a kind's breaker [false]. */
+    pause_on_retry_after: boolean;
+}
+export type BreakerScope = 'queue' | 'kind';
+/** `closed`: jobs are handed out and attempts counted; `open`: none are; `half_open`: a few probe jobs are. */
+export type BreakerState = 'closed' | 'open' | 'half_open';
+/** A queue's or a kind's circuit breaker and its state, as the server answers it. */
+export interface BreakerView {
+    scope: BreakerScope;
+    /** The queue or the kind. */
+    name: string;
+    state: BreakerState;
+    /** Absent when none are configured (it may still be open, by hand). */
+    settings?: BreakerSettings;
+    /** Attempts finished in the current sliding window (estimated; 0 without settings). */
+    calls: number;
+    /** Of those, the failed ones. */
+    failures: number;
+    /** When it last opened. */
+    opened_at: string | null;
+    /** While open, when it starts probing; null when open until closed by hand (or not open). */
+    open_until: string | null;
+    probes_started: number;
+    probe_successes: number;
+    /** Why it last changed state. */
+    reason: string | null;
+    /** Opened by an operator or a retry-after, not by its failure ratio. */
+    manual: boolean;
+    /** When it last changed state; null when it never has. */
+    changed_at: string | null;
+    [field: string]: unknown;
+}
+/** Whose circuit breaker: `{ queue: 'payments' }` or `{ kind: 'charge' }` (the kind in every queue). */
+export type BreakerTarget = {
+    queue: string;
+    kind?: undefined;
+} | {
+    kind: string;
+    queue?: undefined;
+};
+export interface OpenCircuitOptions {
+    /** Stay open this many milliseconds, then probe (or close, without settings); by default until `closeCircuit`. */
+    openMs?: number;
+    /** Why, for the audit log and the dashboard (at most 500 characters). */
+    reason?: string;
+}
+export interface CloseCircuitOptions {
+    /** Why, for the audit log and the dashboard (at most 500 characters). */
+    reason?: string;
+}
+/** Whether a flow has ended (any state but `running` and `compensating`). */
 export declare function flowFinished(flow: Pick<FlowView, 'state'>): boolean;
 /** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
 export interface UniqueOptions {
@@ -250,6 +322,26 @@ export declare class Client {
     listSchemas(): Promise<KindSettings[]>;
     /** Removes `kind`'s schema (its jobs stay); `NotFound` when it had none. */
     deleteSchema(kind: string): Promise<void>;
+    /**
+     * Sets the circuit breaker of `{ queue }` or of `{ kind }` (in every queue; admin role):
+     * `settings` holds any of `BreakerSettings`' fields (the rest take the server's defaults), or
+     * is `null` to remove the breaker. The queue's or kind's other settings stay as they are (a
+     * kind's schema and its version too). Resolves with the settings as stored, every field
+     * filled in (`null` once removed). Bad values reject with `InvalidRequest` naming the field
+     * (`circuit_breaker.failure_ratio`).
+     */
+    setCircuitBreaker(target: BreakerTarget, settings: Partial<BreakerSettings> | null): Promise<BreakerSettings | null>;
+    /**
+     * Opens the circuit breaker of `{ queue }` or of `{ kind }` by hand (admin role), whether or
+     * not one is configured: none of its jobs are handed out. With `openMs` it probes after that
+     * long (or closes, without settings); without, it stays open until `closeCircuit`. `reason`
+     * goes to the audit log and the dashboard. Resolves with the breaker now.
+     */
+    openCircuit(target: BreakerTarget, options?: OpenCircuitOptions): Promise<BreakerView>;
+    /** Closes the circuit breaker of `{ queue }` or of `{ kind }` by hand (admin role): its jobs are handed out again at once. Resolves with the breaker now. */
+    closeCircuit(target: BreakerTarget, options?: CloseCircuitOptions): Promise<BreakerView>;
+    /** Every circuit breaker, queues' and kinds', that is configured or has a stored state. */
+    listBreakers(): Promise<BreakerView[]>;
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
     close(): void;
 }

@@ -1,8 +1,9 @@
 // The producer side: enqueue, enqueue many, read and cancel jobs; create, watch, signal and
-// cancel workflows.
+// cancel workflows; operators' calls for payload schemas and circuit breakers.
 
 import type http from 'node:http';
 import { Transport, seg } from './http.js';
+import { NotFound } from './errors.js';
 import { flowBody } from './flows.js';
 import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
 import { currentTraceContext } from './trace.js';
@@ -17,12 +18,12 @@ export interface ErrorRecord {
   message: string;
 }
 
-/** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
 /** A job in one of these states never runs again unless replayed. */
 const FINISHED_STATES: ReadonlySet<string> = new Set(['completed', 'dead', 'cancelled']);
 /** The longest one long-poll asks the server for (it caps it at its --max-fetch-wait-ms). */
 const MAX_WAIT_MS = 30_000;
 
+/** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
 export interface JobView {
   id: string;
   kind: string;
@@ -124,15 +125,87 @@ export type SignalOutcome = 'delivered' | 'stored';
 /** A flow in one of these states has ended (only `running` and `compensating` have not). */
 const FLOW_FINISHED_STATES: ReadonlySet<string> = new Set(['completed', 'failed', 'compensated', 'cancelled']);
 
-/** Whether a flow has ended (any state but `running` and `compensating`). */
 /** A kind's settings: its payload schema (JSON Schema 2020-12) and your version of it. */
 export interface KindSettings {
   kind: string;
   schema: unknown;
   version: number | null;
+  /** The kind's circuit breaker (see `setCircuitBreaker`); absent when it has none. */
+  circuit_breaker?: BreakerSettings;
   updated_at: string;
 }
 
+/**
+ * A circuit breaker's settings, in the server's field names (as `BreakerView.settings` shows
+ * them, so a view's settings can be sent back as they are). `setCircuitBreaker` takes any of
+ * them (the server's default in brackets); answers have every one. It opens when, over the
+ * last `window_ms`, at least `min_calls` attempts finished and at least `failure_ratio` of them
+ * failed; stays open `open_ms`; then hands out `half_open_calls` probe jobs, which must all
+ * succeed to close it.
+ */
+export interface BreakerSettings {
+  /** Share of failed attempts that opens it: above 0, at most 1 [0.5]. */
+  failure_ratio: number;
+  /** Fewest attempts in the window before it may open: 1 to 1,000,000 [10]. */
+  min_calls: number;
+  /** The sliding window attempts are counted over, in ms: 100 ms to a week [60 000]. */
+  window_ms: number;
+  /** How long it stays open before probing, in ms: 100 ms to a week [30 000]. */
+  open_ms: number;
+  /** Probe jobs handed out while half-open; that many successes close it: 1 to 1,000 [1]. */
+  half_open_calls: number;
+  /** A failure with a retry-after (a dependency's 429) opens it until then; meant for a kind's breaker [false]. */
+  pause_on_retry_after: boolean;
+}
+
+export type BreakerScope = 'queue' | 'kind';
+
+/** `closed`: jobs are handed out and attempts counted; `open`: none are; `half_open`: a few probe jobs are. */
+export type BreakerState = 'closed' | 'open' | 'half_open';
+
+/** A queue's or a kind's circuit breaker and its state, as the server answers it. */
+export interface BreakerView {
+  scope: BreakerScope;
+  /** The queue or the kind. */
+  name: string;
+  state: BreakerState;
+  /** Absent when none are configured (it may still be open, by hand). */
+  settings?: BreakerSettings;
+  /** Attempts finished in the current sliding window (estimated; 0 without settings). */
+  calls: number;
+  /** Of those, the failed ones. */
+  failures: number;
+  /** When it last opened. */
+  opened_at: string | null;
+  /** While open, when it starts probing; null when open until closed by hand (or not open). */
+  open_until: string | null;
+  probes_started: number;
+  probe_successes: number;
+  /** Why it last changed state. */
+  reason: string | null;
+  /** Opened by an operator or a retry-after, not by its failure ratio. */
+  manual: boolean;
+  /** When it last changed state; null when it never has. */
+  changed_at: string | null;
+  [field: string]: unknown;
+}
+
+/** Whose circuit breaker: `{ queue: 'payments' }` or `{ kind: 'charge' }` (the kind in every queue). */
+export type BreakerTarget = { queue: string; kind?: undefined } | { kind: string; queue?: undefined };
+
+export interface OpenCircuitOptions {
+  /** Stay open this many milliseconds, then probe (or close, without settings); by default until `closeCircuit`. */
+  openMs?: number;
+  /** Why, for the audit log and the dashboard (at most 500 characters). */
+  reason?: string;
+}
+
+export interface CloseCircuitOptions {
+  /** Why, for the audit log and the dashboard (at most 500 characters). */
+  reason?: string;
+}
+
+/** Whether a flow has ended (any state but `running` and `compensating`). */
 export function flowFinished(flow: Pick<FlowView, 'state'>): boolean {
   return FLOW_FINISHED_STATES.has(flow.state);
 }
@@ -409,10 +482,98 @@ export class Client {
     await this.transport.request<unknown>('DELETE', `/v1/kinds/${seg(kind)}`);
   }
 
+  // ---- circuit breakers -----------------------------------------------------------------------
+
+  /**
+   * Sets the circuit breaker of `{ queue }` or of `{ kind }` (in every queue; admin role):
+   * `settings` holds any of `BreakerSettings`' fields (the rest take the server's defaults), or
+   * is `null` to remove the breaker. The queue's or kind's other settings stay as they are (a
+   * kind's schema and its version too). Resolves with the settings as stored, every field
+   * filled in (`null` once removed). Bad values reject with `InvalidRequest` naming the field
+   * (`circuit_breaker.failure_ratio`).
+   */
+  async setCircuitBreaker(target: BreakerTarget, settings: Partial<BreakerSettings> | null): Promise<BreakerSettings | null> {
+    const { scope, name } = breakerTarget(target);
+    if (settings === undefined || (settings !== null && (typeof settings !== 'object' || Array.isArray(settings)))) {
+      throw new TypeError('conveyor: setCircuitBreaker settings must be an object of breaker settings, or null to remove it');
+    }
+    const body: Record<string, unknown> = { circuit_breaker: settings };
+    if (scope === 'kind') {
+      // The server keeps a schema left out of the request but resets a version left out.
+      let existing: KindSettings | null = null;
+      try {
+        existing = (await this.transport.request<KindSettings>('GET', scopePath(scope, name))).body;
+      } catch (e) {
+        if (!(e instanceof NotFound)) throw e;
+        if (settings === null) return null; // no settings, so no breaker to remove
+      }
+      if (existing?.version !== undefined && existing.version !== null) body.version = existing.version;
+    }
+    const res = await this.transport.request<{ circuit_breaker?: BreakerSettings | null }>('PUT', scopePath(scope, name), body);
+    return res.body.circuit_breaker ?? null;
+  }
+
+  /**
+   * Opens the circuit breaker of `{ queue }` or of `{ kind }` by hand (admin role), whether or
+   * not one is configured: none of its jobs are handed out. With `openMs` it probes after that
+   * long (or closes, without settings); without, it stays open until `closeCircuit`. `reason`
+   * goes to the audit log and the dashboard. Resolves with the breaker now.
+   */
+  async openCircuit(target: BreakerTarget, options: OpenCircuitOptions = {}): Promise<BreakerView> {
+    const { scope, name } = breakerTarget(target);
+    const body: Record<string, unknown> = {};
+    if (options.openMs !== undefined) {
+      if (typeof options.openMs !== 'number' || !Number.isInteger(options.openMs)) {
+        throw new TypeError('conveyor: openCircuit openMs must be a whole number of milliseconds');
+      }
+      body.open_ms = options.openMs;
+    }
+    if (options.reason !== undefined) body.reason = checkReason(options.reason, 'openCircuit');
+    const res = await this.transport.request<BreakerView>('POST', scopePath(scope, name, 'open'), body);
+    return res.body;
+  }
+
+  /** Closes the circuit breaker of `{ queue }` or of `{ kind }` by hand (admin role): its jobs are handed out again at once. Resolves with the breaker now. */
+  async closeCircuit(target: BreakerTarget, options: CloseCircuitOptions = {}): Promise<BreakerView> {
+    const { scope, name } = breakerTarget(target);
+    const body: Record<string, unknown> = {};
+    if (options.reason !== undefined) body.reason = checkReason(options.reason, 'closeCircuit');
+    const res = await this.transport.request<BreakerView>('POST', scopePath(scope, name, 'close'), body);
+    return res.body;
+  }
+
+  /** Every circuit breaker, queues' and kinds', that is configured or has a stored state. */
+  async listBreakers(): Promise<BreakerView[]> {
+    const res = await this.transport.request<{ breakers: BreakerView[] }>('GET', '/v1/breakers');
+    return res.body.breakers;
+  }
+
   /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
   close(): void {
     this.transport.close();
   }
+}
+
+/** `{ queue }` or `{ kind }`, checked: exactly one, a non-empty string. */
+function breakerTarget(target: BreakerTarget): { scope: BreakerScope; name: string } {
+  const t = (target ?? {}) as { queue?: unknown; kind?: unknown };
+  if (typeof target !== 'object' || (t.queue === undefined) === (t.kind === undefined)) {
+    throw new TypeError('conveyor: give { queue } or { kind } (exactly one): whose circuit breaker');
+  }
+  const scope: BreakerScope = t.queue !== undefined ? 'queue' : 'kind';
+  const name = t[scope];
+  if (typeof name !== 'string' || name === '') throw new TypeError(`conveyor: ${scope} must be a non-empty string`);
+  return { scope, name };
+}
+
+function scopePath(scope: BreakerScope, name: string, action?: 'open' | 'close'): string {
+  const path = `/v1/${scope === 'queue' ? 'queues' : 'kinds'}/${seg(name)}`;
+  return action ? `${path}/circuit/${action}` : path;
+}
+
+function checkReason(reason: unknown, what: string): string {
+  if (typeof reason !== 'string') throw new TypeError(`conveyor: ${what} reason must be a string`);
+  return reason;
 }
 
 function checkTimeout(timeoutMs: number, what: string): number {

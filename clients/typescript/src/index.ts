@@ -1,6 +1,12 @@
 export { Client, flowFinished } from './client.js';
 export type {
+  BreakerScope,
+  BreakerSettings,
+  BreakerState,
+  BreakerTarget,
+  BreakerView,
   ClientOptions,
+  CloseCircuitOptions,
   CreatedFlow,
   EnqueueOptions,
   ErrorRecord,
@@ -11,6 +17,7 @@ export type {
   JobView,
   KindSettings,
   ListFlowsOptions,
+  OpenCircuitOptions,
   Progress,
   SignalOutcome,
   StepView,

@@ -698,6 +698,9 @@ impl Drop for CircuitBreakers {
     }
 }
 
+/// Least time between two writes of counted outcomes.
+const FLUSH_SPACING: Duration = Duration::from_millis(50);
+
 /// Tries of a conditional write before giving up for now (many nodes writing one breaker).
 const WRITE_TRIES: usize = 16;
 
@@ -1126,6 +1129,10 @@ impl CircuitBreakers {
                     breakers.flush.notify_one();
                     tokio::time::sleep(Duration::from_millis(200)).await;
                 }
+                drop(breakers);
+                // Under load, outcomes pile up meanwhile and go in the next write: a few
+                // writes a second per breaker, whatever the job rate.
+                tokio::time::sleep(FLUSH_SPACING).await;
             }
         }));
     }

@@ -57,6 +57,8 @@ from .errors import (
 )
 from .flows import Steps, chain, group, step, wait_step
 from .models import (
+    BreakerSettings,
+    BreakerView,
     CreatedFlow,
     ErrorRecord,
     FlowPage,
@@ -74,6 +76,8 @@ from .worker import Worker, error_class_name
 __all__ = [
     "__version__",
     "AsyncClient",
+    "BreakerSettings",
+    "BreakerView",
     "Client",
     "Conflict",
     "ConveyorError",

@@ -6,13 +6,13 @@ import dataclasses
 import datetime as _dt
 import json
 import math
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union, cast
 from urllib.parse import quote, urlsplit
 
 from . import _trace
 from ._version import __version__
 from .errors import ConveyorError, TransportError, error_from_response
-from .models import FLOW_FINISHED_STATES, format_time
+from .models import FLOW_FINISHED_STATES, BreakerSettings, format_time
 
 USER_AGENT = f"conveyor-client-python/{__version__}"
 
@@ -91,6 +91,63 @@ def kind_body(schema: Any, version: Optional[int], force: bool) -> Dict[str, Any
     if force:
         body["force"] = True
     return body
+
+
+def breaker_scope(queue: Optional[str], kind: Optional[str]) -> Tuple[str, str]:
+    """``("queue", name)`` or ``("kind", name)``: exactly one of ``queue`` and ``kind``."""
+    if (queue is None) == (kind is None):
+        raise ValueError("give queue= or kind= (exactly one): whose circuit breaker")
+    scope, name = ("queue", queue) if queue is not None else ("kind", kind)
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"{scope} must be a non-empty string")
+    return scope, name
+
+
+def scope_path(scope: str, name: str, action: str = "") -> str:
+    """``/v1/queues/{name}`` or ``/v1/kinds/{kind}``, with ``/circuit/{action}`` if given."""
+    base = "/v1/queues/" if scope == "queue" else "/v1/kinds/"
+    path = base + quote(name, safe="")
+    return path + "/circuit/" + action if action else path
+
+
+def breaker_settings(settings: Any) -> Optional[Dict[str, Any]]:
+    """``settings`` as sent: a mapping (every key optional; the server checks the values and
+    names the one at fault, ``circuit_breaker.failure_ratio``), or ``None`` to remove it."""
+    if settings is None:
+        return None
+    if not isinstance(settings, Mapping):
+        raise TypeError(f"settings must be a dict of breaker settings or None, got {type(settings).__name__}")
+    return dict(settings)
+
+
+def circuit_body(open_ms: Optional[int] = None, reason: Optional[str] = None) -> Dict[str, Any]:
+    """The body of ``POST .../circuit/open`` (``open_ms``, ``reason``) or ``.../close``."""
+    body: Dict[str, Any] = {}
+    if open_ms is not None:
+        if isinstance(open_ms, bool) or not isinstance(open_ms, int):
+            raise TypeError("open_ms must be a whole number of milliseconds (or None: until closed)")
+        body["open_ms"] = open_ms
+    if reason is not None:
+        if not isinstance(reason, str):
+            raise TypeError("reason must be a string")
+        body["reason"] = reason
+    return body
+
+
+def kept_version(existing: Any) -> Dict[str, Any]:
+    """A kind's stored schema ``version``, to send back with a breaker-only ``PUT``: the server
+    keeps a schema left out of the request but resets a version left out."""
+    if isinstance(existing, dict) and existing.get("version") is not None:
+        return {"version": existing["version"]}
+    return {}
+
+
+def stored_breaker(answer: Any) -> Optional[BreakerSettings]:
+    """The ``circuit_breaker`` of a queue's or a kind's settings as answered (``None``: none)."""
+    if not isinstance(answer, dict):
+        raise TransportError("the server's settings answer is not an object")
+    value = answer.get("circuit_breaker")
+    return cast(BreakerSettings, value) if isinstance(value, dict) else None
 
 
 def flow_path(flow_id: str, action: str = "") -> str:
@@ -282,6 +339,9 @@ __all__ = [
     "FLOW_FINISHED_STATES",
     "USER_AGENT",
     "batch_ids",
+    "breaker_scope",
+    "breaker_settings",
+    "circuit_body",
     "decode",
     "dumps",
     "encode",
@@ -291,8 +351,11 @@ __all__ = [
     "headers",
     "job_path",
     "job_spec_body",
+    "kept_version",
     "milliseconds",
     "query",
+    "scope_path",
     "signal_body",
     "signal_outcome",
+    "stored_breaker",
 ]

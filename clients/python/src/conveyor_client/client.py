@@ -1,18 +1,19 @@
 """Producers' API: enqueue jobs, read them back, cancel them; create, watch, signal and cancel
-workflows (sync and asyncio)."""
+workflows; operators' calls for payload schemas and circuit breakers (sync and asyncio)."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import ssl
 import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union, cast
 
 from . import _wire
 from ._async_http import AsyncTransport
 from ._sync_http import SyncTransport
+from .errors import NotFound
 from .flows import flow_body
-from .models import CreatedFlow, FlowPage, FlowView, Job
+from .models import BreakerSettings, BreakerView, CreatedFlow, FlowPage, FlowView, Job
 
 __all__ = ["Client", "AsyncClient"]
 
@@ -197,20 +198,86 @@ class Client:
         enqueue of the kind, from any language, is checked against it and a payload that does
         not pass raises ``InvalidRequest`` naming the place (``payload/user_id``). Raises
         ``Conflict`` (``would_fail`` in its body) when queued jobs of the kind would not pass,
-        unless ``force``. Returns ``{kind, schema, version, updated_at}``."""
-        return self._http.request("PUT", _wire.kind_path(kind), _wire.kind_body(schema, version, force))
+        unless ``force``. The kind's circuit breaker stays as it is. Returns ``{kind, schema,
+        version, updated_at}`` (and ``circuit_breaker`` when the kind has one)."""
+        answer = self._http.request("PUT", _wire.kind_path(kind), _wire.kind_body(schema, version, force))
+        return cast(Dict[str, Any], answer)
 
     def get_schema(self, kind: str) -> Dict[str, Any]:
-        """``kind``'s settings (``{kind, schema, version, updated_at}``); ``NotFound`` if none."""
-        return self._http.request("GET", _wire.kind_path(kind))
+        """``kind``'s settings (``{kind, schema, version, updated_at}``, and ``circuit_breaker``
+        when it has one); ``NotFound`` if none."""
+        return cast(Dict[str, Any], self._http.request("GET", _wire.kind_path(kind)))
 
     def list_schemas(self) -> List[Dict[str, Any]]:
         """Every kind with settings, by name."""
-        return self._http.request("GET", "/v1/kinds")["kinds"]
+        return cast(List[Dict[str, Any]], self._http.request("GET", "/v1/kinds")["kinds"])
 
     def delete_schema(self, kind: str) -> None:
         """Removes ``kind``'s schema (its jobs stay); ``NotFound`` if it had none."""
         self._http.request("DELETE", _wire.kind_path(kind))
+
+    # --- Circuit breakers -----------------------------------------------------------------
+
+    def set_circuit_breaker(
+        self,
+        *,
+        queue: Optional[str] = None,
+        kind: Optional[str] = None,
+        settings: Optional[Union[BreakerSettings, Mapping[str, Any]]],
+    ) -> Optional[BreakerSettings]:
+        """Sets the circuit breaker of ``queue`` or of ``kind`` (in every queue; exactly one of
+        them; admin role): ``settings`` is a dict of :class:`BreakerSettings` (every key
+        optional: ``failure_ratio``, ``min_calls``, ``window_ms``, ``open_ms``,
+        ``half_open_calls``, ``pause_on_retry_after``), or ``None`` to remove the breaker. The
+        rest of the queue's or kind's settings stay as they are (a kind's schema and its
+        version too). Returns the settings as stored, defaults filled in (``None`` once
+        removed). Bad values raise ``InvalidRequest`` naming the field
+        (``circuit_breaker.failure_ratio``)."""
+        scope, name = _wire.breaker_scope(queue, kind)
+        body: Dict[str, Any] = {"circuit_breaker": _wire.breaker_settings(settings)}
+        if scope == "kind":
+            try:
+                existing = self._http.request("GET", _wire.scope_path(scope, name))
+            except NotFound:
+                if settings is None:
+                    return None  # no settings, so no breaker to remove
+                existing = None
+            body.update(_wire.kept_version(existing))
+        answer = self._http.request("PUT", _wire.scope_path(scope, name), body)
+        return _wire.stored_breaker(answer)
+
+    def open_circuit(
+        self,
+        *,
+        queue: Optional[str] = None,
+        kind: Optional[str] = None,
+        open_ms: Optional[int] = None,
+        reason: Optional[str] = None,
+    ) -> BreakerView:
+        """Opens the circuit breaker of ``queue`` or of ``kind`` by hand (exactly one of them;
+        admin role), whether or not one is configured: none of its jobs are handed out. With
+        ``open_ms`` it probes after that many milliseconds (or closes, without settings);
+        without, it stays open until :meth:`close_circuit`. ``reason`` goes to the audit log
+        and the dashboard. Returns the breaker now."""
+        scope, name = _wire.breaker_scope(queue, kind)
+        body = _wire.circuit_body(open_ms, reason)
+        answer = self._http.request("POST", _wire.scope_path(scope, name, "open"), body)
+        return cast(BreakerView, answer)
+
+    def close_circuit(
+        self, *, queue: Optional[str] = None, kind: Optional[str] = None, reason: Optional[str] = None
+    ) -> BreakerView:
+        """Closes the circuit breaker of ``queue`` or of ``kind`` by hand (exactly one of them;
+        admin role): its jobs are handed out again at once. Returns the breaker now."""
+        scope, name = _wire.breaker_scope(queue, kind)
+        body = _wire.circuit_body(None, reason)
+        answer = self._http.request("POST", _wire.scope_path(scope, name, "close"), body)
+        return cast(BreakerView, answer)
+
+    def list_breakers(self) -> List[BreakerView]:
+        """Every circuit breaker, queues' and kinds', that is configured or has a stored state
+        (:class:`BreakerView` dicts: ``scope``, ``name``, ``state``, ``reason``, ...)."""
+        return cast(List[BreakerView], self._http.request("GET", "/v1/breakers")["breakers"])
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """Any other API call: ``client.request("GET", "/v1/queues")``; the answer's JSON."""
@@ -370,18 +437,68 @@ class AsyncClient:
         self, kind: str, schema: Any, *, version: Optional[int] = None, force: bool = False
     ) -> Dict[str, Any]:
         """See :meth:`Client.set_schema`."""
-        return await self._http.request(
+        answer = await self._http.request(
             "PUT", _wire.kind_path(kind), _wire.kind_body(schema, version, force)
         )
+        return cast(Dict[str, Any], answer)
 
     async def get_schema(self, kind: str) -> Dict[str, Any]:
-        return await self._http.request("GET", _wire.kind_path(kind))
+        return cast(Dict[str, Any], await self._http.request("GET", _wire.kind_path(kind)))
 
     async def list_schemas(self) -> List[Dict[str, Any]]:
-        return (await self._http.request("GET", "/v1/kinds"))["kinds"]
+        return cast(List[Dict[str, Any]], (await self._http.request("GET", "/v1/kinds"))["kinds"])
 
     async def delete_schema(self, kind: str) -> None:
         await self._http.request("DELETE", _wire.kind_path(kind))
+
+    # --- Circuit breakers -----------------------------------------------------------------
+
+    async def set_circuit_breaker(
+        self,
+        *,
+        queue: Optional[str] = None,
+        kind: Optional[str] = None,
+        settings: Optional[Union[BreakerSettings, Mapping[str, Any]]],
+    ) -> Optional[BreakerSettings]:
+        """See :meth:`Client.set_circuit_breaker`."""
+        scope, name = _wire.breaker_scope(queue, kind)
+        body: Dict[str, Any] = {"circuit_breaker": _wire.breaker_settings(settings)}
+        if scope == "kind":
+            try:
+                existing = await self._http.request("GET", _wire.scope_path(scope, name))
+            except NotFound:
+                if settings is None:
+                    return None  # no settings, so no breaker to remove
+                existing = None
+            body.update(_wire.kept_version(existing))
+        answer = await self._http.request("PUT", _wire.scope_path(scope, name), body)
+        return _wire.stored_breaker(answer)
+
+    async def open_circuit(
+        self,
+        *,
+        queue: Optional[str] = None,
+        kind: Optional[str] = None,
+        open_ms: Optional[int] = None,
+        reason: Optional[str] = None,
+    ) -> BreakerView:
+        """See :meth:`Client.open_circuit`."""
+        scope, name = _wire.breaker_scope(queue, kind)
+        body = _wire.circuit_body(open_ms, reason)
+        answer = await self._http.request("POST", _wire.scope_path(scope, name, "open"), body)
+        return cast(BreakerView, answer)
+
+    async def close_circuit(
+        self, *, queue: Optional[str] = None, kind: Optional[str] = None, reason: Optional[str] = None
+    ) -> BreakerView:
+        """See :meth:`Client.close_circuit`."""
+        scope, name = _wire.breaker_scope(queue, kind)
+        body = _wire.circuit_body(None, reason)
+        answer = await self._http.request("POST", _wire.scope_path(scope, name, "close"), body)
+        return cast(BreakerView, answer)
+
+    async def list_breakers(self) -> List[BreakerView]:
+        return cast(List[BreakerView], (await self._http.request("GET", "/v1/breakers"))["breakers"])
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         return await self._http.request(method, path, body)

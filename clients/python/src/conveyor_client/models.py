@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, TypedDict, Union
 
 from . import _trace
 
@@ -22,6 +22,8 @@ __all__ = [
     "StepView",
     "StepError",
     "Progress",
+    "BreakerSettings",
+    "BreakerView",
     "parse_time",
     "format_time",
 ]
@@ -471,3 +473,55 @@ class FlowPage:
             flows=[FlowView.from_json(f) for f in data.get("flows") or [] if isinstance(f, Mapping)],
             next=_opt_str(data.get("next")),
         )
+
+
+# --- Circuit breakers ----------------------------------------------------------------------
+
+
+class BreakerSettings(TypedDict, total=False):
+    """A circuit breaker's settings, as ``set_circuit_breaker`` sends them (every key optional,
+    the server's default in brackets below) and as the server answers them (every key present).
+    It opens when, over the last ``window_ms``, at least ``min_calls`` attempts finished and at
+    least ``failure_ratio`` of them failed; stays open ``open_ms``; then hands out
+    ``half_open_calls`` probe jobs, which must all succeed to close it."""
+
+    # Share of failed attempts that opens it: above 0, at most 1 [0.5].
+    failure_ratio: float
+    # Fewest attempts in the window before it may open: 1 to 1,000,000 [10].
+    min_calls: int
+    # The sliding window attempts are counted over: 100 ms to a week [60,000].
+    window_ms: int
+    # How long it stays open before probing: 100 ms to a week [30,000].
+    open_ms: int
+    # Probe jobs handed out while half-open; that many successes close it: 1 to 1,000 [1].
+    half_open_calls: int
+    # A failure with a retry-after (a dependency's 429) opens it until then; meant for a kind's
+    # breaker [False].
+    pause_on_retry_after: bool
+
+
+class _BreakerViewFields(TypedDict):
+    scope: str
+    name: str
+    state: str
+    calls: int
+    failures: int
+    opened_at: Optional[str]
+    open_until: Optional[str]
+    probes_started: int
+    probe_successes: int
+    reason: Optional[str]
+    manual: bool
+    changed_at: Optional[str]
+
+
+class BreakerView(_BreakerViewFields, total=False):
+    """A queue's or a kind's circuit breaker and its state, as the server answers it (a plain
+    dict): ``scope`` (``"queue"`` or ``"kind"``), ``name``, ``state`` (``"closed"``, ``"open"``
+    or ``"half_open"``), ``settings`` (absent when none are configured: it may still be open
+    by hand), ``calls``/``failures`` in the current window, ``opened_at``, ``open_until``
+    (``None`` while open until closed by hand), ``probes_started``, ``probe_successes``,
+    ``reason``, ``manual`` (opened by an operator or a retry-after) and ``changed_at``; times
+    are RFC 3339 strings (``parse_time`` reads them)."""
+
+    settings: BreakerSettings
