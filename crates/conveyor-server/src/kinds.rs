@@ -25,8 +25,10 @@ pub(crate) struct KindRequest {
     /// The kind's circuit breaker (`conveyor_core::breaker`); `null` removes it, absent keeps it.
     #[serde(default, deserialize_with = "crate::settings::present")]
     circuit_breaker: Option<Option<Value>>,
-    #[serde(default)]
-    version: Option<Value>,
+    /// Your version of the schema; absent keeps it when the schema is kept (a PUT of the
+    /// breaker alone), else absent and `null` both mean none.
+    #[serde(default, deserialize_with = "crate::settings::present")]
+    version: Option<Option<Value>>,
     /// Set the schema even if queued jobs of the kind would not pass it.
     #[serde(default, deserialize_with = "wire::non_null")]
     force: Option<bool>,
@@ -68,9 +70,11 @@ pub(crate) async fn put(
     ApiJson(request): ApiJson<KindRequest>,
 ) -> ApiResult<Json<KindSettings>> {
     kind_name(&kind)?;
+    let existing = state.store.kind_get(&kind).await?;
     let version = match &request.version {
-        None | Some(Value::Null) => None,
-        Some(value) => Some(
+        None if request.schema.is_none() => existing.as_ref().and_then(|k| k.version),
+        None | Some(None) => None,
+        Some(Some(value)) => Some(
             wire::whole_number(value)
                 .and_then(|n| u32::try_from(n).ok())
                 .ok_or_else(|| {
@@ -78,7 +82,6 @@ pub(crate) async fn put(
                 })?,
         ),
     };
-    let existing = state.store.kind_get(&kind).await?;
     let breaker = match request.circuit_breaker {
         None => existing.as_ref().and_then(|k| k.circuit_breaker),
         Some(None) => None,

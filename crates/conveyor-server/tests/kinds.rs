@@ -227,3 +227,32 @@ async fn producers_read_schemas_and_only_admins_set_them() {
     assert_eq!(status, StatusCode::OK, "{audit}");
     assert_eq!(audit["entries"][0]["target"], "signup", "{audit}");
 }
+
+/// A PUT of the breaker alone keeps the kind's schema and version; a schema sent without a
+/// version clears the version, as before.
+#[tokio::test]
+async fn a_breaker_alone_keeps_the_schema_and_its_version() {
+    let server = TestServer::start().await;
+    let http = &server.http;
+    let put = |body: Value| http.put(server.url("/v1/kinds/signup")).json(&body);
+    let (status, _) = send(put(json!({"schema": signup_schema(), "version": 3}))).await;
+    assert_eq!(status, StatusCode::OK);
+    let (status, body) = send(put(json!({"circuit_breaker": {"min_calls": 5}}))).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["version"], 3, "{body}");
+    assert_eq!(body["schema"], signup_schema());
+    assert_eq!(body["circuit_breaker"]["min_calls"], 5);
+    let (_, body) = send(put(json!({"schema": signup_schema()}))).await;
+    assert_eq!(
+        body["version"],
+        Value::Null,
+        "a new schema without a version has none"
+    );
+    assert_eq!(
+        body["circuit_breaker"]["min_calls"], 5,
+        "the breaker is kept"
+    );
+    let (status, body) = send(put(json!({"circuit_breaker": {"failure_ratio": 0}}))).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+    assert_eq!(body["error"]["field"], "circuit_breaker.failure_ratio");
+}
