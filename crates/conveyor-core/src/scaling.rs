@@ -1,5 +1,5 @@
 //! The scaling signal: how many workers a queue needs to work off its backlog within a target
-//! time, for autoscalers (KEDA, an HPA on the `queue_desired_workers` metric).
+//! time, for autoscalers (KEDA, an HPA on the `conveyor_queue_desired_workers` metric).
 //!
 //! `desired = ceil(backlog / (rate_per_worker × target_s))`, where the backlog is the queue's
 //! available and running jobs, and the rate per worker is the queue's measured throughput (jobs

@@ -286,6 +286,7 @@ pub(crate) async fn enqueue(
         .pop()
         .ok_or_else(|| ApiError::Internal("store returned no row for an insert".to_string()))?;
     conveyor_core::trace::end_enqueue(&inserted.job, inserted.duplicate, chrono::Utc::now());
+    crate::observe::count_enqueued(&state, std::slice::from_ref(&inserted));
     audit::record(
         &state,
         audit::enqueued(&caller, std::slice::from_ref(&inserted)),
@@ -359,6 +360,7 @@ pub(crate) async fn enqueue_batch(
     for one in &inserted {
         conveyor_core::trace::end_enqueue(&one.job, one.duplicate, now);
     }
+    crate::observe::count_enqueued(&state, &inserted);
     audit::record(&state, audit::enqueued(&caller, &inserted)).await;
     let (ids, duplicates) = inserted
         .into_iter()

@@ -159,6 +159,7 @@ pub(crate) async fn fetch(
     let fetch_started = chrono::Utc::now();
     let jobs = fetch_released_if_abandoned(&state, params, wait).await?;
     conveyor_core::trace::fetched(&jobs, &worker_id, fetch_started, chrono::Utc::now());
+    crate::observe::count_waits(&state, &jobs);
     remember_leased(&state, &jobs);
     let jobs = jobs
         .into_iter()

@@ -73,14 +73,14 @@ pub struct ServerConfig {
     pub max_fetch_batch: usize,
     /// Most jobs in one `POST /v1/jobs/batch` (and ids in one dead replay).
     pub max_batch_jobs: usize,
-    /// What counts as a stuck job (`GET /v1/jobs/stuck`, the `stuck_jobs` gauge).
+    /// What counts as a stuck job (`GET /v1/jobs/stuck`, the `conveyor_stuck_jobs` gauge).
     pub stuck: StuckParams,
     /// Payload keys (at any depth) whose values job views show as `[redacted]`: `GET
     /// /v1/jobs`, `/v1/jobs/{id}`, `/v1/dead` and the dashboard. Fetches still hand workers
     /// the whole payload.
     pub sensitive_fields: Vec<String>,
     /// The scaling signal's default target: the backlog worked off within this long
-    /// (`queue_desired_workers`, `GET /v1/queues/{name}`; `.../scale?target_s=` overrides it).
+    /// (`conveyor_queue_desired_workers`, `GET /v1/queues/{name}`; `.../scale?target_s=` overrides it).
     pub scale_target: Duration,
 }
 

@@ -1,13 +1,13 @@
 //! `GET /metrics`: Prometheus text exposition.
 //!
 //! Two kinds of series, counted in two ways:
-//! - **Counters and the duration histogram** (`jobs_processed_total`, `jobs_retried_total`,
-//!   `job_duration_seconds`) count attempt outcomes this process wrote to the store: those HTTP
+//! - **Counters and the duration histogram** (`conveyor_jobs_processed_total`, `conveyor_jobs_retried_total`,
+//!   `conveyor_job_duration_seconds`) count attempt outcomes this process wrote to the store: those HTTP
 //!   workers report to this server (complete, fail, snooze), and those of in-process workers
 //!   given these metrics as their [`JobObserver`]. Each outcome is written by exactly one
 //!   process, so summing a counter over every server gives the cluster's total.
-//! - **Gauges** (`queue_depth`, `queue_oldest_age_seconds`, `dead_jobs`, `worker_utilization`,
-//!   `workers_alive`, `stuck_jobs`) describe the whole store, read at scrape time (cached for
+//! - **Gauges** (`conveyor_queue_depth`, `conveyor_queue_oldest_age_seconds`, `conveyor_dead_jobs`, `conveyor_worker_utilization`,
+//!   `conveyor_workers_alive`, `conveyor_stuck_jobs`) describe the whole store, read at scrape time (cached for
 //!   [`SNAPSHOT_TTL`], so frequent scrapes cost one set of reads a second). Every server reports
 //!   the same values: aggregate them with `max`, not `sum`.
 
@@ -25,13 +25,28 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
+/// Series also exposed under their names before the `conveyor_` prefix, for one release, so
+/// dashboards and alerts built on them keep working while they move (their HELP says so).
+pub const DEPRECATED_NAMES: &[&str] = &[
+    "jobs_processed_total",
+    "jobs_retried_total",
+    "job_duration_seconds",
+    "queue_depth",
+    "queue_oldest_age_seconds",
+    "dead_jobs",
+    "worker_utilization",
+    "workers_alive",
+    "stuck_jobs",
+    "queue_desired_workers",
+];
+
 /// How long the store-wide gauges are reused before being read again.
 pub const SNAPSHOT_TTL: Duration = Duration::from_secs(1);
 
 /// The `Content-Type` of the text exposition format.
 pub const CONTENT_TYPE: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// Buckets of `job_duration_seconds`: from 5 ms to an hour, as background jobs range widely.
+/// Buckets of `conveyor_job_duration_seconds`: from 5 ms to an hour, as background jobs range widely.
 const DURATION_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0,
 ];
@@ -82,6 +97,8 @@ pub struct Metrics {
     workers_alive: IntGauge,
     stuck_jobs: IntGaugeVec,
     breaker_state: IntGaugeVec,
+    enqueued: IntCounterVec,
+    queue_wait: HistogramVec,
     /// When the gauges were last read from the store; the lock also makes concurrent scrapes
     /// wait for one read instead of each reading.
     refreshed: Mutex<Option<Instant>>,
@@ -98,7 +115,7 @@ impl Metrics {
         let registry = Registry::new();
         let processed = IntCounterVec::new(
             Opts::new(
-                "jobs_processed_total",
+                "conveyor_jobs_processed_total",
                 "Attempts that ended, by outcome (completed, failed: will retry, dead, snoozed), \
                  as written by this process",
             ),
@@ -106,46 +123,53 @@ impl Metrics {
         )?;
         let retried = IntCounterVec::new(
             Opts::new(
-                "jobs_retried_total",
+                "conveyor_jobs_retried_total",
                 "Failed attempts that scheduled a retry, as written by this process",
             ),
             &["queue", "kind"],
         )?;
         let duration = HistogramVec::new(
             HistogramOpts::new(
-                "job_duration_seconds",
+                "conveyor_job_duration_seconds",
                 "Time from an attempt's start to its completion or failure",
             )
             .buckets(DURATION_BUCKETS.to_vec()),
             &["queue", "kind"],
         )?;
         let queue_depth = IntGaugeVec::new(
-            Opts::new("queue_depth", "Jobs per queue and state (store-wide)"),
+            Opts::new(
+                "conveyor_queue_depth",
+                "Jobs per queue and state (store-wide)",
+            ),
             &["queue", "state"],
         )?;
         let oldest_age = GaugeVec::new(
             Opts::new(
-                "queue_oldest_age_seconds",
+                "conveyor_queue_oldest_age_seconds",
                 "How long the oldest available job of the queue has waited (store-wide)",
             ),
             &["queue"],
         )?;
         let dead_jobs = IntGaugeVec::new(
-            Opts::new("dead_jobs", "Jobs in the dead-letter queue (store-wide)"),
+            Opts::new(
+                "conveyor_dead_jobs",
+                "Jobs in the dead-letter queue (store-wide)",
+            ),
             &["queue"],
         )?;
         let utilization = GaugeVec::new(
             Opts::new(
-                "worker_utilization",
+                "conveyor_worker_utilization",
                 "Busy slots over all slots of the live workers serving the queue (a worker's \
                  slots count for every queue it serves)",
             ),
             &["queue"],
         )?;
-        let workers_alive = IntGauge::new("workers_alive", "Registered workers heartbeating")?;
+        let workers_alive =
+            IntGauge::new("conveyor_workers_alive", "Registered workers heartbeating")?;
         let stuck_jobs = IntGaugeVec::new(
             Opts::new(
-                "stuck_jobs",
+                "conveyor_stuck_jobs",
                 "Running jobs past their stuck threshold (see GET /v1/jobs/stuck)",
             ),
             &["queue"],
@@ -156,7 +180,7 @@ impl Metrics {
         registry.register(Box::new(queue_depth.clone()))?;
         let desired_workers = IntGaugeVec::new(
             Opts::new(
-                "queue_desired_workers",
+                "conveyor_queue_desired_workers",
                 "Workers that would work off the queue's backlog (available and running jobs) \
                  within the scale target at the measured rate per worker",
             ),
@@ -177,7 +201,39 @@ impl Metrics {
             &["scope", "name"],
         )?;
         registry.register(Box::new(breaker_state.clone()))?;
+        let enqueued = IntCounterVec::new(
+            Opts::new(
+                "conveyor_jobs_enqueued_total",
+                "Jobs stored by enqueues through this process (duplicates of an idempotency or \
+                 unique key not counted)",
+            ),
+            &["queue", "kind"],
+        )?;
+        registry.register(Box::new(enqueued.clone()))?;
+        let queue_wait = HistogramVec::new(
+            HistogramOpts::new(
+                "conveyor_job_queue_wait_seconds",
+                "Time from when a job could start (its run_at, or its enqueue) to when a worker \
+                 was handed it, for the jobs this process handed out",
+            )
+            .buckets(DURATION_BUCKETS.to_vec()),
+            &["queue", "kind"],
+        )?;
+        registry.register(Box::new(queue_wait.clone()))?;
+        let build_info = IntGaugeVec::new(
+            Opts::new(
+                "conveyor_build_info",
+                "Always 1; the labels say which Conveyor serves (version)",
+            ),
+            &["version"],
+        )?;
+        build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        registry.register(Box::new(build_info))?;
         Ok(Self {
+            enqueued,
+            queue_wait,
             registry,
             processed,
             retried,
@@ -194,6 +250,18 @@ impl Metrics {
             breaker_state,
             refreshed: Mutex::new(None),
         })
+    }
+
+    /// Counts a job stored by an enqueue.
+    pub fn enqueued(&self, queue: &str, kind: &str) {
+        self.enqueued.with_label_values(&[queue, kind]).inc();
+    }
+
+    /// Observes how long a job waited between becoming startable and being handed out.
+    pub fn waited(&self, queue: &str, kind: &str, wait: Duration) {
+        self.queue_wait
+            .with_label_values(&[queue, kind])
+            .observe(wait.as_secs_f64());
     }
 
     /// Counts one ended attempt.
@@ -291,7 +359,7 @@ impl Metrics {
         self.meter.clone()
     }
 
-    /// The target `queue_desired_workers` is computed for.
+    /// The target `conveyor_queue_desired_workers` is computed for.
     pub fn set_scale_target(&self, target: Duration) {
         if let Ok(mut target_s) = self.scale_target_s.lock() {
             *target_s = target.as_secs_f64();
@@ -323,7 +391,25 @@ impl Metrics {
         let mut buffer = Vec::new();
         // Encoding into memory only fails on a malformed family, which the typed vectors above
         // cannot produce; an empty scrape is the safe answer if it ever does.
-        if let Err(error) = TextEncoder::new().encode(&self.registry.gather(), &mut buffer) {
+        let mut families = self.registry.gather();
+        let aliases: Vec<_> = families
+            .iter()
+            .filter_map(|family| {
+                let old = family.name().strip_prefix("conveyor_")?;
+                DEPRECATED_NAMES.contains(&old).then(|| {
+                    let mut alias = family.clone();
+                    alias.set_name(old.to_string());
+                    alias.set_help(format!(
+                        "Deprecated: renamed {}; this name goes in the next release. {}",
+                        family.name(),
+                        family.help()
+                    ));
+                    alias
+                })
+            })
+            .collect();
+        families.extend(aliases);
+        if let Err(error) = TextEncoder::new().encode(&families, &mut buffer) {
             tracing::error!(%error, "cannot encode metrics");
             return String::new();
         }

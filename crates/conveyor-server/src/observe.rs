@@ -211,3 +211,28 @@ pub(crate) fn retry_at_of(params: &conveyor_core::FailParams) -> Option<DateTime
         _ => None,
     }
 }
+
+/// Counts jobs stored by an enqueue (`conveyor_jobs_enqueued_total`; duplicates are not new).
+pub(crate) fn count_enqueued(state: &AppState, inserted: &[conveyor_core::Inserted]) {
+    if let Some(metrics) = &state.metrics {
+        for one in inserted.iter().filter(|i| !i.duplicate) {
+            metrics.enqueued(&one.job.queue, &one.job.kind);
+        }
+    }
+}
+
+/// Observes how long each job handed out waited to start (`conveyor_job_queue_wait_seconds`):
+/// from its run_at, or its enqueue when that was later, to its start.
+pub(crate) fn count_waits(state: &AppState, jobs: &[Job]) {
+    let Some(metrics) = &state.metrics else {
+        return;
+    };
+    for job in jobs {
+        let Some(started) = job.started_at else {
+            continue;
+        };
+        let ready = job.run_at.max(job.created_at);
+        let wait = (started - ready).to_std().unwrap_or_default();
+        metrics.waited(&job.queue, &job.kind, wait);
+    }
+}

@@ -149,8 +149,18 @@ fn value(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     scrape.get(&(name.to_string(), labels)).copied()
 }
 
+/// A series under its `conveyor_` name; the deprecated unprefixed alias (kept one release)
+/// must say the same.
 fn count(scrape: &Scrape, name: &str, labels: &[(&str, &str)]) -> f64 {
-    value(scrape, name, labels).unwrap_or_else(|| panic!("no series {name}{labels:?}"))
+    let prefixed = format!("conveyor_{name}");
+    let found = value(scrape, &prefixed, labels)
+        .unwrap_or_else(|| panic!("no series {prefixed}{labels:?}"));
+    assert_eq!(
+        value(scrape, name, labels),
+        Some(found),
+        "the deprecated alias {name}{labels:?}"
+    );
+    found
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -290,7 +300,47 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
         .as_array()
         .is_some_and(Vec::is_empty));
 
-    let scrape = parse(&server.metrics_text().await);
+    let text = server.metrics_text().await;
+    assert!(
+        text.contains("# HELP queue_depth Deprecated: renamed conveyor_queue_depth"),
+        "{text}"
+    );
+    let scrape = parse(&text);
+    // Enqueues over HTTP, by queue and kind; waits of what this server handed out; the build.
+    assert_eq!(
+        value(
+            &scrape,
+            "conveyor_jobs_enqueued_total",
+            &[("queue", "http"), ("kind", "h")]
+        ),
+        Some(3.0)
+    );
+    assert!(
+        value(
+            &scrape,
+            "conveyor_job_queue_wait_seconds_count",
+            &[("queue", "http"), ("kind", "h")]
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{text}"
+    );
+    assert_eq!(
+        value(
+            &scrape,
+            "conveyor_build_info",
+            &[("version", env!("CARGO_PKG_VERSION"))]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &scrape,
+            "jobs_enqueued_total",
+            &[("queue", "http"), ("kind", "h")]
+        ),
+        None,
+        "new series have no alias"
+    );
     let processed = |queue, kind, status| {
         count(
             &scrape,

@@ -122,7 +122,7 @@ async fn the_signal_sizes_workers_to_the_backlog_at_the_measured_rate() {
         .await
         .expect("text");
     assert!(
-        metrics.contains("queue_desired_workers{queue=\"mail\"}"),
+        metrics.contains("conveyor_queue_desired_workers{queue=\"mail\"}"),
         "{metrics}"
     );
 }

@@ -154,7 +154,7 @@ export async function attemptCounters() {
   const totals = {};
   let seen = false;
   for (const line of (await response.text()).split('\n')) {
-    const match = line.match(/^(?:\w+_)?jobs_processed_total\{([^}]*)\}\s+(\S+)/);
+    const match = line.match(/^conveyor_jobs_processed_total\{([^}]*)\}\s+(\S+)/);
     if (!match) continue;
     const status = (match[1].match(/status="([^"]*)"/) || [])[1];
     const value = Number(match[2]);

@@ -60,7 +60,7 @@ pub(crate) struct ServeArgs {
     /// dashboard, e.g. `password,card_number`. Workers still receive them.
     #[arg(long, value_delimiter = ',', env = "CONVEYOR_SENSITIVE_FIELDS")]
     sensitive_fields: Vec<String>,
-    /// The scaling signal's target: `queue_desired_workers` and `GET /v1/queues/{name}` give the
+    /// The scaling signal's target: `conveyor_queue_desired_workers` and `GET /v1/queues/{name}` give the
     /// workers that would work off each queue's backlog within this many seconds (an
     /// autoscaler may ask `/v1/queues/{name}/scale?target_s=N` for its own).
     #[arg(long, default_value_t = 60, env = "CONVEYOR_SCALE_TARGET_SECS",

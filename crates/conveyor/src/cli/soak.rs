@@ -810,7 +810,7 @@ fn processed(metrics: &str, queue: &str, status: &str) -> u64 {
     metrics
         .lines()
         .filter(|line| {
-            line.starts_with("jobs_processed_total{")
+            line.starts_with("conveyor_jobs_processed_total{")
                 && line.contains(&label)
                 && line.contains(&status)
         })
@@ -1324,11 +1324,11 @@ mod tests {
 
     #[test]
     fn outcomes_are_summed_over_the_queue_only() {
-        let text = "# HELP jobs_processed_total x\n\
-            jobs_processed_total{kind=\"a\",queue=\"q\",status=\"failed\"} 3\n\
-            jobs_processed_total{kind=\"b\",queue=\"q\",status=\"failed\"} 4\n\
-            jobs_processed_total{kind=\"b\",queue=\"q\",status=\"completed\"} 9\n\
-            jobs_processed_total{kind=\"b\",queue=\"q2\",status=\"failed\"} 5\n";
+        let text = "# HELP conveyor_jobs_processed_total x\n\
+            conveyor_jobs_processed_total{kind=\"a\",queue=\"q\",status=\"failed\"} 3\n\
+            conveyor_jobs_processed_total{kind=\"b\",queue=\"q\",status=\"failed\"} 4\n\
+            conveyor_jobs_processed_total{kind=\"b\",queue=\"q\",status=\"completed\"} 9\n\
+            conveyor_jobs_processed_total{kind=\"b\",queue=\"q2\",status=\"failed\"} 5\n";
         assert_eq!(processed(text, "q", "failed"), 7);
         assert_eq!(processed(text, "q", "completed"), 9);
     }
