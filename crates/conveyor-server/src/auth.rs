@@ -89,6 +89,10 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/healthz", Access::Public),
     (Method::GET, "/readyz", Access::Public),
     (Method::GET, "/livez", Access::Public),
+    // What the server is and how to call it: nothing of the data.
+    (Method::GET, "/version", Access::Public),
+    (Method::GET, "/openapi.json", Access::Public),
+    (Method::GET, "/docs", Access::Public),
     (Method::GET, "/", Access::Public),
     (Method::GET, "/ui/{*path}", Access::Public),
     (Method::POST, "/v1/session", Access::Public),

@@ -22,6 +22,8 @@ pub mod api;
 mod audit;
 mod auth;
 mod breakers;
+mod docs;
+pub use docs::VersionInfo;
 mod error;
 mod extract;
 mod flows;
@@ -266,6 +268,8 @@ pub fn router_with_options(
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::healthz))
         .route("/livez", get(admin::livez))
+        .route("/version", get(docs::version))
+        .route("/openapi.json", get(docs::openapi))
         .route("/metrics", get(observe::metrics))
         .route("/v1/jobs/stuck", get(observe::stuck))
         .route("/v1/workers", get(observe::workers))

@@ -62,6 +62,8 @@ static ASSETS: &[Asset] = &[
     asset!("views/workers.js", JS),
     asset!("views/schedules.js", JS),
     asset!("views/flows.js", JS),
+    asset!("api-docs.html", "text/html; charset=utf-8"),
+    asset!("api-docs.js", JS),
 ];
 
 /// FNV-1a (64 bit): a content fingerprint for ETags that a `const fn` can compute. Not a
@@ -82,6 +84,7 @@ const fn fnv1a(bytes: &[u8]) -> u64 {
 pub(crate) fn router() -> Router<AppState> {
     Router::new()
         .route("/", get(index))
+        .route("/docs", get(api_docs))
         .route("/ui/{*path}", get(asset))
 }
 
@@ -89,6 +92,14 @@ async fn index(headers: HeaderMap) -> Response {
     match find("index.html") {
         Some(asset) => serve(asset, &headers),
         None => missing("/"),
+    }
+}
+
+/// `GET /docs`: every operation of the API, rendered in the page from `/openapi.json`.
+async fn api_docs(headers: HeaderMap) -> Response {
+    match find("api-docs.html") {
+        Some(asset) => serve(asset, &headers),
+        None => missing("/docs"),
     }
 }
 

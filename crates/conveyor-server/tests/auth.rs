@@ -116,6 +116,9 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/healthz")
         | ("GET", "/readyz")
         | ("GET", "/livez")
+        | ("GET", "/version")
+        | ("GET", "/openapi.json")
+        | ("GET", "/docs")
         | ("GET", "/")
         | ("GET", "/ui/{*path}") => Expect::Public,
         ("POST", "/v1/session") => Expect::Public,

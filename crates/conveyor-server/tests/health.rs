@@ -87,3 +87,56 @@ async fn a_server_shutting_down_is_live_but_not_ready() {
     assert_eq!(health["problem"], "shutting down");
     assert_eq!(get(&api, "/livez").await.0, StatusCode::OK);
 }
+
+/// `/version`, `/openapi.json` and `/docs` answer anyone, even with access control on: the
+/// build's version, the contract (the repository's docs/openapi.yaml as JSON) and a page
+/// rendering it under the dashboard's CSP.
+#[tokio::test]
+async fn version_contract_and_docs_page_are_public() {
+    let server = TestServer::start_with_options(ServerConfig::default(), common::auth(true)).await;
+    let version: Value = server
+        .http
+        .get(server.url("/version"))
+        .send()
+        .await
+        .expect("GET /version")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(version["name"], "conveyor");
+    assert_eq!(version["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(version["api_version"], "0.1.0");
+    let response = server
+        .http
+        .get(server.url("/openapi.json"))
+        .send()
+        .await
+        .expect("GET /openapi.json");
+    assert_eq!(response.status(), StatusCode::OK);
+    let spec: Value = response.json().await.expect("JSON");
+    assert_eq!(spec["info"]["title"], "Conveyor HTTP API");
+    assert!(spec["paths"]["/v1/fetch"]["post"].is_object());
+    let page = server
+        .http
+        .get(server.url("/docs"))
+        .send()
+        .await
+        .expect("GET /docs");
+    assert_eq!(page.status(), StatusCode::OK);
+    let csp = page
+        .headers()
+        .get("content-security-policy")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    assert!(csp.contains("script-src 'self'"), "{csp}");
+    let html = page.text().await.expect("HTML");
+    assert!(html.contains("/ui/api-docs.js"), "{html}");
+    let script = server
+        .http
+        .get(server.url("/ui/api-docs.js"))
+        .send()
+        .await
+        .expect("script");
+    assert_eq!(script.status(), StatusCode::OK);
+}

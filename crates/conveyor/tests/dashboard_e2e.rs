@@ -798,5 +798,12 @@ async fn drive(
         click(client, "#logout").await?;
         wait_present(client, "#token").await?;
     }
+
+    // The API reference renders every operation of /openapi.json (no sign-in needed).
+    client.goto(&format!("{}/docs", server.url)).await?;
+    wait_present(client, "section.api-op#fetchJobs").await?;
+    let operations = count(client, "section.api-op").await?;
+    ensure!(operations > 40, "{operations} operations on /docs");
+    wait_text(client, "#api-version", "API version").await?;
     Ok(())
 }
