@@ -899,3 +899,50 @@ fn enqueue_takes_an_expiry_and_a_trace_context_and_queues_a_default_ttl() {
         "the queue's default applies: {job}"
     );
 }
+
+/// Enqueueing to a queue no live worker serves stores the job and warns on stderr (stdout
+/// stays the job); once a worker serving it heartbeats, no warning. A server URL without a
+/// scheme gets a hint.
+#[test]
+fn enqueue_warns_when_no_live_worker_serves_the_queue() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    let unserved = conveyor(&[
+        "enqueue",
+        "mail.send",
+        "--queue",
+        "mail",
+        "--server",
+        s,
+        "--json",
+    ]);
+    let job = stdout_json(&unserved);
+    assert_eq!(job["state"], "available");
+    assert!(
+        stderr(&unserved).contains("warning: no live worker serves queue \"mail\""),
+        "{}",
+        stderr(&unserved)
+    );
+    let beat = http()
+        .post(format!("{s}/v1/workers/heartbeat"))
+        .json(
+            &json!({"worker_id": "mailer-1", "queues": ["mail"], "concurrency": 2,
+            "started_at": "2026-01-01T00:00:00Z"}),
+        )
+        .send()
+        .expect("heartbeat");
+    assert!(beat.status().is_success(), "{}", beat.status());
+    let served = conveyor(&["enqueue", "mail.send", "--queue", "mail", "--server", s]);
+    assert!(served.status.success());
+    assert!(!stderr(&served).contains("warning"), "{}", stderr(&served));
+
+    let address = s.trim_start_matches("http://");
+    let no_scheme = conveyor(&["enqueue", "mail.send", "--server", address]);
+    assert!(!no_scheme.status.success());
+    assert!(
+        stderr(&no_scheme).contains(&format!("did you mean --server http://{address}")),
+        "{}",
+        stderr(&no_scheme)
+    );
+}

@@ -55,6 +55,7 @@ impl std::error::Error for ApiFailure {}
 
 impl ApiClient {
     pub fn new(base: &str, token: Option<&str>, tls: &ClientTlsArgs) -> anyhow::Result<Self> {
+        check_base(base)?;
         let builder = reqwest::Client::builder().connect_timeout(Duration::from_secs(5));
         let http = with_tls(builder, tls)?
             .build()
@@ -185,4 +186,40 @@ pub(crate) fn decode<T: DeserializeOwned>(answer: &Value, what: &str) -> anyhow:
 /// A timestamp as the API writes it (RFC 3339, UTC, milliseconds).
 pub(crate) fn stamp(at: &chrono::DateTime<chrono::Utc>) -> String {
     at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+}
+
+/// A server URL must say its scheme: `127.0.0.1:7700` would otherwise fail later with a
+/// confusing "builder error" or "relative URL" message.
+fn check_base(base: &str) -> anyhow::Result<()> {
+    let trimmed = base.trim();
+    if trimmed.starts_with("http://") || trimmed.starts_with("https://") {
+        return Ok(());
+    }
+    if trimmed.contains("://") {
+        anyhow::bail!("--server {base:?}: only http:// and https:// servers are supported");
+    }
+    anyhow::bail!(
+        "--server {base:?} has no scheme; did you mean --server http://{trimmed} \
+         (or https://{trimmed} for a server started with --tls-cert)?"
+    )
+}
+
+#[cfg(test)]
+mod base_tests {
+    use super::check_base;
+
+    #[test]
+    fn a_server_without_a_scheme_gets_a_hint() {
+        assert!(check_base("http://127.0.0.1:7700").is_ok());
+        assert!(check_base("https://conveyor.internal").is_ok());
+        let error = check_base("127.0.0.1:7700")
+            .expect_err("no scheme")
+            .to_string();
+        assert!(
+            error.contains("did you mean --server http://127.0.0.1:7700"),
+            "{error}"
+        );
+        let error = check_base("ftp://x").expect_err("not http").to_string();
+        assert!(error.contains("only http:// and https://"), "{error}");
+    }
 }

@@ -144,6 +144,8 @@ pub(crate) async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
     }
     let client = args.server.client()?;
     let (_, job) = client.post("/v1/jobs", &body).await?;
+    let queue = body["queue"].as_str().unwrap_or(conveyor::DEFAULT_QUEUE);
+    warn_if_unserved(&client, queue).await;
     if args.server.json {
         print_json(&job);
     } else {
@@ -161,4 +163,26 @@ pub(crate) async fn enqueue(args: EnqueueArgs) -> anyhow::Result<ExitCode> {
         println!("{} {state}{duplicate}", job.id());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Warns (on stderr) when no live worker serves `queue`: the job is stored but will wait. Only
+/// a hint: a token that may not list workers (a producer's) or a server that cannot answer
+/// just skips it.
+async fn warn_if_unserved(client: &crate::cli::http::ApiClient, queue: &str) {
+    let Ok(answer) = client.get("/v1/workers").await else {
+        return;
+    };
+    let Ok(listed) = decode::<conveyor_server::api::WorkersResponse>(&answer, "GET /v1/workers")
+    else {
+        return;
+    };
+    let served = listed.workers.iter().any(|worker| {
+        worker.state == conveyor::WorkerState::Alive && worker.queues.iter().any(|q| q == queue)
+    });
+    if !served {
+        eprintln!(
+            "warning: no live worker serves queue {queue:?} (see `conveyor workers`); the job \
+             waits until one does"
+        );
+    }
 }
