@@ -14,7 +14,7 @@ mod store;
 mod token;
 mod work;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -172,6 +172,40 @@ enum Command {
     Audit(audit::AuditArgs),
     /// Create or upgrade a store's schema (PostgreSQL: versioned, forward-only migrations).
     Migrate(store::MigrateArgs),
+    /// Print a shell completion script to standard output, e.g.
+    /// `conveyor completions bash > /etc/bash_completion.d/conveyor`.
+    Completions(CompletionsArgs),
+}
+
+#[derive(Args, Debug)]
+struct CompletionsArgs {
+    /// The shell to complete in.
+    #[arg(value_enum)]
+    shell: CompletionShell,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
+enum CompletionShell {
+    Bash,
+    Zsh,
+    Fish,
+}
+
+/// `conveyor completions SHELL`: the script, generated from this very command definition, on
+/// standard output (SIGPIPE is at its default here, so `| head` ends it quietly).
+fn completions(args: CompletionsArgs) -> ExitCode {
+    let shell = match args.shell {
+        CompletionShell::Bash => clap_complete::Shell::Bash,
+        CompletionShell::Zsh => clap_complete::Shell::Zsh,
+        CompletionShell::Fish => clap_complete::Shell::Fish,
+    };
+    clap_complete::generate(
+        shell,
+        &mut Cli::command(),
+        "conveyor",
+        &mut std::io::stdout(),
+    );
+    ExitCode::SUCCESS
 }
 
 /// Standard error for logs, where a failed write is dropped rather than reported. Under
@@ -241,5 +275,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Migrate(args) => store::migrate(args).await,
         Command::Token { command } => token::run(command).await,
         Command::Audit(args) => audit::run(args).await,
+        Command::Completions(args) => Ok(completions(args)),
     }
 }
