@@ -946,3 +946,35 @@ fn enqueue_warns_when_no_live_worker_serves_the_queue() {
         stderr(&no_scheme)
     );
 }
+
+/// Logs written into a pipe (or a file) carry no ANSI colour codes.
+#[test]
+fn logs_into_a_pipe_have_no_colour_codes() {
+    use std::io::{BufRead, BufReader, Read};
+    let dir = temp_dir();
+    let mut child = std::process::Command::new(BIN)
+        .args(["serve", "--listen", "127.0.0.1:0", "--store"])
+        .arg(format!("sqlite://{}", path_in(&dir, "jobs.db").display()))
+        .env("CONVEYOR_LOG", "info")
+        .env_remove("NO_COLOR")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn conveyor serve");
+    let mut listening = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut listening)
+        .expect("listen line");
+    // SIGTERM: a graceful stop that logs on the way out, then the pipe closes.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let mut logs = String::new();
+    child
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut logs)
+        .expect("read logs");
+    child.wait().expect("wait");
+    assert!(logs.contains("INFO"), "{logs}");
+    assert!(!logs.contains('\u{1b}'), "colour codes in a pipe: {logs:?}");
+}

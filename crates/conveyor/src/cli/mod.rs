@@ -225,11 +225,21 @@ impl std::io::Write for LossyStderr {
     }
 }
 
+/// Colours only for a person at a terminal: never into a file or a pipe, and never with
+/// `NO_COLOR` set to anything but the empty string (<https://no-color.org>).
+fn colour_logs(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|value| value.is_empty())
+}
+
 fn init_logging(format: LogFormat, default_filter: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("CONVEYOR_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(colour_logs(
+            std::io::IsTerminal::is_terminal(&std::io::stderr()),
+            std::env::var_os("NO_COLOR"),
+        ))
         .with_writer(|| LossyStderr)
         // Its own complaint about a failed write goes through eprintln!, which panics when
         // stderr is a closed pipe; the panic then kills whichever task was logging.
@@ -276,5 +286,21 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Token { command } => token::run(command).await,
         Command::Audit(args) => audit::run(args).await,
         Command::Completions(args) => Ok(completions(args)),
+    }
+}
+
+#[cfg(test)]
+mod colour_tests {
+    use super::colour_logs;
+
+    #[test]
+    fn logs_are_coloured_only_on_a_terminal_without_no_color() {
+        assert!(colour_logs(true, None));
+        assert!(
+            colour_logs(true, Some("".into())),
+            "an empty NO_COLOR is unset"
+        );
+        assert!(!colour_logs(true, Some("1".into())));
+        assert!(!colour_logs(false, None), "a file or a pipe");
     }
 }
