@@ -11,6 +11,12 @@ fn say(line: &str) {
 }
 
 fn main() -> std::process::ExitCode {
+    // A `serve --config FILE` sets the variables of its settings first (below flags and
+    // variables already set), while this is the only thread.
+    if let Err(problem) = cli::config::apply(&std::env::args_os().collect::<Vec<_>>()) {
+        say(&format!("conveyor: {problem}"));
+        return std::process::ExitCode::from(2);
+    }
     let args = cli::Cli::parse();
     if !args.runs_until_stopped() {
         // Commands that print and exit behave like other Unix tools when their reader goes

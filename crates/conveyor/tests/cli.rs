@@ -978,3 +978,58 @@ fn logs_into_a_pipe_have_no_colour_codes() {
     assert!(logs.contains("INFO"), "{logs}");
     assert!(!logs.contains('\u{1b}'), "colour codes in a pipe: {logs:?}");
 }
+
+/// `serve --config FILE`: a setting comes from the flag, else its CONVEYOR_* variable, else
+/// the file, else the default. A key that is no flag is refused naming it, with exit 2.
+#[test]
+fn serve_settings_come_from_flag_then_env_then_file() {
+    let dir = temp_dir();
+    let config = path_in(&dir, "conveyor.toml");
+    let db = path_in(&dir, "jobs.db");
+    std::fs::write(
+        &config,
+        format!(
+            "listen = \"127.0.0.1:0\"\nstore = \"sqlite://{}\"\nmax_payload_bytes = 1000\n",
+            db.display()
+        ),
+    )
+    .expect("write config");
+    let config = config.to_str().expect("utf-8 path");
+    let big = json!({"kind": "k", "payload": {"blob": "x".repeat(2000)}});
+    let status = |server: &Server| {
+        http()
+            .post(format!("{}/v1/jobs", server.url))
+            .json(&big)
+            .send()
+            .expect("enqueue")
+            .status()
+            .as_u16()
+    };
+    let from_file = start_server_with(&["--config", config], &[], &[]);
+    assert_eq!(status(&from_file), 413, "the file's 1000-byte limit");
+    drop(from_file);
+    let from_env = start_server_with(
+        &["--config", config],
+        &[],
+        &[("CONVEYOR_MAX_PAYLOAD_BYTES", "5000")],
+    );
+    assert_eq!(status(&from_env), 201, "the variable beats the file");
+    drop(from_env);
+    let from_flag = start_server_with(
+        &["--config", config, "--max-payload-bytes", "500"],
+        &[],
+        &[("CONVEYOR_MAX_PAYLOAD_BYTES", "5000")],
+    );
+    assert_eq!(status(&from_flag), 413, "the flag beats the variable");
+    drop(from_flag);
+
+    let bad = path_in(&dir, "bad.toml");
+    std::fs::write(&bad, "max_payload_byts = 5\n").expect("write");
+    let refused = conveyor(&["serve", "--config", bad.to_str().expect("utf-8")]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        stderr(&refused).contains("unknown setting `max_payload_byts`"),
+        "{}",
+        stderr(&refused)
+    );
+}

@@ -66,9 +66,17 @@ pub fn start_server(db: &Path, extra: &[&str]) -> Server {
 
 /// Starts `conveyor serve` on a free port over the store at `url`; returns once it listens.
 pub fn start_server_at(url: &str, extra: &[&str]) -> Server {
+    start_server_with(&["--listen", "127.0.0.1:0", "--store", url], extra, &[])
+}
+
+/// Starts `conveyor serve` with these arguments and environment variables; returns once it
+/// listens.
+pub fn start_server_with(args: &[&str], extra: &[&str], env: &[(&str, &str)]) -> Server {
     let mut child = Command::new(BIN)
-        .args(["serve", "--listen", "127.0.0.1:0", "--store", url])
+        .arg("serve")
+        .args(args)
         .args(extra)
+        .envs(env.iter().copied())
         .env("CONVEYOR_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())

@@ -3,6 +3,7 @@
 mod admin;
 mod audit;
 mod bench;
+pub(crate) mod config;
 mod demo;
 mod flow;
 mod http;
@@ -302,5 +303,26 @@ mod colour_tests {
         );
         assert!(!colour_logs(true, Some("1".into())));
         assert!(!colour_logs(false, None), "a file or a pipe");
+    }
+}
+
+#[cfg(test)]
+mod env_tests {
+    /// Every `serve` flag can be set by a `CONVEYOR_*` variable (and so from `--config`).
+    #[test]
+    fn every_serve_flag_has_an_environment_variable() {
+        use clap::CommandFactory;
+        let command = super::Cli::command();
+        let serve = command.find_subcommand("serve").expect("serve");
+        let missing: Vec<String> = serve
+            .get_arguments()
+            .filter(|arg| arg.get_long().is_some() && arg.get_env().is_none())
+            .filter(|arg| !matches!(arg.get_id().as_str(), "help" | "version"))
+            .map(|arg| arg.get_id().to_string())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "serve flags without an env var: {missing:?}"
+        );
     }
 }

@@ -16,45 +16,49 @@ use super::DurabilityArg;
 
 #[derive(Args, Debug)]
 pub(crate) struct ServeArgs {
+    /// Settings from a TOML file, one key per flag (`max_payload_bytes = 1048576`). A flag
+    /// given here or its CONVEYOR_* variable wins over the file.
+    #[arg(long, env = "CONVEYOR_CONFIG", value_name = "FILE")]
+    config: Option<PathBuf>,
     /// Address to listen on. Port 0 picks a free port (printed at start).
     #[arg(long, default_value = "127.0.0.1:7700", env = "CONVEYOR_LISTEN")]
     listen: SocketAddr,
     /// Where jobs are stored.
     #[arg(long, default_value = DEFAULT_STORE_URL, env = "CONVEYOR_STORE")]
     store: String,
-    #[arg(long, value_enum, default_value_t = DurabilityArg::Durable)]
+    #[arg(env = "CONVEYOR_DURABILITY", long, value_enum, default_value_t = DurabilityArg::Durable)]
     durability: DurabilityArg,
     /// Also run a demo producer and worker: jobs flow, some fail and retry, a few die.
-    #[arg(long)]
+    #[arg(env = "CONVEYOR_DEMO", long)]
     demo: bool,
     /// Largest job payload accepted, in bytes (larger gets 413).
-    #[arg(long, default_value_t = 256 * 1024)]
+    #[arg(env = "CONVEYOR_MAX_PAYLOAD_BYTES", long, default_value_t = 256 * 1024)]
     max_payload_bytes: usize,
     /// How often expired leases are rescued and due jobs promoted, in milliseconds.
-    #[arg(long, default_value_t = 1000, value_parser = at_most(HOUR_MS))]
+    #[arg(env = "CONVEYOR_MAINTENANCE_INTERVAL_MS", long, default_value_t = 1000, value_parser = at_most(HOUR_MS))]
     maintenance_interval_ms: u64,
     /// How long a completed job still answers enqueues with its idempotency key, in seconds.
     /// (Unfinished jobs always do; dead and cancelled jobs never do.)
-    #[arg(long, default_value_t = 24 * 3600, value_parser = at_most(TEN_YEARS_SECS))]
+    #[arg(env = "CONVEYOR_IDEMPOTENCY_WINDOW_SECS", long, default_value_t = 24 * 3600, value_parser = at_most(TEN_YEARS_SECS))]
     idempotency_window_secs: u64,
     /// PostgreSQL: schema holding Conveyor's tables (a `?schema=` in the URL wins).
     #[arg(long, env = "CONVEYOR_SCHEMA", default_value = "conveyor")]
     schema: String,
     /// PostgreSQL: do not apply pending migrations at start (run `conveyor migrate` instead);
     /// start fails if the schema is not current.
-    #[arg(long)]
+    #[arg(env = "CONVEYOR_NO_MIGRATE", long)]
     no_migrate: bool,
     /// How long maintenance leadership lasts unrenewed: the longest a dead leader's lease
     /// rescue is missed before another server takes over, in milliseconds.
-    #[arg(long, default_value_t = 10_000, value_parser = at_most(HOUR_MS))]
+    #[arg(env = "CONVEYOR_LEADER_TTL_MS", long, default_value_t = 10_000, value_parser = at_most(HOUR_MS))]
     leader_ttl_ms: u64,
     /// Completed and cancelled jobs are deleted this many seconds after they finished (a
     /// queue's `completed_retention_secs` wins). 0 keeps them forever.
-    #[arg(long, default_value_t = 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
+    #[arg(env = "CONVEYOR_RETAIN_COMPLETED_SECS", long, default_value_t = 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
     retain_completed_secs: u64,
     /// Dead jobs are deleted this many seconds after they died (a queue's
     /// `dead_retention_secs` wins). 0 keeps them forever.
-    #[arg(long, default_value_t = 14 * 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
+    #[arg(env = "CONVEYOR_RETAIN_DEAD_SECS", long, default_value_t = 14 * 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
     retain_dead_secs: u64,
     /// Payload keys (at any depth, comma-separated) shown as `[redacted]` in job views and the
     /// dashboard, e.g. `password,card_number`. Workers still receive them.
@@ -72,7 +76,7 @@ pub(crate) struct ServeArgs {
     schedules: Option<PathBuf>,
     /// How late a schedule tick may fire and still count as on time, in milliseconds (at least
     /// 1000). Older ticks were missed during downtime and follow the schedule's `missed` policy.
-    #[arg(long, default_value_t = 5000, value_parser = at_most(DAY_MS))]
+    #[arg(env = "CONVEYOR_SCHEDULE_MISFIRE_MS", long, default_value_t = 5000, value_parser = at_most(DAY_MS))]
     schedule_misfire_ms: u64,
     /// Require API tokens (`conveyor token create`): on by default when listening on a
     /// non-loopback address, off on loopback. `--auth=false` turns it off.
@@ -80,28 +84,28 @@ pub(crate) struct ServeArgs {
     auth: Option<bool>,
     /// Allow listening on a non-loopback address with access control off: anyone who can
     /// reach the port can then enqueue, replay, discard and change settings.
-    #[arg(long)]
+    #[arg(env = "CONVEYOR_INSECURE_NO_AUTH", long)]
     insecure_no_auth: bool,
     /// With access control: enqueue requests each token may make per second (`N` or `N/s`;
     /// a batch counts once), with bursts of one second's worth; beyond it, 429.
-    #[arg(long, value_parser = parse_rate)]
+    #[arg(env = "CONVEYOR_ENQUEUE_RATE_PER_TOKEN", long, value_parser = parse_rate)]
     enqueue_rate_per_token: Option<f64>,
     /// How long a dashboard login (session cookie) lasts, in seconds.
-    #[arg(long, default_value_t = 12 * 3600, value_parser = at_most(TEN_YEARS_SECS))]
+    #[arg(env = "CONVEYOR_SESSION_TTL_SECS", long, default_value_t = 12 * 3600, value_parser = at_most(TEN_YEARS_SECS))]
     session_ttl_secs: u64,
     /// How long the demo worker may drain at shutdown, in seconds.
-    #[arg(long, default_value_t = 30, value_parser = at_most(DAY_MS / 1000))]
+    #[arg(env = "CONVEYOR_DRAIN_TIMEOUT_SECS", long, default_value_t = 30, value_parser = at_most(DAY_MS / 1000))]
     drain_timeout_secs: u64,
     /// A registered worker not heard from for this long is marked dead by the maintenance
     /// leader, and the jobs it held are rescued at once, in seconds (fractions allowed).
-    #[arg(long, default_value_t = 120.0)]
+    #[arg(env = "CONVEYOR_WORKER_STALE_SECS", long, default_value_t = 120.0)]
     worker_stale_secs: f64,
     /// A running job is stuck past this multiple of its kind's p95 duration (or of its
     /// timeout when its kind has no recent history).
-    #[arg(long, default_value_t = 3.0)]
+    #[arg(env = "CONVEYOR_STUCK_FACTOR", long, default_value_t = 3.0)]
     stuck_factor: f64,
     /// A running job without history or timeout is stuck after this many seconds.
-    #[arg(long, default_value_t = 600, value_parser = at_most(TEN_YEARS_SECS))]
+    #[arg(env = "CONVEYOR_STUCK_DEFAULT_SECS", long, default_value_t = 600, value_parser = at_most(TEN_YEARS_SECS))]
     stuck_default_secs: u64,
     /// SQLite: do not run `PRAGMA quick_check` at start (it reads the whole file). A damaged
     /// file then starts, and the damage shows in `/healthz` once an operation meets it.
@@ -240,25 +244,39 @@ pub(crate) struct AlertArgs {
     )]
     alert_ca: Option<PathBuf>,
     /// The environment variable holding the webhook's HMAC secret.
-    #[arg(long, default_value = "CONVEYOR_ALERT_SECRET")]
+    #[arg(
+        env = "CONVEYOR_ALERT_SECRET_ENV",
+        long,
+        default_value = "CONVEYOR_ALERT_SECRET"
+    )]
     alert_secret_env: String,
     /// Alert when a queue holds more unfinished jobs than this: `N` for every queue or
     /// `QUEUE=N` for one (repeat the flag for several).
-    #[arg(long, value_name = "[QUEUE=]N")]
+    #[arg(
+        env = "CONVEYOR_ALERT_MAX_DEPTH",
+        value_delimiter = ',',
+        long,
+        value_name = "[QUEUE=]N"
+    )]
     alert_max_depth: Vec<String>,
     /// Alert when a queue's oldest available job has waited longer than this many seconds:
     /// `SECS` for every queue or `QUEUE=SECS` (repeatable).
-    #[arg(long, value_name = "[QUEUE=]SECS")]
+    #[arg(
+        env = "CONVEYOR_ALERT_MAX_AGE_SECS",
+        value_delimiter = ',',
+        long,
+        value_name = "[QUEUE=]SECS"
+    )]
     alert_max_age_secs: Vec<String>,
     /// How long a threshold must stay crossed before it alerts, in seconds.
-    #[arg(long, default_value_t = 60.0)]
+    #[arg(env = "CONVEYOR_ALERT_SUSTAIN_SECS", long, default_value_t = 60.0)]
     alert_sustain_secs: f64,
     /// How long the same alert for the same queue or worker stays quiet after firing, in
     /// seconds.
-    #[arg(long, default_value_t = 900.0)]
+    #[arg(env = "CONVEYOR_ALERT_COOLDOWN_SECS", long, default_value_t = 900.0)]
     alert_cooldown_secs: f64,
     /// How often the alert rules look at the store, in milliseconds.
-    #[arg(long, default_value_t = 1000, value_parser = at_most(HOUR_MS))]
+    #[arg(env = "CONVEYOR_ALERT_CHECK_MS", long, default_value_t = 1000, value_parser = at_most(HOUR_MS))]
     alert_check_ms: u64,
 }
 
