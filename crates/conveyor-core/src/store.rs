@@ -157,6 +157,42 @@ pub struct JobListParams {
     pub kind: Option<String>,
     pub limit: usize,
     pub after: Option<Uuid>,
+    /// Ids starting with this (lowercase hex and dashes, as ids are written).
+    pub id_prefix: Option<String>,
+    /// Jobs carrying this tag.
+    pub tag: Option<String>,
+    pub tenant: Option<String>,
+    /// Created at or after / before this.
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+    /// Jobs whose payload contains this JSON object: every key given, recursively, with the
+    /// value given (scalars and arrays compared whole).
+    pub payload: Option<serde_json::Value>,
+}
+
+impl JobListParams {
+    /// The payload filter as (keys from the payload's root, value) pairs:
+    /// `{"user": {"id": 7}, "plan": "pro"}` is `[(["plan"], "pro"), (["user", "id"], 7)]`.
+    /// A job matches when each path holds exactly its value; an empty object matches any.
+    pub fn payload_leaves(&self) -> Vec<(Vec<String>, Value)> {
+        fn walk(path: &mut Vec<String>, value: &Value, out: &mut Vec<(Vec<String>, Value)>) {
+            match value {
+                Value::Object(map) => {
+                    for (key, inner) in map {
+                        path.push(key.clone());
+                        walk(path, inner, out);
+                        path.pop();
+                    }
+                }
+                other => out.push((path.clone(), other.clone())),
+            }
+        }
+        let mut out = Vec::new();
+        if let Some(payload) = &self.payload {
+            walk(&mut Vec::new(), payload, &mut out);
+        }
+        out
+    }
 }
 
 /// Which dead jobs to replay: by ids, or every dead job matching queue and/or kind.

@@ -103,6 +103,7 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::POST, "/v1/jobs", PRODUCER),
     (Method::POST, "/v1/jobs/batch", PRODUCER),
     (Method::GET, "/v1/jobs", ADMIN),
+    (Method::POST, "/v1/jobs/bulk", ADMIN),
     (Method::GET, "/v1/jobs/{id}", PRODUCER),
     (Method::POST, "/v1/jobs/{id}/cancel", ADMIN),
     // Producers create workflows and read, cancel and signal their own (flows carry their

@@ -497,7 +497,13 @@ pub(crate) fn list_params(
             }
             "state" if fixed_state.is_none() => params.state = Some(value.parse::<JobState>()?),
             "limit" => params.limit = list_limit(&value)?,
-            "after" => params.after = Some(parse_uuid("after", &value)?),
+            "after" | "cursor" => params.after = Some(parse_uuid(&key, &value)?),
+            "id_prefix" => params.id_prefix = Some(id_prefix(&value)?),
+            "tag" => params.tag = Some(search_text("tag", value)?),
+            "tenant" => params.tenant = Some(search_text("tenant", value)?),
+            "created_after" => params.created_after = Some(search_time(&key, &value)?),
+            "created_before" => params.created_before = Some(search_time(&key, &value)?),
+            "payload" => params.payload = Some(payload_filter(&value)?),
             _ => {
                 return Err(ApiError::invalid(
                     key.clone(),
@@ -507,6 +513,70 @@ pub(crate) fn list_params(
         }
     }
     Ok(params)
+}
+
+/// An id prefix to search by: 1 to 36 characters of a job id (hex digits, dashes where an id
+/// has them), any case.
+fn id_prefix(raw: &str) -> ApiResult<String> {
+    const SHAPE: &[u8] = b"xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx";
+    let prefix = raw.to_ascii_lowercase();
+    let fits = !prefix.is_empty()
+        && prefix.len() <= SHAPE.len()
+        && prefix.bytes().zip(SHAPE).all(|(b, shape)| match shape {
+            b'-' => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        });
+    if fits {
+        Ok(prefix)
+    } else {
+        Err(ApiError::invalid(
+            "id_prefix",
+            "must be the start of a job id: hex digits, with dashes where an id has them \
+             (e.g. 0193a5f2 or 0193a5f2-7c1e)",
+        ))
+    }
+}
+
+/// A tag or tenant to search by.
+fn search_text(field: &str, value: String) -> ApiResult<String> {
+    if value.is_empty() || value.chars().count() > 200 {
+        return Err(ApiError::invalid(field, "must be 1 to 200 characters"));
+    }
+    validate::text_without_nul(field, &value)?;
+    Ok(value)
+}
+
+fn search_time(field: &str, raw: &str) -> ApiResult<DateTime<Utc>> {
+    DateTime::parse_from_rfc3339(raw)
+        .map(|at| at.with_timezone(&Utc))
+        .map_err(|e| ApiError::invalid(field, format!("{raw:?} is not an RFC 3339 timestamp: {e}")))
+}
+
+/// Most bytes of a payload filter.
+const MAX_PAYLOAD_FILTER_BYTES: usize = 8 * 1024;
+
+/// A payload filter: a JSON object the payload must contain (keys at any depth, values whole).
+fn payload_filter(raw: &str) -> ApiResult<serde_json::Value> {
+    if raw.len() > MAX_PAYLOAD_FILTER_BYTES {
+        return Err(ApiError::invalid(
+            "payload",
+            format!("at most {MAX_PAYLOAD_FILTER_BYTES} bytes"),
+        ));
+    }
+    let value: serde_json::Value = serde_json::from_str(raw).map_err(|e| {
+        ApiError::invalid(
+            "payload",
+            format!("must be a JSON object such as {{\"user_id\": 7}}: {e}"),
+        )
+    })?;
+    if !value.is_object() {
+        return Err(ApiError::invalid(
+            "payload",
+            "must be a JSON object such as {\"user_id\": 7}",
+        ));
+    }
+    validate::json_without_nul("payload", &value)?;
+    Ok(value)
 }
 
 pub(crate) async fn page(state: &AppState, params: JobListParams) -> ApiResult<Json<JobPage>> {

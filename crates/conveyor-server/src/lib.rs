@@ -22,6 +22,8 @@ pub mod api;
 mod audit;
 mod auth;
 mod breakers;
+mod bulk;
+pub use bulk::BulkResponse;
 mod docs;
 pub use docs::VersionInfo;
 mod error;
@@ -223,6 +225,7 @@ pub fn router_with_options(
     Router::new()
         .route("/v1/jobs", post(jobs::enqueue).get(jobs::list))
         .route("/v1/jobs/batch", post(jobs::enqueue_batch))
+        .route("/v1/jobs/bulk", post(bulk::bulk))
         .route("/v1/jobs/{id}", get(jobs::get))
         .route("/v1/jobs/{id}/cancel", post(jobs::cancel))
         .route("/v1/jobs/{id}/progress", post(lease::progress))

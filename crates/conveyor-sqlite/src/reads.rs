@@ -43,6 +43,47 @@ pub(crate) fn jobs_list(conn: &Connection, params: &JobListParams) -> StoreResul
         args.push(SqlValue::Text(after.to_string()));
         sql.push_str(&format!(" AND id < ?{}", args.len()));
     }
+    if let Some(prefix) = &params.id_prefix {
+        // Ids are stored as lowercase text: a range on the primary key, not a scan.
+        args.push(SqlValue::Text(prefix.clone()));
+        sql.push_str(&format!(" AND id >= ?{}", args.len()));
+        args.push(SqlValue::Text(format!("{prefix}\u{10FFFF}")));
+        sql.push_str(&format!(" AND id < ?{}", args.len()));
+    }
+    if let Some(tag) = &params.tag {
+        args.push(SqlValue::Text(tag.clone()));
+        sql.push_str(&format!(
+            " AND EXISTS (SELECT 1 FROM json_each(jobs.tags) WHERE value = ?{})",
+            args.len()
+        ));
+    }
+    if let Some(tenant) = &params.tenant {
+        args.push(SqlValue::Text(tenant.clone()));
+        sql.push_str(&format!(" AND tenant = ?{}", args.len()));
+    }
+    if let Some(at) = params.created_after {
+        args.push(SqlValue::Integer(millis(at)));
+        sql.push_str(&format!(" AND created_at >= ?{}", args.len()));
+    }
+    if let Some(at) = params.created_before {
+        args.push(SqlValue::Integer(millis(at)));
+        sql.push_str(&format!(" AND created_at < ?{}", args.len()));
+    }
+    for (keys, value) in params.payload_leaves() {
+        // Both sides through json_extract, so a JSON string, number, boolean, null or array
+        // compares as the same SQL value it is stored as.
+        let path = keys.iter().fold("$".to_string(), |path, key| {
+            format!("{path}.\"{}\"", key.replace('"', "\\\""))
+        });
+        args.push(SqlValue::Text(path));
+        let path_arg = args.len();
+        args.push(SqlValue::Text(value.to_string()));
+        sql.push_str(&format!(
+            " AND json_type(payload, ?{path_arg}) IS NOT NULL \
+             AND json_extract(payload, ?{path_arg}) IS json_extract(?{}, '$')",
+            args.len()
+        ));
+    }
     args.push(SqlValue::Integer(params.limit as i64));
     sql.push_str(&format!(" ORDER BY id DESC LIMIT ?{}", args.len()));
     let mut stmt = conn.prepare_cached(&sql).map_err(backend)?;

@@ -46,6 +46,7 @@ pub mod model;
 mod rescue;
 mod retention;
 mod schedules;
+mod search;
 mod settings;
 mod unique;
 mod workers;
@@ -64,6 +65,7 @@ pub use kinds::*;
 pub use rescue::*;
 pub use retention::*;
 pub use schedules::*;
+pub use search::*;
 pub use settings::*;
 pub use unique::*;
 pub use workers::*;
@@ -132,6 +134,8 @@ macro_rules! __conveyor_behaviours {
             insert_many_returns_one_result_per_job_in_order,
             insert_with_future_run_at_is_scheduled,
             insert_with_past_run_at_is_available,
+            // search
+            jobs_are_found_by_id_prefix_tag_tenant_time_and_payload,
             // circuit breakers
             breaker_records_are_written_only_on_their_version,
             breaker_settings_round_trip_with_queue_and_kind_settings,

@@ -311,7 +311,45 @@ impl JobStore for EncryptedStore {
     }
 
     async fn jobs_list(&self, params: JobListParams) -> StoreResult<Vec<Job>> {
-        Ok(self.open_jobs(self.inner.jobs_list(params).await?))
+        if params.payload.is_none() {
+            return Ok(self.open_jobs(self.inner.jobs_list(params).await?));
+        }
+        // The store holds ciphertext: the payload filter is applied here, to the opened
+        // payloads, over the store's pages of the other filters (at most SCAN_LIMIT rows read).
+        let wanted = params.limit;
+        let mut matched = Vec::with_capacity(wanted.min(1024));
+        let mut page_params = params.clone();
+        page_params.payload = None;
+        page_params.limit = 500;
+        let mut scanned = 0;
+        loop {
+            let page = self.inner.jobs_list(page_params.clone()).await?;
+            let done = page.len() < page_params.limit;
+            scanned += page.len();
+            page_params.after = page.last().map(|job| job.id);
+            for job in self.open_jobs(page) {
+                if payload_contains(&job.payload, &params) {
+                    matched.push(job);
+                    if matched.len() == wanted {
+                        return Ok(matched);
+                    }
+                }
+            }
+            if done {
+                return Ok(matched);
+            }
+            if scanned >= SCAN_LIMIT {
+                return Err(conveyor_core::ValidationError::new(
+                    "payload",
+                    format!(
+                        "payloads are encrypted: a payload search reads them one by one, and \
+                         {SCAN_LIMIT} jobs matched the other filters; narrow it (queue, kind, \
+                         state, tag, time)"
+                    ),
+                )
+                .into());
+            }
+        }
     }
 
     async fn job_cancel(&self, id: Uuid) -> StoreResult<Job> {
@@ -443,4 +481,21 @@ mod tests {
             json!({"plain": true})
         );
     }
+}
+
+/// Most jobs a payload search over encrypted payloads reads.
+const SCAN_LIMIT: usize = 100_000;
+
+/// Whether `payload` holds every (path, value) of the search's payload filter.
+fn payload_contains(payload: &serde_json::Value, params: &JobListParams) -> bool {
+    params.payload_leaves().iter().all(|(keys, value)| {
+        let mut at = payload;
+        for key in keys {
+            match at.get(key) {
+                Some(inner) => at = inner,
+                None => return false,
+            }
+        }
+        at == value
+    })
 }

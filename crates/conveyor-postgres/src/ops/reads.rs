@@ -17,37 +17,57 @@ pub(crate) async fn list(
     params: &JobListParams,
 ) -> StoreResult<Vec<Job>> {
     // Only the filters given become conditions, so each combination gets a plan that can use
-    // the primary key (for the cursor) and the partial indexes.
-    let mut text = format!("SELECT {COLUMNS} FROM {} WHERE TRUE", sql.jobs);
-    let mut placeholders = 0;
-    let mut condition = |column: &str| {
-        placeholders += 1;
-        format!(" AND {column} ${placeholders}")
+    // the primary key (for the cursor and an id prefix) and the partial indexes.
+    let mut query = Conditions {
+        text: format!("SELECT {COLUMNS} FROM {} WHERE TRUE", sql.jobs),
+        binds: Vec::new(),
     };
-    let mut binds: Vec<Bind<'_>> = Vec::new();
     if let Some(queue) = &params.queue {
-        text.push_str(&condition("queue ="));
-        binds.push(Bind::Text(queue));
+        query.add("queue = $?", [Bind::Text(queue)]);
     }
     if let Some(state) = params.state {
-        text.push_str(&condition("state ="));
-        binds.push(Bind::Text(state.as_str()));
+        query.add("state = $?", [Bind::Text(state.as_str())]);
     }
     if let Some(kind) = &params.kind {
-        text.push_str(&condition("kind ="));
-        binds.push(Bind::Text(kind));
+        query.add("kind = $?", [Bind::Text(kind)]);
     }
     if let Some(after) = params.after {
-        text.push_str(&condition("id <"));
-        binds.push(Bind::Id(after));
+        query.add("id < $?", [Bind::Id(after)]);
     }
-    placeholders += 1;
-    text.push_str(&format!(" ORDER BY id DESC LIMIT ${placeholders}"));
+    if let Some(prefix) = &params.id_prefix {
+        // The prefix as the range of ids it can start, so the primary key serves it.
+        let (low, high) = id_range(prefix);
+        query.add("id BETWEEN $? AND $?", [Bind::Id(low), Bind::Id(high)]);
+    }
+    if let Some(tag) = &params.tag {
+        query.add("tags @> ARRAY[$?]::text[]", [Bind::Text(tag)]);
+    }
+    if let Some(tenant) = &params.tenant {
+        query.add("tenant = $?", [Bind::Text(tenant)]);
+    }
+    if let Some(at) = params.created_after {
+        query.add("created_at >= $?", [Bind::Time(at)]);
+    }
+    if let Some(at) = params.created_before {
+        query.add("created_at < $?", [Bind::Time(at)]);
+    }
+    for (keys, value) in params.payload_leaves() {
+        query.add(
+            "(payload #> $?::text[]) = $?::jsonb",
+            [Bind::Keys(keys), Bind::Json(value)],
+        );
+    }
+    let Conditions { mut text, binds } = query;
+    let limit_at = binds.len() + 1;
+    text.push_str(&format!(" ORDER BY id DESC LIMIT ${limit_at}"));
     let mut query = sqlx::query(AssertSqlSafe(text));
     for bind in binds {
         query = match bind {
             Bind::Text(value) => query.bind(value),
             Bind::Id(value) => query.bind(value),
+            Bind::Time(value) => query.bind(value),
+            Bind::Keys(value) => query.bind(value),
+            Bind::Json(value) => query.bind(sqlx::types::Json(value)),
         };
     }
     let found = query
@@ -58,10 +78,50 @@ pub(crate) async fn list(
     rows::jobs(&found)
 }
 
+/// A statement's conditions assembled at run time, with their parameters.
+struct Conditions<'a> {
+    text: String,
+    binds: Vec<Bind<'a>>,
+}
+
+impl<'a> Conditions<'a> {
+    /// Adds ` AND {template}`, each `$?` standing for the next of `binds`.
+    fn add<const N: usize>(&mut self, template: &str, binds: [Bind<'a>; N]) {
+        let mut parts = template.split("$?");
+        self.text.push_str(" AND ");
+        self.text.push_str(parts.next().unwrap_or_default());
+        for (bind, part) in binds.into_iter().zip(parts) {
+            self.binds.push(bind);
+            self.text.push_str(&format!("${}{part}", self.binds.len()));
+        }
+    }
+}
+
 /// A parameter of a statement assembled at run time.
 pub(super) enum Bind<'a> {
     Text(&'a str),
     Id(Uuid),
+    Time(DateTime<Utc>),
+    Keys(Vec<String>),
+    Json(serde_json::Value),
+}
+
+/// The lowest and highest uuid whose text starts with `prefix` (lowercase hex, dashes where a
+/// uuid has them; checked by the caller).
+fn id_range(prefix: &str) -> (Uuid, Uuid) {
+    let digits: String = prefix.chars().filter(|c| *c != '-').collect();
+    let pad = |fill: char| {
+        let mut hex = digits.clone();
+        while hex.len() < 32 {
+            hex.push(fill);
+        }
+        Uuid::parse_str(&hex[..32]).unwrap_or(if fill == '0' {
+            Uuid::nil()
+        } else {
+            Uuid::max()
+        })
+    };
+    (pad('0'), pad('f'))
 }
 
 pub(crate) async fn queues_stats(
