@@ -423,6 +423,23 @@ impl LeaseStore for EncryptedStore {
     }
 }
 
+/// Most jobs a payload search over encrypted payloads reads.
+const SCAN_LIMIT: usize = 100_000;
+
+/// Whether `payload` holds every (path, value) of the search's payload filter.
+fn payload_contains(payload: &serde_json::Value, params: &JobListParams) -> bool {
+    params.payload_leaves().iter().all(|(keys, value)| {
+        let mut at = payload;
+        for key in keys {
+            match at.get(key) {
+                Some(inner) => at = inner,
+                None => return false,
+            }
+        }
+        at == value
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -481,21 +498,4 @@ mod tests {
             json!({"plain": true})
         );
     }
-}
-
-/// Most jobs a payload search over encrypted payloads reads.
-const SCAN_LIMIT: usize = 100_000;
-
-/// Whether `payload` holds every (path, value) of the search's payload filter.
-fn payload_contains(payload: &serde_json::Value, params: &JobListParams) -> bool {
-    params.payload_leaves().iter().all(|(keys, value)| {
-        let mut at = payload;
-        for key in keys {
-            match at.get(key) {
-                Some(inner) => at = inner,
-                None => return false,
-            }
-        }
-        at == value
-    })
 }

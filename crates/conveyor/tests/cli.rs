@@ -1033,3 +1033,155 @@ fn serve_settings_come_from_flag_then_env_then_file() {
         stderr(&refused)
     );
 }
+
+#[test]
+fn queues_prints_a_plain_table_with_human_durations() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    for _ in 0..3 {
+        enqueue(s, json!({"kind": "invoice.send", "queue": "billing"}));
+    }
+    let output = conveyor(&["queues", "--server", s]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        !output.stdout.contains(&0x1b),
+        "no ANSI escape in piped output: {:?}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let text = String::from_utf8_lossy(&output.stdout);
+    let mut lines = text.lines();
+    let header: Vec<&str> = lines.next().expect("header").split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "QUEUE",
+            "AVAILABLE",
+            "SCHEDULED",
+            "RUNNING",
+            "RETRYABLE",
+            "DEAD",
+            "COMPLETED",
+            "CANCELLED",
+            "OLDEST",
+            "STATE"
+        ],
+        "{text}"
+    );
+    let row = lines
+        .find(|line| line.starts_with("billing "))
+        .unwrap_or_else(|| panic!("no row for the queue in:\n{text}"));
+    let cells: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(
+        cells[..8],
+        ["billing", "3", "0", "0", "0", "0", "0", "0"],
+        "{row}"
+    );
+    // The oldest job's wait reads as a duration (`850ms`, `1.2s`, `3m 12s`), not raw ms.
+    let oldest = cells[8..].join(" ");
+    assert!(
+        ["ms", "s", "m", "h", "d"]
+            .iter()
+            .any(|unit| oldest.ends_with(unit))
+            && oldest.starts_with(|c: char| c.is_ascii_digit() || c == '<'),
+        "OLDEST {oldest:?} in {row}"
+    );
+    assert_eq!(row, row.trim_end(), "no trailing spaces");
+    assert!(
+        !text.contains('|') && !text.contains("--"),
+        "no borders:\n{text}"
+    );
+}
+
+/// `conveyor jobs search|list|bulk` against a real server: criteria, a dry run that changes
+/// nothing, the bulk cancel, and refusals that name what is missing.
+#[test]
+fn jobs_are_searched_and_cancelled_in_bulk_from_the_cli() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let s = server.url.as_str();
+    let acme_1 = enqueue(
+        s,
+        json!({"kind": "sync", "tenant": "acme", "payload": {"n": 1}}),
+    );
+    let acme_2 = enqueue(
+        s,
+        json!({"kind": "sync", "tenant": "acme", "payload": {"n": 2}}),
+    );
+    let other = enqueue(
+        s,
+        json!({"kind": "sync", "tenant": "globex", "payload": {"n": 1}}),
+    );
+    let found = stdout_json(&conveyor(&[
+        "jobs", "search", "--tenant", "acme", "--server", s, "--json",
+    ]));
+    let ids: Vec<&str> = found["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter_map(|j| j["id"].as_str())
+        .collect();
+    assert_eq!(
+        ids,
+        vec![
+            acme_2["id"].as_str().unwrap(),
+            acme_1["id"].as_str().unwrap()
+        ]
+    );
+    let by_payload = stdout_json(&conveyor(&[
+        "jobs",
+        "list",
+        "--payload",
+        r#"{"n": 1}"#,
+        "--server",
+        s,
+        "--json",
+    ]));
+    assert_eq!(by_payload["jobs"].as_array().map(Vec::len), Some(2));
+
+    let dry = conveyor(&[
+        "jobs",
+        "bulk",
+        "cancel",
+        "--tenant",
+        "acme",
+        "--dry-run",
+        "--server",
+        s,
+    ]);
+    assert!(dry.status.success(), "{}", stderr(&dry));
+    assert!(
+        String::from_utf8_lossy(&dry.stdout).contains("would cancel 2 job(s)"),
+        "{}",
+        String::from_utf8_lossy(&dry.stdout)
+    );
+    assert_eq!(
+        get_job(s, acme_1["id"].as_str().unwrap())["state"],
+        "available"
+    );
+    let done = conveyor(&["jobs", "bulk", "cancel", "--tenant", "acme", "--server", s]);
+    assert!(
+        String::from_utf8_lossy(&done.stdout).contains("cancel: 2 job(s) changed of 2 matched"),
+        "{}",
+        String::from_utf8_lossy(&done.stdout)
+    );
+    let listed = conveyor(&["jobs", "list", "--state", "cancelled", "--server", s]);
+    let text = String::from_utf8_lossy(&listed.stdout);
+    assert!(text.contains(acme_1["id"].as_str().unwrap()), "{text}");
+    assert!(!text.contains(other["id"].as_str().unwrap()), "{text}");
+
+    let vague = conveyor(&["jobs", "bulk", "cancel", "--server", s]);
+    assert!(!vague.status.success());
+    assert!(
+        stderr(&vague).contains("say which jobs"),
+        "{}",
+        stderr(&vague)
+    );
+    let bad = conveyor(&["jobs", "search", "--id-prefix", "zz", "--server", s]);
+    assert!(!bad.status.success());
+    assert!(stderr(&bad).contains("id_prefix"), "{}", stderr(&bad));
+    assert_eq!(
+        get_job(s, other["id"].as_str().unwrap())["state"],
+        "available"
+    );
+}

@@ -1,6 +1,7 @@
 //! `conveyor audit`: the server's audit log (admin only when access control is on).
 
 use crate::cli::http::{decode, stamp};
+use crate::cli::table::Table;
 use clap::Args;
 use conveyor::AuditEntry;
 use conveyor_server::api::AuditPage;
@@ -44,21 +45,18 @@ pub(crate) async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
         println!("no audit entries");
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:>6}  {:<24}  {:<20}  {:<16}  {:<20}  JOBS / DETAIL",
-        "ID", "AT", "ACTOR", "ACTION", "TARGET"
-    );
+    let mut table = Table::new(["ID", "AT", "ACTOR", "ACTION", "TARGET", "JOBS / DETAIL"]);
     for entry in &entries {
-        println!(
-            "{:>6}  {:<24}  {:<20}  {:<16}  {:<20}  {}",
-            entry.id,
+        table.row([
+            entry.id.to_string(),
             stamp(&entry.at),
-            entry.actor,
+            entry.actor.clone(),
             entry.action.to_string(),
-            entry.target.as_deref().unwrap_or("-"),
-            summary(entry)
-        );
+            entry.target.clone().unwrap_or_else(|| "-".to_string()),
+            summary(entry),
+        ]);
     }
+    table.print();
     if let Some(next) = page.next {
         println!("(more: --before {next})");
     }

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 
 use super::ServerArg;
 use crate::cli::http::{decode, stamp};
+use crate::cli::table::Table;
 use conveyor::workflow::{FlowView, StepView};
 use conveyor_server::api::{CreatedFlow, FlowPage, SignalResponse};
 
@@ -93,7 +94,8 @@ fn brief(value: &Value) -> String {
     }
 }
 
-fn step_line(step: &StepView) -> String {
+/// A step's row: name, state, what it does, its parents, attempts, and result or error.
+fn step_row(step: &StepView) -> [String; 6] {
     let what = match (&step.kind, &step.wait) {
         (Some(kind), _) => format!("job {kind}"),
         (None, Some(wait)) => format!("wait {}", wait.signal),
@@ -114,15 +116,14 @@ fn step_line(step: &StepView) -> String {
         .compensation
         .map(|c| format!(" [compensation {}]", wire_name(c)))
         .unwrap_or_default();
-    format!(
-        "{:<20} {:<10} {:<24} {:<20} {:>3} {}{compensation}",
-        step.name,
-        step.state.as_str(),
+    [
+        step.name.clone(),
+        step.state.as_str().to_string(),
         what,
         after,
-        step.attempts,
-        outcome
-    )
+        step.attempts.to_string(),
+        format!("{outcome}{compensation}").trim_start().to_string(),
+    ]
 }
 
 fn print_flow(flow: &FlowView) {
@@ -140,13 +141,12 @@ fn print_flow(flow: &FlowView) {
     if let Some(at) = &flow.finished_at {
         println!("  finished: {}", stamp(at));
     }
-    println!(
-        "  {:<20} {:<10} {:<24} {:<20} {:>3} RESULT / ERROR",
-        "STEP", "STATE", "DOES", "AFTER", "TRY"
-    );
+    let mut table =
+        Table::new(["STEP", "STATE", "DOES", "AFTER", "TRY", "RESULT / ERROR"]).right([4]);
     for step in &flow.steps {
-        println!("  {}", step_line(step));
+        table.row(step_row(step));
     }
+    table.print_indented("  ");
 }
 
 pub(crate) async fn run(command: FlowCommand) -> anyhow::Result<ExitCode> {
@@ -212,25 +212,22 @@ pub(crate) async fn run(command: FlowCommand) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let page: FlowPage = decode(&answer, "GET /v1/flows")?;
-            println!(
-                "{:<36} {:<20} {:<13} {:<24} STEPS",
-                "ID", "NAME", "STATE", "CREATED"
-            );
+            let mut table = Table::new(["ID", "NAME", "STATE", "CREATED", "STEPS"]);
             for flow in &page.flows {
                 let counts: Vec<String> = flow
                     .step_counts
                     .iter()
                     .map(|(state, n)| format!("{state}={n}"))
                     .collect();
-                println!(
-                    "{:<36} {:<20} {:<13} {:<24} {}",
-                    flow.id,
-                    flow.name.as_deref().unwrap_or("-"),
-                    flow.state.as_str(),
+                table.row([
+                    flow.id.to_string(),
+                    flow.name.clone().unwrap_or_else(|| "-".to_string()),
+                    flow.state.as_str().to_string(),
                     stamp(&flow.created_at),
-                    counts.join(" ")
-                );
+                    counts.join(" "),
+                ]);
             }
+            table.print();
             println!("{} flow(s)", page.flows.len());
         }
         FlowCommand::Cancel { id, server } => {

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use super::ServerArg;
 use crate::cli::http::{decode, stamp};
+use crate::cli::table::{ago, Table};
 use conveyor::kinds::KindSettings;
 
 #[derive(Subcommand, Debug)]
@@ -79,7 +80,8 @@ fn print_json(value: &Value) {
     );
 }
 
-fn summary(kind: &KindSettings) -> String {
+/// A kind's row: name, schema version and size, and when it last changed.
+fn summary(kind: &KindSettings) -> [String; 4] {
     let version = kind
         .version
         .map(|v| format!("v{v}"))
@@ -88,13 +90,7 @@ fn summary(kind: &KindSettings) -> String {
         Some(schema) => format!("{} bytes", schema.to_string().len()),
         None => "none".to_string(),
     };
-    format!(
-        "{:<32} {:<8} {:<14} {}",
-        kind.kind,
-        version,
-        schema,
-        stamp(&kind.updated_at)
-    )
+    [kind.kind.clone(), version, schema, ago(kind.updated_at)]
 }
 
 pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
@@ -183,10 +179,11 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             if kinds.is_empty() {
                 println!("no kind has a schema (conveyor kind set KIND --schema FILE)");
             } else {
-                println!("{:<32} {:<8} {:<14} UPDATED", "KIND", "VERSION", "SCHEMA");
+                let mut table = Table::new(["KIND", "VERSION", "SCHEMA", "UPDATED"]);
                 for kind in &kinds {
-                    println!("{}", summary(kind));
+                    table.row(summary(kind));
                 }
+                table.print();
             }
         }
         KindCommand::Show { kind, server } => {

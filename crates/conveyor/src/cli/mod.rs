@@ -7,11 +7,13 @@ pub(crate) mod config;
 mod demo;
 mod flow;
 mod http;
+mod jobs;
 mod kind;
 mod observe;
 mod schedule;
 mod serve;
 mod store;
+mod table;
 mod token;
 mod work;
 
@@ -150,6 +152,12 @@ enum Command {
         #[command(subcommand)]
         command: flow::FlowCommand,
     },
+    /// Find jobs (by queue, state, kind, tag, tenant, id prefix, time, payload) and act on
+    /// all of them at once: list, search, bulk cancel|retry|discard.
+    Jobs {
+        #[command(subcommand)]
+        command: jobs::JobsCommand,
+    },
     /// Payload schemas per job kind: set, list, show, delete.
     Kind {
         #[command(subcommand)]
@@ -280,6 +288,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Schedule { command } => schedule::run(command).await,
         Command::Flow { command } => flow::run(command).await,
         Command::Kind { command } => kind::run(command).await,
+        Command::Jobs { command } => jobs::run(command).await,
         Command::Work(args) => work::run(args).await,
         Command::Bench(args) => bench::run(args).await,
         Command::Store { command } => store::run(command).await,

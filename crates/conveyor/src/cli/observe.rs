@@ -1,6 +1,7 @@
 //! `conveyor workers` and `conveyor stuck`: the worker registry and stuck jobs, for on-call.
 
-use crate::cli::http::{decode, stamp};
+use crate::cli::http::decode;
+use crate::cli::table::{ago, human_ms, Table};
 use clap::Args;
 use conveyor_server::api::{StuckResponse, WorkersResponse};
 use std::process::ExitCode;
@@ -40,23 +41,33 @@ pub(crate) async fn workers(args: WorkersArgs) -> anyhow::Result<ExitCode> {
         println!("{answer}");
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:<36} {:<8} {:<20} {:>8} {:>9}  {:<24} LAST SEEN",
-        "WORKER", "STATE", "HOST", "PID", "BUSY", "QUEUES"
-    );
     let answer: WorkersResponse = decode(&answer, "GET /v1/workers")?;
+    let mut table = Table::new([
+        "WORKER",
+        "STATE",
+        "HOST",
+        "PID",
+        "BUSY",
+        "QUEUES",
+        "LAST SEEN",
+    ])
+    .right([3, 4]);
     for worker in answer.workers {
-        println!(
-            "{:<36} {:<8} {:<20} {:>8} {:>9}  {:<24} {}",
+        table.row([
             worker.id,
             worker.state.to_string(),
-            worker.host,
+            if worker.host.is_empty() {
+                "-".to_string()
+            } else {
+                worker.host
+            },
             worker.pid.map_or("-".to_string(), |pid| pid.to_string()),
             format!("{}/{}", worker.busy, worker.concurrency),
             worker.queues.join(","),
-            stamp(&worker.last_seen_at),
-        );
+            ago(worker.last_seen_at),
+        ]);
     }
+    table.print();
     Ok(ExitCode::SUCCESS)
 }
 
@@ -78,20 +89,18 @@ pub(crate) async fn stuck(args: StuckArgs) -> anyhow::Result<ExitCode> {
         println!("no stuck jobs");
         return Ok(ExitCode::SUCCESS);
     }
-    println!(
-        "{:<36} {:<14} {:<20} {:>12} {:>12}  WORKER",
-        "JOB", "QUEUE", "KIND", "RUNNING_MS", "LIMIT_MS"
-    );
+    let mut table =
+        Table::new(["JOB", "QUEUE", "KIND", "RUNNING", "LIMIT", "WORKER"]).right([3, 4]);
     for job in jobs {
-        println!(
-            "{:<36} {:<14} {:<20} {:>12} {:>12}  {}",
-            job.id,
+        table.row([
+            job.id.to_string(),
             job.queue,
             job.kind,
-            job.running_ms,
-            job.threshold_ms,
-            job.worker_id.as_deref().unwrap_or("-"),
-        );
+            human_ms(job.running_ms),
+            human_ms(job.threshold_ms),
+            job.worker_id.unwrap_or_else(|| "-".to_string()),
+        ]);
     }
+    table.print();
     Ok(ExitCode::SUCCESS)
 }

@@ -8,6 +8,7 @@ use std::process::ExitCode;
 
 use super::ServerArg;
 use crate::cli::http::{decode, stamp};
+use crate::cli::table::Table;
 use conveyor::schedule::ScheduleRun;
 use conveyor_server::api::{RunList, ScheduleAnswer, ScheduleList};
 
@@ -158,19 +159,30 @@ fn missed(schedule: &ScheduleAnswer) -> String {
     }
 }
 
-/// A run in one line: tick, status, job and its state, and why when it did not enqueue.
-fn run_line(run: &ScheduleRun) -> String {
-    let catch_up = if run.catch_up { " (catch-up)" } else { "" };
-    format!(
-        "{}  {:<16} {:<36} {:<10}{catch_up} {}",
-        stamp(&run.tick),
-        wire_name(run.status),
-        run.job_id
-            .map_or_else(|| "-".to_string(), |id| id.to_string()),
-        run.job_state
-            .map_or_else(|| "-".to_string(), |state| state.to_string()),
-        run.detail.as_deref().unwrap_or("")
-    )
+/// Runs as a table: tick, status, job and its state, and why when it did not enqueue.
+fn runs_table(runs: &[ScheduleRun]) -> Table {
+    let mut table = Table::new(["TICK", "STATUS", "JOB", "STATE", "DETAIL"]);
+    for run in runs {
+        let detail = [
+            if run.catch_up { "(catch-up)" } else { "" },
+            run.detail.as_deref().unwrap_or(""),
+        ]
+        .iter()
+        .filter(|part| !part.is_empty())
+        .copied()
+        .collect::<Vec<_>>()
+        .join(" ");
+        table.row([
+            stamp(&run.tick),
+            wire_name(run.status),
+            run.job_id
+                .map_or_else(|| "-".to_string(), |id| id.to_string()),
+            run.job_state
+                .map_or_else(|| "-".to_string(), |state| state.to_string()),
+            detail,
+        ]);
+    }
+    table
 }
 
 fn print_schedule(schedule: &ScheduleAnswer) {
@@ -189,8 +201,8 @@ fn print_schedule(schedule: &ScheduleAnswer) {
         println!("{label:>10}: {value}");
     }
     println!("{:>10}: {}", "runs", schedule.recent_runs.len());
-    for run in &schedule.recent_runs {
-        println!("{:>10}  {}", "", run_line(run));
+    if !schedule.recent_runs.is_empty() {
+        runs_table(&schedule.recent_runs).print_indented(&" ".repeat(12));
     }
 }
 
@@ -204,31 +216,36 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let schedules = decode::<ScheduleList>(&answer, "GET /v1/schedules")?.schedules;
-            println!(
-                "{:<24} {:<16} {:<16} {:<20} {:<24} {:<16} LAST JOB",
-                "NAME", "CRON/EVERY", "TIMEZONE", "KIND", "NEXT RUN", "LAST RUN"
-            );
+            let mut table = Table::new([
+                "NAME",
+                "CRON/EVERY",
+                "TIMEZONE",
+                "KIND",
+                "NEXT RUN",
+                "LAST RUN",
+                "LAST JOB",
+            ]);
             for schedule in &schedules {
                 let last = schedule.last_run.as_ref();
-                println!(
-                    "{:<24} {:<16} {:<16} {:<20} {:<24} {:<16} {}",
-                    schedule.name,
+                table.row([
+                    schedule.name.clone(),
                     match &schedule.every {
                         Some(every) => format!("every {every}"),
                         None => schedule.cron.clone(),
                     },
                     if schedule.every.is_some() {
-                        "-"
+                        "-".to_string()
                     } else {
-                        &schedule.timezone
+                        schedule.timezone.clone()
                     },
-                    schedule.job.kind,
+                    schedule.job.kind.clone(),
                     optional_stamp(schedule.next_run_at.as_ref()),
                     last.map_or_else(|| "-".to_string(), |run| wire_name(run.status)),
                     last.and_then(|run| run.job_state)
                         .map_or_else(|| "-".to_string(), |state| state.to_string()),
-                );
+                ]);
             }
+            table.print();
             println!("{} schedule(s)", schedules.len());
         }
         ScheduleCommand::Show { name, server } => {
@@ -315,8 +332,8 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
                 return Ok(ExitCode::SUCCESS);
             }
             let runs = decode::<RunList>(&answer, "GET /v1/schedules/{name}/runs")?.runs;
-            for run in &runs {
-                println!("{}", run_line(run));
+            if !runs.is_empty() {
+                runs_table(&runs).print();
             }
             println!("{} run(s) shown", runs.len());
         }

@@ -9,6 +9,8 @@ use conveyor::{ApiToken, Role, Store, TokenSelector};
 use std::process::ExitCode;
 use std::sync::Arc;
 
+use super::table::Table;
+
 /// Where the tokens are stored: the store the server runs on.
 #[derive(Args, Debug)]
 pub(crate) struct StoreArg {
@@ -124,22 +126,19 @@ fn print_tokens(tokens: &[ApiToken]) {
         println!("no tokens; create one with `conveyor token create --role admin`");
         return;
     }
-    println!(
-        "{:<36}  {:<24}  {:<8}  {:<20}  REVOKED",
-        "ID", "NAME", "ROLE", "CREATED"
-    );
+    let mut table = Table::new(["ID", "NAME", "ROLE", "CREATED", "REVOKED"]);
     let time = |at: chrono::DateTime<chrono::Utc>| at.format("%Y-%m-%d %H:%M:%S").to_string();
     for token in tokens {
-        println!(
-            "{:<36}  {:<24}  {:<8}  {:<20}  {}",
-            token.id,
-            token.name,
-            token.role,
+        table.row([
+            token.id.to_string(),
+            token.name.clone(),
+            token.role.to_string(),
             time(token.created_at),
             token
                 .revoked_at
                 .map(time)
-                .unwrap_or_else(|| "-".to_string())
-        );
+                .unwrap_or_else(|| "-".to_string()),
+        ]);
     }
+    table.print();
 }

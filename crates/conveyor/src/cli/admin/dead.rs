@@ -1,6 +1,7 @@
 //! `conveyor dead list|replay|discard`: the dead-letter queue.
 
 use crate::cli::http::decode;
+use crate::cli::table::{ago, Table};
 use anyhow::bail;
 use clap::Subcommand;
 use conveyor_server::api::{JobPage, ReplayResponse};
@@ -69,22 +70,24 @@ pub(crate) async fn dead(command: DeadCommand) -> anyhow::Result<ExitCode> {
             }
             let page: JobPage = decode(&page, "GET /v1/dead")?;
             let jobs = page.jobs;
-            println!(
-                "{:<36}  {:<12} {:<20} {:>7}  LAST ERROR",
-                "ID", "QUEUE", "KIND", "ATTEMPT"
-            );
+            let mut table =
+                Table::new(["ID", "QUEUE", "KIND", "ATTEMPT", "DIED", "LAST ERROR"]).right([3, 4]);
             for job in &jobs {
                 let last = job.errors.last();
-                println!(
-                    "{:<36}  {:<12} {:<20} {:>7}  [{}] {}",
-                    job.id,
-                    job.queue,
-                    job.kind,
-                    job.attempt,
-                    last.map_or("-", |e| e.class.as_str()),
-                    last.map_or("", |e| e.message.as_str())
-                );
+                table.row([
+                    job.id.to_string(),
+                    job.queue.clone(),
+                    job.kind.clone(),
+                    job.attempt.to_string(),
+                    job.finished_at.map_or_else(|| "-".to_string(), ago),
+                    format!(
+                        "[{}] {}",
+                        last.map_or("-", |e| e.class.as_str()),
+                        last.map_or("", |e| e.message.as_str())
+                    ),
+                ]);
             }
+            table.print();
             println!("{} dead job(s) shown", jobs.len());
         }
         DeadCommand::Replay {

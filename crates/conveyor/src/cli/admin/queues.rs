@@ -1,10 +1,12 @@
 //! `conveyor queues`: every queue at a glance, once or every second.
 
 use clap::Args;
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use crate::cli::http::decode;
+use crate::cli::table::{human_ms, Table};
 use crate::cli::ServerArg;
 use conveyor_server::api::QueuesResponse;
 
@@ -19,16 +21,24 @@ pub(crate) struct QueuesArgs {
 
 pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
     let client = args.server.client()?;
+    let mut refreshes = 0u64;
     loop {
         let answer = client.get("/v1/queues").await?;
         if args.server.json {
             println!("{answer}");
         } else {
             if args.watch {
-                print!("\x1b[2J\x1b[H");
+                // Clear the screen on a terminal only; into a pipe or a file, each refresh
+                // follows the previous one after a blank line, with no escape codes.
+                if std::io::stdout().is_terminal() {
+                    print!("\x1b[2J\x1b[H");
+                } else if refreshes > 0 {
+                    println!();
+                }
+                refreshes += 1;
             }
-            println!(
-                "{:<16} {:>9} {:>9} {:>8} {:>9} {:>6} {:>10} {:>9} {:>10}  STATE",
+            let answer: QueuesResponse = decode(&answer, "GET /v1/queues")?;
+            let mut table = Table::new([
                 "QUEUE",
                 "AVAILABLE",
                 "SCHEDULED",
@@ -37,24 +47,31 @@ pub(crate) async fn queues(args: QueuesArgs) -> anyhow::Result<ExitCode> {
                 "DEAD",
                 "COMPLETED",
                 "CANCELLED",
-                "OLDEST_MS",
-            );
-            let answer: QueuesResponse = decode(&answer, "GET /v1/queues")?;
-            for q in answer.queues {
-                println!(
-                    "{:<16} {:>9} {:>9} {:>8} {:>9} {:>6} {:>10} {:>9} {:>10}  {}",
-                    q.name,
-                    q.available,
-                    q.scheduled,
-                    q.running,
-                    q.retryable,
-                    q.dead,
-                    q.completed,
-                    q.cancelled,
-                    q.oldest_available_age_ms,
-                    if q.paused { "paused" } else { "" }
-                );
+                "OLDEST",
+                "STATE",
+            ])
+            .right(1..=8);
+            for q in &answer.queues {
+                table.row([
+                    q.name.clone(),
+                    q.available.to_string(),
+                    q.scheduled.to_string(),
+                    q.running.to_string(),
+                    q.retryable.to_string(),
+                    q.dead.to_string(),
+                    q.completed.to_string(),
+                    q.cancelled.to_string(),
+                    // How long the oldest available job has waited; nothing waits in an
+                    // empty queue.
+                    if q.available == 0 {
+                        "-".to_string()
+                    } else {
+                        human_ms(q.oldest_available_age_ms)
+                    },
+                    if q.paused { "paused" } else { "" }.to_string(),
+                ]);
             }
+            table.print();
             for breaker in answer
                 .breakers
                 .iter()
