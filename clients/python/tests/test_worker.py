@@ -120,8 +120,10 @@ def test_failures_steer_the_retry(server, client, queue):
     assert (errors["retry"].error_class, errors["retry"].message) == ("upstream", "upstream 502")
     assert (errors["permanent"].error_class, errors["permanent"].message) == ("permanent", "bad input")
     assert errors["value_error"].error_class == "ValueError"
-    assert "Traceback" in errors["value_error"].message
-    assert "ValueError: the text of the error" in errors["value_error"].message
+    assert errors["value_error"].message == "ValueError: the text of the error"
+    backtrace = errors["value_error"].backtrace or ""
+    assert "Traceback" in backtrace and "ValueError: the text of the error" in backtrace
+    assert errors["value_error"].worker_id and errors["value_error"].started_at
     assert errors["unicode"].error_class == "_nicode"
     assert errors["not_json"].error_class == "invalid_result"
     assert later.errors[0].error_class == "retry_after"

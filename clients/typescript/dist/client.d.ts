@@ -8,6 +8,12 @@ export interface ErrorRecord {
     at: string;
     class: string;
     message: string;
+    /** The worker that ran the attempt. */
+    worker_id?: string;
+    /** When the attempt started. */
+    started_at?: string;
+    /** The stack the worker reported (or a Rust panic's backtrace). */
+    backtrace?: string;
 }
 /** A job as `GET /v1/jobs/{id}` answers it (field names as in docs/openapi.yaml). */
 export interface JobView {

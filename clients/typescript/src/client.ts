@@ -16,6 +16,12 @@ export interface ErrorRecord {
   at: string;
   class: string;
   message: string;
+  /** The worker that ran the attempt. */
+  worker_id?: string;
+  /** When the attempt started. */
+  started_at?: string;
+  /** The stack the worker reported (or a Rust panic's backtrace). */
+  backtrace?: string;
 }
 
 /** A job in one of these states never runs again unless replayed. */

@@ -161,7 +161,7 @@ interface CompleteItem {
 interface FailItem {
   id: string;
   lease_token: string;
-  error: { class?: string; message: string };
+  error: { class?: string; message: string; backtrace?: string };
   retry: 'auto' | 'never' | 'after';
   retry_after_ms?: number;
 }
@@ -336,6 +336,8 @@ const HOST = os.hostname();
 const REGISTRATION_REFRESH_MS = 30_000;
 const MAX_LEASES_PER_CALL = 1000;
 const MAX_ERROR_MESSAGE = 65_536;
+/** The server keeps the first 32 KiB of a stack; send no more. */
+const MAX_BACKTRACE = 32 * 1024;
 /** How long acknowledgements and releases are retried at the end of a drain. */
 const FINAL_FLUSH_MS = 10_000;
 
@@ -817,7 +819,13 @@ export class Worker {
       if (err instanceof RetryAfter) return { error, retry: 'after', retry_after_ms: err.delayMs };
       return { error, retry: err instanceof Retry ? 'auto' : 'never' };
     }
-    return { error: { class: errorClass(err), message: errorMessage(err, true) }, retry: 'auto' };
+    // The error's own line as the message, its stack beside it (kept with the attempt).
+    const message = err instanceof Error ? errorMessage(`${err.name}: ${err.message}`, false) : errorMessage(err, false);
+    const error: FailItem['error'] = { class: errorClass(err), message };
+    if (err instanceof Error && typeof err.stack === 'string' && err.stack) {
+      error.backtrace = err.stack.slice(0, MAX_BACKTRACE);
+    }
+    return { error, retry: 'auto' };
   }
 
   /** A handler settled (or could not start). */

@@ -131,7 +131,8 @@ test('handler outcomes: result, Retry, RetryAfter, Permanent, thrown errors', as
   const declined = await waitState(ids.declined, 'dead');
   assert.equal(declined.errors[0].class, 'PaymentDeclined');
   assert.match(declined.errors[0].message, /card declined/);
-  assert.match(declined.errors[0].message, /worker\.test\.mjs/, 'the stack is recorded');
+  assert.match(declined.errors[0].backtrace, /worker\.test\.mjs/, 'the stack is recorded beside the message');
+  assert.ok(declined.errors[0].worker_id && declined.errors[0].started_at, 'who ran it and since when');
 
   const renamed = await waitState(ids.renamed, 'dead');
   assert.equal(renamed.errors[0].class, 'Bad_Name__');

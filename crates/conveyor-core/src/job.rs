@@ -137,6 +137,27 @@ pub struct ErrorRecord {
     pub at: DateTime<Utc>,
     pub class: String,
     pub message: String,
+    /// The worker that ran the attempt (as the store's lease named it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub worker_id: Option<String>,
+    /// When the attempt started; with `at`, its duration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_at: Option<DateTime<Utc>>,
+    /// A Rust panic's backtrace, or the traceback a client reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backtrace: Option<String>,
+}
+
+/// Longest backtrace kept with a failure (longer ones keep their start).
+pub const MAX_BACKTRACE_BYTES: usize = 32 * 1024;
+
+/// A backtrace as stored: no NUL characters, at most [`MAX_BACKTRACE_BYTES`].
+pub fn storable_backtrace(text: &str) -> String {
+    let mut end = text.len().min(MAX_BACKTRACE_BYTES);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text[..end].replace('\0', "\u{FFFD}")
 }
 
 impl ErrorRecord {
@@ -150,6 +171,9 @@ impl ErrorRecord {
             message: format!(
                 "worker {worker} stopped heartbeating and was marked dead before the job finished"
             ),
+            worker_id: Some(worker.to_string()),
+            started_at: None,
+            backtrace: None,
         }
     }
 
@@ -163,6 +187,9 @@ impl ErrorRecord {
                 "lease held by worker {} expired before the job finished",
                 worker.unwrap_or("(unknown)")
             ),
+            worker_id: worker.map(str::to_string),
+            started_at: None,
+            backtrace: None,
         }
     }
 }

@@ -97,6 +97,8 @@ pub struct FailParams {
     pub class: String,
     pub message: String,
     pub retry: RetryPlan,
+    /// A panic's backtrace or a client's traceback, kept with the failure.
+    pub backtrace: Option<String>,
 }
 
 impl FailParams {
@@ -113,6 +115,13 @@ impl FailParams {
             at: now,
             class: self.class,
             message: self.message,
+            // The store adds who ran the attempt and when it started.
+            worker_id: None,
+            started_at: None,
+            backtrace: self
+                .backtrace
+                .as_deref()
+                .map(crate::job::storable_backtrace),
         };
         (error, retry_at)
     }

@@ -365,7 +365,8 @@ impl Sql {
                 running("j.")
             )),
             held: stmt(format!(
-                "SELECT attempt, max_attempts, flow_id, expires_at FROM {jobs} \
+                "SELECT attempt, max_attempts, flow_id, expires_at, lease_worker, started_at \
+                 FROM {jobs} \
                  WHERE id = $1 AND {} AND lease_token = $2",
                 running("")
             )),

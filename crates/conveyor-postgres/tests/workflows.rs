@@ -54,6 +54,7 @@ fn fail_params(job: &Job) -> FailParams {
         class: conveyor_core::error_class::ERROR.to_string(),
         message: "boom".to_string(),
         retry: RetryPlan::Never,
+        backtrace: None,
     }
 }
 

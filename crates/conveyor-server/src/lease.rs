@@ -363,6 +363,10 @@ pub(crate) struct FailError {
     #[serde(default, deserialize_with = "wire::non_null")]
     class: Option<String>,
     message: String,
+    /// The handler's traceback (a Python traceback, a JavaScript stack), shown with the
+    /// attempt; kept up to 32 KiB.
+    #[serde(default, deserialize_with = "wire::non_null")]
+    backtrace: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -453,6 +457,7 @@ pub(crate) fn fail_params(
         class,
         message,
         retry,
+        backtrace: error.backtrace,
     })
 }
 

@@ -122,6 +122,7 @@ async fn queue_state_counts_match_the_rows_after_every_kind_of_change() {
                 class: "error".into(),
                 message: "x".into(),
                 retry,
+                backtrace: None,
             })
             .await
             .unwrap();
@@ -143,6 +144,7 @@ async fn queue_state_counts_match_the_rows_after_every_kind_of_change() {
             class: "e".into(),
             message: "x".into(),
             retry: RetryPlan::Never,
+            backtrace: None,
         })
         .await
         .unwrap();

@@ -265,6 +265,7 @@ pub async fn fault_in_fail_leaves_the_job_running(h: &Harness, fault: Fault) {
         class: "error".to_string(),
         message: "boom".to_string(),
         retry: RetryPlan::Backoff(backoff(secs(1))),
+        backtrace: None,
     };
     fails("fail", fault, h.store.job_fail(failure.clone())).await;
     let stored = get(h, job.id).await;

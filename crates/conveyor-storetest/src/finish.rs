@@ -264,6 +264,7 @@ pub async fn fail_records_error_history_in_order(h: &Harness) {
                 class: class.to_string(),
                 message: message.clone(),
                 retry: RetryPlan::Backoff(backoff(secs(5))),
+                backtrace: Some(format!("at frame {i}\n\u{0}end")),
             })
             .await
             .expect("fail");
@@ -272,6 +273,11 @@ pub async fn fail_records_error_history_in_order(h: &Harness) {
             at: h.now(),
             class: class.to_string(),
             message,
+            // Who ran the attempt and since when (fetched a second before it failed), and
+            // the backtrace as stored (no NUL).
+            worker_id: Some(crate::WORKER.to_string()),
+            started_at: Some(h.now() - span(secs(1))),
+            backtrace: Some(format!("at frame {i}\n\u{FFFD}end")),
         });
         assert_eq!(failed.errors, expected, "history after failure {}", i + 1);
         h.advance(secs(3600)); // past any backoff
@@ -347,6 +353,7 @@ pub async fn fail_never_goes_dead_at_once(h: &Harness) {
             class: error_class::PERMANENT.into(),
             message: "bad input".into(),
             retry: RetryPlan::Never,
+            backtrace: None,
         })
         .await
         .expect("fail");
@@ -360,6 +367,9 @@ pub async fn fail_never_goes_dead_at_once(h: &Harness) {
             at: h.now(),
             class: error_class::PERMANENT.into(),
             message: "bad input".into(),
+            worker_id: Some(crate::WORKER.to_string()),
+            started_at: Some(h.now()),
+            backtrace: None,
         }]
     );
     h.advance(secs(86_400));
@@ -378,6 +388,7 @@ pub async fn fail_at_sets_run_at(h: &Harness) {
             class: error_class::RETRY_AFTER.into(),
             message: "429".into(),
             retry: RetryPlan::At(at),
+            backtrace: None,
         })
         .await
         .expect("fail");

@@ -112,6 +112,7 @@ pub async fn nul_characters_in_error_messages_are_stored_escaped(h: &Harness) {
             class: "error".to_string(),
             message: "bad\u{0}byte".to_string(),
             retry: RetryPlan::Never,
+            backtrace: None,
         })
         .await
         .expect("fail is recorded");
@@ -234,6 +235,7 @@ pub async fn idempotency_key_is_held_by_an_older_job_made_unfinished_again(h: &H
             class: "error".to_string(),
             message: "gone".to_string(),
             retry: RetryPlan::Never,
+            backtrace: None,
         })
         .await
         .expect("fail");

@@ -452,6 +452,7 @@ pub async fn fail(
             class: conveyor_core::error_class::ERROR.to_string(),
             message: message.to_string(),
             retry,
+            backtrace: None,
         })
         .await
 }

@@ -1555,6 +1555,7 @@ impl<B: ModelBackend> Runner<'_, B> {
                     class: conveyor_core::error_class::ERROR.to_string(),
                     message: "model failure".to_string(),
                     retry,
+                    backtrace: None,
                 };
                 let answer = timed("fail", self.store().job_fail(params)).await?;
                 let actual = Outcome::Failed(match answer {

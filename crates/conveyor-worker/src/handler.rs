@@ -164,6 +164,8 @@ impl<E: std::fmt::Display> From<Result<(), E>> for Outcome {
 pub(crate) struct RuntimeFailure {
     pub class: &'static str,
     pub message: String,
+    /// A panic's backtrace, kept with the failure.
+    pub backtrace: Option<String>,
     /// False for failures that cannot succeed on retry (an undecodable payload).
     pub retryable: bool,
 }
@@ -173,6 +175,7 @@ impl RuntimeFailure {
         Self {
             class: error_class::INVALID_PAYLOAD,
             message: format!("payload does not match job type {kind}: {error}"),
+            backtrace: None,
             retryable: false,
         }
     }

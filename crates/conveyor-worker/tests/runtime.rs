@@ -191,6 +191,14 @@ async fn panic_is_recorded_and_the_worker_keeps_running() {
         "{:?}",
         done.errors
     );
+    // The attempt's history names the worker, its start, and the panic's backtrace (which
+    // passes through this test's handler).
+    let failure = &done.errors[0];
+    assert!(failure.worker_id.is_some(), "{failure:?}");
+    let started = failure.started_at.expect("started_at");
+    assert!(started <= failure.at);
+    let backtrace = failure.backtrace.as_deref().expect("a backtrace");
+    assert!(backtrace.contains("panic_is_recorded"), "{backtrace}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

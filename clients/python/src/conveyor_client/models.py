@@ -63,14 +63,23 @@ class ErrorRecord:
     at: Optional[_dt.datetime]
     error_class: str
     message: str
+    #: The worker that ran the attempt, when it started, and the traceback it reported.
+    worker_id: Optional[str] = None
+    started_at: Optional[_dt.datetime] = None
+    backtrace: Optional[str] = None
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "ErrorRecord":
+        worker = data.get("worker_id")
+        backtrace = data.get("backtrace")
         return cls(
             attempt=int(data.get("attempt", 0)),
             at=parse_time(data.get("at")),
             error_class=str(data.get("class", "")),
             message=str(data.get("message", "")),
+            worker_id=str(worker) if worker is not None else None,
+            started_at=parse_time(data.get("started_at")),
+            backtrace=str(backtrace) if backtrace is not None else None,
         )
 
 

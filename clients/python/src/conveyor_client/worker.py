@@ -79,6 +79,8 @@ Seconds = Union[int, float, _dt.timedelta]
 REGISTRY_INTERVAL = 10.0
 # Longest error message sent (a traceback is welcome, a megabyte of one is not).
 MAX_MESSAGE_CHARS = 32 * 1024
+# The server keeps the first 32 KiB of a traceback; send no more.
+_MAX_BACKTRACE = 32 * 1024
 MAX_FETCH = 1000
 MAX_AUTO_PREFETCH = 1000
 MAX_HEARTBEAT_BATCH = 1000
@@ -798,11 +800,18 @@ class Worker:
             if exc.error_class:
                 error["class"] = _CLASS_CHARS.sub("_", exc.error_class)[:128] or "error"
             return ("fail", {"error": error, "retry": "auto"})
+        # The exception's own line as the message, the whole traceback beside it: the server
+        # keeps it with the attempt (shown in the job's history).
+        summary = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)).rstrip()
         return (
             "fail",
             {
-                "error": {"class": error_class_name(exc), "message": _clip(text) or type(exc).__name__},
+                "error": {
+                    "class": error_class_name(exc),
+                    "message": _clip(summary) or type(exc).__name__,
+                    "backtrace": text[:_MAX_BACKTRACE],
+                },
                 "retry": "auto",
             },
         )

@@ -387,8 +387,12 @@ pub(crate) async fn fail(
     let max_attempts: i32 = row.try_get(1).map_err(|e| corrupt(e.to_string()))?;
     let flow_id: Option<Uuid> = row.try_get(2).map_err(|e| corrupt(e.to_string()))?;
     let expires_at: Option<DateTime<Utc>> = row.try_get(3).map_err(|e| corrupt(e.to_string()))?;
+    let worker: Option<String> = row.try_get(4).map_err(|e| corrupt(e.to_string()))?;
+    let started_at: Option<DateTime<Utc>> = row.try_get(5).map_err(|e| corrupt(e.to_string()))?;
     let (attempt, max_attempts) = (attempt.max(0) as u32, max_attempts.max(0) as u32);
-    let (error, retry_at) = params.failure(ctx.now, attempt);
+    let (mut error, retry_at) = params.failure(ctx.now, attempt);
+    error.worker_id = worker;
+    error.started_at = started_at;
     // A retry past the expiry finishes the job as well (`record_failure`).
     let dies = retry_at.is_none()
         || attempt >= max_attempts

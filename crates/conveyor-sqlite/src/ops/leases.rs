@@ -439,16 +439,19 @@ pub(crate) fn progress(
 }
 
 /// The attempt counters of a running job still held under `lease`, or `LeaseLost`.
-pub(super) fn held(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<(u32, u32)> {
+/// A held job's attempt, its attempt limit, the worker holding it and when the attempt started.
+type Held = (u32, u32, Option<String>, Option<i64>);
+
+pub(super) fn held(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<Held> {
     ctx.conn
         .prepare_cached(
-            "SELECT attempt, max_attempts FROM jobs \
+            "SELECT attempt, max_attempts, lease_worker, started_at FROM jobs \
              WHERE id = ?1 AND state = 'running' AND lease_token = ?2",
         )
         .and_then(|mut stmt| {
             stmt.query_row(
                 params![lease.id.to_string(), lease.lease_token.to_string()],
-                |row| Ok((row.get(0)?, row.get(1)?)),
+                |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?)),
             )
             .optional()
         })
@@ -457,9 +460,11 @@ pub(super) fn held(ctx: &WriteCtx<'_>, lease: &LeaseRef) -> StoreResult<(u32, u3
 }
 
 pub(crate) fn fail(ctx: &mut WriteCtx<'_>, params: FailParams) -> StoreResult<Job> {
-    let (attempt, max_attempts) = held(ctx, &params.lease)?;
+    let (attempt, max_attempts, worker, started_at) = held(ctx, &params.lease)?;
     let lease_id = params.lease.id.to_string();
-    let (error, retry_at) = params.failure(ctx.now, attempt);
+    let (mut error, retry_at) = params.failure(ctx.now, attempt);
+    error.worker_id = worker;
+    error.started_at = started_at.map(conveyor_core::clock::from_millis);
     record_failure(ctx, &lease_id, attempt, max_attempts, error, retry_at)
 }
 

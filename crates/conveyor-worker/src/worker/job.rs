@@ -54,6 +54,7 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
                 "no handler registered for kind {:?} on worker {}",
                 job.kind, shared.id
             ),
+            backtrace: None,
             retryable: true,
         }),
         Some(registered) => {
@@ -95,6 +96,10 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
         trace_id,
     };
     let duration_ms = meta.duration.as_millis() as u64;
+    let backtrace = match &attempt {
+        Attempt::Failed(failure) => failure.backtrace.clone(),
+        _ => None,
+    };
     let (class, message, plan) = match attempt {
         Attempt::Interrupted => {
             tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id, trace_id = %meta.trace_id, queue = %meta.queue,
@@ -171,6 +176,7 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
             class: class.to_string(),
             message: message.clone(),
             retry: plan,
+            backtrace,
         })
         .await;
     match failed {
@@ -201,7 +207,9 @@ async fn run_handler(
     timeout: Option<Duration>,
     cancel: &CancellationToken,
 ) -> Attempt {
-    // The handler runs in its own task so a panic is contained and reported, not propagated.
+    // The handler runs in its own task so a panic is contained and reported, not propagated
+    // (with its backtrace).
+    super::backtraces::install();
     let mut task = tokio::spawn((registered.handler)(ctx, payload));
     let deadline = async {
         match timeout {
@@ -213,11 +221,15 @@ async fn run_handler(
         joined = &mut task => match joined {
             Ok(Ok(outcome)) => Attempt::Handler(outcome),
             Ok(Err(failure)) => Attempt::Failed(failure),
-            Err(join_error) if join_error.is_panic() => Attempt::Failed(RuntimeFailure {
-                class: error_class::PANIC,
-                message: panic_message(join_error.into_panic()),
-                retryable: true,
-            }),
+            Err(join_error) if join_error.is_panic() => {
+                let backtrace = super::backtraces::take(join_error.id());
+                Attempt::Failed(RuntimeFailure {
+                    class: error_class::PANIC,
+                    message: panic_message(join_error.into_panic()),
+                    backtrace,
+                    retryable: true,
+                })
+            }
             Err(_) => Attempt::Interrupted,
         },
         _ = deadline => {
@@ -225,6 +237,7 @@ async fn run_handler(
             Attempt::Failed(RuntimeFailure {
                 class: error_class::TIMEOUT,
                 message: format!("handler exceeded its timeout of {} ms", timeout.map_or(0, |t| t.as_millis())),
+                backtrace: None,
                 retryable: true,
             })
         }

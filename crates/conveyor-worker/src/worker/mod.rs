@@ -2,6 +2,7 @@
 //! (`background`), the builder (`builder`) and graceful shutdown (here).
 
 mod background;
+mod backtraces;
 mod builder;
 mod fetch;
 mod job;
