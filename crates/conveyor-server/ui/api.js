@@ -105,6 +105,12 @@ export const jobs = {
   list: (params) => api('GET', `/v1/jobs${query(params)}`),
   get: (id) => api('GET', `/v1/jobs/${encodeURIComponent(id)}`),
   cancel: (id) => api('POST', `/v1/jobs/${encodeURIComponent(id)}/cancel`, {}),
+  /**
+   * One action on every job a filter matches or on listed ids:
+   * `{filter: {...} | ids: [...], action: 'cancel'|'retry'|'discard', dry_run?}` answers
+   * `{action, dry_run, matched, eligible, applied, truncated}`.
+   */
+  bulk: (body) => api('POST', '/v1/jobs/bulk', body),
 };
 
 export const dead = {

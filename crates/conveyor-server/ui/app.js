@@ -285,13 +285,15 @@ function stopPolling() {
 }
 
 let confirmBusy = false;
-/** The modal confirmation dialog; resolves true when the user confirms. */
-function confirm({ title, text, ok = 'Confirm', danger = false }) {
+/** The modal confirmation dialog; resolves true when the user confirms (`ok`), false on `dismiss`. */
+function confirm({ title, text, ok = 'Confirm', dismiss = 'Cancel', danger = false }) {
   const dialog = document.getElementById('confirm');
   if (!dialog || confirmBusy) return Promise.resolve(false);
   confirmBusy = true;
   document.getElementById('confirm-title').textContent = title;
   document.getElementById('confirm-text').textContent = text;
+  // "Cancel" as the way out reads badly when the action itself is cancelling jobs.
+  document.getElementById('confirm-cancel').textContent = dismiss;
   const okButton = document.getElementById('confirm-ok');
   okButton.textContent = ok;
   okButton.className = danger ? 'btn btn-danger' : 'btn btn-primary';

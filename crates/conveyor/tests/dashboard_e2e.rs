@@ -238,6 +238,234 @@ async fn confirm(client: &Client) -> anyhow::Result<()> {
     .await
 }
 
+/// The ids of the job rows shown, in order.
+async fn job_rows(client: &Client) -> anyhow::Result<Vec<String>> {
+    let value = client
+        .execute(
+            "return [...document.querySelectorAll('#jobs-table tr[data-job]')]\
+               .map((row) => row.dataset.job);",
+            vec![],
+        )
+        .await?;
+    Ok(serde_json::from_value(value)?)
+}
+
+/// Waits until the job list shows exactly `expected` (in any order).
+async fn wait_rows(client: &Client, expected: &[String]) -> anyhow::Result<()> {
+    let mut want = expected.to_vec();
+    want.sort();
+    wait_for(
+        &format!("the job list to show exactly {want:?}"),
+        || async {
+            let mut shown = job_rows(client).await?;
+            shown.sort();
+            Ok((shown == want).then_some(()))
+        },
+    )
+    .await
+}
+
+/// Waits for the dashboard to finish `n` more refreshes: the sidebar's "updated" time moves
+/// on with each (so a list that is live has asked the server again in the meantime).
+async fn wait_refreshes(client: &Client, n: usize) -> anyhow::Result<()> {
+    for _ in 0..n {
+        let before = text(client, "#live .live-text").await?;
+        wait_for("the dashboard to refresh", || async {
+            let now = text(client, "#live .live-text").await?;
+            Ok((now != before).then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The jobs `GET /v1/jobs?{query}` lists, as (id, state).
+async fn listed(api: &Api, query: &str) -> anyhow::Result<Vec<(String, String)>> {
+    let page = api
+        .send(
+            reqwest::Method::GET,
+            &format!("/v1/jobs?{query}&limit=100"),
+            Value::Null,
+        )
+        .await?;
+    let jobs = page["jobs"]
+        .as_array()
+        .ok_or_else(|| anyhow!("no jobs in {page}"))?;
+    Ok(jobs
+        .iter()
+        .map(|job| {
+            (
+                job["id"].as_str().unwrap_or_default().to_string(),
+                job["state"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect())
+}
+
+/// Search, selection and bulk actions on the job list. Jobs of two tenants wait in `billing`
+/// (no worker serves it): the list finds them by tag and by tenant, shows the server's
+/// complaint about a bad payload filter next to the field, holds still while a row is selected
+/// (until the selection is cleared or Live is pressed), and cancels everything matching the
+/// search after a confirmation that counts it — the jobs of the other tenant stay untouched.
+async fn search_and_bulk(client: &Client, api: &Api) -> anyhow::Result<()> {
+    let invoice = |tenant: &str, n: u32, tags: Value| {
+        json!({"kind": "invoice.send", "queue": "billing", "tenant": tenant, "tags": tags,
+               "payload": {"invoice": n}})
+    };
+    let mut acme = Vec::new();
+    for n in 0..3 {
+        let tags = if n == 0 { json!(["vip"]) } else { json!([]) };
+        acme.push(api.enqueue(invoice("acme", n, tags)).await?);
+    }
+    let mut globex = Vec::new();
+    for n in 0..2 {
+        globex.push(api.enqueue(invoice("globex", 100 + n, json!([]))).await?);
+    }
+
+    // By tag: only the VIP job. By tenant: acme's three, none of globex's.
+    click(client, "#filters-clear").await?;
+    let tag = client.find(Locator::Css("#filter-tag")).await?;
+    tag.send_keys("vip\n").await?;
+    wait_rows(client, &acme[..1]).await?;
+    tag.clear().await?;
+    tag.send_keys("\n").await?;
+    client
+        .find(Locator::Css("#filter-tenant"))
+        .await?
+        .send_keys("acme\n")
+        .await?;
+    wait_rows(client, &acme).await?;
+    let url = client.current_url().await?;
+    ensure!(
+        url.fragment().unwrap_or_default().contains("tenant=acme"),
+        "the search is kept in the address: {url}"
+    );
+
+    // A payload filter that is not JSON: the server's message shows next to the field.
+    let payload = client.find(Locator::Css("#filter-payload")).await?;
+    payload.send_keys("{nope\n").await?;
+    wait_text(client, "#filter-payload-error", "JSON object").await?;
+    payload.clear().await?;
+    payload.send_keys("\n").await?;
+    wait_for("the payload error to go", || async {
+        Ok((text(client, "#filter-payload-error").await?.as_deref() == Some("")).then_some(()))
+    })
+    .await?;
+    wait_rows(client, &acme).await?;
+
+    // A time range: the local time picked becomes an RFC 3339 UTC timestamp in the query.
+    let set_before = |value: &str| {
+        client.execute(
+            "const input = document.querySelector('#filter-created-before'); \
+             input.value = arguments[0]; \
+             input.dispatchEvent(new Event('change', {bubbles: true})); return true;",
+            vec![json!(value)],
+        )
+    };
+    set_before("2000-01-02T03:04").await?;
+    wait_text(client, "#jobs-table .empty-title", "No jobs match").await?;
+    let url = client.current_url().await?;
+    let fragment = url.fragment().unwrap_or_default().to_string();
+    ensure!(
+        fragment.contains("created_before=2000-01-0") && fragment.contains("%3A04%3A00Z"),
+        "created_before is sent as RFC 3339 UTC: {url}"
+    );
+    set_before("").await?;
+    wait_rows(client, &acme).await?;
+
+    // A selected row holds the list still: a new matching job shows only once the selection
+    // is cleared.
+    let newest = format!("#jobs-table tr[data-job='{}'] input.row-check", acme[2]);
+    click(client, &newest).await?;
+    wait_text(client, "#jobs-selection", "1 selected").await?;
+    wait_text(client, "#jobs-live", "Paused").await?;
+    let late = api.enqueue(invoice("acme", 3, json!([]))).await?;
+    wait_refreshes(client, 3).await?;
+    let mut rows = job_rows(client).await?;
+    rows.sort();
+    let mut before = acme.clone();
+    before.sort();
+    ensure!(rows == before, "the paused list changed: {rows:?}");
+    click(client, &newest).await?;
+    wait_text(client, "#jobs-live", "Live").await?;
+    let mut matching = acme.clone();
+    matching.push(late);
+    wait_rows(client, &matching).await?;
+
+    // ... or once Live is pressed (the selection stays).
+    click(client, &newest).await?;
+    wait_text(client, "#jobs-live", "Paused").await?;
+    let later = api.enqueue(invoice("acme", 4, json!([]))).await?;
+    wait_refreshes(client, 3).await?;
+    ensure!(
+        count(client, &format!("#jobs-table tr[data-job='{later}']")).await? == 0,
+        "a paused list shows no new rows"
+    );
+    click(client, "#jobs-live").await?;
+    wait_text(client, "#jobs-live", "Live").await?;
+    matching.push(later);
+    wait_rows(client, &matching).await?;
+    wait_text(client, "#jobs-selection", "1 selected").await?;
+    click(client, &newest).await?;
+    wait_text(client, "#jobs-selection", "Select jobs").await?;
+
+    // Paused by hand, the list stays paused when a selection comes and goes.
+    click(client, "#jobs-live").await?;
+    wait_text(client, "#jobs-live", "Paused").await?;
+    click(client, &newest).await?;
+    wait_text(client, "#jobs-selection", "1 selected").await?;
+    click(client, &newest).await?;
+    wait_text(client, "#jobs-selection", "Select jobs").await?;
+    ensure!(
+        text(client, "#jobs-live").await?.as_deref() == Some("Paused"),
+        "a list paused by hand stays paused when the selection is cleared"
+    );
+    click(client, "#jobs-live").await?;
+    wait_text(client, "#jobs-live", "Live").await?;
+
+    // Select the page, then everything matching: a job that arrives meanwhile is not on the
+    // page but matches, and the confirmation counts it (a dry run of the filter).
+    click(client, "#jobs-table thead input.page-check").await?;
+    wait_text(client, "#jobs-selection", "5 selected").await?;
+    wait_text(client, "#jobs-select-matching", "Select all 5 matching").await?;
+    let unseen = api.enqueue(invoice("acme", 5, json!([]))).await?;
+    matching.push(unseen.clone());
+    click(client, "#jobs-select-matching").await?;
+    wait_text(client, "#jobs-selection", "All 6 jobs matching").await?;
+    ensure!(
+        count(client, &format!("#jobs-table tr[data-job='{unseen}']")).await? == 0,
+        "the list stays paused while everything matching is selected"
+    );
+    click(client, "#jobs-cancel").await?;
+    wait_present(client, "dialog#confirm[open]").await?;
+    wait_text(client, "#confirm-title", "Cancel 6 jobs?").await?;
+    wait_text(client, "#confirm-text", "6 jobs in this search").await?;
+    confirm(client).await?;
+    wait_text(client, "#toasts", "Cancelled 6 jobs.").await?;
+    wait_for("six cancelled rows", || async {
+        let rows = count(client, "#jobs-table tr[data-job][data-state='cancelled']").await?;
+        Ok((rows == 6 && count(client, "#jobs-table tr[data-job]").await? == 6).then_some(()))
+    })
+    .await?;
+    wait_text(client, "#jobs-live", "Live").await?;
+
+    // Through the API: exactly acme's jobs were cancelled.
+    let mut cancelled = listed(api, "tenant=acme").await?;
+    cancelled.sort();
+    let mut expected: Vec<(String, String)> = matching
+        .iter()
+        .map(|id| (id.clone(), "cancelled".to_string()))
+        .collect();
+    expected.sort();
+    ensure!(cancelled == expected, "acme's jobs: {cancelled:?}");
+    let others = listed(api, "tenant=globex").await?;
+    ensure!(
+        others.len() == 2 && others.iter().all(|(_, state)| state == "available"),
+        "globex's jobs are untouched: {others:?}"
+    );
+    Ok(())
+}
+
 struct Ids {
     doomed: String,
     legacy: Vec<String>,
@@ -629,6 +857,8 @@ async fn drive(
     kind.send_keys("no.such.kind\n").await?;
     wait_text(client, "#jobs-table .empty-title", "No jobs match").await?;
 
+    search_and_bulk(client, api).await?;
+
     // Dead letters: the three dead jobs with their last errors.
     click(client, "a[data-nav='dead']").await?;
     let doomed_row = format!("#dead-table tr[data-job='{}']", ids.doomed);
@@ -687,6 +917,8 @@ async fn drive(
     .await?;
     click(client, "#dead-table thead input[type='checkbox']").await?;
     wait_text(client, "#dead-selection", "2 selected").await?;
+    // A selection holds the dead-letter list still, too.
+    wait_text(client, "#dead-live", "Paused").await?;
     click(client, "#dead-discard-selected").await?;
     confirm(client).await?;
     wait_text(
@@ -695,6 +927,7 @@ async fn drive(
         "dead-letter queue is empty",
     )
     .await?;
+    wait_text(client, "#dead-live", "Live").await?;
 
     // Pause and resume a queue from the overview's table.
     click(client, "a[data-nav='overview']").await?;

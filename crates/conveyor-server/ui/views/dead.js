@@ -1,10 +1,10 @@
 // The dead-letter queue: dead jobs with their last error, filtered by queue and kind, replayed
 // or discarded one by one, by selection, or everything matching the filter — always after a
-// confirmation.
+// confirmation. While jobs are selected (or when paused by hand) the list holds still.
 
 import { h, update, jobLink, when, emptyState, routeHref, num } from '../dom.js';
 import * as api from '../api.js';
-import { queueSelect, textFilter, field, pager, lastError, rowLinks } from './shared.js';
+import { queueSelect, textFilter, field, pager, liveToggle, lastError, rowLinks } from './shared.js';
 
 const PAGE_SIZE = 50;
 
@@ -14,18 +14,37 @@ export default {
     const filters = { queue: params.get('queue') || '', kind: params.get('kind') || '' };
     const selected = new Set();
     let shown = [];
+    let lastPage = null;
+    // The next refresh loads the list even while it is paused (the user asked for new rows).
+    let force = false;
     const errors = h('div', { class: 'slot-error' });
     const actionError = h('div', { class: 'slot-error' });
     const list = h('div', { id: 'dead-table' });
-    const paging = pager(() => ctx.refreshNow());
+    const live = liveToggle('dead-live', () => ctx.refreshNow());
+    const paging = pager(() => {
+      selected.clear();
+      selectionChanged();
+      reload();
+    });
     rowLinks(list);
+
+    function reload() {
+      force = true;
+      ctx.refreshNow();
+    }
+
+    /** Any selection pauses the list; an empty one resumes it unless it was paused by hand. */
+    function selectionChanged() {
+      live.selection(selected.size);
+    }
 
     const changed = () => {
       paging.reset();
       selected.clear();
+      selectionChanged();
       list.dataset.key = '';
       ctx.replaceRoute(routeHref('/dead', filters));
-      ctx.refreshNow();
+      reload();
     };
     const queue = queueSelect(ctx, filters.queue, (value) => {
       filters.queue = value;
@@ -40,7 +59,7 @@ export default {
     const replaySelected = h('button', { class: 'btn btn-primary btn-small', type: 'button', id: 'dead-replay-selected', text: 'Replay selected', onclick: () => bulkReplay() });
     const discardSelected = h('button', { class: 'btn btn-danger-outline btn-small', type: 'button', id: 'dead-discard-selected', text: 'Discard selected', onclick: () => bulkDiscard() });
     const replayMatching = h('button', { class: 'btn btn-small', type: 'button', id: 'dead-replay-matching', onclick: () => replayMatchingFilter() });
-    const toolbar = h('div', { class: 'toolbar' }, selectionLabel, replaySelected, discardSelected, h('span', { class: 'toolbar-gap' }), replayMatching);
+    const toolbar = h('div', { class: 'toolbar' }, selectionLabel, replaySelected, discardSelected, h('span', { class: 'toolbar-gap' }), replayMatching, h('span', { class: 'toolbar-sep' }), live.el);
 
     function syncToolbar() {
       const canOperate = ctx.canOperate;
@@ -59,7 +78,12 @@ export default {
 
     async function act(run, prefix) {
       await ctx.guard(actionError, async () => {
-        await run();
+        try {
+          await run();
+        } finally {
+          selectionChanged();
+          force = true;
+        }
         await ctx.refreshNow();
       }, prefix);
     }
@@ -157,6 +181,7 @@ export default {
             if (toggleAll.checked) selected.add(job.id);
             else selected.delete(job.id);
           }
+          selectionChanged();
           render(page);
         } });
         return h('div', { class: 'table-wrap' }, h('table', { class: 'table table-rows' },
@@ -171,6 +196,7 @@ export default {
             const box = h('input', { type: 'checkbox', 'aria-label': `Select ${job.id}`, checked: selected.has(job.id), onchange: () => {
               if (box.checked) selected.add(job.id);
               else selected.delete(job.id);
+              selectionChanged();
               render(page);
             } });
             return h('tr', { dataset: { job: job.id }, class: selected.has(job.id) ? 'selected' : null },
@@ -194,12 +220,21 @@ export default {
       el,
       async refresh() {
         queue.sync();
+        const forced = force;
+        force = false;
+        // Paused (by hand or by a selection): the rows stay exactly as they are.
+        if (live.paused && !forced && lastPage) return;
         await ctx.guard(errors, async () => {
           const page = await api.dead.list({ ...filters, limit: PAGE_SIZE, after: paging.after });
+          // Something was selected while the page was on its way: keep the rows as they are.
+          if (live.paused && !forced && lastPage) return;
+          lastPage = page;
           shown = page.jobs || [];
           // Forget selections of jobs that left this page (replayed or discarded elsewhere).
           const ids = new Set(shown.map((job) => job.id));
+          const before = selected.size;
           for (const id of [...selected]) if (!ids.has(id)) selected.delete(id);
+          if (selected.size !== before) selectionChanged();
           paging.show(page, shown.length);
           render(page);
         }, 'Cannot list dead jobs:');
