@@ -882,6 +882,15 @@ async fn drive(
     wait_text(client, "#job-payload", "2026-11").await?;
     wait_text(client, "#job-attempts", "report template missing").await?;
     wait_text(client, "#job-attempts", "permanent").await?;
+    // Each attempt says where it ran and for how long; the job comes as commands to copy.
+    wait_text(client, "#job-attempts .attempt-where", "started").await?;
+    wait_text(
+        client,
+        ".shell-commands",
+        &format!("conveyor job show {}", ids.doomed),
+    )
+    .await?;
+    wait_text(client, ".shell-commands", "curl -s -X POST").await?;
     screenshot(client, "job-detail").await?;
 
     // Fix the cause, replay from the page, and watch the job complete, with no reload: a

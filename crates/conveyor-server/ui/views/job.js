@@ -17,12 +17,28 @@ function jsonBlock(value, id) {
 
 function attempts(job) {
   const errors = job.errors || [];
-  const items = errors.map((error) => h('li', { class: 'timeline-item timeline-failed' },
-    h('div', { class: 'timeline-head' },
-      h('span', { class: 'strong', text: `Attempt ${error.attempt}` }),
-      h('span', { class: 'error-class', text: error.class }),
-      h('span', { class: 'muted small' }, when(error.at))),
-    h('pre', { class: 'error-message', text: error.message })));
+  const items = errors.map((error) => {
+    // Who ran the attempt, when it started and how long it took (stores record these since
+    // they were added; older entries have only the time of the failure).
+    const took = error.started_at ? Date.parse(error.at) - Date.parse(error.started_at) : null;
+    const where = [
+      error.worker_id ? `on ${error.worker_id}` : null,
+      error.started_at ? `started ${localTime(error.started_at)}` : null,
+      took !== null && took >= 0 ? `ran ${duration(took)}` : null,
+    ].filter(Boolean).join(' · ');
+    return h('li', { class: 'timeline-item timeline-failed', dataset: { attempt: String(error.attempt) } },
+      h('div', { class: 'timeline-head' },
+        h('span', { class: 'strong', text: `Attempt ${error.attempt}` }),
+        h('span', { class: 'error-class', text: error.class }),
+        h('span', { class: 'muted small' }, when(error.at))),
+      where ? h('p', { class: 'muted small flush attempt-where', text: where }) : null,
+      h('pre', { class: 'error-message', text: error.message }),
+      error.backtrace
+        ? h('details', { class: 'attempt-backtrace' },
+          h('summary', { text: 'Backtrace' }),
+          h('pre', { class: 'code small', text: error.backtrace }))
+        : null);
+  });
   // The attempt in progress or the one that completed. A replay starts the attempts afresh but
   // keeps the history, so the number may repeat one of the failures above.
   const replayed = errors.some((e) => e.attempt >= job.attempt) && job.attempt > 0;
@@ -48,6 +64,36 @@ function attempts(job) {
       ? h('ol', { class: 'timeline', id: 'job-attempts' }, items)
       : emptyState('No attempts yet', job.state === 'scheduled' ? 'The job waits for its run time.' : 'The job waits for a worker.'),
   ];
+}
+
+/** A shell word, single-quoted. */
+function quoted(text) {
+  return `'${String(text).replace(/'/g, `'\\''`)}'`;
+}
+
+/** The same job read again, enqueued again, from the CLI and with curl, to copy. */
+function shellCommands(job) {
+  const origin = window.location.origin;
+  const enqueue = { kind: job.kind, queue: job.queue, payload: job.payload, priority: job.priority, max_attempts: job.max_attempts };
+  if (job.tenant) enqueue.tenant = job.tenant;
+  const lines = [
+    ['Show it', `conveyor job show ${job.id} --server ${origin}`],
+    ['Show it (curl)', `curl -s -H "Authorization: Bearer $CONVEYOR_TOKEN" ${origin}/v1/jobs/${job.id}`],
+    ['Enqueue it again', `conveyor enqueue ${quoted(job.kind)} --queue ${quoted(job.queue)} --payload ${quoted(JSON.stringify(job.payload))} --server ${origin}`],
+    ['Enqueue it again (curl)', `curl -s -X POST -H "Authorization: Bearer $CONVEYOR_TOKEN" -H 'Content-Type: application/json' ${origin}/v1/jobs -d ${quoted(JSON.stringify(enqueue))}`],
+  ];
+  return h('dl', { class: 'details shell-commands' }, lines.flatMap(([label, command]) => {
+    const copy = h('button', { type: 'button', class: 'btn btn-small', text: 'Copy' });
+    copy.addEventListener('click', async () => {
+      try {
+        await navigator.clipboard.writeText(command);
+        copy.textContent = 'Copied';
+      } catch {
+        copy.textContent = 'Select and copy';
+      }
+    });
+    return [h('dt', { text: label }), h('dd', {}, h('code', { class: 'mono small', text: command }), ' ', copy)];
+  }));
 }
 
 export default {
@@ -171,7 +217,8 @@ export default {
           job.result !== null && job.result !== undefined
             ? h('div', { class: 'panel' }, h('h2', { text: 'Result' }), jsonBlock(job.result, 'job-result'))
             : null,
-          h('div', { class: 'panel' }, h('h2', { text: 'Attempts and errors' }), attempts(job)))));
+          h('div', { class: 'panel' }, h('h2', { text: 'Attempts and errors' }), attempts(job)),
+          h('div', { class: 'panel' }, h('h2', { text: 'From the shell' }), shellCommands(job)))));
     }
 
     return {
