@@ -46,16 +46,20 @@ pub enum Role {
     Worker,
     /// Everything, including the dead-letter queue, queue settings, schedules, tokens, audit.
     Admin,
+    /// Reads everything an admin reads (every `GET`), changes nothing: for dashboards on a
+    /// wall, on-call people who look, and auditors.
+    Viewer,
 }
 
 impl Role {
-    pub const ALL: [Role; 3] = [Role::Producer, Role::Worker, Role::Admin];
+    pub const ALL: [Role; 4] = [Role::Producer, Role::Worker, Role::Admin, Role::Viewer];
 
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Producer => "producer",
             Role::Worker => "worker",
             Role::Admin => "admin",
+            Role::Viewer => "viewer",
         }
     }
 }
@@ -76,7 +80,7 @@ impl FromStr for Role {
             .ok_or_else(|| {
                 ValidationError::new(
                     "role",
-                    format!("{s:?} is not one of producer, worker, admin"),
+                    format!("{s:?} is not one of producer, worker, admin, viewer"),
                 )
             })
     }

@@ -106,10 +106,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "circuit_breakers",
         sql: include_str!("migrations/0017_circuit_breakers.sql"),
     },
+    Migration {
+        version: 18,
+        name: "viewer_role",
+        sql: include_str!("migrations/0018_viewer_role.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 17;
+pub const SCHEMA_VERSION: u32 = 18;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

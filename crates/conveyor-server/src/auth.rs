@@ -434,7 +434,9 @@ pub(crate) async fn guard(
         .into_response();
     }
     if let Access::Roles(roles) = access {
-        if caller.role != Role::Admin && !roles.contains(&caller.role) {
+        // A viewer reads whatever any role may read, and changes nothing.
+        let viewer_reads = caller.role == Role::Viewer && safe;
+        if caller.role != Role::Admin && !viewer_reads && !roles.contains(&caller.role) {
             let wanted: Vec<&str> = roles.iter().map(|r| r.as_str()).chain(["admin"]).collect();
             return Denied::Forbidden(format!(
                 "token {:?} has role {}; {method} {} needs {}",

@@ -16,6 +16,7 @@ struct Api {
     producer: String,
     worker: String,
     admin: String,
+    viewer: String,
 }
 
 impl std::ops::Deref for Api {
@@ -35,6 +36,7 @@ async fn start_with(auth: AuthOptions, config: ServerConfig) -> Api {
         producer: server.token(Role::Producer, "producer-token").await,
         worker: server.token(Role::Worker, "worker-token").await,
         admin: server.token(Role::Admin, "admin-token").await,
+        viewer: server.token(Role::Viewer, "viewer-token").await,
         server,
     }
 }
@@ -53,6 +55,7 @@ enum Who {
     Producer,
     Worker,
     Admin,
+    Viewer,
 }
 
 impl Api {
@@ -62,6 +65,7 @@ impl Api {
             Who::Producer => Some(&self.producer),
             Who::Worker => Some(&self.worker),
             Who::Admin => Some(&self.admin),
+            Who::Viewer => Some(&self.viewer),
         }
     }
 
@@ -226,7 +230,13 @@ async fn every_route_answers_each_role_as_its_rule_says() {
                 missing.push(format!("{method} {route}"));
                 continue;
             };
-            for who in [Who::Nobody, Who::Producer, Who::Worker, Who::Admin] {
+            for who in [
+                Who::Nobody,
+                Who::Producer,
+                Who::Worker,
+                Who::Admin,
+                Who::Viewer,
+            ] {
                 let (status, body, headers) =
                     api.send(method.clone(), &path, who, Some(json!({}))).await;
                 let what = format!("{method} {path} as {who:?}: {status} {body}");
@@ -245,6 +255,8 @@ async fn every_route_answers_each_role_as_its_rule_says() {
                     (Expect::AnyToken, _) | (_, Who::Admin) => true,
                     (Expect::Roles(roles), Who::Producer) => roles.contains(&Role::Producer),
                     (Expect::Roles(roles), Who::Worker) => roles.contains(&Role::Worker),
+                    // A viewer reads whatever any role may read and changes nothing.
+                    (Expect::Roles(_), Who::Viewer) => *method == Method::GET,
                 };
                 if allowed {
                     assert!(
@@ -693,7 +705,8 @@ async fn every_action_is_audited_without_payloads() {
     assert_eq!(
         actions,
         [
-            // The three tokens made by the test's setup.
+            // The four tokens made by the test's setup.
+            "token.create",
             "token.create",
             "token.create",
             "token.create",
