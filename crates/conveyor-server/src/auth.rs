@@ -102,7 +102,8 @@ pub const RULES: &[(Method, &str, Access)] = &[
     // owner tag; another producer's job answers 404). Listing every job is for operators.
     (Method::POST, "/v1/jobs", PRODUCER),
     (Method::POST, "/v1/jobs/batch", PRODUCER),
-    (Method::GET, "/v1/jobs", ADMIN),
+    // Producers list their own jobs (the server adds their owner tag to the search).
+    (Method::GET, "/v1/jobs", PRODUCER),
     (Method::POST, "/v1/jobs/bulk", ADMIN),
     (Method::GET, "/v1/jobs/{id}", PRODUCER),
     (Method::POST, "/v1/jobs/{id}/cancel", ADMIN),

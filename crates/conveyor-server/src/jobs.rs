@@ -598,9 +598,23 @@ pub(crate) async fn page(state: &AppState, params: JobListParams) -> ApiResult<J
 
 pub(crate) async fn list(
     State(state): State<AppState>,
+    caller: Caller,
     query: QueryPairs,
 ) -> ApiResult<Json<JobPage>> {
-    let params = list_params(query, None)?;
+    let mut params = list_params(query, None)?;
+    if caller.role == Role::Producer {
+        // A producer lists its own jobs: those carrying its owner tag (the search's tag).
+        if params.tag.is_some() {
+            return Err(ApiError::invalid(
+                "tag",
+                "a producer's list is its own jobs; searching by tag is for operators",
+            ));
+        }
+        params.tag = Some(
+            owner_tag(&caller)
+                .ok_or_else(|| ApiError::Internal("a producer without a token".to_string()))?,
+        );
+    }
     page(&state, params).await
 }
 

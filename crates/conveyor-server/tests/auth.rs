@@ -131,7 +131,7 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/v1/queues/{name}/scale") => Expect::AnyToken,
         ("POST", "/v1/jobs") | ("POST", "/v1/jobs/batch") => PRODUCER,
         ("GET", "/v1/jobs/{id}") => PRODUCER,
-        ("GET", "/v1/jobs") => ADMIN,
+        ("GET", "/v1/jobs") => PRODUCER,
         ("POST", "/v1/fetch")
         | ("POST", "/v1/ack")
         | ("POST", "/v1/heartbeat")
@@ -926,12 +926,40 @@ async fn producers_read_only_their_own_jobs() {
     );
     let (status, _, _) = api.send(Method::GET, &path, Who::Admin, None).await;
     assert_eq!(status, StatusCode::OK);
-    let (status, _, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
-    assert_eq!(
-        status,
-        StatusCode::FORBIDDEN,
-        "listing every job is for admins"
-    );
+    // Listing: a producer sees its own jobs only; the other producer none of them.
+    let (_, admins, _) = api
+        .send(
+            Method::POST,
+            "/v1/jobs",
+            Who::Admin,
+            Some(json!({"kind": "report"})),
+        )
+        .await;
+    let (status, listed, _) = api.send(Method::GET, "/v1/jobs", Who::Producer, None).await;
+    assert_eq!(status, StatusCode::OK, "{listed}");
+    let listed_ids: Vec<&str> = listed["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter_map(|j| j["id"].as_str())
+        .collect();
+    assert_eq!(listed_ids, vec![id.as_str()], "not the admin's {admins}");
+    let theirs: Value = api
+        .http
+        .get(api.url("/v1/jobs"))
+        .bearer_auth(&other)
+        .send()
+        .await
+        .expect("send")
+        .json()
+        .await
+        .expect("JSON");
+    assert_eq!(theirs["jobs"], json!([]), "nothing of another producer's");
+    let (status, refused, _) = api
+        .send(Method::GET, "/v1/jobs?tag=x", Who::Producer, None)
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{refused}");
+    assert_eq!(refused["error"]["field"], "tag");
     // Owner tags cannot be supplied, in a single enqueue or a batch.
     let forged = json!({"kind": "report", "tags": ["conveyor:owner:someone"]});
     let (status, error, _) = api
