@@ -122,6 +122,10 @@ export const dead = {
 export const queues = {
   stats: () => api('GET', '/v1/queues'),
   setPaused: (name, paused) => api('PUT', `/v1/queues/${encodeURIComponent(name)}`, { paused }),
+  /** One queue's settings (limits, pause, depth, rate limits, weight, TTL). */
+  get: (name) => api('GET', `/v1/queues/${encodeURIComponent(name)}`),
+  /** A partial update: an absent key keeps its value, `null` clears it. */
+  update: (name, body) => api('PUT', `/v1/queues/${encodeURIComponent(name)}`, body),
 };
 
 /** Circuit breakers: `scope` is `queue` or `kind`; opening without `open_ms` lasts until closed. */
@@ -142,6 +146,9 @@ export const flows = {
 
 export const schedules = {
   list: () => api('GET', '/v1/schedules'),
+  /** Creates or replaces the schedule `name` with a ScheduleSpec. */
+  put: (name, spec) => api('PUT', `/v1/schedules/${encodeURIComponent(name)}`, spec),
+  remove: (name) => api('DELETE', `/v1/schedules/${encodeURIComponent(name)}`),
 };
 
 /**

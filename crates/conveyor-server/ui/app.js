@@ -158,6 +158,7 @@ function showRoute() {
   const key = location.hash || '#/';
   if (key === state.viewKey) return;
   state.viewKey = key;
+  setMenu(false);
   if (state.view && state.view.destroy) state.view.destroy();
   const found = routeView(path);
   for (const link of state.shell.nav.querySelectorAll('a[data-nav]')) {
@@ -188,20 +189,33 @@ function buildShell() {
   const live = h('span', { class: 'live', id: 'live' }, h('span', { class: 'live-dot' }), h('span', { class: 'live-text', text: 'Connecting…' }));
   const user = h('div', { class: 'user' });
   const view = h('main', { class: 'content', id: 'view', tabindex: '-1' });
+  // On narrow screens the sidebar hides behind this button (CSS shows it only there).
+  const menu = h('button', {
+    class: 'btn btn-small menu-toggle', id: 'menu-toggle', type: 'button',
+    'aria-controls': 'sidebar', 'aria-expanded': 'false', text: 'Menu',
+    onclick: () => setMenu(menu.getAttribute('aria-expanded') !== 'true'),
+  });
   const shell = h('div', { class: 'app' },
-    h('aside', { class: 'sidebar' },
+    h('aside', { class: 'sidebar', id: 'sidebar' },
       h('a', { class: 'brand', href: '#/' },
         h('img', { src: '/ui/favicon.svg', alt: '', width: 24, height: 24 }),
         h('span', { text: 'Conveyor' })),
       nav,
       h('div', { class: 'sidebar-foot' }, live)),
     h('div', { class: 'main' },
-      h('header', { class: 'topbar' }, h('div', { class: 'topbar-spacer' }), user),
+      h('header', { class: 'topbar' }, menu, h('div', { class: 'topbar-spacer' }), user),
       view),
     h('div', { class: 'toasts', id: 'toasts', role: 'status', 'aria-live': 'polite' }));
-  state.shell = { root: shell, nav, live, user, view };
+  state.shell = { root: shell, nav, live, user, view, menu };
   renderUser();
   mount(root, shell);
+}
+
+/** Opens or closes the sidebar on narrow screens (wider ones always show it). */
+function setMenu(open) {
+  if (!state.shell) return;
+  state.shell.menu.setAttribute('aria-expanded', open ? 'true' : 'false');
+  state.shell.root.classList.toggle('nav-open', open);
 }
 
 function renderUser() {

@@ -597,8 +597,13 @@ async fn connect(webdriver: &str, chromium: &Path, profile: &Path) -> anyhow::Re
         }
     })
     .await?;
-    // `--window-size` sizes the window, not the page: grow it by the difference so the page
-    // itself (and every screenshot) is exactly WINDOW.
+    resize(&client, WINDOW).await?;
+    Ok(client)
+}
+
+/// Sizes the page (not the window: `--window-size` and `set_window_size` size the window, so
+/// grow it by the difference) to exactly `size`, which every screenshot then has.
+async fn resize(client: &Client, size: (u32, u32)) -> anyhow::Result<()> {
     let inner = client
         .execute("return [window.innerWidth, window.innerHeight];", vec![])
         .await?;
@@ -606,9 +611,131 @@ async fn connect(webdriver: &str, chromium: &Path, profile: &Path) -> anyhow::Re
     let dx = width.saturating_sub(inner[0].as_u64().unwrap_or(width));
     let dy = height.saturating_sub(inner[1].as_u64().unwrap_or(height));
     client
-        .set_window_size(WINDOW.0 + dx as u32, WINDOW.1 + dy as u32)
+        .set_window_size(size.0 + dx as u32, size.1 + dy as u32)
         .await?;
-    Ok(client)
+    wait_for("the page to take its new size", || async {
+        let inner = client.execute("return window.innerWidth;", vec![]).await?;
+        Ok((inner.as_u64() == Some(u64::from(size.0))).then_some(()))
+    })
+    .await
+}
+
+/// Whether the page is no wider than the window (nothing sticks out to the right).
+async fn fits_width(client: &Client) -> anyhow::Result<Value> {
+    Ok(client
+        .execute(
+            "const w = window.innerWidth; \
+             const wide = [...document.querySelectorAll('body *')] \
+               .filter((e) => e.getBoundingClientRect().right > w + 1 && !e.closest('.table-wrap, .flow-graph-wrap')) \
+               .slice(0, 3).map((e) => e.tagName + '#' + e.id + '.' + e.className); \
+             return document.documentElement.scrollWidth <= w ? true \
+               : {scrollWidth: document.documentElement.scrollWidth, width: w, wide};",
+            vec![],
+        )
+        .await?)
+}
+
+/// The phone layout (390 x 844): the sidebar waits behind the menu button and nothing pushes
+/// the page wider than the screen on the overview and the jobs list.
+async fn mobile_layout(client: &Client) -> anyhow::Result<()> {
+    const PHONE: (u32, u32) = (390, 844);
+    resize(client, PHONE).await?;
+    let sidebar_shown = "const s = document.getElementById('sidebar'); \
+                         return Boolean(s) && getComputedStyle(s).display !== 'none';";
+    wait_present(client, "#view-overview tr[data-queue='mail']").await?;
+    ensure!(
+        client.execute(sidebar_shown, vec![]).await? == json!(false),
+        "the sidebar is hidden on a phone"
+    );
+    let expanded = "return document.getElementById('menu-toggle').getAttribute('aria-expanded');";
+    ensure!(
+        client.execute(expanded, vec![]).await? == json!("false"),
+        "the menu starts closed"
+    );
+    let fits = fits_width(client).await?;
+    ensure!(fits == json!(true), "the overview fits 390 px: {fits}");
+    screenshot(client, "mobile-overview").await?;
+
+    click(client, "#menu-toggle").await?;
+    ensure!(
+        client.execute(expanded, vec![]).await? == json!("true"),
+        "the menu button says it is open"
+    );
+    ensure!(
+        client.execute(sidebar_shown, vec![]).await? == json!(true),
+        "the menu button shows the sidebar"
+    );
+    click(client, "a[data-nav='jobs']").await?;
+    wait_present(client, "#view-jobs #jobs-table tr[data-job]").await?;
+    ensure!(
+        client.execute(sidebar_shown, vec![]).await? == json!(false),
+        "choosing a page closes the menu"
+    );
+    let fits = fits_width(client).await?;
+    ensure!(fits == json!(true), "the jobs page fits 390 px: {fits}");
+
+    click(client, "#menu-toggle").await?;
+    click(client, "a[data-nav='overview']").await?;
+    wait_present(client, "#view-overview tr[data-queue='mail']").await?;
+    resize(client, WINDOW).await?;
+    ensure!(
+        client.execute(sidebar_shown, vec![]).await? == json!(true),
+        "the sidebar is back on a laptop"
+    );
+    Ok(())
+}
+
+/// Queue settings from the overview: a refused value is shown next to its field, a good one
+/// is saved through `PUT /v1/queues/{name}` and reads back from the API.
+async fn queue_settings(client: &Client, api: &Api) -> anyhow::Result<()> {
+    click(
+        client,
+        "tr[data-queue='media'] button[data-action='settings']",
+    )
+    .await?;
+    wait_text(client, "#qs-queue", "media").await?;
+    wait_present(client, "#qs-concurrency_limit").await?;
+    let weight = client.find(Locator::Css("#qs-weight")).await?;
+    weight.clear().await?;
+    weight.send_keys("0").await?;
+    click(client, "#qs-save").await?;
+    wait_for("the refused weight explained next to its field", || async {
+        Ok(text(client, "#qs-weight-error")
+            .await?
+            .filter(|t| !t.trim().is_empty())
+            .map(|_| ()))
+    })
+    .await?;
+    ensure!(
+        count(client, "#qs-weight[aria-invalid='true']").await? == 1,
+        "the refused field is marked"
+    );
+    let weight = client.find(Locator::Css("#qs-weight")).await?;
+    weight.clear().await?;
+    let limit = client.find(Locator::Css("#qs-concurrency_limit")).await?;
+    limit.clear().await?;
+    limit.send_keys("3").await?;
+    click(client, "#qs-save").await?;
+    wait_for("the concurrency limit saved", || async {
+        let settings = api
+            .send(reqwest::Method::GET, "/v1/queues/media", Value::Null)
+            .await?;
+        Ok(
+            (settings["concurrency_limit"] == json!(3) && settings["weight"].is_null())
+                .then_some(()),
+        )
+    })
+    .await?;
+    wait_present(client, "#qs-concurrency_limit").await?;
+    ensure!(
+        text(client, "#qs-weight-error")
+            .await?
+            .unwrap_or_default()
+            .is_empty(),
+        "the error is gone once saved"
+    );
+    click(client, "#qs-close").await?;
+    Ok(())
 }
 
 /// Jobs in several queues and states, and two schedules, so every page has something to show.
@@ -779,6 +906,7 @@ async fn drive(
         "the dead card counts the three dead jobs"
     );
     screenshot(client, "overview").await?;
+    mobile_layout(client).await?;
 
     // Workers and schedules (before any action, so no notice covers the screenshots).
     click(client, "a[data-nav='workers']").await?;
@@ -1022,6 +1150,32 @@ async fn drive(
             .iter()
             .any(|b| b["name"] == "media" && b["state"] == "open" && b["manual"] == true)),
         "the dashboard opened the breaker: {breakers}"
+    );
+
+    queue_settings(client, api).await?;
+
+    // Deleting a schedule, behind the confirmation dialog.
+    click(client, "a[data-nav='schedules']").await?;
+    click(
+        client,
+        "tr[data-schedule='cache-sweep'] button[data-action='delete-schedule']",
+    )
+    .await?;
+    confirm(client).await?;
+    wait_for("the sweep schedule gone", || async {
+        Ok(
+            (count(client, "tr[data-schedule='cache-sweep']").await? == 0
+                && count(client, "tr[data-schedule='nightly-report']").await? == 1)
+                .then_some(()),
+        )
+    })
+    .await?;
+    let schedules = api
+        .send(reqwest::Method::GET, "/v1/schedules", Value::Null)
+        .await?;
+    ensure!(
+        !schedules.to_string().contains("cache-sweep"),
+        "the schedule is deleted: {schedules}"
     );
 
     let violations = client

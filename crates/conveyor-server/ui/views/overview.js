@@ -139,6 +139,151 @@ export default {
         breakerError,
         breakerTable));
 
+    // The queue settings editor: opened from a row's "Settings", filled from
+    // `GET /v1/queues/{name}`, saved as one partial `PUT` (an empty box clears the limit).
+    const settingsPanel = h('div', { class: 'panel', id: 'queue-settings', hidden: true });
+    el.insertBefore(settingsPanel, el.querySelector('#breakers-panel'));
+    let editing = null;
+
+    const NUMBER_FIELDS = [
+      ['concurrency_limit', 'Concurrency limit', 'Jobs of this queue running at once, across all workers'],
+      ['per_key_concurrency_limit', 'Per-key concurrency', 'Running at once per concurrency key'],
+      ['max_depth', 'Max depth', 'Waiting jobs beyond which enqueues are refused'],
+      ['max_depth_per_tenant', 'Max depth per tenant', 'The same, per tenant'],
+      ['weight', 'Weight', 'Share of fetches when a worker serves several queues'],
+      ['default_ttl_ms', 'Default TTL (ms)', 'Jobs without their own expiry expire this long after they could start'],
+    ];
+    const RATE_FIELDS = [
+      ['rate_limit', 'Rate limit', 'Jobs started per period'],
+      ['per_key_rate_limit', 'Per-key rate limit', 'Jobs started per period and rate key'],
+    ];
+
+    function numberInput(id, value, disabled) {
+      return h('input', {
+        id, name: id, type: 'number', min: '0', step: '1', inputmode: 'numeric', placeholder: 'no limit',
+        value: value === null || value === undefined ? '' : String(value), disabled,
+      });
+    }
+
+    async function openSettings(name) {
+      editing = name;
+      settingsPanel.hidden = false;
+      mount(settingsPanel, h('p', { class: 'muted', text: `Loading the settings of ${name}…` }));
+      let settings;
+      try {
+        settings = await api.queues.get(name);
+      } catch (error) {
+        if (editing === name) mount(settingsPanel, ctx.problem(error, `Cannot read the settings of ${name}:`));
+        return;
+      }
+      if (editing !== name) return;
+      renderSettings(name, settings);
+      settingsPanel.scrollIntoView({ block: 'nearest' });
+    }
+
+    function closeSettings() {
+      editing = null;
+      settingsPanel.hidden = true;
+      settingsPanel.replaceChildren();
+    }
+
+    function renderSettings(name, settings) {
+      const canOperate = ctx.canOperate;
+      const disabled = !canOperate;
+      const errorsByField = new Map();
+      const inputs = new Map();
+      const boxes = [];
+      const fieldBox = (key, label, hint, ...controls) => {
+        const error = h('div', { class: 'field-error', id: `qs-${key}-error`, role: 'alert' });
+        errorsByField.set(key, error);
+        const box = h('div', { class: 'field', dataset: { field: key } },
+          h('label', { class: 'field-label', for: `qs-${key}`, text: label }),
+          h('div', { class: 'field-controls' }, ...controls),
+          h('span', { class: 'muted small', text: hint }),
+          error);
+        boxes.push(box);
+        return box;
+      };
+      for (const [key, label, hint] of NUMBER_FIELDS) {
+        const input = numberInput(`qs-${key}`, settings[key], disabled);
+        inputs.set(key, input);
+        fieldBox(key, label, hint, input);
+      }
+      for (const [key, label, hint] of RATE_FIELDS) {
+        const limit = settings[key] || {};
+        const count = numberInput(`qs-${key}`, limit.count, disabled);
+        count.setAttribute('aria-label', `${label}: jobs`);
+        const period = numberInput(`qs-${key}-period`, limit.period_ms, disabled);
+        period.setAttribute('aria-label', `${label}: period in ms`);
+        inputs.set(key, { count, period });
+        fieldBox(key, label, `${hint} (jobs / period in ms)`, count, h('span', { class: 'muted', text: 'per' }), period, h('span', { class: 'muted', text: 'ms' }));
+      }
+      const paused = h('input', { id: 'qs-paused', name: 'paused', type: 'checkbox', checked: Boolean(settings.paused), disabled });
+      const pausedError = h('div', { class: 'field-error', id: 'qs-paused-error', role: 'alert' });
+      errorsByField.set('paused', pausedError);
+      const formError = h('div', { class: 'slot-error' });
+      const save = h('button', { class: 'btn btn-primary', id: 'qs-save', type: 'submit', text: 'Save settings', disabled, title: canOperate ? null : 'Needs the admin role' });
+
+      const value = (input) => (input.value.trim() === '' ? null : Number(input.value));
+      function clearErrors() {
+        for (const error of errorsByField.values()) error.textContent = '';
+        for (const input of settingsPanel.querySelectorAll('input')) input.removeAttribute('aria-invalid');
+        formError.replaceChildren();
+      }
+      async function submit(event) {
+        event.preventDefault();
+        if (!ctx.canOperate) return;
+        clearErrors();
+        // Pausing is also a row button: only send it when changed here, so an older form does
+        // not undo a pause made since it was opened.
+        const body = {};
+        if (paused.checked !== Boolean(settings.paused)) body.paused = paused.checked;
+        for (const [key] of NUMBER_FIELDS) body[key] = value(inputs.get(key));
+        for (const [key] of RATE_FIELDS) {
+          const { count, period } = inputs.get(key);
+          const c = value(count);
+          const p = value(period);
+          body[key] = c === null && p === null ? null : { count: c, period_ms: p };
+        }
+        save.disabled = true;
+        try {
+          const saved = await api.queues.update(name, body);
+          ctx.notify(`Settings of queue ${name} saved.`);
+          if (editing === name) renderSettings(name, saved && saved.name ? saved : await api.queues.get(name));
+          await ctx.refreshNow();
+        } catch (error) {
+          if (error.status === 401) return;
+          const key = error.field ? String(error.field).split(/[.[]/)[0] : null;
+          if (error.status === 400 && key && errorsByField.has(key)) {
+            errorsByField.get(key).textContent = error.message;
+            const target = key === 'paused' ? paused : (inputs.get(key).count || inputs.get(key));
+            target.setAttribute('aria-invalid', 'true');
+            target.focus();
+          } else {
+            mount(formError, ctx.problem(error, `Cannot save the settings of ${name}:`));
+          }
+        } finally {
+          save.disabled = !ctx.canOperate;
+        }
+      }
+
+      mount(settingsPanel,
+        h('div', { class: 'panel-head' },
+          h('div', {},
+            h('h2', {}, 'Settings of ', h('span', { class: 'mono', id: 'qs-queue', text: name })),
+            h('p', { class: 'muted small', text: canOperate
+              ? 'An empty box means no limit. Saved through PUT /v1/queues/{name}, which the audit log records.'
+              : 'Read only: changing a queue needs the admin role.' })),
+          h('button', { class: 'btn btn-small', id: 'qs-close', type: 'button', text: 'Close', onclick: closeSettings })),
+        h('form', { class: 'settings-form', id: 'queue-settings-form', novalidate: true, onsubmit: submit },
+          h('div', { class: 'settings-grid' }, boxes),
+          h('div', { class: 'field', dataset: { field: 'paused' } },
+            h('label', { class: 'check-label', for: 'qs-paused' }, paused, ' Paused (workers get none of its jobs)'),
+            pausedError),
+          formError,
+          h('div', { class: 'form-actions' }, save)));
+    }
+
     async function setPaused(name, paused) {
       await ctx.guard(actionError, async () => {
         await api.queues.setPaused(name, paused);
@@ -324,6 +469,12 @@ export default {
             h('td', { class: `num${queue.oldest_available_age_ms > 60000 ? ' warn' : ''}`, text: queue.oldest_available_age_ms ? duration(queue.oldest_available_age_ms) : '—' }),
             h('td', { class: 'num', text: num(perMinute[queue.name]) }),
             h('td', { class: 'actions' }, h('button', {
+              class: 'btn btn-small', type: 'button',
+              dataset: { action: 'settings' },
+              title: canOperate ? 'Edit the limits of this queue' : 'See the limits of this queue',
+              text: canOperate ? 'Edit settings' : 'Settings',
+              onclick: () => openSettings(queue.name),
+            }), h('button', {
               class: 'btn btn-small', type: 'button',
               dataset: { action: queue.paused ? 'resume' : 'pause' },
               disabled: !canOperate,

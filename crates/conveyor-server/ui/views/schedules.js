@@ -36,13 +36,29 @@ export default {
       errors,
       h('div', { class: 'panel panel-flush' }, list));
 
+    async function remove(name) {
+      const asked = await ctx.confirm({
+        title: `Delete the schedule ${name}?`,
+        text: 'It enqueues no more jobs. Jobs it already enqueued stay as they are.',
+        ok: 'Delete schedule',
+        danger: true,
+      });
+      if (!asked) return;
+      await ctx.guard(errors, async () => {
+        await api.schedules.remove(name);
+        ctx.notify(`Schedule ${name} deleted.`);
+        await ctx.refreshNow();
+      }, `Cannot delete the schedule ${name}:`);
+    }
+
     return {
       el,
       async refresh() {
         await ctx.guard(errors, async () => {
           const answer = await api.schedules.list();
           const schedules = answer.schedules || [];
-          update(list, JSON.stringify(schedules), () => {
+          const canOperate = ctx.canOperate;
+          update(list, JSON.stringify([schedules, canOperate]), () => {
             if (!schedules.length) {
               return emptyState('No schedules',
                 h('span', {}, 'Create one with ', h('code', { text: "conveyor schedule set NAME --cron '*/5 * * * *' --kind KIND" }),
@@ -50,7 +66,8 @@ export default {
             }
             return h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
               h('thead', {}, h('tr', {},
-                ['Schedule', 'When', 'Job', 'Next run', 'Last run', 'Policies'].map((t) => h('th', { text: t })))),
+                ['Schedule', 'When', 'Job', 'Next run', 'Last run', 'Policies'].map((t) => h('th', { text: t })),
+                h('th', { class: 'actions', text: '' }))),
               h('tbody', {}, schedules.map((s) => h('tr', { dataset: { schedule: s.name } },
                 h('td', { class: 'strong', text: s.name }),
                 h('td', {},
@@ -65,7 +82,15 @@ export default {
                 h('td', {}, lastRun(s.last_run)),
                 h('td', { class: 'small' },
                   h('div', { text: `overlap: ${s.overlap || 'skip'}` }),
-                  h('div', { text: `missed: ${s.missed || 'skip'}${s.missed === 'catch_up' && s.max_catch_up ? ` (≤ ${s.max_catch_up})` : ''}` })))))));
+                  h('div', { text: `missed: ${s.missed || 'skip'}${s.missed === 'catch_up' && s.max_catch_up ? ` (≤ ${s.max_catch_up})` : ''}` })),
+                h('td', { class: 'actions' }, h('button', {
+                  class: 'btn btn-small btn-danger-outline', type: 'button',
+                  dataset: { action: 'delete-schedule' },
+                  disabled: !canOperate,
+                  title: canOperate ? null : 'Needs the admin role',
+                  text: 'Delete',
+                  onclick: () => remove(s.name),
+                })))))));
           });
         }, 'Cannot list schedules:');
       },
