@@ -250,6 +250,10 @@ function renderLive() {
   if (state.queuesError && state.queuesError.status !== 403) {
     live.className = 'live live-down';
     text.textContent = state.queuesError.status === 0 ? 'Server unreachable — retrying' : 'Update failed — retrying';
+  } else if (state.queuesError && state.queuesError.status === 403) {
+    // A producer's token reads its own jobs (the Jobs page), not the queues' counts.
+    live.className = 'live live-up';
+    text.textContent = 'Your own jobs only (see Jobs)';
   } else if (state.lastUpdate) {
     live.className = 'live live-up';
     text.textContent = `Live · updated ${new Date(state.lastUpdate).toLocaleTimeString()}`;
