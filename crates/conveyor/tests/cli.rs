@@ -950,33 +950,45 @@ fn enqueue_warns_when_no_live_worker_serves_the_queue() {
 /// Logs written into a pipe (or a file) carry no ANSI colour codes.
 #[test]
 fn logs_into_a_pipe_have_no_colour_codes() {
-    use std::io::{BufRead, BufReader, Read};
+    use std::io::{BufRead, BufReader};
     let dir = temp_dir();
     let mut child = std::process::Command::new(BIN)
         .args(["serve", "--listen", "127.0.0.1:0", "--store"])
         .arg(format!("sqlite://{}", path_in(&dir, "jobs.db").display()))
         .env("CONVEYOR_LOG", "info")
         .env_remove("NO_COLOR")
-        .stdout(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .expect("spawn conveyor serve");
-    let mut listening = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut listening)
-        .expect("listen line");
+    // Every log line, as it comes; the first INFO line is what the test waits for.
+    let stderr = child.stderr.take().expect("stderr");
+    let (lines, seen) = std::sync::mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if lines.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut logs = Vec::new();
+    loop {
+        let line = seen
+            .recv_timeout(std::time::Duration::from_secs(30))
+            .expect("an INFO log line within 30 s");
+        let info = line.contains("INFO");
+        logs.push(line);
+        if info {
+            break;
+        }
+    }
     // SIGTERM: a graceful stop that logs on the way out, then the pipe closes.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let mut logs = String::new();
-    child
-        .stderr
-        .take()
-        .expect("stderr")
-        .read_to_string(&mut logs)
-        .expect("read logs");
     child.wait().expect("wait");
-    assert!(logs.contains("INFO"), "{logs}");
-    assert!(!logs.contains('\u{1b}'), "colour codes in a pipe: {logs:?}");
+    logs.extend(seen.iter());
+    reader.join().expect("reader");
+    let text = logs.join("\n");
+    assert!(!text.contains('\u{1b}'), "colour codes in a pipe: {text:?}");
 }
 
 /// `serve --config FILE`: a setting comes from the flag, else its CONVEYOR_* variable, else
