@@ -467,11 +467,8 @@ impl BreakerRecord {
 
     /// Whether [`BreakerRecord::tick`] would change anything at `now`.
     pub fn due(&self, settings: Option<&BreakerSettings>, now: DateTime<Utc>) -> bool {
-        self.clone().tick(settings, now).is_some() || {
-            let mut copy = self.clone();
-            copy.tick(settings, now);
-            copy != *self
-        }
+        let mut copy = self.clone();
+        copy.tick(settings, now).is_some() || copy != *self
     }
 
     /// Takes up to `want` probe permits while half-open; returns how many it got.
@@ -851,12 +848,10 @@ impl CircuitBreakers {
                 self.remember(unchanged.clone());
                 return Ok(Some(unchanged.clone()));
             }
-            if stored.is_none() && next.record.state == BreakerState::Closed && transition.is_none()
+            // A breaker never stored that would stay closed with nothing counted needs no row.
+            if stored.is_none() && transition.is_none() && next.record == BreakerRecord::closed(now)
             {
-                // Nothing worth a row yet beyond counts; keep counting from a stored record.
-                if next.record.calls == 0 {
-                    return Ok(None);
-                }
+                return Ok(None);
             }
             if !self.store.breaker_write(&next).await? {
                 continue;

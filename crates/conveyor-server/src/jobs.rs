@@ -145,16 +145,7 @@ impl EnqueueRequest {
                     "give either run_at or delay_ms, not both",
                 ))
             }
-            (Some(raw), None) => Some(
-                DateTime::parse_from_rfc3339(&raw)
-                    .map_err(|e| {
-                        ApiError::invalid(
-                            "run_at",
-                            format!("{raw:?} is not an RFC 3339 timestamp: {e}"),
-                        )
-                    })?
-                    .with_timezone(&Utc),
-            ),
+            (Some(raw), None) => Some(rfc3339("run_at", &raw)?),
             (None, Some(ms)) => Some(after_ms("delay_ms", now, ms)?),
             (None, None) => None,
         };
@@ -166,14 +157,7 @@ impl EnqueueRequest {
                 ))
             }
             (Some(raw), None) => {
-                let at = DateTime::parse_from_rfc3339(&raw)
-                    .map_err(|e| {
-                        ApiError::invalid(
-                            "expires_at",
-                            format!("{raw:?} is not an RFC 3339 timestamp: {e}"),
-                        )
-                    })?
-                    .with_timezone(&Utc);
+                let at = rfc3339("expires_at", &raw)?;
                 if at <= now {
                     return Err(ApiError::invalid(
                         "expires_at",
@@ -501,8 +485,8 @@ pub(crate) fn list_params(
             "id_prefix" => params.id_prefix = Some(id_prefix(&value)?),
             "tag" => params.tag = Some(search_text("tag", value)?),
             "tenant" => params.tenant = Some(search_text("tenant", value)?),
-            "created_after" => params.created_after = Some(search_time(&key, &value)?),
-            "created_before" => params.created_before = Some(search_time(&key, &value)?),
+            "created_after" => params.created_after = Some(rfc3339(&key, &value)?),
+            "created_before" => params.created_before = Some(rfc3339(&key, &value)?),
             "payload" => params.payload = Some(payload_filter(&value)?),
             _ => {
                 return Err(ApiError::invalid(
@@ -546,7 +530,8 @@ fn search_text(field: &str, value: String) -> ApiResult<String> {
     Ok(value)
 }
 
-fn search_time(field: &str, raw: &str) -> ApiResult<DateTime<Utc>> {
+/// A timestamp a request gives as text, refused naming `field` unless it is RFC 3339.
+fn rfc3339(field: &str, raw: &str) -> ApiResult<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(raw)
         .map(|at| at.with_timezone(&Utc))
         .map_err(|e| ApiError::invalid(field, format!("{raw:?} is not an RFC 3339 timestamp: {e}")))

@@ -216,7 +216,8 @@ async fn fetch_released_if_abandoned(
 
 /// Remembers what metrics need of each job handed out (see `acks::LeasedJob`).
 fn remember_leased(state: &AppState, jobs: &[Job]) {
-    if jobs.is_empty() {
+    // Only metrics and breakers read what is remembered; without them, nothing to keep.
+    if jobs.is_empty() || (state.metrics.is_none() && !state.breakers.watching()) {
         return;
     }
     let Ok(mut leased) = state.leased.lock() else {
