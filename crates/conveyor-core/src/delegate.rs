@@ -65,6 +65,20 @@ macro_rules! delegate_store {
             }
         }
     };
+    (@part StatsStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::StatsStore for $decorator {
+            async fn stats_merge(&self, rollups: Vec<$crate::stats::Rollup>) -> $crate::StoreResult<()> {
+                $crate::StatsStore::stats_merge(&*self.$field, rollups).await
+            }
+            async fn stats_read(&self, query: $crate::stats::StatsQuery) -> $crate::StoreResult<Vec<$crate::stats::Rollup>> {
+                $crate::StatsStore::stats_read(&*self.$field, query).await
+            }
+            async fn stats_prune(&self, older_than: std::time::Duration) -> $crate::StoreResult<u64> {
+                $crate::StatsStore::stats_prune(&*self.$field, older_than).await
+            }
+        }
+    };
     (@part KindStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::KindStore for $decorator {

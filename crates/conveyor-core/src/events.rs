@@ -58,4 +58,16 @@ pub struct AttemptEvent<'a> {
 /// called on the job path.
 pub trait JobObserver: Send + Sync + 'static {
     fn attempt_finished(&self, event: &AttemptEvent<'_>);
+
+    /// Told of every job this process claimed, as the claim returned it (for the queue wait
+    /// and the count of attempts started). Nothing by default.
+    fn attempt_started(&self, _job: &crate::Job) {}
+}
+
+/// How long a claimed job waited to start: from its run_at, or its enqueue when that was
+/// later, to its start. `None` for a job not started.
+pub fn queue_wait(job: &crate::Job) -> Option<Duration> {
+    let started = job.started_at?;
+    let ready = job.run_at.max(job.created_at);
+    Some((started - ready).to_std().unwrap_or_default())
 }

@@ -20,6 +20,7 @@ mod refreshed;
 pub mod retry;
 pub mod scaling;
 pub mod schedule;
+pub mod stats;
 pub mod store;
 pub mod stuck;
 pub mod trace;
@@ -50,6 +51,7 @@ pub use schedule::{
     FireOutcome, FireRequest, JobTemplate, MissedPolicy, OverlapPolicy, Schedule, ScheduleRun,
     ScheduleSpec, ScheduleView,
 };
+pub use stats::{StatsRecorder, StatsStore};
 pub use store::*;
 pub use stuck::{StuckBasis, StuckJob, StuckParams};
 pub use unique::UniqueSpec;

@@ -645,6 +645,7 @@ pub trait Store:
     + FlowStore
     + KindStore
     + crate::breaker::BreakerStore
+    + crate::stats::StatsStore
     + 'static
 {
 }
@@ -660,6 +661,7 @@ impl<T> Store for T where
         + FlowStore
         + KindStore
         + crate::breaker::BreakerStore
+        + crate::stats::StatsStore
         + 'static
 {
 }

@@ -34,6 +34,7 @@ mod retention;
 mod rows;
 mod schedules;
 mod sql;
+mod stats;
 mod unique;
 mod upkeep;
 mod workers;
@@ -614,6 +615,35 @@ impl conveyor_core::BreakerStore for PgStore {
     async fn breaker_write(&self, breaker: &conveyor_core::StoredBreaker) -> StoreResult<bool> {
         conveyor_core::validate::name("name", &breaker.name)?;
         kinds::breaker_write(&mut *self.conn().await?, &self.ctx(), breaker).await
+    }
+}
+
+#[async_trait]
+impl conveyor_core::StatsStore for PgStore {
+    async fn stats_merge(&self, rollups: Vec<conveyor_core::stats::Rollup>) -> StoreResult<()> {
+        for rollup in &rollups {
+            conveyor_core::validate::name("queue", &rollup.queue)?;
+            conveyor_core::validate::name("kind", &rollup.kind)?;
+        }
+        if rollups.is_empty() {
+            return Ok(());
+        }
+        let mut tx = self.begin().await?;
+        stats::merge(&mut tx, &self.inner.sql.history, rollups).await?;
+        commit(tx).await
+    }
+
+    async fn stats_read(
+        &self,
+        query: conveyor_core::stats::StatsQuery,
+    ) -> StoreResult<Vec<conveyor_core::stats::Rollup>> {
+        stats::read(&mut *self.conn().await?, &self.inner.sql.history, &query).await
+    }
+
+    async fn stats_prune(&self, older_than: std::time::Duration) -> StoreResult<u64> {
+        let before = conveyor_core::clock::before(self.ctx().now, older_than);
+        let before = before - chrono::Duration::minutes(1);
+        stats::prune(&mut *self.conn().await?, &self.inner.sql.history, before).await
     }
 }
 

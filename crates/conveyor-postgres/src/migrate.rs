@@ -111,10 +111,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "viewer_role",
         sql: include_str!("migrations/0018_viewer_role.sql"),
     },
+    Migration {
+        version: 19,
+        name: "stats",
+        sql: include_str!("migrations/0019_stats.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 18;
+pub const SCHEMA_VERSION: u32 = 19;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

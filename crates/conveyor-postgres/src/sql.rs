@@ -112,6 +112,7 @@ pub(crate) struct Sql {
     pub retention: crate::retention::Retention,
     pub kinds: crate::kinds::KindsSql,
     pub breakers: crate::kinds::BreakersSql,
+    pub history: crate::stats::StatsSql,
 }
 
 impl Sql {
@@ -568,6 +569,7 @@ impl Sql {
             retention: crate::retention::Retention::new(schema),
             kinds: crate::kinds::KindsSql::new(schema),
             breakers: crate::kinds::BreakersSql::new(schema),
+            history: crate::stats::StatsSql::new(schema),
             jobs,
         }
     }

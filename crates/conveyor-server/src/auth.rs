@@ -148,6 +148,8 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::POST, "/v1/kinds/{kind}/circuit/open", ADMIN),
     (Method::POST, "/v1/kinds/{kind}/circuit/close", ADMIN),
     (Method::GET, "/v1/breakers", ADMIN),
+    // History holds counts only, but of every queue and kind: operators (and viewers).
+    (Method::GET, "/v1/stats", ADMIN),
     // Payload schemas: producers may read them (to check before sending); operators set them.
     (Method::GET, "/v1/kinds", PRODUCER),
     (Method::GET, "/v1/kinds/{kind}", PRODUCER),

@@ -531,7 +531,7 @@ fn search_text(field: &str, value: String) -> ApiResult<String> {
 }
 
 /// A timestamp a request gives as text, refused naming `field` unless it is RFC 3339.
-fn rfc3339(field: &str, raw: &str) -> ApiResult<DateTime<Utc>> {
+pub(crate) fn rfc3339(field: &str, raw: &str) -> ApiResult<DateTime<Utc>> {
     DateTime::parse_from_rfc3339(raw)
         .map(|at| at.with_timezone(&Utc))
         .map_err(|e| ApiError::invalid(field, format!("{raw:?} is not an RFC 3339 timestamp: {e}")))

@@ -37,6 +37,8 @@ mod observe;
 mod schedules;
 mod serve;
 mod settings;
+mod stats;
+pub use stats::{flush_history_every, FLUSH_INTERVAL as HISTORY_FLUSH_INTERVAL};
 mod tls;
 mod tokens;
 mod ui;
@@ -194,7 +196,7 @@ pub fn router_with_options(
     // API then serves everything but `/metrics` rather than not at all.
     let metrics = match options.metrics {
         Some(metrics) => Some(metrics),
-        None => Metrics::new()
+        None => Metrics::with_clock(options.clock.clone())
             .map(Arc::new)
             .map_err(|error| tracing::error!(%error, "metrics disabled"))
             .ok(),
@@ -255,6 +257,7 @@ pub fn router_with_options(
         .route("/v1/kinds/{kind}/circuit/open", post(breakers::kind_open))
         .route("/v1/kinds/{kind}/circuit/close", post(breakers::kind_close))
         .route("/v1/breakers", get(breakers::list))
+        .route("/v1/stats", get(stats::get))
         .route("/v1/kinds", get(kinds::list))
         .route(
             "/v1/kinds/{kind}",

@@ -13,8 +13,8 @@
 
 use conveyor_core::scaling::ThroughputMeter;
 use conveyor_core::{
-    AttemptEvent, AttemptStatus, JobObserver, JobState, QueueStats, Store, StoreResult, StuckJob,
-    StuckParams, WorkerInfo, WorkerState,
+    AttemptEvent, AttemptStatus, Clock, JobObserver, JobState, QueueStats, StatsRecorder, Store,
+    StoreResult, StuckJob, StuckParams, SystemClock, WorkerInfo, WorkerState,
 };
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
@@ -102,6 +102,8 @@ pub struct Metrics {
     /// When the gauges were last read from the store; the lock also makes concurrent scrapes
     /// wait for one read instead of each reading.
     refreshed: Mutex<Option<Instant>>,
+    /// The same events, per minute, for the history kept in the store (`GET /v1/stats`).
+    history: Arc<StatsRecorder>,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -112,6 +114,11 @@ impl std::fmt::Debug for Metrics {
 
 impl Metrics {
     pub fn new() -> Result<Self, MetricsError> {
+        Self::with_clock(Arc::new(SystemClock))
+    }
+
+    /// Like [`Metrics::new`], with the history's minutes read from `clock`.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Result<Self, MetricsError> {
         let registry = Registry::new();
         let processed = IntCounterVec::new(
             Opts::new(
@@ -249,23 +256,33 @@ impl Metrics {
             stuck_jobs,
             breaker_state,
             refreshed: Mutex::new(None),
+            history: Arc::new(StatsRecorder::new(clock)),
         })
+    }
+
+    /// The per-minute counts not yet flushed to the store (see `conveyor_core::stats`).
+    pub fn history(&self) -> Arc<StatsRecorder> {
+        self.history.clone()
     }
 
     /// Counts a job stored by an enqueue.
     pub fn enqueued(&self, queue: &str, kind: &str) {
         self.enqueued.with_label_values(&[queue, kind]).inc();
+        self.history.enqueued(queue, kind);
     }
 
-    /// Observes how long a job waited between becoming startable and being handed out.
+    /// Counts an attempt handed out and observes how long its job waited between becoming
+    /// startable and being handed out.
     pub fn waited(&self, queue: &str, kind: &str, wait: Duration) {
         self.queue_wait
             .with_label_values(&[queue, kind])
             .observe(wait.as_secs_f64());
+        self.history.started(queue, kind, wait);
     }
 
     /// Counts one ended attempt.
     pub fn record(&self, event: &AttemptEvent<'_>) {
+        self.history.finished(event);
         self.processed
             .with_label_values(&[event.queue, event.kind, event.status.as_str()])
             .inc();
@@ -418,6 +435,12 @@ impl Metrics {
 }
 
 impl JobObserver for Metrics {
+    fn attempt_started(&self, job: &conveyor_core::Job) {
+        if let Some(wait) = conveyor_core::events::queue_wait(job) {
+            self.waited(&job.queue, &job.kind, wait);
+        }
+    }
+
     fn attempt_finished(&self, event: &AttemptEvent<'_>) {
         self.record(event);
     }

@@ -221,18 +221,11 @@ pub(crate) fn count_enqueued(state: &AppState, inserted: &[conveyor_core::Insert
     }
 }
 
-/// Observes how long each job handed out waited to start (`conveyor_job_queue_wait_seconds`):
-/// from its run_at, or its enqueue when that was later, to its start.
+/// Observes how long each job handed out waited to start (`conveyor_job_queue_wait_seconds`,
+/// and the history's `started` and queue wait).
 pub(crate) fn count_waits(state: &AppState, jobs: &[Job]) {
-    let Some(metrics) = &state.metrics else {
-        return;
-    };
-    for job in jobs {
-        let Some(started) = job.started_at else {
-            continue;
-        };
-        let ready = job.run_at.max(job.created_at);
-        let wait = (started - ready).to_std().unwrap_or_default();
-        metrics.waited(&job.queue, &job.kind, wait);
+    if let Some(metrics) = &state.metrics {
+        jobs.iter()
+            .for_each(|job| conveyor_core::JobObserver::attempt_started(metrics.as_ref(), job));
     }
 }

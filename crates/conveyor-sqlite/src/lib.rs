@@ -12,6 +12,7 @@ mod reads;
 mod retention;
 mod rows;
 mod schedules;
+mod stats;
 mod unique;
 mod workers;
 mod workflow;
@@ -680,6 +681,35 @@ impl conveyor_core::BreakerStore for SqliteStore {
             }
             .map_err(backend)?;
             Ok(written == 1)
+        })
+        .await
+    }
+}
+
+#[async_trait]
+impl conveyor_core::StatsStore for SqliteStore {
+    async fn stats_merge(&self, rollups: Vec<conveyor_core::stats::Rollup>) -> StoreResult<()> {
+        for rollup in &rollups {
+            conveyor_core::validate::name("queue", &rollup.queue)?;
+            conveyor_core::validate::name("kind", &rollup.kind)?;
+        }
+        if rollups.is_empty() {
+            return Ok(());
+        }
+        self.write(move |ctx| stats::merge(ctx.conn, rollups)).await
+    }
+
+    async fn stats_read(
+        &self,
+        query: conveyor_core::stats::StatsQuery,
+    ) -> StoreResult<Vec<conveyor_core::stats::Rollup>> {
+        self.read(move |conn, _| stats::read(conn, &query)).await
+    }
+
+    async fn stats_prune(&self, older_than: std::time::Duration) -> StoreResult<u64> {
+        self.write(move |ctx| {
+            let before = conveyor_core::clock::before(ctx.now, older_than);
+            stats::prune(ctx.conn, before - chrono::Duration::minutes(1))
         })
         .await
     }

@@ -269,3 +269,20 @@ CREATE TABLE IF NOT EXISTS circuit_breakers (
     record   TEXT NOT NULL,             -- JSON, `BreakerRecord`
     PRIMARY KEY (scope, name)
 ) WITHOUT ROWID;
+
+-- Version 15: history, one row per minute, queue and kind (`conveyor_core::stats`). Counts are
+-- added to by each flush of a server's recorder; durations are histograms (JSON) so they add too.
+CREATE TABLE IF NOT EXISTS stats_minutes (
+    minute      INTEGER NOT NULL,   -- ms since the epoch, a whole minute
+    queue       TEXT NOT NULL,
+    kind        TEXT NOT NULL,
+    enqueued    INTEGER NOT NULL,
+    started     INTEGER NOT NULL,
+    completed   INTEGER NOT NULL,
+    failed      INTEGER NOT NULL,
+    retried     INTEGER NOT NULL,
+    dead        INTEGER NOT NULL,
+    run_time    TEXT NOT NULL,      -- JSON, `Histogram`
+    queue_wait  TEXT NOT NULL,      -- JSON, `Histogram`
+    PRIMARY KEY (minute, queue, kind)
+) WITHOUT ROWID;

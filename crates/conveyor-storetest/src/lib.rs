@@ -48,6 +48,7 @@ mod retention;
 mod schedules;
 mod search;
 mod settings;
+mod stats;
 mod unique;
 mod workers;
 mod workflows;
@@ -67,6 +68,7 @@ pub use retention::*;
 pub use schedules::*;
 pub use search::*;
 pub use settings::*;
+pub use stats::*;
 pub use unique::*;
 pub use workers::*;
 pub use workflows::*;
@@ -136,6 +138,9 @@ macro_rules! __conveyor_behaviours {
             insert_with_past_run_at_is_available,
             // search
             jobs_are_found_by_id_prefix_tag_tenant_time_and_payload,
+            // history
+            stats_rollups_add_up_filter_and_prune,
+            stats_recorded_events_come_back_as_a_report,
             // circuit breakers
             breaker_records_are_written_only_on_their_version,
             breaker_settings_round_trip_with_queue_and_kind_settings,

@@ -15,7 +15,9 @@ mod scheduler;
 mod worker;
 
 pub use handler::{JobContext, Outcome};
-pub use maintenance::{Maintenance, MaintenancePass, DEFAULT_WORKER_STALE_AFTER};
+pub use maintenance::{
+    Maintenance, MaintenancePass, DEFAULT_STATS_RETENTION, DEFAULT_WORKER_STALE_AFTER,
+};
 pub use scheduler::{Scheduler, SchedulerPass};
 pub use worker::{ShutdownReport, Worker, WorkerBuilder, WorkerError, JOB_LOG_TARGET};
 

@@ -12,6 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::scheduler::Scheduler;
 
+/// The default for [`Maintenance::stats_retention`]: a week of history with a week to spare.
+pub const DEFAULT_STATS_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600);
+
 /// The default for [`Maintenance::worker_stale_after`].
 pub const DEFAULT_WORKER_STALE_AFTER: Duration = Duration::from_secs(120);
 
@@ -32,6 +35,7 @@ pub struct Maintenance {
     scheduler: Option<Scheduler>,
     worker_stale_after: Option<Duration>,
     retention: Option<RetentionPolicy>,
+    stats_retention: Option<Duration>,
 }
 /// Most prune steps per pass (each deletes up to the batch size), so a backlog of expired jobs
 /// is worked off over several passes rather than in one long one.
@@ -54,6 +58,8 @@ pub struct MaintenancePass {
     pub waits_expired: usize,
     /// Finished flows deleted for retention (with the finished jobs' retention).
     pub flows_pruned: u64,
+    /// Minutes of history (rows per queue and kind) deleted for retention.
+    pub stats_pruned: u64,
 }
 
 impl Maintenance {
@@ -69,6 +75,7 @@ impl Maintenance {
             scheduler: Some(Scheduler::new(store.clone())),
             worker_stale_after: Some(DEFAULT_WORKER_STALE_AFTER),
             retention: Some(RetentionPolicy::default()),
+            stats_retention: Some(DEFAULT_STATS_RETENTION),
             store,
         }
     }
@@ -77,6 +84,13 @@ impl Maintenance {
     /// a queue's own retention settings win). `None` never deletes jobs.
     pub fn retention(mut self, retention: Option<RetentionPolicy>) -> Self {
         self.retention = retention;
+        self
+    }
+
+    /// How long the per-minute history (`GET /v1/stats`) is kept (default 14 days). `None`
+    /// keeps it forever.
+    pub fn stats_retention(mut self, retention: Option<Duration>) -> Self {
+        self.stats_retention = retention;
         self
     }
 
@@ -194,6 +208,9 @@ impl Maintenance {
         // Not worth failing the pass for: the next one tries again.
         if let Err(error) = self.store.storage_maintenance().await {
             tracing::warn!(%error, "storage maintenance failed; will retry");
+        }
+        if let Some(retention) = self.stats_retention {
+            pass.stats_pruned = self.store.stats_prune(retention).await?;
         }
         if let Some(retention) = self.retention {
             for _ in 0..MAX_PRUNE_STEPS {

@@ -230,7 +230,7 @@ impl EncryptedStore {
 
 // Payloads pass through jobs, leases and flows only; every other part is forwarded unchanged.
 conveyor_core::delegate_store!(EncryptedStore => inner:
-    QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore, KindStore, BreakerStore);
+    QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore, KindStore, BreakerStore, StatsStore);
 
 #[async_trait]
 impl conveyor_core::FlowStore for EncryptedStore {

@@ -326,6 +326,9 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
                 if !jobs.is_empty() {
                     demand.sample_latency(asked.elapsed());
                 }
+                if let Some(observer) = &lane.shared.observer {
+                    jobs.iter().for_each(|job| observer.attempt_started(job));
+                }
                 jobs
             }
             Err(error) => {

@@ -60,6 +60,10 @@ pub(crate) struct ServeArgs {
     /// `dead_retention_secs` wins). 0 keeps them forever.
     #[arg(env = "CONVEYOR_RETAIN_DEAD_SECS", long, default_value_t = 14 * 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
     retain_dead_secs: u64,
+    /// The per-minute history (`GET /v1/stats`, the dashboard's charts and Kinds view) is
+    /// kept this many seconds. 0 keeps it forever.
+    #[arg(env = "CONVEYOR_RETAIN_STATS_SECS", long, default_value_t = 14 * 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
+    retain_stats_secs: u64,
     /// Payload keys (at any depth, comma-separated) shown as `[redacted]` in job views and the
     /// dashboard, e.g. `password,card_number`. Workers still receive them.
     #[arg(long, value_delimiter = ',', env = "CONVEYOR_SENSITIVE_FIELDS")]
@@ -389,6 +393,9 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .leader_ttl(Duration::from_millis(args.leader_ttl_ms.max(100)))
         .worker_stale_after(worker_stale)
         .retention(retention(&args))
+        .stats_retention(
+            (args.retain_stats_secs > 0).then(|| Duration::from_secs(args.retain_stats_secs)),
+        )
         .scheduler(
             Scheduler::new(store.clone())
                 .misfire_threshold(Duration::from_millis(args.schedule_misfire_ms)),
@@ -415,6 +422,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     );
 
     let maintenance = tokio::spawn(maintenance.run(shutdown.clone()));
+    let history = tokio::spawn(conveyor_server::flush_history_every(
+        metrics.clone(),
+        store.clone(),
+        conveyor_server::HISTORY_FLUSH_INTERVAL,
+        shutdown.clone(),
+    ));
     let alerts = alerts.map(|engine| tokio::spawn(engine.run(shutdown.clone())));
     let demo = args.demo.then(|| {
         tokio::spawn(super::demo::run(
@@ -480,6 +493,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let _ = demo.await;
     }
     let _ = maintenance.await;
+    let _ = history.await;
+    // Outcomes written while the server drained (its last requests, the demo's last jobs).
+    if let Err(error) = metrics.history().flush(store.as_ref()).await {
+        tracing::warn!(%error, "the last minute of history could not be written");
+    }
     if let Some(alerts) = alerts {
         let _ = alerts.await;
     }
