@@ -142,6 +142,9 @@ enum Command {
     Workers(observe::WorkersArgs),
     /// Running jobs past their stuck threshold (much longer than their kind usually takes).
     Stuck(observe::StuckArgs),
+    /// History per queue and kind over a span: enqueued, done, failed, dead, failure rate,
+    /// throughput, run time and queue wait (p50/p95), from the server's per-minute rollups.
+    Stats(observe::StatsArgs),
     /// Cron schedules: list, show, set, runs, delete.
     Schedule {
         #[command(subcommand)]
@@ -284,6 +287,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Queues(args) => admin::queues(args).await,
         Command::Workers(args) => observe::workers(args).await,
         Command::Stuck(args) => observe::stuck(args).await,
+        Command::Stats(args) => observe::stats(args).await,
         Command::Queue { command } => admin::queue(command).await,
         Command::Schedule { command } => schedule::run(command).await,
         Command::Flow { command } => flow::run(command).await,

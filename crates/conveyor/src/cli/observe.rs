@@ -1,7 +1,7 @@
 //! `conveyor workers` and `conveyor stuck`: the worker registry and stuck jobs, for on-call.
 
 use crate::cli::http::decode;
-use crate::cli::table::{ago, human_ms, Table};
+use crate::cli::table::{ago, human_duration, human_ms, Table};
 use clap::Args;
 use conveyor_server::api::{StuckResponse, WorkersResponse};
 use std::process::ExitCode;
@@ -101,6 +101,130 @@ pub(crate) async fn stuck(args: StuckArgs) -> anyhow::Result<ExitCode> {
             job.worker_id.unwrap_or_else(|| "-".to_string()),
         ]);
     }
+    table.print();
+    Ok(ExitCode::SUCCESS)
+}
+
+#[derive(Args, Debug)]
+pub(crate) struct StatsArgs {
+    /// How far back to look (seconds, or a number with s, m, h or d), unless --from is given.
+    #[arg(long, default_value = "1h")]
+    since: String,
+    /// Start of the span (RFC 3339); wins over --since.
+    #[arg(long)]
+    from: Option<String>,
+    /// End of the span (RFC 3339; default: now).
+    #[arg(long)]
+    to: Option<String>,
+    /// Width of each point of the series (whole minutes: 60, 5m, 1h); default: about 120
+    /// points. The table sums the span either way; the series is in --json.
+    #[arg(long)]
+    step: Option<String>,
+    /// Only this queue.
+    #[arg(long)]
+    queue: Option<String>,
+    /// Only this job kind.
+    #[arg(long)]
+    kind: Option<String>,
+    #[command(flatten)]
+    server: ServerArg,
+}
+
+/// `conveyor stats`: the history per queue and kind over a span (`GET /v1/stats`).
+pub(crate) async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
+    use conveyor::stats::{parse_duration, StatsPoint, StatsReport};
+    let rfc3339 = |flag: &str, text: &str| {
+        chrono::DateTime::parse_from_rfc3339(text)
+            .map(|at| at.with_timezone(&chrono::Utc))
+            .map_err(|e| anyhow::anyhow!("{flag} {text:?} is not an RFC 3339 time ({e}), e.g. 2026-12-01T09:00:00Z"))
+    };
+    let to = args.to.as_deref().map(|t| rfc3339("--to", t)).transpose()?;
+    let from = match &args.from {
+        Some(from) => rfc3339("--from", from)?,
+        None => {
+            let since = parse_duration("since", &args.since)
+                .map_err(|e| anyhow::anyhow!("--since {}", e.message))?;
+            let end = to.unwrap_or_else(chrono::Utc::now);
+            end - chrono::Duration::from_std(since)
+                .map_err(|_| anyhow::anyhow!("--since {:?} is too long", args.since))?
+        }
+    };
+    let mut pairs = vec![("from", from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))];
+    if let Some(to) = to {
+        pairs.push(("to", to.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
+    }
+    for (key, value) in [("step", &args.step), ("queue", &args.queue), ("kind", &args.kind)] {
+        if let Some(value) = value {
+            pairs.push((key, value.clone()));
+        }
+    }
+    let query = serde_urlencoded::to_string(&pairs)?;
+    let answer = args.server.client()?.get(&format!("/v1/stats?{query}")).await?;
+    if args.server.json {
+        println!("{answer}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let report: StatsReport = decode(&answer, "GET /v1/stats")?;
+    let ms = |ms: f64| human_duration(std::time::Duration::from_secs_f64(ms.max(0.0) / 1000.0));
+    let latency = |point: &StatsPoint| {
+        let run = point.run_time.map(|l| (ms(l.p50_ms), ms(l.p95_ms)));
+        let wait = point.queue_wait.map(|l| (ms(l.p50_ms), ms(l.p95_ms)));
+        let (run50, run95) = run.unwrap_or(("-".into(), "-".into()));
+        let (wait50, wait95) = wait.unwrap_or(("-".into(), "-".into()));
+        [run50, run95, wait50, wait95]
+    };
+    let rate = |point: &StatsPoint| {
+        point
+            .failure_rate
+            .map_or("-".to_string(), |r| format!("{:.1}%", r * 100.0))
+    };
+    println!(
+        "{} to {} ({} per point)",
+        report.from.format("%Y-%m-%d %H:%M UTC"),
+        report.to.format("%Y-%m-%d %H:%M UTC"),
+        human_duration(std::time::Duration::from_secs(report.step_s))
+    );
+    if report.kinds.is_empty() {
+        println!("nothing was enqueued, started or finished in this span");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let mut table = Table::new([
+        "QUEUE", "KIND", "ENQUEUED", "DONE", "FAILED", "DEAD", "FAIL %", "PER MIN", "RUN P50",
+        "RUN P95", "WAIT P50", "WAIT P95",
+    ])
+    .right(2..12);
+    let row = |queue: String, kind: String, per_min: f64, point: &StatsPoint| {
+        let [run50, run95, wait50, wait95] = latency(point);
+        [
+            queue,
+            kind,
+            point.enqueued.to_string(),
+            point.completed.to_string(),
+            point.failed.to_string(),
+            point.dead.to_string(),
+            rate(point),
+            format!("{per_min:.1}"),
+            run50,
+            run95,
+            wait50,
+            wait95,
+        ]
+    };
+    for kind in &report.kinds {
+        table.row(row(
+            kind.queue.clone(),
+            kind.kind.clone(),
+            kind.throughput_per_min,
+            &kind.totals,
+        ));
+    }
+    let minutes = ((report.to - report.from).num_seconds() as f64 / 60.0).max(1.0);
+    table.row(row(
+        "all".into(),
+        "".into(),
+        report.totals.completed as f64 / minutes,
+        &report.totals,
+    ));
     table.print();
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,129 @@
+//! History across processes: two `conveyor serve` on one PostgreSQL schema each count the work
+//! their workers do; one server's counts reach the store when it is asked (`GET /v1/stats`),
+//! the other's when it shuts down gracefully; `conveyor stats` shows the sum, as a table and
+//! as JSON; a restarted server on a SQLite file still has yesterday's minutes; bad flags are
+//! refused.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use serde_json::{json, Value};
+
+fn work(server: &str, queue: &str, n: usize, fail: bool) {
+    let answer: Value = http()
+        .post(format!("{server}/v1/fetch"))
+        .json(&json!({"worker_id": "history-test", "queues": [queue], "max": n}))
+        .send()
+        .expect("fetch")
+        .json()
+        .expect("fetch JSON");
+    let jobs = answer["jobs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(jobs.len(), n, "{answer}");
+    let outcomes: Vec<Value> = jobs
+        .iter()
+        .map(|job| {
+            json!({"id": job["id"], "lease_token": job["lease_token"],
+                   "error": {"message": "boom"}, "retry": "never"})
+        })
+        .collect();
+    let body = if fail {
+        json!({ "fail": outcomes })
+    } else {
+        json!({ "complete": outcomes.iter().map(|o| json!({"id": o["id"], "lease_token": o["lease_token"]})).collect::<Vec<_>>() })
+    };
+    let status = http()
+        .post(format!("{server}/v1/ack"))
+        .json(&body)
+        .send()
+        .expect("ack")
+        .status();
+    assert!(status.is_success(), "{status}");
+}
+
+fn stats_json(server: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["stats", "--server", server, "--json"];
+    args.extend_from_slice(extra);
+    let out = conveyor(&args);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).expect("stats JSON")
+}
+
+#[test]
+fn two_servers_add_up_to_one_history_shown_by_conveyor_stats() {
+    let schema = Schema::fresh("conveyor_history");
+    let one = start_server_at(&schema.url(), &[]);
+    let mut two = start_server_at(&schema.url(), &[]);
+    let (a, b) = (one.url.clone(), two.url.clone());
+
+    for n in 0..3 {
+        enqueue(&a, json!({"kind": "mail", "payload": {"n": n}}));
+    }
+    for n in 0..2 {
+        enqueue(&b, json!({"kind": "resize", "queue": "img", "payload": {"n": n}}));
+    }
+    work(&a, "default", 3, false);
+    work(&b, "img", 2, true);
+
+    // Server one flushes on being asked; two's counts are still only in its memory.
+    let first = stats_json(&a, &[]);
+    assert_eq!(first["totals"]["completed"], 3, "{first}");
+    assert_eq!(first["totals"]["dead"], 0, "{first}");
+
+    // A graceful stop writes what it counted.
+    two.proc.sigterm();
+    assert!(two.proc.wait_exit(Duration::from_secs(30)).success());
+    let both = stats_json(&a, &["--since", "2h", "--step", "5m"]);
+    let totals = &both["totals"];
+    assert_eq!(totals["enqueued"], 5, "{both}");
+    assert_eq!(totals["started"], 5, "{both}");
+    assert_eq!(totals["completed"], 3, "{both}");
+    assert_eq!((totals["failed"].clone(), totals["dead"].clone()), (json!(2), json!(2)));
+    assert_eq!(both["step_s"], 300);
+    let kinds = both["kinds"].as_array().expect("kinds");
+    assert_eq!(kinds.len(), 2, "{both}");
+    let resize = kinds.iter().find(|k| k["kind"] == "resize").expect("resize");
+    assert_eq!(resize["failure_rate"], 1.0);
+
+    let only = stats_json(&a, &["--queue", "img"]);
+    assert_eq!(only["totals"]["completed"], 0);
+    assert_eq!(only["totals"]["dead"], 2);
+
+    // The table, for people.
+    let out = conveyor(&["stats", "--server", &a]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    for word in ["QUEUE", "RUN P95", "WAIT P50", "mail", "resize", "100.0%", "all"] {
+        assert!(text.contains(word), "{word:?} missing from:\n{text}");
+    }
+}
+
+#[test]
+fn history_outlives_a_restart_and_bad_flags_are_refused() {
+    let dir = temp_dir();
+    let db = path_in(&dir, "jobs.db");
+    let mut server = start_server(&db, &[]);
+    enqueue(&server.url, json!({"kind": "mail"}));
+    work(&server.url, "default", 1, false);
+    server.proc.sigterm();
+    assert!(server.proc.wait_exit(Duration::from_secs(30)).success());
+
+    let again = start_server(&db, &[]);
+    let report = stats_json(&again.url, &["--since", "1d"]);
+    assert_eq!(report["totals"]["completed"], 1, "{report}");
+
+    for (args, expect) in [
+        (vec!["--since", "yesterday"], "--since"),
+        (vec!["--from", "noon"], "--from"),
+        (vec!["--step", "90"], "step"),
+        (vec!["--kind", "bad kind"], "kind"),
+    ] {
+        let mut all = vec!["stats", "--server", again.url.as_str()];
+        all.extend(args.iter().copied());
+        let out = conveyor(&all);
+        assert!(!out.status.success(), "{args:?} should fail");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(expect), "{args:?}: {err}");
+    }
+}
