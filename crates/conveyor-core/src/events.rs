@@ -62,6 +62,10 @@ pub trait JobObserver: Send + Sync + 'static {
     /// Told of every job this process claimed, as the claim returned it (for the queue wait
     /// and the count of attempts started). Nothing by default.
     fn attempt_started(&self, _job: &crate::Job) {}
+
+    /// Told of jobs this process stored by an enqueue (duplicates included, flagged as such).
+    /// Nothing by default.
+    fn jobs_enqueued(&self, _inserted: &[crate::Inserted]) {}
 }
 
 /// How long a claimed job waited to start: from its run_at, or its enqueue when that was

@@ -435,6 +435,12 @@ impl Metrics {
 }
 
 impl JobObserver for Metrics {
+    fn jobs_enqueued(&self, inserted: &[conveyor_core::Inserted]) {
+        for one in inserted.iter().filter(|one| !one.duplicate) {
+            self.enqueued(&one.job.queue, &one.job.kind);
+        }
+    }
+
     fn attempt_started(&self, job: &conveyor_core::Job) {
         if let Some(wait) = conveyor_core::events::queue_wait(job) {
             self.waited(&job.queue, &job.kind, wait);

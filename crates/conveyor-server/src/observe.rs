@@ -215,9 +215,7 @@ pub(crate) fn retry_at_of(params: &conveyor_core::FailParams) -> Option<DateTime
 /// Counts jobs stored by an enqueue (`conveyor_jobs_enqueued_total`; duplicates are not new).
 pub(crate) fn count_enqueued(state: &AppState, inserted: &[conveyor_core::Inserted]) {
     if let Some(metrics) = &state.metrics {
-        for one in inserted.iter().filter(|i| !i.duplicate) {
-            metrics.enqueued(&one.job.queue, &one.job.kind);
-        }
+        conveyor_core::JobObserver::jobs_enqueued(metrics.as_ref(), inserted);
     }
 }
 

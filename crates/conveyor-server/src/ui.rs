@@ -61,6 +61,8 @@ static ASSETS: &[Asset] = &[
     asset!("views/dead.js", JS),
     asset!("views/workers.js", JS),
     asset!("views/schedules.js", JS),
+    asset!("views/kinds.js", JS),
+    asset!("views/history.js", JS),
     asset!("views/flows.js", JS),
     asset!("api-docs.html", "text/html; charset=utf-8"),
     asset!("api-docs.js", JS),

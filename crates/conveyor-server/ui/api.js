@@ -178,6 +178,11 @@ export async function attemptCounters() {
   return seen ? totals : {};
 }
 
+/** The per-minute history (`GET /v1/stats`): `{from, to, step, queue, kind}`. */
+export const stats = {
+  get: (params) => api('GET', `/v1/stats${query(params)}`),
+};
+
 export const workers = {
   list: () => api('GET', '/v1/workers'),
   stuck: () => api('GET', '/v1/jobs/stuck'),

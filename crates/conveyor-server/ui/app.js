@@ -10,6 +10,7 @@ import jobView from './views/job.js';
 import deadView from './views/dead.js';
 import workersView from './views/workers.js';
 import schedulesView from './views/schedules.js';
+import kindsView from './views/kinds.js';
 import flowsView, { flowView } from './views/flows.js';
 
 // A CSP violation means some part of the page silently did not work; make it visible in the
@@ -28,6 +29,7 @@ const HISTORY_MS = 5 * 60 * 1000;
 const NAV = [
   { id: 'overview', label: 'Overview', href: '#/' },
   { id: 'jobs', label: 'Jobs', href: '#/jobs' },
+  { id: 'kinds', label: 'Kinds', href: '#/kinds' },
   { id: 'dead', label: 'Dead letters', href: '#/dead' },
   { id: 'workers', label: 'Workers', href: '#/workers' },
   { id: 'schedules', label: 'Schedules', href: '#/schedules' },
@@ -146,6 +148,7 @@ function routeView(path) {
   if (path === '/dead') return { def: deadView, nav: 'dead' };
   if (path === '/workers') return { def: workersView, nav: 'workers' };
   if (path === '/schedules') return { def: schedulesView, nav: 'schedules' };
+  if (path === '/kinds') return { def: kindsView, nav: 'kinds' };
   if (path === '/flows') return { def: flowsView, nav: 'flows' };
   const flow = path.match(/^\/flows\/([^/]+)$/);
   if (flow) return { def: flowView, nav: 'flows', arg: decodeURIComponent(flow[1]) };

@@ -23,7 +23,7 @@ export function niceMax(value) {
  * A line chart of `points` ([{t, v}], t in ms) over the last `windowMs` before `now`.
  * `format` renders a y value; `tone` picks the colour class (`ok`, `bad`).
  */
-export function lineChart({ points, windowMs, now, format, tone = 'ok', label }) {
+export function lineChart({ points, windowMs, now, format, tone = 'ok', label, startLabel, emptyText = 'Collecting data…', minPoints }) {
   const start = now - windowMs;
   const visible = points.filter((p) => p.t >= start);
   const max = niceMax(Math.max(0, ...visible.map((p) => p.v)));
@@ -40,6 +40,12 @@ export function lineChart({ points, windowMs, now, format, tone = 'ok', label })
   for (const fraction of [0.25, 0.5, 0.75]) {
     svg.appendChild(h('svg:line', { class: 'chart-grid', x1: 0, x2: W, y1: H * fraction, y2: H * fraction }));
   }
+  if (visible.length === 1) {
+    // One point: a short mark where it is (a circle would be stretched with the plot).
+    const [p] = visible;
+    const at = x(p.t);
+    svg.appendChild(h('svg:polyline', { class: 'chart-line', points: `${(at - 8).toFixed(1)},${y(p.v).toFixed(1)} ${at.toFixed(1)},${y(p.v).toFixed(1)}` }));
+  }
   if (visible.length >= 2) {
     const coords = visible.map((p) => `${x(p.t).toFixed(1)},${y(p.v).toFixed(1)}`);
     const first = x(visible[0].t).toFixed(1);
@@ -49,15 +55,16 @@ export function lineChart({ points, windowMs, now, format, tone = 'ok', label })
   }
 
   const minutes = Math.max(1, Math.round(windowMs / 60000));
-  return h('div', { class: 'chart', dataset: { points: String(visible.length) } },
+  const sum = visible.reduce((total, p) => total + (Number.isFinite(p.v) ? p.v : 0), 0);
+  return h('div', { class: 'chart', dataset: { points: String(visible.length), sum: String(sum) } },
     h('div', { class: 'chart-y' },
       h('span', { text: format(max) }),
       h('span', { text: format(max / 2) }),
       h('span', { text: '0' })),
     h('div', { class: 'chart-body' },
       svg,
-      visible.length < 2 ? h('div', { class: 'chart-empty', text: 'Collecting data…' }) : null,
+      visible.length < (minPoints || 2) ? h('div', { class: 'chart-empty', text: emptyText }) : null,
       h('div', { class: 'chart-x' },
-        h('span', { text: `${minutes} min ago` }),
+        h('span', { text: startLabel || `${minutes} min ago` }),
         h('span', { text: 'now' }))));
 }

@@ -883,21 +883,49 @@ async fn drive(
         }
         anyhow::Ok(())
     });
-    wait_for("both charts to show the traffic", || async {
+    trickle.await??;
+    // The charts draw the server's history (the last hour by default, from the first load):
+    // the completions and the flaky kind's failures show in it.
+    wait_present(client, "#overview-range button[data-range='1h'][aria-pressed='true']").await?;
+    wait_for("the history charts to show the traffic", || async {
         let drawn = client
             .execute(
-                "const points = (id) => Number((document.querySelector(id + ' .chart') || \
-                   {dataset: {}}).dataset.points || 0); \
-                 const rate = document.querySelector('#failure-rate'); \
-                 return points('#chart-throughput') >= 8 && rate && rate.textContent !== '—' \
-                   && rate.textContent !== '0.0 %';",
+                "const sum = (id) => Number((document.querySelector(id + ' .chart') || \
+                   {dataset: {}}).dataset.sum || 0); \
+                 const rate = parseFloat((document.querySelector('#failure-rate') || {}).textContent); \
+                 const p95 = (document.querySelector('#run-time-p95') || {}).textContent; \
+                 return sum('#chart-throughput') > 0 && sum('#chart-failures') > 0 \
+                   && rate > 0 && Boolean(p95) && p95 !== '—';",
                 vec![],
             )
             .await?;
         Ok((drawn == json!(true)).then_some(()))
     })
     .await?;
-    trickle.await??;
+    // "Live" draws per-second rates from what this page has watched.
+    click(client, "#overview-range button[data-range='live']").await?;
+    wait_for("the live chart to have points", || async {
+        let drawn = client
+            .execute(
+                "const chart = document.querySelector('#chart-throughput .chart'); \
+                 return Boolean(chart) && Number(chart.dataset.points) >= 8;",
+                vec![],
+            )
+            .await?;
+        Ok((drawn == json!(true)).then_some(()))
+    })
+    .await?;
+    click(client, "#overview-range button[data-range='24h']").await?;
+    wait_present(client, "#overview-range button[data-range='24h'][aria-pressed='true']").await?;
+    wait_for("the 24 h history", || async {
+        Ok(text(client, "#chart-throughput .chart-x span")
+            .await?
+            .filter(|t| t == "24 h ago")
+            .map(|_| ()))
+    })
+    .await?;
+    click(client, "#overview-range button[data-range='1h']").await?;
+    wait_present(client, "#overview-range button[data-range='1h'][aria-pressed='true']").await?;
     ensure!(
         text(client, "#overview-cards [data-state='dead'] .card-value")
             .await?
@@ -907,6 +935,29 @@ async fn drive(
     );
     screenshot(client, "overview").await?;
     mobile_layout(client).await?;
+
+    // Kinds: each kind's throughput, failure rate, run time and wait from the history.
+    click(client, "a[data-nav='kinds']").await?;
+    wait_present(client, "#view-kinds").await?;
+    wait_for("the flaky kind's failures in the Kinds view", || async {
+        let rate = text(
+            client,
+            "#kinds-table tr[data-kind='sync.flaky'] td[data-col='failure-rate']",
+        )
+        .await?;
+        Ok(rate.filter(|t| t.ends_with('%') && !t.starts_with("0 ")).map(|_| ()))
+    })
+    .await?;
+    let p95 = text(
+        client,
+        "#kinds-table tr[data-kind='push.send'] td[data-col='run-p95']",
+    )
+    .await?;
+    ensure!(
+        p95.as_deref().is_some_and(|t| t != "—"),
+        "push.send shows its run time p95 (got {p95:?})"
+    );
+    screenshot(client, "kinds").await?;
 
     // Workers and schedules (before any action, so no notice covers the screenshots).
     click(client, "a[data-nav='workers']").await?;

@@ -1,11 +1,17 @@
-// Overview: totals per state, throughput and failure charts, one row per queue with its
-// counts, oldest waiting job, circuit breaker and pause/resume, and the circuit breakers with
-// open/close. Everything comes from `GET /v1/queues`, which the shell polls every second;
-// rates are differences between successive answers.
+// Overview: totals per state, throughput, failure and run-time charts, one row per queue with
+// its counts, oldest waiting job, circuit breaker and pause/resume, and the circuit breakers
+// with open/close. Counts come from `GET /v1/queues`, which the shell polls every second. The
+// charts show the store's history (`GET /v1/stats`) over 1 h, 24 h or 7 d from the first load;
+// "Live" draws per-second rates from differences between successive `/v1/queues` answers
+// instead, for the minutes this page has been open.
 
 import { h, mount, update, num, duration, emptyState, routeHref, when, localTime } from '../dom.js';
 import { lineChart } from '../charts.js';
 import * as api from '../api.js';
+import { rangePicker, rangeOf, statsLoader, latencyText, rateText, perMinuteText } from './history.js';
+
+const LIVE = { id: 'live', label: 'Live' };
+const RANGE_KEY = 'conveyor.overview.range';
 
 const CARD_STATES = [
   ['available', 'Available', 'waiting for a worker'],
@@ -105,6 +111,17 @@ export default {
     const failureLabel = h('p', { class: 'muted small' });
     const throughput = h('div', { class: 'chart-slot', id: 'chart-throughput' });
     const failures = h('div', { class: 'chart-slot', id: 'chart-failures' });
+    const runTimeHead = h('div', { class: 'panel-figure' });
+    const runTime = h('div', { class: 'chart-slot', id: 'chart-run-time' });
+    const throughputLabel = h('p', { class: 'muted small' });
+    const runTimeLabel = h('p', { class: 'muted small' });
+    const picker = h('div', { id: 'overview-range' });
+    const historyError = h('div', { class: 'slot-error' });
+    const loader = statsLoader();
+    let range = (() => {
+      try { return localStorage.getItem(RANGE_KEY) || '1h'; } catch { return '1h'; }
+    })();
+    if (range !== LIVE.id && rangeOf(range).id !== range) range = '1h';
     const table = h('div', { id: 'queues-table' });
     const actionError = h('div', { class: 'slot-error' });
     const breakerTable = h('div', { id: 'breakers-table' });
@@ -113,20 +130,27 @@ export default {
       h('div', { class: 'view-head' },
         h('div', {},
           h('h1', { text: 'Overview' }),
-          h('p', { class: 'subtitle', text: 'Live counts of every queue, refreshed every second.' }))),
+          h('p', { class: 'subtitle', text: 'Live counts of every queue, refreshed every second; history kept by the server.' })),
+        picker),
       errors,
       cards,
+      historyError,
       h('div', { class: 'charts' },
         h('div', { class: 'panel' },
           h('div', { class: 'panel-head' },
-            h('div', {}, h('h2', { text: 'Throughput' }), h('p', { class: 'muted small', text: 'Jobs completed per second' })),
+            h('div', {}, h('h2', { text: 'Throughput' }), throughputLabel),
             throughputHead),
           throughput),
         h('div', { class: 'panel' },
           h('div', { class: 'panel-head' },
             h('div', {}, h('h2', { text: 'Failures' }), failureLabel),
             failureHead),
-          failures)),
+          failures),
+        h('div', { class: 'panel' },
+          h('div', { class: 'panel-head' },
+            h('div', {}, h('h2', { text: 'Run time' }), runTimeLabel),
+            runTimeHead),
+          runTime)),
       h('div', { class: 'panel' },
         h('div', { class: 'panel-head' }, h('h2', { text: 'Queues' })),
         actionError,
@@ -388,7 +412,72 @@ export default {
       ]);
     }
 
+    function pickRange(id) {
+      range = id;
+      try { localStorage.setItem(RANGE_KEY, id); } catch { /* private mode: not kept */ }
+      renderPicker();
+      renderCharts();
+    }
+
+    function renderPicker() {
+      update(picker, range, () => rangePicker(range, pickRange, [LIVE]));
+    }
+
     function renderCharts() {
+      if (range === LIVE.id) {
+        update(historyError, 'live', () => []);
+        renderLiveCharts();
+        return;
+      }
+      loader.load(range).then((changed) => {
+        if (changed && range !== LIVE.id) renderHistoryCharts();
+      });
+      renderHistoryCharts();
+    }
+
+    /** The charts from the store's history over the chosen span. */
+    function renderHistoryCharts() {
+      const chosen = rangeOf(range);
+      const report = loader.report;
+      if (loader.error) {
+        update(historyError, `e:${loader.error.status}:${loader.error.message}`, () => ctx.problem(loader.error, 'Cannot read the history:'));
+      } else {
+        update(historyError, 'ok', () => []);
+      }
+      const stepMin = report ? report.step_s / 60 : 1;
+      throughputLabel.textContent = `Jobs completed per minute, last ${chosen.label}`;
+      failureLabel.textContent = `Failed attempts per minute (retries included), last ${chosen.label}`;
+      runTimeLabel.textContent = `95th percentile of attempts' run time, last ${chosen.label}`;
+      const series = report ? report.series : [];
+      const end = (p) => Date.parse(p.at) + report.step_s * 1000;
+      const done = series.map((p) => ({ t: end(p), v: p.completed / stepMin }));
+      const failed = series.map((p) => ({ t: end(p), v: p.failed / stepMin }));
+      const slow = series.filter((p) => p.run_time).map((p) => ({ t: end(p), v: p.run_time.p95_ms }));
+      const totals = report ? report.totals : null;
+      const spanMin = report ? (Date.parse(report.to) - Date.parse(report.from)) / 60000 : 60;
+      const ended = totals ? totals.completed + totals.failed : 0;
+      mount(throughputHead,
+        h('span', { class: 'figure', id: 'throughput-now', text: totals ? perMinuteText(totals.completed / spanMin) : '—' }),
+        h('span', { class: 'muted small', text: totals ? `${num(totals.completed)} completed, ${num(totals.enqueued)} enqueued` : 'loading…' }));
+      mount(failureHead,
+        h('span', { class: `figure${totals && totals.failed ? ' figure-bad' : ''}`, id: 'failure-rate', text: totals ? rateText(totals.failure_rate) : '—' }),
+        h('span', { class: 'muted small', text: !totals ? 'loading…' : ended ? `of ${num(ended)} attempts failed (${num(totals.failed)}; ${num(totals.dead)} died)` : `nothing finished in the last ${chosen.label}` }));
+      mount(runTimeHead,
+        h('span', { class: 'figure', id: 'run-time-p95', text: totals && totals.run_time ? latencyText(totals.run_time.p95_ms) : '—' }),
+        h('span', { class: 'muted small', text: totals && totals.run_time
+          ? `p50 ${latencyText(totals.run_time.p50_ms)} · wait p95 ${totals.queue_wait ? latencyText(totals.queue_wait.p95_ms) : '—'}`
+          : 'no attempt ended' }));
+      const now = report ? Date.parse(report.to) : Date.now();
+      const windowMs = report ? now - Date.parse(report.from) : chosen.spanMs;
+      const common = { windowMs, now, startLabel: chosen.ago, emptyText: report ? 'Nothing in this span' : 'Loading…', minPoints: 1 };
+      const perMin = (v) => perMinuteText(v).replace('/min', '');
+      mount(throughput, lineChart({ ...common, points: done, format: perMin, tone: 'ok', label: throughputLabel.textContent }));
+      mount(failures, lineChart({ ...common, points: failed, format: perMin, tone: 'bad', label: failureLabel.textContent }));
+      mount(runTime, lineChart({ ...common, points: slow, format: latencyText, tone: 'ok', label: runTimeLabel.textContent, emptyText: report ? 'No attempt ended in this span' : 'Loading…' }));
+    }
+
+    /** Per-second rates from this page's successive `/v1/queues` answers. */
+    function renderLiveCharts() {
       const history = ctx.history;
       const now = history.length ? history[history.length - 1].t : Date.now();
       const done = rates(history, (s) => s.totals.completed);
@@ -427,8 +516,12 @@ export default {
       // a freshly opened page does not squeeze its first points against the right edge.
       const span = history.length ? now - history[0].t : 0;
       const windowMs = Math.min(ctx.historyMs, Math.max(RATE_WINDOW_MS, span));
+      throughputLabel.textContent = 'Jobs completed per second';
       mount(throughput, lineChart({ points: done, windowMs, now, format: perSecond, tone: 'ok', label: 'Completed jobs per second' }));
       mount(failures, lineChart({ points: died, windowMs, now, format: perSecond, tone: 'bad', label: failureLabel.textContent }));
+      runTimeLabel.textContent = 'Kept by the server: pick 1 h, 24 h or 7 d';
+      mount(runTimeHead, h('span', { class: 'figure', id: 'run-time-p95', text: '—' }));
+      mount(runTime, h('div', { class: 'chart-empty-panel muted', text: 'Run times are shown from the history.' }));
     }
 
     function renderTable(queues, breakers) {
@@ -493,6 +586,7 @@ export default {
         } else {
           update(errors, 'ok', () => []);
         }
+        renderPicker();
         if (!ctx.queues) return;
         renderCards(ctx.queues);
         renderCharts();

@@ -41,7 +41,7 @@ pub(crate) async fn run(
         }
         Err(error) => tracing::error!(%error, "demo schedule is invalid"),
     }
-    let producer = tokio::spawn(produce(store.clone(), shutdown.clone()));
+    let producer = tokio::spawn(produce(store.clone(), shutdown.clone(), observer.clone()));
     let worker = Worker::builder(store)
         .queue("default", 4)
         .queue("mail", 4)
@@ -110,7 +110,7 @@ async fn pause(min_ms: u64, max_ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-async fn produce(store: Arc<dyn Store>, shutdown: CancellationToken) {
+async fn produce(store: Arc<dyn Store>, shutdown: CancellationToken, observer: Arc<dyn JobObserver>) {
     let mut n: u64 = 0;
     loop {
         let wait = Duration::from_millis(rand::rng().random_range(100..400));
@@ -139,8 +139,9 @@ async fn produce(store: Arc<dyn Store>, shutdown: CancellationToken) {
         if chance(0.1) {
             job.run_at = Some(chrono::Utc::now() + chrono::Duration::seconds(5));
         }
-        if let Err(error) = store.jobs_insert_many(vec![job]).await {
-            tracing::error!(%error, "demo producer could not enqueue");
+        match store.jobs_insert_many(vec![job]).await {
+            Ok(inserted) => observer.jobs_enqueued(&inserted),
+            Err(error) => tracing::error!(%error, "demo producer could not enqueue"),
         }
     }
 }
