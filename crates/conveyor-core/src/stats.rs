@@ -13,7 +13,7 @@
 //! The merging rule and the reading (steps, totals, per-kind summaries) live here, once; the
 //! stores only keep rows.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -207,7 +207,44 @@ pub trait StatsStore: Send + Sync {
 /// one short lock.
 pub struct StatsRecorder {
     clock: Arc<dyn Clock>,
-    pending: Mutex<BTreeMap<(DateTime<Utc>, String, String), RollupCounts>>,
+    pending: Mutex<Pending>,
+    enabled: std::sync::atomic::AtomicBool,
+}
+
+/// Counts by queue, then kind, then minute: nested so that an event finds its row by `&str`
+/// without allocating (this is on the job path).
+#[derive(Default)]
+struct Pending {
+    rows: usize,
+    by_queue: HashMap<String, HashMap<String, BTreeMap<DateTime<Utc>, RollupCounts>>>,
+}
+
+impl Pending {
+    /// The row of `minute`, `queue` and `kind`; `None` when the cap is reached and it is new.
+    fn row(&mut self, minute: DateTime<Utc>, queue: &str, kind: &str) -> Option<&mut RollupCounts> {
+        let full = self.rows >= MAX_PENDING_ROWS;
+        if !self.by_queue.contains_key(queue) {
+            if full {
+                return None;
+            }
+            self.by_queue.insert(queue.to_string(), HashMap::new());
+        }
+        let kinds = self.by_queue.get_mut(queue)?;
+        if !kinds.contains_key(kind) {
+            if full {
+                return None;
+            }
+            kinds.insert(kind.to_string(), BTreeMap::new());
+        }
+        let minutes = kinds.get_mut(kind)?;
+        if !minutes.contains_key(&minute) {
+            if full {
+                return None;
+            }
+            self.rows += 1;
+        }
+        Some(minutes.entry(minute).or_default())
+    }
 }
 
 impl std::fmt::Debug for StatsRecorder {
@@ -217,7 +254,7 @@ impl std::fmt::Debug for StatsRecorder {
 }
 
 /// The most distinct minute/queue/kind rows kept while the store cannot be written, so an
-/// outage long enough to matter costs old history rather than memory.
+/// outage long enough to matter costs history (new rows are not counted) rather than memory.
 const MAX_PENDING_ROWS: usize = 100_000;
 
 impl StatsRecorder {
@@ -225,22 +262,25 @@ impl StatsRecorder {
         Self {
             clock,
             pending: Mutex::default(),
+            enabled: std::sync::atomic::AtomicBool::new(true),
         }
     }
 
+    /// Stops (or resumes) counting: a process that keeps no history costs nothing for it.
+    pub fn set_enabled(&self, enabled: bool) {
+        self.enabled
+            .store(enabled, std::sync::atomic::Ordering::Relaxed);
+    }
+
     fn with(&self, queue: &str, kind: &str, change: impl FnOnce(&mut RollupCounts)) {
-        let minute = minute_of(self.clock.now());
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        // Looked up by reference first: the hot path (a row already open) allocates nothing.
-        let key = (minute, queue.to_string(), kind.to_string());
-        if let Some(counts) = pending.get_mut(&key) {
-            change(counts);
+        if !self.enabled.load(std::sync::atomic::Ordering::Relaxed) {
             return;
         }
-        if pending.len() >= MAX_PENDING_ROWS {
-            pending.pop_first();
+        let minute = minute_of(self.clock.now());
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(counts) = pending.row(minute, queue, kind) {
+            change(counts);
         }
-        change(pending.entry(key).or_default());
     }
 
     /// Counts a job stored by an enqueue.
@@ -282,28 +322,30 @@ impl StatsRecorder {
     /// Takes everything counted so far.
     pub fn take(&self) -> Vec<Rollup> {
         let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        pending
-            .into_iter()
-            .map(|((minute, queue, kind), counts)| Rollup {
-                minute,
-                queue,
-                kind,
-                counts,
-            })
-            .collect()
+        let mut rollups = Vec::with_capacity(pending.rows);
+        for (queue, kinds) in pending.by_queue {
+            for (kind, minutes) in kinds {
+                for (minute, counts) in minutes {
+                    rollups.push(Rollup {
+                        minute,
+                        queue: queue.clone(),
+                        kind: kind.clone(),
+                        counts,
+                    });
+                }
+            }
+        }
+        rollups.sort_by(|a, b| (a.minute, &a.queue, &a.kind).cmp(&(b.minute, &b.queue, &b.kind)));
+        rollups
     }
 
     /// Puts back rollups a flush could not write, to be tried with the next one.
     pub fn restore(&self, rollups: Vec<Rollup>) {
         let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
         for rollup in rollups {
-            if pending.len() >= MAX_PENDING_ROWS {
-                break;
+            if let Some(counts) = pending.row(rollup.minute, &rollup.queue, &rollup.kind) {
+                counts.merge(&rollup.counts);
             }
-            pending
-                .entry((rollup.minute, rollup.queue, rollup.kind))
-                .or_default()
-                .merge(&rollup.counts);
         }
     }
 

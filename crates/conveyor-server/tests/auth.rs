@@ -155,6 +155,7 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("POST", "/v1/queues/{name}/circuit/open" | "/v1/queues/{name}/circuit/close") => ADMIN,
         ("POST", "/v1/kinds/{kind}/circuit/open" | "/v1/kinds/{kind}/circuit/close") => ADMIN,
         ("GET", "/v1/breakers") => ADMIN,
+        ("GET", "/v1/stats") => ADMIN,
         ("POST", "/v1/jobs/bulk") => ADMIN,
         ("GET", "/v1/kinds" | "/v1/kinds/{kind}") => PRODUCER,
         ("PUT" | "DELETE", "/v1/kinds/{kind}") => ADMIN,

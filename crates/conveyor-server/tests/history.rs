@@ -14,7 +14,9 @@ use reqwest::StatusCode;
 use serde_json::{json, Value};
 
 fn at(text: &str) -> DateTime<Utc> {
-    DateTime::parse_from_rfc3339(text).unwrap().with_timezone(&Utc)
+    DateTime::parse_from_rfc3339(text)
+        .unwrap()
+        .with_timezone(&Utc)
 }
 
 async fn post(server: &TestServer, path: &str, body: Value) -> Value {
@@ -25,7 +27,11 @@ async fn post(server: &TestServer, path: &str, body: Value) -> Value {
         .send()
         .await
         .expect("send");
-    assert!(response.status().is_success(), "{path}: {}", response.status());
+    assert!(
+        response.status().is_success(),
+        "{path}: {}",
+        response.status()
+    );
     response.json().await.unwrap_or(Value::Null)
 }
 
@@ -49,7 +55,12 @@ async fn work_one(server: &TestServer, queue: &str, outcome: &str) {
     let token = job["lease_token"].clone();
     match outcome {
         "complete" => {
-            post(server, &format!("/v1/jobs/{id}/complete"), json!({"lease_token": token})).await
+            post(
+                server,
+                &format!("/v1/jobs/{id}/complete"),
+                json!({"lease_token": token}),
+            )
+            .await
         }
         "fail" => {
             post(
@@ -111,7 +122,14 @@ async fn history_counts_each_minute_by_queue_and_kind_on_the_servers_clock() {
             &totals["retried"],
             &totals["dead"]
         ],
-        [&json!(4), &json!(4), &json!(2), &json!(2), &json!(1), &json!(1)],
+        [
+            &json!(4),
+            &json!(4),
+            &json!(2),
+            &json!(2),
+            &json!(1),
+            &json!(1)
+        ],
         "{totals}"
     );
     assert_eq!(totals["failure_rate"], 0.5);
@@ -146,7 +164,10 @@ async fn history_counts_each_minute_by_queue_and_kind_on_the_servers_clock() {
     assert_eq!(only_mail["totals"]["dead"], 0);
     assert_eq!(only_mail["series"].as_array().map(Vec::len), Some(2));
     let (_, img) = get(&server, "/v1/stats?queue=img&from=2026-12-01T09:00:00Z").await;
-    assert_eq!(img["totals"]["dead"], 1, "default `to` is the server's now: {img}");
+    assert_eq!(
+        img["totals"]["dead"], 1,
+        "default `to` is the server's now: {img}"
+    );
 
     // Kept in the store, not only in this process.
     let rows = server
@@ -170,7 +191,10 @@ async fn bad_history_requests_are_400_naming_the_field() {
         ("step=5w", "step"),
         ("from=yesterday", "from"),
         ("from=2026-12-02T00:00:00Z&to=2026-12-01T00:00:00Z", "from"),
-        ("from=2026-01-01T00:00:00Z&to=2026-12-01T00:00:00Z&step=60", "step"),
+        (
+            "from=2026-01-01T00:00:00Z&to=2026-12-01T00:00:00Z&step=60",
+            "step",
+        ),
         ("queue=no%20spaces", "queue"),
         ("kind=", "kind"),
         ("range=1h", "range"),

@@ -265,6 +265,16 @@ fn demo_shows_jobs_completing_retrying_and_dying() {
         .json()
         .expect("schedule JSON");
     assert_eq!(schedule["cron"], "*/15 * * * * *", "{schedule}");
+    // The demo's own producer and in-process worker feed the history like HTTP clients do.
+    let history = stdout_json(&conveyor(&["stats", "--server", &s, "--json"]));
+    let totals = &history["totals"];
+    for field in ["enqueued", "started", "completed", "failed"] {
+        assert!(
+            totals[field].as_u64().unwrap_or(0) > 0,
+            "{field}: {history}"
+        );
+    }
+    assert!(totals["queue_wait"]["p50_ms"].is_number(), "{history}");
 }
 
 #[test]

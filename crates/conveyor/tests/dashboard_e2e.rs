@@ -886,7 +886,11 @@ async fn drive(
     trickle.await??;
     // The charts draw the server's history (the last hour by default, from the first load):
     // the completions and the flaky kind's failures show in it.
-    wait_present(client, "#overview-range button[data-range='1h'][aria-pressed='true']").await?;
+    wait_present(
+        client,
+        "#overview-range button[data-range='1h'][aria-pressed='true']",
+    )
+    .await?;
     wait_for("the history charts to show the traffic", || async {
         let drawn = client
             .execute(
@@ -916,7 +920,11 @@ async fn drive(
     })
     .await?;
     click(client, "#overview-range button[data-range='24h']").await?;
-    wait_present(client, "#overview-range button[data-range='24h'][aria-pressed='true']").await?;
+    wait_present(
+        client,
+        "#overview-range button[data-range='24h'][aria-pressed='true']",
+    )
+    .await?;
     wait_for("the 24 h history", || async {
         Ok(text(client, "#chart-throughput .chart-x span")
             .await?
@@ -925,7 +933,11 @@ async fn drive(
     })
     .await?;
     click(client, "#overview-range button[data-range='1h']").await?;
-    wait_present(client, "#overview-range button[data-range='1h'][aria-pressed='true']").await?;
+    wait_present(
+        client,
+        "#overview-range button[data-range='1h'][aria-pressed='true']",
+    )
+    .await?;
     ensure!(
         text(client, "#overview-cards [data-state='dead'] .card-value")
             .await?
@@ -945,7 +957,9 @@ async fn drive(
             "#kinds-table tr[data-kind='sync.flaky'] td[data-col='failure-rate']",
         )
         .await?;
-        Ok(rate.filter(|t| t.ends_with('%') && !t.starts_with("0 ")).map(|_| ()))
+        Ok(rate
+            .filter(|t| t.ends_with('%') && !t.starts_with("0 "))
+            .map(|_| ()))
     })
     .await?;
     let p95 = text(

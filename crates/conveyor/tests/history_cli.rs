@@ -46,7 +46,11 @@ fn stats_json(server: &str, extra: &[&str]) -> Value {
     let mut args = vec!["stats", "--server", server, "--json"];
     args.extend_from_slice(extra);
     let out = conveyor(&args);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     serde_json::from_slice(&out.stdout).expect("stats JSON")
 }
 
@@ -61,7 +65,10 @@ fn two_servers_add_up_to_one_history_shown_by_conveyor_stats() {
         enqueue(&a, json!({"kind": "mail", "payload": {"n": n}}));
     }
     for n in 0..2 {
-        enqueue(&b, json!({"kind": "resize", "queue": "img", "payload": {"n": n}}));
+        enqueue(
+            &b,
+            json!({"kind": "resize", "queue": "img", "payload": {"n": n}}),
+        );
     }
     work(&a, "default", 3, false);
     work(&b, "img", 2, true);
@@ -79,11 +86,17 @@ fn two_servers_add_up_to_one_history_shown_by_conveyor_stats() {
     assert_eq!(totals["enqueued"], 5, "{both}");
     assert_eq!(totals["started"], 5, "{both}");
     assert_eq!(totals["completed"], 3, "{both}");
-    assert_eq!((totals["failed"].clone(), totals["dead"].clone()), (json!(2), json!(2)));
+    assert_eq!(
+        (totals["failed"].clone(), totals["dead"].clone()),
+        (json!(2), json!(2))
+    );
     assert_eq!(both["step_s"], 300);
     let kinds = both["kinds"].as_array().expect("kinds");
     assert_eq!(kinds.len(), 2, "{both}");
-    let resize = kinds.iter().find(|k| k["kind"] == "resize").expect("resize");
+    let resize = kinds
+        .iter()
+        .find(|k| k["kind"] == "resize")
+        .expect("resize");
     assert_eq!(resize["failure_rate"], 1.0);
 
     let only = stats_json(&a, &["--queue", "img"]);
@@ -92,9 +105,15 @@ fn two_servers_add_up_to_one_history_shown_by_conveyor_stats() {
 
     // The table, for people.
     let out = conveyor(&["stats", "--server", &a]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
-    for word in ["QUEUE", "RUN P95", "WAIT P50", "mail", "resize", "100.0%", "all"] {
+    for word in [
+        "QUEUE", "RUN P95", "WAIT P50", "mail", "resize", "100.0%", "all",
+    ] {
         assert!(text.contains(word), "{word:?} missing from:\n{text}");
     }
 }

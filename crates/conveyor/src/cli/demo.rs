@@ -110,7 +110,11 @@ async fn pause(min_ms: u64, max_ms: u64) {
     tokio::time::sleep(Duration::from_millis(ms)).await;
 }
 
-async fn produce(store: Arc<dyn Store>, shutdown: CancellationToken, observer: Arc<dyn JobObserver>) {
+async fn produce(
+    store: Arc<dyn Store>,
+    shutdown: CancellationToken,
+    observer: Arc<dyn JobObserver>,
+) {
     let mut n: u64 = 0;
     loop {
         let wait = Duration::from_millis(rand::rng().random_range(100..400));

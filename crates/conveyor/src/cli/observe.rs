@@ -136,7 +136,11 @@ pub(crate) async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
     let rfc3339 = |flag: &str, text: &str| {
         chrono::DateTime::parse_from_rfc3339(text)
             .map(|at| at.with_timezone(&chrono::Utc))
-            .map_err(|e| anyhow::anyhow!("{flag} {text:?} is not an RFC 3339 time ({e}), e.g. 2026-12-01T09:00:00Z"))
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "{flag} {text:?} is not an RFC 3339 time ({e}), e.g. 2026-12-01T09:00:00Z"
+                )
+            })
     };
     let to = args.to.as_deref().map(|t| rfc3339("--to", t)).transpose()?;
     let from = match &args.from {
@@ -149,17 +153,28 @@ pub(crate) async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
                 .map_err(|_| anyhow::anyhow!("--since {:?} is too long", args.since))?
         }
     };
-    let mut pairs = vec![("from", from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))];
+    let mut pairs = vec![(
+        "from",
+        from.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+    )];
     if let Some(to) = to {
         pairs.push(("to", to.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)));
     }
-    for (key, value) in [("step", &args.step), ("queue", &args.queue), ("kind", &args.kind)] {
+    for (key, value) in [
+        ("step", &args.step),
+        ("queue", &args.queue),
+        ("kind", &args.kind),
+    ] {
         if let Some(value) = value {
             pairs.push((key, value.clone()));
         }
     }
     let query = serde_urlencoded::to_string(&pairs)?;
-    let answer = args.server.client()?.get(&format!("/v1/stats?{query}")).await?;
+    let answer = args
+        .server
+        .client()?
+        .get(&format!("/v1/stats?{query}"))
+        .await?;
     if args.server.json {
         println!("{answer}");
         return Ok(ExitCode::SUCCESS);

@@ -64,6 +64,10 @@ pub(crate) struct ServeArgs {
     /// kept this many seconds. 0 keeps it forever.
     #[arg(env = "CONVEYOR_RETAIN_STATS_SECS", long, default_value_t = 14 * 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
     retain_stats_secs: u64,
+    /// Keep no per-minute history: `GET /v1/stats` answers from what is stored (nothing new),
+    /// and the dashboard's charts show only "Live".
+    #[arg(env = "CONVEYOR_NO_HISTORY", long)]
+    no_history: bool,
     /// Payload keys (at any depth, comma-separated) shown as `[redacted]` in job views and the
     /// dashboard, e.g. `password,card_number`. Workers still receive them.
     #[arg(long, value_delimiter = ',', env = "CONVEYOR_SENSITIVE_FIELDS")]
@@ -422,6 +426,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     );
 
     let maintenance = tokio::spawn(maintenance.run(shutdown.clone()));
+    metrics.history().set_enabled(!args.no_history);
     let history = tokio::spawn(conveyor_server::flush_history_every(
         metrics.clone(),
         store.clone(),
