@@ -153,6 +153,54 @@ export type BreakerScope = 'queue' | 'kind';
 /** `closed`: jobs are handed out and attempts counted; `open`: none are; `half_open`: a few probe jobs are. */
 export type BreakerState = 'closed' | 'open' | 'half_open';
 /** A queue's or a kind's circuit breaker and its state, as the server answers it. */
+/** A duration distribution in milliseconds, estimated from the server's histograms. */
+export interface Latency {
+    count: number;
+    mean_ms: number;
+    p50_ms: number;
+    p95_ms: number;
+    p99_ms: number;
+}
+/** Counts of one step of the history (with `at`), or of the whole span. */
+export interface StatsPoint {
+    at?: string;
+    enqueued: number;
+    started: number;
+    completed: number;
+    /** Every failed attempt; of those `retried` were scheduled again and `dead` died. */
+    failed: number;
+    retried: number;
+    dead: number;
+    /** `failed / (completed + failed)`; null when nothing ended. */
+    failure_rate: number | null;
+    run_time: Latency | null;
+    queue_wait: Latency | null;
+}
+/** One queue's jobs of one kind over the span. */
+export interface KindStats extends StatsPoint {
+    queue: string;
+    kind: string;
+    throughput_per_min: number;
+}
+/** The answer of `GET /v1/stats`. */
+export interface StatsReport {
+    from: string;
+    to: string;
+    step_s: number;
+    queue: string | null;
+    kind: string | null;
+    series: StatsPoint[];
+    totals: StatsPoint;
+    kinds: KindStats[];
+}
+/** What `stats()` asks for: times as Dates or RFC 3339 strings, `step` as seconds or `'5m'`. */
+export interface StatsOptions {
+    from?: Date | string;
+    to?: Date | string;
+    step?: number | string;
+    queue?: string;
+    kind?: string;
+}
 export interface BreakerView {
     scope: BreakerScope;
     /** The queue or the kind. */
@@ -348,6 +396,12 @@ export declare class Client {
     closeCircuit(target: BreakerTarget, options?: CloseCircuitOptions): Promise<BreakerView>;
     /** Every circuit breaker, queues' and kinds', that is configured or has a stored state. */
     listBreakers(): Promise<BreakerView[]>;
+    /**
+     * The server's history (admin or viewer role): per-step counts (`series`), `totals` and a
+     * summary per queue and kind (`kinds`), with run time and queue wait p50/p95/p99. Defaults to
+     * the last hour, about 120 points.
+     */
+    stats(options?: StatsOptions): Promise<StatsReport>;
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
     close(): void;
 }

@@ -296,6 +296,23 @@ export class Client {
         const res = await this.transport.request('GET', '/v1/breakers');
         return res.body.breakers;
     }
+    /**
+     * The server's history (admin or viewer role): per-step counts (`series`), `totals` and a
+     * summary per queue and kind (`kinds`), with run time and queue wait p50/p95/p99. Defaults to
+     * the last hour, about 120 points.
+     */
+    async stats(options = {}) {
+        const query = new URLSearchParams();
+        for (const key of ['from', 'to', 'step', 'queue', 'kind']) {
+            const value = options[key];
+            if (value === undefined || value === null)
+                continue;
+            query.set(key, value instanceof Date ? value.toISOString() : String(value));
+        }
+        const text = query.toString();
+        const res = await this.transport.request('GET', `/v1/stats${text ? `?${text}` : ''}`);
+        return res.body;
+    }
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
     close() {
         this.transport.close();

@@ -170,6 +170,59 @@ export type BreakerScope = 'queue' | 'kind';
 export type BreakerState = 'closed' | 'open' | 'half_open';
 
 /** A queue's or a kind's circuit breaker and its state, as the server answers it. */
+/** A duration distribution in milliseconds, estimated from the server's histograms. */
+export interface Latency {
+  count: number;
+  mean_ms: number;
+  p50_ms: number;
+  p95_ms: number;
+  p99_ms: number;
+}
+
+/** Counts of one step of the history (with `at`), or of the whole span. */
+export interface StatsPoint {
+  at?: string;
+  enqueued: number;
+  started: number;
+  completed: number;
+  /** Every failed attempt; of those `retried` were scheduled again and `dead` died. */
+  failed: number;
+  retried: number;
+  dead: number;
+  /** `failed / (completed + failed)`; null when nothing ended. */
+  failure_rate: number | null;
+  run_time: Latency | null;
+  queue_wait: Latency | null;
+}
+
+/** One queue's jobs of one kind over the span. */
+export interface KindStats extends StatsPoint {
+  queue: string;
+  kind: string;
+  throughput_per_min: number;
+}
+
+/** The answer of `GET /v1/stats`. */
+export interface StatsReport {
+  from: string;
+  to: string;
+  step_s: number;
+  queue: string | null;
+  kind: string | null;
+  series: StatsPoint[];
+  totals: StatsPoint;
+  kinds: KindStats[];
+}
+
+/** What `stats()` asks for: times as Dates or RFC 3339 strings, `step` as seconds or `'5m'`. */
+export interface StatsOptions {
+  from?: Date | string;
+  to?: Date | string;
+  step?: number | string;
+  queue?: string;
+  kind?: string;
+}
+
 export interface BreakerView {
   scope: BreakerScope;
   /** The queue or the kind. */
@@ -552,6 +605,23 @@ export class Client {
   async listBreakers(): Promise<BreakerView[]> {
     const res = await this.transport.request<{ breakers: BreakerView[] }>('GET', '/v1/breakers');
     return res.body.breakers;
+  }
+
+  /**
+   * The server's history (admin or viewer role): per-step counts (`series`), `totals` and a
+   * summary per queue and kind (`kinds`), with run time and queue wait p50/p95/p99. Defaults to
+   * the last hour, about 120 points.
+   */
+  async stats(options: StatsOptions = {}): Promise<StatsReport> {
+    const query = new URLSearchParams();
+    for (const key of ['from', 'to', 'step', 'queue', 'kind'] as const) {
+      const value = options[key];
+      if (value === undefined || value === null) continue;
+      query.set(key, value instanceof Date ? value.toISOString() : String(value));
+    }
+    const text = query.toString();
+    const res = await this.transport.request<StatsReport>('GET', `/v1/stats${text ? `?${text}` : ''}`);
+    return res.body;
   }
 
   /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */

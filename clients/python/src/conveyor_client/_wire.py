@@ -359,3 +359,33 @@ __all__ = [
     "signal_outcome",
     "stored_breaker",
 ]
+
+
+def stats_path(
+    from_: Optional[Union[str, _dt.datetime]],
+    to: Optional[Union[str, _dt.datetime]],
+    step: Optional[Union[str, int, _dt.timedelta]],
+    queue: Optional[str],
+    kind: Optional[str],
+) -> str:
+    """``/v1/stats?...`` from the arguments of ``stats()``: times as aware datetimes or RFC 3339
+    strings, ``step`` as seconds, a ``timedelta`` or the server's text (``"5m"``)."""
+    from urllib.parse import urlencode
+
+    def when(value: Union[str, _dt.datetime]) -> str:
+        return format_time(value) if isinstance(value, _dt.datetime) else str(value)
+
+    query: List[Tuple[str, str]] = []
+    if from_ is not None:
+        query.append(("from", when(from_)))
+    if to is not None:
+        query.append(("to", when(to)))
+    if step is not None:
+        if isinstance(step, _dt.timedelta):
+            step = int(step.total_seconds())
+        query.append(("step", str(step)))
+    if queue is not None:
+        query.append(("queue", queue))
+    if kind is not None:
+        query.append(("kind", kind))
+    return "/v1/stats" + ("?" + urlencode(query) if query else "")

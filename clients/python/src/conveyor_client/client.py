@@ -279,6 +279,21 @@ class Client:
         (:class:`BreakerView` dicts: ``scope``, ``name``, ``state``, ``reason``, ...)."""
         return cast(List[BreakerView], self._http.request("GET", "/v1/breakers")["breakers"])
 
+    def stats(
+        self,
+        from_: Optional[Union[str, _dt.datetime]] = None,
+        to: Optional[Union[str, _dt.datetime]] = None,
+        step: Optional[Union[str, int, _dt.timedelta]] = None,
+        queue: Optional[str] = None,
+        kind: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """The server's history (admin or viewer role): per-step counts (``series``), ``totals``
+        and a summary per queue and kind (``kinds``: ``completed``, ``failed``, ``dead``,
+        ``failure_rate``, ``throughput_per_min``, ``run_time``/``queue_wait`` with ``p50_ms``,
+        ``p95_ms``, ``p99_ms``). ``from_``/``to`` default to the last hour; ``step`` is whole
+        minutes (``60``, ``"5m"``, ``timedelta(hours=1)``)."""
+        return cast(Dict[str, Any], self._http.request("GET", _wire.stats_path(from_, to, step, queue, kind)))
+
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """Any other API call: ``client.request("GET", "/v1/queues")``; the answer's JSON."""
         return self._http.request(method, path, body)
@@ -499,6 +514,18 @@ class AsyncClient:
 
     async def list_breakers(self) -> List[BreakerView]:
         return cast(List[BreakerView], (await self._http.request("GET", "/v1/breakers"))["breakers"])
+
+    async def stats(
+        self,
+        from_: Optional[Union[str, _dt.datetime]] = None,
+        to: Optional[Union[str, _dt.datetime]] = None,
+        step: Optional[Union[str, int, _dt.timedelta]] = None,
+        queue: Optional[str] = None,
+        kind: Optional[str] = None,
+    ) -> Dict[str, Any]:
+        """See :meth:`Client.stats`."""
+        path = _wire.stats_path(from_, to, step, queue, kind)
+        return cast(Dict[str, Any], await self._http.request("GET", path))
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
         return await self._http.request(method, path, body)

@@ -1,0 +1,51 @@
+// History (`stats()`) against a real server: jobs enqueued, taken and finished through it show
+// up per kind, filters narrow it, bad input is a clear error naming the field.
+import { test, before, after } from 'node:test';
+import assert from 'node:assert/strict';
+import { Client, InvalidRequest } from '../dist/index.js';
+import { startServer, uniqueQueue } from './helpers.mjs';
+
+let server;
+let client;
+before(async () => {
+  server = await startServer();
+  client = new Client({ url: server.url });
+});
+after(async () => {
+  client?.close();
+  await server?.stop();
+});
+
+async function work(queue, fail) {
+  const res = await server.api('POST', '/v1/fetch', { worker_id: 'ts-stats', queues: [queue], max: 10 });
+  assert.equal(res.status, 200);
+  assert.ok(res.body.jobs.length > 0, 'a job to take');
+  for (const job of res.body.jobs) {
+    const answer = fail
+      ? await server.api('POST', `/v1/jobs/${job.id}/fail`, { lease_token: job.lease_token, error: { message: 'no' }, retry: 'never' })
+      : await server.api('POST', `/v1/jobs/${job.id}/complete`, { lease_token: job.lease_token });
+    assert.equal(answer.status, 200);
+  }
+}
+
+test('finished jobs show in the history per kind', async () => {
+  const queue = uniqueQueue();
+  for (let i = 0; i < 3; i += 1) await client.enqueue('ts.ok', {}, { queue });
+  await work(queue, false);
+  await client.enqueue('ts.bad', {}, { queue });
+  await work(queue, true);
+
+  const report = await client.stats({ from: new Date(Date.now() - 10 * 60_000), step: '1m', queue });
+  assert.equal(report.step_s, 60);
+  assert.equal(report.totals.completed, 3);
+  assert.equal(report.totals.dead, 1);
+  const kinds = Object.fromEntries(report.kinds.map((k) => [k.kind, k]));
+  assert.deepEqual(Object.keys(kinds).sort(), ['ts.bad', 'ts.ok']);
+  assert.equal(kinds['ts.bad'].failure_rate, 1);
+  assert.ok(kinds['ts.ok'].run_time.p95_ms >= 0);
+  const only = await client.stats({ queue, kind: 'ts.ok', step: 300 });
+  assert.equal(only.totals.completed, 3);
+  assert.equal(only.totals.failed, 0);
+
+  await assert.rejects(client.stats({ step: 90 }), (error) => error instanceof InvalidRequest && error.field === 'step');
+});
