@@ -241,6 +241,9 @@ pub enum AuditAction {
     SchedulePut,
     #[serde(rename = "schedule.delete")]
     ScheduleDelete,
+    /// A schedule's job enqueued by hand, outside its ticks.
+    #[serde(rename = "schedule.trigger")]
+    ScheduleTrigger,
     #[serde(rename = "token.create")]
     TokenCreate,
     #[serde(rename = "token.revoke")]
@@ -266,7 +269,7 @@ pub enum AuditAction {
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 17] = [
+    pub const ALL: [AuditAction; 18] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -274,6 +277,7 @@ impl AuditAction {
         AuditAction::QueueSettings,
         AuditAction::SchedulePut,
         AuditAction::ScheduleDelete,
+        AuditAction::ScheduleTrigger,
         AuditAction::TokenCreate,
         AuditAction::TokenRevoke,
         AuditAction::FlowCreate,
@@ -303,6 +307,7 @@ impl AuditAction {
             AuditAction::QueueSettings => "queue.settings",
             AuditAction::SchedulePut => "schedule.put",
             AuditAction::ScheduleDelete => "schedule.delete",
+            AuditAction::ScheduleTrigger => "schedule.trigger",
             AuditAction::TokenCreate => "token.create",
             AuditAction::TokenRevoke => "token.revoke",
         }

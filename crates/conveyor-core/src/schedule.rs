@@ -214,6 +214,10 @@ pub struct ScheduleSpec {
         deserialize_with = "crate::wire::opt_int"
     )]
     pub max_catch_up: Option<u32>,
+    /// While true the schedule fires nothing: its ticks pass as skipped, and when resumed it
+    /// goes on from the next tick (the missed-run policy does not replay a pause).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
 }
 
 impl ScheduleSpec {
@@ -227,7 +231,14 @@ impl ScheduleSpec {
             overlap: OverlapPolicy::Skip,
             missed: MissedKind::Skip,
             max_catch_up: None,
+            paused: false,
         }
+    }
+
+    /// Paused (fires nothing) or not.
+    pub fn paused(mut self, paused: bool) -> Self {
+        self.paused = paused;
+        self
     }
 
     /// A schedule running every `every` (such as `"30s"`, `"1h30m"`) that skips overlapping
@@ -675,6 +686,17 @@ impl Schedule {
     /// `max` most recent of them (flagged `catch_up`). Either way the schedule then counts as
     /// handled up to the latest due tick ([`Plan::due_after`]), so no tick fires twice.
     pub fn plan(&self, due_after: DateTime<Utc>, now: DateTime<Utc>, misfire: Duration) -> Plan {
+        if self.spec.paused {
+            // Every tick up to now passes unfired, so resuming starts from the next one.
+            return Plan {
+                fire: Vec::new(),
+                due_after: self
+                    .tick_at_or_before(due_after, now)
+                    .filter(|at| *at > due_after),
+                dropped: 0,
+                next: None,
+            };
+        }
         let misfire = chrono::Duration::from_std(misfire).unwrap_or(chrono::Duration::MAX);
         let on_time_after = now
             .checked_sub_signed(misfire)
@@ -719,6 +741,9 @@ impl Schedule {
 
     /// When the schedule runs next, as seen at `now` by a schedule handled up to `due_after`.
     pub fn next_run(&self, due_after: DateTime<Utc>, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        if self.spec.paused {
+            return None;
+        }
         self.tick_after(due_after, due_after.max(now))
     }
 
@@ -732,6 +757,17 @@ impl Schedule {
     }
 
     /// The tag every run's job carries: `schedule:{name}`.
+    /// The job of a run started by hand (`POST /v1/schedules/{name}/trigger`): the template's
+    /// job now, tagged like every run plus `manual`, without the tick's idempotency key (a
+    /// manual run never takes the place of a tick's).
+    pub fn manual_job(&self, now: DateTime<Utc>) -> NewJob {
+        let mut job = self.job_for(now);
+        job.idempotency_key = None;
+        job.run_at = None;
+        job.tags.push(MANUAL_RUN_TAG.to_string());
+        job
+    }
+
     pub fn run_tag(&self) -> String {
         format!("{SCHEDULE_TAG_PREFIX}{}", self.name)
     }
@@ -755,6 +791,9 @@ impl Schedule {
         job
     }
 }
+
+/// The tag of a schedule's run started by hand.
+pub const MANUAL_RUN_TAG: &str = "manual";
 
 /// One tick to fire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

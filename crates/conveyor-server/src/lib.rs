@@ -271,6 +271,9 @@ pub fn router_with_options(
                 .delete(schedules::delete),
         )
         .route("/v1/schedules/{name}/runs", get(schedules::runs))
+        .route("/v1/schedules/{name}/pause", post(schedules::pause))
+        .route("/v1/schedules/{name}/resume", post(schedules::resume))
+        .route("/v1/schedules/{name}/trigger", post(schedules::trigger))
         .route("/healthz", get(admin::healthz))
         .route("/readyz", get(admin::healthz))
         .route("/livez", get(admin::livez))

@@ -1,5 +1,5 @@
-//! Cron and interval schedules: `PUT/GET/DELETE /v1/schedules/{name}`, `GET /v1/schedules` and
-//! `GET /v1/schedules/{name}/runs`.
+//! Cron and interval schedules: `PUT/GET/DELETE /v1/schedules/{name}`, `GET /v1/schedules`,
+//! `GET /v1/schedules/{name}/runs`, `POST /v1/schedules/{name}/pause|resume|trigger`.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -49,6 +49,97 @@ pub(crate) async fn put(
     let entry = caller.audit(AuditAction::SchedulePut).target(name);
     audit::record(&state, entry.detail(detail)).await;
     Ok(Json(view))
+}
+
+/// `POST /v1/schedules/{name}/pause`: the schedule fires nothing until resumed; its ticks pass
+/// as skipped (audited as `schedule.put`, like any change of its definition).
+pub(crate) async fn pause(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ScheduleView>> {
+    set_paused(state, caller, name, true).await
+}
+
+/// `POST /v1/schedules/{name}/resume`: fires again from its next tick.
+pub(crate) async fn resume(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> ApiResult<Json<ScheduleView>> {
+    set_paused(state, caller, name, false).await
+}
+
+async fn set_paused(
+    state: AppState,
+    caller: Caller,
+    name: String,
+    paused: bool,
+) -> ApiResult<Json<ScheduleView>> {
+    schedule_name(&name)?;
+    let view = state
+        .store
+        .schedule_get(&name)
+        .await?
+        .ok_or_else(|| ApiError::ScheduleNotFound(name.clone()))?;
+    if view.schedule.spec().paused == paused {
+        return Ok(Json(view));
+    }
+    let spec = view.schedule.spec().clone().paused(paused);
+    let schedule = Schedule::from_spec(name.clone(), spec)?;
+    let view = state.store.schedule_put(schedule).await?;
+    let entry = caller.audit(AuditAction::SchedulePut).target(name);
+    let detail = if paused { "paused" } else { "resumed" };
+    audit::record(&state, entry.detail(detail.to_string())).await;
+    Ok(Json(view))
+}
+
+/// `POST /v1/schedules/{name}/trigger`: enqueues the schedule's job now, outside its ticks
+/// (tagged `schedule:{name}` and `manual`); 201 with the job's id.
+pub(crate) async fn trigger(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(name): Path<String>,
+) -> ApiResult<(StatusCode, Json<TriggeredRun>)> {
+    schedule_name(&name)?;
+    let view = state
+        .store
+        .schedule_get(&name)
+        .await?
+        .ok_or_else(|| ApiError::ScheduleNotFound(name.clone()))?;
+    let schedule = view.schedule;
+    let mut inserted = state
+        .store
+        .jobs_insert_many(vec![schedule.manual_job(state.clock.now())])
+        .await?;
+    crate::observe::count_enqueued(&state, &inserted);
+    let job = inserted
+        .pop()
+        .ok_or_else(|| ApiError::Internal("the store stored no job".to_string()))?
+        .job;
+    let entry = caller.audit(AuditAction::ScheduleTrigger).target(name);
+    audit::record(
+        &state,
+        entry.detail(format!("job={} kind={}", job.id, job.kind)),
+    )
+    .await;
+    Ok((
+        StatusCode::CREATED,
+        Json(TriggeredRun {
+            id: job.id,
+            job: job.kind,
+            queue: job.queue,
+        }),
+    ))
+}
+
+/// The answer of a manual trigger: the job enqueued.
+#[derive(Serialize)]
+pub(crate) struct TriggeredRun {
+    id: uuid::Uuid,
+    /// Its kind.
+    job: String,
+    queue: String,
 }
 
 pub(crate) async fn get(

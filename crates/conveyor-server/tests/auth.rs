@@ -160,6 +160,12 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/v1/kinds" | "/v1/kinds/{kind}") => PRODUCER,
         ("PUT" | "DELETE", "/v1/kinds/{kind}") => ADMIN,
         ("GET", "/v1/schedules" | "/v1/schedules/{name}/runs") => ADMIN,
+        (
+            "POST",
+            "/v1/schedules/{name}/pause"
+            | "/v1/schedules/{name}/resume"
+            | "/v1/schedules/{name}/trigger",
+        ) => ADMIN,
         ("GET" | "PUT" | "DELETE", "/v1/schedules/{name}") => ADMIN,
         ("GET" | "POST", "/v1/tokens") | ("DELETE", "/v1/tokens/{token}") => ADMIN,
         ("GET", "/v1/audit") => ADMIN,

@@ -273,3 +273,112 @@ async fn bad_interval_input_is_400_naming_the_field() {
     assert!(message.contains("cron"), "{message}");
     assert!(api.store.schedules_list().await.expect("list").is_empty());
 }
+
+/// Pause, resume and trigger over HTTP: pausing shows in the view (no next run) and in the
+/// audit log; a trigger enqueues the schedule's job at once, tagged `manual`; unknown names
+/// are 404.
+#[tokio::test]
+async fn schedules_pause_resume_and_trigger_over_http() {
+    let server = Api::start().await;
+    let http = &server.http;
+    let put = http
+        .put(server.url("/v1/schedules/nightly"))
+        .json(&serde_json::json!({"cron": "0 3 * * *", "job": {"kind": "report", "queue": "reports", "payload": {"n": 1}}}))
+        .send()
+        .await
+        .expect("put");
+    assert_eq!(put.status(), reqwest::StatusCode::OK);
+    let post = |path: &str| {
+        http.post(server.url(path))
+            .json(&serde_json::json!({}))
+            .send()
+    };
+
+    let paused: serde_json::Value = post("/v1/schedules/nightly/pause")
+        .await
+        .expect("pause")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(paused["paused"], true, "{paused}");
+    assert!(paused["next_run_at"].is_null(), "{paused}");
+    let again: serde_json::Value = post("/v1/schedules/nightly/pause")
+        .await
+        .expect("pause")
+        .json()
+        .await
+        .expect("json");
+    assert_eq!(
+        again["revision"], paused["revision"],
+        "pausing twice changes nothing"
+    );
+
+    let triggered = post("/v1/schedules/nightly/trigger")
+        .await
+        .expect("trigger");
+    assert_eq!(triggered.status(), reqwest::StatusCode::CREATED);
+    let run: serde_json::Value = triggered.json().await.expect("json");
+    assert_eq!(run["queue"], "reports");
+    let id: uuid::Uuid = run["id"].as_str().expect("id").parse().expect("uuid");
+    let job = server
+        .store
+        .job_get(id)
+        .await
+        .expect("get")
+        .expect("the job");
+    assert_eq!(job.kind, "report");
+    assert_eq!(job.payload, serde_json::json!({"n": 1}));
+    assert!(
+        job.tags.contains(&"schedule:nightly".to_string())
+            && job.tags.contains(&"manual".to_string()),
+        "{:?}",
+        job.tags
+    );
+
+    let resumed: serde_json::Value = post("/v1/schedules/nightly/resume")
+        .await
+        .expect("resume")
+        .json()
+        .await
+        .expect("json");
+    assert!(
+        resumed.get("paused").is_none() || resumed["paused"] == false,
+        "{resumed}"
+    );
+    assert!(resumed["next_run_at"].is_string(), "{resumed}");
+
+    for path in [
+        "/v1/schedules/nope/pause",
+        "/v1/schedules/nope/resume",
+        "/v1/schedules/nope/trigger",
+    ] {
+        assert_eq!(
+            post(path).await.expect("post").status(),
+            reqwest::StatusCode::NOT_FOUND,
+            "{path}"
+        );
+    }
+    let audit = server
+        .store
+        .audit_list(conveyor_core::AuditListParams::default())
+        .await
+        .expect("audit");
+    let actions: Vec<String> = audit
+        .iter()
+        .map(|e| format!("{} {}", e.action, e.detail.clone().unwrap_or_default()))
+        .collect();
+    assert!(
+        actions.iter().any(|a| a == "schedule.put paused"),
+        "{actions:?}"
+    );
+    assert!(
+        actions.iter().any(|a| a == "schedule.put resumed"),
+        "{actions:?}"
+    );
+    assert!(
+        actions
+            .iter()
+            .any(|a| a.starts_with("schedule.trigger job=")),
+        "{actions:?}"
+    );
+}

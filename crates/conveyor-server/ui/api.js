@@ -149,6 +149,10 @@ export const schedules = {
   /** Creates or replaces the schedule `name` with a ScheduleSpec. */
   put: (name, spec) => api('PUT', `/v1/schedules/${encodeURIComponent(name)}`, spec),
   remove: (name) => api('DELETE', `/v1/schedules/${encodeURIComponent(name)}`),
+  pause: (name) => api('POST', `/v1/schedules/${encodeURIComponent(name)}/pause`, {}),
+  resume: (name) => api('POST', `/v1/schedules/${encodeURIComponent(name)}/resume`, {}),
+  /** Enqueues the schedule's job now, outside its ticks; `{id, job, queue}`. */
+  trigger: (name) => api('POST', `/v1/schedules/${encodeURIComponent(name)}/trigger`, {}),
 };
 
 /**

@@ -166,3 +166,51 @@ async fn two_schedulers_on_one_store_fire_each_tick_once() {
     let fired = runs(&store, "raced").await;
     assert_once_per_tick(&store, "raced", &fired).await;
 }
+
+/// A paused schedule fires nothing, however many ticks pass (even with a catch-up policy);
+/// resumed, it fires from its next tick on, and the ticks of the pause are never caught up.
+#[tokio::test]
+async fn a_paused_schedule_fires_nothing_and_resumes_from_its_next_tick() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let clock = Arc::new(ManualClock::default());
+    let store = open(&dir, Some(clock.clone()));
+    let spec = ScheduleSpec::new("* * * * * *", JobTemplate::new("tick", json!({})))
+        .overlap(OverlapPolicy::Allow)
+        .missed(MissedPolicy::CatchUp { max: 100 });
+    let put = |paused: bool| {
+        let store = store.clone();
+        let spec = spec.clone().paused(paused);
+        async move {
+            store
+                .schedule_put(Schedule::from_spec("p", spec).expect("valid"))
+                .await
+                .expect("put")
+        }
+    };
+    let scheduler = Scheduler::new(store.clone())
+        .clock(clock.clone())
+        .misfire_threshold(Duration::from_secs(2));
+    put(false).await;
+    clock.advance(Duration::from_secs(2));
+    assert_eq!(scheduler.run_once().await.expect("pass").runs.len(), 2);
+
+    let paused = put(true).await;
+    assert_eq!(paused.next_run_at, None, "nothing is due while paused");
+    assert!(paused.schedule.spec().paused);
+    for _ in 0..5 {
+        clock.advance(Duration::from_secs(2));
+        assert!(scheduler.run_once().await.expect("pass").runs.is_empty());
+    }
+    assert_eq!(runs(&store, "p").await.len(), 2, "no run while paused");
+
+    let resumed = put(false).await;
+    assert!(resumed.next_run_at.is_some());
+    clock.advance(Duration::from_secs(1));
+    let pass = scheduler.run_once().await.expect("pass");
+    assert_eq!(
+        pass.runs.len(),
+        1,
+        "the next tick only, no catch-up: {pass:?}"
+    );
+    assert!(!pass.runs[0].catch_up);
+}

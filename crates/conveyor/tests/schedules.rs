@@ -321,3 +321,90 @@ fn serve_output(db: &Path, file: &Path) -> std::process::Output {
         .output()
         .expect("run conveyor serve")
 }
+
+/// `conveyor schedule pause|resume|trigger` against a real server: a paused per-second
+/// schedule fires nothing while paused (its run count holds across several ticks), a trigger
+/// enqueues its job at once, resuming shows the next run; an unknown name fails clearly.
+#[test]
+fn schedules_are_paused_resumed_and_triggered_from_the_cli() {
+    let dir = temp_dir();
+    let server = start_server(
+        &path_in(&dir, "jobs.db"),
+        &["--maintenance-interval-ms", "50"],
+    );
+    let s = server.url.as_str();
+    let (status, _) = put_schedule(
+        s,
+        "pulse",
+        json!({"every": "1s", "job": {"kind": "pulse.beat"}, "overlap": "allow"}),
+    );
+    assert_eq!(status, 200);
+    let out = conveyor(&["schedule", "pause", "pulse", "--server", s]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("paused"));
+    let before = runs(s, "pulse").len();
+    // A trigger lands in the same store; once its job exists, later ticks would have too.
+    let out = conveyor(&["schedule", "trigger", "pulse", "--server", s, "--json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let run: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    let id = run["id"].as_str().expect("id").to_string();
+    let job = get_job(s, &id);
+    assert!(
+        job["tags"]
+            .as_array()
+            .expect("tags")
+            .contains(&json!("manual")),
+        "{job}"
+    );
+    // Three seconds of ticks pass while paused (the view's due_after moves past them).
+    let paused_at = time(
+        &http()
+            .get(format!("{s}/v1/schedules/pulse"))
+            .send()
+            .expect("get")
+            .json::<Value>()
+            .expect("json")["due_after"],
+    );
+    conveyor_storetest::eventually::eventually_blocking("three ticks to pass unfired", || {
+        let view: Value = http()
+            .get(format!("{s}/v1/schedules/pulse"))
+            .send()
+            .ok()?
+            .json()
+            .ok()?;
+        (time(&view["due_after"]) >= paused_at + chrono::Duration::seconds(3)).then_some(())
+    });
+    assert_eq!(runs(s, "pulse").len(), before, "no run while paused");
+    assert_eq!(
+        jobs_of(s, "pulse.beat").len(),
+        before + 1,
+        "only the triggered job was added"
+    );
+
+    let out = conveyor(&["schedule", "resume", "pulse", "--server", s]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("next run"));
+    conveyor_storetest::eventually::eventually_blocking("a run after resuming", || {
+        (runs(s, "pulse").len() > before).then_some(())
+    });
+
+    let out = conveyor(&["schedule", "trigger", "nope", "--server", s]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("nope"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}

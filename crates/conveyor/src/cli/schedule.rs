@@ -41,6 +41,24 @@ pub(crate) enum ScheduleCommand {
         #[command(flatten)]
         server: ServerArg,
     },
+    /// Stop a schedule firing: its ticks pass as skipped until it is resumed.
+    Pause {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Fire a paused schedule again, from its next tick.
+    Resume {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Enqueue a schedule's job now, outside its ticks (tagged `manual`).
+    Trigger {
+        name: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -346,6 +364,52 @@ pub(crate) async fn run(command: ScheduleCommand) -> anyhow::Result<ExitCode> {
                 println!("schedule {name} deleted");
             }
         }
+        ScheduleCommand::Pause { name, server } => set_paused(&name, &server, true).await?,
+        ScheduleCommand::Resume { name, server } => set_paused(&name, &server, false).await?,
+        ScheduleCommand::Trigger { name, server } => {
+            let client = server.client()?;
+            let (_, run) = client
+                .call(
+                    Method::POST,
+                    &format!("{}/trigger", path(&name)),
+                    Some(&json!({})),
+                )
+                .await?;
+            if server.json {
+                print_json(&run);
+            } else {
+                println!(
+                    "schedule {name} triggered: job {} ({}) enqueued into {}",
+                    run["id"].as_str().unwrap_or("?"),
+                    run["job"].as_str().unwrap_or("?"),
+                    run["queue"].as_str().unwrap_or("?")
+                );
+            }
+        }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `conveyor schedule pause|resume NAME`.
+async fn set_paused(name: &str, server: &ServerArg, pausing: bool) -> anyhow::Result<()> {
+    let action = if pausing { "pause" } else { "resume" };
+    let (_, view) = server
+        .client()?
+        .call(
+            Method::POST,
+            &format!("{}/{action}", path(name)),
+            Some(&json!({})),
+        )
+        .await?;
+    if server.json {
+        print_json(&view);
+    } else if pausing {
+        println!(
+            "schedule {name} paused: it fires nothing until `conveyor schedule resume {name}`"
+        );
+    } else {
+        let next = view["next_run_at"].as_str().unwrap_or("none");
+        println!("schedule {name} resumed; next run {next}");
+    }
+    Ok(())
 }
