@@ -235,6 +235,9 @@ macro_rules! delegate_store {
             async fn workers_list(&self) -> $crate::StoreResult<Vec<$crate::WorkerInfo>> {
                 $crate::WorkerStore::workers_list(&*self.$field).await
             }
+            async fn worker_command(&self, id: &str, command: Option<$crate::workers::WorkerCommand>) -> $crate::StoreResult<Option<$crate::WorkerInfo>> {
+                $crate::WorkerStore::worker_command(&*self.$field, id, command).await
+            }
             async fn workers_mark_stale(&self, params: $crate::StaleWorkerParams) -> $crate::StoreResult<$crate::StaleReport> {
                 $crate::WorkerStore::workers_mark_stale(&*self.$field, params).await
             }

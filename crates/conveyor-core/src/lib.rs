@@ -60,4 +60,6 @@ pub use validate::ValidJob;
 // For `delegate_store!`, whose expansion implements async traits in the caller's crate.
 #[doc(hidden)]
 pub use async_trait;
-pub use workers::{StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo, WorkerState};
+pub use workers::{
+    StaleReport, StaleWorkerParams, WorkerCommand, WorkerHeartbeat, WorkerInfo, WorkerState,
+};

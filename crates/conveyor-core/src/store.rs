@@ -520,6 +520,14 @@ pub trait WorkerStore: Send + Sync {
     /// Every registered worker, alive ones first, then by id.
     async fn workers_list(&self) -> StoreResult<Vec<WorkerInfo>>;
 
+    /// Records an operator's command for the worker `id` (`None` clears it); the worker as
+    /// stored, or `None` when no worker of that id is registered. Heartbeats keep it.
+    async fn worker_command(
+        &self,
+        id: &str,
+        command: Option<crate::workers::WorkerCommand>,
+    ) -> StoreResult<Option<WorkerInfo>>;
+
     /// In one transaction: marks `dead` every alive worker not heard from for
     /// `params.older_than`, rescues the running jobs leased to them as an expired lease would
     /// be (`retryable` with backoff, or `dead` when out of attempts, recording a

@@ -69,6 +69,36 @@ impl FromStr for WorkerState {
     }
 }
 
+/// What an operator asked a worker to do (`POST /v1/workers/{id}/quiet|stop`). Workers learn
+/// it from their heartbeat's answer; the server also hands no job to a worker told either.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum WorkerCommand {
+    /// Stop fetching; finish the jobs in hand and keep running (and heartbeating).
+    Quiet,
+    /// Stop fetching, finish the jobs in hand within the drain timeout, then exit.
+    Stop,
+}
+
+impl WorkerCommand {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WorkerCommand::Quiet => "quiet",
+            WorkerCommand::Stop => "stop",
+        }
+    }
+
+    /// The stored text back; `None` for anything else (a newer build's command is ignored).
+    pub fn parse(text: &str) -> Option<Self> {
+        match text {
+            "quiet" => Some(WorkerCommand::Quiet),
+            "stop" => Some(WorkerCommand::Stop),
+            _ => None,
+        }
+    }
+}
+
 /// What a worker reports about itself on every heartbeat. A heartbeat fills in what it
 /// knows: an empty `host`, `version` or `queues`, a `pid` of `None` or a `concurrency` of 0
 /// keep what the store has (a registration refreshed from a fetch, which knows less than the
@@ -110,6 +140,9 @@ pub struct WorkerInfo {
     pub state: WorkerState,
     /// When it stopped or was marked dead; `None` while alive.
     pub ended_at: Option<DateTime<Utc>>,
+    /// What an operator asked it to do, if anything; heartbeats keep it.
+    #[serde(default)]
+    pub command: Option<WorkerCommand>,
 }
 
 /// What [`crate::WorkerStore::workers_mark_stale`] does.

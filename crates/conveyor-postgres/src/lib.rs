@@ -751,6 +751,14 @@ impl WorkerStore for PgStore {
         workers::list(&mut *self.conn().await?, &self.inner.worker_sql).await
     }
 
+    async fn worker_command(
+        &self,
+        id: &str,
+        command: Option<conveyor_core::WorkerCommand>,
+    ) -> StoreResult<Option<WorkerInfo>> {
+        workers::command(&mut *self.conn().await?, &self.inner.worker_sql, id, command).await
+    }
+
     async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport> {
         let mut tx = self.begin().await?;
         let sql = &self.inner.worker_sql;

@@ -17,11 +17,16 @@ use crate::names::quoted;
 use crate::ops::{rescue_row, Ctx};
 use crate::sql::stmt;
 
-const WORKER_COLUMNS: &str = "id, host, pid, queues, concurrency, busy, version, started_at, \
+/// What a heartbeat writes; the registry rows also carry `command`, which only
+/// [`command`] changes.
+const HEARTBEAT_COLUMNS: &str = "id, host, pid, queues, concurrency, busy, version, started_at, \
     last_seen_at, state, ended_at";
+const WORKER_COLUMNS: &str = "id, host, pid, queues, concurrency, busy, version, started_at, \
+    last_seen_at, state, ended_at, command";
 
 pub(crate) struct WorkerSql {
     heartbeat: SqlStr,
+    command: SqlStr,
     list: SqlStr,
     mark_dead: SqlStr,
     held_by: SqlStr,
@@ -37,7 +42,7 @@ impl WorkerSql {
         let jobs = format!("{}.jobs", quoted(schema));
         Self {
             heartbeat: stmt(format!(
-                "INSERT INTO {workers} AS w ({WORKER_COLUMNS}) \
+                "INSERT INTO {workers} AS w ({HEARTBEAT_COLUMNS}) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
                  ON CONFLICT (id) DO UPDATE SET \
                      host = CASE WHEN excluded.host = '' THEN w.host ELSE excluded.host END, \
@@ -55,6 +60,9 @@ impl WorkerSql {
                      last_seen_at = excluded.last_seen_at, \
                      state = excluded.state, ended_at = excluded.ended_at \
                  RETURNING {WORKER_COLUMNS}"
+            )),
+            command: stmt(format!(
+                "UPDATE {workers} SET command = $2 WHERE id = $1 RETURNING {WORKER_COLUMNS}"
             )),
             list: stmt(format!(
                 "SELECT {WORKER_COLUMNS} FROM {workers} ORDER BY state <> 'alive', id"
@@ -137,6 +145,9 @@ fn worker(row: &PgRow) -> StoreResult<WorkerInfo> {
         last_seen_at: column(row, "last_seen_at")?,
         state: WorkerState::from_str(&state).map_err(corrupt)?,
         ended_at: column(row, "ended_at")?,
+        command: column::<Option<String>>(row, "command")?
+            .as_deref()
+            .and_then(conveyor_core::WorkerCommand::parse),
     })
 }
 
@@ -171,6 +182,22 @@ pub(crate) async fn heartbeat(
         .await
         .map_err(db("record worker heartbeat"))?;
     worker(&row)
+}
+
+/// Sets (or clears) the command of worker `id`; `None` when it is not registered.
+pub(crate) async fn command(
+    conn: &mut PgConnection,
+    sql: &WorkerSql,
+    id: &str,
+    command: Option<conveyor_core::WorkerCommand>,
+) -> StoreResult<Option<WorkerInfo>> {
+    let row = sqlx::query(sql.command.clone())
+        .bind(id)
+        .bind(command.map(|c| c.as_str()))
+        .fetch_optional(conn)
+        .await
+        .map_err(db("record a worker command"))?;
+    row.as_ref().map(worker).transpose()
 }
 
 pub(crate) async fn list(conn: &mut PgConnection, sql: &WorkerSql) -> StoreResult<Vec<WorkerInfo>> {

@@ -873,6 +873,16 @@ impl WorkerStore for SqliteStore {
         self.read(|conn, _| workers::list(conn)).await
     }
 
+    async fn worker_command(
+        &self,
+        id: &str,
+        command: Option<conveyor_core::WorkerCommand>,
+    ) -> StoreResult<Option<WorkerInfo>> {
+        let id = id.to_string();
+        self.write(move |ctx| workers::command(ctx, &id, command))
+            .await
+    }
+
     async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport> {
         self.write(move |ctx| workers::mark_stale(ctx, &params))
             .await

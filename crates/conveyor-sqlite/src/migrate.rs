@@ -93,6 +93,8 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         // Version 14: circuit breakers.
         add_missing_columns(conn, "queue_settings", &[("circuit_breaker", "TEXT")])?;
         add_missing_columns(conn, "kinds", &[("circuit_breaker", "TEXT")])?;
+        // Version 15: operators' commands to workers (the history's table is new).
+        add_missing_columns(conn, "workers", &[("command", "TEXT")])?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

@@ -202,7 +202,8 @@ CREATE TABLE IF NOT EXISTS workers (
     started_at   INTEGER NOT NULL,
     last_seen_at INTEGER NOT NULL,
     state        TEXT NOT NULL,
-    ended_at     INTEGER
+    ended_at     INTEGER,
+    command      TEXT               -- version 15: 'quiet' or 'stop', set by an operator
 ) WITHOUT ROWID;
 
 -- Version 11: workflows (see `conveyor_core::workflow`). A flow's steps; a step's job is

@@ -17,8 +17,12 @@ use crate::ops::record_failure;
 use crate::rows::millis;
 use crate::writer::WriteCtx;
 
-const WORKER_COLUMNS: &str = "id, host, pid, queues, concurrency, busy, version, started_at, \
+/// What a heartbeat writes; the registry rows also carry `command`, which only
+/// [`command`] changes.
+const HEARTBEAT_COLUMNS: &str = "id, host, pid, queues, concurrency, busy, version, started_at, \
     last_seen_at, state, ended_at";
+const WORKER_COLUMNS: &str = "id, host, pid, queues, concurrency, busy, version, started_at, \
+    last_seen_at, state, ended_at, command";
 
 /// `now - d` in stored milliseconds, or the epoch when that leaves the calendar.
 fn before(now: DateTime<Utc>, d: std::time::Duration) -> i64 {
@@ -52,6 +56,10 @@ fn worker(row: &Row<'_>) -> rusqlite::Result<WorkerInfo> {
         last_seen_at: from_millis(row.get(8)?),
         state: WorkerState::from_str(&state).map_err(|e| conversion(9, e))?,
         ended_at: row.get::<_, Option<i64>>(10)?.map(from_millis),
+        command: row
+            .get::<_, Option<String>>(11)?
+            .as_deref()
+            .and_then(conveyor_core::WorkerCommand::parse),
     })
 }
 
@@ -65,7 +73,7 @@ pub(crate) fn heartbeat(ctx: &mut WriteCtx<'_>, beat: WorkerHeartbeat) -> StoreR
         .map_err(|e| StoreError::backend(format!("cannot serialize queues: {e}")))?;
     ctx.conn
         .prepare_cached(&format!(
-            "INSERT INTO workers ({WORKER_COLUMNS}) \
+            "INSERT INTO workers ({HEARTBEAT_COLUMNS}) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
              ON CONFLICT (id) DO UPDATE SET \
              host = CASE WHEN excluded.host = '' THEN workers.host ELSE excluded.host END, \
@@ -100,6 +108,24 @@ pub(crate) fn heartbeat(ctx: &mut WriteCtx<'_>, beat: WorkerHeartbeat) -> StoreR
                 ],
                 worker,
             )
+        })
+        .map_err(backend)
+}
+
+/// Sets (or clears) the command of worker `id`; `None` when it is not registered.
+pub(crate) fn command(
+    ctx: &mut WriteCtx<'_>,
+    id: &str,
+    command: Option<conveyor_core::WorkerCommand>,
+) -> StoreResult<Option<WorkerInfo>> {
+    use rusqlite::OptionalExtension;
+    ctx.conn
+        .prepare_cached(&format!(
+            "UPDATE workers SET command = ?2 WHERE id = ?1 RETURNING {WORKER_COLUMNS}"
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_row(params![id, command.map(|c| c.as_str())], worker)
+                .optional()
         })
         .map_err(backend)
 }

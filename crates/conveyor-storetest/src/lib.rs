@@ -249,6 +249,7 @@ macro_rules! __conveyor_behaviours {
             audit_append_and_list_newest_first_with_filters,
             // worker registry and stuck jobs
             heartbeat_keeps_what_a_later_one_leaves_out,
+            workers_keep_an_operators_command_across_heartbeats,
             workers_heartbeat_registers_and_updates_a_worker,
             workers_stopping_heartbeat_records_a_stopped_worker,
             workers_mark_stale_rescues_the_jobs_of_dead_workers,

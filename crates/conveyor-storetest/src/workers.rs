@@ -69,6 +69,55 @@ async fn fetch_as(h: &Harness, worker: &str, queue: &str) -> Job {
     jobs.remove(0)
 }
 
+/// An operator's command sticks to the worker's entry: shown by the list and by every later
+/// heartbeat's answer (a heartbeat never clears it), changed or cleared only by another
+/// command, also on a stopped worker; an unknown worker is `None` and nothing is created.
+pub async fn workers_keep_an_operators_command_across_heartbeats(h: &Harness) {
+    use conveyor_core::WorkerCommand;
+    heartbeat(h, beat(h, "w-cmd")).await;
+    heartbeat(h, beat(h, "w-other")).await;
+    let told = h
+        .store
+        .worker_command("w-cmd", Some(WorkerCommand::Quiet))
+        .await
+        .expect("command")
+        .expect("a registered worker");
+    assert_eq!(told.command, Some(WorkerCommand::Quiet));
+    h.advance(secs(1));
+    let answer = heartbeat(h, beat(h, "w-cmd")).await;
+    assert_eq!(answer.command, Some(WorkerCommand::Quiet), "a heartbeat keeps it");
+    assert_eq!(answer.last_seen_at, h.now());
+    let listed = workers(h).await;
+    let other = listed.iter().find(|w| w.id == "w-other").expect("other");
+    assert_eq!(other.command, None, "only the worker told");
+    let stop = h
+        .store
+        .worker_command("w-cmd", Some(WorkerCommand::Stop))
+        .await
+        .expect("command")
+        .expect("registered");
+    assert_eq!(stop.command, Some(WorkerCommand::Stop));
+    let mut goodbye = beat(h, "w-cmd");
+    goodbye.stopping = true;
+    let stopped = heartbeat(h, goodbye).await;
+    assert_eq!(stopped.state, WorkerState::Stopped);
+    assert_eq!(stopped.command, Some(WorkerCommand::Stop), "what it was told stays on record");
+    let cleared = h
+        .store
+        .worker_command("w-cmd", None)
+        .await
+        .expect("clear")
+        .expect("registered");
+    assert_eq!(cleared.command, None);
+    assert!(h
+        .store
+        .worker_command("w-nobody", Some(WorkerCommand::Stop))
+        .await
+        .expect("command")
+        .is_none());
+    assert_eq!(workers(h).await.len(), 2, "nothing created for an unknown id");
+}
+
 /// A heartbeat creates the worker's entry, alive and last seen now; the next one updates it in
 /// place (one entry per id), every field as reported.
 pub async fn workers_heartbeat_registers_and_updates_a_worker(h: &Harness) {
@@ -85,6 +134,7 @@ pub async fn workers_heartbeat_registers_and_updates_a_worker(h: &Harness) {
         last_seen_at: h.now(),
         state: WorkerState::Alive,
         ended_at: None,
+        command: None,
     };
     assert_eq!(first, expected);
     assert_eq!(workers(h).await, vec![expected.clone()]);

@@ -16,3 +16,6 @@ CREATE TABLE @schema@.stats_minutes (
     queue_wait  jsonb       NOT NULL DEFAULT '{}',
     PRIMARY KEY (minute, queue, kind)
 );
+-- And operators' commands to workers (`conveyor_core::workers::WorkerCommand`): 'quiet' or
+-- 'stop', kept across heartbeats.
+ALTER TABLE @schema@.workers ADD COLUMN command text;
