@@ -266,10 +266,19 @@ pub enum AuditAction {
     BreakerHalfOpen,
     #[serde(rename = "breaker.close")]
     BreakerClose,
+    /// A worker told to stop fetching (it keeps running).
+    #[serde(rename = "worker.quiet")]
+    WorkerQuiet,
+    /// A worker told to stop fetching and exit once drained.
+    #[serde(rename = "worker.stop")]
+    WorkerStop,
+    /// A worker's quiet or stop cleared.
+    #[serde(rename = "worker.resume")]
+    WorkerResume,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 18] = [
+    pub const ALL: [AuditAction; 21] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -288,6 +297,9 @@ impl AuditAction {
         AuditAction::BreakerOpen,
         AuditAction::BreakerHalfOpen,
         AuditAction::BreakerClose,
+        AuditAction::WorkerQuiet,
+        AuditAction::WorkerStop,
+        AuditAction::WorkerResume,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -302,6 +314,9 @@ impl AuditAction {
             AuditAction::BreakerOpen => "breaker.open",
             AuditAction::BreakerHalfOpen => "breaker.half_open",
             AuditAction::BreakerClose => "breaker.close",
+            AuditAction::WorkerQuiet => "worker.quiet",
+            AuditAction::WorkerStop => "worker.stop",
+            AuditAction::WorkerResume => "worker.resume",
             AuditAction::DeadReplay => "dead.replay",
             AuditAction::DeadDiscard => "dead.discard",
             AuditAction::QueueSettings => "queue.settings",

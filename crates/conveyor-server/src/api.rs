@@ -200,6 +200,10 @@ pub struct SignalResponse {
 pub struct FetchResponse {
     pub jobs: Vec<FetchedJob>,
     pub acks: Vec<ItemResult>,
+    /// What an operator told this worker (`quiet` or `stop`): it gets no jobs until the
+    /// command is cleared, and should stop fetching (and with `stop`, exit once drained).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub command: Option<conveyor_core::WorkerCommand>,
 }
 
 /// What became of one acknowledged or heartbeated item (`/v1/ack`, `/v1/heartbeat`).

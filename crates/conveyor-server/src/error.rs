@@ -26,6 +26,9 @@ pub enum ApiError {
     /// 404: no such cron schedule.
     #[error("schedule {0:?} not found")]
     ScheduleNotFound(String),
+    /// 404: no such registered worker.
+    #[error("worker {0:?} is not registered")]
+    WorkerNotFound(String),
     /// 404: no such kind settings.
     #[error("kind {0:?} has no settings")]
     KindNotFound(String),
@@ -104,6 +107,7 @@ impl ApiError {
             ApiError::JobNotFound(_)
             | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
+            | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)
             | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
@@ -126,6 +130,7 @@ impl ApiError {
             ApiError::JobNotFound(_)
             | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
+            | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)
             | ApiError::RouteNotFound { .. } => "not_found",

@@ -156,8 +156,34 @@ pub(crate) async fn fetch(
     )
     .await?;
     let worker_id = params.worker_id.clone();
+    if let Some(command) = state.worker_commands.of(&worker_id).await? {
+        // Told to quiet or stop: no jobs. The long-poll still waits, so a worker that does
+        // not know the command does not spin on empty answers.
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = state.shutdown.cancelled() => {}
+        }
+        return Ok(Json(FetchResponse {
+            jobs: Vec::new(),
+            acks,
+            command: Some(command),
+        }));
+    }
     let fetch_started = chrono::Utc::now();
     let jobs = fetch_released_if_abandoned(&state, params, wait).await?;
+    // Told while this long-poll waited: what it claimed goes back (available again, the
+    // attempt not counted), so no job is handed out after the command is known here.
+    if !jobs.is_empty() {
+        if let Some(command) = state.worker_commands.of(&worker_id).await? {
+            let leases: Vec<LeaseRef> = jobs.iter().filter_map(Job::lease_ref).collect();
+            state.store.jobs_release_many(leases).await?;
+            return Ok(Json(FetchResponse {
+                jobs: Vec::new(),
+                acks,
+                command: Some(command),
+            }));
+        }
+    }
     conveyor_core::trace::fetched(&jobs, &worker_id, fetch_started, chrono::Utc::now());
     crate::observe::count_waits(&state, &jobs);
     remember_leased(&state, &jobs);
@@ -165,7 +191,11 @@ pub(crate) async fn fetch(
         .into_iter()
         .map(fetched_job)
         .collect::<ApiResult<Vec<_>>>()?;
-    Ok(Json(FetchResponse { jobs, acks }))
+    Ok(Json(FetchResponse {
+        jobs,
+        acks,
+        command: None,
+    }))
 }
 
 /// Long-polls on a task of its own, so that a client that goes away mid-fetch (a closed

@@ -178,6 +178,8 @@ pub(crate) struct AppState {
     pub kinds: Arc<conveyor_core::kinds::KindRegistry>,
     /// Each queue's measured throughput, for the scaling signal.
     pub throughput: Arc<std::sync::Mutex<conveyor_core::scaling::ThroughputMeter>>,
+    /// Operators' commands to workers: fetches of a worker told to quiet or stop get nothing.
+    pub worker_commands: Arc<conveyor_core::workers::WorkerCommands>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -206,7 +208,9 @@ pub fn router_with_options(
         metrics.set_scale_target(config.scale_target);
     }
     let breakers = conveyor_core::CircuitBreakers::new(store.clone(), options.clock.clone());
+    let worker_commands = Arc::new(conveyor_core::workers::WorkerCommands::new(store.clone()));
     let state = AppState {
+        worker_commands,
         store,
         breakers,
         kinds,
@@ -283,6 +287,9 @@ pub fn router_with_options(
         .route("/v1/jobs/stuck", get(observe::stuck))
         .route("/v1/workers", get(observe::workers))
         .route("/v1/workers/heartbeat", post(observe::worker_heartbeat))
+        .route("/v1/workers/{id}/quiet", post(observe::worker_quiet))
+        .route("/v1/workers/{id}/stop", post(observe::worker_stop))
+        .route("/v1/workers/{id}/resume", post(observe::worker_resume))
         .route(
             "/v1/session",
             post(auth::login).get(auth::whoami).delete(auth::logout),

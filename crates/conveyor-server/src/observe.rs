@@ -1,12 +1,13 @@
 //! Observability endpoints: the worker registry, stuck jobs and `GET /metrics`.
 
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::{
-    validate, wire, AttemptEvent, AttemptStatus, Job, WorkerHeartbeat, WorkerInfo, WorkerState,
+    validate, wire, AttemptEvent, AttemptStatus, AuditAction, Job, WorkerCommand, WorkerHeartbeat,
+    WorkerInfo, WorkerState,
 };
 use serde::Deserialize;
 use uuid::Uuid;
@@ -53,6 +54,58 @@ pub(crate) async fn worker_heartbeat(
         stopping: request.stopping,
     };
     Ok(Json(state.store.workers_heartbeat(beat).await?))
+}
+
+/// `POST /v1/workers/{id}/quiet`: the worker gets no more jobs (it finishes those it holds and
+/// keeps running); audited as `worker.quiet`.
+pub(crate) async fn worker_quiet(
+    State(state): State<AppState>,
+    caller: crate::auth::Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<WorkerInfo>> {
+    command_worker(state, caller, id, Some(WorkerCommand::Quiet)).await
+}
+
+/// `POST /v1/workers/{id}/stop`: as quiet, and the worker exits once its jobs are done (the
+/// Rust worker and `conveyor work` do; other HTTP workers stay quiet); audited as `worker.stop`.
+pub(crate) async fn worker_stop(
+    State(state): State<AppState>,
+    caller: crate::auth::Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<WorkerInfo>> {
+    command_worker(state, caller, id, Some(WorkerCommand::Stop)).await
+}
+
+/// `POST /v1/workers/{id}/resume`: clears a quiet (or a stop not yet obeyed); audited as
+/// `worker.resume`.
+pub(crate) async fn worker_resume(
+    State(state): State<AppState>,
+    caller: crate::auth::Caller,
+    Path(id): Path<String>,
+) -> ApiResult<Json<WorkerInfo>> {
+    command_worker(state, caller, id, None).await
+}
+
+async fn command_worker(
+    state: AppState,
+    caller: crate::auth::Caller,
+    id: String,
+    command: Option<WorkerCommand>,
+) -> ApiResult<Json<WorkerInfo>> {
+    conveyor_core::workers::text("id", &id, true)?;
+    let worker = state
+        .store
+        .worker_command(&id, command)
+        .await?
+        .ok_or(ApiError::WorkerNotFound(id.clone()))?;
+    state.worker_commands.told(&id, command);
+    let action = match command {
+        Some(WorkerCommand::Quiet) => AuditAction::WorkerQuiet,
+        Some(WorkerCommand::Stop) => AuditAction::WorkerStop,
+        None => AuditAction::WorkerResume,
+    };
+    crate::audit::record(&state, caller.audit(action).target(id)).await;
+    Ok(Json(worker))
 }
 
 /// `GET /v1/workers[?state=alive|stopped|dead]`.

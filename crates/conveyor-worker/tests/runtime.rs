@@ -660,3 +660,70 @@ async fn a_retry_after_pauses_its_kind_until_then() {
         .unwrap();
     assert_eq!(closed.record.state, conveyor_core::BreakerState::Closed);
 }
+
+/// An operator's commands reach an embedded worker through its registry heartbeat: `quiet`
+/// ends its fetching (a job enqueued afterwards stays available, the job it was running
+/// completes), `stop` makes `run` return as a shutdown would, with the registry saying
+/// `stopped`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quiet_and_stop_commands_are_obeyed_from_the_registry() {
+    let env = env();
+    let (started_tx, mut started) = mpsc::unbounded_channel::<()>();
+    let (release_tx, release) = tokio::sync::watch::channel(false);
+    let w = worker(&env.store)
+        .id("told-worker")
+        .registry_interval(Duration::from_millis(20))
+        .handle_json("slow", move |_ctx: JobContext, _| {
+            let started_tx = started_tx.clone();
+            let mut release = release.clone();
+            async move {
+                let _ = started_tx.send(());
+                let _ = release.wait_for(|go| *go).await;
+                Outcome::complete_with(json!({"done": true}))
+            }
+        })
+        .build()
+        .unwrap();
+    let quiet = w.drain_started();
+    let running = enqueue(&env.store, job("slow", 1)).await;
+    let (_stop, handle) = spawn_worker(w);
+    started.recv().await.expect("the job started");
+    conveyor_storetest::eventually::eventually("the worker to register", || async {
+        let listed = env.store.workers_list().await.map_err(|e| e.to_string())?;
+        if listed.iter().any(|w| w.id == "told-worker") {
+            Ok(())
+        } else {
+            Err("not yet".to_string())
+        }
+    })
+    .await;
+    env.store
+        .worker_command("told-worker", Some(conveyor_core::WorkerCommand::Quiet))
+        .await
+        .expect("command")
+        .expect("registered");
+    quiet.await;
+    let later = enqueue(&env.store, job("slow", 1)).await;
+    release_tx.send(true).expect("release");
+    wait_for_state(&env.store, running, JobState::Completed).await;
+    assert_eq!(
+        env.store.job_get(later).await.unwrap().unwrap().state,
+        JobState::Available,
+        "a quiet worker takes nothing new"
+    );
+    assert!(!handle.is_finished(), "quiet keeps the worker running");
+
+    env.store
+        .worker_command("told-worker", Some(conveyor_core::WorkerCommand::Stop))
+        .await
+        .expect("command")
+        .expect("registered");
+    let report = tokio::time::timeout(Duration::from_secs(30), handle)
+        .await
+        .expect("run returns once told to stop")
+        .expect("join");
+    assert_eq!(report, ShutdownReport::default());
+    let listed = env.store.workers_list().await.unwrap();
+    let me = listed.iter().find(|w| w.id == "told-worker").unwrap();
+    assert_eq!(me.state, conveyor_core::WorkerState::Stopped);
+}

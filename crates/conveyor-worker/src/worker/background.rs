@@ -55,13 +55,23 @@ pub(super) async fn run_completer(
     }
 }
 
+/// What the registry's answers may ask of the worker (an operator's quiet or stop).
+pub(super) struct Obey {
+    /// Cancelled on `quiet` or `stop`: the fetch loops end (jobs in hand run on).
+    pub quiet: CancellationToken,
+    /// Cancelled on `stop`: the worker shuts down as if its shutdown signal had come.
+    pub stop: CancellationToken,
+}
+
 /// Reports the worker to the store's registry every `interval`, and once more at shutdown as
-/// `stopping`, so a graceful stop is never mistaken for a crash.
+/// `stopping`, so a graceful stop is never mistaken for a crash. An operator's command in the
+/// answer is obeyed (see [`Obey`]).
 pub(super) async fn run_registry(
     shared: Arc<Shared>,
     queues: Vec<(String, usize)>,
     interval: Duration,
     stop: CancellationToken,
+    obey: Obey,
 ) {
     let concurrency = queues.iter().map(|(_, slots)| *slots).sum::<usize>();
     let mut beat = WorkerHeartbeat {
@@ -77,8 +87,20 @@ pub(super) async fn run_registry(
     };
     loop {
         beat.busy = u32::try_from(shared.running().len()).unwrap_or(u32::MAX);
-        if let Err(error) = shared.store.workers_heartbeat(beat.clone()).await {
-            tracing::warn!(%error, "worker registry heartbeat failed; will retry");
+        match shared.store.workers_heartbeat(beat.clone()).await {
+            Ok(info) => match info.command {
+                Some(conveyor_core::WorkerCommand::Quiet) if !obey.quiet.is_cancelled() => {
+                    tracing::info!(worker_id = %shared.id, "told to quiet: no more fetching");
+                    obey.quiet.cancel();
+                }
+                Some(conveyor_core::WorkerCommand::Stop) if !obey.stop.is_cancelled() => {
+                    tracing::info!(worker_id = %shared.id, "told to stop: draining, then exiting");
+                    obey.quiet.cancel();
+                    obey.stop.cancel();
+                }
+                _ => {}
+            },
+            Err(error) => tracing::warn!(%error, "worker registry heartbeat failed; will retry"),
         }
         tokio::select! {
             _ = stop.cancelled() => break,

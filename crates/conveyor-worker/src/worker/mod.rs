@@ -137,7 +137,8 @@ struct Completion {
 pub struct Worker {
     shared: Arc<Shared>,
     queues: Vec<(String, usize)>,
-    /// Cancelled when shutdown begins: fetch loops stop.
+    /// Cancelled when shutdown begins, or when an operator tells the worker to quiet: fetch
+    /// loops stop.
     stop_fetching: CancellationToken,
     drain_timeout: Duration,
     poll: Duration,
@@ -169,8 +170,9 @@ impl Worker {
         &self.shared.id
     }
 
-    /// Resolves once this worker has begun shutting down and stopped fetching: nothing enqueued
-    /// after that is claimed by it. For readiness probes and for tests that need the moment.
+    /// Resolves once this worker has stopped fetching (it began shutting down, or an operator
+    /// told it to quiet): nothing enqueued after that is claimed by it. For readiness probes
+    /// and for tests that need the moment.
     pub fn drain_started(&self) -> impl Future<Output = ()> + Send + 'static {
         self.stop_fetching.clone().cancelled_owned()
     }
@@ -179,6 +181,7 @@ impl Worker {
     pub async fn run(self, shutdown: impl Future<Output = ()>) -> ShutdownReport {
         let stop_fetching = self.stop_fetching.clone();
         let stop_background = CancellationToken::new();
+        let told_to_stop = CancellationToken::new();
         let (completions, completion_rx) = mpsc::unbounded_channel();
         let completer = tokio::spawn(run_completer(self.shared.clone(), completion_rx));
         let heartbeat = tokio::spawn(run_heartbeats(self.shared.clone(), stop_background.clone()));
@@ -188,6 +191,10 @@ impl Worker {
                 self.queues.clone(),
                 interval,
                 stop_background.clone(),
+                background::Obey {
+                    quiet: stop_fetching.clone(),
+                    stop: told_to_stop.clone(),
+                },
             ))
         });
         let maintenance = self
@@ -217,7 +224,10 @@ impl Worker {
         }
         tracing::info!(worker_id = %self.shared.id, queues = ?self.queues, "worker started");
 
-        shutdown.await;
+        tokio::select! {
+            _ = shutdown => {}
+            _ = told_to_stop.cancelled() => {}
+        }
         tracing::info!(worker_id = %self.shared.id, drain_timeout = ?self.drain_timeout,
             "shutdown requested: no more fetching, draining running jobs");
         let running_at_shutdown = self.shared.running().len();

@@ -145,6 +145,11 @@ enum Command {
     /// History per queue and kind over a span: enqueued, done, failed, dead, failure rate,
     /// throughput, run time and queue wait (p50/p95), from the server's per-minute rollups.
     Stats(observe::StatsArgs),
+    /// Tell one worker to quiet (stop fetching), stop (drain and exit) or resume.
+    Worker {
+        #[command(subcommand)]
+        command: observe::WorkerCommandArgs,
+    },
     /// Cron schedules: list, show, set, runs, delete.
     Schedule {
         #[command(subcommand)]
@@ -288,6 +293,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Workers(args) => observe::workers(args).await,
         Command::Stuck(args) => observe::stuck(args).await,
         Command::Stats(args) => observe::stats(args).await,
+        Command::Worker { command } => observe::worker(command).await,
         Command::Queue { command } => admin::queue(command).await,
         Command::Schedule { command } => schedule::run(command).await,
         Command::Flow { command } => flow::run(command).await,

@@ -243,3 +243,62 @@ pub(crate) async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
     table.print();
     Ok(ExitCode::SUCCESS)
 }
+
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum WorkerCommandArgs {
+    /// Stop it fetching: it finishes the jobs it holds and keeps running.
+    Quiet {
+        /// The worker's id, as `conveyor workers` lists it.
+        id: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Stop it fetching and have it exit once its jobs are done (the Rust worker and `conveyor
+    /// work` exit; other HTTP workers stay quiet).
+    Stop {
+        id: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+    /// Clear a quiet (or a stop not yet obeyed): it gets jobs again.
+    Resume {
+        id: String,
+        #[command(flatten)]
+        server: ServerArg,
+    },
+}
+
+/// `conveyor worker quiet|stop|resume ID` (`POST /v1/workers/{id}/...`).
+pub(crate) async fn worker(command: WorkerCommandArgs) -> anyhow::Result<ExitCode> {
+    let (action, id, server) = match &command {
+        WorkerCommandArgs::Quiet { id, server } => ("quiet", id, server),
+        WorkerCommandArgs::Stop { id, server } => ("stop", id, server),
+        WorkerCommandArgs::Resume { id, server } => ("resume", id, server),
+    };
+    conveyor::workers::text("id", id, true)?;
+    // A path segment: everything but unreserved characters percent-encoded.
+    let segment: String = id
+        .bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'.' | b'_' | b'~' => {
+                char::from(b).to_string()
+            }
+            other => format!("%{other:02X}"),
+        })
+        .collect();
+    let path = format!("/v1/workers/{segment}/{action}");
+    let (_, answer) = server
+        .client()?
+        .call(reqwest::Method::POST, &path, Some(&serde_json::json!({})))
+        .await?;
+    if server.json {
+        println!("{answer}");
+        return Ok(ExitCode::SUCCESS);
+    }
+    match action {
+        "quiet" => println!("worker {id} told to quiet: it gets no more jobs and finishes those it holds"),
+        "stop" => println!("worker {id} told to stop: it gets no more jobs and exits once its jobs are done"),
+        _ => println!("worker {id} resumed: it gets jobs again"),
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -130,6 +130,7 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
         },
         Duration::from_millis(args.registry_heartbeat_ms.max(10)),
         stop_registry.clone(),
+        stop.clone(),
     ));
 
     let slots = Arc::new(Semaphore::new(args.concurrency));
@@ -154,6 +155,10 @@ pub(crate) async fn run(args: WorkArgs) -> anyhow::Result<ExitCode> {
             Ok((_, body)) => match decode::<FetchResponse>(&body, "POST /v1/fetch") {
                 Ok(answer) => {
                     backoff = Duration::from_millis(200);
+                    if answer.command == Some(conveyor::WorkerCommand::Stop) {
+                        tracing::info!(%worker_id, "told to stop: draining, then exiting");
+                        stop.cancel();
+                    }
                     answer.jobs
                 }
                 Err(error) => {
@@ -243,8 +248,16 @@ struct Registration {
 
 /// Reports the worker to `POST /v1/workers/heartbeat` every `interval` (with its busy slots),
 /// and once more as `stopping` at a graceful shutdown, so the server can tell a stop from a
-/// crash. Failures are logged and retried at the next beat; jobs never wait on it.
-async fn run_registry(ctx: Ctx, me: Registration, interval: Duration, stop: CancellationToken) {
+/// crash. Failures are logged and retried at the next beat; jobs never wait on it. An
+/// operator's `stop` in the answer starts the graceful shutdown (`shutdown`); a `quiet` needs
+/// nothing here, as the server hands a quiet worker no jobs.
+async fn run_registry(
+    ctx: Ctx,
+    me: Registration,
+    interval: Duration,
+    stop: CancellationToken,
+    shutdown: CancellationToken,
+) {
     let beat = |busy: usize, stopping: bool| {
         json!({
             "worker_id": me.worker_id, "host": conveyor::hostname(), "pid": std::process::id(),
@@ -255,12 +268,18 @@ async fn run_registry(ctx: Ctx, me: Registration, interval: Duration, stop: Canc
     };
     loop {
         let busy = ctx.running.lock().map(|r| r.len()).unwrap_or(0);
-        if let Err(error) = ctx
+        match ctx
             .api
             .post("/v1/workers/heartbeat", &beat(busy, false))
             .await
         {
-            tracing::warn!(%error, "worker registry heartbeat failed; will retry");
+            Ok((_, answer)) => {
+                if answer["command"] == "stop" && !shutdown.is_cancelled() {
+                    tracing::info!(worker_id = %me.worker_id, "told to stop: draining, then exiting");
+                    shutdown.cancel();
+                }
+            }
+            Err(error) => tracing::warn!(%error, "worker registry heartbeat failed; will retry"),
         }
         tokio::select! {
             _ = stop.cancelled() => break,
