@@ -756,7 +756,13 @@ impl WorkerStore for PgStore {
         id: &str,
         command: Option<conveyor_core::WorkerCommand>,
     ) -> StoreResult<Option<WorkerInfo>> {
-        workers::command(&mut *self.conn().await?, &self.inner.worker_sql, id, command).await
+        workers::command(
+            &mut *self.conn().await?,
+            &self.inner.worker_sql,
+            id,
+            command,
+        )
+        .await
     }
 
     async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport> {

@@ -150,6 +150,10 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/v1/flows") => ADMIN,
         ("POST", "/v1/jobs/{id}/cancel") => ADMIN,
         ("GET", "/v1/jobs/stuck" | "/v1/workers" | "/v1/dead" | "/v1/queues") => ADMIN,
+        (
+            "POST",
+            "/v1/workers/{id}/quiet" | "/v1/workers/{id}/stop" | "/v1/workers/{id}/resume",
+        ) => ADMIN,
         ("POST", "/v1/dead/replay") | ("DELETE", "/v1/dead/{id}") => ADMIN,
         ("GET" | "PUT", "/v1/queues/{name}") => ADMIN,
         ("POST", "/v1/queues/{name}/circuit/open" | "/v1/queues/{name}/circuit/close") => ADMIN,

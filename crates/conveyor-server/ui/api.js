@@ -189,6 +189,8 @@ export const stats = {
 
 export const workers = {
   list: () => api('GET', '/v1/workers'),
+  /** `action`: quiet, stop or resume. */
+  command: (id, action) => api('POST', `/v1/workers/${encodeURIComponent(id)}/${action}`, {}),
   stuck: () => api('GET', '/v1/jobs/stuck'),
 };
 

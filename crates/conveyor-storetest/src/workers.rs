@@ -85,7 +85,11 @@ pub async fn workers_keep_an_operators_command_across_heartbeats(h: &Harness) {
     assert_eq!(told.command, Some(WorkerCommand::Quiet));
     h.advance(secs(1));
     let answer = heartbeat(h, beat(h, "w-cmd")).await;
-    assert_eq!(answer.command, Some(WorkerCommand::Quiet), "a heartbeat keeps it");
+    assert_eq!(
+        answer.command,
+        Some(WorkerCommand::Quiet),
+        "a heartbeat keeps it"
+    );
     assert_eq!(answer.last_seen_at, h.now());
     let listed = workers(h).await;
     let other = listed.iter().find(|w| w.id == "w-other").expect("other");
@@ -101,7 +105,11 @@ pub async fn workers_keep_an_operators_command_across_heartbeats(h: &Harness) {
     goodbye.stopping = true;
     let stopped = heartbeat(h, goodbye).await;
     assert_eq!(stopped.state, WorkerState::Stopped);
-    assert_eq!(stopped.command, Some(WorkerCommand::Stop), "what it was told stays on record");
+    assert_eq!(
+        stopped.command,
+        Some(WorkerCommand::Stop),
+        "what it was told stays on record"
+    );
     let cleared = h
         .store
         .worker_command("w-cmd", None)
@@ -115,7 +123,11 @@ pub async fn workers_keep_an_operators_command_across_heartbeats(h: &Harness) {
         .await
         .expect("command")
         .is_none());
-    assert_eq!(workers(h).await.len(), 2, "nothing created for an unknown id");
+    assert_eq!(
+        workers(h).await.len(),
+        2,
+        "nothing created for an unknown id"
+    );
 }
 
 /// A heartbeat creates the worker's entry, alive and last seen now; the next one updates it in

@@ -1041,6 +1041,14 @@ async fn drive(
     .await?;
     wait_present(client, "#workers-leases table, #workers-leases .empty").await?;
     screenshot(client, "workers").await?;
+    // Quiet the worker from the page, then resume it (it still has jobs to do below).
+    click(client, "#workers-table button[data-action='worker-quiet']").await?;
+    wait_text(client, "#toasts", "told to quiet").await?;
+    wait_present(client, "#workers-table button[data-action='worker-resume']").await?;
+    wait_text(client, "#workers-table", "quiet").await?;
+    click(client, "#workers-table button[data-action='worker-resume']").await?;
+    wait_text(client, "#toasts", "resumed: it gets jobs again").await?;
+    wait_present(client, "#workers-table button[data-action='worker-quiet']").await?;
 
     click(client, "a[data-nav='schedules']").await?;
     wait_present(client, "tr[data-schedule='nightly-report']").await?;

@@ -558,41 +558,94 @@ fn workers_are_quieted_resumed_and_stopped_from_the_cli() {
     let mut worker = start_worker(
         s,
         "true",
-        &["--queues", "told", "--worker-id", "w-told", "--registry-heartbeat-ms", "50"],
+        &[
+            "--queues",
+            "told",
+            "--worker-id",
+            "w-told",
+            "--registry-heartbeat-ms",
+            "50",
+        ],
     );
     eventually_blocking("the worker to register", || {
         worker_entry(s, "w-told").filter(|w| w["state"] == "alive")
     });
-    let first = enqueue(s, json!({"kind": "noop", "queue": "told"}))["id"].as_str().unwrap().to_string();
-    eventually_blocking("the first job done", || (get_job(s, &first)["state"] == "completed").then_some(()));
+    let first = enqueue(s, json!({"kind": "noop", "queue": "told"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    eventually_blocking("the first job done", || {
+        (get_job(s, &first)["state"] == "completed").then_some(())
+    });
 
     let out = conveyor(&["worker", "quiet", "w-told", "--server", s]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(worker_entry(s, "w-told").unwrap()["command"], "quiet");
-    let held = enqueue(s, json!({"kind": "noop", "queue": "told"}))["id"].as_str().unwrap().to_string();
+    let held = enqueue(s, json!({"kind": "noop", "queue": "told"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
 
     let out = conveyor(&["worker", "resume", "w-told", "--server", s, "--json"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let resumed: Value = serde_json::from_slice(&out.stdout).expect("JSON");
     assert!(resumed["command"].is_null(), "{resumed}");
-    eventually_blocking("the held job done after resuming", || (get_job(s, &held)["state"] == "completed").then_some(()));
+    eventually_blocking("the held job done after resuming", || {
+        (get_job(s, &held)["state"] == "completed").then_some(())
+    });
 
     let out = conveyor(&["worker", "quiet", "w-told", "--server", s]);
     assert!(out.status.success());
-    let never = enqueue(s, json!({"kind": "noop", "queue": "told"}))["id"].as_str().unwrap().to_string();
+    let never = enqueue(s, json!({"kind": "noop", "queue": "told"}))["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let out = conveyor(&["worker", "stop", "w-told", "--server", s]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let status = worker.wait_exit(Duration::from_secs(30));
-    assert!(status.success(), "a stopped worker exits cleanly: {status:?}");
+    assert!(
+        status.success(),
+        "a stopped worker exits cleanly: {status:?}"
+    );
     assert_eq!(worker_entry(s, "w-told").unwrap()["state"], "stopped");
-    assert_eq!(get_job(s, &never)["state"], "available", "a quiet worker took nothing new");
+    assert_eq!(
+        get_job(s, &never)["state"],
+        "available",
+        "a quiet worker took nothing new"
+    );
 
-    let audit: Value = http().get(format!("{s}/v1/audit?limit=50")).send().unwrap().json().unwrap();
-    let actions: Vec<&str> = audit["entries"].as_array().unwrap().iter().filter_map(|e| e["action"].as_str()).collect();
+    let audit: Value = http()
+        .get(format!("{s}/v1/audit?limit=50"))
+        .send()
+        .unwrap()
+        .json()
+        .unwrap();
+    let actions: Vec<&str> = audit["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|e| e["action"].as_str())
+        .collect();
     for action in ["worker.quiet", "worker.resume", "worker.stop"] {
         assert!(actions.contains(&action), "{action} in {actions:?}");
     }
     let out = conveyor(&["worker", "stop", "w-nobody", "--server", s]);
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("w-nobody"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("w-nobody"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -7,7 +7,7 @@ import * as api from '../api.js';
 import { rowLinks } from './shared.js';
 
 // Columns first when present; other fields follow in the order the server sends them.
-const PREFERRED = ['id', 'worker_id', 'name', 'state', 'status', 'host', 'hostname', 'pid', 'queues',
+const PREFERRED = ['id', 'worker_id', 'name', 'state', 'command', 'status', 'host', 'hostname', 'pid', 'queues',
   'busy', 'running', 'active', 'concurrency', 'jobs', 'last_seen_at', 'last_heartbeat_at', 'started_at', 'version'];
 
 const ISO_TIME = /^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}/;
@@ -19,6 +19,9 @@ function title(key) {
 
 function cell(key, value) {
   if (value === null || value === undefined) return h('span', { class: 'muted', text: '—' });
+  if (key === 'command' && typeof value === 'string') {
+    return h('span', { class: 'badge badge-paused', title: value === 'quiet' ? 'Gets no jobs; finishes those it holds' : 'Gets no jobs; exits once drained', text: value });
+  }
   if ((key === 'state' || key === 'status') && typeof value === 'string') {
     return h('span', { class: `badge worker-${value}`, text: value });
   }
@@ -34,14 +37,20 @@ function cell(key, value) {
   return String(value);
 }
 
-/** A table of whatever records the server answers, so a newer server's fields just show up. */
-function recordTable(records, id) {
+/**
+ * A table of whatever records the server answers, so a newer server's fields just show up;
+ * `actions(record)`, when given, fills a last column of buttons.
+ */
+function recordTable(records, id, actions) {
   const keys = [];
   for (const key of PREFERRED) if (records.some((r) => key in r)) keys.push(key);
   for (const record of records) for (const key of Object.keys(record)) if (!keys.includes(key)) keys.push(key);
   return h('div', { class: 'table-wrap' }, h('table', { class: 'table', id },
-    h('thead', {}, h('tr', {}, keys.map((key) => h('th', { text: title(key) })))),
-    h('tbody', {}, records.map((record) => h('tr', {}, keys.map((key) => h('td', {}, cell(key, record[key]))))))));
+    h('thead', {}, h('tr', {}, keys.map((key) => h('th', { text: title(key) })),
+      actions ? h('th', { class: 'actions', text: '' }) : null)),
+    h('tbody', {}, records.map((record) => h('tr', { dataset: { worker: record.id || record.worker_id || '' } },
+      keys.map((key) => h('td', {}, cell(key, record[key]))),
+      actions ? h('td', { class: 'actions' }, actions(record)) : null)))));
 }
 
 /** The first array in an answer such as `{"workers": [...]}`. */
@@ -99,6 +108,46 @@ export default {
         h('p', { class: 'muted small', text: 'Running jobs grouped by the worker holding their lease.' }), leasesError, leases),
       h('div', { class: 'panel' }, h('h2', { text: 'Stuck jobs' }), stuckError, stuck));
 
+    async function command(worker, action) {
+      if (action === 'stop') {
+        const asked = await ctx.confirm({
+          title: `Stop the worker ${worker.id}?`,
+          text: 'It gets no more jobs and exits once the jobs it holds are done (the Rust worker and conveyor work exit; other HTTP workers stay quiet).',
+          ok: 'Stop worker',
+          danger: true,
+        });
+        if (!asked) return;
+      }
+      const done = {
+        quiet: `Worker ${worker.id} told to quiet: it gets no more jobs.`,
+        stop: `Worker ${worker.id} told to stop: it exits once drained.`,
+        resume: `Worker ${worker.id} resumed: it gets jobs again.`,
+      };
+      await ctx.guard(registryError, async () => {
+        await api.workers.command(worker.id, action);
+        ctx.notify(done[action]);
+        await loadRegistry();
+      }, `Cannot ${action} the worker ${worker.id}:`);
+    }
+
+    /** Quiet, stop and resume for live workers (admins only). */
+    function workerActions(worker) {
+      if (worker.state !== 'alive') return null;
+      const canOperate = ctx.canOperate;
+      const button = (action, label, extra = '') => h('button', {
+        class: `btn btn-small${extra}`, type: 'button',
+        dataset: { action: `worker-${action}` },
+        disabled: !canOperate,
+        title: canOperate ? null : 'Needs the admin role',
+        text: label,
+        onclick: () => command(worker, action),
+      });
+      return [
+        worker.command ? button('resume', 'Resume') : button('quiet', 'Quiet'),
+        worker.command === 'stop' ? null : button('stop', 'Stop', ' btn-danger-outline'),
+      ];
+    }
+
     async function loadRegistry() {
       await ctx.guard(registryError, async () => {
         let answer;
@@ -110,8 +159,8 @@ export default {
           return;
         }
         const list = records(answer, 'workers');
-        update(registry, JSON.stringify(list), () => (list.length
-          ? recordTable(list, 'workers-table')
+        update(registry, JSON.stringify([list, ctx.canOperate]), () => (list.length
+          ? recordTable(list, 'workers-table', workerActions)
           : emptyState('No workers connected', h('span', {}, 'Start one with ', h('code', { text: 'conveyor work --exec CMD' }), '.'))));
       }, 'Cannot list workers:');
     }

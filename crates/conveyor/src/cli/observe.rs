@@ -296,8 +296,12 @@ pub(crate) async fn worker(command: WorkerCommandArgs) -> anyhow::Result<ExitCod
         return Ok(ExitCode::SUCCESS);
     }
     match action {
-        "quiet" => println!("worker {id} told to quiet: it gets no more jobs and finishes those it holds"),
-        "stop" => println!("worker {id} told to stop: it gets no more jobs and exits once its jobs are done"),
+        "quiet" => {
+            println!("worker {id} told to quiet: it gets no more jobs and finishes those it holds")
+        }
+        "stop" => println!(
+            "worker {id} told to stop: it gets no more jobs and exits once its jobs are done"
+        ),
         _ => println!("worker {id} resumed: it gets jobs again"),
     }
     Ok(ExitCode::SUCCESS)
