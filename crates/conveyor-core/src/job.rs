@@ -146,6 +146,10 @@ pub struct ErrorRecord {
     /// A Rust panic's backtrace, or the traceback a client reported.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backtrace: Option<String>,
+    /// When the job was replayed from the dead-letter queue (or from `expired`) after this,
+    /// its last failure: the attempts after it are a new run, counted from 1 again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_at: Option<DateTime<Utc>>,
 }
 
 /// Longest backtrace kept with a failure (longer ones keep their start).
@@ -174,6 +178,7 @@ impl ErrorRecord {
             worker_id: Some(worker.to_string()),
             started_at: None,
             backtrace: None,
+            replayed_at: None,
         }
     }
 
@@ -190,6 +195,7 @@ impl ErrorRecord {
             worker_id: worker.map(str::to_string),
             started_at: None,
             backtrace: None,
+            replayed_at: None,
         }
     }
 }

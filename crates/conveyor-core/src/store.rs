@@ -122,6 +122,7 @@ impl FailParams {
                 .backtrace
                 .as_deref()
                 .map(crate::job::storable_backtrace),
+            replayed_at: None,
         };
         (error, retry_at)
     }

@@ -432,7 +432,10 @@ impl Sql {
             replay_ids: stmt(format!(
                 "WITH changed AS ( \
                      UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
-                         finished_at = NULL, result = NULL, expires_at = NULL \
+                         finished_at = NULL, result = NULL, expires_at = NULL, \
+                         errors = CASE WHEN jsonb_array_length(errors) > 0 \
+                             THEN jsonb_set(errors, ARRAY[(jsonb_array_length(errors) - 1)::text, \
+                                 'replayed_at'], to_jsonb($1::timestamptz)) ELSE errors END \
                      WHERE id = ANY($2) AND state IN ('dead', 'expired') AND flow_id IS NULL \
                      RETURNING queue) \
                  {}",
@@ -441,7 +444,10 @@ impl Sql {
             replay_filter: stmt(format!(
                 "WITH changed AS ( \
                      UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
-                         finished_at = NULL, result = NULL \
+                         finished_at = NULL, result = NULL, \
+                         errors = CASE WHEN jsonb_array_length(errors) > 0 \
+                             THEN jsonb_set(errors, ARRAY[(jsonb_array_length(errors) - 1)::text, \
+                                 'replayed_at'], to_jsonb($1::timestamptz)) ELSE errors END \
                      WHERE state = 'dead' \
                          AND ($2::text IS NULL OR queue = $2) \
                          AND ($3::text IS NULL OR kind = $3) \
@@ -463,7 +469,10 @@ impl Sql {
             )),
             replay_flow_jobs: stmt(format!(
                 "UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
-                     finished_at = NULL, result = NULL, expires_at = NULL \
+                     finished_at = NULL, result = NULL, expires_at = NULL, \
+                     errors = CASE WHEN jsonb_array_length(errors) > 0 \
+                             THEN jsonb_set(errors, ARRAY[(jsonb_array_length(errors) - 1)::text, \
+                                 'replayed_at'], to_jsonb($1::timestamptz)) ELSE errors END \
                  WHERE id = ANY($2) AND state IN ('dead', 'expired') \
                  RETURNING id, queue, flow_id"
             )),

@@ -168,7 +168,8 @@ pub async fn cancel_unknown_job_is_not_found(h: &Harness) {
 }
 
 /// Replaying dead jobs by id makes them `available` now with attempt 0 and their error history
-/// kept; ids that are not dead are skipped. A replayed job runs again with fresh attempts.
+/// kept, the failure that ended the run marked with the replay's time; ids that are not dead
+/// are skipped. A replayed job runs again with fresh attempts.
 pub async fn dead_replay_by_ids_keeps_history_and_resets_attempts(h: &Harness) {
     let a = make_dead(h, new_job("a")).await;
     let b = make_dead(h, new_job("b")).await;
@@ -189,7 +190,14 @@ pub async fn dead_replay_by_ids_keeps_history_and_resets_attempts(h: &Harness) {
     assert_eq!(back.attempt, 0, "a fresh set of attempts");
     assert_eq!(back.run_at, h.now(), "runs from now");
     assert_eq!(back.lease, None);
-    assert_eq!(back.errors, a.errors, "history kept");
+    let mut marked = a.errors.clone();
+    if let Some(last) = marked.last_mut() {
+        last.replayed_at = Some(h.now());
+    }
+    assert_eq!(
+        back.errors, marked,
+        "history kept, its last failure marked as replayed"
+    );
     assert_eq!(get(h, b.id).await, b, "b not selected, still dead");
     assert_eq!(get(h, alive.id).await, alive, "a live job is not touched");
 
@@ -210,6 +218,16 @@ pub async fn dead_replay_by_ids_keeps_history_and_resets_attempts(h: &Harness) {
         messages,
         ["fatal", "still broken"],
         "history spans the replay"
+    );
+    let runs: Vec<(u32, bool)> = dead
+        .errors
+        .iter()
+        .map(|e| (e.attempt, e.replayed_at.is_some()))
+        .collect();
+    assert_eq!(
+        runs,
+        [(1, true), (1, false)],
+        "attempt 1 twice, the first marked as followed by a replay"
     );
 }
 
@@ -250,6 +268,14 @@ pub async fn dead_replay_by_queue_and_kind_filter(h: &Harness) {
     assert_eq!(replay(Some("q2"), None).await, 1, "the rest of q2");
     assert_eq!(state(q2_k1.id).await, JobState::Available);
     assert_eq!(replay(Some("q2"), None).await, 0, "nothing dead left");
+    // A replay by filter marks the history the same way.
+    let marked = get(h, q2_k1.id).await;
+    assert_eq!(
+        marked.errors.last().and_then(|e| e.replayed_at),
+        Some(h.now()),
+        "{:?}",
+        marked.errors
+    );
 }
 
 /// Discarding deletes a dead job and reports true; for a job that is not dead, or not there,

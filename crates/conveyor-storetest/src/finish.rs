@@ -278,6 +278,7 @@ pub async fn fail_records_error_history_in_order(h: &Harness) {
             worker_id: Some(crate::WORKER.to_string()),
             started_at: Some(h.now() - span(secs(1))),
             backtrace: Some(format!("at frame {i}\n\u{FFFD}end")),
+            replayed_at: None,
         });
         assert_eq!(failed.errors, expected, "history after failure {}", i + 1);
         h.advance(secs(3600)); // past any backoff
@@ -370,6 +371,7 @@ pub async fn fail_never_goes_dead_at_once(h: &Harness) {
             worker_id: Some(crate::WORKER.to_string()),
             started_at: Some(h.now()),
             backtrace: None,
+            replayed_at: None,
         }]
     );
     h.advance(secs(86_400));

@@ -641,7 +641,7 @@ struct View {
     finished_at: Option<DateTime<Utc>>,
     lease: Option<(LeaseId, DateTime<Utc>)>,
     /// (attempt, at, class) of each recorded error, oldest first.
-    errors: Vec<(u32, DateTime<Utc>, String)>,
+    errors: Vec<ErrorView>,
 }
 
 /// Per queue: counts by state (in `JobState::ALL` order) and the oldest available job's age.
@@ -755,7 +755,7 @@ struct MJob {
     started_at: Option<DateTime<Utc>>,
     finished_at: Option<DateTime<Utc>>,
     lease: Option<MLease>,
-    errors: Vec<(u32, DateTime<Utc>, String)>,
+    errors: Vec<ErrorView>,
     /// Discarded from the dead-letter queue: gone from the store.
     deleted: bool,
 }
@@ -979,7 +979,7 @@ impl Model {
         class: &str,
         retry_at: Option<DateTime<Utc>>,
     ) {
-        job.errors.push((job.attempt, now, class.to_string()));
+        job.errors.push((job.attempt, now, class.to_string(), None));
         job.lease = None;
         match retry_at {
             Some(at) if job.attempt < job.max_attempts => {
@@ -1067,6 +1067,10 @@ impl Model {
         let mut replayed = 0;
         for (index, job) in self.jobs.iter_mut().enumerate() {
             if !job.deleted && job.state == JobState::Dead && selected(index, job) {
+                // The failure that ended the run is marked with the replay's time.
+                if let Some(last) = job.errors.last_mut() {
+                    last.3 = Some(now);
+                }
                 job.state = JobState::Available;
                 job.attempt = 0;
                 job.run_at = now;
@@ -1863,8 +1867,11 @@ fn view_diff(model: &View, store: &View) -> Vec<String> {
     out
 }
 
-fn error_view(e: &ErrorRecord) -> (u32, DateTime<Utc>, String) {
-    (e.attempt, e.at, e.class.clone())
+/// What the model checks of a history entry: attempt, time, class, and replay mark.
+type ErrorView = (u32, DateTime<Utc>, String, Option<DateTime<Utc>>);
+
+fn error_view(e: &ErrorRecord) -> ErrorView {
+    (e.attempt, e.at, e.class.clone(), e.replayed_at)
 }
 
 fn stats_of(stats: &[QueueStats]) -> Stats {

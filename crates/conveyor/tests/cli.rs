@@ -129,8 +129,17 @@ fn dead_letter_queue_list_replay_and_discard() {
         back["errors"][0]["message"], "bad address",
         "replay keeps the history"
     );
+    assert!(
+        back["errors"][0]["replayed_at"].is_string(),
+        "and marks the failure it follows: {back}"
+    );
 
     kill(id);
+    // Attempt 1 twice, the replay between them shown.
+    let shown = conveyor(&["job", "show", id, "--server", s]);
+    let text = String::from_utf8_lossy(&shown.stdout);
+    assert_eq!(text.matches("attempt 1 at").count(), 2, "{text}");
+    assert!(text.contains("-- replayed at "), "{text}");
     let none = conveyor(&["dead", "replay", "--server", s]);
     assert!(
         !none.status.success(),

@@ -1164,6 +1164,15 @@ async fn drive(
     confirm(client).await?;
     wait_text(client, "#job-state", "completed").await?;
     wait_text(client, "#job-attempts .timeline-ok", "completed").await?;
+    // The history marks the replay: the failure before it, then run 2 from attempt 1.
+    wait_text(
+        client,
+        "#job-attempts .timeline-replay",
+        "Replayed: run 2 starts",
+    )
+    .await?;
+    wait_text(client, "#job-attempts .timeline-ok", "Run 2 · attempt 1").await?;
+    screenshot(client, "job-replayed").await?;
     let same = client
         .execute("return window.__conveyorE2e || null;", vec![])
         .await?;

@@ -17,7 +17,12 @@ function jsonBlock(value, id) {
 
 function attempts(job) {
   const errors = job.errors || [];
-  const items = errors.map((error) => {
+  // A replay marks the failure that ended the run (`replayed_at`); the attempts after it are
+  // run 2, 3, ... counted from 1 again.
+  const runs = errors.filter((e) => e.replayed_at).length;
+  let run = 1;
+  const items = [];
+  errors.forEach((error) => {
     // Who ran the attempt, when it started and how long it took (stores record these since
     // they were added; older entries have only the time of the failure).
     const took = error.started_at ? Date.parse(error.at) - Date.parse(error.started_at) : null;
@@ -26,9 +31,9 @@ function attempts(job) {
       error.started_at ? `started ${localTime(error.started_at)}` : null,
       took !== null && took >= 0 ? `ran ${duration(took)}` : null,
     ].filter(Boolean).join(' · ');
-    return h('li', { class: 'timeline-item timeline-failed', dataset: { attempt: String(error.attempt) } },
+    items.push(h('li', { class: 'timeline-item timeline-failed', dataset: { attempt: String(error.attempt), run: String(run) } },
       h('div', { class: 'timeline-head' },
-        h('span', { class: 'strong', text: `Attempt ${error.attempt}` }),
+        h('span', { class: 'strong', text: runs ? `Run ${run} · attempt ${error.attempt}` : `Attempt ${error.attempt}` }),
         h('span', { class: 'error-class', text: error.class }),
         h('span', { class: 'muted small' }, when(error.at))),
       where ? h('p', { class: 'muted small flush attempt-where', text: where }) : null,
@@ -37,12 +42,19 @@ function attempts(job) {
         ? h('details', { class: 'attempt-backtrace' },
           h('summary', { text: 'Backtrace' }),
           h('pre', { class: 'code small', text: error.backtrace }))
-        : null);
+        : null));
+    if (error.replayed_at) {
+      run += 1;
+      items.push(h('li', { class: 'timeline-item timeline-replay', dataset: { replay: String(run) } },
+        h('div', { class: 'timeline-head' },
+          h('span', { class: 'strong', text: `Replayed: run ${run} starts` }),
+          h('span', { class: 'muted small' }, when(error.replayed_at)),
+          h('span', { class: 'muted small', text: 'attempts counted from 1 again' }))));
+    }
   });
   // The attempt in progress or the one that completed. A replay starts the attempts afresh but
   // keeps the history, so the number may repeat one of the failures above.
-  const replayed = errors.some((e) => e.attempt >= job.attempt) && job.attempt > 0;
-  const label = `Attempt ${job.attempt}${replayed ? ' (after replay)' : ''}`;
+  const label = runs ? `Run ${run} · attempt ${job.attempt}` : `Attempt ${job.attempt}`;
   if (job.state === 'running') {
     items.push(h('li', { class: 'timeline-item timeline-running' },
       h('div', { class: 'timeline-head' },

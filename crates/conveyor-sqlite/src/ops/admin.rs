@@ -49,6 +49,8 @@ fn replayed_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Replayed> {
 /// asking for it to run.
 pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> StoreResult<u64> {
     let now = millis(ctx.now);
+    // Marked on the failure that ended the last run, as the history's JSON writes times.
+    let replayed_at = ctx.now.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true);
     // Each job with the state it was replayed from, so its count moves from that state.
     let mut found: Vec<(JobState, Replayed)> = Vec::new();
     match &selector.ids {
@@ -57,14 +59,19 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
                 .conn
                 .prepare_cached(
                     "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
-                     finished_at = NULL, result = NULL, expires_at = NULL \
+                     finished_at = NULL, result = NULL, expires_at = NULL, \
+                     errors = CASE WHEN json_array_length(errors) > 0 \
+                         THEN json_set(errors, '$[#-1].replayed_at', ?4) ELSE errors END \
                      WHERE id = ?2 AND state = ?3 RETURNING queue, id, flow_id",
                 )
                 .map_err(backend)?;
             for id in ids {
                 for from in [JobState::Dead, JobState::Expired] {
                     let replayed: Option<Replayed> = stmt
-                        .query_row(params![now, id.to_string(), from.as_str()], replayed_row)
+                        .query_row(
+                            params![now, id.to_string(), from.as_str(), replayed_at],
+                            replayed_row,
+                        )
                         .optional()
                         .map_err(backend)?;
                     found.extend(replayed.map(|row| (from, row)));
@@ -76,13 +83,19 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
                 .conn
                 .prepare_cached(
                     "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
-                     finished_at = NULL, result = NULL WHERE state = 'dead' \
+                     finished_at = NULL, result = NULL, \
+                     errors = CASE WHEN json_array_length(errors) > 0 \
+                         THEN json_set(errors, '$[#-1].replayed_at', ?4) ELSE errors END \
+                     WHERE state = 'dead' \
                      AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3) \
                      RETURNING queue, id, flow_id",
                 )
                 .and_then(|mut stmt| {
-                    stmt.query_map(params![now, selector.queue, selector.kind], replayed_row)?
-                        .collect()
+                    stmt.query_map(
+                        params![now, selector.queue, selector.kind, replayed_at],
+                        replayed_row,
+                    )?
+                    .collect()
                 })
                 .map_err(backend)?;
             found.extend(rows.into_iter().map(|row| (JobState::Dead, row)));

@@ -65,6 +65,13 @@ pub(super) fn print_job(job: &Job) {
             error.class,
             error.message
         );
+        if let Some(replayed) = &error.replayed_at {
+            println!(
+                "{:>16}  -- replayed at {}: the attempts below are a new run --",
+                "",
+                stamp(replayed)
+            );
+        }
     }
 }
 
