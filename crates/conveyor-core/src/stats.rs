@@ -171,6 +171,14 @@ pub struct Rollup {
     pub counts: RollupCounts,
 }
 
+/// Checks what a store is asked to merge: every queue and kind a valid name.
+pub fn validate_rollups(rollups: &[Rollup]) -> Result<(), ValidationError> {
+    rollups.iter().try_for_each(|rollup| {
+        crate::validate::name("queue", &rollup.queue)?;
+        crate::validate::name("kind", &rollup.kind)
+    })
+}
+
 /// The start of the minute `at` falls in.
 pub fn minute_of(at: DateTime<Utc>) -> DateTime<Utc> {
     let seconds = at.timestamp().div_euclid(60) * 60;

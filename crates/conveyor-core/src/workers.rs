@@ -214,47 +214,6 @@ pub fn heartbeat(beat: &WorkerHeartbeat) -> Result<(), ValidationError> {
     Ok(())
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn beat() -> WorkerHeartbeat {
-        WorkerHeartbeat {
-            id: "w1".into(),
-            host: "h".into(),
-            pid: Some(1),
-            queues: vec!["default".into()],
-            concurrency: 4,
-            busy: 0,
-            version: "0.1.0".into(),
-            started_at: Utc::now(),
-            stopping: false,
-        }
-    }
-
-    #[test]
-    fn heartbeat_fields_are_checked() {
-        assert!(heartbeat(&beat()).is_ok());
-        let mut empty = beat();
-        empty.id.clear();
-        assert_eq!(heartbeat(&empty).unwrap_err().field, "worker_id");
-        let mut bad_queue = beat();
-        bad_queue.queues.push("no spaces".into());
-        assert_eq!(heartbeat(&bad_queue).unwrap_err().field, "queues[1]");
-        let mut control = beat();
-        control.host = "a\nb".into();
-        assert_eq!(heartbeat(&control).unwrap_err().field, "host");
-    }
-
-    #[test]
-    fn worker_states_round_trip() {
-        for state in [WorkerState::Alive, WorkerState::Stopped, WorkerState::Dead] {
-            assert_eq!(state.as_str().parse::<WorkerState>().unwrap(), state);
-        }
-        assert!("zombie".parse::<WorkerState>().is_err());
-    }
-}
-
 /// The commands operators gave workers, as this process last read them from the registry
 /// (at most [`WorkerCommands::MAX_AGE`] old): what the server checks before handing out jobs.
 pub struct WorkerCommands {
@@ -301,5 +260,46 @@ impl WorkerCommands {
             };
             commands
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn beat() -> WorkerHeartbeat {
+        WorkerHeartbeat {
+            id: "w1".into(),
+            host: "h".into(),
+            pid: Some(1),
+            queues: vec!["default".into()],
+            concurrency: 4,
+            busy: 0,
+            version: "0.1.0".into(),
+            started_at: Utc::now(),
+            stopping: false,
+        }
+    }
+
+    #[test]
+    fn heartbeat_fields_are_checked() {
+        assert!(heartbeat(&beat()).is_ok());
+        let mut empty = beat();
+        empty.id.clear();
+        assert_eq!(heartbeat(&empty).unwrap_err().field, "worker_id");
+        let mut bad_queue = beat();
+        bad_queue.queues.push("no spaces".into());
+        assert_eq!(heartbeat(&bad_queue).unwrap_err().field, "queues[1]");
+        let mut control = beat();
+        control.host = "a\nb".into();
+        assert_eq!(heartbeat(&control).unwrap_err().field, "host");
+    }
+
+    #[test]
+    fn worker_states_round_trip() {
+        for state in [WorkerState::Alive, WorkerState::Stopped, WorkerState::Dead] {
+            assert_eq!(state.as_str().parse::<WorkerState>().unwrap(), state);
+        }
+        assert!("zombie".parse::<WorkerState>().is_err());
     }
 }

@@ -621,10 +621,7 @@ impl conveyor_core::BreakerStore for PgStore {
 #[async_trait]
 impl conveyor_core::StatsStore for PgStore {
     async fn stats_merge(&self, rollups: Vec<conveyor_core::stats::Rollup>) -> StoreResult<()> {
-        for rollup in &rollups {
-            conveyor_core::validate::name("queue", &rollup.queue)?;
-            conveyor_core::validate::name("kind", &rollup.kind)?;
-        }
+        conveyor_core::stats::validate_rollups(&rollups)?;
         if rollups.is_empty() {
             return Ok(());
         }

@@ -689,10 +689,7 @@ impl conveyor_core::BreakerStore for SqliteStore {
 #[async_trait]
 impl conveyor_core::StatsStore for SqliteStore {
     async fn stats_merge(&self, rollups: Vec<conveyor_core::stats::Rollup>) -> StoreResult<()> {
-        for rollup in &rollups {
-            conveyor_core::validate::name("queue", &rollup.queue)?;
-            conveyor_core::validate::name("kind", &rollup.kind)?;
-        }
+        conveyor_core::stats::validate_rollups(&rollups)?;
         if rollups.is_empty() {
             return Ok(());
         }

@@ -17,6 +17,18 @@ export function rangeOf(id) {
   return RANGES.find((r) => r.id === id) || RANGES[0];
 }
 
+/** The span last picked on this page (kept in localStorage under `key`), else `fallback`. */
+export function savedRange(key, fallback, extra = []) {
+  let id = fallback;
+  try { id = localStorage.getItem(key) || fallback; } catch { /* private mode */ }
+  return [...extra, ...RANGES].some((r) => r.id === id) ? id : fallback;
+}
+
+/** Keeps the span picked on this page for the next visit. */
+export function saveRange(key, id) {
+  try { localStorage.setItem(key, id); } catch { /* private mode: not kept */ }
+}
+
 /**
  * Buttons for the spans (and `extra` ones before them, like the overview's "Live"); the
  * current one is pressed. `onPick(id)` is called with the chosen id.

@@ -2,7 +2,7 @@
 // failure rate, run time and queue wait (p50/p95), from the store's history (`GET /v1/stats`).
 
 import { h, update, num, emptyState, routeHref } from '../dom.js';
-import { rangePicker, rangeOf, statsLoader, latencyText, rateText, perMinuteText } from './history.js';
+import { rangePicker, rangeOf, savedRange, saveRange, statsLoader, latencyText, rateText, perMinuteText } from './history.js';
 
 const RANGE_KEY = 'conveyor.kinds.range';
 
@@ -14,10 +14,7 @@ export default {
     const summary = h('p', { class: 'muted small panel-note', id: 'kinds-summary' });
     const table = h('div', { id: 'kinds-table' });
     const loader = statsLoader();
-    let range = (() => {
-      try { return localStorage.getItem(RANGE_KEY) || '24h'; } catch { return '24h'; }
-    })();
-    if (rangeOf(range).id !== range) range = '24h';
+    let range = savedRange(RANGE_KEY, '24h');
     const el = h('section', { id: 'view-kinds' },
       h('div', { class: 'view-head' },
         h('div', {},
@@ -31,7 +28,7 @@ export default {
       const chosen = rangeOf(range);
       update(picker, range, () => rangePicker(range, (id) => {
         range = id;
-        try { localStorage.setItem(RANGE_KEY, id); } catch { /* not kept */ }
+        saveRange(RANGE_KEY, id);
         render();
         loader.load(range).then(render);
       }));

@@ -8,7 +8,7 @@
 import { h, mount, update, num, duration, emptyState, routeHref, when, localTime } from '../dom.js';
 import { lineChart } from '../charts.js';
 import * as api from '../api.js';
-import { rangePicker, rangeOf, statsLoader, latencyText, rateText, perMinuteText } from './history.js';
+import { rangePicker, rangeOf, savedRange, saveRange, statsLoader, latencyText, rateText, perMinuteText } from './history.js';
 
 const LIVE = { id: 'live', label: 'Live' };
 const RANGE_KEY = 'conveyor.overview.range';
@@ -118,10 +118,7 @@ export default {
     const picker = h('div', { id: 'overview-range' });
     const historyError = h('div', { class: 'slot-error' });
     const loader = statsLoader();
-    let range = (() => {
-      try { return localStorage.getItem(RANGE_KEY) || '1h'; } catch { return '1h'; }
-    })();
-    if (range !== LIVE.id && rangeOf(range).id !== range) range = '1h';
+    let range = savedRange(RANGE_KEY, '1h', [LIVE]);
     const table = h('div', { id: 'queues-table' });
     const actionError = h('div', { class: 'slot-error' });
     const breakerTable = h('div', { id: 'breakers-table' });
@@ -414,7 +411,7 @@ export default {
 
     function pickRange(id) {
       range = id;
-      try { localStorage.setItem(RANGE_KEY, id); } catch { /* private mode: not kept */ }
+      saveRange(RANGE_KEY, id);
       renderPicker();
       renderCharts();
     }
