@@ -437,3 +437,24 @@ def test_a_result_the_server_refuses_fails_only_its_job(own_server, queue):
                 assert wait_for("the others", lambda: state_is(client, job_id, "completed")).result == "small"  # noqa: B023
     assert dead.errors[0].error_class == "invalid_result"
     assert "result" in dead.errors[0].message
+
+
+def test_a_worker_told_to_stop_by_an_operator_drains_and_returns(server, client, queue):
+    """``conveyor worker stop ID`` (``POST /v1/workers/{id}/stop``): the server hands the worker
+    no more jobs and says so in the fetch answer; the worker stops gracefully and ``run()``
+    returns; a job enqueued after the command stays available."""
+    worker = Worker(server.url, queues=[queue], poll_wait=1, worker_id=f"py-told-{queue}")
+
+    @worker.handler("noop")
+    def noop(job):
+        return None
+
+    first = client.enqueue("noop", queue=queue)
+    running = Running(worker)
+    with running:
+        wait_for("the first job", lambda: state_is(client, first, "completed"))
+        told = client.request("POST", f"/v1/workers/{worker.worker_id}/stop")
+        assert told["command"] == "stop"
+        later = client.enqueue("noop", queue=queue)
+        running.join(timeout=30)
+    assert client.get(later).state == "available"

@@ -551,6 +551,11 @@ export class Worker {
                 if (failures > 0 && fetcher === 0)
                     this.log.info(`fetch works again after ${failures} failure(s)`);
                 failures = 0;
+                if (answer.command === 'stop' && !this.stopping) {
+                    // An operator's `conveyor worker stop ID`; under `quiet` the server just hands out nothing.
+                    this.log.info(`${this.workerId}: told to stop by an operator: draining`);
+                    this.requestStop();
+                }
                 const jobs = answer.jobs ?? [];
                 this.saturated = jobs.length >= max;
                 // Only a full answer did not wait for jobs: its time is a round trip.

@@ -692,11 +692,11 @@ export class Worker {
       this.requested += max;
       const sent = performance.now();
       this.lastFetchAt = Date.now();
-      let answer: { jobs?: FetchedJob[]; acks?: AckResult[] } | undefined;
+      let answer: { jobs?: FetchedJob[]; acks?: AckResult[]; command?: string } | undefined;
       let delay: number | null = null;
       try {
         answer = (
-          await this.transport.request<{ jobs?: FetchedJob[]; acks?: AckResult[] }>('POST', '/v1/fetch', body, {
+          await this.transport.request<{ jobs?: FetchedJob[]; acks?: AckResult[]; command?: string }>('POST', '/v1/fetch', body, {
             timeoutMs: this.waitMs + 30_000,
             signal: abort.signal,
           })
@@ -734,6 +734,11 @@ export class Worker {
       if (answer) {
         if (failures > 0 && fetcher === 0) this.log.info(`fetch works again after ${failures} failure(s)`);
         failures = 0;
+        if (answer.command === 'stop' && !this.stopping) {
+          // An operator's `conveyor worker stop ID`; under `quiet` the server just hands out nothing.
+          this.log.info(`${this.workerId}: told to stop by an operator: draining`);
+          this.requestStop();
+        }
         const jobs = answer.jobs ?? [];
         this.saturated = jobs.length >= max;
         // Only a full answer did not wait for jobs: its time is a round trip.

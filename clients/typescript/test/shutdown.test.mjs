@@ -113,3 +113,18 @@ test('the worker survives a server restart: acknowledgements wait, fetching resu
   await worker.close();
   await running;
 });
+
+test('a worker told to stop by an operator drains and run() resolves; later jobs stay queued', async () => {
+  const queue = uniqueQueue();
+  const { worker } = newWorker({ queues: [queue], waitMs: 1000, workerId: `ts-told-${queue}` });
+  worker.handle('noop', async () => null);
+  const first = await client.enqueue('noop', {}, { queue });
+  const running = worker.run();
+  await waitState(first, 'completed');
+  const told = await server.api('POST', `/v1/workers/${worker.workerId}/stop`, {});
+  assert.equal(told.status, 200);
+  assert.equal(told.body.command, 'stop');
+  const later = await client.enqueue('noop', {}, { queue });
+  await running;
+  assert.equal((await client.get(later)).state, 'available');
+});

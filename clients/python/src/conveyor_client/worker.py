@@ -459,6 +459,13 @@ class Worker:
         log.info("%s: stopping", name)
         self._begin_stop()
 
+    def _obey(self, command: Any) -> None:
+        """An operator's command from the server (``conveyor worker stop ID``): ``stop`` starts
+        the graceful stop; under ``quiet`` the server simply hands this worker no jobs."""
+        if command == "stop" and not self._stopping:
+            log.info("worker %s told to stop by an operator: draining", self.worker_id)
+            self._begin_stop()
+
     def _begin_stop(self) -> None:
         if self._stopping:
             return
@@ -607,6 +614,7 @@ class Worker:
                 if not isinstance(answer, dict):
                     continue
                 self._apply_ack_results(acks, answer.get("acks"))
+                self._obey(answer.get("command"))
                 jobs = answer.get("jobs") or []
                 self._last_found_jobs = bool(jobs)
                 if len(jobs) >= room:
@@ -1057,7 +1065,9 @@ class Worker:
             "stopping": stopping,
         }
         try:
-            await self._http.request("POST", "/v1/workers/heartbeat", body, timeout=5)
+            answer = await self._http.request("POST", "/v1/workers/heartbeat", body, timeout=5)
+            if not stopping and isinstance(answer, dict):
+                self._obey(answer.get("command"))
         except (Unauthorized, Forbidden) as exc:
             if not stopping:
                 self._die(exc)
