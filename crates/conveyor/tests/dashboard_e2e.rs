@@ -3,7 +3,10 @@
 //! driven through chromedriver (WebDriver, via fantoccini). The test signs in, reads the live
 //! counts, opens the dead job, replays it and watches it complete without reloading the page,
 //! sees a queue's circuit breaker opened through the API and closes and reopens it from the
-//! page, and writes screenshots of the main pages to `docs/screenshots/`.
+//! page, reads the history charts (1 h, 24 h, Live) and the Kinds view, creates, pauses, runs
+//! and resumes a schedule, quiets and resumes a worker, sees a replay marked in a job's
+//! history, signs in again as a `viewer` (everything readable, every change disabled), and
+//! writes screenshots of the main pages to `docs/screenshots/`.
 //!
 //! Needs `chromium` and `chromedriver` on the PATH (Debian: `apt-get install chromium
 //! chromium-driver`; `.ci/run` installs them), or `CONVEYOR_CHROMIUM` / `CONVEYOR_CHROMEDRIVER`.
@@ -300,6 +303,59 @@ async fn listed(api: &Api, query: &str) -> anyhow::Result<Vec<(String, String)>>
             )
         })
         .collect())
+}
+
+/// A `viewer` signs in and reads what an admin reads (queues, the history, the Kinds view,
+/// schedules) while every button that would change something is disabled with the reason;
+/// then signs out.
+async fn viewer_reads_and_changes_nothing(client: &Client, api: &Api) -> anyhow::Result<()> {
+    let created = api
+        .send(
+            reqwest::Method::POST,
+            "/v1/tokens",
+            json!({"role": "viewer", "name": "e2e-viewer"}),
+        )
+        .await?;
+    let secret = created["secret"]
+        .as_str()
+        .ok_or_else(|| anyhow!("no secret in {created}"))?
+        .to_string();
+    let input = client.find(Locator::Css("#token")).await?;
+    input.send_keys(&secret).await?;
+    click(client, "#login-submit").await?;
+    wait_text(client, ".user", "viewer").await?;
+    click(client, "a[data-nav='overview']").await?;
+    wait_present(client, "#view-overview tr[data-queue='mail']").await?;
+    let disabled = |css: &'static str| async move {
+        let state = client
+            .execute(
+                "const b = document.querySelector(arguments[0]); \
+                 return b ? [b.disabled, b.title] : null;",
+                vec![json!(css)],
+            )
+            .await?;
+        ensure!(
+            state == json!([true, "Needs the admin role"]),
+            "{css} is disabled for a viewer: {state}"
+        );
+        anyhow::Ok(())
+    };
+    disabled("tr[data-queue='mail'] button[data-action='pause']").await?;
+    wait_for("the history for a viewer", || async {
+        let rate = text(client, "#failure-rate").await?;
+        Ok(rate.filter(|t| t != "—").map(|_| ()))
+    })
+    .await?;
+    click(client, "a[data-nav='kinds']").await?;
+    wait_present(client, "#kinds-table tr[data-kind='push.send']").await?;
+    click(client, "a[data-nav='schedules']").await?;
+    wait_present(client, "tr[data-schedule='nightly-report']").await?;
+    disabled("#schedule-new").await?;
+    disabled("tr[data-schedule='nightly-report'] button[data-action='trigger-schedule']").await?;
+    screenshot(client, "viewer-schedules").await?;
+    click(client, "#logout").await?;
+    wait_present(client, "#token").await?;
+    Ok(())
 }
 
 /// Schedules managed from the page: a new one from the form (a bad cron first, refused under
@@ -1332,6 +1388,7 @@ async fn drive(
     if token.is_some() {
         click(client, "#logout").await?;
         wait_present(client, "#token").await?;
+        viewer_reads_and_changes_nothing(client, api).await?;
     }
 
     // The API reference renders every operation of /openapi.json (no sign-in needed).
