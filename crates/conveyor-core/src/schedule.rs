@@ -580,8 +580,13 @@ impl Schedule {
 
     /// Whether `other` has the same ticks (same expression and time zone, or the same
     /// interval). Changing them restarts the schedule's clock (an interval counts from then
-    /// on); changing only the job or the policies does not.
+    /// on); changing only the job or the policies does not. Resuming a paused schedule (`self`
+    /// paused, `other` not) counts as new ticks too, so the ticks of the pause are never fired
+    /// afterwards, whatever the missed-run policy and however long no scheduler ran.
     pub fn same_ticks(&self, other: &Schedule) -> bool {
+        if self.spec.paused && !other.spec.paused {
+            return false;
+        }
         match (&self.ticks, &other.ticks) {
             (Ticks::Every { seconds: a }, Ticks::Every { seconds: b }) => a == b,
             (Ticks::Cron { .. }, Ticks::Cron { .. }) => {
@@ -756,7 +761,6 @@ impl Schedule {
         )
     }
 
-    /// The tag every run's job carries: `schedule:{name}`.
     /// The job of a run started by hand (`POST /v1/schedules/{name}/trigger`): the template's
     /// job now, tagged like every run plus `manual`, without the tick's idempotency key (a
     /// manual run never takes the place of a tick's).
@@ -768,6 +772,7 @@ impl Schedule {
         job
     }
 
+    /// The tag every run's job carries: `schedule:{name}`.
     pub fn run_tag(&self) -> String {
         format!("{SCHEDULE_TAG_PREFIX}{}", self.name)
     }

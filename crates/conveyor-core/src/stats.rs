@@ -83,10 +83,13 @@ impl Histogram {
                 continue;
             }
             if (below + count) as f64 >= rank {
-                let lower = if bucket == 0 {
-                    0.0
-                } else {
-                    BUCKET_BOUNDS_MS[bucket - 1] as f64
+                // A bucket past the bounds this build knows (a newer writer) reads as the top.
+                let lower = match bucket.checked_sub(1) {
+                    None => 0.0,
+                    Some(below) => BUCKET_BOUNDS_MS
+                        .get(below)
+                        .or(BUCKET_BOUNDS_MS.last())
+                        .map_or(0.0, |&bound| bound as f64),
                 };
                 let Some(&upper) = BUCKET_BOUNDS_MS.get(bucket) else {
                     return Some(lower);
@@ -126,8 +129,9 @@ pub struct Latency {
 
 /// What happened to one queue's jobs of one kind in some span of time.
 ///
-/// `failed` counts every failed attempt; of those, `retried` were scheduled again and `dead`
-/// went to the dead-letter queue (a failure neither retried nor dead does not occur).
+/// `failed` counts every failed attempt a worker reported; of those, `retried` were scheduled
+/// again and `dead` went to the dead-letter queue. Rescues of expired leases and of workers
+/// marked dead are not attempts a worker reported and are not counted here.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct RollupCounts {
     /// Jobs stored by an enqueue (duplicates answered from an idempotency key are not).
@@ -390,9 +394,11 @@ pub struct StatsRequest {
 }
 
 impl StatsRequest {
-    /// Checks the span and the step, aligning `from` and `to` down and up to whole minutes.
-    /// `step` defaults to the smallest whole number of minutes that keeps the answer within
-    /// about 120 points.
+    /// Checks the span and the step. `step` defaults to the smallest whole number of minutes
+    /// that keeps the answer within about 120 points, and is at most the span. `from` is
+    /// aligned down to a multiple of the step (since the epoch, so points stay put from one
+    /// request to the next) and `to` up to a whole minute; the last point may so cover less
+    /// than a step (the one in progress).
     pub fn new(
         from: DateTime<Utc>,
         to: DateTime<Utc>,
@@ -408,7 +414,6 @@ impl StatsRequest {
                 crate::validate::name(field, name)?;
             }
         }
-        let from = minute_of(from);
         let to = {
             let floor = minute_of(to);
             if floor == to {
@@ -417,7 +422,7 @@ impl StatsRequest {
                 floor + chrono::Duration::minutes(1)
             }
         };
-        let minutes = (to - from).num_minutes().max(1);
+        let minutes = (to - minute_of(from)).num_minutes().max(1);
         let step = match step {
             Some(step) => {
                 if step.as_secs() == 0 || step.as_secs() % 60 != 0 || step.subsec_nanos() != 0 {
@@ -426,11 +431,18 @@ impl StatsRequest {
                         "must be a whole number of minutes, e.g. 60, 300s, 5m or 1h",
                     ));
                 }
-                step
+                // Wider than the span is one point: the span.
+                step.min(Duration::from_secs(60 * minutes as u64))
             }
             None => Duration::from_secs(60 * ((minutes + 119) / 120).max(1) as u64),
         };
-        let step_minutes = (step.as_secs() / 60) as i64;
+        let step_s = step.as_secs() as i64;
+        let from = Utc
+            .timestamp_opt(from.timestamp().div_euclid(step_s) * step_s, 0)
+            .single()
+            .unwrap_or_else(|| minute_of(from));
+        let minutes = (to - from).num_minutes().max(1);
+        let step_minutes = step_s / 60;
         if (minutes + step_minutes - 1) / step_minutes > MAX_POINTS {
             return Err(ValidationError::new(
                 "step",
@@ -760,6 +772,31 @@ mod tests {
         );
         let default = StatsRequest::new(from, to, None, None, None).unwrap();
         assert_eq!(default.step, Duration::from_secs(720));
+        // A step wider than the span is the span; points are aligned to the step.
+        let huge = StatsRequest::new(
+            from,
+            to,
+            Some(Duration::from_secs(9_223_372_036_854_775_800)),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(huge.step, Duration::from_secs(24 * 3600));
+        let aligned = StatsRequest::new(
+            at("2026-12-01T10:07:30Z"),
+            at("2026-12-01T10:20:00Z"),
+            Some(Duration::from_secs(300)),
+            None,
+            None,
+        )
+        .unwrap();
+        assert_eq!(aligned.from, at("2026-12-01T10:05:00Z"));
+        // A stored histogram with more buckets than this build knows does not panic.
+        let wide = Histogram {
+            counts: vec![1; BUCKET_BOUNDS_MS.len() + 5],
+            sum_ms: 1.0,
+        };
+        assert!(wide.summary().is_some());
         assert_eq!(
             parse_duration("step", "5m").unwrap(),
             Duration::from_secs(300)

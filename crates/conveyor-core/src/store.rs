@@ -522,7 +522,8 @@ pub trait WorkerStore: Send + Sync {
     async fn workers_list(&self) -> StoreResult<Vec<WorkerInfo>>;
 
     /// Records an operator's command for the worker `id` (`None` clears it); the worker as
-    /// stored, or `None` when no worker of that id is registered. Heartbeats keep it.
+    /// stored, or `None` when no worker of that id is registered. Heartbeats keep it, until
+    /// the worker registers again after it ended (see [`WorkerInfo::command`]).
     async fn worker_command(
         &self,
         id: &str,

@@ -139,7 +139,9 @@ pub struct WorkerInfo {
     pub state: WorkerState,
     /// When it stopped or was marked dead; `None` while alive.
     pub ended_at: Option<DateTime<Utc>>,
-    /// What an operator asked it to do, if anything; heartbeats keep it.
+    /// What an operator asked it to do, if anything. Heartbeats keep it, also the last one of a
+    /// stop; a worker that registers again after it stopped (or was marked dead) starts
+    /// without it, so a restart under the same id is not told again.
     #[serde(default)]
     pub command: Option<WorkerCommand>,
 }

@@ -58,6 +58,8 @@ impl WorkerSql {
                          THEN LEAST(w.started_at, excluded.started_at) \
                          ELSE excluded.started_at END, \
                      last_seen_at = excluded.last_seen_at, \
+                     command = CASE WHEN w.state <> 'alive' AND excluded.state = 'alive' \
+                         THEN NULL ELSE w.command END, \
                      state = excluded.state, ended_at = excluded.ended_at \
                  RETURNING {WORKER_COLUMNS}"
             )),

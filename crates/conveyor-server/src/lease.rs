@@ -156,7 +156,7 @@ pub(crate) async fn fetch(
     )
     .await?;
     let worker_id = params.worker_id.clone();
-    if let Some(command) = state.worker_commands.of(&worker_id).await? {
+    if let Some(command) = told(&state, &worker_id).await {
         // Told to quiet or stop: no jobs. The long-poll still waits, so a worker that does
         // not know the command does not spin on empty answers.
         tokio::select! {
@@ -174,14 +174,22 @@ pub(crate) async fn fetch(
     // Told while this long-poll waited: what it claimed goes back (available again, the
     // attempt not counted), so no job is handed out after the command is known here.
     if !jobs.is_empty() {
-        if let Some(command) = state.worker_commands.of(&worker_id).await? {
+        if let Some(command) = told(&state, &worker_id).await {
             let leases: Vec<LeaseRef> = jobs.iter().filter_map(Job::lease_ref).collect();
-            state.store.jobs_release_many(leases).await?;
-            return Ok(Json(FetchResponse {
-                jobs: Vec::new(),
-                acks,
-                command: Some(command),
-            }));
+            match state.store.jobs_release_many(leases).await {
+                Ok(_) => {
+                    return Ok(Json(FetchResponse {
+                        jobs: Vec::new(),
+                        acks,
+                        command: Some(command),
+                    }))
+                }
+                // Not released: better run by the worker that holds them than stranded
+                // until their leases expire.
+                Err(error) => {
+                    tracing::warn!(%error, %worker_id, "jobs claimed for a told worker could not be released; handing them out")
+                }
+            }
         }
     }
     conveyor_core::trace::fetched(&jobs, &worker_id, fetch_started, chrono::Utc::now());
@@ -196,6 +204,19 @@ pub(crate) async fn fetch(
         acks,
         command: None,
     }))
+}
+
+/// The command an operator gave `worker_id`, if any. A registry that cannot be read is no
+/// reason to refuse work: the fetch goes on as if none (and the failure is logged).
+async fn told(state: &AppState, worker_id: &str) -> Option<conveyor_core::WorkerCommand> {
+    state
+        .worker_commands
+        .of(worker_id)
+        .await
+        .unwrap_or_else(|error| {
+            tracing::warn!(%error, "worker commands not read; fetching as if none");
+            None
+        })
 }
 
 /// Long-polls on a task of its own, so that a client that goes away mid-fetch (a closed

@@ -88,6 +88,8 @@ pub(crate) fn heartbeat(ctx: &mut WriteCtx<'_>, beat: WorkerHeartbeat) -> StoreR
              started_at = CASE WHEN workers.state = 'alive' \
                  THEN MIN(workers.started_at, excluded.started_at) ELSE excluded.started_at END, \
              last_seen_at = excluded.last_seen_at, \
+             command = CASE WHEN workers.state <> 'alive' AND excluded.state = 'alive' \
+                 THEN NULL ELSE workers.command END, \
              state = excluded.state, ended_at = excluded.ended_at \
              RETURNING {WORKER_COLUMNS}"
         ))

@@ -70,8 +70,9 @@ async fn fetch_as(h: &Harness, worker: &str, queue: &str) -> Job {
 }
 
 /// An operator's command sticks to the worker's entry: shown by the list and by every later
-/// heartbeat's answer (a heartbeat never clears it), changed or cleared only by another
-/// command, also on a stopped worker; an unknown worker is `None` and nothing is created.
+/// heartbeat's answer (a heartbeat of the live worker never clears it), changed or cleared by
+/// another command, kept on record when it stops; a restart under the same id starts without
+/// it; an unknown worker is `None` and nothing is created.
 pub async fn workers_keep_an_operators_command_across_heartbeats(h: &Harness) {
     use conveyor_core::WorkerCommand;
     heartbeat(h, beat(h, "w-cmd")).await;
@@ -110,6 +111,18 @@ pub async fn workers_keep_an_operators_command_across_heartbeats(h: &Harness) {
         Some(WorkerCommand::Stop),
         "what it was told stays on record"
     );
+    // Restarted under the same id, it is not told again.
+    h.advance(secs(1));
+    let restarted = heartbeat(h, beat(h, "w-cmd")).await;
+    assert_eq!(restarted.state, WorkerState::Alive);
+    assert_eq!(
+        restarted.command, None,
+        "a new life starts without the old command"
+    );
+    h.store
+        .worker_command("w-cmd", Some(WorkerCommand::Stop))
+        .await
+        .expect("command");
     let cleared = h
         .store
         .worker_command("w-cmd", None)

@@ -408,3 +408,37 @@ fn schedules_are_paused_resumed_and_triggered_from_the_cli() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// A schedule paused by an operator stays paused when the server restarts with the schedules
+/// file that defines it (the file says what runs, not whether someone stopped it for now).
+#[test]
+fn a_paused_schedule_stays_paused_across_a_restart_with_its_file() {
+    let dir = temp_dir();
+    let file = path_in(&dir, "schedules.toml");
+    std::fs::write(
+        &file,
+        "[schedules.from-file]\nevery = \"5m\"\njob = { kind = \"refresh\" }\n",
+    )
+    .expect("write schedules file");
+    let file_arg = file.display().to_string();
+    let db = path_in(&dir, "jobs.db");
+    let mut server = start_server(&db, &["--schedules", &file_arg]);
+    let out = conveyor(&["schedule", "pause", "from-file", "--server", &server.url]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    server.proc.sigterm();
+    assert!(server.proc.wait_exit(Duration::from_secs(30)).success());
+
+    let again = start_server(&db, &["--schedules", &file_arg]);
+    let view: Value = http()
+        .get(format!("{}/v1/schedules/from-file", again.url))
+        .send()
+        .expect("get")
+        .json()
+        .expect("json");
+    assert_eq!(view["paused"], true, "{view}");
+    assert!(view["next_run_at"].is_null(), "{view}");
+}

@@ -446,9 +446,12 @@ export default {
       failureLabel.textContent = `Failed attempts per minute (retries included), last ${chosen.label}`;
       runTimeLabel.textContent = `95th percentile of attempts' run time, last ${chosen.label}`;
       const series = report ? report.series : [];
-      const end = (p) => Date.parse(p.at) + report.step_s * 1000;
-      const done = series.map((p) => ({ t: end(p), v: p.completed / stepMin }));
-      const failed = series.map((p) => ({ t: end(p), v: p.failed / stepMin }));
+      const until = report ? Date.parse(report.to) : Date.now();
+      const end = (p) => Math.min(Date.parse(p.at) + report.step_s * 1000, until);
+      // The last step may be the one in progress: its rate is over the minutes it covers.
+      const minutesOf = (p) => Math.max(1, (end(p) - Date.parse(p.at)) / 60000) || stepMin;
+      const done = series.map((p) => ({ t: end(p), v: p.completed / minutesOf(p) }));
+      const failed = series.map((p) => ({ t: end(p), v: p.failed / minutesOf(p) }));
       const slow = series.filter((p) => p.run_time).map((p) => ({ t: end(p), v: p.run_time.p95_ms }));
       const totals = report ? report.totals : null;
       const spanMin = report ? (Date.parse(report.to) - Date.parse(report.from)) / 60000 : 60;

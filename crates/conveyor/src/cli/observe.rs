@@ -149,8 +149,10 @@ pub(crate) async fn stats(args: StatsArgs) -> anyhow::Result<ExitCode> {
             let since = parse_duration("since", &args.since)
                 .map_err(|e| anyhow::anyhow!("--since {}", e.message))?;
             let end = to.unwrap_or_else(chrono::Utc::now);
-            end - chrono::Duration::from_std(since)
-                .map_err(|_| anyhow::anyhow!("--since {:?} is too long", args.since))?
+            chrono::Duration::from_std(since)
+                .ok()
+                .and_then(|since| end.checked_sub_signed(since))
+                .ok_or_else(|| anyhow::anyhow!("--since {:?} is too long", args.since))?
         }
     };
     let mut pairs = vec![(
@@ -302,7 +304,10 @@ pub(crate) async fn worker(command: WorkerCommandArgs) -> anyhow::Result<ExitCod
         "stop" => println!(
             "worker {id} told to stop: it gets no more jobs and exits once its jobs are done"
         ),
-        _ => println!("worker {id} resumed: it gets jobs again"),
+        _ => println!(
+            "worker {id} resumed: it gets jobs again (an embedded Rust worker that already \
+             stopped fetching stays quiet until restarted)"
+        ),
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -357,6 +357,18 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         let schedules = conveyor::load_schedules(path)?;
         for schedule in schedules {
             let name = schedule.name().to_string();
+            // A schedule an operator paused stays paused across restarts: the file says what
+            // runs, not whether someone stopped it for now (the file may pause it too).
+            let schedule = match store.schedule_get(&name).await {
+                Ok(Some(stored)) if stored.schedule.spec().paused && !schedule.spec().paused => {
+                    tracing::info!(schedule = %name, "kept paused (resume it to run it again)");
+                    conveyor::Schedule::from_spec(
+                        name.clone(),
+                        schedule.spec().clone().paused(true),
+                    )?
+                }
+                _ => schedule,
+            };
             store.schedule_put(schedule).await.with_context(|| {
                 format!("cannot store schedule {name:?} from {}", path.display())
             })?;
