@@ -1198,6 +1198,8 @@ async fn drive(
     wait_text(client, "#job-attempts", "permanent").await?;
     // Each attempt says where it ran and for how long; the job comes as commands to copy.
     wait_text(client, "#job-attempts .attempt-where", "started").await?;
+    // The worker's host, from the registry entry of the worker id the attempt recorded.
+    wait_text(client, "#job-attempts .attempt-where", "host ").await?;
     wait_text(
         client,
         ".shell-commands",

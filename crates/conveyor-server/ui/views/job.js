@@ -15,7 +15,8 @@ function jsonBlock(value, id) {
   return h('pre', { class: 'code', id, tabindex: '0' }, prettyJson(value));
 }
 
-function attempts(job) {
+/** `hosts`: worker id → host, from the worker registry (which keeps ended workers a day). */
+function attempts(job, hosts = {}) {
   const errors = job.errors || [];
   // A replay marks the failure that ended the run (`replayed_at`); the attempts after it are
   // run 2, 3, ... counted from 1 again.
@@ -26,8 +27,10 @@ function attempts(job) {
     // Who ran the attempt, when it started and how long it took (stores record these since
     // they were added; older entries have only the time of the failure).
     const took = error.started_at ? Date.parse(error.at) - Date.parse(error.started_at) : null;
+    const host = error.worker_id ? hosts[error.worker_id] : null;
     const where = [
       error.worker_id ? `on ${error.worker_id}` : null,
+      host ? `host ${host}` : null,
       error.started_at ? `started ${localTime(error.started_at)}` : null,
       took !== null && took >= 0 ? `ran ${duration(took)}` : null,
     ].filter(Boolean).join(' · ');
@@ -193,10 +196,30 @@ export default {
       ]);
     }
 
+    // Each attempt's host, looked up in the registry by the worker id the attempt recorded;
+    // asked again only for an id not seen yet, at most every 30 s (not for roles that may not
+    // read the registry, nor on a server without one).
+    let hosts = {};
+    let hostsAskedAt = 0;
+    let hostsAvailable = true;
+    async function loadHosts() {
+      const wanted = (job.errors || []).map((e) => e.worker_id).filter((w) => w && !(w in hosts));
+      if (!hostsAvailable || !wanted.length || Date.now() - hostsAskedAt < 30000) return;
+      hostsAskedAt = Date.now();
+      try {
+        const answer = await api.workers.list();
+        const next = { ...hosts };
+        for (const worker of answer.workers || []) if (worker.host) next[worker.id] = worker.host;
+        hosts = next;
+      } catch (error) {
+        if (error.status === 403 || api.notAvailable(error)) hostsAvailable = false;
+      }
+    }
+
     function renderBody() {
       const started = job.started_at ? Date.parse(job.started_at) : null;
       const finished = job.finished_at ? Date.parse(job.finished_at) : null;
-      update(body, JSON.stringify(job), () => h('div', { class: 'job-grid' },
+      update(body, JSON.stringify([job, hosts]), () => h('div', { class: 'job-grid' },
         h('div', { class: 'panel' },
           h('h2', { text: 'Details' }),
           h('dl', { class: 'details' },
@@ -229,7 +252,7 @@ export default {
           job.result !== null && job.result !== undefined
             ? h('div', { class: 'panel' }, h('h2', { text: 'Result' }), jsonBlock(job.result, 'job-result'))
             : null,
-          h('div', { class: 'panel' }, h('h2', { text: 'Attempts and errors' }), attempts(job)),
+          h('div', { class: 'panel' }, h('h2', { text: 'Attempts and errors' }), attempts(job, hosts)),
           h('div', { class: 'panel' }, h('h2', { text: 'From the shell' }), shellCommands(job)))));
     }
 
@@ -253,6 +276,7 @@ export default {
             }
             throw error;
           }
+          await loadHosts();
           renderHeader();
           renderBody();
         }, 'Cannot load the job:');
