@@ -266,7 +266,7 @@ impl PgStore {
         let completion = vec![CompleteParams { lease, result }];
         conveyor_core::validate::completions(&completion)?;
         // A job of a flow changes planner settings for the rest of the transaction (see
-        // `workflow::lock_heads`): this one is the caller's, so they are put back.
+        // `workflow::load_graphs`): this one is the caller's, so they are put back.
         let planner = workflow::planner_settings(tx).await?;
         let outcomes = ops::complete_many(tx, &self.ctx(), completion).await?;
         workflow::restore_planner(tx, &planner).await?;

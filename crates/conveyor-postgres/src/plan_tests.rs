@@ -287,7 +287,7 @@ async fn flow_reads_probe_keys_when_planned_on_empty_tables() {
         "graph_steps: {steps}"
     );
     // The parents' results: one key lookup each (the update of the starting steps is planned
-    // per run in a flow transaction, see `workflow::lock_heads`).
+    // per run in a flow transaction, see `workflow::load_graphs`).
     assert!(
         start.contains("\"Node Type\":\"Limit\"") && start.contains("flow_steps_pkey"),
         "start_steps reads parents by key: {start}"
@@ -347,7 +347,7 @@ async fn batched_completion_keeps_its_flow_filter_out_of_the_scan_of_an_unanalyz
 }
 
 /// The batched writes of a flow event (`set_steps`, `start_steps`), planned as a flow
-/// transaction plans them (`workflow::lock_heads` sets the planner up) on an analyzed table of
+/// transaction plans them (`workflow::load_graphs` sets the planner up) on an analyzed table of
 /// 5,000 steps, for a batch of 400: each was costed as a hash of the whole steps table (6 ms a
 /// completion batch at 5,000 steps, growing with the table) where probing the key costs 3 us a
 /// step. They must probe the primary key.
@@ -419,4 +419,62 @@ async fn flow_step_writes_probe_keys_on_an_analyzed_table() {
             "{name} probes keys: {plan}"
         );
     }
+}
+
+/// The completion of a batch's jobs of flows, planned where a completion batch runs it: in the
+/// flow transaction, after `workflow::lock_heads` has locked the flows and before the graphs
+/// are loaded. The table was analyzed while no job ran; then 1,000 were claimed, and all of
+/// them complete. Planned with joins as nested loops only (the flow statements' settings,
+/// which `lock_heads` once set), it scanned the running jobs and compared each with every
+/// completion (100 ms a batch of 1,000 in the flow benchmark); it must hash, or look jobs up by
+/// key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_of_flow_jobs_never_compares_every_running_job_with_every_completion() {
+    let url = database_url();
+    let schema = format!("conveyor_plans_{}", uuid::Uuid::new_v4().simple());
+    let _cleanup = DropSchema(schema.clone());
+    let (store, _) = store_with_claims(&url, &schema, 0).await;
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("ANALYZE \"{schema}\".jobs")))
+        .execute(&mut conn)
+        .await
+        .expect("analyze");
+    let mut claimed = Vec::new();
+    while claimed.len() < 1000 {
+        claimed.extend(
+            store
+                .jobs_fetch(FetchParams {
+                    worker_id: "w".to_string(),
+                    queues: vec!["default".to_string()],
+                    max: 500,
+                    lease: Duration::from_secs(60),
+                    kinds: None,
+                    excluded_kinds: Vec::new(),
+                })
+                .await
+                .expect("fetch"),
+        );
+    }
+    let leases: Vec<_> = claimed.iter().filter_map(|j| j.lease_ref()).collect();
+    let array = |values: Vec<String>| format!("'{{{}}}'", values.join(","));
+    let ids = array(leases.iter().map(|l| l.id.to_string()).collect());
+    let tokens = array(leases.iter().map(|l| l.lease_token.to_string()).collect());
+    let mut tx = conn.begin().await.expect("begin");
+    crate::workflow::lock_heads(&mut tx, &store.ctx(), vec![uuid::Uuid::new_v4()])
+        .await
+        .expect("lock flows");
+    let plan = generic_plan(
+        &mut tx,
+        "complete_flow_jobs_locked",
+        store.inner.sql.complete_flow_jobs.as_str(),
+        "uuid[], uuid[], jsonb[], timestamptz",
+        &format!("{ids}, {tokens}, '{{}}', now()"),
+    )
+    .await;
+    tx.rollback().await.expect("rollback");
+    let nested = plan.contains("\"Node Type\":\"Nested Loop\"");
+    assert!(
+        !nested || plan.contains("jobs_pkey"),
+        "the completion must not compare every running job with every completion: {plan}"
+    );
 }

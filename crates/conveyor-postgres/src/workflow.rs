@@ -84,7 +84,7 @@ impl WorkflowSql {
         let steps = format!("{}.flow_steps", quoted(schema));
         let jobs = format!("{}.jobs", quoted(schema));
         Self {
-            // See `lock_heads`.
+            // See `load_graphs`.
             custom_plans: stmt(
                 "SELECT set_config('plan_cache_mode', 'force_custom_plan', true), \
                      set_config('enable_hashjoin', 'off', true), \
@@ -480,7 +480,7 @@ pub(crate) struct Head {
 }
 
 /// The planner settings a flow event changes for the rest of its transaction (see
-/// `lock_heads`), as they are now: for a caller's own transaction, which keeps them through
+/// `load_graphs`), as they are now: for a caller's own transaction, which keeps them through
 /// the savepoint's release, to get them back (`restore_planner`).
 pub(crate) async fn planner_settings(conn: &mut PgConnection) -> StoreResult<[String; 3]> {
     let row = sqlx::query(
@@ -528,23 +528,6 @@ pub(crate) async fn lock_heads(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    // The statements that write a flow's steps find them by joining the table to the (flow,
-    // step) pairs they are given. A plan cached while the table was small (PostgreSQL's generic
-    // plan, after five runs of a prepared statement on one connection) hashes the whole table
-    // and keeps doing so as it grows: seen at a second per completion batch once a benchmark
-    // had filled it, where the index probes take milliseconds, and nothing re-plans it while
-    // the table has no statistics (the server's autovacuum off). Planned for each run, with
-    // the batch's own sizes, these joins probe the primary key. Even planned afresh, a join of
-    // a batch of (flow, step) keys to the steps table was costed as a hash of the whole table
-    // (every completion batch of a benchmark hashed all 5,000 steps there were, 6 ms, and it
-    // grows with the table), where probing the key is 3 us a step: every statement of a flow
-    // event is driven by a handful of keys, so this transaction plans joins as nested loops
-    // only. For the rest of this transaction, which moves flows; a savepoint's transaction
-    // keeps it until it ends, which only changes how its later statements are planned.
-    sqlx::query(ctx.sql.workflow.custom_plans.clone())
-        .execute(&mut *conn)
-        .await
-        .map_err(db("plan flow statements"))?;
     let rows = sqlx::query(ctx.sql.workflow.lock_heads.clone())
         .bind(&ids)
         .fetch_all(conn)
@@ -573,6 +556,27 @@ async fn load_graphs(
     if heads.is_empty() {
         return Ok(BTreeMap::new());
     }
+    // The statements that write a flow's steps find them by joining the table to the (flow,
+    // step) pairs they are given. A plan cached while the table was small (PostgreSQL's generic
+    // plan, after five runs of a prepared statement on one connection) hashes the whole table
+    // and keeps doing so as it grows: seen at a second per completion batch once a benchmark
+    // had filled it, where the index probes take milliseconds, and nothing re-plans it while
+    // the table has no statistics (the server's autovacuum off). Planned for each run, with
+    // the batch's own sizes, these joins probe the primary key. Even planned afresh, a join of
+    // a batch of (flow, step) keys to the steps table was costed as a hash of the whole table
+    // (every completion batch of a benchmark hashed all 5,000 steps there were, 6 ms, and it
+    // grows with the table), where probing the key is 3 us a step: every statement of a flow
+    // event is driven by a handful of keys, so this transaction plans joins as nested loops
+    // only. For the rest of this transaction, which moves flows; a savepoint's transaction
+    // keeps it until it ends, which only changes how its later statements are planned.
+    // Set here, after the lock, not with it: a completion batch completes its jobs between the
+    // two, by a join of its batch to `jobs` that must stay free to hash. Planned as nested
+    // loops only, on a table whose statistics were taken while few jobs ran, it compared every
+    // running job with every completion (100 ms a batch of 1,000 in the flow benchmark).
+    sqlx::query(ctx.sql.workflow.custom_plans.clone())
+        .execute(&mut *conn)
+        .await
+        .map_err(db("plan flow statements"))?;
     let ids: Vec<Uuid> = heads.iter().map(|head| head.id).collect();
     let rows = sqlx::query(ctx.sql.workflow.graph_steps.clone())
         .bind(&ids)

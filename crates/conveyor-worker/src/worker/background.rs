@@ -2,19 +2,40 @@
 
 use super::*;
 
-/// Writes completions in batches: one store call (one commit) for everything finished meanwhile.
+/// Writes completions in batches: one store call (one commit) for everything finished
+/// meanwhile, with up to `COMPLETION_WRITES_IN_FLIGHT` such calls at once. Ends when every
+/// sender is gone and every write has ended.
 pub(super) async fn run_completer(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<Completion>,
 ) {
+    let mut writes = tokio::task::JoinSet::new();
     let mut batch = Vec::with_capacity(64);
-    while rx.recv_many(&mut batch, MAX_COMPLETION_BATCH).await > 0 {
-        let (params, jobs): (Vec<CompleteParams>, Vec<JobMeta>) = std::mem::take(&mut batch)
+    loop {
+        // While the writes in flight are busy, completions gather into the next batch.
+        while writes.len() >= COMPLETION_WRITES_IN_FLIGHT {
+            writes.join_next().await;
+        }
+        if rx.recv_many(&mut batch, MAX_COMPLETION_BATCH).await == 0 {
+            break;
+        }
+        writes.spawn(write_completions(
+            shared.clone(),
+            std::mem::take(&mut batch),
+        ));
+    }
+    while writes.join_next().await.is_some() {}
+}
+
+/// One batch of completions written, retrying store errors a few times; a completion that never
+/// lands is rescued and rerun.
+async fn write_completions(shared: Arc<Shared>, batch: Vec<Completion>) {
+    {
+        let (params, jobs): (Vec<CompleteParams>, Vec<JobMeta>) = batch
             .into_iter()
             .map(|completion| (completion.params, completion.job))
             .unzip();
         let mut delay = Duration::from_millis(50);
-        // Retry store errors a few times; a completion that never lands is rescued and rerun.
         for _ in 0..5 {
             let written = contained(async {
                 conveyor_core::faults::inject("worker_complete")?;

@@ -59,6 +59,11 @@ const LATENCY_SAMPLE_MAX: Duration = Duration::from_millis(50);
 const CANCEL_GRACE: Duration = Duration::from_millis(500);
 /// Most completions written in one store call.
 const MAX_COMPLETION_BATCH: usize = 1000;
+/// Completion batches written at once. A batch's write is a few statements one after the other
+/// on one connection (a flow's steps move in the same transaction as their jobs complete), so
+/// with one write at a time the database works on one core for it while completions wait; a
+/// second write overlaps with it. Jobs of one flow in both are serialized by the flow's lock.
+const COMPLETION_WRITES_IN_FLIGHT: usize = 2;
 /// The `tracing` target of the per-job lifecycle events (start, completion, failure), so they
 /// can be filtered on their own: `CONVEYOR_LOG=info,conveyor::job=warn` keeps only failures.
 pub const JOB_LOG_TARGET: &str = "conveyor::job";
