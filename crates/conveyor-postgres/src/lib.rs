@@ -136,6 +136,8 @@ struct Inner {
     /// Vacuums the jobs table when the server's autovacuum is off, rebuilds bloated indexes
     /// (see `LeadershipStore::storage_maintenance`).
     upkeep: Arc<upkeep::Upkeep>,
+    /// Jobs of flows this store handed out (see `ops::FlowJobs`).
+    flow_jobs: ops::FlowJobs,
     /// Held only to stop the listener when the store goes away.
     _listener: listener::ListenerTask,
 }
@@ -209,6 +211,7 @@ impl PgStore {
                 clock: options.clock,
                 options: options.store,
                 wakeup,
+                flow_jobs: ops::FlowJobs::default(),
                 _listener: listener,
             }),
         })
@@ -268,7 +271,8 @@ impl PgStore {
         // A job of a flow changes planner settings for the rest of the transaction (see
         // `workflow::load_graphs`): this one is the caller's, so they are put back.
         let planner = workflow::planner_settings(tx).await?;
-        let outcomes = ops::complete_many(tx, &self.ctx(), completion).await?;
+        let outcomes =
+            ops::complete_many(tx, &self.ctx(), completion, &self.inner.flow_jobs).await?;
         workflow::restore_planner(tx, &planner).await?;
         outcomes
             .into_iter()
@@ -419,6 +423,7 @@ impl LeaseStore for PgStore {
         let fetched = ops::fetch(&mut *self.conn().await?, &self.ctx(), &params).await?;
         // Promoted jobs may be in queues other fetchers of this process wait on.
         self.wake_local(fetched.promoted > 0);
+        self.inner.flow_jobs.remember(&fetched.jobs);
         Ok(fetched.jobs)
     }
 
@@ -441,7 +446,13 @@ impl LeaseStore for PgStore {
         }
         conveyor_core::validate::completions(&params)?;
         conveyor_core::faults::inject("complete")?;
-        ops::complete_many(&mut *self.conn().await?, &self.ctx(), params).await
+        ops::complete_many(
+            &mut *self.conn().await?,
+            &self.ctx(),
+            params,
+            &self.inner.flow_jobs,
+        )
+        .await
     }
 
     async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {

@@ -115,14 +115,13 @@ impl WorkflowSql {
             graph_steps: stmt(format!(
                 "SELECT s.flow_id, s.name, s.state, s.after, s.on_parent_failure, s.job_id, \
                      s.wait_signal, s.signalled, s.has_compensate, s.compensation, \
-                     s.compensation_job_id, s.completed_seq \
+                     s.compensation_job_id, s.completed_seq, s.position \
                  FROM unnest($1::uuid[]) AS f(id) \
                  CROSS JOIN LATERAL (SELECT t.flow_id, t.name, t.state, t.after, \
                          t.on_parent_failure, t.job_id, t.wait_signal, t.signalled, \
                          t.compensate IS NOT NULL AS has_compensate, t.compensation, \
                          t.compensation_job_id, t.completed_seq, t.position \
-                     FROM {steps} t WHERE t.flow_id = f.id OFFSET 0) s \
-                 ORDER BY s.flow_id, s.position"
+                     FROM {steps} t WHERE t.flow_id = f.id OFFSET 0) s"
             )),
             // A concurrent create with the same key waits here until the first commits, then
             // inserts nothing and returns no row.
@@ -583,13 +582,14 @@ async fn load_graphs(
         .fetch_all(conn)
         .await
         .map_err(db("load flow steps"))?;
-    let mut steps: HashMap<Uuid, Vec<GraphStep>> = HashMap::with_capacity(heads.len());
+    // Each flow's steps in their order in the flow, sorted here rather than by the server
+    // (a sort of every row of the batch, on the database's cores).
+    let mut steps: HashMap<Uuid, Vec<(i32, GraphStep)>> = HashMap::with_capacity(heads.len());
     for row in &rows {
         let compensation: Option<String> = column(row, "compensation")?;
-        steps
-            .entry(column(row, "flow_id")?)
-            .or_default()
-            .push(GraphStep {
+        steps.entry(column(row, "flow_id")?).or_default().push((
+            column(row, "position")?,
+            GraphStep {
                 name: column(row, "name")?,
                 state: step_state(&column::<String>(row, "state")?)?,
                 after: column(row, "after")?,
@@ -601,17 +601,20 @@ async fn load_graphs(
                 compensation: compensation_of(compensation)?,
                 compensation_job_id: column(row, "compensation_job_id")?,
                 completed_seq: column(row, "completed_seq")?,
-            });
+            },
+        ));
     }
     Ok(heads
         .into_iter()
         .map(|head| {
+            let mut found = steps.remove(&head.id).unwrap_or_default();
+            found.sort_unstable_by_key(|(position, _)| *position);
             let graph = FlowGraph::new(
                 head.id,
                 head.state,
                 head.on_failure,
                 head.failed_step,
-                steps.remove(&head.id).unwrap_or_default(),
+                found.into_iter().map(|(_, step)| step).collect(),
             );
             (head.id, graph)
         })

@@ -207,6 +207,7 @@ pub(crate) async fn complete_many(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
     completions: Vec<CompleteParams>,
+    handed_out: &FlowJobs,
 ) -> StoreResult<Vec<LeaseOutcome>> {
     let mut first: HashSet<LeaseKey> = HashSet::new();
     let mut ids = Vec::with_capacity(completions.len());
@@ -225,16 +226,31 @@ pub(crate) async fn complete_many(
     if ids.is_empty() {
         return Ok(Vec::new());
     }
-    let rows = sqlx::query(ctx.sql.complete.clone())
-        .bind(&ids)
-        .bind(&tokens)
-        .bind(&results)
-        .bind(ctx.now)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db("complete jobs"))?;
+    // Jobs known to be of flows skip the plain statement, which would only name their flows.
+    let mut flow_of = handed_out.take(&ids);
+    let mut plain_ids = Vec::with_capacity(ids.len() - flow_of.len());
+    let mut plain_tokens = Vec::with_capacity(plain_ids.capacity());
+    let mut plain_results = Vec::with_capacity(plain_ids.capacity());
+    for ((id, token), result) in ids.iter().zip(&tokens).zip(&results) {
+        if !flow_of.contains_key(id) {
+            plain_ids.push(*id);
+            plain_tokens.push(*token);
+            plain_results.push(*result);
+        }
+    }
+    let rows = if plain_ids.is_empty() {
+        Vec::new()
+    } else {
+        sqlx::query(ctx.sql.complete.clone())
+            .bind(&plain_ids)
+            .bind(&plain_tokens)
+            .bind(&plain_results)
+            .bind(ctx.now)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("complete jobs"))?
+    };
     let mut applied = HashSet::with_capacity(rows.len());
-    let mut flow_of: HashMap<Uuid, Uuid> = HashMap::new();
     for row in &rows {
         let read = |e: sqlx::Error| corrupt(e.to_string());
         let id: Uuid = row.try_get(0).map_err(read)?;
@@ -270,6 +286,55 @@ pub(crate) async fn complete_many(
             }
         })
         .collect())
+}
+
+/// Jobs of flows this store handed out, with their flows (a job's flow never changes, so what
+/// is remembered is never wrong). A completion batch of such jobs goes straight to their flows'
+/// transaction, without the plain completion statement, which would only name their flows; a
+/// job not remembered (claimed through another server, or forgotten) is found by that
+/// statement as before.
+#[derive(Default)]
+pub(crate) struct FlowJobs(std::sync::Mutex<HashMap<Uuid, Uuid>>);
+
+/// Most jobs of flows remembered; past it the memory starts afresh (a job it no longer knows
+/// costs the plain statement, nothing else). Jobs that end otherwise than by completion (a
+/// failure, a rescue) stay until then.
+const MAX_REMEMBERED_FLOW_JOBS: usize = 100_000;
+
+impl FlowJobs {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, Uuid>> {
+        // Nothing is left half-written under this lock: a poisoned map is still whole.
+        self.0
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Remembers the jobs of flows among `jobs`, just handed out.
+    pub(crate) fn remember(&self, jobs: &[Job]) {
+        if !jobs.iter().any(|job| job.flow.is_some()) {
+            return;
+        }
+        let mut map = self.map();
+        for job in jobs {
+            if let Some(link) = &job.flow {
+                if map.len() >= MAX_REMEMBERED_FLOW_JOBS {
+                    map.clear();
+                }
+                map.insert(job.id, link.flow_id);
+            }
+        }
+    }
+
+    /// The flows of those of `ids` it remembers, forgetting them.
+    fn take(&self, ids: &[Uuid]) -> HashMap<Uuid, Uuid> {
+        let mut map = self.map();
+        if map.is_empty() {
+            return HashMap::new();
+        }
+        ids.iter()
+            .filter_map(|id| map.remove(id).map(|flow| (*id, flow)))
+            .collect()
+    }
 }
 
 /// Completes `left`, the completions of jobs of flows (`flow_of`: each one's flow), locking
