@@ -256,6 +256,12 @@ pub(crate) struct GraphCache {
     steps: usize,
     /// Flows the current operation changed.
     touched: Vec<Uuid>,
+    /// The completion being applied: its job and its result as stored, so the step it finishes
+    /// takes the result without reading it back (see `completing`).
+    completing: Option<(Uuid, Option<String>)>,
+    /// Results of the steps the current operation completed, by flow and step, so the steps
+    /// they start are handed them without reading them back.
+    results: std::collections::HashMap<(Uuid, String), Option<String>>,
 }
 
 /// Most steps kept over all cached graphs (a few hundred bytes each); past it the cache starts
@@ -265,18 +271,30 @@ const MAX_CACHED_STEPS: usize = 200_000;
 impl GraphCache {
     pub(crate) fn begin_op(&mut self) {
         self.touched.clear();
+        self.completing = None;
+        self.results.clear();
     }
 
     pub(crate) fn forget_op(&mut self) {
         for id in std::mem::take(&mut self.touched) {
             self.take(id);
         }
+        self.completing = None;
+        self.results.clear();
     }
 
     pub(crate) fn clear(&mut self) {
         self.graphs.clear();
         self.steps = 0;
         self.touched.clear();
+        self.completing = None;
+        self.results.clear();
+    }
+
+    /// Says that the job `job_id` was just completed with `result` (as stored), for the flow
+    /// event that follows in the same operation.
+    pub(crate) fn completing(&mut self, job_id: Uuid, result: Option<String>) {
+        self.completing = Some((job_id, result));
     }
 
     fn take(&mut self, id: Uuid) -> Option<FlowGraph> {
@@ -338,11 +356,22 @@ fn write_effects(
     for effect in effects {
         match effect {
             Effect::StepState { step, state, error } => {
-                let seq = graph
-                    .steps
-                    .iter()
-                    .find(|s| s.name == step)
-                    .and_then(|s| s.completed_seq);
+                let found = graph.steps.iter().find(|s| s.name == step);
+                let seq = found.and_then(|s| s.completed_seq);
+                // The result of the job just completed is known; any other is read.
+                let known = match (&ctx.graphs.completing, found.and_then(|s| s.job_id)) {
+                    (Some((job_id, result)), Some(step_job)) if *job_id == step_job => {
+                        Some(result.clone())
+                    }
+                    _ => None,
+                };
+                if state == StepState::Completed {
+                    if let Some(result) = &known {
+                        ctx.graphs
+                            .results
+                            .insert((graph.id, step.clone()), result.clone());
+                    }
+                }
                 let error = error.map(|e| to_json(&e, "error")).transpose()?;
                 let finished = state.is_finished().then(|| millis(ctx.now));
                 // A job step takes its job's result, or its job's last error.
@@ -351,7 +380,8 @@ fn write_effects(
                         "UPDATE flow_steps SET state = ?1, finished_at = ?2, \
                          completed_seq = CASE WHEN ?1 = 'completed' THEN ?3 ELSE completed_seq END, \
                          result = CASE WHEN ?1 = 'completed' AND job_id IS NOT NULL \
-                             THEN (SELECT result FROM jobs WHERE jobs.id = flow_steps.job_id) \
+                             THEN CASE WHEN ?7 THEN ?8 \
+                                 ELSE (SELECT result FROM jobs WHERE jobs.id = flow_steps.job_id) END \
                              ELSE result END, \
                          error = CASE \
                              WHEN ?1 IN ('active', 'completed') THEN NULL \
@@ -363,7 +393,16 @@ fn write_effects(
                          WHERE flow_id = ?5 AND name = ?6",
                     )
                     .and_then(|mut stmt| {
-                        stmt.execute(params![state.as_str(), finished, seq, error, flow, step])
+                        stmt.execute(params![
+                            state.as_str(),
+                            finished,
+                            seq,
+                            error,
+                            flow,
+                            step,
+                            known.is_some(),
+                            known.flatten()
+                        ])
                     })
                     .map_err(backend)?;
             }
@@ -473,6 +512,14 @@ fn start_step(ctx: &mut WriteCtx<'_>, graph: &FlowGraph, step: &str) -> StoreRes
     };
     let mut parents = BTreeMap::new();
     for parent in after.iter().filter(|p| completed(p)) {
+        if let Some(result) = ctx.graphs.results.get(&(graph.id, parent.clone())) {
+            let value = match result {
+                Some(text) => from_json(text, "result")?,
+                None => Value::Null,
+            };
+            parents.insert(parent.clone(), value);
+            continue;
+        }
         let result: Option<Option<String>> = ctx
             .conn
             .prepare_cached(

@@ -320,6 +320,7 @@ pub(crate) fn complete_many(
             if let Some(flow_id) = flow_id {
                 let flow_id = Uuid::parse_str(&flow_id)
                     .map_err(|e| StoreError::backend(format!("stored flow id: {e}")))?;
+                ctx.graphs.completing(lease.id, result);
                 workflow::handle(
                     ctx,
                     flow_id,
