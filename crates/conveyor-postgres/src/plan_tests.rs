@@ -110,14 +110,20 @@ async fn store_with_claims(url: &str, schema: &str, claimed: usize) -> (PgStore,
         .map(|i| NewJob::new("plan", serde_json::json!({ "i": i })))
         .collect();
     store.jobs_insert_many(jobs).await.expect("insert");
+    let running = claim(&store, claimed).await;
+    (store, running)
+}
+
+/// Claims `count` jobs of the default queue, 500 at a time.
+async fn claim(store: &PgStore, count: usize) -> Vec<Job> {
     let mut running = Vec::new();
-    while running.len() < claimed {
+    while running.len() < count {
         running.extend(
             store
                 .jobs_fetch(FetchParams {
                     worker_id: "w".to_string(),
                     queues: vec!["default".to_string()],
-                    max: 500.min(claimed - running.len()),
+                    max: 500.min(count - running.len()),
                     lease: Duration::from_secs(60),
                     kinds: None,
                     excluded_kinds: Vec::new(),
@@ -126,7 +132,7 @@ async fn store_with_claims(url: &str, schema: &str, claimed: usize) -> (PgStore,
                 .expect("fetch"),
         );
     }
-    (store, running)
+    running
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -439,22 +445,7 @@ async fn completion_of_flow_jobs_never_compares_every_running_job_with_every_com
         .execute(&mut conn)
         .await
         .expect("analyze");
-    let mut claimed = Vec::new();
-    while claimed.len() < 1000 {
-        claimed.extend(
-            store
-                .jobs_fetch(FetchParams {
-                    worker_id: "w".to_string(),
-                    queues: vec!["default".to_string()],
-                    max: 500,
-                    lease: Duration::from_secs(60),
-                    kinds: None,
-                    excluded_kinds: Vec::new(),
-                })
-                .await
-                .expect("fetch"),
-        );
-    }
+    let claimed = claim(&store, 1000).await;
     let leases: Vec<_> = claimed.iter().filter_map(|j| j.lease_ref()).collect();
     let array = |values: Vec<String>| format!("'{{{}}}'", values.join(","));
     let ids = array(leases.iter().map(|l| l.id.to_string()).collect());
