@@ -378,6 +378,7 @@ fn write_effects(
                 ctx.conn
                     .prepare_cached(
                         "UPDATE flow_steps SET state = ?1, finished_at = ?2, \
+                         wait_deadline = CASE WHEN ?1 = 'waiting' THEN wait_deadline END, \
                          completed_seq = CASE WHEN ?1 = 'completed' THEN ?3 ELSE completed_seq END, \
                          result = CASE WHEN ?1 = 'completed' AND job_id IS NOT NULL \
                              THEN CASE WHEN ?7 THEN ?8 \

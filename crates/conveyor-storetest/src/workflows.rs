@@ -323,6 +323,10 @@ pub async fn flow_wait_completes_on_its_signal_even_one_sent_early(h: &Harness) 
         publish.flow.expect("link").parents.get("approval"),
         Some(&json!({"by": "ana"}))
     );
+    // A wait that has ended has no deadline left.
+    let signalled = view(h, created.id).await;
+    assert_eq!(step_state(&signalled, "approval"), StepState::Completed);
+    assert_eq!(signalled.steps[1].wait_deadline, None);
     // A second signal for a finished step is refused.
     let again = h.store.flow_signal(created.id, "approved", json!(1)).await;
     assert!(
@@ -369,6 +373,7 @@ pub async fn flow_wait_fails_with_timeout_when_its_deadline_passes(h: &Harness) 
         flow.steps[1].error.as_ref().map(|e| e.class.as_str()),
         Some("timeout")
     );
+    assert_eq!(flow.steps[1].wait_deadline, None, "the wait has ended");
     assert_eq!(flow.state, FlowState::Failed);
     let late = h.store.flow_signal(created.id, "approved", json!(1)).await;
     assert!(
