@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use chrono::{DateTime, TimeZone, Utc};
+use chrono::{DateTime, Datelike, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::clock::Clock;
@@ -409,6 +409,21 @@ impl StatsRequest {
         if from >= to {
             return Err(ValidationError::new("from", "must be before `to`"));
         }
+        // Nothing is counted before the Unix epoch, and a span aligned down from before it
+        // can fall before year 1, which RFC 3339 cannot write; the last minute is rounded up,
+        // so the end stays a day short of year 10000 for the same reason.
+        if from < DateTime::<Utc>::UNIX_EPOCH {
+            return Err(ValidationError::new(
+                "from",
+                "must be on or after 1970-01-01T00:00:00Z",
+            ));
+        }
+        if to.year() > 9999 || (to.year() == 9999 && to.ordinal() >= 365) {
+            return Err(ValidationError::new(
+                "to",
+                "must be before 9999-12-31T00:00:00Z",
+            ));
+        }
         for (field, name) in [("queue", &queue), ("kind", &kind)] {
             if let Some(name) = name {
                 crate::validate::name(field, name)?;
@@ -770,6 +785,31 @@ mod tests {
             )),
             "queue"
         );
+        // Spans that no RFC 3339 time could start or end once aligned (found by the contract
+        // run: from=0003-01-01 answered points in year -4).
+        assert_eq!(
+            field(StatsRequest::new(
+                at("0003-01-01T00:20:14.2Z"),
+                to,
+                None,
+                None,
+                None
+            )),
+            "from"
+        );
+        assert_eq!(
+            field(StatsRequest::new(
+                from,
+                at("9999-12-31T23:59:30Z"),
+                None,
+                None,
+                None
+            )),
+            "to"
+        );
+        let since_epoch = StatsRequest::new(at("1970-01-01T00:00:00Z"), to, None, None, None)
+            .expect("a span from the epoch");
+        assert!(since_epoch.from >= DateTime::<Utc>::UNIX_EPOCH);
         let default = StatsRequest::new(from, to, None, None, None).unwrap();
         assert_eq!(default.step, Duration::from_secs(720));
         // A step wider than the span is the span; points are aligned to the step.
