@@ -199,10 +199,10 @@ pub(super) fn held_leases(found: Vec<PgRow>) -> StoreResult<HashSet<LeaseKey>> {
 /// Jobs of flows are left out of that statement and completed after it, all of them in one
 /// transaction of their own (a savepoint when `conn` is already in one) that locks their flows
 /// first, in id order, and moves every flow with a few statements (see `workflow`); the first
-/// statement names them. Outside a caller's
-/// transaction, an error in that second part leaves the first part's completions applied, as a
-/// connection lost right after a commit would: an error says nothing about which applied, and
-/// a retry reports those as `LeaseLost`.
+/// statement names them, unless the store remembers them as jobs of flows it handed out (see
+/// `FlowJobs`: then they skip it). Outside a caller's transaction, an error in that second
+/// part leaves the first part's completions applied, as a connection lost right after a commit
+/// would: an error says nothing about which applied, and a retry reports those as `LeaseLost`.
 pub(crate) async fn complete_many(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
