@@ -169,9 +169,16 @@ impl PgStore {
             .close()
             .await
             .map_err(unreachable)?;
+        // No JIT compilation: every statement of the store is a short one, driven by keys or a
+        // LIMIT, where compiling costs far more than it saves. On a table without statistics
+        // the planner's estimates pass the JIT threshold, and the flow benchmark spent 7 of its
+        // 21 s compiling statements that ran in a few milliseconds (docs/benchmarks.md,
+        // "Workflows, fifth round"). Pools given to `from_pool` keep their own setting; flow
+        // transactions turn it off for themselves either way (`workflow::load_graphs`).
+        let pool_options = connect_options.clone().options([("jit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
-            .connect_with(connect_options.clone())
+            .connect_with(pool_options)
             .await
             .map_err(unreachable)?;
         Self::from_pool(pool, options).await

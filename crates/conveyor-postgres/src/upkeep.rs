@@ -49,8 +49,10 @@ enum Pass {
     VacuumAnalyze,
 }
 
-fn pass_for(dead: i64, live: i64, modified_since_analyze: i64) -> Pass {
-    if dead < MIN_DEAD_ROWS.max(live / 100) {
+/// What a table's statistics call for: a pass once `dead` reaches `MIN_DEAD_ROWS` or the share
+/// `1 / dead_share` of the live rows (see `VACUUMED_TABLES` for each table's share).
+fn pass_for(dead: i64, live: i64, modified_since_analyze: i64, dead_share: i64) -> Pass {
+    if dead < MIN_DEAD_ROWS.max(live / dead_share.max(1)) {
         Pass::None
     } else if modified_since_analyze >= MIN_DEAD_ROWS.max(live) {
         Pass::VacuumAnalyze
@@ -59,10 +61,19 @@ fn pass_for(dead: i64, live: i64, modified_since_analyze: i64) -> Pass {
     }
 }
 
-/// The tables the store vacuums itself, most urgent first: every step of a workflow rewrites
-/// its `flow_steps` row and every flow event its `flows` row, so with autovacuum off they bloat
+/// The tables the store vacuums itself, most urgent first, each with the share of its live rows
+/// (`1 / n`) that must be dead before a pass. Every step of a workflow rewrites its
+/// `flow_steps` row and every flow event its `flows` row, so with autovacuum off they bloat
 /// like `jobs` (one flow bench left 30,000 live and 59,901 dead step rows).
-const VACUUMED_TABLES: [&str; 3] = ["jobs", "flow_steps", "flows"];
+///
+/// `jobs` is vacuumed at a hundredth: every claim's ordered index scan steps over the dead
+/// entries. The flow tables are read by key only and their changes are HOT updates (migration
+/// 15), which add no index entry and whose dead versions the next read of their page prunes;
+/// what a pass is for there is deleted flows and the odd version that left its page. A pass
+/// reads the whole table (0.1 to 0.25 s at 30,000 steps), so at a hundredth it ran about once a
+/// second of a chain drain, an eighth of the server's time in statements (docs/benchmarks.md,
+/// "Workflows, fifth round"); at half, the table stays within twice its live size.
+const VACUUMED_TABLES: [(&str, i64); 3] = [("jobs", 100), ("flow_steps", 2), ("flows", 2)];
 
 /// The statement for a pass over `table`. `PARALLEL 0`: parallel index vacuuming finishes a
 /// pass sooner by taking cores from the claims and completions it is there to speed up.
@@ -170,19 +181,21 @@ impl Upkeep {
              FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = ANY($2)",
         )
         .bind(&self.schema)
-        .bind(&VACUUMED_TABLES[..])
+        .bind(VACUUMED_TABLES.map(|(table, _)| table).as_slice())
         .fetch_all(pool)
         .await
         .map_err(db("read the tables' statistics"))?;
         // The first table (in VACUUMED_TABLES order) that needs a pass; one pass at a time.
-        for table in VACUUMED_TABLES {
+        for (table, dead_share) in VACUUMED_TABLES {
             let Some((_, dead, live, modified)) = counts.iter().find(|row| row.0 == table) else {
                 continue;
             };
             // The schema name was validated when the store was built.
-            if let Some(statement) =
-                statement_for(&pass_for(*dead, *live, *modified), &self.schema, table)
-            {
+            if let Some(statement) = statement_for(
+                &pass_for(*dead, *live, *modified, dead_share),
+                &self.schema,
+                table,
+            ) {
                 return Ok(Some(statement));
             }
         }
@@ -292,19 +305,38 @@ mod tests {
 
     #[test]
     fn a_pass_needs_a_hundredth_of_the_table_dead_and_at_least_a_thousand_rows() {
-        assert_eq!(pass_for(999, 0, 0), Pass::None);
-        assert_eq!(pass_for(1000, 0, 0), Pass::Vacuum);
-        assert_eq!(pass_for(19_999, 2_000_000, 0), Pass::None);
-        assert_eq!(pass_for(20_000, 2_000_000, 0), Pass::Vacuum);
+        assert_eq!(pass_for(999, 0, 0, 100), Pass::None);
+        assert_eq!(pass_for(1000, 0, 0, 100), Pass::Vacuum);
+        assert_eq!(pass_for(19_999, 2_000_000, 0, 100), Pass::None);
+        assert_eq!(pass_for(20_000, 2_000_000, 0, 100), Pass::Vacuum);
+    }
+
+    #[test]
+    fn the_flow_tables_wait_for_half_their_live_rows_dead() {
+        let share = |table: &str| {
+            VACUUMED_TABLES
+                .iter()
+                .find(|(name, _)| *name == table)
+                .map(|(_, share)| *share)
+        };
+        assert_eq!(share("jobs"), Some(100));
+        let steps = share("flow_steps").unwrap_or(0);
+        assert_eq!(pass_for(14_999, 30_000, 0, steps), Pass::None);
+        assert_eq!(pass_for(15_000, 30_000, 0, steps), Pass::Vacuum);
+        // Small tables still wait for a thousand.
+        assert_eq!(pass_for(999, 100, 0, steps), Pass::None);
     }
 
     #[test]
     fn statistics_are_refreshed_once_the_changes_reach_the_live_rows() {
-        assert_eq!(pass_for(50_000, 2_000_000, 1_999_999), Pass::Vacuum);
-        assert_eq!(pass_for(50_000, 2_000_000, 2_000_000), Pass::VacuumAnalyze);
+        assert_eq!(pass_for(50_000, 2_000_000, 1_999_999, 100), Pass::Vacuum);
+        assert_eq!(
+            pass_for(50_000, 2_000_000, 2_000_000, 100),
+            Pass::VacuumAnalyze
+        );
         // A table growing from nothing is analyzed early (and at each doubling after).
-        assert_eq!(pass_for(1_000, 500, 1_000), Pass::VacuumAnalyze);
-        assert_eq!(pass_for(10, 500, 1_000), Pass::None);
+        assert_eq!(pass_for(1_000, 500, 1_000, 100), Pass::VacuumAnalyze);
+        assert_eq!(pass_for(10, 500, 1_000, 100), Pass::None);
     }
 
     #[test]

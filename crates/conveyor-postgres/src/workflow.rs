@@ -88,7 +88,8 @@ impl WorkflowSql {
             custom_plans: stmt(
                 "SELECT set_config('plan_cache_mode', 'force_custom_plan', true), \
                      set_config('enable_hashjoin', 'off', true), \
-                     set_config('enable_mergejoin', 'off', true)"
+                     set_config('enable_mergejoin', 'off', true), \
+                     set_config('jit', 'off', true)"
                     .to_string(),
             ),
             // The heads of the graphs, locked: the first statement of every flow event. Rows are
@@ -481,10 +482,10 @@ pub(crate) struct Head {
 /// The planner settings a flow event changes for the rest of its transaction (see
 /// `load_graphs`), as they are now: for a caller's own transaction, which keeps them through
 /// the savepoint's release, to get them back (`restore_planner`).
-pub(crate) async fn planner_settings(conn: &mut PgConnection) -> StoreResult<[String; 3]> {
+pub(crate) async fn planner_settings(conn: &mut PgConnection) -> StoreResult<[String; 4]> {
     let row = sqlx::query(
         "SELECT current_setting('plan_cache_mode'), current_setting('enable_hashjoin'), \
-             current_setting('enable_mergejoin')",
+             current_setting('enable_mergejoin'), current_setting('jit')",
     )
     .fetch_one(conn)
     .await
@@ -493,21 +494,22 @@ pub(crate) async fn planner_settings(conn: &mut PgConnection) -> StoreResult<[St
         row.try_get::<String, _>(i)
             .map_err(|e| unreadable(e.to_string()))
     };
-    Ok([read(0)?, read(1)?, read(2)?])
+    Ok([read(0)?, read(1)?, read(2)?, read(3)?])
 }
 
 /// Puts back planner settings read by `planner_settings`, for the rest of the transaction.
 pub(crate) async fn restore_planner(
     conn: &mut PgConnection,
-    settings: &[String; 3],
+    settings: &[String; 4],
 ) -> StoreResult<()> {
     sqlx::query(
         "SELECT set_config('plan_cache_mode', $1, true), set_config('enable_hashjoin', $2, true), \
-             set_config('enable_mergejoin', $3, true)",
+             set_config('enable_mergejoin', $3, true), set_config('jit', $4, true)",
     )
     .bind(&settings[0])
     .bind(&settings[1])
     .bind(&settings[2])
+    .bind(&settings[3])
     .execute(conn)
     .await
     .map_err(db("restore planner settings"))?;
@@ -568,6 +570,8 @@ async fn load_graphs(
     // event is driven by a handful of keys, so this transaction plans joins as nested loops
     // only. For the rest of this transaction, which moves flows; a savepoint's transaction
     // keeps it until it ends, which only changes how its later statements are planned.
+    // JIT compilation is off as well: the steps table's estimates, without statistics, passed
+    // its threshold, and compiling the graph read cost 130 ms where running it took 7.
     // Set here, after the lock, not with it: a completion batch completes its jobs between the
     // two, by a join of its batch to `jobs` that must stay free to hash. Planned as nested
     // loops only, on a table whose statistics were taken while few jobs ran, it compared every

@@ -212,10 +212,20 @@ async fn complete_tx_of_a_flow_step_keeps_the_callers_planner_settings() {
         lease_token: first.lease.as_ref().expect("lease").token,
     };
     let mut tx = store.pool().begin().await.expect("begin");
+    // The store's connections have JIT off; the caller's transaction turns it on, to see it kept.
+    sqlx::query("SELECT set_config('jit', 'on', true)")
+        .execute(&mut *tx)
+        .await
+        .expect("jit on");
     let setting = |name: &'static str| format!("SELECT current_setting('{name}')");
     let before: Vec<String> = {
         let mut values = Vec::new();
-        for name in ["enable_hashjoin", "enable_mergejoin", "plan_cache_mode"] {
+        for name in [
+            "enable_hashjoin",
+            "enable_mergejoin",
+            "plan_cache_mode",
+            "jit",
+        ] {
             values.push(
                 sqlx::query_scalar(sqlx::AssertSqlSafe(setting(name)))
                     .fetch_one(&mut *tx)
@@ -231,7 +241,12 @@ async fn complete_tx_of_a_flow_step_keeps_the_callers_planner_settings() {
         .expect("complete_tx");
     assert_eq!(outcome, LeaseOutcome::Applied);
     let mut after = Vec::new();
-    for name in ["enable_hashjoin", "enable_mergejoin", "plan_cache_mode"] {
+    for name in [
+        "enable_hashjoin",
+        "enable_mergejoin",
+        "plan_cache_mode",
+        "jit",
+    ] {
         after.push(
             sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(setting(name)))
                 .fetch_one(&mut *tx)
