@@ -572,14 +572,10 @@ async fn load_graphs(
     // keeps it until it ends, which only changes how its later statements are planned.
     // JIT compilation is off as well: the steps table's estimates, without statistics, passed
     // its threshold, and compiling the graph read cost 130 ms where running it took 7.
-    // Set here, after the lock, not with it: a completion batch completes its jobs between the
-    // two, by a join of its batch to `jobs` that must stay free to hash. Planned as nested
-    // loops only, on a table whose statistics were taken while few jobs ran, it compared every
-    // running job with every completion (100 ms a batch of 1,000 in the flow benchmark).
-    sqlx::query(ctx.sql.workflow.custom_plans.clone())
-        .execute(&mut *conn)
-        .await
-        .map_err(db("plan flow statements"))?;
+    // Set here, after the lock, not with it: the lock's other callers go on with statements of
+    // their own. A completion batch sets them itself before it completes its jobs
+    // (`ops::leases`), whose statement is written to be planned as key probes under them.
+    plan_flow_statements(&mut *conn, ctx).await?;
     let ids: Vec<Uuid> = heads.iter().map(|head| head.id).collect();
     let rows = sqlx::query(ctx.sql.workflow.graph_steps.clone())
         .bind(&ids)
@@ -623,6 +619,19 @@ async fn load_graphs(
             (head.id, graph)
         })
         .collect())
+}
+
+/// Sets the planner up for the rest of the transaction as flow statements need it (see
+/// `load_graphs`): custom plans, joins as nested loops only, no JIT.
+pub(crate) async fn plan_flow_statements(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+) -> StoreResult<()> {
+    sqlx::query(ctx.sql.workflow.custom_plans.clone())
+        .execute(conn)
+        .await
+        .map_err(db("plan flow statements"))?;
+    Ok(())
 }
 
 /// One flow's graph, its row locked until the transaction ends; `None` when there is no such

@@ -350,6 +350,10 @@ async fn complete_flow_jobs(
     // flow with a few statements for all of them together (`workflow::handle_locked`).
     let mut tx = conn.begin().await.map_err(db("begin flow completion"))?;
     let heads = workflow::lock_heads(&mut tx, ctx, flow_of.into_values().collect()).await?;
+    // The flow transaction's planner settings, before the completion: its statement keeps the
+    // running check out of the scan of `jobs` (see `complete_flow_jobs` in sql.rs), so that
+    // with joins as nested loops only it can only look each job up by key.
+    workflow::plan_flow_statements(&mut tx, ctx).await?;
     let mut ids = Vec::with_capacity(left.len());
     let mut tokens = Vec::with_capacity(left.len());
     let mut results = Vec::with_capacity(left.len());
