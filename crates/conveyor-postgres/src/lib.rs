@@ -294,6 +294,7 @@ impl PgStore {
             schema: &self.inner.schema,
             now: truncate_to_millis(self.inner.clock.now()),
             options: &self.inner.options,
+            deferred_wakeups: None,
         }
     }
 

@@ -1073,7 +1073,7 @@ async fn start_steps(
     }
     if !jobs.is_empty() {
         // Queue depth limits do not apply: the flows were accepted whole when created.
-        ops::import(&mut *conn, ctx.sql, &jobs).await?;
+        ops::import_flow_jobs(&mut *conn, ctx, &jobs).await?;
     }
     if !waiting.is_empty() {
         sqlx::query(sql.begin_waits.clone())
@@ -1125,7 +1125,7 @@ async fn compensate(
         step: step.to_string(),
         parents: BTreeMap::from([(step.to_string(), result)]),
     };
-    ops::import(&mut *conn, ctx.sql, &[flow_job(ctx.now, job, id, link)]).await?;
+    ops::import_flow_jobs(&mut *conn, ctx, &[flow_job(ctx.now, job, id, link)]).await?;
     sqlx::query(sql.compensation_started.clone())
         .bind(id)
         .bind(flow_id)

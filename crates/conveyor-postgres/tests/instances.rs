@@ -42,6 +42,61 @@ async fn a_job_enqueued_by_another_instance_wakes_a_waiting_fetcher() {
     assert_eq!(fetched[0].kind, "cross-process");
 }
 
+/// A completion batch sends the wake-ups for the steps it starts after its commit, in a
+/// statement of its own (`complete_flow_jobs`): another instance's waiting fetcher still hears
+/// of the next step at once, and finds it committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flow_step_started_by_another_instance_wakes_a_waiting_fetcher() {
+    use conveyor_core::workflow::{NewFlow, ValidFlow};
+    use conveyor_core::{CompleteParams, FlowStore, LeaseOutcome};
+    let (first, clock, _guard) = common::fresh_store().await;
+    let second = common::connect(first.schema(), clock).await;
+    let fetch = |queue: &str| FetchParams {
+        worker_id: "w".into(),
+        queues: vec![queue.into()],
+        max: 10,
+        lease: Duration::from_secs(30),
+        kinds: None,
+        excluded_kinds: Vec::new(),
+    };
+    let mut second_step = NewJob::new("second", json!({}));
+    second_step.queue = "later".into();
+    let flow = NewFlow::chain([("a", NewJob::new("first", json!({}))), ("b", second_step)]);
+    second
+        .flow_create(ValidFlow::new(flow).expect("valid"))
+        .await
+        .expect("create");
+    let running = second.jobs_fetch(fetch("default")).await.expect("fetch a");
+    assert_eq!(running.len(), 1, "step a runs");
+
+    // Registered before the completion, so the wake-up cannot slip past.
+    let wakeup = first.wakeup();
+    let notified = wakeup.notified();
+    tokio::pin!(notified);
+    notified.as_mut().enable();
+    let outcomes = second
+        .jobs_complete_many(vec![CompleteParams {
+            lease: running[0].lease_ref().expect("lease"),
+            result: Some(json!({"made": 1})),
+        }])
+        .await
+        .expect("complete a");
+    assert_eq!(outcomes, vec![LeaseOutcome::Applied]);
+    tokio::time::timeout(Duration::from_secs(5), notified)
+        .await
+        .expect("the first instance is woken for step b");
+
+    let fetched = first.jobs_fetch(fetch("later")).await.expect("fetch b");
+    assert_eq!(
+        fetched.len(),
+        1,
+        "step b is committed when its wake-up arrives"
+    );
+    assert_eq!(fetched[0].kind, "second");
+    let parents = &fetched[0].flow.as_ref().expect("flow link").parents;
+    assert_eq!(parents.get("a"), Some(&json!({"made": 1})));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_enqueues_from_two_instances_yield_one_job() {
     let (first, clock, _guard) = common::fresh_store().await;

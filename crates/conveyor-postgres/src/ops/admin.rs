@@ -177,14 +177,43 @@ pub(crate) async fn dead_discard(
 /// Stores jobs exactly as given (times at the store's millisecond precision), every column,
 /// skipping ids that already exist. Returns how many were stored and whether any of them is
 /// available. Must run inside a transaction, so that the wake-up is sent only if the import
-/// commits. Also stores a flow's jobs as its steps start (`workflow`).
+/// commits.
 pub(crate) async fn import(
     conn: &mut PgConnection,
     sql: &Sql,
     jobs: &[Job],
 ) -> StoreResult<(u64, bool)> {
+    let (stored, woken) = store_exactly(&mut *conn, sql, jobs).await?;
+    notify(conn, sql, &woken).await?;
+    Ok((stored, !woken.is_empty()))
+}
+
+/// `import` for the jobs of flows' steps as they start (`workflow`): their wake-ups go where
+/// the operation defers them (`Ctx::deferred_wakeups`), or else are sent in the transaction.
+pub(crate) async fn import_flow_jobs(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    jobs: &[Job],
+) -> StoreResult<()> {
+    let (_, woken) = store_exactly(&mut *conn, ctx.sql, jobs).await?;
+    match ctx.deferred_wakeups {
+        Some(deferred) => deferred
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .extend(woken),
+        None => notify(conn, ctx.sql, &woken).await?,
+    }
+    Ok(())
+}
+
+/// The statement of `import`: how many jobs were stored, and the queues of those available.
+async fn store_exactly(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    jobs: &[Job],
+) -> StoreResult<(u64, Vec<String>)> {
     if jobs.is_empty() {
-        return Ok((0, false));
+        return Ok((0, Vec::new()));
     }
     let ms = truncate_to_millis;
     fn lease(job: &Job) -> Option<&conveyor_core::Lease> {
@@ -298,7 +327,5 @@ pub(crate) async fn import(
             woken.insert(row.try_get::<String, _>("queue").map_err(read)?);
         }
     }
-    let woken: Vec<String> = woken.into_iter().collect();
-    notify(conn, sql, &woken).await?;
-    Ok((found.len() as u64, !woken.is_empty()))
+    Ok((found.len() as u64, woken.into_iter().collect()))
 }

@@ -348,6 +348,18 @@ async fn complete_flow_jobs(
     // One transaction for the whole batch, however many flows it touches: it locks them all
     // (in id order, before their jobs: see `workflow`), completes the jobs, and moves every
     // flow with a few statements for all of them together (`workflow::handle_locked`).
+    //
+    // The wake-ups for the steps it starts are sent after the commit, not in the transaction:
+    // PostgreSQL serializes the commits of all transactions that NOTIFY (a database-wide lock
+    // held through the commit's WAL flush), so two completion batches, or a batch and a
+    // producer, committed one after the other however many cores were free (about a tenth of
+    // the flow benchmark's steps/s). Sent after the commit, the wake-up is a one-statement
+    // transaction of its own. In a caller's transaction (`complete_tx`) it goes with that one.
+    let deferred = std::sync::Mutex::new(BTreeSet::new());
+    let ctx = &Ctx {
+        deferred_wakeups: Some(&deferred),
+        ..*ctx
+    };
     let mut tx = conn.begin().await.map_err(db("begin flow completion"))?;
     let heads = workflow::lock_heads(&mut tx, ctx, flow_of.into_values().collect()).await?;
     // The flow transaction's planner settings, before the completion: its statement keeps the
@@ -393,6 +405,18 @@ async fn complete_flow_jobs(
         .collect();
     workflow::handle_locked(&mut tx, ctx, heads, events).await?;
     tx.commit().await.map_err(db("commit flow completion"))?;
+    let woken: Vec<String> = std::mem::take(
+        &mut *deferred
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()),
+    )
+    .into_iter()
+    .collect();
+    if let Err(e) = notify(conn, ctx.sql, &woken).await {
+        // The completions are stored: the caller must hear they applied. Workers that missed
+        // the wake-up find the new steps at their next poll.
+        tracing::warn!(error = %e, "could not wake workers for the flow steps just started");
+    }
     Ok(applied)
 }
 

@@ -53,6 +53,10 @@ pub(crate) struct Ctx<'a> {
     pub schema: &'a str,
     pub now: DateTime<Utc>,
     pub options: &'a StoreOptions,
+    /// Where jobs a flow starts (`import_flow_jobs`) leave their queues' wake-ups instead of
+    /// sending them in the transaction, for the caller to send once it has committed; `None`
+    /// sends them in the transaction (see `complete_flow_jobs`).
+    pub deferred_wakeups: Option<&'a std::sync::Mutex<std::collections::BTreeSet<String>>>,
 }
 
 /// Takes the transaction-scoped advisory locks `keys` (in ascending order, each once, so two
@@ -103,7 +107,11 @@ fn limit(n: usize) -> i64 {
 }
 
 /// Sends one NOTIFY per queue on the schema's channel, delivered when the transaction commits.
-async fn notify(conn: &mut PgConnection, sql: &Sql, queues: &[String]) -> StoreResult<()> {
+pub(crate) async fn notify(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    queues: &[String],
+) -> StoreResult<()> {
     if queues.is_empty() {
         return Ok(());
     }
