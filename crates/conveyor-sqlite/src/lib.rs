@@ -220,7 +220,6 @@ impl SqliteStore {
         } else {
             None
         };
-        keep_sub_journals_in_memory();
         let conn = Connection::open(&path).map_err(describe)?;
         configure_writer(&conn, options.durability).map_err(describe)?;
         if options.integrity_check {
@@ -408,8 +407,8 @@ fn configure_writer(conn: &Connection, durability: Durability) -> rusqlite::Resu
     // it in a statement savepoint, both journalled in the sub-journal. temp_store=MEMORY would
     // keep that journal as a list of 1 KiB chunks that each statement's release walks from the
     // start to truncate it (perf: 9 % of the writer in a flow benchmark, growing with the
-    // operation); the default temp_store keeps one chunk, of 4 MiB here
-    // (`keep_sub_journals_in_memory`), and spills past it to an unsynced temp file.
+    // operation); the default keeps one 64 KiB chunk and spills past it to an unsynced temp
+    // file, truncated at once. Flow steps +5-12 %, plain drain unchanged (docs/benchmarks.md).
     // The WAL file is reused, never shrunk, unless a limit says so: the soak saw it creep from
     // 8 to 15 MiB over 20 minutes. Past 64 MiB it is truncated back after a checkpoint.
     conn.execute_batch(&format!(
@@ -418,40 +417,6 @@ fn configure_writer(conn: &Connection, durability: Durability) -> rusqlite::Resu
          PRAGMA journal_size_limit=67108864;"
     ))?;
     Ok(())
-}
-
-/// How much of a savepoint's sub-journal SQLite keeps in memory before it spills to a temp file
-/// (SQLite's default: 64 KiB, 16 pages).
-const SUB_JOURNAL_IN_MEMORY_BYTES: i32 = 4 << 20;
-
-/// Every operation of the writer runs in a savepoint (see writer.rs), and the first change of
-/// each page in a savepoint copies the page to the sub-journal. Past SQLite's default 64 KiB
-/// the sub-journal spills to a temp file: a `pwrite` per page, 16 % of the writer thread in a
-/// flow benchmark (perf). Kept in memory up to 4 MiB (one allocation, written and truncated
-/// in place, unlike `temp_store=MEMORY`'s chain of 1 KiB chunks: see `configure_writer`), the
-/// plain drain went from 28k to 37-39k jobs/s and flow chains from 12-14k to 17-20k steps/s
-/// (docs/benchmarks.md, "Workflows, fifth round"). A process-wide setting of SQLite that only
-/// takes before SQLite's first use in the process: set before the first store opens its file.
-/// If SQLite was already in use (an application that opened a connection of its own first),
-/// it keeps the default, which is only slower.
-fn keep_sub_journals_in_memory() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // SAFETY: `sqlite3_config` takes an int for this option, and refuses (SQLITE_MISUSE,
-        // changing nothing) once SQLite is initialized; the `Once` makes this the only call.
-        let rc = unsafe {
-            rusqlite::ffi::sqlite3_config(
-                rusqlite::ffi::SQLITE_CONFIG_STMTJRNL_SPILL,
-                SUB_JOURNAL_IN_MEMORY_BYTES,
-            )
-        };
-        if rc != rusqlite::ffi::SQLITE_OK {
-            tracing::debug!(
-                rc,
-                "SQLite was in use already: sub-journals spill to disk past 64 KiB"
-            );
-        }
-    });
 }
 
 fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
