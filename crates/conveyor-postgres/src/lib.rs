@@ -174,7 +174,7 @@ impl PgStore {
         // the planner's estimates pass the JIT threshold, and the flow benchmark spent 7 of its
         // 21 s compiling statements that ran in a few milliseconds (docs/benchmarks.md,
         // "Workflows, fifth round"). Pools given to `from_pool` keep their own setting; flow
-        // transactions turn it off for themselves either way (`workflow::load_graphs`).
+        // transactions turn it off for themselves either way (`workflow::plan_flow_statements`).
         let pool_options = connect_options.clone().options([("jit", "off")]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
@@ -276,7 +276,7 @@ impl PgStore {
         let completion = vec![CompleteParams { lease, result }];
         conveyor_core::validate::completions(&completion)?;
         // A job of a flow changes planner settings for the rest of the transaction (see
-        // `workflow::load_graphs`): this one is the caller's, so they are put back.
+        // `workflow::plan_flow_statements`): this one is the caller's, so they are put back.
         let planner = workflow::planner_settings(tx).await?;
         let outcomes =
             ops::complete_many(tx, &self.ctx(), completion, &self.inner.flow_jobs).await?;

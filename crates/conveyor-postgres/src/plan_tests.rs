@@ -293,7 +293,7 @@ async fn flow_reads_probe_keys_when_planned_on_empty_tables() {
         "graph_steps: {steps}"
     );
     // The parents' results: one key lookup each (the update of the starting steps is planned
-    // per run in a flow transaction, see `workflow::load_graphs`).
+    // per run in a flow transaction, see `workflow::plan_flow_statements`).
     assert!(
         start.contains("\"Node Type\":\"Limit\"") && start.contains("flow_steps_pkey"),
         "start_steps reads parents by key: {start}"
@@ -353,8 +353,8 @@ async fn batched_completion_keeps_its_flow_filter_out_of_the_scan_of_an_unanalyz
 }
 
 /// The batched writes of a flow event (`set_steps`, `start_steps`), planned as a flow
-/// transaction plans them (`workflow::load_graphs` sets the planner up) on an analyzed table of
-/// 5,000 steps, for a batch of 400: each was costed as a hash of the whole steps table (6 ms a
+/// transaction plans them (`workflow::plan_flow_statements` sets the planner up) on an
+/// analyzed table of 5,000 steps, for a batch of 400: each was costed as a hash of the whole steps table (6 ms a
 /// completion batch at 5,000 steps, growing with the table) where probing the key costs 3 us a
 /// step. They must probe the primary key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

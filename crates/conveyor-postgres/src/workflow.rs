@@ -84,7 +84,7 @@ impl WorkflowSql {
         let steps = format!("{}.flow_steps", quoted(schema));
         let jobs = format!("{}.jobs", quoted(schema));
         Self {
-            // See `load_graphs`.
+            // See `plan_flow_statements`.
             custom_plans: stmt(
                 "SELECT set_config('plan_cache_mode', 'force_custom_plan', true), \
                      set_config('enable_hashjoin', 'off', true), \
@@ -480,8 +480,8 @@ pub(crate) struct Head {
 }
 
 /// The planner settings a flow event changes for the rest of its transaction (see
-/// `load_graphs`), as they are now: for a caller's own transaction, which keeps them through
-/// the savepoint's release, to get them back (`restore_planner`).
+/// `plan_flow_statements`), as they are now: for a caller's own transaction, which keeps them
+/// through the savepoint's release, to get them back (`restore_planner`).
 pub(crate) async fn planner_settings(conn: &mut PgConnection) -> StoreResult<[String; 4]> {
     let row = sqlx::query(
         "SELECT current_setting('plan_cache_mode'), current_setting('enable_hashjoin'), \
@@ -548,7 +548,7 @@ pub(crate) async fn lock_heads(
 
 /// The graphs of the flows whose heads were locked, as the policy sees them, by id: all their
 /// steps in one statement. Run after the lock (a statement of its own, so that it reads the
-/// steps as the last holder of the lock left them).
+/// steps as the last holder of the lock left them) and after `plan_flow_statements`.
 async fn load_graphs(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -557,25 +557,6 @@ async fn load_graphs(
     if heads.is_empty() {
         return Ok(BTreeMap::new());
     }
-    // The statements that write a flow's steps find them by joining the table to the (flow,
-    // step) pairs they are given. A plan cached while the table was small (PostgreSQL's generic
-    // plan, after five runs of a prepared statement on one connection) hashes the whole table
-    // and keeps doing so as it grows: seen at a second per completion batch once a benchmark
-    // had filled it, where the index probes take milliseconds, and nothing re-plans it while
-    // the table has no statistics (the server's autovacuum off). Planned for each run, with
-    // the batch's own sizes, these joins probe the primary key. Even planned afresh, a join of
-    // a batch of (flow, step) keys to the steps table was costed as a hash of the whole table
-    // (every completion batch of a benchmark hashed all 5,000 steps there were, 6 ms, and it
-    // grows with the table), where probing the key is 3 us a step: every statement of a flow
-    // event is driven by a handful of keys, so this transaction plans joins as nested loops
-    // only. For the rest of this transaction, which moves flows; a savepoint's transaction
-    // keeps it until it ends, which only changes how its later statements are planned.
-    // JIT compilation is off as well: the steps table's estimates, without statistics, passed
-    // its threshold, and compiling the graph read cost 130 ms where running it took 7.
-    // Set here, after the lock, not with it: the lock's other callers go on with statements of
-    // their own. A completion batch sets them itself before it completes its jobs
-    // (`ops::leases`), whose statement is written to be planned as key probes under them.
-    plan_flow_statements(&mut *conn, ctx).await?;
     let ids: Vec<Uuid> = heads.iter().map(|head| head.id).collect();
     let rows = sqlx::query(ctx.sql.workflow.graph_steps.clone())
         .bind(&ids)
@@ -621,8 +602,28 @@ async fn load_graphs(
         .collect())
 }
 
-/// Sets the planner up for the rest of the transaction as flow statements need it (see
-/// `load_graphs`): custom plans, joins as nested loops only, no JIT.
+/// Sets the planner up for the rest of the transaction as flow statements need it: custom
+/// plans, joins as nested loops only, no JIT.
+///
+/// The statements that write a flow's steps find them by joining the table to the (flow,
+/// step) pairs they are given. A plan cached while the table was small (PostgreSQL's generic
+/// plan, after five runs of a prepared statement on one connection) hashes the whole table
+/// and keeps doing so as it grows: seen at a second per completion batch once a benchmark
+/// had filled it, where the index probes take milliseconds, and nothing re-plans it while
+/// the table has no statistics (the server's autovacuum off). Planned for each run, with
+/// the batch's own sizes, these joins probe the primary key. Even planned afresh, a join of
+/// a batch of (flow, step) keys to the steps table was costed as a hash of the whole table
+/// (every completion batch of a benchmark hashed all 5,000 steps there were, 6 ms, and it
+/// grows with the table), where probing the key is 3 us a step: every statement of a flow
+/// event is driven by a handful of keys, so this transaction plans joins as nested loops
+/// only. For the rest of this transaction, which moves flows; a savepoint's transaction
+/// keeps it until it ends, which only changes how its later statements are planned.
+/// JIT compilation is off as well: the steps table's estimates, without statistics, passed
+/// its threshold, and compiling the graph read cost 130 ms where running it took 7.
+/// Set after the lock, not with it: the lock's other callers go on with statements of their
+/// own. A completion batch sets them before it completes its jobs (`ops::leases`), whose
+/// statement is written to be planned as key probes under them; every other flow event right
+/// after its lock (`handle_many`, `load_graph`).
 pub(crate) async fn plan_flow_statements(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -642,6 +643,10 @@ async fn load_graph(
     flow_id: Uuid,
 ) -> StoreResult<Option<FlowGraph>> {
     let heads = lock_heads(&mut *conn, ctx, vec![flow_id]).await?;
+    if heads.is_empty() {
+        return Ok(None);
+    }
+    plan_flow_statements(&mut *conn, ctx).await?;
     Ok(load_graphs(conn, ctx, heads).await?.remove(&flow_id))
 }
 
@@ -667,11 +672,15 @@ pub(crate) async fn handle_many(
     events: Vec<(Uuid, FlowEvent)>,
 ) -> StoreResult<Vec<bool>> {
     let heads = lock_heads(&mut *conn, ctx, events.iter().map(|(id, _)| *id).collect()).await?;
+    if !heads.is_empty() {
+        plan_flow_statements(&mut *conn, ctx).await?;
+    }
     handle_locked(conn, ctx, heads, events).await
 }
 
 /// `handle_many` for flows whose heads the transaction has locked already (`lock_heads`, taken
-/// before the jobs whose events these are: see the module's lock order). Every graph is loaded
+/// before the jobs whose events these are: see the module's lock order), with the planner set
+/// up for flow statements (`plan_flow_statements`). Every graph is loaded
 /// once, takes its events in the order given (each seeing the ones before it, in memory, as
 /// it would after writing them: none of these events can concern a job that the earlier ones
 /// created, as such a job did not exist when the event happened), and all effects are written
