@@ -29,7 +29,16 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
         .min()
         .unwrap_or(0);
     let bound = uuid_v7_floor(ctx.now - chrono::Duration::seconds(shortest));
-    let deleted: Vec<(String, String)> = ctx
+    type Deleted = (
+        String,
+        String,
+        String,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+        Option<i64>,
+    );
+    let deleted: Vec<Deleted> = ctx
         .conn
         .prepare_cached(
             "DELETE FROM jobs WHERE id IN ( \
@@ -41,7 +50,7 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
                       FROM queue_settings s WHERE s.queue = j.queue), \
                      CASE WHEN j.state IN ('dead', 'expired') THEN ?3 ELSE ?4 END) \
                  ORDER BY j.id LIMIT ?5) \
-             RETURNING queue, state",
+             RETURNING queue, state, id, flow_id, flow_step, result, finished_at",
         )
         .and_then(|mut stmt| {
             stmt.query_map(
@@ -52,14 +61,36 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
                     default_completed,
                     params.limit as i64
                 ],
-                |row| Ok((row.get(0)?, row.get(1)?)),
+                |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                        row.get(5)?,
+                        row.get(6)?,
+                    ))
+                },
             )?
             .collect()
         })
         .map_err(backend)?;
     let mut report = PruneReport::default();
-    for (queue, state) in deleted {
+    for (queue, state, id, flow_id, flow_step, result, finished_at) in deleted {
         let state = JobState::from_str(&state)?;
+        // A flow step completed by this job may say so only through it: its row must say it
+        // before the job is gone (same transaction).
+        if let (JobState::Completed, Some(flow_id), Some(step)) = (state, flow_id, flow_step) {
+            crate::workflow::materialize_completed_step(
+                ctx,
+                &flow_id,
+                &step,
+                &id,
+                result.as_deref(),
+                finished_at,
+            )?;
+        }
         match state {
             JobState::Completed => report.completed += 1,
             JobState::Cancelled => report.cancelled += 1,

@@ -160,8 +160,14 @@ fn step_jobs(conn: &Connection, flow_id: Uuid) -> StoreResult<BTreeMap<String, U
     Ok(steps)
 }
 
-/// The flow's graph as the policy sees it.
-fn load_graph(conn: &Connection, flow_id: Uuid) -> StoreResult<Option<FlowGraph>> {
+/// The flow's graph as the policy sees it. `completing` is the job whose completion the
+/// current operation is applying: its row already says `completed`, but its step is still
+/// active until the policy has seen that completion (see `STEP_COMPLETED_BY_JOB`).
+fn load_graph(
+    conn: &Connection,
+    flow_id: Uuid,
+    completing: Option<Uuid>,
+) -> StoreResult<Option<FlowGraph>> {
     let head: Option<(String, String, Option<String>)> = conn
         .prepare_cached("SELECT state, on_failure, failed_step FROM flows WHERE id = ?1")
         .and_then(|mut stmt| {
@@ -189,28 +195,34 @@ fn load_graph(conn: &Connection, flow_id: Uuid) -> StoreResult<Option<FlowGraph>
     );
     let rows: Vec<Row> = conn
         .prepare_cached(&format!(
-            "SELECT s.name, {STEP_STATE}, s.after, s.on_parent_failure, s.job_id, \
+            "SELECT s.name, \
+                 CASE WHEN s.job_id = ?2 AND s.state IN ('pending', 'active') THEN 'active' \
+                     ELSE {STEP_STATE} END, \
+                 s.after, s.on_parent_failure, s.job_id, \
                  s.wait_signal, s.signalled, s.compensate IS NOT NULL, s.compensation, \
                  s.compensation_job_id, s.completed_seq \
                  FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
                  WHERE s.flow_id = ?1 ORDER BY s.position"
         ))
         .and_then(|mut stmt| {
-            stmt.query_map(params![flow_id.to_string()], |row| {
-                Ok((
-                    row.get(0)?,
-                    row.get(1)?,
-                    row.get(2)?,
-                    row.get(3)?,
-                    row.get(4)?,
-                    row.get(5)?,
-                    row.get(6)?,
-                    row.get(7)?,
-                    row.get(8)?,
-                    row.get(9)?,
-                    row.get(10)?,
-                ))
-            })?
+            stmt.query_map(
+                params![flow_id.to_string(), completing.map(|id| id.to_string())],
+                |row| {
+                    Ok((
+                        row.get(0)?,
+                        row.get(1)?,
+                        row.get(2)?,
+                        row.get(3)?,
+                        row.get(4)?,
+                        row.get(5)?,
+                        row.get(6)?,
+                        row.get(7)?,
+                        row.get(8)?,
+                        row.get(9)?,
+                        row.get(10)?,
+                    ))
+                },
+            )?
             .collect()
         })
         .map_err(backend)?;
@@ -241,9 +253,25 @@ fn load_graph(conn: &Connection, flow_id: Uuid) -> StoreResult<Option<FlowGraph>
 
 /// A step's state as read (`s` a `flow_steps` row, `j` its job's row or NULL). A job step that
 /// started is still stored `pending`: its job's existence says it is active (the job is inserted
-/// when the step starts, in the same transaction, and is only pruned after the step finished).
-const STEP_STATE: &str = "CASE WHEN s.state = 'pending' AND j.id IS NOT NULL THEN 'active' \
+/// when the step starts, in the same transaction). A job step whose job completed is, in most
+/// flows, still stored `pending` (or `active`, after a replay): its completed job says it is
+/// completed, with the job's result and finish time (see `STEP_COMPLETED_BY_JOB`).
+const STEP_STATE: &str = "CASE WHEN (s.state IN ('pending', 'active') AND j.state = 'completed') \
+                              THEN 'completed' \
+                          WHEN s.state = 'pending' AND j.id IS NOT NULL THEN 'active' \
                           ELSE s.state END";
+
+/// Whether a step (`s`, its job `j`) is completed by its job without its row saying so.
+///
+/// Why: writing `completed` into the step's row cost every step of a chain a page of
+/// `flow_steps` in its commit (a scattered page per flow in flight: written to the sub-journal,
+/// the WAL and at checkpoint again); skipping that write made chain steps about a quarter
+/// faster (docs/benchmarks.md, "Workflows, sixth round"). The job row already holds the same
+/// facts: state, result, finish time. So the completion of a step by its own job leaves the row
+/// alone unless the step's completion order matters (a step with a compensation in a flow that
+/// compensates, see `write_effects`), and before a completed flow job is pruned the row is
+/// written (`materialize_completed_steps`), so the row alone is the truth once the job is gone.
+const STEP_COMPLETED_BY_JOB: &str = "(s.state IN ('pending', 'active') AND j.state = 'completed')";
 
 /// The graphs of recently changed flows, as the writer last wrote them. Every change to a
 /// flow goes through the writer thread, so a cached graph is the stored one; reading it again
@@ -321,7 +349,11 @@ pub(crate) fn handle(ctx: &mut WriteCtx<'_>, flow_id: Uuid, event: FlowEvent) ->
     let cached = ctx.graphs.take(flow_id);
     let mut graph = match cached {
         Some(graph) => graph,
-        None => match load_graph(ctx.conn, flow_id)? {
+        None => match load_graph(
+            ctx.conn,
+            flow_id,
+            ctx.graphs.completing.as_ref().map(|(job_id, _)| *job_id),
+        )? {
             Some(graph) => graph,
             None => return Ok(()),
         },
@@ -370,6 +402,14 @@ fn write_effects(
                         ctx.graphs
                             .results
                             .insert((graph.id, step.clone()), result.clone());
+                        // Completed by the job just completed: its row says so (see
+                        // STEP_COMPLETED_BY_JOB), unless the step's place in the completion
+                        // order must be kept for a compensation.
+                        let order_matters = graph.on_failure == FlowFailurePolicy::Compensate
+                            && found.is_some_and(|s| s.has_compensate);
+                        if !order_matters {
+                            continue;
+                        }
                     }
                 }
                 let error = error.map(|e| to_json(&e, "error")).transpose()?;
@@ -443,6 +483,29 @@ fn write_effects(
     Ok(())
 }
 
+/// Writes into a step's row that its job `job_id` completed it, with the job's result and
+/// finish time, for a step whose row does not say so yet (see `STEP_COMPLETED_BY_JOB`): run
+/// before the job's row is deleted.
+pub(crate) fn materialize_completed_step(
+    ctx: &WriteCtx<'_>,
+    flow_id: &str,
+    step: &str,
+    job_id: &str,
+    result: Option<&str>,
+    finished_at: Option<i64>,
+) -> StoreResult<()> {
+    ctx.conn
+        .prepare_cached(
+            "UPDATE flow_steps SET state = 'completed', result = ?1, error = NULL, \
+             finished_at = ?2 \
+             WHERE flow_id = ?3 AND name = ?4 AND job_id = ?5 \
+             AND state IN ('pending', 'active')",
+        )
+        .and_then(|mut stmt| stmt.execute(params![result, finished_at, flow_id, step, job_id]))
+        .map_err(backend)?;
+    Ok(())
+}
+
 /// What compensating a step needs: its job's and its compensation's specs, its result.
 struct StepRow {
     job: Option<String>,
@@ -453,9 +516,12 @@ struct StepRow {
 fn step_row(conn: &Connection, flow_id: Uuid, step: &str) -> StoreResult<StepRow> {
     type Columns = (Option<String>, Option<String>, Option<String>);
     let row: Option<Columns> = conn
-        .prepare_cached(
-            "SELECT job, compensate, result FROM flow_steps WHERE flow_id = ?1 AND name = ?2",
-        )
+        .prepare_cached(&format!(
+            "SELECT s.job, s.compensate, \
+                 CASE WHEN {STEP_COMPLETED_BY_JOB} THEN j.result ELSE s.result END \
+             FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
+             WHERE s.flow_id = ?1 AND s.name = ?2"
+        ))
         .and_then(|mut stmt| {
             stmt.query_row(params![flow_id.to_string(), step], |row| {
                 Ok((row.get(0)?, row.get(1)?, row.get(2)?))
@@ -523,10 +589,11 @@ fn start_step(ctx: &mut WriteCtx<'_>, graph: &FlowGraph, step: &str) -> StoreRes
         }
         let result: Option<Option<String>> = ctx
             .conn
-            .prepare_cached(
-                "SELECT result FROM flow_steps WHERE flow_id = ?1 AND name = ?2 \
-                 AND state = 'completed'",
-            )
+            .prepare_cached(&format!(
+                "SELECT CASE WHEN {STEP_COMPLETED_BY_JOB} THEN j.result ELSE s.result END \
+                 FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
+                 WHERE s.flow_id = ?1 AND s.name = ?2 AND ({STEP_STATE}) = 'completed'"
+            ))
             .and_then(|mut stmt| {
                 stmt.query_row(params![flow, parent], |row| row.get(0))
                     .optional()
@@ -625,7 +692,7 @@ fn compensate(ctx: &mut WriteCtx<'_>, flow_id: Uuid, step: &str) -> StoreResult<
 }
 
 pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<FlowView> {
-    let graph = load_graph(ctx.conn, id)?.ok_or(StoreError::FlowNotFound(id))?;
+    let graph = load_graph(ctx.conn, id, None)?.ok_or(StoreError::FlowNotFound(id))?;
     graph.check_cancel()?;
     handle(ctx, id, FlowEvent::Cancel)?;
     view(ctx.conn, id)?.ok_or(StoreError::FlowNotFound(id))
@@ -637,7 +704,7 @@ pub(crate) fn signal(
     signal: &str,
     payload: &Value,
 ) -> StoreResult<SignalOutcome> {
-    let graph = load_graph(ctx.conn, id)?.ok_or(StoreError::FlowNotFound(id))?;
+    let graph = load_graph(ctx.conn, id, None)?.ok_or(StoreError::FlowNotFound(id))?;
     let (name, outcome) = graph.signal_target(signal)?;
     ctx.conn
         .prepare_cached(
@@ -794,9 +861,12 @@ pub(crate) fn view(conn: &Connection, id: Uuid) -> StoreResult<Option<FlowView>>
     let rows: Vec<Row> = conn
         .prepare_cached(&format!(
             "SELECT s.name, {STEP_STATE}, s.after, s.on_parent_failure, s.job_id, \
-                 json_extract(s.job, '$.kind'), s.wait_signal, s.wait_timeout_ms, s.result, \
-                 s.error, s.compensation, s.compensation_job_id, s.wait_deadline, \
-                 s.finished_at, j.state, j.attempt, j.progress \
+                 json_extract(s.job, '$.kind'), s.wait_signal, s.wait_timeout_ms, \
+                 CASE WHEN {STEP_COMPLETED_BY_JOB} THEN j.result ELSE s.result END, \
+                 CASE WHEN {STEP_COMPLETED_BY_JOB} THEN NULL ELSE s.error END, \
+                 s.compensation, s.compensation_job_id, s.wait_deadline, \
+                 CASE WHEN {STEP_COMPLETED_BY_JOB} THEN j.finished_at ELSE s.finished_at END, \
+                 j.state, j.attempt, j.progress \
                  FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
                  WHERE s.flow_id = ?1 ORDER BY s.position"
         ))

@@ -286,6 +286,7 @@ macro_rules! __conveyor_behaviours {
             flows_list_filters_by_state_and_name_newest_first,
             job_progress_is_recorded_while_the_lease_holds,
             flows_prune_deletes_finished_flows_past_their_retention,
+            flow_step_keeps_its_outcome_when_its_job_is_pruned,
             // settings per kind
             kind_settings_round_trip_and_refuse_bad_schemas,
             kind_schema_is_enforced_on_enqueue_and_counts_queued_violations,

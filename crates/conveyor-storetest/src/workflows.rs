@@ -569,6 +569,63 @@ pub async fn job_progress_is_recorded_while_the_lease_holds(h: &Harness) {
     );
 }
 
+/// A completed step keeps its state, result and finish time when retention deletes its job
+/// while the flow still runs, and a later step is still handed that result.
+pub async fn flow_step_keeps_its_outcome_when_its_job_is_pruned(h: &Harness) {
+    let q = "wf-pruned-step";
+    let created = create(
+        h,
+        NewFlow::group([("a", step_job("a", q)), ("b", step_job("b", q))])
+            .then("sum", step_job("sum", q)),
+    )
+    .await;
+    let a = fetch_step(h, q, "a").await;
+    assert_eq!(
+        complete(h, lease_of(&a), Some(json!({ "n": 1 }))).await,
+        LeaseOutcome::Applied
+    );
+    let finished = view(h, created.id).await.steps[0].finished_at;
+    assert!(finished.is_some(), "a finished");
+    h.advance(Duration::from_secs(24 * 3600 + 1));
+    let report = h
+        .store
+        .jobs_prune(conveyor_core::PruneParams {
+            retention: conveyor_core::RetentionPolicy::default(),
+            limit: 100,
+        })
+        .await
+        .expect("prune");
+    assert_eq!(report.completed, 1, "a's job is past its retention");
+    assert!(h.store.job_get(a.id).await.expect("get").is_none());
+    let flow = view(h, created.id).await;
+    let step_a = &flow.steps[0];
+    assert_eq!(step_a.state, StepState::Completed, "{flow:?}");
+    assert_eq!(step_a.result, Some(json!({ "n": 1 })), "{flow:?}");
+    assert_eq!(step_a.finished_at, finished, "{flow:?}");
+    assert_eq!(step_a.job_state, None, "its job is gone: {flow:?}");
+    assert!(step_a.error.is_none(), "{flow:?}");
+    assert_eq!(flow.step_counts.get("completed"), Some(&1), "{flow:?}");
+    run_step(h, q, "b", json!(2)).await;
+    let sum = fetch_step(h, q, "sum").await;
+    let parents = sum.flow.clone().expect("link").parents;
+    assert_eq!(parents.get("a"), Some(&json!({ "n": 1 })), "{parents:?}");
+    assert_eq!(parents.get("b"), Some(&json!(2)), "{parents:?}");
+    complete(h, lease_of(&sum), None).await;
+    let flow = view(h, created.id).await;
+    assert_eq!(flow.state, FlowState::Completed, "{flow:?}");
+    let listed = h
+        .store
+        .flows_list(FlowListParams::newest(10))
+        .await
+        .expect("list");
+    let counts = &listed
+        .iter()
+        .find(|f| f.id == created.id)
+        .expect("listed")
+        .step_counts;
+    assert_eq!(counts.get("completed"), Some(&3), "{counts:?}");
+}
+
 pub async fn flows_prune_deletes_finished_flows_past_their_retention(h: &Harness) {
     let q = "wf-prune";
     let done = create(h, NewFlow::chain([("a", step_job("a", q))])).await;
