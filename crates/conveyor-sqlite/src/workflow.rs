@@ -270,7 +270,7 @@ const STEP_STATE: &str = "CASE WHEN (s.state IN ('pending', 'active') AND j.stat
 /// facts: state, result, finish time. So the completion of a step by its own job leaves the row
 /// alone unless the step's completion order matters (a step with a compensation in a flow that
 /// compensates, see `write_effects`), and before a completed flow job is pruned the row is
-/// written (`materialize_completed_steps`), so the row alone is the truth once the job is gone.
+/// written (`materialize_completed_step`), so the row alone is the truth once the job is gone.
 const STEP_COMPLETED_BY_JOB: &str = "(s.state IN ('pending', 'active') AND j.state = 'completed')";
 
 /// The graphs of recently changed flows, as the writer last wrote them. Every change to a

@@ -49,23 +49,24 @@ const EXPIRE_BATCH: i64 = 1000;
 pub(crate) fn expire_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
     let mut count = 0;
     // One statement per waiting state, so each job's count moves from the state it was in.
-    // Each repeats the partial index's own condition so SQLite uses it.
+    // Each repeats the partial index's own condition so SQLite uses it. The state is written
+    // into the statement, not bound: a parameter compared with a partial index's column makes
+    // SQLite prepare the statement again on every run (perf: 4-10 % of the writer, spent in
+    // `sqlite3Reprepare` every round that fetched). `as_str` is one of three fixed names.
     for from in JobState::WAITING {
         let expired: Vec<Job> = ctx
             .conn
             .prepare_cached(&format!(
                 "UPDATE jobs SET state = 'expired', finished_at = ?1 WHERE id IN ( \
                      SELECT id FROM jobs WHERE expires_at IS NOT NULL \
-                     AND state IN ('scheduled', 'available', 'retryable') AND state = ?3 \
+                     AND state IN ('scheduled', 'available', 'retryable') AND state = '{}' \
                      AND expires_at <= ?1 ORDER BY expires_at LIMIT ?2) \
-                 RETURNING {COLUMNS}"
+                 RETURNING {COLUMNS}",
+                from.as_str()
             ))
             .and_then(|mut stmt| {
-                stmt.query_map(
-                    params![millis(ctx.now), EXPIRE_BATCH, from.as_str()],
-                    rows::job,
-                )?
-                .collect()
+                stmt.query_map(params![millis(ctx.now), EXPIRE_BATCH], rows::job)?
+                    .collect()
             })
             .map_err(backend)?;
         for job in &expired {
