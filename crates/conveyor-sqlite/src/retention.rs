@@ -61,17 +61,7 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
                     default_completed,
                     params.limit as i64
                 ],
-                |row| {
-                    Ok((
-                        row.get(0)?,
-                        row.get(1)?,
-                        row.get(2)?,
-                        row.get(3)?,
-                        row.get(4)?,
-                        row.get(5)?,
-                        row.get(6)?,
-                    ))
-                },
+                |row| Deleted::try_from(row),
             )?
             .collect()
         })

@@ -207,21 +207,7 @@ fn load_graph(
         .and_then(|mut stmt| {
             stmt.query_map(
                 params![flow_id.to_string(), completing.map(|id| id.to_string())],
-                |row| {
-                    Ok((
-                        row.get(0)?,
-                        row.get(1)?,
-                        row.get(2)?,
-                        row.get(3)?,
-                        row.get(4)?,
-                        row.get(5)?,
-                        row.get(6)?,
-                        row.get(7)?,
-                        row.get(8)?,
-                        row.get(9)?,
-                        row.get(10)?,
-                    ))
-                },
+                |row| Row::try_from(row),
             )?
             .collect()
         })
