@@ -287,3 +287,8 @@ CREATE TABLE IF NOT EXISTS stats_minutes (
     queue_wait  TEXT NOT NULL,      -- JSON, `Histogram`
     PRIMARY KEY (minute, queue, kind)
 ) WITHOUT ROWID;
+
+-- Version 16: no new table or column. A job step completed by its own job may stay `pending`
+-- (or `active`) in `flow_steps`, its completed job saying it is completed (see `workflow.rs`,
+-- STEP_COMPLETED_BY_JOB). A Conveyor of version 15 would read such a step as still running,
+-- and its retention would lose the step's result: the version makes it refuse this file.
