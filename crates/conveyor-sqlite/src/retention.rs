@@ -69,8 +69,8 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
     let mut report = PruneReport::default();
     for (queue, state, id, flow_id, flow_step, result, finished_at) in deleted {
         let state = JobState::from_str(&state)?;
-        // A flow step completed by this job may say so only through it: its row must say it
-        // before the job is gone (same transaction).
+        // A flow step completed by this job may say so only through the job's row: the step's
+        // row takes the deleted job's outcome in the same operation, so it never goes missing.
         if let (JobState::Completed, Some(flow_id), Some(step)) = (state, flow_id, flow_step) {
             crate::workflow::materialize_completed_step(
                 ctx,

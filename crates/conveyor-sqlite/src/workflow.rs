@@ -237,27 +237,45 @@ fn load_graph(
     )))
 }
 
+/// The condition of `STEP_COMPLETED_BY_JOB`, as a literal so the statements built on it can
+/// be put together at compile time.
+macro_rules! completed_by_job {
+    () => {
+        "(s.state IN ('pending', 'active') AND j.state = 'completed')"
+    };
+}
+
 /// A step's state as read (`s` a `flow_steps` row, `j` its job's row or NULL). A job step that
 /// started is still stored `pending`: its job's existence says it is active (the job is inserted
 /// when the step starts, in the same transaction). A job step whose job completed is, in most
 /// flows, still stored `pending` (or `active`, after a replay): its completed job says it is
 /// completed, with the job's result and finish time (see `STEP_COMPLETED_BY_JOB`).
-const STEP_STATE: &str = "CASE WHEN (s.state IN ('pending', 'active') AND j.state = 'completed') \
-                              THEN 'completed' \
-                          WHEN s.state = 'pending' AND j.id IS NOT NULL THEN 'active' \
-                          ELSE s.state END";
+const STEP_STATE: &str = concat!(
+    "CASE WHEN ",
+    completed_by_job!(),
+    " THEN 'completed' WHEN s.state = 'pending' AND j.id IS NOT NULL THEN 'active' \
+     ELSE s.state END"
+);
 
 /// Whether a step (`s`, its job `j`) is completed by its job without its row saying so.
 ///
 /// Why: writing `completed` into the step's row cost every step of a chain a page of
 /// `flow_steps` in its commit (a scattered page per flow in flight: written to the sub-journal,
-/// the WAL and at checkpoint again); skipping that write made chain steps about a quarter
-/// faster (docs/benchmarks.md, "Workflows, sixth round"). The job row already holds the same
+/// the WAL and at checkpoint again); skipping that write made chain steps a quarter to a
+/// third faster (docs/benchmarks.md, "Workflows, sixth round"). The job row already holds the same
 /// facts: state, result, finish time. So the completion of a step by its own job leaves the row
 /// alone unless the step's completion order matters (a step with a compensation in a flow that
 /// compensates, see `write_effects`), and before a completed flow job is pruned the row is
 /// written (`materialize_completed_step`), so the row alone is the truth once the job is gone.
-const STEP_COMPLETED_BY_JOB: &str = "(s.state IN ('pending', 'active') AND j.state = 'completed')";
+const STEP_COMPLETED_BY_JOB: &str = completed_by_job!();
+
+/// A step's result as read (`s`, its job `j`): its completed job's, when only the job says the
+/// step completed (see `STEP_COMPLETED_BY_JOB`).
+const STEP_RESULT: &str = concat!(
+    "CASE WHEN ",
+    completed_by_job!(),
+    " THEN j.result ELSE s.result END"
+);
 
 /// The graphs of recently changed flows, as the writer last wrote them. Every change to a
 /// flow goes through the writer thread, so a cached graph is the stored one; reading it again
@@ -504,7 +522,7 @@ fn step_row(conn: &Connection, flow_id: Uuid, step: &str) -> StoreResult<StepRow
     let row: Option<Columns> = conn
         .prepare_cached(&format!(
             "SELECT s.job, s.compensate, \
-                 CASE WHEN {STEP_COMPLETED_BY_JOB} THEN j.result ELSE s.result END \
+                 {STEP_RESULT} \
              FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
              WHERE s.flow_id = ?1 AND s.name = ?2"
         ))
@@ -576,7 +594,7 @@ fn start_step(ctx: &mut WriteCtx<'_>, graph: &FlowGraph, step: &str) -> StoreRes
         let result: Option<Option<String>> = ctx
             .conn
             .prepare_cached(&format!(
-                "SELECT CASE WHEN {STEP_COMPLETED_BY_JOB} THEN j.result ELSE s.result END \
+                "SELECT {STEP_RESULT} \
                  FROM flow_steps s LEFT JOIN jobs j ON j.id = s.job_id \
                  WHERE s.flow_id = ?1 AND s.name = ?2 AND ({STEP_STATE}) = 'completed'"
             ))
@@ -848,7 +866,7 @@ pub(crate) fn view(conn: &Connection, id: Uuid) -> StoreResult<Option<FlowView>>
         .prepare_cached(&format!(
             "SELECT s.name, {STEP_STATE}, s.after, s.on_parent_failure, s.job_id, \
                  json_extract(s.job, '$.kind'), s.wait_signal, s.wait_timeout_ms, \
-                 CASE WHEN {STEP_COMPLETED_BY_JOB} THEN j.result ELSE s.result END, \
+                 {STEP_RESULT}, \
                  CASE WHEN {STEP_COMPLETED_BY_JOB} THEN NULL ELSE s.error END, \
                  s.compensation, s.compensation_job_id, s.wait_deadline, \
                  CASE WHEN {STEP_COMPLETED_BY_JOB} THEN j.finished_at ELSE s.finished_at END, \
