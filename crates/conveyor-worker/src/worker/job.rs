@@ -217,7 +217,21 @@ async fn run_handler(
             None => std::future::pending().await,
         }
     };
+    // Cancellation is checked first: a handler that awaits `ctx.cancelled()` and then returns
+    // finishes in the same instant as the cancellation, and an unbiased select would then take
+    // its outcome half of the time, completing a job that shutdown means to release (and
+    // reporting it drained). Once cancelled, the attempt is interrupted, whatever it returns.
     tokio::select! {
+        biased;
+        _ = cancel.cancelled() => {
+            // Give a cooperative handler (one awaiting `ctx.cancelled()`) a moment to stop
+            // cleanly before it is dropped.
+            if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
+            Attempt::Interrupted
+        }
         joined = &mut task => match joined {
             Ok(Ok(outcome)) => Attempt::Handler(outcome),
             Ok(Err(failure)) => Attempt::Failed(failure),
@@ -240,15 +254,6 @@ async fn run_handler(
                 backtrace: None,
                 retryable: true,
             })
-        }
-        _ = cancel.cancelled() => {
-            // Give a cooperative handler (one awaiting `ctx.cancelled()`) a moment to stop
-            // cleanly before it is dropped.
-            if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
-                task.abort();
-                let _ = task.await;
-            }
-            Attempt::Interrupted
         }
     }
 }
