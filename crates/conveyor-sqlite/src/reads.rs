@@ -72,8 +72,14 @@ pub(crate) fn jobs_list(conn: &Connection, params: &JobListParams) -> StoreResul
     for (keys, value) in params.payload_leaves() {
         // Both sides through json_extract, so a JSON string, number, boolean, null or array
         // compares as the same SQL value it is stored as.
+        // Each key quoted. SQLite reads escapes in a quoted path label (a label holding a
+        // backslash is decoded as JSON text), so a backslash is doubled before a quote is
+        // escaped: the key `a\b` is the label `"a\\b"`, not `a` + backspace.
         let path = keys.iter().fold("$".to_string(), |path, key| {
-            format!("{path}.\"{}\"", key.replace('"', "\\\""))
+            format!(
+                "{path}.\"{}\"",
+                key.replace('\\', "\\\\").replace('"', "\\\"")
+            )
         });
         args.push(SqlValue::Text(path));
         let path_arg = args.len();

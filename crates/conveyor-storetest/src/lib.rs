@@ -138,6 +138,7 @@ macro_rules! __conveyor_behaviours {
             insert_with_past_run_at_is_available,
             // search
             jobs_are_found_by_id_prefix_tag_tenant_time_and_payload,
+            payload_filters_match_keys_with_quotes_backslashes_and_dots,
             // history
             stats_rollups_add_up_filter_and_prune,
             stats_recorded_events_come_back_as_a_report,

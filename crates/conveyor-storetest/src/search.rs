@@ -157,3 +157,67 @@ pub async fn jobs_are_found_by_id_prefix_tag_tenant_time_and_payload(h: &Harness
     sorted.sort_unstable_by(|x, y| y.cmp(x));
     assert_eq!(seen, sorted, "newest first, no repeats");
 }
+
+/// A payload filter names keys exactly, whatever characters they hold: quotes, backslashes,
+/// dots, brackets, control characters, letters that spell an escape (`\b` is a backslash and a
+/// `b`, not a backspace), at any depth; and it finds nothing for keys that merely look alike.
+pub async fn payload_filters_match_keys_with_quotes_backslashes_and_dots(h: &Harness) {
+    let awkward = insert(
+        h,
+        job(
+            "awkward",
+            json!({
+                "back\\slash": 1,
+                "\\b": 2,
+                "quo\"te": 3,
+                "dot.ted": 4,
+                "br[0]": 5,
+                "new\nline": 6,
+                "outer": {"in\\\"ner": 7, "$.x": 8},
+            }),
+            &[],
+            None,
+        ),
+    )
+    .await;
+    let lookalike = insert(
+        h,
+        job(
+            "lookalike",
+            json!({
+                "backslash": 1,
+                "\u{8}": 2,
+                "quote": 3,
+                "dot": {"ted": 4},
+                "br": [5],
+                "newline": 6,
+                "outer": {"in\"ner": 7, "x": 8},
+            }),
+            &[],
+            None,
+        ),
+    )
+    .await;
+    let found = |value: serde_json::Value| async move {
+        ids(&list(h, params(move |p| p.payload = Some(value))).await)
+    };
+    for (filter, expected) in [
+        (json!({"back\\slash": 1}), awkward.id),
+        (json!({"\\b": 2}), awkward.id),
+        (json!({"quo\"te": 3}), awkward.id),
+        (json!({"dot.ted": 4}), awkward.id),
+        (json!({"br[0]": 5}), awkward.id),
+        (json!({"new\nline": 6}), awkward.id),
+        (json!({"outer": {"in\\\"ner": 7}}), awkward.id),
+        (json!({"outer": {"$.x": 8}}), awkward.id),
+        (json!({"\u{8}": 2}), lookalike.id),
+        (json!({"dot": {"ted": 4}}), lookalike.id),
+        (json!({"outer": {"in\"ner": 7}}), lookalike.id),
+    ] {
+        assert_eq!(found(filter.clone()).await, vec![expected], "{filter}");
+    }
+    assert!(
+        found(json!({"back\\slash": 2})).await.is_empty(),
+        "the key matches, the value does not"
+    );
+}
