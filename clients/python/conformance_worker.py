@@ -81,6 +81,12 @@ def main() -> int:
         await asyncio.sleep(ms / 1000)
         return {"slept_ms": int((time.monotonic() - started) * 1000)}
 
+    # Returns the wall-clock instant it returned: the suite compares it with the job's
+    # finish time at the server, which is when the acknowledgement was applied.
+    @worker.handler("stamp")
+    async def stamp(job: LeasedJob) -> object:
+        return {"returned_at_ms": int(time.time() * 1000)}
+
     try:
         worker.run()
     except ConveyorError as exc:

@@ -75,7 +75,10 @@ worker
     const ms = Number(job.payload?.ms ?? 0);
     await sleep(ms, job.signal);
     return { slept: ms };
-  });
+  })
+  // Returns the wall-clock instant it returned: the suite compares it with the job's finish
+  // time at the server, which is when the acknowledgement was applied.
+  .handle('stamp', async () => ({ returned_at_ms: Date.now() }));
 
 const running = worker.run();
 process.stdout.write('ready\n');

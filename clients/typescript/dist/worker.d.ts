@@ -145,6 +145,13 @@ export declare class Worker {
     private lastFetchAt;
     private readonly startedAt;
     private readonly fetchAborts;
+    /** The fetches in flight that carry no acknowledgements: the drain may cut these off. */
+    private readonly longPolls;
+    /**
+     * Acknowledgements put back after a request that failed or was cut off: the server may have
+     * applied them, so `lease_lost` for one of these is its own first answer coming back late.
+     */
+    private readonly resent;
     private fetchDone;
     /** Moving averages for the automatic prefetch: handler run time and fetch round trip (ms). */
     private avgHandlerMs;
@@ -211,6 +218,7 @@ export declare class Worker {
     private readonly reportProgress;
     private queueAck;
     private takeAcks;
+    /** Puts back acknowledgements whose request failed; the server may have applied them. */
     private restoreAcks;
     private hasPending;
     /** The server answered an ack batch: forget the jobs, log the lost ones. */

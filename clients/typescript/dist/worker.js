@@ -244,6 +244,13 @@ export class Worker {
     lastFetchAt = 0;
     startedAt = new Date();
     fetchAborts = new Set();
+    /** The fetches in flight that carry no acknowledgements: the drain may cut these off. */
+    longPolls = new Set();
+    /**
+     * Acknowledgements put back after a request that failed or was cut off: the server may have
+     * applied them, so `lease_lost` for one of these is its own first answer coming back late.
+     */
+    resent = new WeakSet();
     fetchDone = Promise.resolve();
     /** Moving averages for the automatic prefetch: handler run time and fetch round trip (ms). */
     avgHandlerMs = null;
@@ -480,13 +487,20 @@ export class Worker {
             if (!this.canFetch(fetcher))
                 continue;
             const acks = this.takeAcks();
+            const carriesAcks = acks.complete.length + acks.fail.length > 0;
+            // More than one call's worth: the rest goes out with /v1/ack now, not with a later fetch.
+            if (this.hasPending())
+                this.scheduleFlush();
             const max = Math.min(MAX_FETCH, this.capacity());
             const body = {
                 worker_id: this.workerId,
                 queues: this.queues,
                 max,
                 lease_ms: this.leaseMs,
-                wait_ms: fetcher === 0 ? this.waitMs : 0,
+                // A fetch that carries acknowledgements answers at once: their answers (and the jobs'
+                // release from `held`) must not wait for a long-poll, and a long-poll cut off at
+                // shutdown must carry nothing that would have to be sent again.
+                wait_ms: fetcher === 0 && !carriesAcks ? this.waitMs : 0,
                 kinds: this.kinds,
                 concurrency: this.concurrency,
                 // Handlers running now (prefetched jobs are held but take no slot).
@@ -500,6 +514,8 @@ export class Worker {
             if (acks.fail.length > 0)
                 body.fail = acks.fail;
             const abort = new AbortController();
+            if (!carriesAcks)
+                this.longPolls.add(abort);
             this.fetchAborts.add(abort);
             this.fetchesInFlight++;
             this.requested += max;
@@ -540,6 +556,7 @@ export class Worker {
                 this.fetchesInFlight--;
                 this.requested -= max;
                 this.fetchAborts.delete(abort);
+                this.longPolls.delete(abort);
             }
             if (delay !== null) {
                 const backoff = this.pause(delay);
@@ -730,7 +747,10 @@ export class Worker {
         const fail = this.pending.fail.splice(0, room);
         return { complete, fail };
     }
+    /** Puts back acknowledgements whose request failed; the server may have applied them. */
     restoreAcks(acks) {
+        for (const item of [...acks.complete, ...acks.fail])
+            this.resent.add(item);
         this.pending.complete.unshift(...acks.complete);
         this.pending.fail.unshift(...acks.fail);
     }
@@ -747,7 +767,10 @@ export class Worker {
                 h.state = 'done';
                 this.held.delete(item.id);
             }
-            if (status !== 'ok') {
+            if (status === 'lease_lost' && this.resent.has(item)) {
+                // Sent again after a broken request: most likely the first one was applied.
+            }
+            else if (status !== 'ok') {
                 const what = 'result' in item || !('error' in item) ? 'result' : 'failure';
                 this.log.warn(`job ${item.id}${h ? ` (${h.job.kind})` : ''}: ${status}, its ${what} was dropped (the job was cancelled, rescued or already finished)`);
             }
@@ -804,9 +827,11 @@ export class Worker {
     maybeFlush() {
         if (!this.hasPending() || this.ackInFlight || this.ackRetryTimer)
             return;
-        // The next fetch carries them.
-        if (this.fetchesInFlight === 0 && !this.fetchBackingOff && this.canFetch() && this.phase === 'running')
+        // The next fetch carries them (woken in case it parked before a slot came free).
+        if (this.fetchesInFlight === 0 && !this.fetchBackingOff && this.canFetch() && this.phase === 'running') {
+            this.wakeLoops();
             return;
+        }
         void this.flushAcks();
     }
     async flushAcks() {
@@ -962,8 +987,9 @@ export class Worker {
         while (this.running > 0 && !this.forceDrain && !this.fatalError && Date.now() < graceEnd) {
             await this.waitDrain(graceEnd - Date.now());
         }
-        // A fetch still waiting is cut off; jobs it brings back now are released.
-        for (const abort of this.fetchAborts)
+        // A long-poll still waiting is cut off (jobs it brings back now are released); a fetch
+        // that carries acknowledgements answers at once and is let finish.
+        for (const abort of this.longPolls)
             abort.abort();
         await this.fetchDone;
         const late = [...this.held.values()].filter((h) => h.state === 'buffered');

@@ -438,6 +438,13 @@ export class Worker {
   private lastFetchAt = 0;
   private readonly startedAt = new Date();
   private readonly fetchAborts = new Set<AbortController>();
+  /** The fetches in flight that carry no acknowledgements: the drain may cut these off. */
+  private readonly longPolls = new Set<AbortController>();
+  /**
+   * Acknowledgements put back after a request that failed or was cut off: the server may have
+   * applied them, so `lease_lost` for one of these is its own first answer coming back late.
+   */
+  private readonly resent = new WeakSet<CompleteItem | FailItem>();
   private fetchDone: Promise<unknown> = Promise.resolve();
   /** Moving averages for the automatic prefetch: handler run time and fetch round trip (ms). */
   private avgHandlerMs: number | null = null;
@@ -669,13 +676,19 @@ export class Worker {
       await new Promise<void>((resolve) => setImmediate(resolve));
       if (!this.canFetch(fetcher)) continue;
       const acks = this.takeAcks();
+      const carriesAcks = acks.complete.length + acks.fail.length > 0;
+      // More than one call's worth: the rest goes out with /v1/ack now, not with a later fetch.
+      if (this.hasPending()) this.scheduleFlush();
       const max = Math.min(MAX_FETCH, this.capacity());
       const body: Record<string, unknown> = {
         worker_id: this.workerId,
         queues: this.queues,
         max,
         lease_ms: this.leaseMs,
-        wait_ms: fetcher === 0 ? this.waitMs : 0,
+        // A fetch that carries acknowledgements answers at once: their answers (and the jobs'
+        // release from `held`) must not wait for a long-poll, and a long-poll cut off at
+        // shutdown must carry nothing that would have to be sent again.
+        wait_ms: fetcher === 0 && !carriesAcks ? this.waitMs : 0,
         kinds: this.kinds,
         concurrency: this.concurrency,
         // Handlers running now (prefetched jobs are held but take no slot).
@@ -687,6 +700,7 @@ export class Worker {
       if (acks.complete.length > 0) body.complete = acks.complete;
       if (acks.fail.length > 0) body.fail = acks.fail;
       const abort = new AbortController();
+      if (!carriesAcks) this.longPolls.add(abort);
       this.fetchAborts.add(abort);
       this.fetchesInFlight++;
       this.requested += max;
@@ -724,6 +738,7 @@ export class Worker {
         this.fetchesInFlight--;
         this.requested -= max;
         this.fetchAborts.delete(abort);
+        this.longPolls.delete(abort);
       }
       if (delay !== null) {
         const backoff = this.pause(delay);
@@ -920,7 +935,9 @@ export class Worker {
     return { complete, fail };
   }
 
+  /** Puts back acknowledgements whose request failed; the server may have applied them. */
   private restoreAcks(acks: Acks): void {
+    for (const item of [...acks.complete, ...acks.fail]) this.resent.add(item);
     this.pending.complete.unshift(...acks.complete);
     this.pending.fail.unshift(...acks.fail);
   }
@@ -939,7 +956,9 @@ export class Worker {
         h.state = 'done';
         this.held.delete(item.id);
       }
-      if (status !== 'ok') {
+      if (status === 'lease_lost' && this.resent.has(item)) {
+        // Sent again after a broken request: most likely the first one was applied.
+      } else if (status !== 'ok') {
         const what = 'result' in item || !('error' in item) ? 'result' : 'failure';
         this.log.warn(`job ${item.id}${h ? ` (${h.job.kind})` : ''}: ${status}, its ${what} was dropped (the job was cancelled, rescued or already finished)`);
       }
@@ -993,8 +1012,11 @@ export class Worker {
 
   private maybeFlush(): void {
     if (!this.hasPending() || this.ackInFlight || this.ackRetryTimer) return;
-    // The next fetch carries them.
-    if (this.fetchesInFlight === 0 && !this.fetchBackingOff && this.canFetch() && this.phase === 'running') return;
+    // The next fetch carries them (woken in case it parked before a slot came free).
+    if (this.fetchesInFlight === 0 && !this.fetchBackingOff && this.canFetch() && this.phase === 'running') {
+      this.wakeLoops();
+      return;
+    }
     void this.flushAcks();
   }
 
@@ -1135,8 +1157,9 @@ export class Worker {
     while (this.running > 0 && !this.forceDrain && !this.fatalError && Date.now() < graceEnd) {
       await this.waitDrain(graceEnd - Date.now());
     }
-    // A fetch still waiting is cut off; jobs it brings back now are released.
-    for (const abort of this.fetchAborts) abort.abort();
+    // A long-poll still waiting is cut off (jobs it brings back now are released); a fetch
+    // that carries acknowledgements answers at once and is let finish.
+    for (const abort of this.longPolls) abort.abort();
     await this.fetchDone;
     const late = [...this.held.values()].filter((h) => h.state === 'buffered');
     this.buffer.takeAll();

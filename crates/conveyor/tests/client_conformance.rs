@@ -62,6 +62,14 @@ impl Client {
         }
     }
 
+    /// What the conformance worker's log lines carry at warning or error level.
+    fn warning_markers(self) -> &'static [&'static str] {
+        match self {
+            Client::Python => &[" WARNING ", " ERROR ", " CRITICAL "],
+            Client::TypeScript => &["conveyor worker: warning:", "conveyor worker: error:"],
+        }
+    }
+
     fn command(self) -> Command {
         let root = repo_root();
         let (program, script) = match self {
@@ -376,6 +384,131 @@ impl WorkerProc {
             }
         })
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// A relay that sees every acknowledgement a worker sends.
+// ---------------------------------------------------------------------------------------------
+
+/// An HTTP/1.1 relay between a worker and the server that records the `(id, lease_token)` of
+/// every acknowledgement the worker sends (the `complete` and `fail` items of `/v1/fetch` and
+/// `/v1/ack`), so a test can tell an acknowledgement sent twice. One upstream connection per
+/// worker connection, requests relayed in order.
+struct AckRecorder {
+    url: String,
+    acks: Arc<Mutex<Vec<(String, String)>>>,
+}
+
+impl AckRecorder {
+    fn start(upstream: &str) -> AckRecorder {
+        let upstream: std::net::SocketAddr = upstream
+            .trim_start_matches("http://")
+            .trim_end_matches('/')
+            .parse()
+            .expect("the server's address");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind the relay");
+        let url = format!("http://{}", listener.local_addr().expect("relay address"));
+        let acks = Arc::new(Mutex::new(Vec::new()));
+        let seen = acks.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                let Ok(conn) = conn else { break };
+                let seen = seen.clone();
+                std::thread::spawn(move || {
+                    let _ = relay_connection(conn, upstream, &seen);
+                });
+            }
+        });
+        AckRecorder { url, acks }
+    }
+
+    fn acks(&self) -> Vec<(String, String)> {
+        self.acks.lock().unwrap().clone()
+    }
+}
+
+fn relay_connection(
+    worker: std::net::TcpStream,
+    upstream: std::net::SocketAddr,
+    acks: &Mutex<Vec<(String, String)>>,
+) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut server = std::net::TcpStream::connect(upstream)?;
+    let mut from_worker = BufReader::new(worker.try_clone()?);
+    let mut from_server = BufReader::new(server.try_clone()?);
+    let mut to_worker = worker;
+    while let Some((head, body)) = read_http_message(&mut from_worker)? {
+        let line = String::from_utf8_lossy(&head[..head.len().min(64)]).to_string();
+        if line.starts_with("POST /v1/fetch ") || line.starts_with("POST /v1/ack ") {
+            if let Ok(request) = serde_json::from_slice::<Value>(&body) {
+                let mut acks = acks.lock().unwrap();
+                for list in ["complete", "fail"] {
+                    for item in request[list].as_array().into_iter().flatten() {
+                        acks.push((
+                            item["id"].as_str().unwrap_or_default().to_string(),
+                            item["lease_token"].as_str().unwrap_or_default().to_string(),
+                        ));
+                    }
+                }
+            }
+        }
+        server.write_all(&head)?;
+        server.write_all(&body)?;
+        let Some((head, body)) = read_http_message(&mut from_server)? else {
+            break;
+        };
+        to_worker.write_all(&head)?;
+        to_worker.write_all(&body)?;
+    }
+    Ok(())
+}
+
+/// One HTTP/1.1 message: its head (up to and including the blank line) and its body, as sent
+/// (a chunked body keeps its framing). None at a clean end of the connection.
+fn read_http_message(
+    reader: &mut BufReader<std::net::TcpStream>,
+) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+    use std::io::Read;
+    let mut head = Vec::new();
+    let mut length = 0usize;
+    let mut chunked = false;
+    loop {
+        let mut line = Vec::new();
+        if reader.read_until(b'\n', &mut line)? == 0 {
+            return Ok(None);
+        }
+        head.extend_from_slice(&line);
+        if line == b"\r\n" {
+            break;
+        }
+        let text = String::from_utf8_lossy(&line).to_ascii_lowercase();
+        if let Some(value) = text.strip_prefix("content-length:") {
+            length = value.trim().parse().unwrap_or(0);
+        } else if text.starts_with("transfer-encoding:") && text.contains("chunked") {
+            chunked = true;
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
+        loop {
+            let mut size_line = Vec::new();
+            reader.read_until(b'\n', &mut size_line)?;
+            body.extend_from_slice(&size_line);
+            let size_text = String::from_utf8_lossy(&size_line);
+            let size = usize::from_str_radix(size_text.trim().split(';').next().unwrap_or("0"), 16)
+                .unwrap_or(0);
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk)?;
+            body.extend_from_slice(&chunk);
+            if size == 0 {
+                break;
+            }
+        }
+    } else {
+        body.resize(length, 0);
+        reader.read_exact(&mut body)?;
+    }
+    Ok(Some((head, body)))
 }
 
 fn setup(client: Client, options: &Options) -> (tempfile::TempDir, Serve, WorkerProc) {
@@ -720,6 +853,119 @@ fn auth_errors_stop_the_worker(client: Client) {
     );
 }
 
+/// Every job of `QUEUE` in `state`, read page by page.
+fn all_jobs(server: &str, state: JobState) -> Vec<Job> {
+    let mut jobs = Vec::new();
+    let mut after = String::new();
+    loop {
+        let page: conveyor_server::api::JobPage = get_as(
+            &format!("{server}/v1/jobs?queue={QUEUE}&state={state}&limit=500{after}"),
+            None,
+        );
+        jobs.extend(page.jobs);
+        match page.next {
+            Some(next) => after = format!("&after={next}"),
+            None => return jobs,
+        }
+    }
+}
+
+/// How long after its handler returned a `stamp` job was finished at the server (ms).
+fn ack_lag_ms(job: &Job) -> i64 {
+    let returned = job
+        .result
+        .as_ref()
+        .and_then(|r| r["returned_at_ms"].as_i64())
+        .unwrap_or_else(|| panic!("no returned_at_ms in the result: {job:#?}"));
+    finished_at(job).timestamp_millis() - returned
+}
+
+/// Acknowledgements reach the server promptly and once (issue 27): through a drain of 3,000
+/// jobs at concurrency 10 and then one job at a time on an idle queue, every job is finished at
+/// the server within a second of its handler returning (mid-drain, at its end and while the
+/// worker long-polls); after a SIGTERM drain, no acknowledgement was sent twice, every job was
+/// acknowledged, and the worker logged no warning or error.
+fn acks_are_prompt_and_sent_once(client: Client) {
+    const DRAIN: usize = 3_000;
+    const IDLE: usize = 5;
+    let dir = temp_dir();
+    let server = serve(&path_in(&dir, "jobs.db"), "127.0.0.1:0", &[]);
+    let url = &server.url;
+    let relay = AckRecorder::start(url);
+    let options = Options {
+        concurrency: 10,
+        ..Options::default()
+    };
+    let mut worker = WorkerProc::start(client, &relay.url, &options);
+
+    let jobs: Vec<Value> = (0..DRAIN)
+        .map(|n| json!({"kind": "stamp", "queue": QUEUE, "payload": {"n": n}}))
+        .collect();
+    let (status, batch) = post(&format!("{url}/v1/jobs/batch"), None, &json!({"jobs": jobs}));
+    assert_eq!(status, 201, "{batch}");
+    let completed = eventually_blocking_within(
+        "the drain to complete",
+        Duration::from_secs(120),
+        || {
+            let jobs = all_jobs(url, JobState::Completed);
+            if jobs.len() == DRAIN {
+                Ok(jobs)
+            } else {
+                Err(format!("{} of {DRAIN} completed", jobs.len()))
+            }
+        },
+    );
+    let mut lags: Vec<(i64, Uuid)> = completed.iter().map(|j| (ack_lag_ms(j), j.id)).collect();
+    lags.sort();
+    let (worst, worst_id) = *lags.last().expect("jobs");
+    assert!(
+        worst <= 1_000,
+        "a drained job was finished {worst} ms after its handler returned (job {worst_id}); \
+         {} of {DRAIN} took over 1 s",
+        lags.iter().filter(|(lag, _)| *lag > 1_000).count()
+    );
+
+    // The queue idle: each job alone, while the worker long-polls.
+    for n in 0..IDLE {
+        let id = enqueue(url, None, "stamp", json!({"idle": n}), json!({}));
+        let done = wait_state(url, id, JobState::Completed);
+        let lag = ack_lag_ms(&done);
+        assert!(
+            lag <= 1_000,
+            "job {id}, alone on an idle queue, was finished {lag} ms after its handler returned"
+        );
+    }
+
+    worker.proc.sigterm();
+    let status = worker.wait_exit(20);
+    assert!(status.success(), "exit {status:?}; stderr:\n{}", worker.stderr());
+    let stderr = worker.stderr();
+    let warnings: Vec<&str> = stderr
+        .lines()
+        .filter(|line| client.warning_markers().iter().any(|m| line.contains(m)))
+        .collect();
+    assert!(
+        warnings.is_empty(),
+        "a clean run logged warnings or errors:\n{}",
+        warnings.join("\n")
+    );
+
+    let acks = relay.acks();
+    let mut seen = std::collections::HashSet::new();
+    let twice: Vec<&(String, String)> = acks.iter().filter(|ack| !seen.insert(*ack)).collect();
+    assert!(
+        twice.is_empty(),
+        "{} acknowledgement(s) sent twice, e.g. job {:?}",
+        twice.len(),
+        twice.first()
+    );
+    assert_eq!(
+        seen.len(),
+        DRAIN + IDLE,
+        "every job is acknowledged once through the relay"
+    );
+}
+
 macro_rules! conformance {
     ($module:ident, $client:expr) => {
         mod $module {
@@ -768,6 +1014,11 @@ macro_rules! conformance {
             #[test]
             fn server_restart_mid_run() {
                 super::server_restart_mid_run($client);
+            }
+
+            #[test]
+            fn acks_are_prompt_and_sent_once() {
+                super::acks_are_prompt_and_sent_once($client);
             }
 
             #[test]

@@ -566,9 +566,10 @@ class Worker:
                 if not self._worth_fetching():
                     continue
                 room = min(MAX_FETCH, self._room_left())
-                # Acknowledgements ride on a fetch that will answer at once (the last one found
-                # jobs); while the queue is idle the fetch long-polls, and the ack loop sends
-                # them by themselves so their answers come now, not when the poll ends.
+                # Acknowledgements ride on a fetch while the queue is busy (the last one found
+                # jobs), and that fetch answers at once (no long-poll): their answers come now,
+                # and a poll cut off at shutdown carries nothing to send again. While the queue
+                # is idle the ack loop sends them by themselves.
                 taken = self._take_acks() if self._last_found_jobs else []
                 acks, ack_text = self._ack_body_parts(taken)
                 body = (
@@ -576,7 +577,7 @@ class Worker:
                     + ',"max":'
                     + str(room)
                     + ',"wait_ms":'
-                    + str(self.poll_wait_ms)
+                    + ("0" if acks else str(self.poll_wait_ms))
                     + ',"busy":'
                     + str(self._active)
                     + ack_text
