@@ -663,8 +663,8 @@ async fn a_retry_after_pauses_its_kind_until_then() {
 
 /// An operator's commands reach an embedded worker through its registry heartbeat: `quiet`
 /// ends its fetching (a job enqueued afterwards stays available, the job it was running
-/// completes), `stop` makes `run` return as a shutdown would, with the registry saying
-/// `stopped`.
+/// completes), `resume` starts it fetching again without a restart (issue 27), `stop` makes
+/// `run` return as a shutdown would, with the registry saying `stopped`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quiet_and_stop_commands_are_obeyed_from_the_registry() {
     let env = env();
@@ -712,6 +712,16 @@ async fn quiet_and_stop_commands_are_obeyed_from_the_registry() {
         "a quiet worker takes nothing new"
     );
     assert!(!handle.is_finished(), "quiet keeps the worker running");
+
+    // `resume` clears the command: the same worker fetches again, without a restart.
+    env.store
+        .worker_command("told-worker", None)
+        .await
+        .expect("command")
+        .expect("registered");
+    wait_for_state(&env.store, later, JobState::Completed).await;
+    let after_resume = enqueue(&env.store, job("slow", 1)).await;
+    wait_for_state(&env.store, after_resume, JobState::Completed).await;
 
     env.store
         .worker_command("told-worker", Some(conveyor_core::WorkerCommand::Stop))

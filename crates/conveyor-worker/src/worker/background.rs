@@ -78,8 +78,9 @@ async fn write_completions(shared: Arc<Shared>, batch: Vec<Completion>) {
 
 /// What the registry's answers may ask of the worker (an operator's quiet or stop).
 pub(super) struct Obey {
-    /// Cancelled on `quiet` or `stop`: the fetch loops end (jobs in hand run on).
-    pub quiet: CancellationToken,
+    /// True on `quiet` or `stop`: the fetch loops end (jobs in hand run on); false again when
+    /// the command is cleared (`resume`), and fetching starts again.
+    pub quiet: tokio::sync::watch::Sender<bool>,
     /// Cancelled on `stop`: the worker shuts down as if its shutdown signal had come.
     pub stop: CancellationToken,
 }
@@ -110,14 +111,18 @@ pub(super) async fn run_registry(
         beat.busy = u32::try_from(shared.running().len()).unwrap_or(u32::MAX);
         match shared.store.workers_heartbeat(beat.clone()).await {
             Ok(info) => match info.command {
-                Some(conveyor_core::WorkerCommand::Quiet) if !obey.quiet.is_cancelled() => {
+                Some(conveyor_core::WorkerCommand::Quiet) if !*obey.quiet.borrow() => {
                     tracing::info!(worker_id = %shared.id, "told to quiet: no more fetching");
-                    obey.quiet.cancel();
+                    obey.quiet.send_replace(true);
                 }
                 Some(conveyor_core::WorkerCommand::Stop) if !obey.stop.is_cancelled() => {
                     tracing::info!(worker_id = %shared.id, "told to stop: draining, then exiting");
-                    obey.quiet.cancel();
+                    obey.quiet.send_replace(true);
                     obey.stop.cancel();
+                }
+                None if *obey.quiet.borrow() && !obey.stop.is_cancelled() => {
+                    tracing::info!(worker_id = %shared.id, "told to resume");
+                    obey.quiet.send_replace(false);
                 }
                 _ => {}
             },

@@ -210,6 +210,7 @@ impl WorkerBuilder {
             registry_interval: self.registry_interval,
             queues: self.queues,
             stop_fetching: CancellationToken::new(),
+            quieted: CancellationToken::new(),
             drain_timeout: self.drain_timeout,
             poll: self.poll,
             prefetch: self.prefetch,

@@ -142,9 +142,10 @@ struct Completion {
 pub struct Worker {
     shared: Arc<Shared>,
     queues: Vec<(String, usize)>,
-    /// Cancelled when shutdown begins, or when an operator tells the worker to quiet: fetch
-    /// loops stop.
+    /// Cancelled when shutdown begins: fetch loops stop for good.
     stop_fetching: CancellationToken,
+    /// Cancelled the first time an operator tells the worker to quiet (see `drain_started`).
+    quieted: CancellationToken,
     drain_timeout: Duration,
     poll: Duration,
     prefetch: usize,
@@ -179,7 +180,46 @@ impl Worker {
     /// told it to quiet): nothing enqueued after that is claimed by it. For readiness probes
     /// and for tests that need the moment.
     pub fn drain_started(&self) -> impl Future<Output = ()> + Send + 'static {
-        self.stop_fetching.clone().cancelled_owned()
+        let (stopping, quieted) = (self.stop_fetching.clone(), self.quieted.clone());
+        async move {
+            tokio::select! {
+                _ = stopping.cancelled() => {}
+                _ = quieted.cancelled() => {}
+            }
+        }
+    }
+
+    /// One fetch loop per queue, each ending when `stop` is cancelled (and handing back what
+    /// it holds prefetched then).
+    /// `slots` (one semaphore per queue) outlive a quiet, so jobs still running from before it
+    /// count against the concurrency of the fetchers started on `resume`.
+    fn start_fetchers(
+        &self,
+        stop: &CancellationToken,
+        slots: &[Arc<Semaphore>],
+        executors: &Arc<Mutex<JoinSet<()>>>,
+        completions: &mpsc::UnboundedSender<Completion>,
+    ) -> JoinSet<()> {
+        let mut fetchers = JoinSet::new();
+        for ((queue, concurrency), slots) in self.queues.iter().zip(slots) {
+            let lane = Arc::new(Lane {
+                shared: self.shared.clone(),
+                queue: queue.clone(),
+                slots: slots.clone(),
+                concurrency: *concurrency,
+                prefetch: self.prefetch,
+                max_wait: PREFETCH_MAX_WAIT.min(self.shared.lease / 3),
+                buffer: Mutex::new(VecDeque::new()),
+                drained: tokio::sync::Notify::new(),
+                finished: AtomicU64::new(0),
+                stop: stop.clone(),
+                executors: executors.clone(),
+                completions: completions.clone(),
+            });
+            // The fetch loop hands back whatever it still holds prefetched when it stops.
+            fetchers.spawn(run_fetcher(lane, self.poll));
+        }
+        fetchers
     }
 
     /// Runs until `shutdown` resolves, then drains and returns.
@@ -187,6 +227,9 @@ impl Worker {
         let stop_fetching = self.stop_fetching.clone();
         let stop_background = CancellationToken::new();
         let told_to_stop = CancellationToken::new();
+        // Whether an operator keeps this worker quiet: its fetch loops end while it does, and
+        // start again on `resume`.
+        let (quiet_tx, mut quiet) = tokio::sync::watch::channel(false);
         let (completions, completion_rx) = mpsc::unbounded_channel();
         let completer = tokio::spawn(run_completer(self.shared.clone(), completion_rx));
         let heartbeat = tokio::spawn(run_heartbeats(self.shared.clone(), stop_background.clone()));
@@ -197,7 +240,7 @@ impl Worker {
                 interval,
                 stop_background.clone(),
                 background::Obey {
-                    quiet: stop_fetching.clone(),
+                    quiet: quiet_tx,
                     stop: told_to_stop.clone(),
                 },
             ))
@@ -208,30 +251,43 @@ impl Worker {
             .map(|m| tokio::spawn(m.run(stop_background.clone())));
 
         let executors = Arc::new(Mutex::new(JoinSet::new()));
-        let mut fetchers = JoinSet::new();
-        for (queue, concurrency) in &self.queues {
-            let lane = Arc::new(Lane {
-                shared: self.shared.clone(),
-                queue: queue.clone(),
-                slots: Arc::new(Semaphore::new(*concurrency)),
-                concurrency: *concurrency,
-                prefetch: self.prefetch,
-                max_wait: PREFETCH_MAX_WAIT.min(self.shared.lease / 3),
-                buffer: Mutex::new(VecDeque::new()),
-                drained: tokio::sync::Notify::new(),
-                finished: AtomicU64::new(0),
-                stop: stop_fetching.clone(),
-                executors: executors.clone(),
-                completions: completions.clone(),
-            });
-            // The fetch loop hands back whatever it still holds prefetched when it stops.
-            fetchers.spawn(run_fetcher(lane, self.poll));
-        }
+        // Each run of fetching (until a quiet, or shutdown) has a token of its own.
+        let mut fetching = stop_fetching.child_token();
+        let slots: Vec<Arc<Semaphore>> = self
+            .queues
+            .iter()
+            .map(|(_, concurrency)| Arc::new(Semaphore::new(*concurrency)))
+            .collect();
+        let mut fetchers = self.start_fetchers(&fetching, &slots, &executors, &completions);
         tracing::info!(worker_id = %self.shared.id, queues = ?self.queues, "worker started");
 
-        tokio::select! {
-            _ = shutdown => {}
-            _ = told_to_stop.cancelled() => {}
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                _ = &mut shutdown => break,
+                _ = told_to_stop.cancelled() => break,
+                changed = quiet.changed() => {
+                    if changed.is_err() {
+                        // No registry any more (it ends only at shutdown): nothing to obey.
+                        tokio::select! {
+                            _ = &mut shutdown => {}
+                            _ = told_to_stop.cancelled() => {}
+                        }
+                        break;
+                    }
+                    let quiet_now = *quiet.borrow_and_update();
+                    if quiet_now && !fetching.is_cancelled() {
+                        fetching.cancel();
+                        while fetchers.join_next().await.is_some() {}
+                        self.quieted.cancel();
+                    } else if !quiet_now && fetching.is_cancelled() {
+                        tracing::info!(worker_id = %self.shared.id, "resumed: fetching again");
+                        fetching = stop_fetching.child_token();
+                        fetchers =
+                            self.start_fetchers(&fetching, &slots, &executors, &completions);
+                    }
+                }
+            }
         }
         tracing::info!(worker_id = %self.shared.id, drain_timeout = ?self.drain_timeout,
             "shutdown requested: no more fetching, draining running jobs");
