@@ -25,6 +25,7 @@ use base64::Engine;
 use chacha20poly1305::aead::{Aead, KeyInit, Payload};
 use chacha20poly1305::{XChaCha20Poly1305, XNonce};
 use chrono::{DateTime, Utc};
+use conveyor_core::workflow::{FlowView, ValidFlow};
 use conveyor_core::*;
 use rand::RngCore;
 use serde_json::{json, Value};
@@ -37,6 +38,8 @@ pub const KEYS_ENV: &str = "CONVEYOR_ENCRYPTION_KEYS";
 const ENVELOPE: &str = "$conveyor_enc";
 const UNIQUE_FIELD: &str = "$unique";
 const DECRYPT_ERROR: &str = "$conveyor_decrypt_error";
+/// How a sealed text starts (error messages and backtraces are texts in the stores).
+const TEXT_ENVELOPE: &str = "$conveyor_enc:1:";
 
 #[derive(Debug, thiserror::Error)]
 pub enum EncryptionError {
@@ -107,28 +110,14 @@ impl PayloadKeys {
     /// Seals `payload` with the current key. The job's id is not known before insert, so the
     /// associated data binds the envelope to the key id only.
     pub fn seal(&self, payload: &Value) -> Result<Value, EncryptionError> {
-        let (id, cipher) = self
-            .keys
-            .first()
-            .ok_or_else(|| EncryptionError::Seal("no key".to_string()))?;
         let plaintext =
             serde_json::to_vec(payload).map_err(|e| EncryptionError::Seal(e.to_string()))?;
-        let mut nonce = [0u8; 24];
-        rand::rng().fill_bytes(&mut nonce);
-        let sealed = cipher
-            .encrypt(
-                &XNonce::from(nonce),
-                Payload {
-                    msg: &plaintext,
-                    aad: id.as_bytes(),
-                },
-            )
-            .map_err(|_| EncryptionError::Seal("encryption failed".to_string()))?;
+        let (id, nonce, data) = self.seal_bytes(&plaintext)?;
         Ok(json!({
             ENVELOPE: 1,
             "key": id,
-            "nonce": BASE64.encode(nonce),
-            "data": BASE64.encode(sealed),
+            "nonce": nonce,
+            "data": data,
         }))
     }
 
@@ -144,21 +133,74 @@ impl PayloadKeys {
                 .and_then(Value::as_str)
                 .ok_or_else(|| format!("encrypted payload has no {name}"))
         };
-        let id = field("key")?;
+        let plaintext = self.open_bytes(field("key")?, field("nonce")?, field("data")?)?;
+        serde_json::from_slice(&plaintext).map_err(|e| format!("decrypted payload: {e}"))
+    }
+
+    /// Seals a text (an error message, a backtrace) with the current key, as a text:
+    /// `$conveyor_enc:1:<key id>:<base64 nonce>:<base64 data>`.
+    pub fn seal_text(&self, text: &str) -> Result<String, EncryptionError> {
+        let (id, nonce, data) = self.seal_bytes(text.as_bytes())?;
+        Ok(format!("{TEXT_ENVELOPE}{id}:{nonce}:{data}"))
+    }
+
+    /// Opens a text sealed by [`PayloadKeys::seal_text`]; any other text (the store's own
+    /// messages, texts stored before encryption was on) is returned as it is.
+    pub fn open_text(&self, stored: String) -> Result<String, String> {
+        let Some(sealed) = stored.strip_prefix(TEXT_ENVELOPE) else {
+            return Ok(stored);
+        };
+        let mut parts = sealed.splitn(3, ':');
+        let (Some(id), Some(nonce), Some(data)) = (parts.next(), parts.next(), parts.next()) else {
+            return Err("encrypted text is not key:nonce:data".to_string());
+        };
+        let plaintext = self.open_bytes(id, nonce, data)?;
+        String::from_utf8(plaintext).map_err(|_| "decrypted text is not UTF-8".to_string())
+    }
+
+    /// The longest text whose sealed form [`PayloadKeys::seal_text`] is at most `limit` bytes.
+    fn text_capacity(&self, limit: usize) -> usize {
+        // Prefix, key id and ':', 24-byte nonce in base64 (32) and ':', then the ciphertext
+        // (plaintext and a 16-byte tag) in padded base64.
+        let overhead = TEXT_ENVELOPE.len() + self.current_id().len() + 1 + 32 + 1;
+        (limit.saturating_sub(overhead) / 4 * 3).saturating_sub(16)
+    }
+
+    /// Encrypts with the current key: (key id, base64 nonce, base64 ciphertext).
+    fn seal_bytes(&self, plaintext: &[u8]) -> Result<(&str, String, String), EncryptionError> {
+        let (id, cipher) = self
+            .keys
+            .first()
+            .ok_or_else(|| EncryptionError::Seal("no key".to_string()))?;
+        let mut nonce = [0u8; 24];
+        rand::rng().fill_bytes(&mut nonce);
+        let sealed = cipher
+            .encrypt(
+                &XNonce::from(nonce),
+                Payload {
+                    msg: plaintext,
+                    aad: id.as_bytes(),
+                },
+            )
+            .map_err(|_| EncryptionError::Seal("encryption failed".to_string()))?;
+        Ok((id.as_str(), BASE64.encode(nonce), BASE64.encode(sealed)))
+    }
+
+    fn open_bytes(&self, id: &str, nonce: &str, data: &str) -> Result<Vec<u8>, String> {
         let (_, cipher) = self
             .keys
             .iter()
             .find(|(known, _)| known == id)
-            .ok_or_else(|| format!("payload sealed with key {id:?}, which is not configured"))?;
+            .ok_or_else(|| format!("sealed with key {id:?}, which is not configured"))?;
         let nonce: [u8; 24] = BASE64
-            .decode(field("nonce")?)
+            .decode(nonce)
             .ok()
             .and_then(|bytes| bytes.try_into().ok())
-            .ok_or_else(|| "encrypted payload has a bad nonce".to_string())?;
+            .ok_or_else(|| "encrypted value has a bad nonce".to_string())?;
         let data = BASE64
-            .decode(field("data")?)
-            .map_err(|_| "encrypted payload has bad data".to_string())?;
-        let plaintext = cipher
+            .decode(data)
+            .map_err(|_| "encrypted value has bad data".to_string())?;
+        cipher
             .decrypt(
                 &XNonce::from(nonce),
                 Payload {
@@ -166,8 +208,7 @@ impl PayloadKeys {
                     aad: id.as_bytes(),
                 },
             )
-            .map_err(|_| format!("payload does not open with key {id:?} (corrupt or tampered)"))?;
-        serde_json::from_slice(&plaintext).map_err(|e| format!("decrypted payload: {e}"))
+            .map_err(|_| format!("does not open with key {id:?} (corrupt or tampered)"))
     }
 }
 
@@ -176,7 +217,7 @@ fn id_hint(entry: &str) -> String {
     entry.chars().take(8).collect::<String>() + "…"
 }
 
-/// A [`Store`] that keeps payloads encrypted in `inner`.
+/// A [`Store`] that keeps every user-supplied value encrypted in `inner`.
 pub struct EncryptedStore {
     inner: Arc<dyn Store>,
     keys: Arc<PayloadKeys>,
@@ -187,15 +228,63 @@ impl EncryptedStore {
         Self { inner, keys }
     }
 
-    fn open_job(&self, mut job: Job) -> Job {
-        let stored = std::mem::take(&mut job.payload);
-        job.payload = match self.keys.open(stored) {
-            Ok(payload) => payload,
+    fn seal_error(&self, error: EncryptionError) -> StoreError {
+        StoreError::backend(error.to_string())
+    }
+
+    /// Seals a JSON value (a result, a signal's payload, a template's payload) after the
+    /// check the store would make of the plaintext (no NUL, errors naming `field`); `null`
+    /// holds nothing and stays `null`.
+    fn seal_value(&self, field: &str, value: &Value) -> StoreResult<Value> {
+        conveyor_core::validate::json_without_nul(field, value)?;
+        if value.is_null() {
+            return Ok(Value::Null);
+        }
+        self.keys.seal(value).map_err(|e| self.seal_error(e))
+    }
+
+    /// Opens a JSON value; one that cannot be opened reads as `{"$conveyor_decrypt_error"}`.
+    fn open_value(&self, stored: Value, what: &str, owner: Uuid) -> Value {
+        match self.keys.open(stored) {
+            Ok(value) => value,
             Err(error) => {
-                tracing::error!(job_id = %job.id, %error, "cannot decrypt a job's payload");
+                tracing::error!(%owner, %error, "cannot decrypt a {what}");
                 json!({ DECRYPT_ERROR: error })
             }
-        };
+        }
+    }
+
+    /// Opens a text; one that cannot be opened reads as a note saying why.
+    fn open_text(&self, stored: String, what: &str, owner: Uuid) -> String {
+        match self.keys.open_text(stored) {
+            Ok(text) => text,
+            Err(error) => {
+                tracing::error!(%owner, %error, "cannot decrypt a {what}");
+                format!("[{DECRYPT_ERROR}: cannot decrypt: {error}]")
+            }
+        }
+    }
+
+    fn open_job(&self, mut job: Job) -> Job {
+        let id = job.id;
+        let stored = std::mem::take(&mut job.payload);
+        job.payload = self.open_value(stored, "job's payload", id);
+        job.result = job
+            .result
+            .take()
+            .map(|result| self.open_value(result, "job's result", id));
+        for error in &mut job.errors {
+            error.message = self.open_text(std::mem::take(&mut error.message), "job's error", id);
+            error.backtrace = error
+                .backtrace
+                .take()
+                .map(|trace| self.open_text(trace, "job's backtrace", id));
+        }
+        if let Some(link) = job.flow.as_mut() {
+            for result in link.parents.values_mut() {
+                *result = self.open_value(std::mem::take(result), "parent step's result", id);
+            }
+        }
         job
     }
 
@@ -209,7 +298,7 @@ impl EncryptedStore {
         let mut sealed = self
             .keys
             .seal(&job.job().payload)
-            .map_err(|e| StoreError::backend(e.to_string()))?;
+            .map_err(|e| self.seal_error(e))?;
         if let (Some(key), Some(spec)) = (unique_key, unique.as_mut()) {
             // The store derives the unique key from the fields `args` names: give it the key
             // computed from the plaintext, in the clear, as the only such field.
@@ -219,24 +308,152 @@ impl EncryptedStore {
         Ok(job.with_stored_payload(sealed, unique))
     }
 
+    /// An error message as stored: made storable (as the stores would), then sealed.
+    fn seal_message(&self, message: &str) -> StoreResult<String> {
+        let storable = conveyor_core::validate::storable_message(message);
+        self.keys
+            .seal_text(&storable)
+            .map_err(|e| self.seal_error(e))
+    }
+
+    /// A backtrace as stored: made storable and cut so that its sealed form fits the stores'
+    /// limit (which would otherwise cut the ciphertext), then sealed.
+    fn seal_backtrace(&self, backtrace: &str) -> StoreResult<String> {
+        let storable = conveyor_core::job::storable_backtrace(backtrace);
+        let mut end = storable.len().min(
+            self.keys
+                .text_capacity(conveyor_core::job::MAX_BACKTRACE_BYTES),
+        );
+        while !storable.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.keys
+            .seal_text(&storable[..end])
+            .map_err(|e| self.seal_error(e))
+    }
+
+    /// A job given whole (an import): every user-supplied value in it sealed.
     fn seal_job(&self, mut job: Job) -> StoreResult<Job> {
         job.payload = self
             .keys
             .seal(&job.payload)
-            .map_err(|e| StoreError::backend(e.to_string()))?;
+            .map_err(|e| self.seal_error(e))?;
+        job.result = job
+            .result
+            .map(|result| self.seal_value("result", &result))
+            .transpose()?;
+        for error in &mut job.errors {
+            error.message = self.seal_message(&error.message)?;
+            error.backtrace = error
+                .backtrace
+                .as_deref()
+                .map(|trace| self.seal_backtrace(trace))
+                .transpose()?;
+        }
+        if let Some(link) = job.flow.as_mut() {
+            for result in link.parents.values_mut() {
+                *result = self.seal_value("flow.parents", result)?;
+            }
+        }
         Ok(job)
+    }
+
+    fn open_flow(&self, mut flow: FlowView) -> FlowView {
+        let id = flow.id;
+        for step in &mut flow.steps {
+            step.result = step
+                .result
+                .take()
+                .map(|result| self.open_value(result, "flow step's result", id));
+            if let Some(error) = step.error.as_mut() {
+                error.message =
+                    self.open_text(std::mem::take(&mut error.message), "flow step's error", id);
+            }
+        }
+        flow
+    }
+
+    /// The schedule with its job template's payload sealed (the store copies it into every
+    /// job the schedule fires, so those are sealed too).
+    fn seal_schedule(&self, schedule: &Schedule) -> StoreResult<Schedule> {
+        let mut spec = schedule.spec().clone();
+        spec.job.payload = self.seal_value("job.payload", &spec.job.payload)?;
+        Ok(Schedule::from_spec(schedule.name(), spec)?)
+    }
+
+    fn open_schedule(&self, schedule: Schedule) -> Schedule {
+        let mut spec = schedule.spec().clone();
+        let opened = match self.keys.open(std::mem::take(&mut spec.job.payload)) {
+            Ok(payload) => payload,
+            Err(error) => {
+                tracing::error!(schedule = schedule.name(), %error, "cannot decrypt a schedule's job");
+                json!({ DECRYPT_ERROR: error })
+            }
+        };
+        spec.job.payload = opened;
+        // The opened spec passed these checks when it was stored; should it not now, the
+        // schedule is shown as stored.
+        Schedule::from_spec(schedule.name(), spec).unwrap_or(schedule)
+    }
+
+    fn open_schedule_view(&self, mut view: ScheduleView) -> ScheduleView {
+        view.schedule = self.open_schedule(view.schedule);
+        view
     }
 }
 
-// Payloads pass through jobs, leases and flows only; every other part is forwarded unchanged.
+// Jobs, leases, flows and schedules carry user-supplied values; every other part is forwarded
+// unchanged.
 conveyor_core::delegate_store!(EncryptedStore => inner:
-    QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore, KindStore, BreakerStore, StatsStore);
+    QueueStore, AccessStore, WorkerStore, LeadershipStore, KindStore, BreakerStore, StatsStore);
+
+#[async_trait]
+impl ScheduleStore for EncryptedStore {
+    async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
+        // Sealing twice never gives the same bytes: a definition equal to the stored one once
+        // opened is stored as it is, so re-applying it changes nothing (no new revision), as
+        // without encryption.
+        let stored = self.inner.schedule_get(schedule.name()).await?;
+        let sealed = match stored {
+            Some(view) if self.open_schedule(view.schedule.clone()) == schedule => view.schedule,
+            _ => self.seal_schedule(&schedule)?,
+        };
+        let view = self.inner.schedule_put(sealed).await?;
+        Ok(self.open_schedule_view(view))
+    }
+    async fn schedule_get(&self, name: &str) -> StoreResult<Option<ScheduleView>> {
+        Ok(self
+            .inner
+            .schedule_get(name)
+            .await?
+            .map(|view| self.open_schedule_view(view)))
+    }
+    async fn schedules_list(&self) -> StoreResult<Vec<ScheduleView>> {
+        Ok(self
+            .inner
+            .schedules_list()
+            .await?
+            .into_iter()
+            .map(|view| self.open_schedule_view(view))
+            .collect())
+    }
+    async fn schedule_delete(&self, name: &str) -> StoreResult<bool> {
+        self.inner.schedule_delete(name).await
+    }
+    async fn schedule_fire(&self, request: FireRequest) -> StoreResult<FireOutcome> {
+        // The store enqueues the stored (sealed) template: the runs' jobs are sealed as well.
+        self.inner.schedule_fire(request).await
+    }
+    async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
+        self.inner.schedule_runs(name, limit).await
+    }
+}
 
 #[async_trait]
 impl conveyor_core::FlowStore for EncryptedStore {
     async fn flow_create(
         &self,
-        flow: conveyor_core::workflow::ValidFlow,
+        flow: ValidFlow,
     ) -> StoreResult<conveyor_core::workflow::CreatedFlow> {
         // Every step's and compensation's payload is sealed before it is stored; a
         // compensation without a payload of its own (null) is given the step's at run time,
@@ -252,21 +469,31 @@ impl conveyor_core::FlowStore for EncryptedStore {
             }
         });
         if let Some(error) = failure {
-            return Err(StoreError::backend(error.to_string()));
+            return Err(self.seal_error(error));
         }
         self.inner.flow_create(sealed).await
     }
-    async fn flow_get(&self, id: Uuid) -> StoreResult<Option<conveyor_core::workflow::FlowView>> {
-        self.inner.flow_get(id).await
+    async fn flow_get(&self, id: Uuid) -> StoreResult<Option<FlowView>> {
+        Ok(self
+            .inner
+            .flow_get(id)
+            .await?
+            .map(|flow| self.open_flow(flow)))
     }
     async fn flows_list(
         &self,
         params: conveyor_core::workflow::FlowListParams,
-    ) -> StoreResult<Vec<conveyor_core::workflow::FlowView>> {
-        self.inner.flows_list(params).await
+    ) -> StoreResult<Vec<FlowView>> {
+        Ok(self
+            .inner
+            .flows_list(params)
+            .await?
+            .into_iter()
+            .map(|flow| self.open_flow(flow))
+            .collect())
     }
-    async fn flow_cancel(&self, id: Uuid) -> StoreResult<conveyor_core::workflow::FlowView> {
-        self.inner.flow_cancel(id).await
+    async fn flow_cancel(&self, id: Uuid) -> StoreResult<FlowView> {
+        Ok(self.open_flow(self.inner.flow_cancel(id).await?))
     }
     async fn flow_signal(
         &self,
@@ -274,7 +501,9 @@ impl conveyor_core::FlowStore for EncryptedStore {
         signal: &str,
         payload: Value,
     ) -> StoreResult<conveyor_core::workflow::SignalOutcome> {
-        self.inner.flow_signal(id, signal, payload).await
+        // The payload becomes the wait step's result: sealed like a job's.
+        let sealed = self.seal_value("payload", &payload)?;
+        self.inner.flow_signal(id, signal, sealed).await
     }
     async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64> {
         self.inner.flows_expire_waits(limit).await
@@ -390,10 +619,28 @@ impl LeaseStore for EncryptedStore {
         &self,
         params: Vec<CompleteParams>,
     ) -> StoreResult<Vec<LeaseOutcome>> {
-        self.inner.jobs_complete_many(params).await
+        let sealed = params
+            .into_iter()
+            .map(|complete| {
+                Ok(CompleteParams {
+                    result: complete
+                        .result
+                        .map(|result| self.seal_value("result", &result))
+                        .transpose()?,
+                    ..complete
+                })
+            })
+            .collect::<StoreResult<Vec<_>>>()?;
+        self.inner.jobs_complete_many(sealed).await
     }
 
-    async fn job_fail(&self, params: FailParams) -> StoreResult<Job> {
+    async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
+        params.message = self.seal_message(&params.message)?;
+        params.backtrace = params
+            .backtrace
+            .as_deref()
+            .map(|trace| self.seal_backtrace(trace))
+            .transpose()?;
         Ok(self.open_job(self.inner.job_fail(params).await?))
     }
 
@@ -467,6 +714,41 @@ mod tests {
             assert!(error.contains(says), "{spec}: {error}");
             assert!(!error.contains(&key(1)), "errors never show key material");
         }
+    }
+
+    #[test]
+    fn sealed_texts_open_fit_the_stores_limits_and_pass_plain_text_through() {
+        let keys = PayloadKeys::parse(&format!("k1:{}", key(1))).expect("keys");
+        let sealed = keys.seal_text("card 4111 declined").expect("seal");
+        assert!(sealed.starts_with("$conveyor_enc:1:k1:"), "{sealed}");
+        assert!(!sealed.contains("4111"));
+        assert_eq!(
+            keys.open_text(sealed.clone()).expect("open"),
+            "card 4111 declined"
+        );
+        // The store's own texts, and texts stored before encryption, are read as they are.
+        let plain = "lease held by worker w expired before the job finished".to_string();
+        assert_eq!(keys.open_text(plain.clone()).expect("open"), plain);
+        // Another key, a cut or a relabelled text does not open.
+        let other = PayloadKeys::parse(&format!("k2:{}", key(2))).expect("keys");
+        assert!(other
+            .open_text(sealed.clone())
+            .expect_err("k1")
+            .contains("k1"));
+        assert!(keys
+            .open_text(sealed[..sealed.len() - 4].to_string())
+            .is_err());
+        assert!(keys.open_text(sealed.replacen(":k1:", ":k2:", 1)).is_err());
+        // The capacity is the longest text whose sealed form fits the limit.
+        let limit = conveyor_core::job::MAX_BACKTRACE_BYTES;
+        let capacity = keys.text_capacity(limit);
+        assert!(keys.seal_text(&"x".repeat(capacity)).expect("seal").len() <= limit);
+        assert!(
+            keys.seal_text(&"x".repeat(capacity + 3))
+                .expect("seal")
+                .len()
+                > limit
+        );
     }
 
     #[test]
