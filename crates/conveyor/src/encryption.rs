@@ -1,23 +1,40 @@
-//! Payload encryption at rest: [`EncryptedStore`] wraps any [`Store`] and seals every job
-//! payload with an AEAD (XChaCha20-Poly1305, random 192-bit nonces) before it reaches the
-//! store, and opens it again on the way out. The store only ever holds an envelope:
+//! Encryption at rest: [`EncryptedStore`] wraps any [`Store`] and seals every user-supplied
+//! value with an AEAD (XChaCha20-Poly1305, random 192-bit nonces, the key id as associated
+//! data) before it reaches the store, and opens it again on the way out:
 //!
-//! ```json
-//! {"$conveyor_enc": 1, "key": "k2", "nonce": "<base64>", "data": "<base64>"}
-//! ```
+//! - JSON values (job payloads, results, schedule job templates' payloads, flow step and
+//!   compensation payloads, signal payloads) are stored as a JSON envelope, valid wherever the
+//!   column holds JSON: `{"$conveyor_enc": 1, "key": "k2", "nonce": "<base64>", "data":
+//!   "<base64>"}`;
+//! - texts (error messages and backtraces) as `$conveyor_enc:1:<key id>:<nonce>:<data>`.
+//!
+//! The stores move sealed values about without reading them: a completed step's result (or a
+//! signal's payload) becomes its step's result and its children's `parents`, a failed job's
+//! last error its step's error, a schedule's template the payload of every job it fires; each
+//! is opened wherever it is read (jobs, fetches, flow views, schedule views).
+//!
+//! Left plain, because the stores must read them or they are the server's own words: kinds,
+//! queues, tags, tenants, idempotency keys, names of flows, steps, signals and schedules,
+//! error classes, progress messages (the store bounds them to 1,024 characters, too short for
+//! a sealed message), messages the store writes itself (an expired lease, a timed-out wait, a
+//! cancellation), kind schemas, queue settings and the audit log (which holds no payloads).
 //!
 //! Keys come from configuration (`CONVEYOR_ENCRYPTION_KEYS`): `id:base64key` entries separated
-//! by commas, newest first. New payloads are sealed with the first key; any listed key opens
-//! the payloads sealed with it, so rotating is: put a new key first, keep the old ones until
-//! no job sealed with them remains (finished jobs are pruned by retention). Payloads stored
-//! before encryption was turned on are returned as they are.
+//! by commas, newest first. New values are sealed with the first key; any listed key opens
+//! the values sealed with it, so rotating is: put a new key first, keep the old ones until
+//! no value sealed with them remains (finished jobs and flows are pruned by retention;
+//! schedules are sealed again with the new key when put again). Values stored before
+//! encryption was turned on are returned as they are.
 //!
 //! Wrapping, rather than encrypting inside each store, keeps the stores and their conformance
-//! suite unaware of it. Two things need care: unique jobs (the store derives their key from
+//! suite unaware of it. Things that need care: unique jobs (the store derives their key from
 //! the payload, which it can no longer read) get the key computed here from the plaintext and
-//! carried in the envelope as `$unique`; and a payload that cannot be opened (a key removed
-//! too early, tampering) is handed over as `{"$conveyor_decrypt_error": "..."}` rather than
-//! failing whole listings or fetches, so the job stays visible and its handler fails it.
+//! carried in the envelope as `$unique`; the checks a store makes of plaintext (no NUL in a
+//! result or a signal, NUL escaped in a message, a backtrace's length) are made here before
+//! sealing, a backtrace cut so that its sealed form fits; and a value that cannot be opened (a
+//! key removed too early, tampering) is handed over as `{"$conveyor_decrypt_error": "..."}`
+//! (a text as `[$conveyor_decrypt_error: ...]`) rather than failing whole listings or fetches,
+//! so the job stays visible and its handler fails it.
 
 use async_trait::async_trait;
 use base64::engine::general_purpose::STANDARD as BASE64;
@@ -135,6 +152,18 @@ impl PayloadKeys {
         };
         let plaintext = self.open_bytes(field("key")?, field("nonce")?, field("data")?)?;
         serde_json::from_slice(&plaintext).map_err(|e| format!("decrypted payload: {e}"))
+    }
+
+    /// Whether `stored` needs no new sealing after a rotation: an envelope sealed with the
+    /// current key, or nothing sealed at all (`null`).
+    fn sealed_with_current(&self, stored: &Value) -> bool {
+        stored.is_null()
+            || stored
+                .as_object()
+                .filter(|o| o.contains_key(ENVELOPE))
+                .and_then(|o| o.get("key"))
+                .and_then(Value::as_str)
+                == Some(self.current_id())
     }
 
     /// Seals a text (an error message, a backtrace) with the current key, as a text:
@@ -412,10 +441,17 @@ impl ScheduleStore for EncryptedStore {
     async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
         // Sealing twice never gives the same bytes: a definition equal to the stored one once
         // opened is stored as it is, so re-applying it changes nothing (no new revision), as
-        // without encryption.
+        // without encryption. Unless it was sealed with an older key: then re-applying it
+        // seals it with the current one (a new revision, the same ticks), so that a rotation's
+        // old key can be dropped once every schedule has been put again.
         let stored = self.inner.schedule_get(schedule.name()).await?;
         let sealed = match stored {
-            Some(view) if self.open_schedule(view.schedule.clone()) == schedule => view.schedule,
+            Some(view)
+                if self.keys.sealed_with_current(&view.schedule.job().payload)
+                    && self.open_schedule(view.schedule.clone()) == schedule =>
+            {
+                view.schedule
+            }
             _ => self.seal_schedule(&schedule)?,
         };
         let view = self.inner.schedule_put(sealed).await?;

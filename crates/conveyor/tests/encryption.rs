@@ -512,9 +512,37 @@ async fn reads_every_value(store: &dyn Store, written: &Written) {
     assert_eq!(reserve.payload["item"], marker("flow step template"));
 }
 
+/// After a rotation (new key first, the old one kept), re-applying a schedule unchanged seals
+/// its template with the new key: it then survives the old key's removal.
+async fn reseals_schedule_after_rotation(store: &dyn Store) {
+    let before = store
+        .schedule_get("enc-report")
+        .await
+        .expect("schedule get")
+        .expect("schedule");
+    let again = store
+        .schedule_put(before.schedule.clone())
+        .await
+        .expect("schedule put");
+    assert_eq!(again.schedule, before.schedule);
+    assert_ne!(again.revision, before.revision, "resealed with the new key");
+    assert_eq!(
+        again.due_after, before.due_after,
+        "the same ticks: no tick lost"
+    );
+    let unchanged = store
+        .schedule_put(before.schedule.clone())
+        .await
+        .expect("schedule put");
+    assert_eq!(
+        unchanged.revision, again.revision,
+        "sealed with the current key: an unchanged definition changes nothing"
+    );
+}
+
 /// With the key a value was sealed with gone, it reads as a decryption error naming that key,
-/// never as ciphertext passed off as the value.
-async fn reads_decrypt_errors_without_the_key(store: &dyn Store, written: &Written) {
+/// never as ciphertext passed off as the value; values sealed with the remaining key read.
+async fn reads_after_dropping_the_old_key(store: &dyn Store, written: &Written) {
     let completed = store
         .job_get(written.completed)
         .await
@@ -535,6 +563,16 @@ async fn reads_decrypt_errors_without_the_key(store: &dyn Store, written: &Writt
         message.contains("cannot decrypt") && message.contains("k1"),
         "{message}"
     );
+    // The schedule resealed after the rotation reads, and so does what it fires now.
+    let schedule = store
+        .schedule_get("enc-report")
+        .await
+        .expect("schedule get")
+        .expect("schedule");
+    assert_eq!(
+        schedule.schedule.job().payload["to"],
+        marker("schedule job template")
+    );
 }
 
 fn assert_no_marker(place: &str, bytes: &[u8]) {
@@ -554,9 +592,11 @@ async fn sqlite_every_user_value_is_encrypted_at_rest_and_keys_rotate() {
     drop(store);
     let rotated = open(&url, keys(&[("k2", 2), ("k1", 1)])).await;
     reads_every_value(&*rotated, &written).await;
+    reseals_schedule_after_rotation(&*rotated).await;
+    reads_every_value(&*rotated, &written).await;
     drop(rotated);
     let without_old = open(&url, keys(&[("k2", 2)])).await;
-    reads_decrypt_errors_without_the_key(&*without_old, &written).await;
+    reads_after_dropping_the_old_key(&*without_old, &written).await;
     drop(without_old);
     assert_no_marker("the SQLite files (closed)", &sqlite_bytes(dir.path()));
 }
@@ -572,9 +612,11 @@ async fn postgres_every_user_value_is_encrypted_at_rest_and_keys_rotate() {
     drop(store);
     let rotated = open(&url, keys(&[("k2", 2), ("k1", 1)])).await;
     reads_every_value(&*rotated, &written).await;
+    reseals_schedule_after_rotation(&*rotated).await;
+    reads_every_value(&*rotated, &written).await;
     drop(rotated);
     let without_old = open(&url, keys(&[("k2", 2)])).await;
-    reads_decrypt_errors_without_the_key(&*without_old, &written).await;
+    reads_after_dropping_the_old_key(&*without_old, &written).await;
 }
 
 /// A backtrace longer than the stores keep is cut before it is sealed (a store cutting the
