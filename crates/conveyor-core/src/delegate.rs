@@ -65,6 +65,71 @@ macro_rules! delegate_store {
             }
         }
     };
+    (@part CopyStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::CopyStore for $decorator {
+            async fn export_queue_settings(&self) -> $crate::StoreResult<Vec<$crate::NamedQueueSettings>> {
+                $crate::CopyStore::export_queue_settings(&*self.$field).await
+            }
+            async fn import_queue_settings(&self, records: Vec<$crate::NamedQueueSettings>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_queue_settings(&*self.$field, records).await
+            }
+            async fn export_kinds(&self) -> $crate::StoreResult<Vec<$crate::kinds::KindSettings>> {
+                $crate::CopyStore::export_kinds(&*self.$field).await
+            }
+            async fn import_kinds(&self, records: Vec<$crate::kinds::KindSettings>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_kinds(&*self.$field, records).await
+            }
+            async fn export_breakers(&self) -> $crate::StoreResult<Vec<$crate::StoredBreaker>> {
+                $crate::CopyStore::export_breakers(&*self.$field).await
+            }
+            async fn import_breakers(&self, records: Vec<$crate::StoredBreaker>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_breakers(&*self.$field, records).await
+            }
+            async fn export_tokens(&self) -> $crate::StoreResult<Vec<$crate::StoredToken>> {
+                $crate::CopyStore::export_tokens(&*self.$field).await
+            }
+            async fn import_tokens(&self, records: Vec<$crate::StoredToken>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_tokens(&*self.$field, records).await
+            }
+            async fn export_schedules(&self) -> $crate::StoreResult<Vec<$crate::copy::ScheduleRecord>> {
+                $crate::CopyStore::export_schedules(&*self.$field).await
+            }
+            async fn import_schedules(&self, records: Vec<$crate::copy::ScheduleRecord>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_schedules(&*self.$field, records).await
+            }
+            async fn export_schedule_runs(&self, after: Option<$crate::copy::RunKey>, limit: usize) -> $crate::StoreResult<Vec<$crate::copy::ScheduleRunRecord>> {
+                $crate::CopyStore::export_schedule_runs(&*self.$field, after, limit).await
+            }
+            async fn import_schedule_runs(&self, records: Vec<$crate::copy::ScheduleRunRecord>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_schedule_runs(&*self.$field, records).await
+            }
+            async fn export_flows(&self, after: Option<uuid::Uuid>, limit: usize) -> $crate::StoreResult<Vec<$crate::copy::FlowRecord>> {
+                $crate::CopyStore::export_flows(&*self.$field, after, limit).await
+            }
+            async fn import_flows(&self, records: Vec<$crate::copy::FlowRecord>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_flows(&*self.$field, records).await
+            }
+            async fn export_jobs(&self, after: Option<uuid::Uuid>, limit: usize) -> $crate::StoreResult<Vec<$crate::Job>> {
+                $crate::CopyStore::export_jobs(&*self.$field, after, limit).await
+            }
+            async fn import_jobs(&self, records: Vec<$crate::Job>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_jobs(&*self.$field, records).await
+            }
+            async fn export_audit(&self, after: Option<i64>, limit: usize) -> $crate::StoreResult<Vec<$crate::AuditEntry>> {
+                $crate::CopyStore::export_audit(&*self.$field, after, limit).await
+            }
+            async fn import_audit(&self, records: Vec<$crate::AuditEntry>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_audit(&*self.$field, records).await
+            }
+            async fn export_rollups(&self, after: Option<$crate::copy::RollupKey>, limit: usize) -> $crate::StoreResult<Vec<$crate::stats::Rollup>> {
+                $crate::CopyStore::export_rollups(&*self.$field, after, limit).await
+            }
+            async fn import_rollups(&self, records: Vec<$crate::stats::Rollup>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_rollups(&*self.$field, records).await
+            }
+        }
+    };
     (@part StatsStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::StatsStore for $decorator {

@@ -8,6 +8,7 @@ pub mod access;
 pub mod breaker;
 pub mod client;
 pub mod clock;
+pub mod copy;
 mod delegate;
 pub mod error;
 pub mod events;
@@ -40,6 +41,7 @@ pub use breaker::{
 };
 pub use client::{Client, JobOptions, TypedJob};
 pub use clock::{Clock, ManualClock, SystemClock};
+pub use copy::CopyStore;
 pub use error::{StoreError, ValidationError};
 pub use events::{AttemptEvent, AttemptStatus, JobObserver};
 pub use job::{

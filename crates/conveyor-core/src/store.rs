@@ -656,6 +656,7 @@ pub trait Store:
     + KindStore
     + crate::breaker::BreakerStore
     + crate::stats::StatsStore
+    + crate::copy::CopyStore
     + 'static
 {
 }
@@ -672,6 +673,7 @@ impl<T> Store for T where
         + KindStore
         + crate::breaker::BreakerStore
         + crate::stats::StatsStore
+        + crate::copy::CopyStore
         + 'static
 {
 }

@@ -21,6 +21,7 @@
 #![warn(missing_docs)]
 
 mod access;
+mod copy;
 mod errors;
 mod flow;
 mod kinds;

@@ -14,7 +14,8 @@ use crate::errors::{corrupt, db};
 use crate::names::quoted;
 use crate::sql::stmt;
 
-const COLUMNS: &str = "minute, queue, kind, enqueued, started, completed, failed, retried, dead, \
+pub(crate) const COLUMNS: &str =
+    "minute, queue, kind, enqueued, started, completed, failed, retried, dead, \
                        run_time, queue_wait";
 
 /// The statements of the rollups for one schema.
@@ -58,7 +59,7 @@ fn count(row: &PgRow, column: &str) -> StoreResult<u64> {
     Ok(row.try_get::<i64, _>(column).map_err(corrupt)?.max(0) as u64)
 }
 
-fn rollup_of(row: &PgRow) -> StoreResult<Rollup> {
+pub(crate) fn rollup_of(row: &PgRow) -> StoreResult<Rollup> {
     let histogram = |column: &str| -> StoreResult<Histogram> {
         let Json(histogram) = row.try_get::<Json<Histogram>, _>(column).map_err(corrupt)?;
         Ok(histogram)

@@ -10,7 +10,8 @@ use rusqlite::{Connection, OptionalExtension};
 
 use crate::backend;
 
-const COLUMNS: &str = "minute, queue, kind, enqueued, started, completed, failed, retried, dead, \
+pub(crate) const COLUMNS: &str =
+    "minute, queue, kind, enqueued, started, completed, failed, retried, dead, \
                        run_time, queue_wait";
 
 fn histogram_text(histogram: &Histogram) -> StoreResult<String> {
@@ -28,7 +29,7 @@ fn count(row: &rusqlite::Row<'_>, index: usize) -> rusqlite::Result<u64> {
     Ok(row.get::<_, i64>(index)?.max(0) as u64)
 }
 
-fn rollup_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<Rollup> {
+pub(crate) fn rollup_of(row: &rusqlite::Row<'_>) -> rusqlite::Result<Rollup> {
     Ok(Rollup {
         minute: from_millis(row.get(0)?),
         queue: row.get(1)?,

@@ -250,7 +250,7 @@ macro_rules! completed_by_job {
 /// when the step starts, in the same transaction). A job step whose job completed is, in most
 /// flows, still stored `pending` (or `active`, after a replay): its completed job says it is
 /// completed, with the job's result and finish time (see `STEP_COMPLETED_BY_JOB`).
-const STEP_STATE: &str = concat!(
+pub(crate) const STEP_STATE: &str = concat!(
     "CASE WHEN ",
     completed_by_job!(),
     " THEN 'completed' WHEN s.state = 'pending' AND j.id IS NOT NULL THEN 'active' \
@@ -267,11 +267,11 @@ const STEP_STATE: &str = concat!(
 /// alone unless the step's completion order matters (a step with a compensation in a flow that
 /// compensates, see `write_effects`), and before a completed flow job is pruned the row is
 /// written (`materialize_completed_step`), so the row alone is the truth once the job is gone.
-const STEP_COMPLETED_BY_JOB: &str = completed_by_job!();
+pub(crate) const STEP_COMPLETED_BY_JOB: &str = completed_by_job!();
 
 /// A step's result as read (`s`, its job `j`): its completed job's, when only the job says the
 /// step completed (see `STEP_COMPLETED_BY_JOB`).
-const STEP_RESULT: &str = concat!(
+pub(crate) const STEP_RESULT: &str = concat!(
     "CASE WHEN ",
     completed_by_job!(),
     " THEN j.result ELSE s.result END"

@@ -434,7 +434,7 @@ impl EncryptedStore {
 // Jobs, leases, flows and schedules carry user-supplied values; every other part is forwarded
 // unchanged.
 conveyor_core::delegate_store!(EncryptedStore => inner:
-    QueueStore, AccessStore, WorkerStore, LeadershipStore, KindStore, BreakerStore, StatsStore);
+    QueueStore, AccessStore, WorkerStore, LeadershipStore, KindStore, BreakerStore, StatsStore, CopyStore);
 
 #[async_trait]
 impl ScheduleStore for EncryptedStore {
