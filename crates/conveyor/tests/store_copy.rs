@@ -5,7 +5,6 @@
 mod common;
 
 use common::*;
-use conveyor_core::copy::CopyStore;
 use serde_json::{json, Value};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
