@@ -30,6 +30,8 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
   DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq nodejs npm >/dev/null
 fi
 npm ci --prefix clients/typescript --no-audit --no-fund >/dev/null
+# axe-core (pinned) for the dashboard test's accessibility check (WCAG 2 A/AA, both schemes).
+npm ci --prefix crates/conveyor/tests/a11y --no-audit --no-fund >/dev/null
 
 # The client suites drive the real server binary.
 cargo build -p conveyor

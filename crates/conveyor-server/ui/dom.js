@@ -61,6 +61,11 @@ export function stateBadge(state) {
   return h('span', { class: `badge state-${state}`, text: state });
 }
 
+/** The header of a column of buttons: no visible text, but a name for screen readers. */
+export function actionsHeader() {
+  return h('th', { class: 'actions' }, h('span', { class: 'visually-hidden', text: 'Actions' }));
+}
+
 export function link(href, ...children) {
   return h('a', { href }, ...children);
 }

@@ -6,10 +6,16 @@
 //! page, reads the history charts (1 h, 24 h, Live) and the Kinds view, creates, pauses, runs
 //! and resumes a schedule, quiets and resumes a worker, sees a replay marked in a job's
 //! history, signs in again as a `viewer` (everything readable, every change disabled), and
-//! writes screenshots of the main pages to `docs/screenshots/`.
+//! writes screenshots of the main pages to `docs/screenshots/`. Along the way every view (the
+//! sign-in page, each page with its data, the queue settings and schedule forms, the
+//! confirmation dialog, the API reference) is checked with axe-core in the light and the dark
+//! colour scheme: no serious or critical violation of its WCAG 2 A and AA rules, and no empty
+//! table header.
 //!
 //! Needs `chromium` and `chromedriver` on the PATH (Debian: `apt-get install chromium
-//! chromium-driver`; `.ci/run` installs them), or `CONVEYOR_CHROMIUM` / `CONVEYOR_CHROMEDRIVER`.
+//! chromium-driver`; `.ci/run` installs them), or `CONVEYOR_CHROMIUM` / `CONVEYOR_CHROMEDRIVER`,
+//! and axe-core in `tests/a11y/node_modules` (`npm ci --prefix crates/conveyor/tests/a11y`;
+//! `scripts/test.sh` runs it).
 
 mod common;
 
@@ -578,6 +584,224 @@ async fn search_and_bulk(client: &Client, api: &Api) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A Chrome DevTools Protocol command, sent through chromedriver's `goog/cdp/execute` endpoint.
+#[derive(Debug)]
+struct Cdp {
+    cmd: &'static str,
+    params: Value,
+}
+
+impl fantoccini::wd::WebDriverCompatibleCommand for Cdp {
+    fn endpoint(
+        &self,
+        base_url: &reqwest::Url,
+        session_id: Option<&str>,
+    ) -> Result<reqwest::Url, <reqwest::Url as std::str::FromStr>::Err> {
+        base_url.join(&format!(
+            "session/{}/goog/cdp/execute",
+            session_id.unwrap_or_default()
+        ))
+    }
+
+    fn method_and_body(&self, _: &reqwest::Url) -> (reqwest::Method, Option<String>) {
+        let body = json!({"cmd": self.cmd, "params": self.params});
+        (reqwest::Method::POST, Some(body.to_string()))
+    }
+}
+
+/// The colour schemes the dashboard has: its stylesheet follows `prefers-color-scheme`.
+const SCHEMES: [&str; 2] = ["light", "dark"];
+
+/// Makes the page's `prefers-color-scheme` query answer `scheme` (DevTools' media emulation,
+/// which lasts across navigations in the tab), and checks that the page sees it.
+async fn color_scheme(client: &Client, scheme: &str) -> anyhow::Result<()> {
+    client
+        .issue_cmd(Cdp {
+            cmd: "Emulation.setEmulatedMedia",
+            params: json!({"features": [{"name": "prefers-color-scheme", "value": scheme}]}),
+        })
+        .await?;
+    let seen = client
+        .execute(
+            "return matchMedia('(prefers-color-scheme: dark)').matches ? 'dark' : 'light';",
+            vec![],
+        )
+        .await?;
+    ensure!(
+        seen == json!(scheme),
+        "the page sees {seen} instead of {scheme}"
+    );
+    Ok(())
+}
+
+/// axe-core's browser build, from the test's own npm package (`crates/conveyor/tests/a11y`,
+/// installed by `scripts/test.sh`).
+fn axe_source() -> anyhow::Result<String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/a11y");
+    let path = dir.join("node_modules/axe-core/axe.min.js");
+    std::fs::read_to_string(&path).with_context(|| {
+        format!(
+            "cannot read {}: run `npm ci --prefix {}` (scripts/test.sh does)",
+            path.display(),
+            dir.display()
+        )
+    })
+}
+
+/// One state of the dashboard the accessibility check looks at: where it is (a `#/...` route
+/// of the dashboard, or empty for the page as it is), what to click first (a form or a dialog
+/// to open), what shows that it has its data (every selector matches), and what to click
+/// afterwards to close it.
+struct Page {
+    name: &'static str,
+    address: String,
+    open: Option<&'static str>,
+    ready: Vec<String>,
+    close: Option<&'static str>,
+}
+
+impl Page {
+    fn new(name: &'static str, address: impl Into<String>, ready: &[&str]) -> Self {
+        Page {
+            name,
+            address: address.into(),
+            open: None,
+            ready: ready.iter().map(|css| css.to_string()).collect(),
+            close: None,
+        }
+    }
+
+    fn opening(mut self, open: &'static str, close: Option<&'static str>) -> Self {
+        self.open = Some(open);
+        self.close = close;
+        self
+    }
+}
+
+/// Runs axe-core's WCAG 2 A and AA rules over the document (injecting axe first if this
+/// document has not got it yet), plus `empty-table-header` (a best practice, not a WCAG rule:
+/// a column of buttons needs a name too). The violations of impact serious or critical, and
+/// any empty table header, each with the number of elements and one paragraph: rule, impact,
+/// what the rule asks, and the first elements' selectors with axe's failure summary.
+async fn axe_violations(client: &Client, axe: &str) -> anyhow::Result<Vec<(u64, String)>> {
+    let loaded = client
+        .execute(
+            "return typeof window.axe === 'object' && typeof window.axe.run === 'function';",
+            vec![],
+        )
+        .await?;
+    if loaded != json!(true) {
+        client
+            .execute(&format!("{axe}\n;return typeof window.axe;"), vec![])
+            .await
+            .context("injecting axe-core")?;
+    }
+    let found = client
+        .execute_async(
+            "const done = arguments[arguments.length - 1]; \
+             axe.run(document, {runOnly: {type: 'tag', values: ['wcag2a', 'wcag2aa']}, \
+                                rules: {'empty-table-header': {enabled: true}}, \
+                                resultTypes: ['violations']}) \
+               .then((result) => done(result.violations \
+                 .filter((v) => v.impact === 'serious' || v.impact === 'critical' \
+                   || v.id === 'empty-table-header') \
+                 .map((v) => ({id: v.id, impact: v.impact, help: v.help, count: v.nodes.length, \
+                   nodes: v.nodes.slice(0, 5).map((n) => ({target: n.target.join(' '), \
+                     summary: (n.failureSummary || '').replace(/\\s+/g, ' ').trim()}))})))) \
+               .catch((error) => done({error: String(error && error.stack || error)}));",
+            vec![],
+        )
+        .await?;
+    if let Some(error) = found.get("error") {
+        bail!("axe.run failed: {error}");
+    }
+    let found = found
+        .as_array()
+        .ok_or_else(|| anyhow!("axe.run answered {found}"))?;
+    Ok(found
+        .iter()
+        .map(|v| {
+            let count = v["count"].as_u64().unwrap_or(0);
+            let mut report = format!(
+                "{} ({}, {} element(s)): {}",
+                v["id"].as_str().unwrap_or("?"),
+                v["impact"].as_str().unwrap_or("?"),
+                count,
+                v["help"].as_str().unwrap_or_default()
+            );
+            for node in v["nodes"].as_array().into_iter().flatten() {
+                report.push_str(&format!(
+                    "\n      {} — {}",
+                    node["target"].as_str().unwrap_or("?"),
+                    node["summary"].as_str().unwrap_or_default()
+                ));
+            }
+            (count, report)
+        })
+        .collect())
+}
+
+/// The accessibility check: each page, in the light and then the dark colour scheme, has no
+/// serious or critical violation of axe-core's WCAG 2 A and AA rules (nor an empty table
+/// header). Every violation of every page is listed before the check fails. Leaves the page
+/// in the light scheme.
+async fn accessible(client: &Client, pages: &[Page]) -> anyhow::Result<()> {
+    let axe = axe_source()?;
+    let mut failures = Vec::new();
+    let (mut rules, mut elements) = (0, 0);
+    for page in pages {
+        if !page.address.is_empty() {
+            // Within the same document: the route changes, the session and axe stay.
+            client
+                .execute(
+                    "if (location.hash !== arguments[0]) location.hash = arguments[0]; return true;",
+                    vec![json!(page.address)],
+                )
+                .await?;
+        }
+        if let Some(open) = page.open {
+            click(client, open).await?;
+        }
+        for css in &page.ready {
+            wait_present(client, css)
+                .await
+                .with_context(|| format!("the {} page for the accessibility check", page.name))?;
+        }
+        for scheme in SCHEMES {
+            color_scheme(client, scheme).await?;
+            let found = axe_violations(client, &axe)
+                .await
+                .with_context(|| format!("axe on the {} page ({scheme})", page.name))?;
+            if !found.is_empty() {
+                rules += found.len();
+                elements += found.iter().map(|(count, _)| count).sum::<u64>();
+                let reports: Vec<&str> = found.iter().map(|(_, report)| report.as_str()).collect();
+                failures.push(format!(
+                    "{} ({}, {scheme}):\n  {}",
+                    page.name,
+                    if page.address.is_empty() {
+                        "as loaded"
+                    } else {
+                        &page.address
+                    },
+                    reports.join("\n  ")
+                ));
+            }
+        }
+        color_scheme(client, "light").await?;
+        if let Some(close) = page.close {
+            click(client, close).await?;
+        }
+    }
+    ensure!(
+        failures.is_empty(),
+        "axe-core: {rules} violations of its WCAG 2 A/AA rules (serious or critical) or of \
+         empty-table-header, on {elements} elements:\n{}",
+        failures.join("\n")
+    );
+    Ok(())
+}
+
 struct Ids {
     doomed: String,
     legacy: Vec<String>,
@@ -931,6 +1155,7 @@ async fn drive(
     if let Some(token) = token {
         wait_present(client, "#token").await?;
         screenshot(client, "login").await?;
+        accessible(client, &[Page::new("sign-in", "", &["#token"])]).await?;
         let input = client.find(Locator::Css("#token")).await?;
         input.send_keys("cv_not_a_real_token").await?;
         click(client, "#login-submit").await?;
@@ -1141,6 +1366,10 @@ async fn drive(
         "one edge per dependency"
     );
     screenshot(client, "flow").await?;
+    let flow_page = format!(
+        "#{}",
+        client.current_url().await?.fragment().unwrap_or_default()
+    );
 
     // Job list: everything, then filtered by queue and state, then by a kind nothing has.
     click(client, "a[data-nav='jobs']").await?;
@@ -1187,6 +1416,58 @@ async fn drive(
     })
     .await?;
     screenshot(client, "dead-letters").await?;
+
+    // Accessibility: every view, with its data, passes axe-core's WCAG 2 A/AA rules in both
+    // colour schemes (ending on the dead letters, where the test goes on).
+    let doomed_page = format!("#/jobs/{}", ids.doomed);
+    let pages = [
+        Page::new(
+            "overview",
+            "#/",
+            &[
+                "#view-overview tr[data-queue='mail']",
+                "#chart-throughput .chart",
+                "#chart-failures .chart",
+            ],
+        ),
+        Page::new("queue settings", "#/", &["#qs-concurrency_limit"]).opening(
+            "tr[data-queue='media'] button[data-action='settings']",
+            Some("#qs-close"),
+        ),
+        Page::new("jobs", "#/jobs", &["#view-jobs #jobs-table tr[data-job]"]),
+        Page::new(
+            "job detail",
+            doomed_page.as_str(),
+            &["#job-attempts .timeline-item", "#job-payload"],
+        ),
+        Page::new(
+            "confirmation dialog",
+            doomed_page.as_str(),
+            &["dialog#confirm[open]"],
+        )
+        .opening("#job-replay", Some("#confirm-cancel")),
+        Page::new(
+            "kinds",
+            "#/kinds",
+            &["#kinds-table tr[data-kind='push.send']"],
+        ),
+        Page::new("workers", "#/workers", &["#workers-table"]),
+        Page::new(
+            "schedules",
+            "#/schedules",
+            &["tr[data-schedule='nightly-report']"],
+        ),
+        Page::new("schedule form", "#/schedules", &["#schedule-form"])
+            .opening("#schedule-new", None),
+        Page::new("flows", "#/flows", &["#view-flows tr[data-flow]"]),
+        Page::new(
+            "flow",
+            flow_page.as_str(),
+            &["#flow-graph g[data-step='ship']"],
+        ),
+        Page::new("dead letters", "#/dead", &["#dead-table tr[data-job]"]),
+    ];
+    accessible(client, &pages).await?;
 
     // The dead job's page: payload and error history.
     click(client, &format!("{doomed_row} a")).await?;
@@ -1399,5 +1680,14 @@ async fn drive(
     let operations = count(client, "section.api-op").await?;
     ensure!(operations > 40, "{operations} operations on /docs");
     wait_text(client, "#api-version", "API version").await?;
+    accessible(
+        client,
+        &[Page::new(
+            "API reference",
+            "",
+            &["section.api-op#fetchJobs"],
+        )],
+    )
+    .await?;
     Ok(())
 }

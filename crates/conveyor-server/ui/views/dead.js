@@ -2,7 +2,7 @@
 // or discarded one by one, by selection, or everything matching the filter — always after a
 // confirmation. While jobs are selected (or when paused by hand) the list holds still.
 
-import { h, update, jobLink, when, emptyState, routeHref, num } from '../dom.js';
+import { h, update, jobLink, when, emptyState, routeHref, num, actionsHeader } from '../dom.js';
 import * as api from '../api.js';
 import { queueSelect, textFilter, field, pager, liveToggle, lastError, rowLinks } from './shared.js';
 
@@ -191,7 +191,7 @@ export default {
             h('th', { class: 'num', text: 'Attempts' }),
             h('th', { text: 'Died' }),
             h('th', { text: 'Last error' }),
-            h('th', { class: 'actions', text: '' }))),
+            actionsHeader())),
           h('tbody', {}, shown.map((job) => {
             const box = h('input', { type: 'checkbox', 'aria-label': `Select ${job.id}`, checked: selected.has(job.id), onchange: () => {
               if (box.checked) selected.add(job.id);

@@ -5,7 +5,7 @@
 // "Live" draws per-second rates from differences between successive `/v1/queues` answers
 // instead, for the minutes this page has been open.
 
-import { h, mount, update, num, duration, emptyState, routeHref, when, localTime } from '../dom.js';
+import { h, mount, update, num, duration, emptyState, routeHref, when, localTime, actionsHeader } from '../dom.js';
 import { lineChart } from '../charts.js';
 import * as api from '../api.js';
 import { rangePicker, rangeOf, savedRange, saveRange, statsLoader, latencyText, rateText, perMinuteText } from './history.js';
@@ -356,7 +356,7 @@ export default {
             h('th', { text: 'Open until' }),
             h('th', { text: 'Reason' }),
             h('th', { text: 'Changed' }),
-            h('th', { class: 'actions', text: '' }))),
+            actionsHeader())),
           h('tbody', {}, sorted.map((breaker) => {
             const closed = breaker.state === 'closed';
             let until = h('span', { class: 'muted', text: '—' });
@@ -546,7 +546,7 @@ export default {
             TABLE_STATES.map((s) => h('th', { class: 'num', text: s[0].toUpperCase() + s.slice(1) })),
             h('th', { class: 'num', text: 'Oldest waiting' }),
             h('th', { class: 'num', text: 'Done / min' }),
-            h('th', { class: 'actions', text: '' }))),
+            actionsHeader())),
           h('tbody', {}, queues.map((queue) => h('tr', { dataset: { queue: queue.name } },
             h('td', {}, h('a', { class: 'strong', href: routeHref('/jobs', { queue: queue.name }), text: queue.name })),
             h('td', {}, queue.paused

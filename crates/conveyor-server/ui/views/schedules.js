@@ -2,7 +2,7 @@
 // enqueues, the next tick and the last run with its job's current state; pause, resume, run
 // now and delete per row, and a form that creates (or replaces) one with `PUT`.
 
-import { h, mount, update, when, localTime, stateBadge, emptyState, jobLink, routeHref } from '../dom.js';
+import { h, mount, update, when, localTime, stateBadge, emptyState, jobLink, routeHref, actionsHeader } from '../dom.js';
 import * as api from '../api.js';
 
 const RUN_STATUS = {
@@ -176,7 +176,7 @@ export default {
             return h('div', { class: 'table-wrap' }, h('table', { class: 'table' },
               h('thead', {}, h('tr', {},
                 ['Schedule', 'When', 'Job', 'Next run', 'Last run', 'Policies'].map((t) => h('th', { text: t })),
-                h('th', { class: 'actions', text: '' }))),
+                actionsHeader())),
               h('tbody', {}, schedules.map((s) => h('tr', { dataset: { schedule: s.name, paused: s.paused ? 'true' : 'false' } },
                 h('td', {}, h('span', { class: 'strong', text: s.name }),
                   s.paused ? h('div', {}, h('span', { class: 'badge badge-paused', text: 'paused' })) : null),

@@ -2,7 +2,7 @@
 // (`GET /v1/jobs/stuck`) where the server has them, and, on any server, who holds leases now
 // (running jobs grouped by the lease's worker id).
 
-import { h, mount, update, when, num, duration, emptyState, jobLink } from '../dom.js';
+import { h, mount, update, when, num, duration, emptyState, jobLink, actionsHeader } from '../dom.js';
 import * as api from '../api.js';
 import { rowLinks } from './shared.js';
 
@@ -47,7 +47,7 @@ function recordTable(records, id, actions) {
   for (const record of records) for (const key of Object.keys(record)) if (!keys.includes(key)) keys.push(key);
   return h('div', { class: 'table-wrap' }, h('table', { class: 'table', id },
     h('thead', {}, h('tr', {}, keys.map((key) => h('th', { text: title(key) })),
-      actions ? h('th', { class: 'actions', text: '' }) : null)),
+      actions ? actionsHeader() : null)),
     h('tbody', {}, records.map((record) => h('tr', { dataset: { worker: record.id || record.worker_id || '' } },
       keys.map((key) => h('td', {}, cell(key, record[key]))),
       actions ? h('td', { class: 'actions' }, actions(record)) : null)))));
