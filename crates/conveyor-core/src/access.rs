@@ -510,6 +510,33 @@ impl Default for AuditListParams {
     }
 }
 
+/// Which audit entries [`crate::AccessStore::audit_prune`] deletes: those stamped before a
+/// moment, or older than an age by the store's clock (the maintenance leader's retention, so
+/// every server of a cluster prunes by the same clock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AuditCutoff {
+    Before(DateTime<Utc>),
+    OlderThan(std::time::Duration),
+}
+
+impl AuditCutoff {
+    /// The moment before which entries go, with the store's `now` (an age reaching before 1970
+    /// gives 1970: no entry is that old, and every store can hold the moment).
+    pub fn before(self, now: DateTime<Utc>) -> DateTime<Utc> {
+        match self {
+            AuditCutoff::Before(at) => at,
+            AuditCutoff::OlderThan(age) => chrono::Duration::from_std(age)
+                .ok()
+                .and_then(|age| now.checked_sub_signed(age))
+                .map_or(DateTime::UNIX_EPOCH, |at| at.max(DateTime::UNIX_EPOCH)),
+        }
+    }
+}
+
+/// The default for `serve --retain-audit-secs`: 90 days.
+pub const DEFAULT_AUDIT_RETENTION: std::time::Duration =
+    std::time::Duration::from_secs(90 * 24 * 3600);
+
 /// A token just created, with the secret to hand to its owner (once: only its hash is kept).
 #[derive(Debug, Clone)]
 pub struct CreatedToken {

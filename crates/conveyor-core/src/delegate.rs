@@ -289,6 +289,9 @@ macro_rules! delegate_store {
             async fn audit_list(&self, params: $crate::AuditListParams) -> $crate::StoreResult<Vec<$crate::AuditEntry>> {
                 $crate::AccessStore::audit_list(&*self.$field, params).await
             }
+            async fn audit_prune(&self, cutoff: $crate::AuditCutoff, limit: usize) -> $crate::StoreResult<u64> {
+                $crate::AccessStore::audit_prune(&*self.$field, cutoff, limit).await
+            }
         }
     };
     (@part WorkerStore, $decorator:ty, $field:ident) => {

@@ -32,8 +32,8 @@ pub mod workers;
 pub mod workflow;
 
 pub use access::{
-    ApiToken, AuditAction, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, Role,
-    StoredSession, StoredToken, TokenSelector,
+    ApiToken, AuditAction, AuditCutoff, AuditEntry, AuditListParams, NewAuditEntry, NewSession,
+    NewToken, Role, StoredSession, StoredToken, TokenSelector,
 };
 pub use breaker::{
     BreakerScope, BreakerSettings, BreakerState, BreakerStore, BreakerView, CircuitBreakers,

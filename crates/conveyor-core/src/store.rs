@@ -145,16 +145,55 @@ pub struct RescueParams {
 pub struct RescueReport {
     pub retried: Vec<Uuid>,
     pub dead: Vec<Uuid>,
+    /// Each rescued attempt's queue, kind, outcome and run time: what metrics and history count
+    /// of attempts no worker reported.
+    pub attempts: Vec<RescuedAttempt>,
+}
+
+/// An attempt ended by a rescue (its lease expired, or its worker was marked dead).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RescuedAttempt {
+    pub queue: String,
+    pub kind: String,
+    /// `Failed` (it will be retried) or `Dead`.
+    pub status: crate::AttemptStatus,
+    /// From the attempt's start to its rescue.
+    pub duration: Duration,
 }
 
 impl RescueReport {
     /// Counts a rescued job under what became of it.
     pub fn add(&mut self, job: &Job) {
-        if job.state == JobState::Dead {
+        let status = if job.state == JobState::Dead {
             self.dead.push(job.id);
+            crate::AttemptStatus::Dead
         } else {
             self.retried.push(job.id);
-        }
+            crate::AttemptStatus::Failed
+        };
+        // A rescue's error records when it happened; the attempt began when the job started.
+        let duration = job
+            .errors
+            .last()
+            .and_then(|error| {
+                (error.at - error.started_at.or(job.started_at)?)
+                    .to_std()
+                    .ok()
+            })
+            .unwrap_or_default();
+        self.attempts.push(RescuedAttempt {
+            queue: job.queue.clone(),
+            kind: job.kind.clone(),
+            status,
+            duration,
+        });
+    }
+
+    /// Adds another report's jobs to this one.
+    pub fn extend(&mut self, other: RescueReport) {
+        self.retried.extend(other.retried);
+        self.dead.extend(other.dead);
+        self.attempts.extend(other.attempts);
     }
 }
 
@@ -508,6 +547,17 @@ pub trait AccessStore: Send + Sync {
 
     /// Audit entries newest first (see [`AuditListParams`]).
     async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>>;
+
+    /// Deletes up to `limit` of the oldest entries stamped before `cutoff`, in one short
+    /// statement that reads no more than `limit` rows (the log is appended in time order, so
+    /// its expired entries are its head); returns how many. Run repeatedly until it deletes
+    /// fewer than `limit`. An entry stamped out of order (a skewed clock) waits until the
+    /// entries before it expire.
+    async fn audit_prune(
+        &self,
+        cutoff: crate::access::AuditCutoff,
+        limit: usize,
+    ) -> StoreResult<u64>;
 }
 
 /// Observability: the worker registry and stuck jobs (see `crate::workers`, `crate::stuck`).
@@ -696,7 +746,68 @@ pub async fn fetch_waiting(
     poll: Duration,
     stop: impl std::future::Future<Output = ()>,
 ) -> StoreResult<Vec<Job>> {
+    fetch_waiting_with(store, breakers, params, wait, poll, None, stop).await
+}
+
+/// The empty looks of every fetch waiting in this process, by what they fetch (queues and
+/// kinds): a waiting fetch whose safety-net poll comes due skips its look when another waiting
+/// the same found nothing less than a poll ago. So a thousand idle long-polls on one queue
+/// cost about one look per poll interval, not a thousand; wake-ups still make every one look.
+#[derive(Debug, Default)]
+pub struct IdleLooks {
+    last_empty: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
+}
+
+/// Distinct fetch shapes remembered at most; past it the memory starts afresh.
+const MAX_IDLE_SHAPES: usize = 10_000;
+
+impl IdleLooks {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn shape(params: &FetchParams) -> String {
+        format!(
+            "{:?}|{:?}|{:?}",
+            params.queues, params.kinds, params.excluded_kinds
+        )
+    }
+
+    /// Whether a look for `shape` found nothing since `since`.
+    fn empty_since(&self, shape: &str, since: tokio::time::Instant) -> bool {
+        let Ok(looks) = self.last_empty.lock() else {
+            return false;
+        };
+        looks.get(shape).is_some_and(|at| *at >= since)
+    }
+
+    fn found_nothing(&self, shape: &str, at: tokio::time::Instant) {
+        let Ok(mut looks) = self.last_empty.lock() else {
+            return;
+        };
+        if looks.len() >= MAX_IDLE_SHAPES && !looks.contains_key(shape) {
+            looks.clear();
+        }
+        looks.insert(shape.to_string(), at);
+    }
+}
+
+/// [`fetch_waiting`], sharing empty looks with the other fetches waiting in this process
+/// through `idle` (see [`IdleLooks`]).
+pub async fn fetch_waiting_with(
+    store: &dyn Store,
+    breakers: Option<&crate::breaker::CircuitBreakers>,
+    params: FetchParams,
+    wait: Duration,
+    poll: Duration,
+    idle: Option<&IdleLooks>,
+    stop: impl std::future::Future<Output = ()>,
+) -> StoreResult<Vec<Job>> {
     let deadline = tokio::time::Instant::now() + wait;
+    let shape = idle.map(|_| IdleLooks::shape(&params));
+    // A wake-up (or the first look) always looks; a safety-net poll may be skipped.
+    let mut woken = true;
+    let mut next_due: Option<DateTime<Utc>> = None;
     let wakeup = store.wakeup();
     tokio::pin!(stop);
     // Wake-ups bring new work at once; the poll is only a safety net (another process's jobs
@@ -709,26 +820,53 @@ pub async fn fetch_waiting(
         let notified = wakeup.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-        let jobs = match breakers {
-            Some(breakers) => breakers.fetch(params.clone()).await?,
-            None => store.jobs_fetch(params.clone()).await?,
+        let looked_at = tokio::time::Instant::now();
+        let shared_empty = match (idle, &shape) {
+            (Some(idle), Some(shape)) if !woken => {
+                idle.empty_since(shape, looked_at.checked_sub(poll).unwrap_or(looked_at))
+            }
+            _ => false,
         };
+        if !shared_empty {
+            let jobs = match breakers {
+                Some(breakers) => breakers.fetch(params.clone()).await?,
+                None => store.jobs_fetch(params.clone()).await?,
+            };
+            if !jobs.is_empty() {
+                return Ok(jobs);
+            }
+            if let (Some(idle), Some(shape)) = (idle, &shape) {
+                idle.found_nothing(shape, looked_at);
+            }
+        }
         let now = tokio::time::Instant::now();
-        if !jobs.is_empty() || now >= deadline {
-            return Ok(jobs);
+        if now >= deadline {
+            return Ok(Vec::new());
         }
         let mut until = deadline.min(now + idle_poll);
         idle_poll = (idle_poll * 2).min(poll.saturating_mul(IDLE_POLL_GROWTH));
-        if let Some(due) = store.jobs_next_due(&params.queues).await? {
+        if !shared_empty {
+            next_due = store.jobs_next_due(&params.queues).await?;
+        }
+        // A due job's time coming is a wake-up of its own: no other fetch's look counts for it.
+        let mut due_wakes = false;
+        if let Some(due) = next_due {
             let in_ms = (due - Utc::now()).num_milliseconds().max(0) as u64;
-            until = until.min(now + Duration::from_millis(in_ms));
+            let at = now + Duration::from_millis(in_ms);
+            if at <= until {
+                until = at;
+                due_wakes = true;
+            }
         }
         // Biased: once `stop` has resolved, no further fetch starts, even if a wake-up is ready.
         tokio::select! {
             biased;
             _ = &mut stop => return Ok(Vec::new()),
-            _ = &mut notified => idle_poll = poll,
-            _ = tokio::time::sleep_until(until) => {}
+            _ = &mut notified => {
+                idle_poll = poll;
+                woken = true;
+            }
+            _ = tokio::time::sleep_until(until) => woken = due_wakes,
         }
     }
 }

@@ -39,6 +39,7 @@ pub(crate) struct AccessSql {
     audit_insert: SqlStr,
     audit_list: SqlStr,
     audit_list_action: SqlStr,
+    audit_prune: SqlStr,
 }
 
 impl AccessSql {
@@ -91,6 +92,12 @@ impl AccessSql {
             audit_list_action: stmt(format!(
                 "SELECT {AUDIT_COLUMNS} FROM {audit} WHERE action = $3 AND id < $1 \
                  ORDER BY id DESC LIMIT $2"
+            )),
+            // Only the log's first $2 rows by id are read (appends come in time order, so
+            // what expired is the head): no index on `at` to keep up at every append.
+            audit_prune: stmt(format!(
+                "DELETE FROM {audit} WHERE id IN (SELECT id FROM \
+                 (SELECT id, at FROM {audit} ORDER BY id LIMIT $2) head WHERE at < $1)"
             )),
         }
     }
@@ -351,4 +358,19 @@ pub(crate) async fn audit_list(
         .iter()
         .map(audit_of)
         .collect()
+}
+
+pub(crate) async fn audit_prune(
+    conn: &mut PgConnection,
+    sql: &AccessSql,
+    before: DateTime<Utc>,
+    limit: usize,
+) -> StoreResult<u64> {
+    let deleted = sqlx::query(sql.audit_prune.clone())
+        .bind(before)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .execute(conn)
+        .await
+        .map_err(db("prune audit entries"))?;
+    Ok(deleted.rows_affected())
 }

@@ -49,6 +49,7 @@ impl Flow {
         let settings = format!("{}.queue_settings", quoted(schema));
         let starts = format!("{}.rate_starts", quoted(schema));
         let order = "ORDER BY priority DESC, run_at, id";
+        let (kinds3, kinds4) = (kinds_at(3), kinds_at(4));
         Self {
             settings_for: stmt(format!(
                 "SELECT queue, {SETTINGS_COLUMNS} FROM {settings} WHERE queue = ANY($1)"
@@ -71,9 +72,12 @@ impl Flow {
                 "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
                  AND tenant IS NOT NULL)"
             )),
+            // Every candidate read below takes only the fetch's kinds (`$k::text[]`, NULL for
+            // any) and none of its excluded kinds: filtered after the claim instead, jobs of
+            // other kinds ahead in the queue would take the whole quota.
             first: stmt(format!(
                 "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
-                 AND queue = $1 {order} LIMIT $2"
+                 AND queue = $1 AND {kinds3} {order} LIMIT $2"
             )),
             // Distinct tenants after `$2` ('' for from the first), one index seek each.
             // Distinct tenants after `$2` ('' for from the first), one seek in `jobs_fair` each
@@ -82,18 +86,18 @@ impl Flow {
                 "WITH RECURSIVE t(tenant) AS ( \
                      SELECT (SELECT tenant FROM {jobs} WHERE state = 'available' \
                              AND queue = $1 AND tenant IS NOT NULL AND tenant > $2 \
-                             ORDER BY tenant, priority DESC, run_at, id LIMIT 1) \
+                             AND {kinds4} ORDER BY tenant, priority DESC, run_at, id LIMIT 1) \
                      UNION ALL \
                      SELECT (SELECT j.tenant FROM {jobs} j WHERE j.state = 'available' \
                              AND j.queue = $1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant \
-                             ORDER BY j.tenant, j.priority DESC, j.run_at, j.id LIMIT 1) \
+                             AND {kinds4} ORDER BY j.tenant, j.priority DESC, j.run_at, j.id LIMIT 1) \
                      FROM t WHERE t.tenant IS NOT NULL) \
                  SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $3"
             )),
             untenanted: stmt(format!(
                 "SELECT id, priority, run_at FROM ( \
                      SELECT id, tenant, priority, run_at FROM {jobs} \
-                     WHERE state = 'available' AND queue = $1 {order} LIMIT $2) w \
+                     WHERE state = 'available' AND queue = $1 AND {kinds4} {order} LIMIT $2) w \
                  WHERE tenant IS NULL {order} LIMIT $3"
             )),
             // Each tenant's first `n` available jobs (`$2`, `$3` side by side).
@@ -103,7 +107,7 @@ impl Flow {
                  CROSS JOIN LATERAL ( \
                      SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
                      AND queue = $1 AND tenant = t.tenant AND tenant IS NOT NULL \
-                     {order} LIMIT t.n) j"
+                     AND {kinds4} {order} LIMIT t.n) j"
             )),
             // Each tenant's running jobs and starts since `$3`, in the order of `$2`.
             key_counts: stmt(format!(
@@ -219,7 +223,7 @@ pub(crate) async fn claim_controlled(
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let picked = queue_candidates(conn, ctx, queue, settings, ask).await?;
+            let picked = queue_candidates(conn, ctx, queue, settings, ask, params).await?;
             let candidates = picked.len();
             let claimed = claim.ids(conn, picked).await?;
             plan.record(candidates, claimed.len());
@@ -229,7 +233,7 @@ pub(crate) async fn claim_controlled(
     }
     let mut lists = Vec::with_capacity(queues.len());
     for (queue, settings) in &queues {
-        lists.push(queue_candidates(conn, ctx, queue, settings, params.max).await?);
+        lists.push(queue_candidates(conn, ctx, queue, settings, params.max, params).await?);
     }
     let picked = flow::merge_in_claim_order(lists, params.max, |c| (c.priority, c.run_at, c.id));
     claim.ids(conn, picked).await
@@ -256,8 +260,7 @@ impl Claim<'_, '_> {
             .bind(&self.params.worker_id)
             .bind(self.expires_at)
             .bind(self.ctx.now)
-            // Candidates are picked before the kinds filter: a fetch restricted to some kinds
-            // may claim fewer than it could when other kinds lead a flow-controlled queue.
+            // Candidates were read of these kinds already; checked again as they are claimed.
             .bind(self.params.kinds.as_deref())
             .bind(&self.params.excluded_kinds)
             .fetch_all(&mut *conn)
@@ -318,6 +321,7 @@ async fn queue_candidates(
     queue: &str,
     settings: &QueueSettings,
     want: usize,
+    params: &FetchParams,
 ) -> StoreResult<Vec<Candidate>> {
     let flow = &ctx.sql.flow;
     let running = if settings.concurrency_limit.is_some() {
@@ -361,12 +365,14 @@ async fn queue_candidates(
         let found = sqlx::query(flow.first.clone())
             .bind(queue)
             .bind(limit(quota))
+            .bind(params.kinds.as_deref())
+            .bind(&params.excluded_kinds)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("read available jobs"))?;
         return candidates_of(&found);
     }
-    let (groups, candidates) = tenant_groups(conn, ctx, queue, settings, quota).await?;
+    let (groups, candidates) = tenant_groups(conn, ctx, queue, settings, quota, params).await?;
     let picked = flow::round_robin(&groups, quota);
     Ok(picked
         .jobs
@@ -398,15 +404,25 @@ async fn tenants(
     queue: &str,
     after: Option<&str>,
     max: usize,
+    params: &FetchParams,
 ) -> StoreResult<Vec<String>> {
     sqlx::query_scalar(ctx.sql.flow.tenants.clone())
         .bind(queue)
         // Tenants are never empty (names are validated), so '' stands for "from the first".
         .bind(after.unwrap_or(""))
         .bind(limit(max))
+        .bind(params.kinds.as_deref())
+        .bind(&params.excluded_kinds)
         .fetch_all(&mut *conn)
         .await
         .map_err(db("read tenants"))
+}
+
+/// The condition that a job is of a kind the fetch takes: its kinds at `$n` (NULL: any), its
+/// excluded kinds at `$n+1`.
+fn kinds_at(n: usize) -> String {
+    let excluded = n + 1;
+    format!("(${n}::text[] IS NULL OR kind = ANY(${n})) AND kind <> ALL(${excluded}::text[])")
 }
 
 /// Each tenant's per-key budget (in the order given), from its running jobs and recent starts
@@ -459,15 +475,16 @@ async fn tenant_groups(
     queue: &str,
     settings: &QueueSettings,
     quota: usize,
+    params: &FetchParams,
 ) -> StoreResult<(Vec<Group>, HashMap<Uuid, Candidate>)> {
     let flow = &ctx.sql.flow;
     let cursor = flow.cursor(queue);
     let after = match &cursor {
-        Some(Some(tenant)) => tenants(conn, ctx, queue, Some(tenant), quota).await?,
+        Some(Some(tenant)) => tenants(conn, ctx, queue, Some(tenant), quota, params).await?,
         _ => Vec::new(),
     };
     let from_start = if after.len() < quota {
-        tenants(conn, ctx, queue, None, quota).await?
+        tenants(conn, ctx, queue, None, quota, params).await?
     } else {
         Vec::new()
     };
@@ -476,6 +493,8 @@ async fn tenant_groups(
             .bind(queue)
             .bind(limit(flow::UNTENANTED_WINDOW))
             .bind(limit(quota))
+            .bind(params.kinds.as_deref())
+            .bind(&params.excluded_kinds)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("read jobs without a tenant"))?,
@@ -495,6 +514,8 @@ async fn tenant_groups(
         .bind(queue)
         .bind(&tenants)
         .bind(&wanted)
+        .bind(params.kinds.as_deref())
+        .bind(&params.excluded_kinds)
         .fetch_all(&mut *conn)
         .await
         .map_err(db("read tenants' jobs"))?;

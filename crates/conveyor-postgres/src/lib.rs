@@ -754,6 +754,21 @@ impl AccessStore for PgStore {
     async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>> {
         access::audit_list(&mut *self.conn().await?, &self.inner.access_sql, &params).await
     }
+
+    async fn audit_prune(
+        &self,
+        cutoff: conveyor_core::AuditCutoff,
+        limit: usize,
+    ) -> StoreResult<u64> {
+        let before = cutoff.before(self.ctx().now);
+        access::audit_prune(
+            &mut *self.conn().await?,
+            &self.inner.access_sql,
+            before,
+            limit,
+        )
+        .await
+    }
 }
 
 #[async_trait]

@@ -4,8 +4,8 @@ use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::{
-    error_class, fetch_waiting, validate, AttemptStatus, CompleteParams, FailParams, FetchParams,
-    HeartbeatParams, Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams,
+    error_class, validate, AttemptStatus, CompleteParams, FailParams, FetchParams, HeartbeatParams,
+    Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams,
 };
 use conveyor_core::{wire, workers};
 use serde::{Deserialize, Serialize};
@@ -234,13 +234,15 @@ async fn fetch_released_if_abandoned(
     let store = state.store.clone();
     let breakers = state.breakers.clone();
     let poll = state.config.fetch_poll;
+    let idle_looks = state.idle_looks.clone();
     tokio::spawn(async move {
-        let fetched = fetch_waiting(
+        let fetched = conveyor_core::fetch_waiting_with(
             store.as_ref(),
             Some(&breakers),
             params,
             wait,
             poll,
+            Some(&idle_looks),
             abandoned.cancelled(),
         )
         .await;

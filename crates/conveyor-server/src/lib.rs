@@ -168,6 +168,8 @@ pub(crate) struct AppState {
     pub registry: Arc<acks::Registry>,
     /// Jobs this server handed out, by id, until completed (see `acks::LeasedJob`).
     pub leased: Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, acks::LeasedJob>>>,
+    /// The empty looks of the long-polls waiting here, shared (see `conveyor_core::IdleLooks`).
+    pub idle_looks: Arc<conveyor_core::IdleLooks>,
     /// Notified whenever this server may have finished a job (a completion, a failure, a
     /// cancellation), so `GET /v1/jobs/{id}?wait_ms=` answers at once; jobs finished through
     /// other processes are seen by that wait's polling.
@@ -226,6 +228,7 @@ pub fn router_with_options(
         metrics,
         registry: Arc::default(),
         leased: Arc::default(),
+        idle_looks: Arc::default(),
         finished: Arc::default(),
     };
     Router::new()

@@ -99,6 +99,7 @@ pub struct Metrics {
     breaker_state: IntGaugeVec,
     enqueued: IntCounterVec,
     queue_wait: HistogramVec,
+    pruned: IntCounterVec,
     /// When the gauges were last read from the store; the lock also makes concurrent scrapes
     /// wait for one read instead of each reading.
     refreshed: Mutex<Option<Instant>>,
@@ -227,6 +228,15 @@ impl Metrics {
             &["queue", "kind"],
         )?;
         registry.register(Box::new(queue_wait.clone()))?;
+        let pruned = IntCounterVec::new(
+            Opts::new(
+                "conveyor_maintenance_pruned_total",
+                "Records deleted for retention by this process while it led maintenance, by \
+                 record (jobs, flows, audit, stats)",
+            ),
+            &["record"],
+        )?;
+        registry.register(Box::new(pruned.clone()))?;
         let build_info = IntGaugeVec::new(
             Opts::new(
                 "conveyor_build_info",
@@ -241,6 +251,7 @@ impl Metrics {
         Ok(Self {
             enqueued,
             queue_wait,
+            pruned,
             registry,
             processed,
             retried,
@@ -258,6 +269,13 @@ impl Metrics {
             refreshed: Mutex::new(None),
             history: Arc::new(StatsRecorder::new(clock)),
         })
+    }
+
+    /// Counts records maintenance deleted for retention (`record`: jobs, flows, audit, stats).
+    pub fn pruned(&self, record: &str, count: u64) {
+        if count > 0 {
+            self.pruned.with_label_values(&[record]).inc_by(count);
+        }
     }
 
     /// The per-minute counts not yet flushed to the store (see `conveyor_core::stats`).

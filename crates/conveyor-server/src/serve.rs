@@ -165,6 +165,8 @@ struct Activity {
     epoch: Instant,
     last_ms: AtomicU64,
     in_flight: AtomicUsize,
+    /// Requests that reached the router on this connection.
+    requests: AtomicU64,
 }
 
 impl Activity {
@@ -201,6 +203,7 @@ async fn serve_connection(
         epoch: Instant::now(),
         last_ms: AtomicU64::new(0),
         in_flight: AtomicUsize::new(0),
+        requests: AtomicU64::new(0),
     });
     let tracked = Tracked {
         stream,
@@ -242,6 +245,7 @@ async fn run_connection<I>(
     let requests = activity.clone();
     let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
         requests.in_flight.fetch_add(1, Ordering::Relaxed);
+        requests.requests.fetch_add(1, Ordering::Relaxed);
         let guard = InFlight(requests.clone());
         let app = app.clone();
         async move {
@@ -260,10 +264,25 @@ async fn run_connection<I>(
     let check_every =
         (limits.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(5));
     let mut idle_check = tokio::time::interval(check_every);
+    // hyper's header timeout starts with a request's first byte; a connection that never
+    // sends one would be held for the whole idle timeout (a minute by default), and enough of
+    // them deny service. So the first request's headers are due `header_read_timeout` after
+    // the connection began (after the TLS handshake, which has its own deadline).
+    let first_request = tokio::time::sleep(limits.header_read_timeout);
+    tokio::pin!(first_request);
+    let mut awaiting_first_request = true;
     let mut closing = false;
     loop {
         tokio::select! {
             _ = connection.as_mut() => break,
+            _ = &mut first_request, if awaiting_first_request => {
+                awaiting_first_request = false;
+                if activity.requests.load(Ordering::Relaxed) == 0 {
+                    tracing::debug!(timeout = ?limits.header_read_timeout,
+                        "no request within the header-read timeout of connecting; closed");
+                    break;
+                }
+            }
             _ = shutdown.cancelled(), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;

@@ -294,3 +294,27 @@ pub(crate) fn audit_list(
     };
     outcome.map_err(backend)
 }
+
+/// Deletes up to `limit` of the oldest entries stamped before `cutoff`. Only the log's first
+/// `limit` rows by id are read (appends come in time order, so what expired is the head): no
+/// index on `at` to keep up at every append, and no scan of the log when nothing expired.
+pub(crate) fn audit_prune(
+    ctx: &mut WriteCtx<'_>,
+    cutoff: conveyor_core::AuditCutoff,
+    limit: usize,
+) -> StoreResult<u64> {
+    let before = cutoff.before(ctx.now);
+    ctx.conn
+        .prepare_cached(
+            "DELETE FROM audit_log WHERE id IN (SELECT id FROM \
+             (SELECT id, at FROM audit_log ORDER BY id LIMIT ?2) WHERE at < ?1)",
+        )
+        .and_then(|mut stmt| {
+            stmt.execute(params![
+                to_millis(before),
+                i64::try_from(limit).unwrap_or(i64::MAX)
+            ])
+        })
+        .map(|deleted| deleted as u64)
+        .map_err(backend)
+}

@@ -4,7 +4,7 @@
 
 use chrono::Duration;
 use conveyor_core::flow::{self, Group};
-use conveyor_core::{Job, JobState, QueueSettings, RateLimit, StoreResult};
+use conveyor_core::{FetchParams, Job, JobState, QueueSettings, RateLimit, StoreResult};
 use rusqlite::params;
 use uuid::Uuid;
 
@@ -37,6 +37,8 @@ pub(crate) fn candidates(
     settings: &QueueSettings,
     want: usize,
     tenanted: bool,
+    params: &FetchParams,
+    filter: &KindFilter,
 ) -> StoreResult<Vec<Job>> {
     let running = if settings.concurrency_limit.is_some() {
         crate::ops::queue_count(ctx, queue, &[JobState::Running])?
@@ -56,9 +58,9 @@ pub(crate) fn candidates(
     }
     if !tenanted {
         // One group in claim order: the plain read, cut to the quota.
-        return crate::ops::first_available(ctx, queue, quota);
+        return crate::ops::first_available_for(ctx, queue, params, quota);
     }
-    let groups = tenant_groups(ctx, queue, settings, quota)?;
+    let groups = tenant_groups(ctx, queue, settings, quota, filter)?;
     let picked = flow::round_robin(&groups, quota);
     let mut jobs = Vec::with_capacity(picked.jobs.len());
     for id in picked.jobs {
@@ -67,6 +69,37 @@ pub(crate) fn candidates(
         }
     }
     Ok(jobs)
+}
+
+/// The kinds a fetch takes, for the statements that read candidates by tenant: only the
+/// fetch's `kinds` when it names some, never its excluded kinds (open breakers). Bound as two
+/// JSON arrays to a statement's last two parameters ([`KindFilter::sql`]).
+pub(crate) struct KindFilter {
+    only: Option<String>,
+    excluded: String,
+}
+
+impl KindFilter {
+    pub(crate) fn new(params: &FetchParams) -> StoreResult<Self> {
+        let json = |kinds: &[String]| {
+            serde_json::to_string(kinds).map_err(|e| {
+                conveyor_core::StoreError::backend(format!("cannot serialize kinds: {e}"))
+            })
+        };
+        Ok(Self {
+            only: params.kinds.as_deref().map(json).transpose()?,
+            excluded: json(&params.excluded_kinds)?,
+        })
+    }
+
+    /// The condition on `kind`, its arrays at parameters `?{first}` and `?{first + 1}`.
+    fn sql(first: usize) -> String {
+        let (only, excluded) = (first, first + 1);
+        format!(
+            "(?{only} IS NULL OR kind IN (SELECT value FROM json_each(?{only}))) \
+             AND kind NOT IN (SELECT value FROM json_each(?{excluded}))"
+        )
+    }
 }
 
 /// After a claim: records the claimed jobs' starts for the rate limits of their queues and
@@ -164,23 +197,33 @@ fn tenants(
     queue: &str,
     after: Option<&str>,
     limit: usize,
+    filter: &KindFilter,
 ) -> StoreResult<Vec<String>> {
+    let kind = KindFilter::sql(4);
     ctx.conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "WITH RECURSIVE t(tenant) AS ( \
                  SELECT (SELECT MIN(tenant) FROM jobs WHERE state = 'available' AND queue = ?1 \
-                         AND tenant IS NOT NULL AND tenant > ?2) \
+                         AND tenant IS NOT NULL AND tenant > ?2 AND {kind}) \
                  UNION ALL \
                  SELECT (SELECT MIN(j.tenant) FROM jobs j WHERE j.state = 'available' \
-                         AND j.queue = ?1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant) \
+                         AND j.queue = ?1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant \
+                         AND {kind}) \
                  FROM t WHERE t.tenant IS NOT NULL) \
-             SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT ?3",
-        )
+             SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT ?3"
+        ))
         .and_then(|mut stmt| {
             // Tenants are never empty (names are validated), so '' stands for "from the first".
-            stmt.query_map(params![queue, after.unwrap_or(""), limit as i64], |row| {
-                row.get(0)
-            })?
+            stmt.query_map(
+                params![
+                    queue,
+                    after.unwrap_or(""),
+                    limit as i64,
+                    filter.only,
+                    filter.excluded
+                ],
+                |row| row.get(0),
+            )?
             .collect()
         })
         .map_err(backend)
@@ -188,18 +231,30 @@ fn tenants(
 
 /// Available jobs without a tenant, looked for among the queue's first
 /// [`flow::UNTENANTED_WINDOW`] available jobs.
-fn untenanted_ids(ctx: &WriteCtx<'_>, queue: &str, limit: usize) -> StoreResult<Vec<Uuid>> {
+fn untenanted_ids(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    limit: usize,
+    filter: &KindFilter,
+) -> StoreResult<Vec<Uuid>> {
+    let kind = KindFilter::sql(4);
     ids(ctx
         .conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "SELECT id FROM (SELECT id, tenant, priority, run_at FROM jobs \
-                 WHERE state = 'available' AND queue = ?1 \
+                 WHERE state = 'available' AND queue = ?1 AND {kind} \
                  ORDER BY priority DESC, run_at, id LIMIT ?2) \
-             WHERE tenant IS NULL ORDER BY priority DESC, run_at, id LIMIT ?3",
-        )
+             WHERE tenant IS NULL ORDER BY priority DESC, run_at, id LIMIT ?3"
+        ))
         .and_then(|mut stmt| {
             stmt.query_map(
-                params![queue, flow::UNTENANTED_WINDOW as i64, limit as i64],
+                params![
+                    queue,
+                    flow::UNTENANTED_WINDOW as i64,
+                    limit as i64,
+                    filter.only,
+                    filter.excluded
+                ],
                 |row| row.get(0),
             )?
             .collect()
@@ -211,16 +266,21 @@ fn tenant_ids(
     queue: &str,
     tenant: &str,
     limit: usize,
+    filter: &KindFilter,
 ) -> StoreResult<Vec<Uuid>> {
+    let kind = KindFilter::sql(4);
     ids(ctx
         .conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "SELECT id FROM jobs WHERE state = 'available' AND queue = ?1 AND tenant = ?2 \
-             AND tenant IS NOT NULL ORDER BY priority DESC, run_at, id LIMIT ?3",
-        )
+             AND tenant IS NOT NULL AND {kind} ORDER BY priority DESC, run_at, id LIMIT ?3"
+        ))
         .and_then(|mut stmt| {
-            stmt.query_map(params![queue, tenant, limit as i64], |row| row.get(0))?
-                .collect()
+            stmt.query_map(
+                params![queue, tenant, limit as i64, filter.only, filter.excluded],
+                |row| row.get(0),
+            )?
+            .collect()
         }))
 }
 
@@ -231,18 +291,19 @@ fn tenant_groups(
     queue: &str,
     settings: &QueueSettings,
     quota: usize,
+    filter: &KindFilter,
 ) -> StoreResult<Vec<Group>> {
     let cursor = ctx.cursors.get(queue).cloned();
     let after = match &cursor {
-        Some(Some(tenant)) => tenants(ctx, queue, Some(tenant), quota)?,
+        Some(Some(tenant)) => tenants(ctx, queue, Some(tenant), quota, filter)?,
         _ => Vec::new(),
     };
     let from_start = if after.len() < quota {
-        tenants(ctx, queue, None, quota)?
+        tenants(ctx, queue, None, quota, filter)?
     } else {
         Vec::new()
     };
-    let untenanted = untenanted_ids(ctx, queue, quota)?;
+    let untenanted = untenanted_ids(ctx, queue, quota, filter)?;
     let (order, reads) = flow::tenant_pass(
         after,
         from_start,
@@ -279,7 +340,7 @@ fn tenant_groups(
         let jobs = if budget == 0 {
             Vec::new()
         } else {
-            tenant_ids(ctx, queue, &tenant, reads.min(budget))?
+            tenant_ids(ctx, queue, &tenant, reads.min(budget), filter)?
         };
         groups.push(Group {
             tenant: Some(tenant),

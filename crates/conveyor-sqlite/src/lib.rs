@@ -857,6 +857,15 @@ impl AccessStore for SqliteStore {
         self.read(move |conn, _| access::audit_list(conn, &params))
             .await
     }
+
+    async fn audit_prune(
+        &self,
+        cutoff: conveyor_core::AuditCutoff,
+        limit: usize,
+    ) -> StoreResult<u64> {
+        self.write(move |ctx| access::audit_prune(ctx, cutoff, limit))
+            .await
+    }
 }
 
 #[async_trait]

@@ -240,3 +240,95 @@ async fn idle_long_polls_leave_the_writer_alone_and_still_wake_at_once() {
         .expect("fetch");
     assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), vec![job.id]);
 }
+
+/// Many idle long-polls on one queue share their empty looks (`IdleLooks`, as the server's
+/// long-polls do): a safety-net poll is skipped when another fetch waiting the same found
+/// nothing less than a poll ago, so the writer sees a fraction of the rounds it sees for
+/// the same fetches waiting alone; a job enqueued meanwhile still reaches a waiter at once
+/// (issue 27: 1,000 idle long-polls cost 13 % of a core).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
+    const WAITERS: usize = 100;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let store = Arc::new(open_with(
+        &dir.path().join("jobs.db"),
+        SqliteOptions::default(),
+    ));
+    let wait_all = |idle: Option<Arc<conveyor_core::IdleLooks>>, wait: Duration| {
+        let tasks: Vec<_> = (0..WAITERS)
+            .map(|_| {
+                let (store, idle) = (store.clone(), idle.clone());
+                tokio::spawn(async move {
+                    conveyor_core::fetch_waiting_with(
+                        store.as_ref(),
+                        None,
+                        fetch_params(),
+                        wait,
+                        Duration::from_millis(50),
+                        idle.as_deref(),
+                        std::future::pending(),
+                    )
+                    .await
+                    .expect("fetch")
+                })
+            })
+            .collect();
+        async move {
+            let mut got = Vec::new();
+            for task in tasks {
+                got.extend(task.await.expect("task"));
+            }
+            got
+        }
+    };
+    let before = store.write_rounds();
+    assert!(wait_all(None, Duration::from_secs(2)).await.is_empty());
+    let alone = store.write_rounds() - before;
+    let before = store.write_rounds();
+    let idle = Arc::new(conveyor_core::IdleLooks::new());
+    assert!(wait_all(Some(idle.clone()), Duration::from_secs(2))
+        .await
+        .is_empty());
+    let shared = store.write_rounds() - before;
+    assert!(
+        shared * 2 < alone,
+        "{WAITERS} idle long-polls: {shared} write rounds sharing their looks, {alone} alone"
+    );
+
+    // Sharing, a wake-up still makes every waiter look: the job reaches one of them at once
+    // (their safety-net poll is a minute).
+    let (found_tx, mut found) = tokio::sync::mpsc::unbounded_channel();
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|_| {
+            let (store, idle, found_tx) = (store.clone(), idle.clone(), found_tx.clone());
+            tokio::spawn(async move {
+                let jobs = conveyor_core::fetch_waiting_with(
+                    store.as_ref(),
+                    None,
+                    fetch_params(),
+                    Duration::from_secs(120),
+                    Duration::from_secs(60),
+                    Some(&idle),
+                    std::future::pending(),
+                )
+                .await
+                .expect("fetch");
+                let _ = found_tx.send(jobs);
+            })
+        })
+        .collect();
+    let job = store
+        .jobs_insert_many(vec![NewJob::new("wake", json!({}))])
+        .await
+        .expect("insert")
+        .remove(0)
+        .job;
+    let got = tokio::time::timeout(Duration::from_secs(30), found.recv())
+        .await
+        .expect("a waiter woken well before its poll interval")
+        .expect("a waiter's answer");
+    assert_eq!(got.iter().map(|j| j.id).collect::<Vec<_>>(), vec![job.id]);
+    for waiter in waiters {
+        waiter.abort();
+    }
+}

@@ -321,3 +321,84 @@ pub async fn audit_append_and_list_newest_first_with_filters(h: &Harness) {
         .expect("empty page");
     assert!(none_before.is_empty());
 }
+
+/// Retention of the audit log: `audit_prune` deletes the oldest entries stamped before its
+/// cutoff, at most `limit` at a time, by a moment or by an age on the store's clock, and
+/// leaves every newer entry whole.
+pub async fn audit_prune_deletes_the_oldest_entries_before_the_cutoff(h: &Harness) {
+    let mut appended = Vec::new();
+    for n in 0..5 {
+        let entry = h
+            .store
+            .audit_append(
+                NewAuditEntry::new(Actor::anonymous(), AuditAction::JobEnqueue)
+                    .target(format!("queue-{n}")),
+            )
+            .await
+            .expect("append");
+        appended.push(entry);
+        h.advance(secs(10));
+    }
+    // Entries at t, t+10, ..., t+40; now is t+50.
+    let none = h
+        .store
+        .audit_prune(conveyor_core::AuditCutoff::Before(appended[0].at), 100)
+        .await
+        .expect("prune nothing");
+    assert_eq!(none, 0, "no entry is older than the first");
+
+    // Before t+25: three entries qualify, two per statement.
+    let cutoff = appended[2].at + chrono::Duration::seconds(5);
+    let first = h
+        .store
+        .audit_prune(conveyor_core::AuditCutoff::Before(cutoff), 2)
+        .await
+        .expect("prune");
+    assert_eq!(first, 2, "at most `limit` a statement");
+    let left = h
+        .store
+        .audit_list(AuditListParams::default())
+        .await
+        .expect("list");
+    assert_eq!(
+        left,
+        appended[2..].iter().rev().cloned().collect::<Vec<_>>(),
+        "the oldest go first"
+    );
+    let second = h
+        .store
+        .audit_prune(conveyor_core::AuditCutoff::Before(cutoff), 2)
+        .await
+        .expect("prune");
+    assert_eq!(second, 1);
+    let again = h
+        .store
+        .audit_prune(conveyor_core::AuditCutoff::Before(cutoff), 2)
+        .await
+        .expect("prune");
+    assert_eq!(again, 0, "nothing more before the cutoff");
+
+    // By age on the store's clock: older than 15 s at t+50 is before t+35 (the entry at t+30).
+    let by_age = h
+        .store
+        .audit_prune(conveyor_core::AuditCutoff::OlderThan(secs(15)), 100)
+        .await
+        .expect("prune by age");
+    assert_eq!(by_age, 1);
+    let left = h
+        .store
+        .audit_list(AuditListParams::default())
+        .await
+        .expect("list");
+    assert_eq!(left, vec![appended[4].clone()], "the newest stays whole");
+    // An age past 1970 deletes nothing and is no error.
+    let ancient = h
+        .store
+        .audit_prune(
+            conveyor_core::AuditCutoff::OlderThan(std::time::Duration::from_secs(u64::MAX / 4)),
+            100,
+        )
+        .await
+        .expect("prune by a huge age");
+    assert_eq!(ancient, 0);
+}

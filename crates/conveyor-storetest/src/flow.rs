@@ -245,3 +245,52 @@ pub async fn invalid_flow_settings_are_refused(h: &Harness) {
         QueueSettings::default()
     );
 }
+
+/// A fetch that names `kinds` on a flow-controlled queue claims the jobs of those kinds even
+/// when other kinds lead the queue (issue 27: 300 jobs of another kind ahead of 40 matching
+/// ones under `concurrency_limit: 1000` claimed none), with and without tenants; jobs of other
+/// kinds stay available.
+pub async fn kinds_filter_applies_before_flow_control_picks(h: &Harness) {
+    for (queue, tenanted) in [("limited", false), ("limited-fair", true)] {
+        set(h, queue, {
+            let mut settings = QueueSettings::default();
+            settings.concurrency_limit = Some(1000);
+            settings
+        })
+        .await;
+        let with_tenant = |mut job: NewJob, n: usize| {
+            if tenanted {
+                job.tenant = Some(format!("t{}", n % 3));
+            }
+            job
+        };
+        insert_all(
+            h,
+            (0..300)
+                .map(|n| with_tenant(job_in(queue, "other"), n))
+                .collect(),
+        )
+        .await;
+        insert_all(
+            h,
+            (0..40)
+                .map(|n| with_tenant(job_in(queue, "wanted"), n))
+                .collect(),
+        )
+        .await;
+        let mut params = crate::fetch_params(&[queue], 40);
+        params.kinds = Some(vec!["wanted".to_string()]);
+        let claimed = h.store.jobs_fetch(params).await.expect("fetch");
+        assert_eq!(claimed.len(), 40, "{queue}: every wanted job is claimed");
+        assert!(
+            claimed.iter().all(|job| job.kind == "wanted"),
+            "{queue}: only the named kind"
+        );
+        let others = fetch(h, &[queue], 1000).await;
+        assert_eq!(
+            others.len(),
+            300,
+            "{queue}: the other kind is left available"
+        );
+    }
+}

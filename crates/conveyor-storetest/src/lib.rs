@@ -216,6 +216,7 @@ macro_rules! __conveyor_behaviours {
             rate_limit_caps_starts_per_period,
             per_key_rate_limit_budgets_each_tenant,
             tenants_are_served_round_robin,
+            kinds_filter_applies_before_flow_control_picks,
             untenanted_jobs_take_a_turn_among_tenants,
             fairness_keeps_priority_within_a_tenant,
             weighted_queues_share_a_fetch,
@@ -248,6 +249,7 @@ macro_rules! __conveyor_behaviours {
             token_revoke_by_name_or_id_ends_its_sessions,
             session_round_trip_expiry_and_delete,
             audit_append_and_list_newest_first_with_filters,
+            audit_prune_deletes_the_oldest_entries_before_the_cutoff,
             // worker registry and stuck jobs
             heartbeat_keeps_what_a_later_one_leaves_out,
             workers_keep_an_operators_command_across_heartbeats,

@@ -31,6 +31,18 @@ pub async fn rescue_moves_expired_leases_to_retryable_with_lease_expired_error(h
 
     let report = rescue(h, 100, secs(5)).await;
     assert_eq!(report.retried, vec![job.id]);
+    assert_eq!(report.attempts.len(), 1, "{report:?}");
+    assert_eq!(report.attempts[0].queue, job.queue);
+    assert_eq!(report.attempts[0].kind, job.kind);
+    assert_eq!(
+        report.attempts[0].status,
+        conveyor_core::AttemptStatus::Failed
+    );
+    assert_eq!(
+        report.attempts[0].duration,
+        LEASE + millis(1),
+        "run from its start to the rescue"
+    );
     assert!(report.dead.is_empty(), "{report:?}");
     let rescued = get(h, job.id).await;
     assert_eq!(rescued.state, JobState::Retryable);

@@ -282,16 +282,25 @@ pub async fn workers_mark_stale_rescues_the_jobs_of_dead_workers(h: &Harness) {
     assert_eq!(dead.state, WorkerState::Dead);
     assert_eq!(dead.ended_at, Some(h.now()));
     h.advance(secs(120));
+    let report = mark_stale(h, stale_after(secs(120))).await;
     assert_eq!(
-        mark_stale(h, stale_after(secs(120))).await,
-        StaleReport {
-            workers: vec!["w-lives".to_string()],
-            rescued: conveyor_core::RescueReport {
-                retried: vec![other.id],
-                dead: vec![],
-            },
-        },
+        (report.workers, report.rescued.retried, report.rescued.dead),
+        (vec!["w-lives".to_string()], vec![other.id], vec![]),
         "each worker is marked dead once; the other one is silent by now too"
+    );
+    assert_eq!(
+        report
+            .rescued
+            .attempts
+            .iter()
+            .map(|a| (a.queue.as_str(), a.kind.as_str(), a.status))
+            .collect::<Vec<_>>(),
+        vec![(
+            other.queue.as_str(),
+            other.kind.as_str(),
+            conveyor_core::AttemptStatus::Failed
+        )],
+        "the rescued attempt is reported with its queue and kind, for history"
     );
     assert!(mark_stale(h, stale_after(secs(120)))
         .await

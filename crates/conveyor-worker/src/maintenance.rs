@@ -18,6 +18,9 @@ pub const DEFAULT_STATS_RETENTION: Duration = Duration::from_secs(14 * 24 * 3600
 /// The default for [`Maintenance::worker_stale_after`].
 pub const DEFAULT_WORKER_STALE_AFTER: Duration = Duration::from_secs(120);
 
+/// What [`Maintenance::on_pass`] is told of each pass with.
+type PassObserver = Arc<dyn Fn(&MaintenancePass) + Send + Sync>;
+
 /// Rescues jobs whose lease expired (their worker crashed, hung or was partitioned) and makes
 /// due scheduled and retryable jobs available; while leading, it also runs the cron
 /// [`Scheduler`]. Run one per store: in the server, or in an embedded worker.
@@ -36,6 +39,9 @@ pub struct Maintenance {
     worker_stale_after: Option<Duration>,
     retention: Option<RetentionPolicy>,
     stats_retention: Option<Duration>,
+    audit_retention: Option<Duration>,
+    /// Told of every pass this node ran (metrics count what it pruned).
+    on_pass: Option<PassObserver>,
 }
 /// Most prune steps per pass (each deletes up to the batch size), so a backlog of expired jobs
 /// is worked off over several passes rather than in one long one.
@@ -60,6 +66,11 @@ pub struct MaintenancePass {
     pub flows_pruned: u64,
     /// Minutes of history (rows per queue and kind) deleted for retention.
     pub stats_pruned: u64,
+    /// Audit log entries deleted for retention.
+    pub audit_pruned: u64,
+    /// Every attempt the rescues above ended (expired leases and dead workers' jobs), with
+    /// its queue, kind and outcome: metrics and history count them as failures.
+    pub rescued_attempts: Vec<conveyor_core::RescuedAttempt>,
 }
 
 impl Maintenance {
@@ -76,6 +87,8 @@ impl Maintenance {
             worker_stale_after: Some(DEFAULT_WORKER_STALE_AFTER),
             retention: Some(RetentionPolicy::default()),
             stats_retention: Some(DEFAULT_STATS_RETENTION),
+            audit_retention: Some(conveyor_core::access::DEFAULT_AUDIT_RETENTION),
+            on_pass: None,
             store,
         }
     }
@@ -91,6 +104,19 @@ impl Maintenance {
     /// keeps it forever.
     pub fn stats_retention(mut self, retention: Option<Duration>) -> Self {
         self.stats_retention = retention;
+        self
+    }
+
+    /// How long audit log entries are kept (default 90 days). `None` keeps them forever.
+    pub fn audit_retention(mut self, retention: Option<Duration>) -> Self {
+        self.audit_retention = retention;
+        self
+    }
+
+    /// Calls `observe` after every pass this node runs as leader (a failed pass is not
+    /// reported): how metrics learn what maintenance pruned.
+    pub fn on_pass(mut self, observe: impl Fn(&MaintenancePass) + Send + Sync + 'static) -> Self {
+        self.on_pass = Some(Arc::new(observe));
         self
     }
 
@@ -149,6 +175,7 @@ impl Maintenance {
     /// dead (rescuing their jobs), then promotes due jobs.
     pub async fn run_once(&self) -> conveyor_core::StoreResult<MaintenancePass> {
         let mut rescued = 0;
+        let mut rescued_attempts = Vec::new();
         loop {
             let report = self
                 .store
@@ -165,12 +192,14 @@ impl Maintenance {
                 tracing::warn!(job_id = %id, "lease expired on the last attempt; job moved to dead");
             }
             rescued += count;
+            rescued_attempts.extend(report.attempts);
             if count < self.batch {
                 break;
             }
         }
         let mut pass = MaintenancePass {
             rescued,
+            rescued_attempts,
             ..MaintenancePass::default()
         };
         if let Some(older_than) = self.worker_stale_after {
@@ -195,6 +224,7 @@ impl Maintenance {
             }
             pass.rescued_from_dead_workers =
                 report.rescued.retried.len() + report.rescued.dead.len();
+            pass.rescued_attempts.extend(report.rescued.attempts);
             pass.dead_workers = report.workers;
         }
         pass.promoted = self.store.jobs_promote_due().await?;
@@ -211,6 +241,18 @@ impl Maintenance {
         }
         if let Some(retention) = self.stats_retention {
             pass.stats_pruned = self.store.stats_prune(retention).await?;
+        }
+        if let Some(retention) = self.audit_retention {
+            for _ in 0..MAX_PRUNE_STEPS {
+                let pruned = self
+                    .store
+                    .audit_prune(conveyor_core::AuditCutoff::OlderThan(retention), self.batch)
+                    .await?;
+                pass.audit_pruned += pruned;
+                if pruned < self.batch as u64 {
+                    break;
+                }
+            }
         }
         if let Some(retention) = self.retention {
             for _ in 0..MAX_PRUNE_STEPS {
@@ -292,8 +334,13 @@ impl Maintenance {
             }
             // A panicking pass (a store bug) must not end maintenance for good: lease rescue
             // and promotion would silently stop on this, the leading, node.
-            if let Err(error) = crate::worker::contained(self.run_once()).await {
-                tracing::error!(%error, "maintenance pass failed; will retry");
+            match crate::worker::contained(self.run_once()).await {
+                Ok(pass) => {
+                    if let Some(observe) = &self.on_pass {
+                        observe(&pass);
+                    }
+                }
+                Err(error) => tracing::error!(%error, "maintenance pass failed; will retry"),
             }
         }
         self.leading.store(false, Ordering::Relaxed);

@@ -270,3 +270,125 @@ fn serve_turns_access_control_on_for_a_public_address() {
     );
     assert_eq!(get_status(&format!("{base}/healthz"), None), StatusCode::OK);
 }
+
+/// The audit log's entries as `GET /v1/audit` lists them (newest first).
+fn audit_entries(url: &str, admin: &str) -> Vec<serde_json::Value> {
+    let page: serde_json::Value = http()
+        .get(format!("{url}/v1/audit?limit=1000"))
+        .bearer_auth(admin)
+        .send()
+        .expect("GET /v1/audit")
+        .json()
+        .expect("audit JSON");
+    page["entries"].as_array().expect("entries").clone()
+}
+
+/// Audit retention (issue 27): the maintenance leader deletes entries older than
+/// `--retain-audit-secs`, counting them in `conveyor_maintenance_pruned_total{record="audit"}`;
+/// `conveyor audit prune --before` deletes the entries written before a moment, on the store,
+/// beside the running server; a bad moment is refused naming the flag, and nothing is lost.
+#[test]
+fn audit_entries_are_pruned_by_retention_and_on_demand() {
+    let dir = temp_dir();
+    let db = path_in(&dir, "jobs.db");
+    let store = format!("sqlite://{}", db.display());
+    let admin = create_token(&store, "admin", "ops");
+    let producer = create_token(&store, "producer", "app");
+
+    // Kept for a day: only `audit prune` removes entries here.
+    let server = start_server(&db, &["--auth", "--maintenance-interval-ms", "100"]);
+    let enqueue = |url: &str, n: u32| {
+        let status = http()
+            .post(format!("{url}/v1/jobs"))
+            .bearer_auth(&producer)
+            .json(&serde_json::json!({"kind": "audit.me", "payload": {"n": n}}))
+            .send()
+            .expect("enqueue")
+            .status();
+        assert_eq!(status, StatusCode::CREATED);
+    };
+    for n in 0..3 {
+        enqueue(&server.url, n);
+    }
+    let before = audit_entries(&server.url, &admin);
+    assert_eq!(
+        before.len(),
+        5,
+        "two token creations and three enqueues: {before:?}"
+    );
+    let newest_at = before[0]["at"].as_str().expect("at").to_string();
+
+    let output = conveyor(
+        &["audit", "prune", "--before", "yesterday", "--store", &store],
+        &[],
+    );
+    assert!(!output.status.success(), "a bad moment is refused");
+    assert!(stderr(&output).contains("--before"), "{}", stderr(&output));
+    assert_eq!(
+        audit_entries(&server.url, &admin).len(),
+        5,
+        "nothing deleted"
+    );
+
+    // Entries written before the newest one go; the newest (and any of its millisecond) stay.
+    let at = |entry: &serde_json::Value| {
+        chrono::DateTime::parse_from_rfc3339(entry["at"].as_str().expect("at")).expect("RFC 3339")
+    };
+    let cutoff = at(&before[0]);
+    let kept: Vec<serde_json::Value> = before.iter().filter(|e| at(e) >= cutoff).cloned().collect();
+    let output = conveyor(
+        &["audit", "prune", "--before", &newest_at, "--store", &store],
+        &[],
+    );
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains(&format!("deleted {} audit entr", before.len() - kept.len())),
+        "{}",
+        stdout(&output)
+    );
+    let left = audit_entries(&server.url, &admin);
+    assert_eq!(
+        left, kept,
+        "only the entries from the newest one's moment on are left"
+    );
+    drop(server);
+
+    // A one-second retention: the leader prunes what the next enqueues write.
+    let server = start_server(
+        &db,
+        &[
+            "--auth",
+            "--maintenance-interval-ms",
+            "100",
+            "--retain-audit-secs",
+            "1",
+        ],
+    );
+    for n in 3..6 {
+        enqueue(&server.url, n);
+    }
+    common::eventually_blocking("the audit log to be pruned", || {
+        let entries = audit_entries(&server.url, &admin);
+        if entries.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{} entries left", entries.len()))
+        }
+    });
+    let metrics = http()
+        .get(format!("{}/metrics", server.url))
+        .bearer_auth(&admin)
+        .send()
+        .expect("metrics")
+        .text()
+        .expect("metrics text");
+    let pruned: f64 = metrics
+        .lines()
+        .find(|line| line.starts_with("conveyor_maintenance_pruned_total{record=\"audit\"}"))
+        .and_then(|line| line.rsplit(' ').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no audit prune count in:\n{metrics}"));
+    assert!(
+        pruned >= 4.0,
+        "the retention pruned the old entries and the three new: {pruned}"
+    );
+}

@@ -901,20 +901,21 @@ fn acks_are_prompt_and_sent_once(client: Client) {
     let jobs: Vec<Value> = (0..DRAIN)
         .map(|n| json!({"kind": "stamp", "queue": QUEUE, "payload": {"n": n}}))
         .collect();
-    let (status, batch) = post(&format!("{url}/v1/jobs/batch"), None, &json!({"jobs": jobs}));
+    let (status, batch) = post(
+        &format!("{url}/v1/jobs/batch"),
+        None,
+        &json!({"jobs": jobs}),
+    );
     assert_eq!(status, 201, "{batch}");
-    let completed = eventually_blocking_within(
-        "the drain to complete",
-        Duration::from_secs(120),
-        || {
+    let completed =
+        eventually_blocking_within("the drain to complete", Duration::from_secs(120), || {
             let jobs = all_jobs(url, JobState::Completed);
             if jobs.len() == DRAIN {
                 Ok(jobs)
             } else {
                 Err(format!("{} of {DRAIN} completed", jobs.len()))
             }
-        },
-    );
+        });
     let mut lags: Vec<(i64, Uuid)> = completed.iter().map(|j| (ack_lag_ms(j), j.id)).collect();
     lags.sort();
     let (worst, worst_id) = *lags.last().expect("jobs");
@@ -938,7 +939,11 @@ fn acks_are_prompt_and_sent_once(client: Client) {
 
     worker.proc.sigterm();
     let status = worker.wait_exit(20);
-    assert!(status.success(), "exit {status:?}; stderr:\n{}", worker.stderr());
+    assert!(
+        status.success(),
+        "exit {status:?}; stderr:\n{}",
+        worker.stderr()
+    );
     let stderr = worker.stderr();
     let warnings: Vec<&str> = stderr
         .lines()

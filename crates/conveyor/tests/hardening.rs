@@ -252,6 +252,37 @@ fn idle_and_slow_connections_are_closed() {
     assert!(health.status().is_success());
 }
 
+/// A connection that never sends a byte is closed once the header-read timeout has passed
+/// since it connected, not held for the idle timeout (issue 27: ~900 silent connections under
+/// a 1,024-descriptor limit denied service a minute at a time).
+#[test]
+fn a_silent_connection_is_closed_at_the_header_read_timeout() {
+    let dir = temp_dir();
+    let server = start_server(
+        &path_in(&dir, "jobs.db"),
+        &[
+            "--idle-timeout-secs",
+            "120",
+            "--header-read-timeout-ms",
+            "300",
+        ],
+    );
+    let mut silent = connect(&server.url);
+    // Waits 20 s at most, far below the idle timeout.
+    assert_eq!(
+        read_until_closed(&mut silent),
+        "",
+        "closed without an answer"
+    );
+
+    // The server still answers.
+    let health = http()
+        .get(format!("{}/healthz", server.url))
+        .send()
+        .expect("healthz");
+    assert!(health.status().is_success());
+}
+
 /// Past `--max-connections`, new connections are closed at once; the server answers again as
 /// soon as one ends.
 #[test]

@@ -146,3 +146,48 @@ fn history_outlives_a_restart_and_bad_flags_are_refused() {
         assert!(err.contains(expect), "{args:?}: {err}");
     }
 }
+
+/// A job whose lease expires is rescued by the maintenance leader, and that ended attempt is
+/// counted in the history (and the processed counter) as a failure of its queue and kind, then
+/// as dead when its last attempt is rescued too (issue 27: rescues were never counted).
+#[test]
+fn lease_rescues_are_counted_as_failures_in_the_history() {
+    let dir = temp_dir();
+    let server = start_server(
+        &path_in(&dir, "jobs.db"),
+        &["--maintenance-interval-ms", "100"],
+    );
+    let url = &server.url;
+    let job = enqueue(
+        url,
+        json!({"kind": "hangs", "queue": "stuck", "max_attempts": 2}),
+    );
+    let id = job["id"].as_str().expect("id").to_string();
+    for attempt in 1..=2u64 {
+        // Claimed under a short lease and never reported: the leader rescues it.
+        let answer: Value = eventually_blocking("the job to be claimable", || {
+            let answer: Value = http()
+                .post(format!("{url}/v1/fetch"))
+                .json(&json!({"worker_id": "vanishes", "queues": ["stuck"], "max": 1, "lease_ms": 100}))
+                .send()
+                .ok()?
+                .json()
+                .ok()?;
+            (answer["jobs"].as_array()?.len() == 1).then_some(answer)
+        });
+        assert_eq!(answer["jobs"][0]["attempt"], attempt, "{answer}");
+        eventually_blocking("the lease to be rescued", || {
+            let job = get_job(url, &id);
+            (job["state"] != "running").then_some(())
+        });
+    }
+    assert_eq!(get_job(url, &id)["state"], "dead");
+    let stats = stats_json(url, &["--queue", "stuck"]);
+    let totals = &stats["totals"];
+    assert_eq!(totals["started"], 2, "{stats}");
+    assert_eq!(
+        (totals["failed"].clone(), totals["dead"].clone()),
+        (json!(2), json!(1)),
+        "both rescued attempts failed, the last one into the dead-letter queue: {stats}"
+    );
+}

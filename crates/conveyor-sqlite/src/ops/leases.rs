@@ -121,22 +121,27 @@ pub(super) fn queue_candidates(
     params: &FetchParams,
     want: usize,
 ) -> StoreResult<Vec<Job>> {
-    let kinds = params.kinds.as_deref();
+    let tenanted = flow::has_tenanted(ctx, queue)?;
+    if settings.limits_starts() || tenanted {
+        // The kinds filter applies as candidates are read, so jobs of other kinds ahead in
+        // the queue take none of the quota.
+        let filter = flow::KindFilter::new(params)?;
+        return flow::candidates(ctx, queue, settings, want, tenanted, params, &filter);
+    }
+    first_available_for(ctx, queue, params, want)
+}
+
+/// The queue's first `want` available jobs in claim order that the fetch takes by kind.
+pub(crate) fn first_available_for(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    params: &FetchParams,
+    want: usize,
+) -> StoreResult<Vec<Job>> {
     // Kinds whose circuit breaker is open; only a fetch of any kind still has them
     // (`validate::fetch` folds them into a fetch's own kinds).
     let excluded = params.excluded_kinds.as_slice();
-    let tenanted = flow::has_tenanted(ctx, queue)?;
-    if settings.limits_starts() || tenanted {
-        let mut picked = flow::candidates(ctx, queue, settings, want, tenanted)?;
-        // Picked before the kinds filter: a fetch restricted to some kinds may claim fewer
-        // than it could when other kinds lead a flow-controlled queue.
-        if let Some(kinds) = kinds {
-            picked.retain(|job| kinds.contains(&job.kind));
-        }
-        picked.retain(|job| !excluded.contains(&job.kind));
-        return Ok(picked);
-    }
-    match (kinds, excluded) {
+    match (params.kinds.as_deref(), excluded) {
         (None, []) => first_available(ctx, queue, want),
         (Some(kinds), _) => first_available_of_kinds(ctx, queue, kinds, false, want),
         (None, excluded) => first_available_of_kinds(ctx, queue, excluded, true, want),

@@ -10,7 +10,10 @@ use std::process::ExitCode;
 use super::ServerArg;
 
 #[derive(Args, Debug)]
+#[command(args_conflicts_with_subcommands = true)]
 pub(crate) struct AuditArgs {
+    #[command(subcommand)]
+    command: Option<AuditCommand>,
     /// Only entries of this action (job.enqueue, job.cancel, dead.replay, dead.discard,
     /// queue.settings, schedule.put, schedule.delete, token.create, token.revoke).
     #[arg(long)]
@@ -25,7 +28,56 @@ pub(crate) struct AuditArgs {
     server: ServerArg,
 }
 
+#[derive(clap::Subcommand, Debug)]
+pub(crate) enum AuditCommand {
+    /// Delete the entries written before a moment, on the store itself (a one-off; the
+    /// maintenance leader prunes by `serve --retain-audit-secs` on its own). Not offered over
+    /// HTTP: whoever may erase the trail must be able to open the store.
+    Prune {
+        /// RFC 3339: entries written before it are deleted, e.g. 2026-01-01T00:00:00Z.
+        #[arg(long, value_parser = rfc3339)]
+        before: chrono::DateTime<chrono::Utc>,
+        #[command(flatten)]
+        store: super::token::StoreArg,
+    },
+}
+
+fn rfc3339(text: &str) -> Result<chrono::DateTime<chrono::Utc>, String> {
+    chrono::DateTime::parse_from_rfc3339(text)
+        .map(|at| at.with_timezone(&chrono::Utc))
+        .map_err(|e| format!("not an RFC 3339 time ({e}), e.g. 2026-01-01T00:00:00Z"))
+}
+
+/// Entries deleted per statement by `conveyor audit prune`.
+const PRUNE_BATCH: usize = 1000;
+
+async fn prune(
+    before: chrono::DateTime<chrono::Utc>,
+    store: &super::token::StoreArg,
+) -> anyhow::Result<ExitCode> {
+    let store = store.open().await?;
+    let mut pruned = 0u64;
+    loop {
+        let deleted = store
+            .audit_prune(conveyor::AuditCutoff::Before(before), PRUNE_BATCH)
+            .await?;
+        pruned += deleted;
+        if deleted < PRUNE_BATCH as u64 {
+            break;
+        }
+    }
+    println!(
+        "deleted {pruned} audit entr{} written before {}",
+        if pruned == 1 { "y" } else { "ies" },
+        before.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) async fn run(args: AuditArgs) -> anyhow::Result<ExitCode> {
+    if let Some(AuditCommand::Prune { before, store }) = &args.command {
+        return prune(*before, store).await;
+    }
     let mut path = format!("/v1/audit?limit={}", args.limit);
     if let Some(action) = &args.action {
         action.parse::<conveyor::AuditAction>()?;

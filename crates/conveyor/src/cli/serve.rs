@@ -64,6 +64,11 @@ pub(crate) struct ServeArgs {
     /// kept this many seconds. 0 keeps it forever.
     #[arg(env = "CONVEYOR_RETAIN_STATS_SECS", long, default_value_t = 14 * 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
     retain_stats_secs: u64,
+    /// Audit log entries (who enqueued, cancelled, replayed, changed settings or tokens) are
+    /// deleted this many seconds after they were written, in batches by the maintenance
+    /// leader. 0 keeps them forever.
+    #[arg(env = "CONVEYOR_RETAIN_AUDIT_SECS", long, default_value_t = 90 * 24 * 3600, value_parser = at_most(conveyor::validate::MAX_RETENTION_SECS))]
+    retain_audit_secs: u64,
     /// Keep no per-minute history: `GET /v1/stats` answers from what is stored (nothing new),
     /// and the dashboard's charts show only "Live".
     #[arg(env = "CONVEYOR_NO_HISTORY", long)]
@@ -412,6 +417,27 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         .stats_retention(
             (args.retain_stats_secs > 0).then(|| Duration::from_secs(args.retain_stats_secs)),
         )
+        .audit_retention(
+            (args.retain_audit_secs > 0).then(|| Duration::from_secs(args.retain_audit_secs)),
+        )
+        .on_pass({
+            let metrics = metrics.clone();
+            move |pass| {
+                metrics.pruned("jobs", pass.pruned);
+                metrics.pruned("flows", pass.flows_pruned);
+                metrics.pruned("audit", pass.audit_pruned);
+                metrics.pruned("stats", pass.stats_pruned);
+                // Attempts no worker reported: their leases expired or their worker died.
+                for attempt in &pass.rescued_attempts {
+                    metrics.record(&conveyor::AttemptEvent {
+                        queue: &attempt.queue,
+                        kind: &attempt.kind,
+                        status: attempt.status,
+                        duration: attempt.duration,
+                    });
+                }
+            }
+        })
         .scheduler(
             Scheduler::new(store.clone())
                 .misfire_threshold(Duration::from_millis(args.schedule_misfire_ms)),

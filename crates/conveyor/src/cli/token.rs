@@ -23,7 +23,7 @@ pub(crate) struct StoreArg {
 }
 
 impl StoreArg {
-    async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
+    pub(crate) async fn open(&self) -> anyhow::Result<Arc<dyn Store>> {
         let options = conveyor::OpenOptions {
             schema: self.schema.clone(),
             // Tokens may be created and revoked beside a running server: they live in a table
