@@ -23,6 +23,9 @@ const MIN_MISFIRE_THRESHOLD: Duration = Duration::from_secs(1);
 /// The longest wait between passes while the store keeps failing.
 const MAX_ERROR_BACKOFF: Duration = Duration::from_secs(5);
 
+/// What [`Scheduler::on_pass`] is told of each pass with.
+type PassObserver = Arc<dyn Fn(&SchedulerPass) + Send + Sync>;
+
 /// Fires due cron schedule ticks. Cheap to clone.
 #[derive(Clone)]
 pub struct Scheduler {
@@ -30,6 +33,8 @@ pub struct Scheduler {
     clock: Arc<dyn Clock>,
     interval: Duration,
     misfire: Duration,
+    /// Told of every pass that listed the schedules (metrics count the jobs it enqueued).
+    on_pass: Option<PassObserver>,
 }
 
 /// What one pass did.
@@ -41,6 +46,8 @@ pub struct SchedulerPass {
     pub conflicts: usize,
     /// The earliest upcoming tick of any schedule.
     pub next_tick: Option<DateTime<Utc>>,
+    /// The queue and kind of each job the pass enqueued (one per run that enqueued).
+    pub enqueued: Vec<(String, String)>,
 }
 
 impl Scheduler {
@@ -50,7 +57,15 @@ impl Scheduler {
             clock: Arc::new(SystemClock),
             interval: Duration::from_millis(250),
             misfire: DEFAULT_MISFIRE_THRESHOLD,
+            on_pass: None,
         }
+    }
+
+    /// Calls `observe` after every pass that could list the schedules: how the server's
+    /// metrics and history count the jobs schedules enqueue.
+    pub fn on_pass(mut self, observe: impl Fn(&SchedulerPass) + Send + Sync + 'static) -> Self {
+        self.on_pass = Some(Arc::new(observe));
+        self
     }
 
     /// Where "now" comes from: give the store's clock when it is not the wall clock.
@@ -99,7 +114,11 @@ impl Scheduler {
             }
             match self.store.schedule_fire(request).await {
                 Ok(FireOutcome::Fired(runs)) => {
+                    let job = view.schedule.job();
                     for run in &runs {
+                        if run.status == conveyor_core::schedule::RunStatus::Enqueued {
+                            pass.enqueued.push((job.queue.clone(), job.kind.clone()));
+                        }
                         tracing::debug!(
                             schedule = name,
                             tick = %run.tick,
@@ -133,6 +152,9 @@ impl Scheduler {
             if active.load(Ordering::Relaxed) {
                 match self.run_once().await {
                     Ok(pass) => {
+                        if let Some(observe) = &self.on_pass {
+                            observe(&pass);
+                        }
                         failures = 0;
                         wait = self.until_next(pass.next_tick);
                     }

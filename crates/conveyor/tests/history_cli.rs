@@ -191,3 +191,45 @@ fn lease_rescues_are_counted_as_failures_in_the_history() {
         "both rescued attempts failed, the last one into the dead-letter queue: {stats}"
     );
 }
+
+/// Jobs a schedule enqueues are counted as enqueued in the history (issue 27: only enqueues
+/// through the server's request path were).
+#[test]
+fn jobs_enqueued_by_a_schedule_are_counted() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let url = &server.url;
+    let status = http()
+        .put(format!("{url}/v1/schedules/pulse"))
+        .json(&json!({"cron": "* * * * * *", "job": {"kind": "tick", "queue": "cron"}, "overlap": "allow"}))
+        .send()
+        .expect("put schedule")
+        .status();
+    assert!(status.is_success(), "{status}");
+    let fired = eventually_blocking("two ticks to fire", || {
+        let runs: Value = http()
+            .get(format!("{url}/v1/schedules/pulse/runs?limit=100"))
+            .send()
+            .ok()?
+            .json()
+            .ok()?;
+        let enqueued = runs["runs"]
+            .as_array()?
+            .iter()
+            .filter(|run| run["status"] == "enqueued")
+            .count();
+        (enqueued >= 2).then_some(enqueued)
+    });
+    // A pass is counted once it ends, just after its runs are stored: look until it has.
+    eventually_blocking("the history to count the scheduled jobs", || {
+        let stats = stats_json(url, &["--queue", "cron"]);
+        let counted = stats["totals"]["enqueued"].as_u64().unwrap_or(0);
+        if counted >= fired as u64 {
+            Ok(())
+        } else {
+            Err(format!(
+                "{fired} runs enqueued, history counts {counted}: {stats}"
+            ))
+        }
+    });
+}

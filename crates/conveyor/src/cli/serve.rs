@@ -440,7 +440,15 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         })
         .scheduler(
             Scheduler::new(store.clone())
-                .misfire_threshold(Duration::from_millis(args.schedule_misfire_ms)),
+                .misfire_threshold(Duration::from_millis(args.schedule_misfire_ms))
+                .on_pass({
+                    let metrics = metrics.clone();
+                    move |pass| {
+                        for (queue, kind) in &pass.enqueued {
+                            metrics.enqueued(queue, kind);
+                        }
+                    }
+                }),
         );
     let leading = maintenance.leading();
     let alerts = alert_config
