@@ -33,6 +33,7 @@ use uuid::Uuid;
 mod access;
 mod admin;
 mod breakers;
+mod copy;
 pub mod eventually;
 mod expiry;
 pub mod faults;
@@ -56,6 +57,7 @@ mod workflows;
 pub use access::*;
 pub use admin::*;
 pub use breakers::*;
+pub use copy::*;
 pub use expiry::*;
 pub use fetch::*;
 pub use finish::*;
@@ -250,6 +252,8 @@ macro_rules! __conveyor_behaviours {
             session_round_trip_expiry_and_delete,
             audit_append_and_list_newest_first_with_filters,
             audit_prune_deletes_the_oldest_entries_before_the_cutoff,
+            // store copy
+            copy_onto_itself_reads_everything_and_writes_nothing,
             // worker registry and stuck jobs
             heartbeat_keeps_what_a_later_one_leaves_out,
             workers_keep_an_operators_command_across_heartbeats,
