@@ -519,3 +519,53 @@ async fn flow_statements_are_never_jit_compiled() {
         );
     }
 }
+
+/// Whatever the planner estimates, a claim walks `jobs_fetch` in order and stops after `LIMIT`
+/// rows. Estimates did mislead it: at the start of a million-job drain on a new schema (the
+/// migrations analyze the jobs table while it is empty), the custom plan expected four rows in
+/// the queue and chose a bitmap scan of every available job and a sort, 1.3 s per claim until
+/// the first ANALYZE (docs/benchmarks.md, "PostgreSQL at depth from a cold start"). Growing such
+/// a table here would take a million rows, so the test misleads the planner the other way the
+/// costs can: index pages made dear (`random_page_cost`). Without the claim's transaction
+/// (`CLAIM_BEGIN`) the planner then sorts; inside it, it cannot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_walks_jobs_fetch_in_order_whatever_the_estimates() {
+    let (url, schema, store, _cleanup) = store_in_new_schema().await;
+    for queue in ["other", "burst"] {
+        let jobs: Vec<NewJob> = (0..5_000)
+            .map(|i| {
+                let mut job = NewJob::new("plan", serde_json::json!({ "i": i }));
+                job.queue = queue.to_string();
+                job
+            })
+            .collect();
+        store.jobs_insert_many(jobs).await.expect("insert");
+    }
+    let mut conn = sqlx::PgConnection::connect(&url).await.expect("connect");
+    sqlx::raw_sql("SET plan_cache_mode = force_custom_plan; SET random_page_cost = 1000000")
+        .execute(&mut conn)
+        .await
+        .expect("mislead the planner");
+
+    let sql = Sql::new(&schema);
+    let statement = sql.claim_one_queue_any_kind.as_str();
+    let types = "text, bigint, text, timestamptz, timestamptz";
+    let arguments = "'burst', 250, 'w', now(), now()";
+    // `generic_plan` explains the plan `plan_cache_mode` makes: a custom one here, as a claim got.
+    let unguarded = generic_plan(&mut conn, "claim_unguarded", statement, types, arguments).await;
+    assert!(
+        unguarded.contains("Sort"),
+        "misled, the planner sorts the queue's whole backlog: {unguarded}"
+    );
+
+    let mut tx = conn
+        .begin_with(crate::sql::CLAIM_BEGIN)
+        .await
+        .expect("begin");
+    let guarded = generic_plan(&mut tx, "claim_guarded", statement, types, arguments).await;
+    tx.rollback().await.expect("rollback");
+    assert!(
+        guarded.contains("jobs_fetch") && !guarded.contains("Sort"),
+        "the claim walks jobs_fetch in order: {guarded}"
+    );
+}

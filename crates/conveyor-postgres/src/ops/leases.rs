@@ -107,10 +107,12 @@ pub(crate) async fn fetch(
         None if excluding => claim.bind(&params.excluded_kinds),
         None => claim,
     };
-    let found = claim
-        .fetch_all(&mut *conn)
+    let mut tx = conn
+        .begin_with(crate::sql::CLAIM_BEGIN)
         .await
-        .map_err(db("claim jobs"))?;
+        .map_err(db("begin claim"))?;
+    let found = claim.fetch_all(&mut *tx).await.map_err(db("claim jobs"))?;
+    tx.commit().await.map_err(db("commit claim"))?;
     let mut jobs = rows::jobs(&found)?;
     if jobs.is_empty() {
         // Nothing available, or the gate refused: only the gate can tell.
@@ -153,8 +155,9 @@ pub(crate) async fn heartbeat_many(
         .map(|beat| after(ctx.now, beat.extend_by, "extend_by"))
         .collect::<StoreResult<Vec<_>>>()?;
     // One row per lease: with a lease listed twice, the later expiry is the one stored, as if
-    // the beats had been applied one after the other.
-    let mut last: HashMap<LeaseKey, DateTime<Utc>> = HashMap::new();
+    // the beats had been applied one after the other. In id order, like every batch that
+    // locks running jobs (`in_lock_order`).
+    let mut last: BTreeMap<LeaseKey, DateTime<Utc>> = BTreeMap::new();
     for (beat, expires) in beats.iter().zip(&expiries) {
         last.insert(lease_key(&beat.lease), *expires);
     }
@@ -180,6 +183,15 @@ pub(crate) async fn heartbeat_many(
         .zip(expiries)
         .map(|(beat, expires)| held.contains(&lease_key(&beat.lease)).then_some(expires))
         .collect())
+}
+
+/// Orders a batch of running jobs by id before a statement updates them. A batch statement
+/// locks its rows in the order of its arrays (a nested loop over `unnest` probing `jobs_pkey`),
+/// so a heartbeat batch and a completion batch sharing two jobs in opposite orders deadlock, and
+/// PostgreSQL breaks the tie only after `deadlock_timeout` (1 s), failing one of them: seen at
+/// a million-job drain. In one order, one waits for the other instead.
+pub(super) fn in_lock_order<T>(batch: &mut [T], id: impl Fn(&T) -> Uuid) {
+    batch.sort_by_key(|item| id(item));
 }
 
 /// The `(id, token)` pairs returned by a lease-conditional batch statement.
@@ -228,15 +240,21 @@ pub(crate) async fn complete_many(
     }
     // Jobs known to be of flows skip the plain statement, which would only name their flows.
     let mut flow_of = handed_out.take(&ids);
-    let mut plain_ids = Vec::with_capacity(ids.len() - flow_of.len());
-    let mut plain_tokens = Vec::with_capacity(plain_ids.capacity());
-    let mut plain_results = Vec::with_capacity(plain_ids.capacity());
-    for ((id, token), result) in ids.iter().zip(&tokens).zip(&results) {
-        if !flow_of.contains_key(id) {
-            plain_ids.push(*id);
-            plain_tokens.push(*token);
-            plain_results.push(*result);
-        }
+    let mut plain: Vec<(Uuid, Uuid, Option<Json<&Value>>)> = ids
+        .iter()
+        .zip(&tokens)
+        .zip(&results)
+        .filter(|((id, _), _)| !flow_of.contains_key(id))
+        .map(|((id, token), result)| (*id, *token, *result))
+        .collect();
+    in_lock_order(&mut plain, |(id, _, _)| *id);
+    let mut plain_ids = Vec::with_capacity(plain.len());
+    let mut plain_tokens = Vec::with_capacity(plain.len());
+    let mut plain_results = Vec::with_capacity(plain.len());
+    for (id, token, result) in plain {
+        plain_ids.push(id);
+        plain_tokens.push(token);
+        plain_results.push(result);
     }
     let rows = if plain_ids.is_empty() {
         Vec::new()
@@ -550,6 +568,8 @@ pub(crate) async fn release_many(
     if leases.is_empty() {
         return Ok(0);
     }
+    let mut leases = leases.to_vec();
+    in_lock_order(&mut leases, |lease| lease.id);
     let ids: Vec<Uuid> = leases.iter().map(|lease| lease.id).collect();
     let tokens: Vec<Uuid> = leases.iter().map(|lease| lease.lease_token).collect();
     let found = sqlx::query(ctx.sql.release.clone())
