@@ -17,6 +17,12 @@ if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; the
     chromium chromium-driver fonts-liberation >/dev/null
 fi
 
+# libfaketime: the cluster tests run servers whose clocks are skewed or jump.
+if ! command -v faketime >/dev/null; then
+  as_root apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq faketime >/dev/null
+fi
+
 # PostgreSQL: the PostgreSQL tests use the local server for real; start it if it is down.
 if command -v pg_isready >/dev/null && ! pg_isready -h 127.0.0.1 -p 5432 -q; then
   as_root pg_ctlcluster --skip-systemctl-redirect "$(ls /etc/postgresql)" main start || true

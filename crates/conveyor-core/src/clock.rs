@@ -6,6 +6,14 @@ use std::sync::Mutex;
 /// Where "now" comes from. Stores read it once per operation.
 pub trait Clock: Send + Sync + 'static {
     fn now(&self) -> DateTime<Utc>;
+
+    /// Whether this is the process's own wall clock ([`SystemClock`]). A store that several
+    /// processes share replaces that clock with one they all agree on (PostgreSQL: the database
+    /// server's), since each machine's wall clock is off by its own error; a clock given on
+    /// purpose (a test's [`ManualClock`]) is kept.
+    fn is_system(&self) -> bool {
+        false
+    }
 }
 
 /// The wall clock, truncated to milliseconds (the precision every store keeps).
@@ -15,6 +23,65 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now(&self) -> DateTime<Utc> {
         truncate_to_millis(Utc::now())
+    }
+
+    fn is_system(&self) -> bool {
+        true
+    }
+}
+
+/// Time since an arbitrary origin on a clock that no step of the wall clock moves (an operator's
+/// `date -s`, NTP stepping, `faketime`) and that keeps counting while the machine is suspended:
+/// Linux's `CLOCK_BOOTTIME`, elsewhere the monotonic clock behind [`std::time::Instant`] (which
+/// stops during a suspend).
+pub fn steady() -> std::time::Duration {
+    #[cfg(target_os = "linux")]
+    {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: clock_gettime only writes the timespec it is given, which lives on this stack.
+        if unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut now) } == 0 {
+            return std::time::Duration::new(now.tv_sec.max(0) as u64, now.tv_nsec.max(0) as u32);
+        }
+    }
+    static ORIGIN: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    ORIGIN.get_or_init(std::time::Instant::now).elapsed()
+}
+
+/// A wall time read from elsewhere (the database server's clock) at a known [`steady`] instant,
+/// carried forward on [`steady`]: this process's own wall clock, whatever its error or its steps,
+/// never enters. Re-anchored with each new reading.
+#[derive(Debug)]
+pub struct AnchoredClock {
+    anchor: Mutex<(DateTime<Utc>, std::time::Duration)>,
+}
+
+impl AnchoredClock {
+    /// `at` was the time at [`steady`] instant `read_at`.
+    pub fn new(at: DateTime<Utc>, read_at: std::time::Duration) -> Self {
+        Self {
+            anchor: Mutex::new((at, read_at)),
+        }
+    }
+
+    /// A newer reading replaces the anchor.
+    pub fn set(&self, at: DateTime<Utc>, read_at: std::time::Duration) {
+        *self
+            .anchor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = (at, read_at);
+    }
+}
+
+impl Clock for AnchoredClock {
+    fn now(&self) -> DateTime<Utc> {
+        let (at, read_at) = *self
+            .anchor
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        truncate_to_millis(after(at, steady().saturating_sub(read_at)))
     }
 }
 
@@ -105,4 +172,28 @@ pub fn from_millis(ms: i64) -> DateTime<Utc> {
 
 pub fn truncate_to_millis(at: DateTime<Utc>) -> DateTime<Utc> {
     from_millis(to_millis(at))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An anchored clock carries its reading forward on the steady clock, whatever this
+    /// machine's wall clock says: anchored an hour ahead, it stays an hour ahead and moves on.
+    #[test]
+    fn an_anchored_clock_moves_on_from_its_reading_not_from_the_wall_clock() {
+        let hour = Duration::hours(1);
+        let clock = AnchoredClock::new(Utc::now() + hour, steady());
+        let first = clock.now();
+        assert!((first - Utc::now() - hour).num_milliseconds().abs() < 1_000);
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        let later = clock.now();
+        assert!(
+            later - first >= Duration::milliseconds(20),
+            "{first} -> {later}"
+        );
+        clock.set(Utc::now() - hour, steady());
+        assert!((clock.now() - Utc::now() + hour).num_milliseconds().abs() < 1_000);
+        assert!(SystemClock.is_system() && !clock.is_system());
+    }
 }

@@ -22,6 +22,9 @@ macro_rules! delegate_store {
     (@part JobStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::JobStore for $decorator {
+            fn clock(&self) -> std::sync::Arc<dyn $crate::Clock> {
+                $crate::JobStore::clock(&*self.$field)
+            }
             async fn health(&self) -> $crate::StoreHealth {
                 $crate::JobStore::health(&*self.$field).await
             }

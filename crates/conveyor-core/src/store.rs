@@ -363,6 +363,14 @@ impl StoreHealth {
 /// Jobs as producers and operators see them: enqueue, read, cancel, the dead-letter queue.
 #[async_trait]
 pub trait JobStore: Send + Sync {
+    /// The clock this store decides time by. Whatever else in the process turns a duration into
+    /// a time for the store (a delay, a retry, a schedule's tick, a breaker's window) reads it
+    /// too, so that every server sharing the store counts time alike: PostgreSQL's is the
+    /// database server's clock; an embedded store's is the clock it was given.
+    fn clock(&self) -> Arc<dyn crate::Clock> {
+        Arc::new(crate::SystemClock)
+    }
+
     /// Whether the store is alive and accepts writes. The default reads one row; stores
     /// override it to probe their write path.
     async fn health(&self) -> StoreHealth {
@@ -851,7 +859,7 @@ pub async fn fetch_waiting_with(
         // A due job's time coming is a wake-up of its own: no other fetch's look counts for it.
         let mut due_wakes = false;
         if let Some(due) = next_due {
-            let in_ms = (due - Utc::now()).num_milliseconds().max(0) as u64;
+            let in_ms = (due - store.clock().now()).num_milliseconds().max(0) as u64;
             let at = now + Duration::from_millis(in_ms);
             if at <= until {
                 until = at;

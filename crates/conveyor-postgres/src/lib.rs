@@ -3,8 +3,10 @@
 //! Many worker and server processes share one database. Claims use `FOR UPDATE SKIP LOCKED`, so
 //! concurrent fetchers never claim a job twice and never wait for each other; every change to a
 //! running job is conditional on its lease token. Wake-ups travel between processes over
-//! `LISTEN`/`NOTIFY`. Every "now" comes from the injected [`Clock`] (never from SQL `now()`), so
-//! the same code runs under the conformance suite's manual clock.
+//! `LISTEN`/`NOTIFY`. Every "now" comes from one [`Clock`] read once per operation: by default the
+//! database server's (the module `clock`), which every server of a cluster shares, so no
+//! server's own clock error decides a lease or a tick; an injected clock (the conformance
+//! suite's manual one) is used as given.
 //!
 //! Besides the [`Store`] trait, [`PgStore::enqueue_tx`] and [`PgStore::complete_tx`] work inside
 //! the application's own transaction: a job enqueued there exists if and only if the
@@ -21,6 +23,7 @@
 #![warn(missing_docs)]
 
 mod access;
+mod clock;
 mod copy;
 mod errors;
 mod flow;
@@ -85,7 +88,9 @@ pub struct PgOptions {
     pub schema: String,
     /// Store-wide settings shared by every backend (idempotency window).
     pub store: StoreOptions,
-    /// Where "now" comes from for every job timestamp.
+    /// Where "now" comes from for every job timestamp. The default, [`SystemClock`], stands for
+    /// "the database server's clock" (see [`PgStore::clock`](conveyor_core::JobStore::clock));
+    /// any other clock is used as given (tests).
     pub clock: Arc<dyn Clock>,
     /// Connections in the store's pool (the wake-up listener has one more of its own).
     pub max_connections: u32,
@@ -141,6 +146,8 @@ struct Inner {
     flow_jobs: ops::FlowJobs,
     /// Held only to stop the listener when the store goes away.
     _listener: listener::ListenerTask,
+    /// Keeps `clock` on the database's time when it is (see `clock`); stops with the store.
+    _clock_task: Option<clock::ClockTask>,
 }
 
 impl PgStore {
@@ -207,6 +214,13 @@ impl PgStore {
         )
         .await?;
         let upkeep = Arc::new(upkeep::Upkeep::new(&pool, &options.schema).await);
+        // The process's wall clock gives way to the database's; an injected clock is kept.
+        let (clock, clock_task): (Arc<dyn Clock>, _) = if options.clock.is_system() {
+            let (clock, task) = clock::start(&pool).await?;
+            (clock, Some(task))
+        } else {
+            (options.clock, None)
+        };
         Ok(Self {
             inner: Arc::new(Inner {
                 upkeep,
@@ -216,11 +230,12 @@ impl PgStore {
                 schedule_sql,
                 access_sql,
                 worker_sql,
-                clock: options.clock,
+                clock,
                 options: options.store,
                 wakeup,
                 flow_jobs: ops::FlowJobs::default(),
                 _listener: listener,
+                _clock_task: clock_task,
             }),
         })
     }
@@ -337,6 +352,10 @@ async fn commit(tx: Transaction<'static, Postgres>) -> StoreResult<()> {
 
 #[async_trait]
 impl JobStore for PgStore {
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
+    }
+
     /// Ready when a pooled connection answers within a few seconds and reaches a primary
     /// (a hot standby refuses writes). Never "not live": a lost database is not fixed by
     /// restarting this process, and the pool reconnects by itself.

@@ -43,14 +43,14 @@ async fn heartbeats_and_completions_in_opposite_orders_never_deadlock() {
             .iter()
             .rev()
             .map(|lease| HeartbeatParams {
-                lease: lease.clone(),
+                lease: *lease,
                 extend_by: Duration::from_secs(60),
             })
             .collect();
         let completions: Vec<CompleteParams> = leases
             .iter()
             .map(|lease| CompleteParams {
-                lease: lease.clone(),
+                lease: *lease,
                 result: None,
             })
             .collect();

@@ -123,8 +123,9 @@ impl ServerConfig {
 /// Extra wiring for [`router_with_options`].
 #[derive(Clone)]
 pub struct RouterOptions {
-    /// Where `delay_ms`, `retry_after_ms` and snooze delays count from. Give the store's clock
-    /// when it is not the wall clock.
+    /// Where `delay_ms`, `retry_after_ms`, snooze delays, breaker windows and history minutes
+    /// count from. The default ([`SystemClock`]) stands for the store's clock
+    /// ([`conveyor_core::JobStore::clock`]); any other clock is used as given.
     pub clock: Arc<dyn Clock>,
     /// Cancel on shutdown: long-polling fetches then stop waiting and answer `{"jobs": []}` at
     /// once (a fetch already claiming jobs still returns them), so a graceful shutdown of the
@@ -196,11 +197,16 @@ pub fn router_with_options(
     options: RouterOptions,
 ) -> Router {
     let body_limit = config.body_limit();
+    let clock = if options.clock.is_system() {
+        store.clock()
+    } else {
+        options.clock
+    };
     // Building the registry fails only on a programming error (a clashing metric name); the
     // API then serves everything but `/metrics` rather than not at all.
     let metrics = match options.metrics {
         Some(metrics) => Some(metrics),
-        None => Metrics::with_clock(options.clock.clone())
+        None => Metrics::with_clock(clock.clone())
             .map(Arc::new)
             .map_err(|error| tracing::error!(%error, "metrics disabled"))
             .ok(),
@@ -209,7 +215,7 @@ pub fn router_with_options(
     if let Some(metrics) = &metrics {
         metrics.set_scale_target(config.scale_target);
     }
-    let breakers = conveyor_core::CircuitBreakers::new(store.clone(), options.clock.clone());
+    let breakers = conveyor_core::CircuitBreakers::new(store.clone(), clock.clone());
     let worker_commands = Arc::new(conveyor_core::workers::WorkerCommands::new(store.clone()));
     let state = AppState {
         worker_commands,
@@ -220,7 +226,7 @@ pub fn router_with_options(
             .as_ref()
             .map_or_else(Arc::default, |metrics| metrics.throughput()),
         config: Arc::new(config),
-        clock: options.clock,
+        clock,
         shutdown: options.shutdown,
         leading: options.leading,
         body_limit,

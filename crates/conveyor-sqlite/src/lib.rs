@@ -431,6 +431,10 @@ fn open_reader(path: &Path) -> rusqlite::Result<Connection> {
 
 #[async_trait]
 impl JobStore for SqliteStore {
+    fn clock(&self) -> Arc<dyn Clock> {
+        self.inner.clock.clone()
+    }
+
     async fn health(&self) -> StoreHealth {
         if let Some(problem) = self.inner.status.problem() {
             return StoreHealth::broken(problem);

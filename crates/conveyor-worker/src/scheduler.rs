@@ -9,9 +9,7 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::schedule::DEFAULT_MISFIRE_THRESHOLD;
-use conveyor_core::{
-    Clock, FireOutcome, FireRequest, ScheduleRun, Store, StoreResult, SystemClock,
-};
+use conveyor_core::{Clock, FireOutcome, FireRequest, ScheduleRun, Store, StoreResult};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,8 +51,9 @@ pub struct SchedulerPass {
 impl Scheduler {
     pub fn new(store: Arc<dyn Store>) -> Self {
         Self {
+            // Ticks are planned on the store's clock, which every node sharing it agrees on.
+            clock: store.clock(),
             store,
-            clock: Arc::new(SystemClock),
             interval: Duration::from_millis(250),
             misfire: DEFAULT_MISFIRE_THRESHOLD,
             on_pass: None,
@@ -68,7 +67,7 @@ impl Scheduler {
         self
     }
 
-    /// Where "now" comes from: give the store's clock when it is not the wall clock.
+    /// Where "now" comes from; the store's clock by default ([`conveyor_core::JobStore::clock`]).
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self

@@ -551,6 +551,10 @@ impl conveyor_core::FlowStore for EncryptedStore {
 
 #[async_trait]
 impl JobStore for EncryptedStore {
+    fn clock(&self) -> Arc<dyn conveyor_core::Clock> {
+        self.inner.clock()
+    }
+
     async fn health(&self) -> conveyor_core::StoreHealth {
         self.inner.health().await
     }

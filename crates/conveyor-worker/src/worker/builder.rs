@@ -159,8 +159,8 @@ impl WorkerBuilder {
     }
 
     /// Where "now" comes from for the times the worker computes (when a snoozed job wakes,
-    /// when a `retry_after` job runs again): give the store's clock when it is not the wall
-    /// clock, so both agree.
+    /// when a `retry_after` job runs again); the store's clock by default
+    /// ([`conveyor_core::JobStore::clock`]), so both agree.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self

@@ -17,7 +17,7 @@ use chrono::Utc;
 use conveyor_core::{
     error_class, fetch_waiting, AttemptEvent, AttemptStatus, Clock, CompleteParams, FailParams,
     FetchParams, HeartbeatParams, Job, JobObserver, LeaseOutcome, LeaseRef, RetryPlan, RetryPolicy,
-    SnoozeParams, Store, SystemClock, TypedJob, WorkerHeartbeat,
+    SnoozeParams, Store, TypedJob, WorkerHeartbeat,
 };
 use futures::FutureExt;
 use serde_json::Value;
@@ -156,6 +156,7 @@ pub struct Worker {
 impl Worker {
     pub fn builder(store: Arc<dyn Store>) -> WorkerBuilder {
         WorkerBuilder {
+            clock: store.clock(),
             store,
             id: crate::default_worker_id(),
             queues: Vec::new(),
@@ -168,7 +169,6 @@ impl Worker {
             maintenance: None,
             observer: None,
             registry_interval: Some(Duration::from_secs(10)),
-            clock: Arc::new(SystemClock),
         }
     }
 

@@ -1,0 +1,241 @@
+//! Two `conveyor serve` on one PostgreSQL whose clocks disagree by 90 s (libfaketime on the
+//! maintenance leader), as a cluster on a bad day: a VM after suspend, a container on a drifting
+//! host, a node whose NTP failed. Every time decision is the database's, so the skew changes
+//! nothing: a live lease is never rescued early (its heartbeats keep answering, no second worker
+//! gets the job), and a dead worker's lease is rescued once it expires, not 90 s late.
+
+mod common;
+
+use common::*;
+use serde_json::{json, Value};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const LEASE_MS: u64 = 3_000;
+const SKEW_SECS: i64 = 90;
+const SERVER_ARGS: [&str; 4] = [
+    "--maintenance-interval-ms",
+    "200",
+    "--leader-ttl-ms",
+    "1500",
+];
+
+/// Debian's libfaketime (package `faketime`; `scripts/test.sh` installs it).
+fn libfaketime() -> String {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path().join("faketime/libfaketime.so.1"))
+        .find(|path| path.exists())
+        .map(|path| path.display().to_string())
+        .expect("libfaketime (Debian package faketime: apt-get install faketime)")
+}
+
+/// `conveyor serve` on `store` whose wall clock is `offset_secs` off; its monotonic clock is
+/// left alone, as on a real machine whose wall clock is wrong.
+fn skewed_server(store: &str, offset_secs: i64) -> Server {
+    let offset = format!("{offset_secs:+}s");
+    let preload = libfaketime();
+    start_server_with(
+        &["--listen", "127.0.0.1:0", "--store", store],
+        &SERVER_ARGS,
+        &[
+            ("LD_PRELOAD", preload.as_str()),
+            ("FAKETIME", offset.as_str()),
+            ("FAKETIME_DONT_FAKE_MONOTONIC", "1"),
+        ],
+    )
+}
+
+fn is_leader(server: &str) -> bool {
+    http()
+        .get(format!("{server}/healthz"))
+        .send()
+        .ok()
+        .and_then(|r| r.json::<Value>().ok())
+        .is_some_and(|h| h["leader"] == true)
+}
+
+/// How far `server`'s wall clock is from this process's, by its HTTP `Date` header (whole
+/// seconds): shows that the skew is really in effect.
+fn clock_offset_secs(server: &str) -> i64 {
+    let response = http()
+        .get(format!("{server}/healthz"))
+        .send()
+        .expect("healthz");
+    let date = response
+        .headers()
+        .get("date")
+        .and_then(|d| d.to_str().ok())
+        .expect("a Date header")
+        .to_string();
+    let at = chrono::DateTime::parse_from_rfc2822(&date).expect("an HTTP date");
+    at.timestamp() - chrono::Utc::now().timestamp()
+}
+
+/// The database's clock.
+fn database_now(url: &str) -> chrono::DateTime<chrono::Utc> {
+    let out = Command::new("psql")
+        .args([url, "-Atc", "SELECT to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"')"])
+        .output()
+        .expect("psql");
+    String::from_utf8_lossy(&out.stdout)
+        .trim()
+        .parse()
+        .expect("a timestamp from psql")
+}
+
+fn fetch(server: &str, worker: &str) -> Vec<Value> {
+    let answer: Value = http()
+        .post(format!("{server}/v1/fetch"))
+        .json(&json!({"worker_id": worker, "queues": ["clocks"], "max": 1,
+                      "lease_ms": LEASE_MS, "wait_ms": 0}))
+        .send()
+        .expect("fetch")
+        .json()
+        .expect("fetch JSON");
+    answer["jobs"].as_array().cloned().unwrap_or_default()
+}
+
+fn time(value: &Value) -> chrono::DateTime<chrono::Utc> {
+    value
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not a time: {value}"))
+}
+
+/// A cluster of a skewed leader and a server with a true clock, on a fresh schema.
+struct Cluster {
+    leader: Server,
+    other: Server,
+    _schema: Schema,
+    pg: String,
+}
+
+fn cluster(offset_secs: i64) -> Cluster {
+    let schema = Schema::fresh("conveyor_clocks");
+    let store = schema.url();
+    let migrate = conveyor(&["migrate", "--store", &store]);
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+    let leader = skewed_server(&store, offset_secs);
+    eventually_blocking("the skewed server to lead maintenance", || {
+        is_leader(&leader.url).then_some(())
+    });
+    let other = start_server_at(&store, &SERVER_ARGS);
+    let offset = clock_offset_secs(&leader.url);
+    assert!(
+        (offset - offset_secs).abs() <= 2,
+        "the leader's clock is {offset} s off, not {offset_secs} s: is libfaketime in effect?"
+    );
+    assert!(!is_leader(&other.url), "one leader");
+    Cluster {
+        leader,
+        other,
+        _schema: schema,
+        pg: pg_base(),
+    }
+}
+
+/// A worker holds a job through the true server for two leases, heartbeating every second,
+/// while the skewed leader runs maintenance every 200 ms: no heartbeat is refused, no other
+/// worker (through either server) is handed the job, and it completes on its first attempt.
+fn live_lease_is_never_rescued(cluster: &Cluster) {
+    let servers = [&cluster.other.url, &cluster.leader.url];
+    let id = enqueue(
+        &cluster.other.url,
+        json!({"kind": "clocked", "queue": "clocks", "payload": {}}),
+    )["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let claimed = fetch(&cluster.other.url, "holder");
+    assert_eq!(claimed.len(), 1);
+    let token = claimed[0]["lease_token"].clone();
+    // The lease counts from the database's clock, whichever server wrote it.
+    let expires = time(&claimed[0]["lease_expires_at"]);
+    let expected = database_now(&cluster.pg) + chrono::Duration::milliseconds(LEASE_MS as i64);
+    assert!(
+        (expires - expected).num_milliseconds().abs() < 1_500,
+        "lease expires at {expires}, the database's now + lease is {expected}"
+    );
+    let held_until = Instant::now() + Duration::from_millis(2 * LEASE_MS);
+    while Instant::now() < held_until {
+        for server in servers {
+            assert!(
+                fetch(server, "thief").is_empty(),
+                "a second worker was handed the job through {server}"
+            );
+        }
+        let beat = http()
+            .post(format!("{}/v1/jobs/{id}/heartbeat", cluster.other.url))
+            .json(&json!({"lease_token": token, "lease_ms": LEASE_MS}))
+            .send()
+            .expect("heartbeat");
+        assert_eq!(
+            beat.status().as_u16(),
+            200,
+            "heartbeat refused: the lease was taken"
+        );
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let done = http()
+        .post(format!("{}/v1/jobs/{id}/complete", cluster.other.url))
+        .json(&json!({"lease_token": token}))
+        .send()
+        .expect("complete");
+    assert!(done.status().is_success(), "{}", done.status());
+    let job = get_job(&cluster.other.url, &id);
+    assert_eq!(job["state"], "completed", "{job}");
+    assert_eq!(job["attempt"], 1, "{job}");
+}
+
+/// A worker claims through the skewed server and dies: the leader rescues the job once the
+/// lease expired by the database's clock, not before and not a skew later.
+fn dead_lease_is_rescued_on_time(cluster: &Cluster) {
+    let id = enqueue(
+        &cluster.other.url,
+        json!({"kind": "clocked", "queue": "clocks", "payload": {}}),
+    )["id"]
+        .as_str()
+        .expect("id")
+        .to_string();
+    let claimed = fetch(&cluster.leader.url, "doomed");
+    assert_eq!(claimed.len(), 1);
+    let claimed_at = Instant::now();
+    let rescued = eventually_blocking_within(
+        "the dead worker's job to be rescued",
+        Duration::from_secs(20),
+        || {
+            let job = get_job(&cluster.other.url, &id);
+            (job["state"] != "running").then_some(job)
+        },
+    );
+    let after = claimed_at.elapsed();
+    assert!(
+        after >= Duration::from_millis(LEASE_MS - 500),
+        "rescued {after:?} after the claim, before its {LEASE_MS} ms lease expired: {rescued}"
+    );
+    assert!(
+        after < Duration::from_secs(10),
+        "rescued {after:?} after the claim, long after its lease expired"
+    );
+}
+
+#[test]
+fn a_leader_90_s_fast_neither_rescues_live_leases_nor_delays_dead_ones() {
+    let cluster = cluster(SKEW_SECS);
+    live_lease_is_never_rescued(&cluster);
+    dead_lease_is_rescued_on_time(&cluster);
+}
+
+#[test]
+fn a_leader_90_s_slow_neither_rescues_live_leases_nor_delays_dead_ones() {
+    let cluster = cluster(-SKEW_SECS);
+    live_lease_is_never_rescued(&cluster);
+    dead_lease_is_rescued_on_time(&cluster);
+}
