@@ -158,6 +158,39 @@ impl Clock for ManualClock {
     }
 }
 
+/// Steps of a wall clock: how far it jumped since the last look, beyond what the [`steady`]
+/// clock says passed. A store whose deadlines are wall times (SQLite's leases) moves the
+/// deadlines that stand for durations by the step, so a step neither expires live leases nor
+/// keeps dead ones; wall times users gave (a `run_at`, a cron tick) stay where they were.
+#[derive(Debug)]
+pub struct WallSteps {
+    last: Option<(DateTime<Utc>, std::time::Duration)>,
+    threshold: Duration,
+}
+
+impl WallSteps {
+    /// Differences up to `threshold` are taken as the two clocks' ordinary disagreement (NTP
+    /// slewing, scheduling between the two readings), not a step.
+    pub fn new(threshold: std::time::Duration) -> Self {
+        Self {
+            last: None,
+            threshold: Duration::from_std(threshold).unwrap_or(Duration::MAX),
+        }
+    }
+
+    /// Looks at the wall clock's `now`: the step since the last look, if it passes the threshold.
+    pub fn look(&mut self, now: DateTime<Utc>) -> Option<Duration> {
+        let steady_now = steady();
+        let step = self.last.and_then(|(wall, steady_then)| {
+            let passed = Duration::from_std(steady_now.saturating_sub(steady_then)).ok()?;
+            let step = now.signed_duration_since(wall) - passed;
+            (step.abs() > self.threshold).then_some(step)
+        });
+        self.last = Some((now, steady_now));
+        step
+    }
+}
+
 /// Milliseconds since the Unix epoch: how stores persist timestamps.
 pub fn to_millis(at: DateTime<Utc>) -> i64 {
     at.timestamp_millis()
@@ -195,5 +228,30 @@ mod tests {
         clock.set(Utc::now() - hour, steady());
         assert!((clock.now() - Utc::now() + hour).num_milliseconds().abs() < 1_000);
         assert!(SystemClock.is_system() && !clock.is_system());
+    }
+
+    #[test]
+    fn wall_steps_are_seen_beyond_the_threshold_and_only_once() {
+        let mut steps = WallSteps::new(std::time::Duration::from_secs(1));
+        let start = Utc::now();
+        assert_eq!(
+            steps.look(start),
+            None,
+            "nothing to compare the first look with"
+        );
+        assert_eq!(steps.look(start + Duration::milliseconds(300)), None);
+        let step = steps
+            .look(start + Duration::hours(1))
+            .expect("an hour forward is a step");
+        assert!(
+            (step - Duration::hours(1)).num_milliseconds().abs() < 1_000,
+            "{step}"
+        );
+        assert_eq!(steps.look(start + Duration::hours(1)), None, "seen once");
+        let back = steps.look(start).expect("an hour back is a step");
+        assert!(
+            (back + Duration::hours(1)).num_milliseconds().abs() < 1_000,
+            "{back}"
+        );
     }
 }

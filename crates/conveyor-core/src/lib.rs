@@ -40,7 +40,7 @@ pub use breaker::{
     StoredBreaker,
 };
 pub use client::{Client, JobOptions, TypedJob};
-pub use clock::{AnchoredClock, Clock, ManualClock, SystemClock};
+pub use clock::{AnchoredClock, Clock, ManualClock, SystemClock, WallSteps};
 pub use copy::CopyStore;
 pub use error::{StoreError, ValidationError};
 pub use events::{AttemptEvent, AttemptStatus, JobObserver};

@@ -247,6 +247,30 @@ impl SyncControl {
     }
 }
 
+/// Moves the stored times that stand for durations by a step of the wall clock, in the round's
+/// transaction before its operations: a running job's lease deadline, a live worker's last
+/// heartbeat, the maintenance leader's term, the rate windows' starts. Without it a step forward
+/// by more than a lease would rescue every running job at once (and mark every worker dead), and
+/// a step back would hold a dead worker's jobs for the step's length. Times users gave (`run_at`,
+/// `expires_at`, schedule ticks) are wall times and stay where they are.
+fn follow_wall_step(conn: &Connection, step: chrono::Duration) -> rusqlite::Result<()> {
+    let ms = step.num_milliseconds();
+    tracing::warn!(
+        step_ms = ms,
+        "the wall clock stepped; leases, worker heartbeats, leadership and rate windows move with it"
+    );
+    for statement in [
+        "UPDATE jobs SET lease_expires_at = lease_expires_at + ?1 \
+         WHERE state = 'running' AND lease_expires_at IS NOT NULL",
+        "UPDATE workers SET last_seen_at = last_seen_at + ?1 WHERE state = 'alive'",
+        "UPDATE leadership SET expires_at = expires_at + ?1",
+        "UPDATE rate_starts SET started_at = started_at + ?1",
+    ] {
+        conn.execute(statement, [ms])?;
+    }
+    Ok(())
+}
+
 pub(crate) fn run_writer(
     conn: Connection,
     ops: Receiver<Op>,
@@ -267,6 +291,10 @@ pub(crate) fn run_writer(
     let mut settings = load_settings(&conn);
     let mut cursors = crate::flow::Cursors::new();
     let mut graphs = crate::workflow::GraphCache::default();
+    // Only the process's own wall clock steps; a clock given on purpose (tests) moves as told.
+    let mut steps = clock
+        .is_system()
+        .then(|| conveyor_core::WallSteps::new(Duration::from_secs(1)));
     while let Ok(first) = ops.recv() {
         // Entries of jobs that left `running` other than by completion are not removed one by
         // one; dropping the cache now and then bounds it (a miss only costs a read).
@@ -282,9 +310,11 @@ pub(crate) fn run_writer(
         }
         rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let needs_fsync = batch.iter().any(|op| op.needs_fsync());
+        let now = clock.now();
+        let step = steps.as_mut().and_then(|steps| steps.look(now));
         let mut ctx = WriteCtx {
             conn: &conn,
-            now: clock.now(),
+            now,
             options: &options,
             wake: false,
             promoted: false,
@@ -297,7 +327,8 @@ pub(crate) fn run_writer(
         };
         let begin = sync
             .set_full(&conn, needs_fsync)
-            .and_then(|()| conn.execute_batch("BEGIN IMMEDIATE"));
+            .and_then(|()| conn.execute_batch("BEGIN IMMEDIATE"))
+            .and_then(|()| step.map_or(Ok(()), |step| follow_wall_step(&conn, step)));
         let commit = match begin {
             Ok(()) => {
                 for op in batch.iter_mut() {
