@@ -185,6 +185,9 @@ macro_rules! delegate_store {
             async fn flows_expire_waits(&self, limit: usize) -> $crate::StoreResult<u64> {
                 $crate::FlowStore::flows_expire_waits(&*self.$field, limit).await
             }
+            fn flow_starts(&self) -> std::sync::Arc<$crate::FlowStarts> {
+                $crate::FlowStore::flow_starts(&*self.$field)
+            }
             async fn flows_prune(&self, params: $crate::PruneParams) -> $crate::StoreResult<u64> {
                 $crate::FlowStore::flows_prune(&*self.$field, params).await
             }

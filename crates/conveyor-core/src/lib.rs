@@ -43,7 +43,7 @@ pub use client::{Client, JobOptions, TypedJob};
 pub use clock::{AnchoredClock, Clock, ManualClock, SystemClock, WallSteps};
 pub use copy::CopyStore;
 pub use error::{StoreError, ValidationError};
-pub use events::{AttemptEvent, AttemptStatus, JobObserver};
+pub use events::{AttemptEvent, AttemptStatus, FlowStarts, JobObserver};
 pub use job::{
     error_class, ErrorRecord, Inserted, Job, JobState, Lease, NamedQueueSettings, NewJob, Progress,
     QueueSettings, QueueStats, RateLimit, DEFAULT_QUEUE,

@@ -673,6 +673,10 @@ pub trait FlowStore: Send + Sync {
     /// maintenance leader.
     async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64>;
 
+    /// Where this store tells of the jobs flows start in it, after their commit (see
+    /// [`crate::FlowStarts`]): how they are counted as enqueued. The same for every call.
+    fn flow_starts(&self) -> Arc<crate::FlowStarts>;
+
     /// Deletes up to `params.limit` finished flows with their steps, oldest first: completed,
     /// compensated and cancelled ones `params.retention.completed` after they finished, failed
     /// ones (which a replay could still resume) after `params.retention.dead`. Their jobs are

@@ -144,6 +144,8 @@ struct Inner {
     upkeep: Arc<upkeep::Upkeep>,
     /// Jobs of flows this store handed out (see `ops::FlowJobs`).
     flow_jobs: ops::FlowJobs,
+    /// Told of the jobs flows start, after each commit (see `ops::Ctx::flows_committed`).
+    flow_starts: Arc<conveyor_core::FlowStarts>,
     /// Held only to stop the listener when the store goes away.
     _listener: listener::ListenerTask,
     /// Keeps `clock` on the database's time when it is (see `clock`); stops with the store.
@@ -234,6 +236,7 @@ impl PgStore {
                 options: options.store,
                 wakeup,
                 flow_jobs: ops::FlowJobs::default(),
+                flow_starts: Arc::default(),
                 _listener: listener,
                 _clock_task: clock_task,
             }),
@@ -294,9 +297,10 @@ impl PgStore {
         // A job of a flow changes planner settings for the rest of the transaction (see
         // `workflow::plan_flow_statements`): this one is the caller's, so they are put back.
         let planner = workflow::planner_settings(tx).await?;
-        let outcomes =
-            ops::complete_many(tx, &self.ctx(), completion, &self.inner.flow_jobs).await?;
+        let ctx = self.flow_ctx();
+        let outcomes = ops::complete_many(tx, &ctx, completion, &self.inner.flow_jobs).await?;
         workflow::restore_planner(tx, &planner).await?;
+        ctx.flows_committed();
         outcomes
             .into_iter()
             .next()
@@ -311,6 +315,19 @@ impl PgStore {
             now: truncate_to_millis(self.inner.clock.now()),
             options: &self.inner.options,
             deferred_wakeups: None,
+            flow_started: None,
+        }
+    }
+
+    /// `ctx` for an operation that may start jobs of flows, keeping them for the commit when
+    /// anyone listens (see `conveyor_core::FlowStarts`).
+    fn flow_ctx(&self) -> Ctx<'_> {
+        let starts = &self.inner.flow_starts;
+        Ctx {
+            flow_started: starts
+                .observed()
+                .then(|| Arc::new(ops::FlowStarted::new(starts.clone()))),
+            ..self.ctx()
         }
     }
 
@@ -395,11 +412,12 @@ impl JobStore for PgStore {
     }
 
     async fn job_cancel(&self, id: Uuid) -> StoreResult<Job> {
-        let ctx = self.ctx();
+        let ctx = self.flow_ctx();
         let mut tx = self.begin().await?;
         let flow_id = match ops::cancel(&mut tx, &ctx, id, None).await? {
             ops::CancelOutcome::Cancelled(job) => {
                 commit(tx).await?;
+                ctx.flows_committed();
                 return Ok(*job);
             }
             ops::CancelOutcome::FlowBusy(flow_id) => flow_id,
@@ -407,10 +425,12 @@ impl JobStore for PgStore {
         // The job's flow is held by another transaction, which may be waiting for the job's
         // row that this one holds: let go of it and start over, taking the flow first.
         tx.rollback().await.map_err(db("roll back cancel"))?;
+        ctx.flows_rolled_back();
         let mut tx = self.begin().await?;
         match ops::cancel(&mut tx, &ctx, id, Some(flow_id)).await? {
             ops::CancelOutcome::Cancelled(job) => {
                 commit(tx).await?;
+                ctx.flows_committed();
                 Ok(*job)
             }
             ops::CancelOutcome::FlowBusy(_) => Err(StoreError::backend(format!(
@@ -421,7 +441,8 @@ impl JobStore for PgStore {
     }
 
     async fn dead_replay(&self, selector: ReplaySelector) -> StoreResult<u64> {
-        let replayed = ops::dead_replay(&mut *self.conn().await?, &self.ctx(), &selector).await?;
+        let replayed =
+            ops::dead_replay(&mut *self.conn().await?, &self.flow_ctx(), &selector).await?;
         self.wake_local(replayed > 0);
         Ok(replayed)
     }
@@ -476,7 +497,7 @@ impl LeaseStore for PgStore {
         conveyor_core::faults::inject("complete")?;
         ops::complete_many(
             &mut *self.conn().await?,
-            &self.ctx(),
+            &self.flow_ctx(),
             params,
             &self.inner.flow_jobs,
         )
@@ -486,7 +507,7 @@ impl LeaseStore for PgStore {
     async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
         params.message = conveyor_core::validate::storable_message(&params.message).into_owned();
         conveyor_core::faults::inject("fail")?;
-        ops::fail(&mut *self.conn().await?, &self.ctx(), params).await
+        ops::fail(&mut *self.conn().await?, &self.flow_ctx(), params).await
     }
 
     async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job> {
@@ -527,9 +548,11 @@ impl LeaseStore for PgStore {
 #[async_trait]
 impl FlowStore for PgStore {
     async fn flow_create(&self, flow: ValidFlow) -> StoreResult<CreatedFlow> {
+        let ctx = self.flow_ctx();
         let mut tx = self.begin().await?;
-        let created = workflow::create(&mut tx, &self.ctx(), flow).await?;
+        let created = workflow::create(&mut tx, &ctx, flow).await?;
         commit(tx).await?;
+        ctx.flows_committed();
         Ok(created)
     }
 
@@ -556,9 +579,11 @@ impl FlowStore for PgStore {
     ) -> StoreResult<SignalOutcome> {
         // jsonb cannot hold NUL; say so as a validation error rather than a backend one.
         conveyor_core::validate::json_without_nul("payload", &payload)?;
+        let ctx = self.flow_ctx();
         let mut tx = self.begin().await?;
-        let outcome = workflow::signal(&mut tx, &self.ctx(), id, signal, &payload).await?;
+        let outcome = workflow::signal(&mut tx, &ctx, id, signal, &payload).await?;
         commit(tx).await?;
+        ctx.flows_committed();
         Ok(outcome)
     }
 
@@ -566,10 +591,16 @@ impl FlowStore for PgStore {
         if limit == 0 {
             return Ok(0);
         }
+        let ctx = self.flow_ctx();
         let mut tx = self.begin().await?;
-        let expired = workflow::expire_waits(&mut tx, &self.ctx(), limit).await?;
+        let expired = workflow::expire_waits(&mut tx, &ctx, limit).await?;
         commit(tx).await?;
+        ctx.flows_committed();
         Ok(expired)
+    }
+
+    fn flow_starts(&self) -> Arc<conveyor_core::FlowStarts> {
+        self.inner.flow_starts.clone()
     }
 
     async fn flows_prune(&self, params: conveyor_core::PruneParams) -> StoreResult<u64> {
@@ -817,10 +848,12 @@ impl WorkerStore for PgStore {
     }
 
     async fn workers_mark_stale(&self, params: StaleWorkerParams) -> StoreResult<StaleReport> {
+        let ctx = self.flow_ctx();
         let mut tx = self.begin().await?;
         let sql = &self.inner.worker_sql;
-        let report = workers::mark_stale(&mut tx, &self.ctx(), sql, &params).await?;
+        let report = workers::mark_stale(&mut tx, &ctx, sql, &params).await?;
         commit(tx).await?;
+        ctx.flows_committed();
         Ok(report)
     }
 
@@ -837,16 +870,18 @@ impl LeadershipStore for PgStore {
     }
 
     async fn jobs_rescue_expired(&self, params: RescueParams) -> StoreResult<RescueReport> {
+        let ctx = self.flow_ctx();
         let mut tx = self.begin().await?;
-        let report = ops::rescue_expired(&mut tx, &self.ctx(), &params).await?;
+        let report = ops::rescue_expired(&mut tx, &ctx, &params).await?;
         conveyor_core::faults::inject("rescue")?;
         commit(tx).await?;
+        ctx.flows_committed();
         Ok(report)
     }
 
     async fn jobs_promote_due(&self) -> StoreResult<u64> {
         let mut conn = self.conn().await?;
-        let ctx = self.ctx();
+        let ctx = self.flow_ctx();
         // Expiry first: a job expiring now is not made available. Batches keep each statement
         // short; a short batch means nothing expiring is left.
         while ops::expire_due(&mut conn, &ctx).await? >= ops::EXPIRE_BATCH as u64 {}

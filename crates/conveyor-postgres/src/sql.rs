@@ -526,7 +526,7 @@ impl Sql {
                           started_at, finished_at, unique_key, flow_id, flow_step, parents, \
                           progress, expires_at, trace) \
                  ON CONFLICT (id) DO NOTHING \
-                 RETURNING queue, state"
+                 RETURNING id, queue, state"
             )),
             // Takes the role when it is free, expired, or already the caller's; otherwise the
             // conflict's WHERE leaves the row alone and nothing is returned. One atomic

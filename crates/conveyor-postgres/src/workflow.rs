@@ -1082,7 +1082,7 @@ async fn start_steps(
     }
     if !jobs.is_empty() {
         // Queue depth limits do not apply: the flows were accepted whole when created.
-        ops::import_flow_jobs(&mut *conn, ctx, &jobs).await?;
+        ops::import_flow_jobs(&mut *conn, ctx, jobs).await?;
     }
     if !waiting.is_empty() {
         sqlx::query(sql.begin_waits.clone())
@@ -1134,7 +1134,7 @@ async fn compensate(
         step: step.to_string(),
         parents: BTreeMap::from([(step.to_string(), result)]),
     };
-    ops::import_flow_jobs(&mut *conn, ctx, &[flow_job(ctx.now, job, id, link)]).await?;
+    ops::import_flow_jobs(&mut *conn, ctx, vec![flow_job(ctx.now, job, id, link)]).await?;
     sqlx::query(sql.compensation_started.clone())
         .bind(id)
         .bind(flow_id)

@@ -214,6 +214,10 @@ pub fn router_with_options(
     let kinds = Arc::new(conveyor_core::kinds::KindRegistry::new(store.clone()));
     if let Some(metrics) = &metrics {
         metrics.set_scale_target(config.scale_target);
+        // The store enqueues a flow's steps itself, inside other operations (a parent's
+        // completion, a signal), where no request path sees them: it tells of them here, and
+        // these metrics count them as enqueued like every other job (`FlowStarts`).
+        store.flow_starts().observe(metrics.clone());
     }
     let breakers = conveyor_core::CircuitBreakers::new(store.clone(), clock.clone());
     let worker_commands = Arc::new(conveyor_core::workers::WorkerCommands::new(store.clone()));

@@ -113,6 +113,8 @@ struct Inner {
     readers: Mutex<Vec<Connection>>,
     max_idle_readers: usize,
     wakeup: Arc<Notify>,
+    /// Told by the writer of the jobs flows started, after each commit.
+    flow_starts: Arc<conveyor_core::FlowStarts>,
     clock: Arc<dyn Clock>,
 }
 
@@ -245,6 +247,8 @@ impl SqliteStore {
         let clock = options.clock.clone();
         let store_options = options.store.clone();
         let writer_wakeup = wakeup.clone();
+        let flow_starts = Arc::new(conveyor_core::FlowStarts::default());
+        let writer_flow_starts = flow_starts.clone();
         let durable = options.durability == Durability::Durable;
         let status = Arc::new(StoreStatus::default());
         let writer_status = status.clone();
@@ -261,7 +265,10 @@ impl SqliteStore {
                         receiver,
                         clock,
                         store_options,
-                        writer_wakeup,
+                        writer::Signals {
+                            wakeup: writer_wakeup,
+                            flow_starts: writer_flow_starts,
+                        },
                         durable,
                         writer_rounds,
                     )
@@ -290,6 +297,7 @@ impl SqliteStore {
                 readers: Mutex::new(Vec::new()),
                 max_idle_readers: options.readers.max(1),
                 wakeup,
+                flow_starts,
                 clock: options.clock,
             }),
         })
@@ -600,6 +608,10 @@ impl FlowStore for SqliteStore {
     async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64> {
         self.write(move |ctx| workflow::expire_waits(ctx, limit))
             .await
+    }
+
+    fn flow_starts(&self) -> Arc<conveyor_core::FlowStarts> {
+        self.inner.flow_starts.clone()
     }
 
     async fn flows_prune(&self, params: conveyor_core::PruneParams) -> StoreResult<u64> {

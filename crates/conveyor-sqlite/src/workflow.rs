@@ -639,6 +639,13 @@ fn insert_flow_job(
     }
     if ops::insert_row(ctx, &job)? {
         ctx.count_move(&job.queue, None, Some(job.state));
+        // Counted as enqueued once the round commits (see `conveyor_core::FlowStarts`).
+        if ctx.flow_starts_observed {
+            ctx.flow_started.push(conveyor_core::Inserted {
+                job,
+                duplicate: false,
+            });
+        }
     }
     Ok(())
 }

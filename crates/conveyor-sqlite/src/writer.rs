@@ -43,6 +43,10 @@ pub(crate) struct WriteCtx<'c> {
     pub graphs: &'c mut crate::workflow::GraphCache,
     /// Set when an operation panicked: the in-memory settings are re-read after the round.
     pub reload_settings: bool,
+    /// Whether anyone listens to the jobs flows start (see `conveyor_core::FlowStarts`).
+    pub flow_starts_observed: bool,
+    /// The jobs flows started in this round, told once it has committed.
+    pub flow_started: Vec<conveyor_core::Inserted>,
 }
 
 /// The text of a caught panic.
@@ -150,6 +154,7 @@ where
         }
         let wake_before = ctx.wake;
         let counts_before = ctx.counts.len();
+        let started_before = ctx.flow_started.len();
         ctx.graphs.begin_op();
         // A panicking operation (a bug, or input no validation foresaw) fails alone: its
         // savepoint is rolled back below like any failed operation's, and the writer goes on
@@ -171,6 +176,7 @@ where
         } else {
             ctx.wake = wake_before;
             ctx.counts.truncate(counts_before);
+            ctx.flow_started.truncate(started_before);
             // The flows it changed are rolled back too: forget their cached graphs.
             ctx.graphs.forget_op();
             run_cached(ctx.conn, "ROLLBACK TO op").and_then(|()| run_cached(ctx.conn, "RELEASE op"))
@@ -271,12 +277,20 @@ fn follow_wall_step(conn: &Connection, step: chrono::Duration) -> rusqlite::Resu
     Ok(())
 }
 
+/// Whom the writer tells, after a commit, of what it changed.
+pub(crate) struct Signals {
+    /// Woken when jobs became available.
+    pub wakeup: Arc<Notify>,
+    /// Told of the jobs flows started.
+    pub flow_starts: Arc<conveyor_core::FlowStarts>,
+}
+
 pub(crate) fn run_writer(
     conn: Connection,
     ops: Receiver<Op>,
     clock: Arc<dyn Clock>,
     options: StoreOptions,
-    wakeup: Arc<Notify>,
+    signals: Signals,
     durable: bool,
     rounds: Arc<std::sync::atomic::AtomicU64>,
 ) {
@@ -324,6 +338,8 @@ pub(crate) fn run_writer(
             cursors: &mut cursors,
             graphs: &mut graphs,
             reload_settings: false,
+            flow_starts_observed: signals.flow_starts.observed(),
+            flow_started: Vec::new(),
         };
         let begin = sync
             .set_full(&conn, needs_fsync)
@@ -353,6 +369,11 @@ pub(crate) fn run_writer(
         };
         let wake = ctx.wake && commit.is_ok();
         let reload_settings = ctx.reload_settings;
+        // Told before the callers are answered, so a caller that sees its completion applied
+        // finds the steps it started counted.
+        if commit.is_ok() {
+            signals.flow_starts.started(&ctx.flow_started);
+        }
         if let Err(message) = &commit {
             tracing::error!(error = %message, ops = batch.len(), "sqlite write round failed");
         }
@@ -366,7 +387,7 @@ pub(crate) fn run_writer(
             op.finish(commit.clone());
         }
         if wake {
-            wakeup.notify_waiters();
+            signals.wakeup.notify_waiters();
         }
         sync.after_round(&conn);
     }

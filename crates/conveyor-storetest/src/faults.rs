@@ -202,6 +202,7 @@ pub async fn fault_in_complete_leaves_the_job_running(h: &Harness, fault: Fault)
 pub async fn fault_in_completing_a_flow_step_starts_nothing(h: &Harness, fault: Fault) {
     use conveyor_core::workflow::{NewFlow, StepState, ValidFlow};
     let _one = ONE_AT_A_TIME.lock().await;
+    let told = crate::workflows::ToldStarts::observe(h);
     let flow = NewFlow::chain([
         ("a", new_job("a")),
         ("b", new_job("b")),
@@ -233,8 +234,14 @@ pub async fn fault_in_completing_a_flow_step_starts_nothing(h: &Harness, fault: 
     assert_eq!(view.steps[1].state, StepState::Pending, "{view:?}");
     fetch_none(h, "default", "b waits for a's completion").await;
     assert_counts_agree(h).await;
+    assert_eq!(
+        told.ids(),
+        vec![created.steps["a"]],
+        "a step rolled back with its parent's completion is not told of"
+    );
     let outcomes = h.store.jobs_complete_many(completion).await.expect("retry");
     assert_eq!(outcomes, vec![LeaseOutcome::Applied]);
+    assert_eq!(told.ids(), vec![created.steps["a"], created.steps["b"]]);
     let b = fetch_one(h, "default").await;
     assert_eq!(b.id, created.steps["b"]);
     fetch_none(h, "default", "b starts once").await;
@@ -254,6 +261,11 @@ pub async fn fault_in_completing_a_flow_step_starts_nothing(h: &Harness, fault: 
         "{view:?}"
     );
     assert_counts_agree(h).await;
+    assert_eq!(
+        told.ids(),
+        vec![created.steps["a"], created.steps["b"], created.steps["c"]],
+        "each step told of once"
+    );
 }
 
 pub async fn fault_in_fail_leaves_the_job_running(h: &Harness, fault: Fault) {

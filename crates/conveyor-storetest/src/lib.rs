@@ -290,6 +290,7 @@ macro_rules! __conveyor_behaviours {
             flow_step_whose_lease_expires_on_its_last_attempt_fails_the_flow,
             flow_create_is_validated_and_all_or_nothing,
             flow_idempotency_key_returns_the_first_flow,
+            flow_started_jobs_are_told_once_committed,
             flows_list_filters_by_state_and_name_newest_first,
             job_progress_is_recorded_while_the_lease_holds,
             flows_prune_deletes_finished_flows_past_their_retention,

@@ -664,3 +664,182 @@ pub async fn flows_prune_deletes_finished_flows_past_their_retention(h: &Harness
         .expect("list");
     assert_eq!(listed.len(), 1);
 }
+
+/// What a store's `FlowStarts` told, in order: each job's id, queue and kind.
+#[derive(Default)]
+pub(crate) struct ToldStarts(std::sync::Mutex<Vec<(Uuid, String, String)>>);
+
+impl ToldStarts {
+    /// A recorder listening to `h`'s store.
+    pub(crate) fn observe(h: &Harness) -> Arc<Self> {
+        let told = Arc::new(Self::default());
+        assert!(
+            h.store.flow_starts().observe(told.clone()),
+            "a fresh store has no observer yet"
+        );
+        told
+    }
+
+    pub(crate) fn ids(&self) -> Vec<Uuid> {
+        self.told().into_iter().map(|(id, ..)| id).collect()
+    }
+
+    fn told(&self) -> Vec<(Uuid, String, String)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl conveyor_core::JobObserver for ToldStarts {
+    fn attempt_finished(&self, _: &conveyor_core::AttemptEvent<'_>) {}
+
+    fn jobs_enqueued(&self, inserted: &[conveyor_core::Inserted]) {
+        // No assertion here: this runs inside the store (on SQLite's writer thread).
+        let mut told = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        for one in inserted {
+            let kind = if one.duplicate {
+                "(told as a duplicate)".to_string()
+            } else {
+                one.job.kind.clone()
+            };
+            told.push((one.job.id, one.job.queue.clone(), kind));
+        }
+    }
+}
+
+/// Every job a flow starts is told to the store's `FlowStarts` once, with its queue and kind,
+/// when the operation that started it returns: the first steps at creation, later ones at a
+/// parent's completion, failure (`continue`), cancellation or lease rescue, at a signal, and
+/// compensations. Nothing else is told: not a duplicate flow, not a plain job.
+pub async fn flow_started_jobs_are_told_once_committed(h: &Harness) {
+    let q = "wf-told";
+    let starts = h.store.flow_starts();
+    let told = ToldStarts::observe(h);
+    assert!(
+        !starts.observe(Arc::new(ToldStarts::default())),
+        "the first observer stays"
+    );
+    assert!(
+        Arc::ptr_eq(&starts, &h.store.flow_starts()),
+        "one FlowStarts per store"
+    );
+    insert(h, step_job("plain", "wf-told-plain")).await;
+    assert!(told.ids().is_empty(), "a plain enqueue is not a flow's");
+
+    // Creation: the first steps (a chain's head, a fan-out's root and a wait-free member).
+    let chain = NewFlow::chain([
+        ("a", step_job("chain", q)),
+        ("b", step_job("chain", q)),
+        ("c", step_job("chain", q)),
+    ])
+    .idempotency_key("told-chain");
+    let chain = create(h, chain).await;
+    assert_eq!(told.ids(), vec![chain.steps["a"]]);
+    let again = create(
+        h,
+        NewFlow::chain([("a", step_job("chain", q))]).idempotency_key("told-chain"),
+    )
+    .await;
+    assert!(again.duplicate);
+    assert_eq!(told.ids().len(), 1, "a duplicate flow starts nothing");
+    let fan = create(
+        h,
+        NewFlow::new()
+            .step(NewStep::job("split", step_job("split", "wf-told-fan")))
+            .step(NewStep::job("m0", step_job("member", "wf-told-fan")).after(["split"]))
+            .step(NewStep::job("m1", step_job("member", "wf-told-fan")).after(["split"])),
+    )
+    .await;
+    assert_eq!(told.ids(), vec![chain.steps["a"], fan.steps["split"]]);
+
+    // Completions: the next step, every member of the fan-out.
+    run_step(h, q, "a", json!(1)).await;
+    assert_eq!(told.ids().last(), Some(&chain.steps["b"]));
+    run_step(h, "wf-told-fan", "split", json!("s")).await;
+    let members: Vec<Uuid> = told.ids().into_iter().rev().take(2).collect();
+    assert!(
+        members.contains(&fan.steps["m0"]) && members.contains(&fan.steps["m1"]),
+        "{members:?}"
+    );
+
+    // A parent's failure starts a `continue` child; a step cancelled alone, and one rescued on
+    // its last attempt, likewise.
+    let continued = |name: &str| {
+        let mut once = step_job("first", q);
+        once.max_attempts = 1;
+        NewFlow::new()
+            .named(name)
+            .step(NewStep::job("first", once))
+            .step(
+                NewStep::job("then", step_job("then", q))
+                    .after(["first"])
+                    .on_parent_failure(ParentFailurePolicy::Continue),
+            )
+    };
+    run_step(h, q, "b", json!(2)).await;
+    run_step(h, q, "c", json!(3)).await;
+    let failed = create(h, continued("failed")).await;
+    kill_step(h, q, "first").await;
+    assert_eq!(told.ids().last(), Some(&failed.steps["then"]));
+    run_step(h, q, "then", json!(null)).await;
+    let cancelled = create(h, continued("cancelled")).await;
+    h.store
+        .job_cancel(cancelled.steps["first"])
+        .await
+        .expect("cancel");
+    assert_eq!(told.ids().last(), Some(&cancelled.steps["then"]));
+    run_step(h, q, "then", json!(null)).await;
+    let rescued = create(h, continued("rescued")).await;
+    fetch_step(h, q, "first").await;
+    h.advance(LEASE + Duration::from_secs(1));
+    h.store
+        .jobs_rescue_expired(RescueParams {
+            limit: 10,
+            retry: backoff(Duration::from_secs(1)),
+        })
+        .await
+        .expect("rescue");
+    assert_eq!(told.ids().last(), Some(&rescued.steps["then"]));
+    run_step(h, q, "then", json!(null)).await;
+
+    // A signal starts the wait's child; a failure in a compensating flow its compensation.
+    let waited = create(
+        h,
+        NewFlow::new()
+            .step(NewStep::wait("approval", "go", None))
+            .step(NewStep::job("publish", step_job("publish", q)).after(["approval"])),
+    )
+    .await;
+    h.store
+        .flow_signal(waited.id, "go", json!(true))
+        .await
+        .expect("signal");
+    assert_eq!(told.ids().last(), Some(&waited.steps["publish"]));
+    run_step(h, q, "publish", json!(null)).await;
+    let saga = create(
+        h,
+        NewFlow::new()
+            .on_failure(FlowFailurePolicy::Compensate)
+            .step(NewStep::job("reserve", step_job("reserve", q)).compensate(step_job("undo", q)))
+            .step(NewStep::job("ship", step_job("ship", q)).after(["reserve"])),
+    )
+    .await;
+    run_step(h, q, "reserve", json!(1)).await;
+    kill_step(h, q, "ship").await;
+    let undo = fetch_one(h, q).await;
+    assert_eq!(undo.kind, "undo");
+    assert_eq!(told.ids().last(), Some(&undo.id), "the compensation");
+    complete(h, lease_of(&undo), None).await;
+    assert_eq!(view(h, saga.id).await.state, FlowState::Compensated);
+
+    // Told once each, exactly the jobs flows started, with their queues and kinds.
+    let mut stored: Vec<(Uuid, String, String)> = list_all(h)
+        .await
+        .into_iter()
+        .filter(|job| job.flow.is_some())
+        .map(|job| (job.id, job.queue, job.kind))
+        .collect();
+    let mut told = told.told();
+    stored.sort();
+    told.sort();
+    assert_eq!(told, stored);
+}

@@ -544,6 +544,11 @@ impl conveyor_core::FlowStore for EncryptedStore {
     async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64> {
         self.inner.flows_expire_waits(limit).await
     }
+    // The inner store starts the jobs and tells of them as it stored them, payloads sealed:
+    // what observers are for (counting enqueues by queue and kind) reads no payload.
+    fn flow_starts(&self) -> Arc<conveyor_core::FlowStarts> {
+        self.inner.flow_starts()
+    }
     async fn flows_prune(&self, params: conveyor_core::PruneParams) -> StoreResult<u64> {
         self.inner.flows_prune(params).await
     }

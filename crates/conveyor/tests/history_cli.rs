@@ -233,3 +233,101 @@ fn jobs_enqueued_by_a_schedule_are_counted() {
         }
     });
 }
+
+/// Every job a flow starts is counted as enqueued, in the history and in the metrics, by queue
+/// and kind (issue 27): the first steps, started when the flow is created, and the later ones,
+/// which the store starts inside their parents' completions, where no request enqueues them.
+#[test]
+fn jobs_started_by_flows_are_counted_as_enqueued() {
+    let dir = temp_dir();
+    let server = start_server(&path_in(&dir, "jobs.db"), &[]);
+    let url = &server.url;
+    let queue = "flow-history";
+    let step = |name: &str, kind: &str, after: &[&str]| json!({"name": name, "job": {"kind": kind, "queue": queue}, "after": after});
+    let chain = json!({"name": "chain", "steps": [
+        step("a", "chain", &[]), step("b", "chain", &["a"]), step("c", "chain", &["b"]),
+    ]});
+    let fan_out = json!({"name": "fan-out", "steps": [
+        step("split", "split", &[]),
+        step("m0", "member", &["split"]),
+        step("m1", "member", &["split"]),
+        step("m2", "member", &["split"]),
+    ]});
+    let steps = 7;
+    let mut flows = Vec::new();
+    for flow in [&chain, &fan_out] {
+        let response = http()
+            .post(format!("{url}/v1/flows"))
+            .json(flow)
+            .send()
+            .expect("POST /v1/flows");
+        assert_eq!(response.status().as_u16(), 201);
+        let created: Value = response.json().expect("created flow");
+        flows.push(created["id"].as_str().expect("flow id").to_string());
+    }
+
+    // Run every step as it becomes available (a long-poll waits for the next one).
+    let mut ran = 0;
+    while ran < steps {
+        let answer: Value = http()
+            .post(format!("{url}/v1/fetch"))
+            .json(
+                &json!({"worker_id": "flow-history", "queues": [queue], "max": 10,
+                          "wait_ms": 5000}),
+            )
+            .send()
+            .expect("fetch")
+            .json()
+            .expect("fetch JSON");
+        let jobs = answer["jobs"].as_array().cloned().unwrap_or_default();
+        assert!(!jobs.is_empty(), "a step must be runnable after {ran} ran");
+        ran += jobs.len();
+        let complete: Vec<Value> = jobs
+            .iter()
+            .map(|job| json!({"id": job["id"], "lease_token": job["lease_token"]}))
+            .collect();
+        let status = http()
+            .post(format!("{url}/v1/ack"))
+            .json(&json!({ "complete": complete }))
+            .send()
+            .expect("ack")
+            .status();
+        assert!(status.is_success(), "{status}");
+    }
+    assert_eq!(ran, steps, "each step ran once");
+    for id in &flows {
+        let flow: Value = http()
+            .get(format!("{url}/v1/flows/{id}"))
+            .send()
+            .expect("GET flow")
+            .json()
+            .expect("flow JSON");
+        assert_eq!(flow["state"], "completed", "{flow}");
+    }
+
+    let stats = stats_json(url, &["--queue", queue]);
+    assert_eq!(
+        stats["totals"]["enqueued"], steps,
+        "one enqueue per step: {stats}"
+    );
+    assert_eq!(stats["totals"]["completed"], steps, "{stats}");
+    for (kind, count) in [("chain", 3), ("split", 1), ("member", 3)] {
+        let by_kind = stats_json(url, &["--queue", queue, "--kind", kind]);
+        assert_eq!(by_kind["totals"]["enqueued"], count, "{kind}: {by_kind}");
+    }
+    let metrics = http()
+        .get(format!("{url}/metrics"))
+        .send()
+        .expect("GET /metrics")
+        .text()
+        .expect("metrics text");
+    let enqueued: f64 = metrics
+        .lines()
+        .filter(|line| {
+            line.starts_with("conveyor_jobs_enqueued_total{")
+                && line.contains(&format!("queue=\"{queue}\""))
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(enqueued, steps as f64, "{metrics}");
+}

@@ -158,6 +158,7 @@ async fn replay_flow_jobs(
         workflow::handle(&mut tx, ctx, *flow_id, event).await?;
     }
     tx.commit().await.map_err(db("commit flow replay"))?;
+    ctx.flows_committed();
     Ok(replayed.len() as u64)
 }
 
@@ -185,17 +186,22 @@ pub(crate) async fn import(
 ) -> StoreResult<(u64, bool)> {
     let (stored, woken) = store_exactly(&mut *conn, sql, jobs).await?;
     notify(conn, sql, &woken).await?;
-    Ok((stored, !woken.is_empty()))
+    Ok((stored.len() as u64, !woken.is_empty()))
 }
 
 /// `import` for the jobs of flows' steps as they start (`workflow`): their wake-ups go where
-/// the operation defers them (`Ctx::deferred_wakeups`), or else are sent in the transaction.
+/// the operation defers them (`Ctx::deferred_wakeups`), or else are sent in the transaction,
+/// and the jobs stored wait for the commit to be told of (`Ctx::flow_started`).
 pub(crate) async fn import_flow_jobs(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-    jobs: &[Job],
+    jobs: Vec<Job>,
 ) -> StoreResult<()> {
-    let (_, woken) = store_exactly(&mut *conn, ctx.sql, jobs).await?;
+    let (stored, woken) = store_exactly(&mut *conn, ctx.sql, &jobs).await?;
+    if let Some(started) = &ctx.flow_started {
+        let stored: HashSet<Uuid> = stored.into_iter().collect();
+        started.keep(jobs.into_iter().filter(|job| stored.contains(&job.id)));
+    }
     match ctx.deferred_wakeups {
         Some(deferred) => deferred
             .lock()
@@ -206,14 +212,14 @@ pub(crate) async fn import_flow_jobs(
     Ok(())
 }
 
-/// The statement of `import`: how many jobs were stored, and the queues of those available.
+/// The statement of `import`: the ids of the jobs stored, and the queues of those available.
 async fn store_exactly(
     conn: &mut PgConnection,
     sql: &Sql,
     jobs: &[Job],
-) -> StoreResult<(u64, Vec<String>)> {
+) -> StoreResult<(Vec<Uuid>, Vec<String>)> {
     if jobs.is_empty() {
-        return Ok((0, Vec::new()));
+        return Ok((Vec::new(), Vec::new()));
     }
     let ms = truncate_to_millis;
     fn lease(job: &Job) -> Option<&conveyor_core::Lease> {
@@ -320,12 +326,14 @@ async fn store_exactly(
         .await
         .map_err(db("import jobs"))?;
     let mut woken = BTreeSet::new();
+    let mut stored = Vec::with_capacity(found.len());
     for row in &found {
         let read = |e: sqlx::Error| corrupt(e.to_string());
+        stored.push(row.try_get::<Uuid, _>("id").map_err(read)?);
         let state: String = row.try_get("state").map_err(read)?;
         if state == JobState::Available.as_str() {
             woken.insert(row.try_get::<String, _>("queue").map_err(read)?);
         }
     }
-    Ok((found.len() as u64, woken.into_iter().collect()))
+    Ok((stored, woken.into_iter().collect()))
 }

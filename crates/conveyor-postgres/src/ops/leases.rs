@@ -59,6 +59,7 @@ pub(crate) async fn expire_due(conn: &mut PgConnection, ctx: &Ctx<'_>) -> StoreR
             expired += 1;
         }
         tx.commit().await.map_err(db("commit flow job expiry"))?;
+        ctx.flows_committed();
     }
     Ok(expired)
 }
@@ -376,6 +377,7 @@ async fn complete_flow_jobs(
     let deferred = std::sync::Mutex::new(BTreeSet::new());
     let ctx = &Ctx {
         deferred_wakeups: Some(&deferred),
+        flow_started: ctx.flow_started.clone(),
         ..*ctx
     };
     let mut tx = conn.begin().await.map_err(db("begin flow completion"))?;
@@ -423,6 +425,7 @@ async fn complete_flow_jobs(
         .collect();
     workflow::handle_locked(&mut tx, ctx, heads, events).await?;
     tx.commit().await.map_err(db("commit flow completion"))?;
+    ctx.flows_committed();
     let woken: Vec<String> = std::mem::take(
         &mut *deferred
             .lock()
@@ -521,6 +524,7 @@ pub(crate) async fn fail(
                 .await?
                 .ok_or(StoreError::LeaseLost(lease.id))?;
             tx.commit().await.map_err(db("commit flow failure"))?;
+            ctx.flows_committed();
             Ok(job)
         }
         _ => record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at)

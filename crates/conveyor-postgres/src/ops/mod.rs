@@ -57,6 +57,66 @@ pub(crate) struct Ctx<'a> {
     /// sending them in the transaction, for the caller to send once it has committed; `None`
     /// sends them in the transaction (see `complete_flow_jobs`).
     pub deferred_wakeups: Option<&'a std::sync::Mutex<std::collections::BTreeSet<String>>>,
+    /// Where the jobs flows start (`import_flow_jobs`) wait for their transaction's commit, to
+    /// be told of then (`Ctx::flows_committed`); `None` when nobody listens, or for operations
+    /// that start no flow's job.
+    pub flow_started: Option<std::sync::Arc<FlowStarted>>,
+}
+
+impl Ctx<'_> {
+    /// Tells of the jobs flows started in the transaction just committed (see
+    /// `conveyor_core::FlowStarts`). Called after every commit of a transaction that can start
+    /// them; in a caller's transaction (`complete_tx`), where the store cannot see the commit,
+    /// when the operation returns.
+    pub(crate) fn flows_committed(&self) {
+        if let Some(started) = &self.flow_started {
+            started.committed();
+        }
+    }
+
+    /// Forgets the jobs flows started in a transaction rolled back.
+    pub(crate) fn flows_rolled_back(&self) {
+        if let Some(started) = &self.flow_started {
+            started.take();
+        }
+    }
+}
+
+/// The jobs flows started in an operation's transaction, kept until it commits.
+pub(crate) struct FlowStarted {
+    starts: std::sync::Arc<conveyor_core::FlowStarts>,
+    pending: std::sync::Mutex<Vec<Inserted>>,
+}
+
+impl FlowStarted {
+    pub(crate) fn new(starts: std::sync::Arc<conveyor_core::FlowStarts>) -> Self {
+        Self {
+            starts,
+            pending: std::sync::Mutex::default(),
+        }
+    }
+
+    fn keep(&self, jobs: impl IntoIterator<Item = Job>) {
+        self.lock().extend(jobs.into_iter().map(|job| Inserted {
+            job,
+            duplicate: false,
+        }));
+    }
+
+    fn take(&self) -> Vec<Inserted> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn committed(&self) {
+        self.starts.started(&self.take());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Inserted>> {
+        // A push or a take leaves nothing half-done: a poisoned list is still whole.
+        self.pending
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
 }
 
 /// Takes the transaction-scoped advisory locks `keys` (in ascending order, each once, so two
