@@ -58,15 +58,6 @@ fn faked_server(store: &str, faking: &[(&str, &str)]) -> Server {
     )
 }
 
-fn is_leader(server: &str) -> bool {
-    http()
-        .get(format!("{server}/healthz"))
-        .send()
-        .ok()
-        .and_then(|r| r.json::<Value>().ok())
-        .is_some_and(|h| h["leader"] == true)
-}
-
 /// How far `server`'s wall clock is from this process's, by its HTTP `Date` header (whole
 /// seconds): shows that the skew is really in effect.
 fn clock_offset_secs(server: &str) -> i64 {
@@ -139,12 +130,7 @@ struct Cluster {
 fn cluster(offset_secs: i64) -> Cluster {
     let schema = Schema::fresh("conveyor_clocks");
     let store = schema.url();
-    let migrate = conveyor(&["migrate", "--store", &store]);
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
+    migrate(&store);
     let leader = skewed_server(&store, offset_secs);
     eventually_blocking("the skewed server to lead maintenance", || {
         is_leader(&leader.url).then_some(())

@@ -112,6 +112,27 @@ pub fn start_worker(server: &str, exec: &str, extra: &[&str]) -> Proc {
     Proc { child }
 }
 
+/// Whether `server` says (on `/healthz`) that it leads maintenance.
+pub fn is_leader(server: &str) -> bool {
+    http()
+        .get(format!("{server}/healthz"))
+        .send()
+        .ok()
+        .and_then(|r| r.json::<Value>().ok())
+        .is_some_and(|h| h["leader"] == true)
+}
+
+/// Migrates the store at `url` (`conveyor migrate`), so servers started on it after do not race
+/// to.
+pub fn migrate(url: &str) {
+    let migrate = conveyor(&["migrate", "--store", url]);
+    assert!(
+        migrate.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrate.stderr)
+    );
+}
+
 pub fn http() -> reqwest::blocking::Client {
     reqwest::blocking::Client::builder()
         .timeout(Duration::from_secs(30))

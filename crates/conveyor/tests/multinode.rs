@@ -9,25 +9,11 @@ use common::*;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 const JOBS: usize = 20_000;
 const BATCH: usize = 1_000;
 const CONCURRENCY: &str = "8";
-
-fn healthz(server: &str) -> Option<Value> {
-    http()
-        .get(format!("{server}/healthz"))
-        .send()
-        .ok()?
-        .json()
-        .ok()
-}
-
-fn is_leader(server: &str) -> bool {
-    healthz(server).is_some_and(|h| h["leader"] == true)
-}
 
 /// Job id -> how many times a handler ran it, from the workers' run logs.
 fn runs(dir: &Path) -> HashMap<String, usize> {
@@ -61,15 +47,7 @@ fn two_servers_three_workers_survive_kill_9_of_a_worker_and_the_leader() {
     let dir = temp_dir();
     let schema = Schema::fresh("conveyor_mn");
     let store = schema.url();
-    let migrate = Command::new(BIN)
-        .args(["migrate", "--store", &store])
-        .output()
-        .unwrap();
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
+    migrate(&store);
 
     let server_args = [
         "--maintenance-interval-ms",

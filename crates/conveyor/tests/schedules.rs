@@ -56,27 +56,6 @@ fn jobs_of(server: &str, kind: &str) -> Vec<Value> {
     page["jobs"].as_array().cloned().unwrap_or_default()
 }
 
-fn migrate(store: &str) {
-    let migrate = Command::new(BIN)
-        .args(["migrate", "--store", store])
-        .output()
-        .expect("run migrate");
-    assert!(
-        migrate.status.success(),
-        "{}",
-        String::from_utf8_lossy(&migrate.stderr)
-    );
-}
-
-fn is_leader(server: &str) -> bool {
-    http()
-        .get(format!("{server}/healthz"))
-        .send()
-        .ok()
-        .and_then(|r| r.json::<Value>().ok())
-        .is_some_and(|h| h["leader"] == true)
-}
-
 #[test]
 fn two_servers_fire_a_per_second_schedule_once_per_tick_for_ten_seconds() {
     let schema = Schema::fresh("conveyor_sched");
