@@ -269,3 +269,41 @@ async fn the_store_vacuums_its_flow_tables_when_autovacuum_is_off() {
     assert_eq!(pruned, 400, "every finished flow pruned");
     vacuumed_by_the_store(&store, &autovacuum, "flow_steps").await;
 }
+
+/// Audit retention deletes the log's oldest entries; with autovacuum off their space is reused
+/// only once the store vacuums the log (a soak's log otherwise grew with every entry written).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_vacuums_its_audit_log_when_autovacuum_is_off() {
+    use conveyor_core::access::{Actor, NewAuditEntry};
+    use conveyor_core::{AccessStore, AuditAction, AuditCutoff};
+    let (store, clock, _guard) = common::fresh_store().await;
+    let pool = store.pool().clone();
+    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
+        .fetch_one(&pool)
+        .await
+        .expect("autovacuum setting");
+    // 1,500 entries, all past a one-second retention and pruned: 1,500 dead rows.
+    for _ in 0..1500 {
+        store
+            .audit_append(NewAuditEntry::new(
+                Actor::anonymous(),
+                AuditAction::JobEnqueue,
+            ))
+            .await
+            .expect("append");
+    }
+    clock.advance(Duration::from_secs(2));
+    let mut pruned = 0;
+    loop {
+        let batch = store
+            .audit_prune(AuditCutoff::OlderThan(Duration::from_secs(1)), 1000)
+            .await
+            .expect("prune");
+        pruned += batch;
+        if batch < 1000 {
+            break;
+        }
+    }
+    assert_eq!(pruned, 1500, "every entry past its retention");
+    vacuumed_by_the_store(&store, &autovacuum, "audit_log").await;
+}

@@ -1,5 +1,5 @@
-//! `conveyor bench --soak`: a short soak with real processes and kill -9 of workers, checked
-//! through its JSON report.
+//! `conveyor bench --soak`: a short soak with real processes and kill -9 of workers, access
+//! control on and a short audit retention, checked through its JSON report.
 
 mod common;
 
@@ -23,6 +23,7 @@ fn a_short_soak_kills_workers_loses_no_acknowledged_job_and_reports_its_figures(
         .args(["--soak", "20s", "--soak-kill-every", "5s"])
         .args(["--soak-report-every", "5s", "--soak-rate", "100"])
         .args(["--soak-drain-timeout", "15s"])
+        .args(["--soak-auth", "--soak-retain-audit-secs", "5"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -121,8 +122,31 @@ fn a_short_soak_kills_workers_loses_no_acknowledged_job_and_reports_its_figures(
         assert!(resources[key]["flat"].is_boolean(), "{key}:\n{output}");
     }
     for interval in &intervals {
-        for key in ["rss_bytes", "fds", "wal_bytes"] {
+        for key in ["rss_bytes", "fds", "wal_bytes", "audit_rows", "audit_bytes"] {
             assert!(interval[key].as_u64().is_some(), "{key}:\n{output}");
         }
     }
+
+    // The audit log: one entry per enqueue request (by the producer token), pruned after 5 s,
+    // so it holds about 5 s of requests, not the run's, and the checks held it to that.
+    assert_eq!(start[0]["auth"], true, "{output}");
+    let audit = &summary["audit"];
+    assert_eq!(audit["checked"], true, "{output}");
+    assert_eq!(audit["retention_s"], 5, "{output}");
+    assert_eq!(audit["ok"], true, "{output}");
+    assert_eq!(audit["rows_ok"], true, "{output}");
+    assert_eq!(audit["reports_checked"], 4, "{output}");
+    assert_eq!(audit["reports_over_bound"], 0, "{output}");
+    assert_eq!(invariants["audit_ok"], true, "{output}");
+    assert!(audit["filled_at_s"].as_f64().is_some(), "{output}");
+    assert!(
+        audit["bytes"]["filled"].as_u64().is_some_and(|b| b > 0),
+        "{output}"
+    );
+    let last_rows = intervals[3]["audit_rows"].as_u64().unwrap_or(0);
+    // About 52 requests a second (nine in ten carry one job, the tenth ten): 5 s of them.
+    assert!(
+        (100..=600).contains(&last_rows),
+        "about 5 s of requests kept, not the run's ~1,000:\n{output}"
+    );
 }

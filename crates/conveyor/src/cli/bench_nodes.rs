@@ -164,7 +164,7 @@ async fn settled_fetches(pool: &sqlx::PgPool, schema: &str) -> Option<i64> {
     Some(last)
 }
 
-async fn sqlx_pool(url: &str) -> anyhow::Result<sqlx::PgPool> {
+pub(super) async fn sqlx_pool(url: &str) -> anyhow::Result<sqlx::PgPool> {
     let base = url.split('?').next().unwrap_or(url);
     sqlx::postgres::PgPoolOptions::new()
         .max_connections(1)

@@ -7,8 +7,10 @@
 //! good, depending on the job's kind. Every `--soak-kill-every` one worker is killed with SIGKILL
 //! and restarted at once; the jobs it held come back through lease expiry. Every
 //! `--soak-report-every` it prints the interval's throughput and the server's RSS, open file
-//! descriptors and SQLite WAL size. At the end it lets the queue drain and checks that every job
-//! a producer got a 2xx for is stored, in a state its kind explains.
+//! descriptors, SQLite WAL size and the audit log's rows and bytes. At the end it lets the queue
+//! drain and checks that every job a producer got a 2xx for is stored, in a state its kind
+//! explains, and, with an audit retention, that the audit log held no more than the enqueue
+//! requests of the last retention period.
 
 use anyhow::Context;
 use clap::Args;
@@ -62,6 +64,19 @@ pub(crate) struct SoakArgs {
     /// completions minus the completed jobs still stored.
     #[arg(long)]
     soak_retain_completed_secs: Option<u64>,
+    /// Soak: run the server with access control on, as beyond loopback: producers enqueue with
+    /// a producer token, workers fetch with a worker token and the soak reads with an admin
+    /// token (made on the store before the server starts), so every enqueue request is
+    /// authenticated and its audit entry names its token.
+    #[arg(long)]
+    soak_auth: bool,
+    /// Soak: the server deletes audit log entries this many seconds after they were written
+    /// (its `--retain-audit-secs`; default: the server's, 90 days). Every enqueue request
+    /// writes one, so with a retention the log must stop growing: the end-of-run checks hold
+    /// its rows at every report to the requests of the last retention period, and its bytes
+    /// to twice what they were once it had filled.
+    #[arg(long)]
+    soak_retain_audit_secs: Option<u64>,
 }
 
 /// A duration: a number with an optional unit `ms`, `s`, `m` or `h` (`10m`, `30s`, `1.5h`); a
@@ -214,17 +229,51 @@ pub(crate) async fn run(
     };
     let exe = std::env::current_exe().context("locating the conveyor binary")?;
     let queue = format!("soak-{}", Uuid::new_v4().simple());
+    // A retention of 0 keeps the log forever, as the server reads it: nothing to check then.
+    let audit_retention = args
+        .soak_retain_audit_secs
+        .filter(|&secs| secs > 0)
+        .map(Duration::from_secs);
 
-    let mut server = Server::start(&exe, &url, durability, args.soak_retain_completed_secs).await?;
-    let api = ApiClient::new(&server.url, None, &crate::cli::ClientTlsArgs::default())?;
+    // Before the server: on SQLite it takes the file for itself (the tokens are made through
+    // a store opened without that claim, as `conveyor token create` does).
+    let tokens = if args.soak_auth {
+        Some(Tokens::create(&url).await?)
+    } else {
+        None
+    };
+    let mut server = Server::start(
+        &exe,
+        &url,
+        ServerSettings {
+            durability,
+            retain_completed_secs: args.soak_retain_completed_secs,
+            retain_audit_secs: args.soak_retain_audit_secs,
+            auth: tokens.is_some(),
+        },
+    )
+    .await?;
+    let token_of = |pick: fn(&Tokens) -> &String| tokens.as_ref().map(|t| pick(t).as_str());
+    let tls = crate::cli::ClientTlsArgs::default();
+    let reader = Reader {
+        api: ApiClient::new(&server.url, token_of(|t| &t.admin), &tls)?,
+        http: reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .context("building the HTTP client")?,
+        server: server.url.clone(),
+        queue: queue.clone(),
+        token: token_of(|t| &t.admin).map(str::to_string),
+    };
+    let producer_api = ApiClient::new(&server.url, token_of(|t| &t.producer), &tls)?;
+    let api = &reader.api;
     api.get("/healthz")
         .await
         .context("the soak's server is not healthy")?;
-    let http = reqwest::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .build()
-        .context("building the HTTP client")?;
+    // After the server started: it made the tables (a fresh PostgreSQL schema, say).
+    let audit = AuditTable::open(&url, files.db.as_deref()).await?;
     let at_start = files.resources(server.pid);
+    let audit_at_start = audit.size().await;
     let shown_store = if store.is_some() {
         url.clone()
     } else {
@@ -238,23 +287,29 @@ pub(crate) async fn run(
         "report_every_s": args.soak_report_every.as_secs_f64(),
         "rate": args.soak_rate, "producers": PRODUCERS, "workers": args.soak_workers,
         "worker_concurrency": args.soak_worker_concurrency, "worker_lease_ms": WORKER_LEASE_MS,
+        "auth": args.soak_auth,
+        "retain_audit_s": audit_retention.map(|r| r.as_secs()),
         "server_pid": server.pid, "resources": at_start.to_json(),
+        "audit": audit_at_start.map(AuditSize::to_json),
     });
     if json_lines {
         emit(&config.to_string());
     } else {
         emit(&format!(
             "soak: {} s on {shown_store} ({durability_name}), {} jobs/s from {PRODUCERS} \
-             producers, {} workers x {}, kill -9 of a worker every {} s; server pid {}",
+             producers, {} workers x {}, kill -9 of a worker every {} s, access control {}, \
+             audit retention {}; server pid {}",
             duration.as_secs_f64(),
             args.soak_rate,
             args.soak_workers,
             args.soak_worker_concurrency,
             args.soak_kill_every.as_secs_f64(),
+            if args.soak_auth { "on" } else { "off" },
+            audit_retention.map_or("the server's".to_string(), |r| format!("{} s", r.as_secs())),
             server.pid,
         ));
         emit(&format!(
-            "{:>7} {:>9} {:>9} {:>8} {:>6} {:>6} {:>5} {:>9} {:>5} {:>9} {:>8}",
+            "{:>7} {:>9} {:>9} {:>8} {:>6} {:>6} {:>5} {:>9} {:>5} {:>9} {:>8} {:>7} {:>9}",
             "t (s)",
             "enqueued",
             "completed",
@@ -265,23 +320,27 @@ pub(crate) async fn run(
             "rss (MiB)",
             "fds",
             "wal (MiB)",
-            "db (MiB)"
+            "db (MiB)",
+            "audit",
+            "aud (MiB)"
         ));
     }
 
-    let exec = exec_command();
+    let worker_command = WorkerCommand {
+        exe: exe.clone(),
+        server: server.url.clone(),
+        queue: queue.clone(),
+        exec: exec_command(),
+        concurrency: args.soak_worker_concurrency,
+        token: token_of(|t| &t.worker).map(str::to_string),
+    };
     let mut workers = Vec::with_capacity(args.soak_workers);
     for _ in 0..args.soak_workers {
-        workers.push(Worker::start(
-            &exe,
-            &server.url,
-            &queue,
-            &exec,
-            args.soak_worker_concurrency,
-        )?);
+        workers.push(worker_command.start()?);
     }
 
     let acked: Arc<Mutex<Vec<Acked>>> = Arc::default();
+    let requests: Arc<Mutex<Vec<Instant>>> = Arc::default();
     let enqueued = Arc::new(AtomicU64::new(0));
     let enqueue_errors = Arc::new(AtomicU64::new(0));
     let stop_producers = CancellationToken::new();
@@ -289,11 +348,12 @@ pub(crate) async fn run(
     let sequence = Arc::new(AtomicU64::new(0));
     for _ in 0..PRODUCERS {
         producers.spawn(produce(Producer {
-            api: api.clone(),
+            api: producer_api.clone(),
             queue: queue.clone(),
             rate: args.soak_rate / PRODUCERS as f64,
             sequence: sequence.clone(),
             acked: acked.clone(),
+            requests: requests.clone(),
             enqueued: enqueued.clone(),
             errors: enqueue_errors.clone(),
             stop: stop_producers.clone(),
@@ -311,6 +371,8 @@ pub(crate) async fn run(
         enqueued: 0,
         counts: Counts::default(),
         resources: at_start,
+        audit: audit_at_start,
+        audit_at: start,
     };
     let mut intervals: Vec<Value> = Vec::new();
     let mut samples: Vec<Sample> = Vec::new();
@@ -330,19 +392,25 @@ pub(crate) async fn run(
                         unexpected_exits += 1;
                         tracing::warn!(worker = index, pid = worker.pid, %status,
                             "soak: a worker exited without being killed; restarting it");
-                        *worker = Worker::start(&exe, &server.url, &queue, &exec,
-                            args.soak_worker_concurrency)?;
+                        *worker = worker_command.start()?;
                     }
                 }
-                let counts = counts(&api, &http, &server.url, &queue).await.unwrap_or_else(|error| {
+                let counts = reader.counts().await.unwrap_or_else(|error| {
                     tracing::warn!(%error, "soak: could not read the queue's counts");
                     previous.counts.clone()
                 });
+                let at = Instant::now();
+                let enqueued_now = enqueued.load(Ordering::Relaxed);
+                let resources = files.resources(server.pid);
+                let audit_size = audit.size().await;
                 let sample = Sample {
-                    at: Instant::now(),
-                    enqueued: enqueued.load(Ordering::Relaxed),
+                    at,
+                    enqueued: enqueued_now,
                     counts,
-                    resources: files.resources(server.pid),
+                    resources,
+                    audit: audit_size,
+                    // The bound on the log's rows counts requests acknowledged up to here.
+                    audit_at: Instant::now(),
                 };
                 let line = interval_line(&previous, &sample, start, kills_in_interval);
                 if json_lines {
@@ -360,14 +428,14 @@ pub(crate) async fn run(
             }
             _ = tokio::time::sleep_until(next_kill), if next_kill < end => {
                 let index = kills.len() % workers.len();
-                let completed_before = counts(&api, &http, &server.url, &queue)
+                let completed_before = reader
+                    .counts()
                     .await
                     .map(|c| c.completed)
                     .unwrap_or(previous.counts.completed);
                 let killed = workers[index].pid;
                 workers[index].kill_9().await;
-                workers[index] = Worker::start(&exe, &server.url, &queue, &exec,
-                    args.soak_worker_concurrency)?;
+                workers[index] = worker_command.start()?;
                 let record = json!({
                     "workload": "soak", "record": "kill",
                     "t_s": round(start.elapsed().as_secs_f64(), 1),
@@ -398,7 +466,7 @@ pub(crate) async fn run(
     // Drain: wait for every unfinished job of the queue to finish (completed or dead).
     let drain_started = Instant::now();
     let drained = loop {
-        if let Ok(counts) = counts(&api, &http, &server.url, &queue).await {
+        if let Ok(counts) = reader.counts().await {
             if counts.depth == 0 {
                 break true;
             }
@@ -409,15 +477,17 @@ pub(crate) async fn run(
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     let drain_seconds = drain_started.elapsed().as_secs_f64();
-    let final_counts = counts(&api, &http, &server.url, &queue)
+    let final_counts = reader
+        .counts()
         .await
         .context("reading the queue's counts after the drain")?;
     let after_drain = files.resources(server.pid);
+    let audit_after_drain = audit.size().await;
     let acked = acked
         .lock()
         .map_err(|_| anyhow::anyhow!("a producer panicked while recording an acknowledgement"))?
         .clone();
-    let stored = list_jobs(&api, &queue, acked.len())
+    let stored = list_jobs(api, &queue, acked.len())
         .await
         .context("listing the soak's jobs")?;
     // With a retention, a completed job may have been pruned once it finished that long before
@@ -447,7 +517,23 @@ pub(crate) async fn run(
             reported.saturating_sub(check.stored_completed),
         ),
     };
-    let invariants_ok = check.lost == 0 && completed_twice == 0 && check.bad.is_empty() && drained;
+    let requests = requests
+        .lock()
+        .map_err(|_| anyhow::anyhow!("a producer panicked while recording a request"))?
+        .clone();
+    let audit_summary = audit_report(AuditRun {
+        samples: &samples,
+        at_start: audit_at_start,
+        after_drain: audit_after_drain,
+        retention: audit_retention,
+        requests: &requests,
+        start,
+        // Requests still unanswered at a report, and failed ones the server may have recorded.
+        unacknowledged: PRODUCERS as u64 + enqueue_errors.load(Ordering::Relaxed),
+    });
+    let audit_ok = audit_summary["ok"] != false;
+    let invariants_ok =
+        check.lost == 0 && completed_twice == 0 && check.bad.is_empty() && drained && audit_ok;
     let summary = json!({
         "workload": "soak", "record": "summary", "store": shown_store,
         "durability": durability_name, "interrupted": was_interrupted,
@@ -462,6 +548,7 @@ pub(crate) async fn run(
         "completed_after_last_kill": completed_at_last_kill.map(|at| reported.saturating_sub(at)),
         "drained": drained, "drain_seconds": round(drain_seconds, 1),
         "resources": resources,
+        "audit": audit_summary,
         "server_exit": server_exit.map(|status| status.to_string()),
         "invariants": {
             "ok": invariants_ok, "acknowledged": acked.len(), "stored": check.stored,
@@ -470,6 +557,7 @@ pub(crate) async fn run(
             "stored_completed": check.stored_completed, "completed_twice": completed_twice,
             "bad_state": check.bad.len(), "bad_examples": check.bad.iter().take(10).collect::<Vec<_>>(),
             "unfinished": check.unfinished, "by_kind": check.by_kind,
+            "audit_ok": audit_ok,
         },
     });
     if json_lines {
@@ -535,29 +623,42 @@ struct Server {
     url: String,
 }
 
+/// How the soak runs its server.
+struct ServerSettings {
+    durability: DurabilityArg,
+    retain_completed_secs: Option<u64>,
+    retain_audit_secs: Option<u64>,
+    auth: bool,
+}
+
 impl Server {
-    async fn start(
-        exe: &Path,
-        store: &str,
-        durability: DurabilityArg,
-        retain_completed_secs: Option<u64>,
-    ) -> anyhow::Result<Self> {
-        let retention: Vec<String> = retain_completed_secs
-            .map(|secs| vec!["--retain-completed-secs".to_string(), secs.to_string()])
-            .unwrap_or_default();
+    async fn start(exe: &Path, store: &str, settings: ServerSettings) -> anyhow::Result<Self> {
+        let mut flags: Vec<String> = Vec::new();
+        for (flag, secs) in [
+            ("--retain-completed-secs", settings.retain_completed_secs),
+            ("--retain-audit-secs", settings.retain_audit_secs),
+        ] {
+            if let Some(secs) = secs {
+                flags.extend([flag.to_string(), secs.to_string()]);
+            }
+        }
         // Lease rescues are expected here (one warning per job); other warnings are not.
         let mut child = child_command(exe, "warn,conveyor_worker::maintenance=error")
             .args([
                 "serve",
                 "--listen",
                 "127.0.0.1:0",
-                "--auth=false",
+                if settings.auth {
+                    "--auth=true"
+                } else {
+                    "--auth=false"
+                },
                 "--store",
                 store,
                 "--durability",
-                durability_name(durability),
+                durability_name(settings.durability),
             ])
-            .args(&retention)
+            .args(&flags)
             .stdout(Stdio::piped())
             .spawn()
             .context("starting `conveyor serve`")?;
@@ -593,24 +694,92 @@ impl Server {
     }
 }
 
+/// The API tokens of a soak with access control on, one per role it plays.
+struct Tokens {
+    producer: String,
+    worker: String,
+    admin: String,
+}
+
+impl Tokens {
+    /// Makes the tokens on the store directly, as `conveyor token create` does.
+    async fn create(url: &str) -> anyhow::Result<Self> {
+        let options = conveyor::OpenOptions {
+            // The server, started next, claims the file; this store writes only tokens.
+            exclusive: false,
+            integrity_check: false,
+            ..conveyor::OpenOptions::default()
+        };
+        let store = conveyor::open_store(url, options)
+            .await
+            .with_context(|| format!("cannot open store {url} to make the soak's tokens"))?;
+        let actor = conveyor::access::Actor {
+            name: "soak".to_string(),
+            token_id: None,
+        };
+        let mut secrets = Vec::with_capacity(3);
+        for role in [
+            conveyor::Role::Producer,
+            conveyor::Role::Worker,
+            conveyor::Role::Admin,
+        ] {
+            let name = format!("soak-{role}-{}", Uuid::new_v4().simple());
+            let created =
+                conveyor::access::create_token(store.as_ref(), role, Some(name), actor.clone())
+                    .await
+                    .with_context(|| format!("creating the soak's {role} token"))?;
+            secrets.push(created.secret.plaintext);
+        }
+        let mut secrets = secrets.into_iter();
+        let mut next = || secrets.next().context("a token was not made");
+        Ok(Self {
+            producer: next()?,
+            worker: next()?,
+            admin: next()?,
+        })
+    }
+}
+
+/// How to start a worker process, the same every time (restarts included).
+struct WorkerCommand {
+    exe: PathBuf,
+    server: String,
+    queue: String,
+    exec: String,
+    concurrency: usize,
+    token: Option<String>,
+}
+
+impl WorkerCommand {
+    fn start(&self) -> anyhow::Result<Worker> {
+        Worker::start(self)
+    }
+}
+
 struct Worker {
     child: tokio::process::Child,
     pid: u32,
 }
 
 impl Worker {
-    fn start(
-        exe: &Path,
-        server: &str,
-        queue: &str,
-        exec: &str,
-        concurrency: usize,
-    ) -> anyhow::Result<Self> {
-        let child = child_command(exe, "error")
+    fn start(command: &WorkerCommand) -> anyhow::Result<Self> {
+        let mut process = child_command(&command.exe, "error");
+        process
             .args([
-                "work", "--server", server, "--queues", queue, "--exec", exec,
+                "work",
+                "--server",
+                &command.server,
+                "--queues",
+                &command.queue,
+                "--exec",
+                &command.exec,
             ])
-            .args(["--concurrency", &concurrency.to_string()])
+            .args(["--concurrency", &command.concurrency.to_string()]);
+        if let Some(token) = &command.token {
+            // Not on the command line, where `ps` would show it.
+            process.env("CONVEYOR_TOKEN", token);
+        }
+        let child = process
             .args(["--lease-ms", &WORKER_LEASE_MS.to_string()])
             .args([
                 "--registry-heartbeat-ms",
@@ -668,6 +837,8 @@ struct Producer {
     rate: f64,
     sequence: Arc<AtomicU64>,
     acked: Arc<Mutex<Vec<Acked>>>,
+    /// When each acknowledged request was answered (one audit entry each).
+    requests: Arc<Mutex<Vec<Instant>>>,
     enqueued: Arc<AtomicU64>,
     errors: Arc<AtomicU64>,
     stop: CancellationToken,
@@ -721,6 +892,9 @@ async fn produce(p: Producer) {
                         at,
                     }));
                 }
+                if let Ok(mut requests) = p.requests.lock() {
+                    requests.push(at);
+                }
                 p.enqueued.fetch_add(size, Ordering::Relaxed);
             }
             Ok(ids) => {
@@ -772,35 +946,49 @@ struct Counts {
     failed: u64,
 }
 
-async fn counts(
-    api: &ApiClient,
-    http: &reqwest::Client,
-    server: &str,
-    queue: &str,
-) -> anyhow::Result<Counts> {
-    let queues = api.get("/v1/queues").await?;
-    let stats = queues["queues"]
-        .as_array()
-        .and_then(|all| all.iter().find(|q| q["name"] == queue))
-        .cloned()
-        .unwrap_or(Value::Null);
-    let number = |field: &str| stats[field].as_u64().unwrap_or(0);
-    let metrics = http
-        .get(format!("{server}/metrics"))
-        .send()
-        .await
-        .context("GET /metrics")?
-        .error_for_status()
-        .context("GET /metrics")?
-        .text()
-        .await
-        .context("reading /metrics")?;
-    Ok(Counts {
-        completed: processed(&metrics, queue, "completed"),
-        dead: number("dead"),
-        depth: number("available") + number("scheduled") + number("running") + number("retryable"),
-        failed: processed(&metrics, queue, "failed"),
-    })
+/// How the soak reads the server's figures (with the admin token when access control is on).
+struct Reader {
+    api: ApiClient,
+    /// For `/metrics`, which answers text.
+    http: reqwest::Client,
+    server: String,
+    queue: String,
+    token: Option<String>,
+}
+
+impl Reader {
+    async fn counts(&self) -> anyhow::Result<Counts> {
+        let queue = self.queue.as_str();
+        let queues = self.api.get("/v1/queues").await?;
+        let stats = queues["queues"]
+            .as_array()
+            .and_then(|all| all.iter().find(|q| q["name"] == queue))
+            .cloned()
+            .unwrap_or(Value::Null);
+        let number = |field: &str| stats[field].as_u64().unwrap_or(0);
+        let mut request = self.http.get(format!("{}/metrics", self.server));
+        if let Some(token) = &self.token {
+            request = request.bearer_auth(token);
+        }
+        let metrics = request
+            .send()
+            .await
+            .context("GET /metrics")?
+            .error_for_status()
+            .context("GET /metrics")?
+            .text()
+            .await
+            .context("reading /metrics")?;
+        Ok(Counts {
+            completed: processed(&metrics, queue, "completed"),
+            dead: number("dead"),
+            depth: number("available")
+                + number("scheduled")
+                + number("running")
+                + number("retryable"),
+            failed: processed(&metrics, queue, "failed"),
+        })
+    }
 }
 
 /// Sums `jobs_processed_total{..., status="STATUS"}` over the kinds of `queue`.
@@ -858,6 +1046,106 @@ impl StoreFiles {
     }
 }
 
+/// The audit log's size: its entries, and the bytes of its table with the table's indexes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct AuditSize {
+    rows: u64,
+    bytes: u64,
+}
+
+impl AuditSize {
+    fn to_json(self) -> Value {
+        json!({"rows": self.rows, "bytes": self.bytes})
+    }
+}
+
+/// Where the soak reads the audit log's size: the store's database itself, beside the server
+/// (as it reads the WAL and database files from the disk), since no API counts the log.
+enum AuditTable {
+    /// Read through a read-only connection of its own (WAL mode lets it read beside the
+    /// server's writer), bytes from SQLite's `dbstat` (pages of the table and its indexes).
+    Sqlite(PathBuf),
+    /// `pg_total_relation_size`: heap, indexes and TOAST, dead rows included until vacuumed.
+    Postgres {
+        pool: sqlx::PgPool,
+        /// The table, schema-qualified and quoted.
+        table: String,
+    },
+    /// A store the soak cannot read directly (none today).
+    Unknown,
+}
+
+impl AuditTable {
+    async fn open(url: &str, sqlite_file: Option<&Path>) -> anyhow::Result<Self> {
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            let schema = conveyor::postgres_schema(url).replace('"', "\"\"");
+            return Ok(Self::Postgres {
+                pool: super::bench_nodes::sqlx_pool(url).await?,
+                table: format!("\"{schema}\".audit_log"),
+            });
+        }
+        Ok(sqlite_file.map_or(Self::Unknown, |path| Self::Sqlite(path.to_path_buf())))
+    }
+
+    /// The log's size now; `None` (with a warning) when it cannot be read.
+    async fn size(&self) -> Option<AuditSize> {
+        let read = match self {
+            Self::Sqlite(path) => {
+                let path = path.clone();
+                tokio::task::spawn_blocking(move || sqlite_audit_size(&path))
+                    .await
+                    .context("reading the audit log's size")
+                    .and_then(|size| size)
+            }
+            Self::Postgres { pool, table } => {
+                // The table name is the schema from the soak's own URL, quoted above.
+                let statement = sqlx::AssertSqlSafe(format!(
+                    "SELECT count(*), pg_total_relation_size($1::regclass) FROM {table}"
+                ));
+                sqlx::query_as::<_, (i64, i64)>(statement)
+                    .bind(table)
+                    .fetch_one(pool)
+                    .await
+                    .context("reading the audit log's size")
+                    .map(|(rows, bytes)| AuditSize {
+                        rows: u64::try_from(rows).unwrap_or(0),
+                        bytes: u64::try_from(bytes).unwrap_or(0),
+                    })
+            }
+            Self::Unknown => return None,
+        };
+        read.map_err(|error| {
+            tracing::warn!(error = format!("{error:#}"), "soak: audit log not read")
+        })
+        .ok()
+    }
+}
+
+fn sqlite_audit_size(path: &Path) -> anyhow::Result<AuditSize> {
+    use rusqlite::OpenFlags;
+    let conn = rusqlite::Connection::open_with_flags(
+        path,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .with_context(|| format!("opening {}", path.display()))?;
+    conn.busy_timeout(Duration::from_secs(5))
+        .context("setting a busy timeout")?;
+    // `dbstat('main', 1)`: one row per b-tree with its pages' total size.
+    let (rows, bytes) = conn
+        .query_row(
+            "SELECT (SELECT count(*) FROM audit_log), \
+                    (SELECT coalesce(sum(pgsize), 0) FROM dbstat('main', 1) \
+                     WHERE name IN (SELECT name FROM sqlite_schema WHERE tbl_name = 'audit_log'))",
+            [],
+            |row| Ok((row.get::<_, i64>(0)?, row.get::<_, i64>(1)?)),
+        )
+        .context("counting the audit log")?;
+    Ok(AuditSize {
+        rows: u64::try_from(rows).unwrap_or(0),
+        bytes: u64::try_from(bytes).unwrap_or(0),
+    })
+}
+
 /// The server's resident set size, from `/proc/PID/status` (Linux).
 fn rss_bytes(pid: u32) -> Option<u64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
@@ -891,6 +1179,10 @@ struct Sample {
     enqueued: u64,
     counts: Counts,
     resources: Resources,
+    /// `None` when it could not be read.
+    audit: Option<AuditSize>,
+    /// Just after `audit` was read.
+    audit_at: Instant,
 }
 
 fn interval_line(before: &Sample, now: &Sample, start: Instant, kills: u64) -> Value {
@@ -909,6 +1201,7 @@ fn interval_line(before: &Sample, now: &Sample, start: Instant, kills: u64) -> V
         "rss_bytes": now.resources.rss_bytes, "fds": now.resources.fds,
         "sockets": now.resources.sockets,
         "wal_bytes": now.resources.wal_bytes, "db_bytes": now.resources.db_bytes,
+        "audit_rows": now.audit.map(|a| a.rows), "audit_bytes": now.audit.map(|a| a.bytes),
     })
 }
 
@@ -927,7 +1220,7 @@ fn describe_interval(line: &Value) -> String {
         }
     };
     format!(
-        "{:>7} {:>9} {:>9} {:>8} {:>6} {:>6} {:>5} {:>9} {:>5} {:>9} {:>8}",
+        "{:>7} {:>9} {:>9} {:>8} {:>6} {:>6} {:>5} {:>9} {:>5} {:>9} {:>8} {:>7} {:>9}",
         count(&line["t_s"]),
         count(&line["enqueued"]),
         count(&line["completed"]),
@@ -939,6 +1232,8 @@ fn describe_interval(line: &Value) -> String {
         count(&line["fds"]),
         mib(&line["wal_bytes"]),
         mib(&line["db_bytes"]),
+        count(&line["audit_rows"]),
+        mib(&line["audit_bytes"]),
     )
 }
 
@@ -992,6 +1287,197 @@ fn resource_report(
         // The database file grows with the jobs kept (completed ones for a day by default).
         "db_bytes": trend(pick(|r| r.db_bytes), 0, false),
     })
+}
+
+/// How long after a retention period the log counts as filled, and how far back of a report
+/// its entries may reach: maintenance prunes once a second, so an entry outlives the retention
+/// by up to a pass, plus the pass itself.
+const AUDIT_PRUNE_SLACK: Duration = Duration::from_secs(5);
+/// Bytes the audit table may vary by and still count as flat (a few pages).
+const AUDIT_FLAT_SLACK: u64 = 64 << 10;
+
+/// What the audit checks look at.
+struct AuditRun<'a> {
+    samples: &'a [Sample],
+    at_start: Option<AuditSize>,
+    after_drain: Option<AuditSize>,
+    /// The server's audit retention, when the soak set one.
+    retention: Option<Duration>,
+    /// When each acknowledged enqueue request was answered.
+    requests: &'a [Instant],
+    start: Instant,
+    /// Requests whose entry may be stored though the soak counted no answer (in flight at a
+    /// report, or failed after the server recorded them).
+    unacknowledged: u64,
+}
+
+/// The audit log over the run, and with a retention whether it stayed bounded.
+///
+/// Rows: each enqueue request appends one entry and maintenance deletes those older than the
+/// retention, so at a report the log holds at most the entries of the requests answered within
+/// the retention (and `AUDIT_PRUNE_SLACK`) before it, those not answered yet, and what it held
+/// before the load (the tokens' creation). Checked at every report.
+///
+/// Bytes: once the log has filled (the first report a retention and the slack after the
+/// start), its table and indexes must stay within twice their size then; a store that deletes
+/// entries but never reuses their space fails this.
+fn audit_report(run: AuditRun<'_>) -> Value {
+    let size = |sample: &Sample| sample.audit;
+    let t_s = |sample: &Sample| round(sample.audit_at.duration_since(run.start).as_secs_f64(), 1);
+    let filled = run.retention.and_then(|retention| {
+        run.samples
+            .iter()
+            .find(|s| s.audit_at.duration_since(run.start) >= retention + AUDIT_PRUNE_SLACK)
+    });
+    let points = [
+        ("start", run.at_start),
+        ("first_interval", run.samples.first().and_then(size)),
+        ("filled", filled.and_then(size)),
+        (
+            "middle",
+            run.samples.get(run.samples.len() / 2).and_then(size),
+        ),
+        ("last_interval", run.samples.last().and_then(size)),
+        ("after_drain", run.after_drain),
+    ];
+    let rows: serde_json::Map<String, Value> = points
+        .iter()
+        .map(|(name, size)| (name.to_string(), json!(size.map(|s| s.rows))))
+        .collect();
+    let mut bytes: serde_json::Map<String, Value> = points
+        .iter()
+        .map(|(name, size)| (name.to_string(), json!(size.map(|s| s.bytes))))
+        .collect();
+    let filled_bytes = filled.and_then(size).map(|s| s.bytes);
+    let last_bytes = run.samples.last().and_then(size).map(|s| s.bytes);
+    let growth = |from: u64, to: u64| round((to as f64 - from as f64) * 100.0 / from as f64, 1);
+    // A store that reuses deleted entries' space only after a vacuum rises to a high-water mark
+    // (the live entries and those dead since the last pass) and then holds: the second half
+    // tells that from steady growth.
+    let middle_bytes = run
+        .samples
+        .get(run.samples.len() / 2)
+        .and_then(size)
+        .map(|s| s.bytes);
+    if let (Some(from), Some(to)) = (middle_bytes, last_bytes) {
+        if from > 0 {
+            bytes.insert(
+                "second_half_growth_pct".to_string(),
+                json!(growth(from, to)),
+            );
+        }
+    }
+    if let (Some(from), Some(to)) = (filled_bytes, last_bytes) {
+        if from > 0 {
+            bytes.insert("growth_pct".to_string(), json!(growth(from, to)));
+        }
+        bytes.insert(
+            "flat".to_string(),
+            json!(to <= from + (from / 10).max(AUDIT_FLAT_SLACK)),
+        );
+    }
+    let Some(retention) = run.retention else {
+        return json!({
+            "retention_s": null, "checked": false, "ok": null, "rows": rows, "bytes": bytes,
+        });
+    };
+
+    let window = retention + AUDIT_PRUNE_SLACK;
+    let held_before = run.at_start.map_or(0, |s| s.rows);
+    let mut checked = 0u64;
+    let mut over = 0u64;
+    // The report closest to its bound (or furthest over it): its share, rows, bound, time.
+    let mut worst: Option<(f64, u64, u64, f64)> = None;
+    for sample in run.samples {
+        let Some(audit) = sample.audit else {
+            continue;
+        };
+        let since = sample.audit_at.checked_sub(window);
+        let answered = run
+            .requests
+            .iter()
+            .filter(|&&at| at <= sample.audit_at && since.is_none_or(|since| at >= since))
+            .count() as u64;
+        let bound = answered + run.unacknowledged + held_before;
+        checked += 1;
+        if audit.rows > bound {
+            over += 1;
+        }
+        let share = audit.rows as f64 / bound.max(1) as f64;
+        if worst.is_none_or(|(most, ..)| share > most) {
+            worst = Some((share, audit.rows, bound, t_s(sample)));
+        }
+    }
+    // Nothing read is nothing shown to be bounded.
+    let rows_ok = checked > 0 && over == 0;
+    let bytes_ok = match (filled_bytes, last_bytes) {
+        (Some(from), Some(to)) => Some(to <= (2 * from).max(from + AUDIT_FLAT_SLACK)),
+        _ => None,
+    };
+    json!({
+        "retention_s": retention.as_secs(),
+        "checked": true,
+        "filled_at_s": filled.map(t_s),
+        "rows": rows,
+        "bytes": bytes,
+        "reports_checked": checked,
+        "reports_over_bound": over,
+        "closest": worst.map(|(_, rows, bound, t)| json!({"t_s": t, "rows": rows, "bound": bound})),
+        "rows_ok": rows_ok,
+        "bytes_ok": bytes_ok,
+        "ok": rows_ok && bytes_ok != Some(false),
+    })
+}
+
+fn describe_audit(audit: &Value) -> String {
+    let rows = &audit["rows"];
+    let bytes = &audit["bytes"];
+    let count = |v: &Value| v.as_u64().map_or("-".to_string(), |n| n.to_string());
+    let mut text = format!(
+        "audit log: rows {} at start, {} after the 1st interval, {} at the last, {} after the \
+         drain; {} MiB at the last",
+        count(&rows["start"]),
+        count(&rows["first_interval"]),
+        count(&rows["last_interval"]),
+        count(&rows["after_drain"]),
+        mib(&bytes["last_interval"]),
+    );
+    if audit["checked"] != true {
+        text.push_str(" (no retention given: not checked)");
+        return text;
+    }
+    text.push_str(&format!(
+        "\naudit retention {} s: filled at {} s with {} rows, {} MiB; bytes since then {} ({}), \
+         over the 2nd half {}, within twice: {}; rows within the requests of the last retention \
+         at {} of {} reports (closest: {} of {}) -> {}",
+        audit["retention_s"],
+        audit["filled_at_s"],
+        count(&rows["filled"]),
+        mib(&bytes["filled"]),
+        bytes["growth_pct"]
+            .as_f64()
+            .map_or("-".to_string(), |g| format!("{g:+.1}%")),
+        match bytes["flat"].as_bool() {
+            Some(true) => "flat",
+            Some(false) => "GROWING",
+            None => "-",
+        },
+        bytes["second_half_growth_pct"]
+            .as_f64()
+            .map_or("-".to_string(), |g| format!("{g:+.1}%")),
+        match audit["bytes_ok"].as_bool() {
+            Some(true) => "yes",
+            Some(false) => "NO",
+            None => "-",
+        },
+        audit["reports_checked"].as_u64().unwrap_or(0)
+            - audit["reports_over_bound"].as_u64().unwrap_or(0),
+        audit["reports_checked"],
+        count(&audit["closest"]["rows"]),
+        count(&audit["closest"]["bound"]),
+        if audit["ok"] == true { "ok" } else { "FAILED" },
+    ));
+    text
 }
 
 fn describe_summary(summary: &Value) -> String {
@@ -1060,6 +1546,8 @@ fn describe_summary(summary: &Value) -> String {
             percent(&r["second_half_growth_pct"]),
         ));
     }
+    text.push_str(&describe_audit(&summary["audit"]));
+    text.push('\n');
     text.push_str(&format!(
         "invariants: {} acknowledged, {} stored in the queue, {} missing ({} maybe pruned, {} lost), \
          {} completed twice, {} in an unexpected state, {} unfinished",
@@ -1392,6 +1880,62 @@ mod tests {
             ),
             Ok(Fate::Unfinished)
         ));
+    }
+
+    /// A run with one enqueue request every 100 ms for 60 s and reports every 10 s, whose log
+    /// holds `rows(t)` entries of `bytes(t)` bytes at a report at `t` seconds.
+    fn audit_run(rows: impl Fn(u64) -> u64, bytes: impl Fn(u64) -> u64) -> Value {
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let requests: Vec<Instant> = (1..=600).map(|n| at(n * 100)).collect();
+        let samples: Vec<Sample> = (1..=6)
+            .map(|n| Sample {
+                at: at(n * 10_000),
+                enqueued: 0,
+                counts: Counts::default(),
+                resources: Resources::default(),
+                audit: Some(AuditSize {
+                    rows: rows(n * 10),
+                    bytes: bytes(n * 10),
+                }),
+                audit_at: at(n * 10_000),
+            })
+            .collect();
+        audit_report(AuditRun {
+            samples: &samples,
+            at_start: Some(AuditSize { rows: 3, bytes: 0 }),
+            after_drain: None,
+            retention: Some(Duration::from_secs(20)),
+            requests: &requests,
+            start,
+            unacknowledged: 4,
+        })
+    }
+
+    #[test]
+    fn the_audit_log_is_held_to_the_requests_of_its_retention() {
+        // Pruned: 20 s of requests (200) once 20 s have passed; flat bytes once filled (30 s).
+        let pruned = |t: u64| 10 * t.min(20) + 3;
+        let fine = audit_run(pruned, |t| 1000 * t.min(30));
+        assert_eq!(fine["ok"], true, "{fine}");
+        assert_eq!(fine["reports_checked"], 6, "{fine}");
+        assert_eq!(fine["reports_over_bound"], 0, "{fine}");
+        assert_eq!(fine["filled_at_s"], 30.0, "{fine}");
+        assert_eq!(fine["bytes"]["flat"], true, "{fine}");
+        assert_eq!(fine["bytes"]["second_half_growth_pct"], 0.0, "{fine}");
+
+        // Never pruned: every request stays, past the last 25 s of them from 30 s on.
+        let kept = audit_run(|t| 10 * t + 3, |t| 1000 * t.min(30));
+        assert_eq!(kept["ok"], false, "{kept}");
+        assert_eq!(kept["rows_ok"], false, "{kept}");
+        assert_eq!(kept["reports_over_bound"], 4, "{kept}");
+
+        // Rows pruned, but their space never reused: past twice the filled size.
+        let bloated = audit_run(pruned, |t| 1000 * t * t);
+        assert_eq!(bloated["rows_ok"], true, "{bloated}");
+        assert_eq!(bloated["bytes_ok"], false, "{bloated}");
+        assert_eq!(bloated["bytes"]["flat"], false, "{bloated}");
+        assert_eq!(bloated["ok"], false, "{bloated}");
     }
 
     impl Kind {
