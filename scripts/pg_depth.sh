@@ -18,7 +18,7 @@ version=$(ls /etc/postgresql | sort -V | tail -1)
 name="conveyor_depth_$$"
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 pg_createcluster "$version" "$name" -p "$port" -- --auth=trust >/dev/null
-trap 'pg_dropcluster "$version" "$name" --stop >/dev/null 2>&1 || true' EXIT
+trap 'pg_dropcluster "$version" "$name" --stop >/dev/null 2>&1; rm -rf "/etc/postgresql/$version/$name"' EXIT
 conf=/etc/postgresql/$version/$name/conf.d/depth.conf
 printf "listen_addresses = '127.0.0.1'\nautovacuum = %s\nshared_buffers = 128MB\n" \
     "${AUTOVACUUM:-off}" >"$conf"
