@@ -701,7 +701,8 @@ enum KindFilter {
 /// once per statement): claims nothing when the gate is true. A claim that returns no rows is
 /// followed by the gate alone, to tell "nothing available" from "take the flow-controlled
 /// claim"; a claim that returns rows costs nothing more, which keeps the common path one
-/// statement with no wrapper around the `UPDATE ... RETURNING`.
+/// statement (run inside `CLAIM_BEGIN`'s transaction) with no wrapper around the
+/// `UPDATE ... RETURNING`.
 fn gated_claim_sql(
     jobs: &str,
     j_columns: &str,
