@@ -10,91 +10,16 @@ use conveyor_core::{JobStore, QueueStore};
 use conveyor_core::{NewJob, Store};
 use conveyor_postgres::{PgOptions, PgStore};
 use conveyor_storetest::eventually::eventually_within;
+use conveyor_storetest::pg_cluster::Cluster;
 use conveyor_worker::{Maintenance, Outcome, Worker};
 use serde_json::json;
 use std::collections::HashSet;
-use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use uuid::Uuid;
 
 const JOBS: usize = 3_000;
-
-struct Cluster {
-    version: String,
-    name: String,
-    port: u16,
-}
-
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .expect("run cluster tool");
-    assert!(
-        out.status.success(),
-        "{program} {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-impl Cluster {
-    fn create() -> Self {
-        let version = std::fs::read_dir("/etc/postgresql")
-            .expect("Debian PostgreSQL layout")
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .max()
-            .expect("a PostgreSQL version");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let cluster = Cluster {
-            version,
-            name: format!("conveyor_{}", &Uuid::new_v4().simple().to_string()[..12]),
-            port,
-        };
-        let port = port.to_string();
-        run(
-            "pg_createcluster",
-            &[
-                &cluster.version,
-                &cluster.name,
-                "-p",
-                &port,
-                "--",
-                "--auth=trust",
-            ],
-        );
-        cluster.ctl("start");
-        cluster
-    }
-
-    fn ctl(&self, action: &str) {
-        run(
-            "pg_ctlcluster",
-            &[
-                "--skip-systemctl-redirect",
-                &self.version,
-                &self.name,
-                action,
-            ],
-        );
-    }
-
-    fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
-    }
-}
-
-impl Drop for Cluster {
-    fn drop(&mut self) {
-        let _ = Command::new("pg_dropcluster")
-            .args([&self.version, &self.name, "--stop"])
-            .output();
-    }
-}
 
 async fn completed(store: &PgStore) -> Option<u64> {
     let stats = store.queues_stats().await.ok()?;

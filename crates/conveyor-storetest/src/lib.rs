@@ -37,6 +37,7 @@ mod copy;
 pub mod eventually;
 mod expiry;
 pub mod faults;
+pub mod pg_cluster;
 mod fetch;
 mod finish;
 mod flow;
