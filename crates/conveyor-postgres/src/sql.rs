@@ -416,7 +416,8 @@ impl Sql {
             // Locked so two rescuers (or a rescuer and the holder's completion) never both act
             // on one job; SKIP LOCKED lets concurrent rescuers share the work.
             rescue_pick: stmt(format!(
-                "SELECT id, attempt, max_attempts, lease_worker, lease_token, flow_id, expires_at \
+                "SELECT id, attempt, max_attempts, lease_worker, lease_token, flow_id, expires_at, \
+                     started_at \
                  FROM {jobs} \
                  WHERE state = 'running' AND lease_expires_at <= $1 \
                  ORDER BY lease_expires_at LIMIT $2 \

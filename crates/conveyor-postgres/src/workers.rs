@@ -77,7 +77,8 @@ impl WorkerSql {
             // handler's own transaction) is left to the ordinary rescue when its lease expires,
             // rather than making maintenance wait on an application's transaction.
             held_by: stmt(format!(
-                "SELECT id, attempt, max_attempts, lease_worker, lease_token, flow_id, expires_at \
+                "SELECT id, attempt, max_attempts, lease_worker, lease_token, flow_id, expires_at, \
+                     started_at \
                  FROM {jobs} WHERE state = 'running' AND lease_worker = ANY($1) \
                  FOR UPDATE SKIP LOCKED"
             )),

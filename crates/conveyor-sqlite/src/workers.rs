@@ -164,21 +164,22 @@ pub(crate) fn mark_stale(
         // `state = 'running'` lets SQLite read the `jobs_lease` partial index (running jobs
         // only, bounded by the workers' slots) rather than the table; no ORDER BY, which would
         // make it prefer the primary key's order and scan the table.
-        let held: Vec<(String, u32, u32)> = ctx
+        let held: Vec<(String, u32, u32, Option<i64>)> = ctx
             .conn
             .prepare_cached(
-                "SELECT id, attempt, max_attempts FROM jobs \
+                "SELECT id, attempt, max_attempts, started_at FROM jobs \
                  WHERE state = 'running' AND lease_worker = ?1",
             )
             .and_then(|mut stmt| {
                 stmt.query_map(params![id], |row| {
-                    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+                    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
                 })?
                 .collect()
             })
             .map_err(backend)?;
-        for (job_id, attempt, max_attempts) in held {
-            let error = ErrorRecord::worker_lost(attempt, ctx.now, id);
+        for (job_id, attempt, max_attempts, started_at) in held {
+            let mut error = ErrorRecord::worker_lost(attempt, ctx.now, id);
+            error.started_at = started_at.map(conveyor_core::clock::from_millis);
             let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
             let job = record_failure(ctx, &job_id, attempt, max_attempts, error, retry_at)?;
             rescued.add(&job);

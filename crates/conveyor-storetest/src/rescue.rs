@@ -57,6 +57,11 @@ pub async fn rescue_moves_expired_leases_to_retryable_with_lease_expired_error(h
     assert_eq!(rescued.errors[0].class, error_class::LEASE_EXPIRED);
     assert_eq!(rescued.errors[0].attempt, 1);
     assert_eq!(rescued.errors[0].at, h.now());
+    assert_eq!(
+        rescued.errors[0].started_at,
+        Some(h.now() - span(LEASE + millis(1))),
+        "the rescued attempt's start"
+    );
 
     assert_eq!(
         complete(h, lease_of(&running), None).await,

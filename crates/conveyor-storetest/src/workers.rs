@@ -256,6 +256,11 @@ pub async fn workers_mark_stale_rescues_the_jobs_of_dead_workers(h: &Harness) {
     assert_eq!(rescued.errors[0].class, error_class::LEASE_EXPIRED);
     assert_eq!(rescued.errors[0].attempt, 1);
     assert_eq!(rescued.errors[0].at, h.now());
+    assert_eq!(
+        rescued.errors[0].started_at,
+        Some(h.now() - span(secs(121))),
+        "the rescued attempt's start"
+    );
     assert!(
         rescued.errors[0].message.contains("w-dies"),
         "{:?}",

@@ -25,18 +25,6 @@ const SERVER_ARGS: [&str; 4] = [
     "1500",
 ];
 
-/// Debian's libfaketime (package `faketime`; `scripts/test.sh` installs it).
-fn libfaketime() -> String {
-    std::fs::read_dir("/usr/lib")
-        .into_iter()
-        .flatten()
-        .filter_map(|entry| entry.ok())
-        .map(|entry| entry.path().join("faketime/libfaketime.so.1"))
-        .find(|path| path.exists())
-        .map(|path| path.display().to_string())
-        .expect("libfaketime (Debian package faketime: apt-get install faketime)")
-}
-
 /// `conveyor serve` on `store` whose wall clock is `offset_secs` off; its monotonic clock is
 /// left alone, as on a real machine whose wall clock is wrong.
 fn skewed_server(store: &str, offset_secs: i64) -> Server {

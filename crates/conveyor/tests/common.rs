@@ -212,3 +212,22 @@ pub fn conveyor(args: &[&str]) -> std::process::Output {
         .output()
         .expect("run conveyor")
 }
+
+/// Debian's libfaketime (package `faketime`; `scripts/test.sh` installs it).
+pub fn libfaketime() -> String {
+    std::fs::read_dir("/usr/lib")
+        .into_iter()
+        .flatten()
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path().join("faketime/libfaketime.so.1"))
+        .find(|path| path.exists())
+        .map(|path| path.display().to_string())
+        .expect("libfaketime (Debian package faketime: apt-get install faketime)")
+}
+
+/// Sends `signal` (such as `libc::SIGSTOP` or `libc::SIGCONT`) to a child of this test.
+pub fn signal(pid: i32, signal: i32) {
+    // SAFETY: signalling a process this test started and has not reaped.
+    let sent = unsafe { libc::kill(pid, signal) };
+    assert_eq!(sent, 0, "signal {signal} to {pid}");
+}

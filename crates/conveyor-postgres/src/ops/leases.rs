@@ -622,7 +622,9 @@ pub(crate) async fn rescue_row(
             return Ok(None);
         }
     }
-    let error = error_for(attempt, worker.as_deref());
+    // The rescued attempt's start, so its history shows how long it held the job.
+    let mut error = error_for(attempt, worker.as_deref());
+    error.started_at = row.try_get("started_at").map_err(read)?;
     record_failure(conn, ctx, lease, attempt, max_attempts, &error, retry_at).await
 }
 

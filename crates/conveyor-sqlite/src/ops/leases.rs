@@ -537,23 +537,26 @@ pub(crate) fn rescue_expired(
     ctx: &mut WriteCtx<'_>,
     params: &RescueParams,
 ) -> StoreResult<RescueReport> {
-    let expired: Vec<(String, u32, u32, Option<String>)> = ctx
+    type Expired = (String, u32, u32, Option<String>, Option<i64>);
+    let expired: Vec<Expired> = ctx
         .conn
         .prepare_cached(
-            "SELECT id, attempt, max_attempts, lease_worker FROM jobs \
+            "SELECT id, attempt, max_attempts, lease_worker, started_at FROM jobs \
              WHERE state = 'running' AND lease_expires_at <= ?1 \
              ORDER BY lease_expires_at LIMIT ?2",
         )
         .and_then(|mut stmt| {
             stmt.query_map(params![millis(ctx.now), params.limit as i64], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?))
             })?
             .collect()
         })
         .map_err(backend)?;
     let mut report = RescueReport::default();
-    for (id, attempt, max_attempts, worker) in expired {
-        let error = ErrorRecord::lease_expired(attempt, ctx.now, worker.as_deref());
+    for (id, attempt, max_attempts, worker, started_at) in expired {
+        let mut error = ErrorRecord::lease_expired(attempt, ctx.now, worker.as_deref());
+        // The rescued attempt's start, so its history shows how long it held the job.
+        error.started_at = started_at.map(conveyor_core::clock::from_millis);
         let retry_at = Some(params.retry.next_run_at(ctx.now, attempt));
         let job = record_failure(ctx, &id, attempt, max_attempts, error, retry_at)?;
         report.add(&job);
