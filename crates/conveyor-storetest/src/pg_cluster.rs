@@ -70,7 +70,12 @@ impl Cluster {
 
     /// `pg_ctlcluster ACTION OPTIONS...`, such as `restart -m immediate`.
     pub fn ctl_with(&self, action: &str, options: &[&str]) {
-        let mut args = vec!["--skip-systemctl-redirect", &self.version, &self.name, action];
+        let mut args = vec![
+            "--skip-systemctl-redirect",
+            &self.version,
+            &self.name,
+            action,
+        ];
         args.extend_from_slice(options);
         run("pg_ctlcluster", &args);
     }
@@ -88,4 +93,3 @@ impl Drop for Cluster {
             .output();
     }
 }
-

@@ -46,23 +46,6 @@ fn faked_server(store: &str, faking: &[(&str, &str)]) -> Server {
     )
 }
 
-/// How far `server`'s wall clock is from this process's, by its HTTP `Date` header (whole
-/// seconds): shows that the skew is really in effect.
-fn clock_offset_secs(server: &str) -> i64 {
-    let response = http()
-        .get(format!("{server}/healthz"))
-        .send()
-        .expect("healthz");
-    let date = response
-        .headers()
-        .get("date")
-        .and_then(|d| d.to_str().ok())
-        .expect("a Date header")
-        .to_string();
-    let at = chrono::DateTime::parse_from_rfc2822(&date).expect("an HTTP date");
-    at.timestamp() - chrono::Utc::now().timestamp()
-}
-
 /// How far the store's clock (which stamps a new job's `created_at`) is from this process's.
 /// (Not the `Date` header: hyper caches it until a second after it was made, which a clock
 /// stepped back does not reach for an hour.)

@@ -204,8 +204,17 @@ impl Cluster {
         let log = path_in(&self.dir, &format!("{name}.log"));
         let lease = LEASE_MS.to_string();
         let child = Command::new(BIN)
-            .args(["work", "--server", &url, "--exec", &handler, "--queues", QUEUE])
-            .args(["--concurrency", "4", "--lease-ms", &lease, "--worker-id", name])
+            .args([
+                "work", "--server", &url, "--exec", &handler, "--queues", QUEUE,
+            ])
+            .args([
+                "--concurrency",
+                "4",
+                "--lease-ms",
+                &lease,
+                "--worker-id",
+                name,
+            ])
             .args(["--drain-timeout-secs", "5"])
             .env("CONVEYOR_LOG", "warn,conveyor::job=info")
             .env("CONVEYOR_LOG_FORMAT", "json")
@@ -274,7 +283,11 @@ impl Cluster {
                 }
                 let jobs: Vec<Value> = (0..10)
                     .map(|i| {
-                        let kind = if (turn * 10 + i) % 20 == 0 { LONG } else { "work" };
+                        let kind = if (turn * 10 + i).is_multiple_of(20) {
+                            LONG
+                        } else {
+                            "work"
+                        };
                         json!({"kind": kind, "queue": QUEUE, "payload": {"turn": turn, "i": i}})
                     })
                     .collect();
@@ -299,8 +312,10 @@ impl Cluster {
     fn start_schedule(&mut self) {
         let answer = http()
             .put(format!("{}/v1/schedules/{SCHEDULE}", self.url(0)))
-            .json(&json!({"cron": "* * * * * *", "job": {"kind": "tick", "queue": "ticks"},
-                          "overlap": "allow", "missed": "catch_up", "max_catch_up": 600}))
+            .json(
+                &json!({"cron": "* * * * * *", "job": {"kind": "tick", "queue": "ticks"},
+                          "overlap": "allow", "missed": "catch_up", "max_catch_up": 600}),
+            )
             .send()
             .expect("PUT schedule");
         assert_eq!(answer.status().as_u16(), 200, "{:?}", answer.text());
@@ -314,11 +329,9 @@ impl Cluster {
     /// Waits for `more` runs beyond those logged so far.
     fn await_runs(&self, more: usize) {
         let target = self.runs().len() + more;
-        eventually_blocking_within(
-            &format!("{target} runs"),
-            Duration::from_secs(120),
-            || (self.runs().len() >= target).then_some(()),
-        );
+        eventually_blocking_within(&format!("{target} runs"), Duration::from_secs(120), || {
+            (self.runs().len() >= target).then_some(())
+        });
     }
 
     /// Waits until a job that `worker` held has been rescued (its lease expired) and run again.
@@ -462,9 +475,11 @@ fn queue_stats(client: &reqwest::blocking::Client, url: &str) -> Option<Value> {
         .iter()
         .find(|q| q["name"] == QUEUE)
         .cloned();
-    Some(found.unwrap_or_else(|| {
-        json!({"available": 0, "scheduled": 0, "retryable": 0, "running": 0})
-    }))
+    Some(
+        found.unwrap_or_else(
+            || json!({"available": 0, "scheduled": 0, "retryable": 0, "running": 0}),
+        ),
+    )
 }
 
 trait WaitOrKill {
@@ -500,7 +515,7 @@ fn try_eventually_within_blocking<T>(
     }
 }
 
-/// The HTTP worker: fetches up to two jobs (long-polling `wait_ms`), runs each (renewing the
+/// The HTTP worker: fetches a job at a time (long-polling `wait_ms`), runs it (renewing the
 /// lease every third of it), logs the run and completes it, until told to stop.
 fn http_worker_loop(
     name: &str,
@@ -517,7 +532,7 @@ fn http_worker_loop(
     while !stop.load(Ordering::SeqCst) {
         let fetched = client
             .post(format!("{url}/v1/fetch"))
-            .json(&json!({"worker_id": name, "queues": [QUEUE], "max": 2,
+            .json(&json!({"worker_id": name, "queues": [QUEUE], "max": 1,
                           "lease_ms": LEASE_MS, "wait_ms": wait_ms}))
             .send()
             .ok()
@@ -723,7 +738,10 @@ impl History {
         }
         for (id, job) in &self.stored {
             if job.state != "completed" {
-                wrong.push(format!("job {id} ended {} (attempt {})", job.state, job.attempt));
+                wrong.push(format!(
+                    "job {id} ended {} (attempt {})",
+                    job.state, job.attempt
+                ));
                 continue;
             }
             let job_runs = runs.get(id.as_str()).cloned().unwrap_or_default();
@@ -812,7 +830,9 @@ impl History {
 /// made once its lease had expired by the database's clock.
 fn judge_rescue(id: &str, error: &Value, cut_off: &HashSet<&str>) -> Option<String> {
     if error["class"] != conveyor::error_class::LEASE_EXPIRED {
-        return Some(format!("job {id} failed, though its handler never fails: {error}"));
+        return Some(format!(
+            "job {id} failed, though its handler never fails: {error}"
+        ));
     }
     let worker = error["worker_id"].as_str().unwrap_or("");
     if !cut_off.contains(worker) {
@@ -840,7 +860,10 @@ fn judge_ticks(ticks: &[DateTime<Utc>]) -> Vec<String> {
         if step == chrono::Duration::zero() {
             wrong.push(format!("tick {} fired twice", pair[0]));
         } else if step != chrono::Duration::seconds(1) {
-            wrong.push(format!("ticks between {} and {} were lost", pair[0], pair[1]));
+            wrong.push(format!(
+                "ticks between {} and {} were lost",
+                pair[0], pair[1]
+            ));
         }
     }
     wrong
@@ -882,6 +905,14 @@ fn skewed_and_jumping_clocks_change_nothing() {
     let slow_env = faked_clock(&preload, ("FAKETIME", "-90s".to_string()));
     let leader = cluster.server(&env_refs(&leader_env), false);
     cluster.await_leader(leader);
+    let leader_url = cluster.url(leader);
+    // The skew is really in effect (by the leader's HTTP `Date`, which follows a clock forward).
+    let jumped = |offset_secs: i64| {
+        eventually_blocking("the leader's clock to read the offset", || {
+            ((clock_offset_secs(&leader_url) - offset_secs).abs() <= 2).then_some(())
+        })
+    };
+    jumped(90);
     let slow = cluster.server(&env_refs(&slow_env), false);
     let true_clock = cluster.server(&[], false);
     cluster.exec_worker("fast-exec", leader, false);
@@ -891,6 +922,7 @@ fn skewed_and_jumping_clocks_change_nothing() {
     cluster.start_load();
     cluster.await_runs(60);
     jump("+390s");
+    jumped(390);
     cluster.await_runs(60);
     jump("-210s");
     cluster.await_runs(60);

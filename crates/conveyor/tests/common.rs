@@ -231,3 +231,20 @@ pub fn signal(pid: i32, signal: i32) {
     let sent = unsafe { libc::kill(pid, signal) };
     assert_eq!(sent, 0, "signal {signal} to {pid}");
 }
+
+/// How far `server`'s wall clock is from this process's, by its HTTP `Date` header (whole
+/// seconds): shows that the skew is really in effect.
+pub fn clock_offset_secs(server: &str) -> i64 {
+    let response = http()
+        .get(format!("{server}/healthz"))
+        .send()
+        .expect("healthz");
+    let date = response
+        .headers()
+        .get("date")
+        .and_then(|d| d.to_str().ok())
+        .expect("a Date header")
+        .to_string();
+    let at = chrono::DateTime::parse_from_rfc2822(&date).expect("an HTTP date");
+    at.timestamp() - chrono::Utc::now().timestamp()
+}

@@ -19,13 +19,13 @@ mod common;
 mod proxy;
 
 use common::*;
+use proxy::{Mode, Proxy};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use proxy::{Mode, Proxy};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 

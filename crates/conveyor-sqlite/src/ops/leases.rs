@@ -547,7 +547,13 @@ pub(crate) fn rescue_expired(
         )
         .and_then(|mut stmt| {
             stmt.query_map(params![millis(ctx.now), params.limit as i64], |row| {
-                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?, row.get(4)?))
+                Ok((
+                    row.get(0)?,
+                    row.get(1)?,
+                    row.get(2)?,
+                    row.get(3)?,
+                    row.get(4)?,
+                ))
             })?
             .collect()
         })

@@ -339,4 +339,3 @@ async fn pump(
     }
     let _ = to.shutdown().await;
 }
-
