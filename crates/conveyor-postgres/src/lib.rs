@@ -152,6 +152,10 @@ struct Inner {
     _clock_task: Option<clock::ClockTask>,
 }
 
+/// How long a session of the store's pool may sit idle inside a transaction before PostgreSQL
+/// ends it (see [`PgStore::connect`]).
+const STALLED_TRANSACTION_TIMEOUT: &str = "10s";
+
 impl PgStore {
     /// Connects to the database at `url` (a `postgres://` URL), applies pending migrations
     /// (unless `options.run_migrations` is false) and starts the wake-up listener.
@@ -185,7 +189,20 @@ impl PgStore {
         // 21 s compiling statements that ran in a few milliseconds (docs/benchmarks.md,
         // "Workflows, fifth round"). Pools given to `from_pool` keep their own setting; flow
         // transactions turn it off for themselves either way (`workflow::plan_flow_statements`).
-        let pool_options = connect_options.clone().options([("jit", "off")]);
+        //
+        // A session idle inside a transaction for 10 s has lost its server: a partition or a
+        // paused process stalled it between statements (Conveyor's transactions never wait on
+        // anything but the database). PostgreSQL ends it, so its row locks (a job mid-commit, a
+        // schedule mid-fire) go back to the other servers instead of blocking them until TCP
+        // gives up, hours later. Its transaction rolls back: a lost commit, which the caller
+        // sees as an error and its lease or retry covers.
+        let pool_options = connect_options.clone().options([
+            ("jit", "off"),
+            (
+                "idle_in_transaction_session_timeout",
+                STALLED_TRANSACTION_TIMEOUT,
+            ),
+        ]);
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections.max(1))
             .connect_with(pool_options)

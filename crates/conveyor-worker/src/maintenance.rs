@@ -308,39 +308,45 @@ impl Maintenance {
                 _ = stop.cancelled() => break,
                 _ = ticker.tick() => {}
             }
-            let now_leading = match self
-                .store
-                .leader_try_acquire(&self.holder, self.leader_ttl)
-                .await
-            {
-                Ok(lead) => lead,
-                Err(error) => {
+            // A renewal asked now holds at most a TTL from now. A node cut off from its store
+            // (a partition, a stalled connection) can neither renew nor learn it lost: it gives
+            // the leadership up by itself when the lease would lapse, so it never acts, or says
+            // it leads, past it while another node takes over.
+            let lease_ends = tokio::time::Instant::now() + self.leader_ttl;
+            let asked = self.store.leader_try_acquire(&self.holder, self.leader_ttl);
+            let now_leading = match tokio::time::timeout_at(lease_ends, asked).await {
+                Ok(Ok(lead)) => lead,
+                Ok(Err(error)) => {
                     tracing::error!(%error, "leader election failed; will retry");
                     false
                 }
-            };
-            if now_leading != leading {
-                leading = now_leading;
-                self.leading.store(leading, Ordering::Relaxed);
-                self.leadership.send_replace(leading);
-                if leading {
-                    tracing::info!(holder = %self.holder, "this node now leads maintenance");
-                } else {
-                    tracing::info!(holder = %self.holder, "this node no longer leads maintenance");
+                Err(_) => {
+                    tracing::error!(
+                        "leader election got no answer within the leader TTL; will retry"
+                    );
+                    false
                 }
-            }
+            };
+            self.lead(&mut leading, now_leading);
             if !leading {
                 continue;
             }
             // A panicking pass (a store bug) must not end maintenance for good: lease rescue
             // and promotion would silently stop on this, the leading, node.
-            match crate::worker::contained(self.run_once()).await {
-                Ok(pass) => {
+            let pass = crate::worker::contained(self.run_once());
+            match tokio::time::timeout_at(lease_ends, pass).await {
+                Ok(Ok(pass)) => {
                     if let Some(observe) = &self.on_pass {
                         observe(&pass);
                     }
                 }
-                Err(error) => tracing::error!(%error, "maintenance pass failed; will retry"),
+                Ok(Err(error)) => tracing::error!(%error, "maintenance pass failed; will retry"),
+                Err(_) => {
+                    tracing::error!(
+                        "maintenance pass outlasted the leadership it ran under; cut short"
+                    );
+                    self.lead(&mut leading, false);
+                }
             }
         }
         self.leading.store(false, Ordering::Relaxed);
@@ -353,6 +359,21 @@ impl Maintenance {
             if let Err(error) = self.store.leader_release(&self.holder).await {
                 tracing::warn!(%error, "could not give up leadership; it will expire");
             }
+        }
+    }
+
+    /// Records whether this node leads, telling the scheduler and the health endpoint.
+    fn lead(&self, leading: &mut bool, now_leading: bool) {
+        if now_leading == *leading {
+            return;
+        }
+        *leading = now_leading;
+        self.leading.store(now_leading, Ordering::Relaxed);
+        self.leadership.send_replace(now_leading);
+        if now_leading {
+            tracing::info!(holder = %self.holder, "this node now leads maintenance");
+        } else {
+            tracing::info!(holder = %self.holder, "this node no longer leads maintenance");
         }
     }
 
