@@ -9,7 +9,7 @@ use conveyor_core::{
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use conveyor_storetest::eventually::eventually_within;
 use conveyor_worker::Maintenance;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -22,6 +22,8 @@ struct Stalling {
     inner: Arc<dyn Store>,
     stall_renewal: AtomicBool,
     stall_pass: AtomicBool,
+    /// Passes that began while `stall_pass` was set.
+    stalled_passes: AtomicUsize,
 }
 
 conveyor_core::delegate_store!(Stalling => inner:
@@ -38,6 +40,7 @@ impl LeadershipStore for Stalling {
     }
     async fn jobs_promote_due(&self) -> StoreResult<u64> {
         if self.stall_pass.load(Ordering::SeqCst) {
+            self.stalled_passes.fetch_add(1, Ordering::SeqCst);
             std::future::pending::<()>().await;
         }
         self.inner.jobs_promote_due().await
@@ -66,6 +69,7 @@ fn leader(dir: &tempfile::TempDir) -> (Arc<Stalling>, Arc<AtomicBool>, Cancellat
         inner,
         stall_renewal: AtomicBool::new(false),
         stall_pass: AtomicBool::new(false),
+        stalled_passes: AtomicUsize::new(0),
     });
     let maintenance = Maintenance::new(store.clone())
         .interval(Duration::from_millis(20))
@@ -90,18 +94,27 @@ async fn a_leader_whose_renewal_never_answers_gives_up_within_its_ttl() {
     await_leading(&leading, true, Duration::from_secs(10)).await;
     store.stall_renewal.store(true, Ordering::SeqCst);
     // The renewal asked just before the stall holds for a TTL; the one after it never answers.
-    await_leading(&leading, false, TTL * 3).await;
+    // (Ten TTLs of slack for a loaded machine: without the bound it would lead for good.)
+    await_leading(&leading, false, TTL * 10).await;
     stop.cancel();
 }
 
+/// A pass whose store stops answering is cut short when the leadership it ran under would
+/// lapse: the next pass begins (the renewal before it is answered, so the node leads again).
+/// Without the cut, the first stalled pass would hold the loop for good.
 #[tokio::test]
 async fn a_pass_that_never_ends_is_cut_short_when_the_leadership_lapses() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (store, leading, stop) = leader(&dir);
     await_leading(&leading, true, Duration::from_secs(10)).await;
     store.stall_pass.store(true, Ordering::SeqCst);
-    await_leading(&leading, false, TTL * 3).await;
-    // Once its store answers again, it leads again.
+    eventually_within(
+        "a stalled pass to be cut short",
+        Duration::from_secs(10),
+        || async { (store.stalled_passes.load(Ordering::SeqCst) >= 2).then_some(()) },
+    )
+    .await;
+    // Once its store answers again, passes run through.
     store.stall_pass.store(false, Ordering::SeqCst);
     await_leading(&leading, true, Duration::from_secs(10)).await;
     stop.cancel();
