@@ -535,7 +535,7 @@ impl QueueSettings {
 
 impl QueueSettings {
     /// Whether claims from this queue must count running jobs or recent starts, and so take the
-    /// stores' flow-controlled claim path rather than the plain one.
+    /// stores' limited claim path rather than the plain one.
     pub fn limits_starts(&self) -> bool {
         self.concurrency_limit.is_some()
             || self.per_key_concurrency_limit.is_some()

@@ -13,7 +13,10 @@ mod delegate;
 pub mod error;
 pub mod events;
 pub mod faults;
-pub mod flow;
+pub mod limits;
+/// The former name of [`limits`], kept so existing imports (`conveyor::flow::...`) build.
+#[doc(hidden)]
+pub use limits as flow;
 pub mod job;
 pub mod kinds;
 pub mod redact;

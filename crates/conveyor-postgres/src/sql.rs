@@ -105,8 +105,8 @@ pub(crate) struct Sql {
     pub settings_put: SqlStr,
     pub settings_list: SqlStr,
     pub paused_queues: SqlStr,
-    /// The flow-controlled claim's statements and state.
-    pub flow: crate::flow::Flow,
+    /// The limited claim's statements and state.
+    pub limits: crate::limits::LimitSql,
     /// Workflows' statements (`workflow.rs`).
     pub workflow: crate::workflow::WorkflowSql,
     pub retention: crate::retention::Retention,
@@ -268,10 +268,10 @@ impl Sql {
             // Jobs of paused queues are not claimed. With several queues the check is per row
             // (an anti-join on the settings' primary key); with one it is a one-time check on
             // `$1`, leaving the ordered scan of `jobs_fetch` as it was.
-            // Both are the fast path for queues without flow control: a one-time check (the
+            // Both are the fast path for queues without limits: a one-time check (the
             // gate) refuses to claim anything when a (not paused) queue of `$1` has limits or
             // tenanted jobs waiting. When nothing was claimed the caller asks the gate alone
-            // (`claim_gate`), and if it says so takes the flow-controlled claim (`flow.rs`).
+            // (`claim_gate`), and if it says so takes the limited claim (`flow.rs`).
             claim: stmt(gated_claim_sql(
                 &jobs,
                 &j_columns,
@@ -581,7 +581,7 @@ impl Sql {
                 "SELECT queue, {SETTINGS_COLUMNS} FROM {settings} ORDER BY queue"
             )),
             paused_queues: stmt(format!("SELECT queue FROM {settings} WHERE paused")),
-            flow: crate::flow::Flow::new(schema),
+            limits: crate::limits::LimitSql::new(schema),
             workflow: crate::workflow::WorkflowSql::new(schema),
             retention: crate::retention::Retention::new(schema),
             kinds: crate::kinds::KindsSql::new(schema),
@@ -634,7 +634,7 @@ fn one_queue_condition(settings: &str) -> String {
     )
 }
 
-/// The flow-control gate: true when a queue of the fetch needs the flow-controlled claim
+/// The limits gate: true when a queue of the fetch needs the limited claim
 /// (`flow.rs`): a settings row `s` matching `settings_condition` (which binds `$1`) that is not
 /// paused and has a concurrency or rate limit (or, when `weights_count`, a weight), or an
 /// available job `t` with a tenant matching `tenanted_condition`. Both are index probes.
@@ -698,9 +698,9 @@ enum KindFilter {
 /// statement; a row updated by another transaction after this statement's snapshot (and still
 /// available) is locked but not visible to the update, so it is left as it was, not lost.
 ///
-/// The plain claim behind the flow-control `gate` (which binds `$1`; PostgreSQL evaluates it
+/// The plain claim behind the limits `gate` (which binds `$1`; PostgreSQL evaluates it
 /// once per statement): claims nothing when the gate is true. A claim that returns no rows is
-/// followed by the gate alone, to tell "nothing available" from "take the flow-controlled
+/// followed by the gate alone, to tell "nothing available" from "take the limited
 /// claim"; a claim that returns rows costs nothing more, which keeps the common path one
 /// statement (run inside `CLAIM_BEGIN`'s transaction) with no wrapper around the
 /// `UPDATE ... RETURNING`.

@@ -6,7 +6,7 @@
 
 mod access;
 mod copy;
-mod flow;
+mod limits;
 mod migrate;
 mod ops;
 mod reads;

@@ -38,7 +38,7 @@ pub(crate) struct WriteCtx<'c> {
     /// the fetch and insert paths check pauses and limits without a read.
     pub settings: &'c mut HashMap<String, QueueSettings>,
     /// Where each queue's tenant round-robin resumes (see `flow`).
-    pub cursors: &'c mut crate::flow::Cursors,
+    pub cursors: &'c mut crate::limits::Cursors,
     /// Flow graphs as the writer last wrote them (see `workflow::GraphCache`).
     pub graphs: &'c mut crate::workflow::GraphCache,
     /// Set when an operation panicked: the in-memory settings are re-read after the round.
@@ -303,7 +303,7 @@ pub(crate) fn run_writer(
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     let mut claimed_queues = HashMap::new();
     let mut settings = load_settings(&conn);
-    let mut cursors = crate::flow::Cursors::new();
+    let mut cursors = crate::limits::Cursors::new();
     let mut graphs = crate::workflow::GraphCache::default();
     // Only the process's own wall clock steps; a clock given on purpose (tests) moves as told.
     let mut steps = clock

@@ -139,7 +139,7 @@ pub async fn breaker_settings_round_trip_with_queue_and_kind_settings(h: &Harnes
     );
 }
 
-/// A fetch with excluded kinds skips their jobs, in a plain and in a flow-controlled queue,
+/// A fetch with excluded kinds skips their jobs, in a plain and in a limited queue,
 /// and with kinds of its own only the others are left.
 pub async fn a_fetch_skips_excluded_kinds(h: &Harness) {
     let mut limited = QueueSettings::default();

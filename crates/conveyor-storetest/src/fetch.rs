@@ -249,7 +249,7 @@ pub async fn fetch_with_kinds_claims_only_those_kinds(h: &Harness) {
     params.kinds = Some(Vec::new());
     assert!(h.store.jobs_fetch(params).await.expect("fetch").is_empty());
 
-    // The same through flow control (a tenanted job takes the flow-controlled claim).
+    // The same through the limits (a tenanted job takes the limited claim).
     let mut tenanted = job_in("fair", "known");
     tenanted.tenant = Some("acme".to_string());
     let tenanted = insert(h, tenanted).await;

@@ -39,10 +39,10 @@ mod expiry;
 pub mod faults;
 mod fetch;
 mod finish;
-mod flow;
 mod hostile;
 mod insert;
 mod kinds;
+mod limits;
 pub mod model;
 pub mod pg_cluster;
 mod rescue;
@@ -62,10 +62,10 @@ pub use copy::*;
 pub use expiry::*;
 pub use fetch::*;
 pub use finish::*;
-pub use flow::*;
 pub use hostile::*;
 pub use insert::*;
 pub use kinds::*;
+pub use limits::*;
 pub use rescue::*;
 pub use retention::*;
 pub use schedules::*;
@@ -214,12 +214,12 @@ macro_rules! __conveyor_behaviours {
             max_depth_per_tenant_limits_each_tenant_separately,
             duplicate_enqueue_into_a_full_queue_returns_the_existing_job,
             concurrency_limit_caps_running_jobs_across_fetches,
-            // flow control
+            // limits
             per_key_concurrency_limit_caps_each_tenant,
             rate_limit_caps_starts_per_period,
             per_key_rate_limit_budgets_each_tenant,
             tenants_are_served_round_robin,
-            kinds_filter_applies_before_flow_control_picks,
+            kinds_filter_applies_before_limits_pick,
             untenanted_jobs_take_a_turn_among_tenants,
             fairness_keeps_priority_within_a_tenant,
             weighted_queues_share_a_fetch,

@@ -284,7 +284,7 @@ pub(super) async fn check_depth_limits(
         limits.insert(queue, (max_depth.map(depth_of), per_tenant.map(depth_of)));
     }
     let limit_of = |queue: &str| limits.get(queue).copied();
-    let adding = conveyor_core::flow::depth_demand(
+    let adding = conveyor_core::limits::depth_demand(
         columns
             .queues
             .iter()
@@ -314,7 +314,7 @@ pub(super) async fn check_depth_limits(
         ));
     }
     let mut depths = depths.into_iter();
-    conveyor_core::flow::depth_verdict(&adding, |_, _| Ok(depths.next().map_or(0, depth_of)))
+    conveyor_core::limits::depth_verdict(&adding, |_, _| Ok(depths.next().map_or(0, depth_of)))
 }
 
 /// A count or limit read from the database (never negative: the columns are checked).

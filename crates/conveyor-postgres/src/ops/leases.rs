@@ -72,9 +72,9 @@ pub(crate) struct Fetched {
 
 /// Promotes one batch of due jobs, then claims up to `max` available jobs in claim order.
 ///
-/// Queues without flow control are claimed from in one statement. That statement refuses
+/// Queues without limits are claimed from in one statement. That statement refuses
 /// (claiming nothing) when a queue of the fetch has limits or tenanted jobs waiting; only then
-/// does the fetch take the flow-controlled claim (`flow::claim_controlled`).
+/// does the fetch take the limited claim (`limits::claim_limited`).
 pub(crate) async fn fetch(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -124,10 +124,10 @@ pub(crate) async fn fetch(
         let limited: bool = gate
             .fetch_one(&mut *conn)
             .await
-            .map_err(db("check the flow-control gate"))?;
+            .map_err(db("check the limits gate"))?;
         if limited {
             let mut tx = conn.begin().await.map_err(db("begin limited claim"))?;
-            jobs = crate::flow::claim_controlled(&mut tx, ctx, params, expires_at).await?;
+            jobs = crate::limits::claim_limited(&mut tx, ctx, params, expires_at).await?;
             tx.commit().await.map_err(db("commit limited claim"))?;
         }
     } else {

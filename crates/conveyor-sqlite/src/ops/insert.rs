@@ -102,8 +102,8 @@ pub(super) fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreRe
         .enumerate()
         .filter(|(index, _)| !duplicates.contains(index))
         .map(|(_, job)| (job.queue.as_str(), job.tenant.as_deref()));
-    let demand = planner::depth_demand(counted, limits);
-    planner::depth_verdict(&demand, |queue, tenant| match tenant {
+    let demand = conveyor_core::limits::depth_demand(counted, limits);
+    conveyor_core::limits::depth_verdict(&demand, |queue, tenant| match tenant {
         None => queue_depth(ctx, queue),
         Some(tenant) => {
             let depth: i64 = ctx

@@ -90,8 +90,11 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             queues.push((queue.clone(), settings));
         }
     }
-    if let Some(weights) = planner::fetch_weights(queues.iter().map(|(_, s)| s.weight)) {
-        let mut plan = planner::WeightedFetch::new(&weights, params.max, &mut rand::rng());
+    if let Some(weights) =
+        conveyor_core::limits::fetch_weights(queues.iter().map(|(_, s)| s.weight))
+    {
+        let mut plan =
+            conveyor_core::limits::WeightedFetch::new(&weights, params.max, &mut rand::rng());
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
@@ -107,13 +110,14 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
     for (queue, settings) in &queues {
         lists.push(queue_candidates(ctx, queue, settings, params, params.max)?);
     }
-    let candidates =
-        planner::merge_in_claim_order(lists, params.max, |job| (job.priority, job.run_at, job.id));
+    let candidates = conveyor_core::limits::merge_in_claim_order(lists, params.max, |job| {
+        (job.priority, job.run_at, job.id)
+    });
     claim(ctx, params, candidates)
 }
 
 /// Up to `want` of `queue`'s available jobs, in the order a fetch should claim them: plain
-/// claim order, or through flow control when the queue has limits or tenanted jobs waiting.
+/// claim order, or through the limits when the queue has limits or tenanted jobs waiting.
 pub(super) fn queue_candidates(
     ctx: &mut WriteCtx<'_>,
     queue: &str,
@@ -121,12 +125,12 @@ pub(super) fn queue_candidates(
     params: &FetchParams,
     want: usize,
 ) -> StoreResult<Vec<Job>> {
-    let tenanted = flow::has_tenanted(ctx, queue)?;
+    let tenanted = limits::has_tenanted(ctx, queue)?;
     if settings.limits_starts() || tenanted {
         // The kinds filter applies as candidates are read, so jobs of other kinds ahead in
         // the queue take none of the quota.
-        let filter = flow::KindFilter::new(params)?;
-        return flow::candidates(ctx, queue, settings, want, tenanted, params, &filter);
+        let filter = limits::KindFilter::new(params)?;
+        return limits::candidates(ctx, queue, settings, want, tenanted, params, &filter);
     }
     first_available_for(ctx, queue, params, want)
 }
@@ -249,7 +253,7 @@ pub(super) fn claim(
         );
         ctx.claimed_queues.insert(job.id, job.queue.clone());
     }
-    flow::record_claims(ctx, &jobs)?;
+    limits::record_claims(ctx, &jobs)?;
     Ok(jobs)
 }
 

@@ -4,7 +4,6 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::clock;
-use conveyor_core::flow as planner;
 use conveyor_core::{
     CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job, JobState,
     Lease, LeaseOutcome, LeaseRef, NewJob, QueueSettings, RateLimit, ReplaySelector, RescueParams,
@@ -14,7 +13,7 @@ use rusqlite::{params, OptionalExtension};
 use uuid::Uuid;
 
 use crate::backend;
-use crate::flow;
+use crate::limits;
 use crate::rows::{self, millis, COLUMNS};
 use crate::unique;
 use crate::workflow;

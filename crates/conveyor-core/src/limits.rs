@@ -1,4 +1,4 @@
-//! Flow control shared by every store: how many of a queue's jobs a fetch may start, which
+//! Limits shared by every store: how many of a queue's jobs a fetch may start, which
 //! ones (tenants served round-robin, per-key limits), and how a fetch over several weighted
 //! queues splits its capacity. The stores read the counts under their claim lock and claim
 //! what these functions pick; nothing here does I/O.
@@ -345,7 +345,7 @@ pub fn rotation(
 }
 
 /// Merges per-queue candidate lists into the first `max` by priority (higher first), then
-/// run_at, then id, keeping each list's own order: a flow-controlled list is in round-robin
+/// run_at, then id, keeping each list's own order: a limited list is in round-robin
 /// order, which the merge must not undo. `key` gives (priority, run_at, id) of a candidate.
 pub fn merge_in_claim_order<T>(
     lists: Vec<Vec<T>>,

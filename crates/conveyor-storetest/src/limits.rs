@@ -1,4 +1,4 @@
-//! Flow control: per-key concurrency limits, rate limits, tenant fairness and queue weights.
+//! Limits: per-key concurrency limits, rate limits, tenant fairness and queue weights.
 
 use conveyor_core::{Job, NewJob, QueueSettings, RateLimit, StoreError};
 
@@ -246,11 +246,11 @@ pub async fn invalid_flow_settings_are_refused(h: &Harness) {
     );
 }
 
-/// A fetch that names `kinds` on a flow-controlled queue claims the jobs of those kinds even
+/// A fetch that names `kinds` on a limited queue claims the jobs of those kinds even
 /// when other kinds lead the queue (issue 27: 300 jobs of another kind ahead of 40 matching
 /// ones under `concurrency_limit: 1000` claimed none), with and without tenants; jobs of other
 /// kinds stay available.
-pub async fn kinds_filter_applies_before_flow_control_picks(h: &Harness) {
+pub async fn kinds_filter_applies_before_limits_pick(h: &Harness) {
     for (queue, tenanted) in [("limited", false), ("limited-fair", true)] {
         set(h, queue, {
             let mut settings = QueueSettings::default();

@@ -1,4 +1,4 @@
-//! Flow control with real processes: rate limits and concurrency limits hold across worker
+//! Limits with real processes: rate limits and concurrency limits hold across worker
 //! processes and servers, and one tenant's flood does not hold back another tenant's job.
 //! Each runs on the embedded SQLite store and on PostgreSQL (there with two servers sharing
 //! one schema, so the limits are shown to hold across nodes).

@@ -1,9 +1,9 @@
-//! Flow-controlled claims on the writer thread: concurrency and rate limits (per queue and per
+//! Limited claims on the writer thread: concurrency and rate limits (per queue and per
 //! tenant) and tenant fairness. The writer is the only claimer, so the counts read here are
-//! exact across every worker; the picking itself is `conveyor_core::flow`.
+//! exact across every worker; the picking itself is `conveyor_core::limits`.
 
 use chrono::Duration;
-use conveyor_core::flow::{self, Group};
+use conveyor_core::limits::{self, Group};
 use conveyor_core::{FetchParams, Job, JobState, QueueSettings, RateLimit, StoreResult};
 use rusqlite::params;
 use uuid::Uuid;
@@ -12,7 +12,7 @@ use crate::backend;
 use crate::rows::millis;
 use crate::writer::WriteCtx;
 
-/// Per queue, the tenant group served last by a flow-controlled fetch (`None`: the group of
+/// Per queue, the tenant group served last by a limited fetch (`None`: the group of
 /// jobs without a tenant), so the next fetch's round-robin starts after it.
 pub(crate) type Cursors = std::collections::HashMap<String, Option<String>>;
 
@@ -52,7 +52,7 @@ pub(crate) fn candidates(
         Some(rate) => recent_starts(ctx, queue, "", rate)?,
         None => 0,
     };
-    let quota = flow::queue_quota(settings, want, running, recent);
+    let quota = limits::queue_quota(settings, want, running, recent);
     if quota == 0 {
         return Ok(Vec::new());
     }
@@ -61,7 +61,7 @@ pub(crate) fn candidates(
         return crate::ops::first_available_for(ctx, queue, params, quota);
     }
     let groups = tenant_groups(ctx, queue, settings, quota, filter)?;
-    let picked = flow::round_robin(&groups, quota);
+    let picked = limits::round_robin(&groups, quota);
     let mut jobs = Vec::with_capacity(picked.jobs.len());
     for id in picked.jobs {
         if let Some(job) = crate::ops::job_by_id(ctx, &id.to_string())? {
@@ -230,7 +230,7 @@ fn tenants(
 }
 
 /// Available jobs without a tenant, looked for among the queue's first
-/// [`flow::UNTENANTED_WINDOW`] available jobs.
+/// [`limits::UNTENANTED_WINDOW`] available jobs.
 fn untenanted_ids(
     ctx: &WriteCtx<'_>,
     queue: &str,
@@ -250,7 +250,7 @@ fn untenanted_ids(
             stmt.query_map(
                 params![
                     queue,
-                    flow::UNTENANTED_WINDOW as i64,
+                    limits::UNTENANTED_WINDOW as i64,
                     limit as i64,
                     filter.only,
                     filter.excluded
@@ -304,7 +304,7 @@ fn tenant_groups(
         Vec::new()
     };
     let untenanted = untenanted_ids(ctx, queue, quota, filter)?;
-    let (order, reads) = flow::tenant_pass(
+    let (order, reads) = limits::tenant_pass(
         after,
         from_start,
         !untenanted.is_empty(),
@@ -333,7 +333,7 @@ fn tenant_groups(
                 Some(rate) => recent_starts(ctx, queue, &tenant, rate)?,
                 None => 0,
             };
-            flow::key_budget(settings, running, recent)
+            limits::key_budget(settings, running, recent)
         } else {
             usize::MAX
         };

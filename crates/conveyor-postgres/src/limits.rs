@@ -1,4 +1,4 @@
-//! The flow-controlled claim: concurrency and rate limits (per queue and per tenant), tenant
+//! The limited claim: concurrency and rate limits (per queue and per tenant), tenant
 //! fairness and queue weights. Fetches take this path only when the fast claim statement's
 //! gate sends them here (a queue of the fetch has limits, tenanted jobs waiting, or, with
 //! several queues, a weight).
@@ -6,10 +6,10 @@
 //! It runs in one transaction holding each of the fetch's queues' claim locks (advisory, taken
 //! in ascending key order so fetchers cannot deadlock), so the running jobs and recent starts
 //! it counts include every claim of the fetchers that held the locks before, in any process.
-//! The picking itself is `conveyor_core::flow`, shared with the SQLite store.
+//! The picking itself is `conveyor_core::limits`, shared with the SQLite store.
 
 use chrono::{DateTime, Utc};
-use conveyor_core::flow::{self, Group};
+use conveyor_core::limits::{self, Group};
 use conveyor_core::{FetchParams, Job, QueueSettings, RateLimit, StoreResult};
 use sqlx::{PgConnection, Row};
 use std::collections::{BTreeMap, HashMap};
@@ -23,8 +23,8 @@ use crate::rows;
 use crate::sql::{stmt, COLUMNS, SETTINGS_COLUMNS};
 use sqlx::SqlStr;
 
-/// The statements of the flow-controlled claim for one schema, and the round-robin cursors.
-pub(crate) struct Flow {
+/// The statements of the limited claim for one schema, and the round-robin cursors.
+pub(crate) struct LimitSql {
     settings_for: SqlStr,
     running: SqlStr,
     prune_starts: SqlStr,
@@ -43,7 +43,7 @@ pub(crate) struct Flow {
     cursors: Mutex<HashMap<String, Option<String>>>,
 }
 
-impl Flow {
+impl LimitSql {
     pub(crate) fn new(schema: &str) -> Self {
         let jobs = format!("{}.jobs", quoted(schema));
         let settings = format!("{}.queue_settings", quoted(schema));
@@ -178,17 +178,17 @@ fn limit(n: usize) -> i64 {
 }
 
 /// Claims for a fetch that the gate sent here. Must run in a transaction.
-pub(crate) async fn claim_controlled(
+pub(crate) async fn claim_limited(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
     params: &FetchParams,
     expires_at: DateTime<Utc>,
 ) -> StoreResult<Vec<Job>> {
-    let flow = &ctx.sql.flow;
+    let statements = &ctx.sql.limits;
     let mut names: Vec<&str> = params.queues.iter().map(String::as_str).collect();
     names.sort_unstable();
     names.dedup();
-    let found = sqlx::query(flow.settings_for.clone())
+    let found = sqlx::query(statements.settings_for.clone())
         .bind(&names)
         .fetch_all(&mut *conn)
         .await
@@ -218,8 +218,8 @@ pub(crate) async fn claim_controlled(
         ctx,
         queues: &queues,
     };
-    if let Some(weights) = flow::fetch_weights(queues.iter().map(|(_, s)| s.weight)) {
-        let mut plan = flow::WeightedFetch::new(&weights, params.max, &mut rand::rng());
+    if let Some(weights) = limits::fetch_weights(queues.iter().map(|(_, s)| s.weight)) {
+        let mut plan = limits::WeightedFetch::new(&weights, params.max, &mut rand::rng());
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
@@ -235,7 +235,7 @@ pub(crate) async fn claim_controlled(
     for (queue, settings) in &queues {
         lists.push(queue_candidates(conn, ctx, queue, settings, params.max, params).await?);
     }
-    let picked = flow::merge_in_claim_order(lists, params.max, |c| (c.priority, c.run_at, c.id));
+    let picked = limits::merge_in_claim_order(lists, params.max, |c| (c.priority, c.run_at, c.id));
     claim.ids(conn, picked).await
 }
 
@@ -255,7 +255,7 @@ impl Claim<'_, '_> {
             return Ok(Vec::new());
         }
         let ids: Vec<Uuid> = picked.iter().map(|c| c.id).collect();
-        let found = sqlx::query(self.ctx.sql.flow.claim_ids.clone())
+        let found = sqlx::query(self.ctx.sql.limits.claim_ids.clone())
             .bind(&ids)
             .bind(&self.params.worker_id)
             .bind(self.expires_at)
@@ -273,7 +273,10 @@ impl Claim<'_, '_> {
         let jobs: Vec<Job> = ids.iter().filter_map(|id| by_id.remove(id)).collect();
         record_starts(conn, self.ctx, self.queues, &jobs).await?;
         for job in &jobs {
-            self.ctx.sql.flow.set_cursor(&job.queue, job.tenant.clone());
+            self.ctx
+                .sql
+                .limits
+                .set_cursor(&job.queue, job.tenant.clone());
         }
         Ok(jobs)
     }
@@ -304,7 +307,7 @@ async fn record_starts(
     if queues.is_empty() {
         return Ok(());
     }
-    sqlx::query(ctx.sql.flow.record_starts.clone())
+    sqlx::query(ctx.sql.limits.record_starts.clone())
         .bind(&queues)
         .bind(&scopes)
         .bind(ctx.now)
@@ -323,9 +326,9 @@ async fn queue_candidates(
     want: usize,
     params: &FetchParams,
 ) -> StoreResult<Vec<Candidate>> {
-    let flow = &ctx.sql.flow;
+    let statements = &ctx.sql.limits;
     let running = if settings.concurrency_limit.is_some() {
-        let n: i64 = sqlx::query_scalar(flow.running.clone())
+        let n: i64 = sqlx::query_scalar(statements.running.clone())
             .bind(queue)
             .fetch_one(&mut *conn)
             .await
@@ -341,7 +344,7 @@ async fn queue_candidates(
                 period_ms,
             }
             .period();
-        sqlx::query(flow.prune_starts.clone())
+        sqlx::query(statements.prune_starts.clone())
             .bind(queue)
             .bind(horizon)
             .execute(&mut *conn)
@@ -352,17 +355,17 @@ async fn queue_candidates(
         Some(rate) => recent_starts(conn, ctx, queue, "", rate).await?,
         None => 0,
     };
-    let quota = flow::queue_quota(settings, want, running, recent);
+    let quota = limits::queue_quota(settings, want, running, recent);
     if quota == 0 {
         return Ok(Vec::new());
     }
-    let tenanted: bool = sqlx::query_scalar(flow.has_tenanted.clone())
+    let tenanted: bool = sqlx::query_scalar(statements.has_tenanted.clone())
         .bind(queue)
         .fetch_one(&mut *conn)
         .await
         .map_err(db("look for tenanted jobs"))?;
     if !tenanted {
-        let found = sqlx::query(flow.first.clone())
+        let found = sqlx::query(statements.first.clone())
             .bind(queue)
             .bind(limit(quota))
             .bind(params.kinds.as_deref())
@@ -373,7 +376,7 @@ async fn queue_candidates(
         return candidates_of(&found);
     }
     let (groups, candidates) = tenant_groups(conn, ctx, queue, settings, quota, params).await?;
-    let picked = flow::round_robin(&groups, quota);
+    let picked = limits::round_robin(&groups, quota);
     Ok(picked
         .jobs
         .iter()
@@ -388,7 +391,7 @@ async fn recent_starts(
     scope: &str,
     rate: RateLimit,
 ) -> StoreResult<u64> {
-    let n: i64 = sqlx::query_scalar(ctx.sql.flow.recent_starts.clone())
+    let n: i64 = sqlx::query_scalar(ctx.sql.limits.recent_starts.clone())
         .bind(queue)
         .bind(scope)
         .bind(ctx.now - rate.period())
@@ -406,7 +409,7 @@ async fn tenants(
     max: usize,
     params: &FetchParams,
 ) -> StoreResult<Vec<String>> {
-    sqlx::query_scalar(ctx.sql.flow.tenants.clone())
+    sqlx::query_scalar(ctx.sql.limits.tenants.clone())
         .bind(queue)
         // Tenants are never empty (names are validated), so '' stands for "from the first".
         .bind(after.unwrap_or(""))
@@ -440,7 +443,7 @@ async fn key_budgets(
     let since = settings
         .per_key_rate_limit
         .map_or(ctx.now, |rate| ctx.now - rate.period());
-    let found = sqlx::query(ctx.sql.flow.key_counts.clone())
+    let found = sqlx::query(ctx.sql.limits.key_counts.clone())
         .bind(queue)
         .bind(tenants)
         .bind(since)
@@ -458,7 +461,7 @@ async fn key_budgets(
             let read = |e: sqlx::Error| corrupt(e.to_string());
             let running: i64 = row.try_get("running").map_err(read)?;
             let recent: i64 = row.try_get("recent").map_err(read)?;
-            Ok(flow::key_budget(
+            Ok(limits::key_budget(
                 settings,
                 count_of(running),
                 count_of(recent),
@@ -477,8 +480,8 @@ async fn tenant_groups(
     quota: usize,
     params: &FetchParams,
 ) -> StoreResult<(Vec<Group>, HashMap<Uuid, Candidate>)> {
-    let flow = &ctx.sql.flow;
-    let cursor = flow.cursor(queue);
+    let statements = &ctx.sql.limits;
+    let cursor = statements.cursor(queue);
     let after = match &cursor {
         Some(Some(tenant)) => tenants(conn, ctx, queue, Some(tenant), quota, params).await?,
         _ => Vec::new(),
@@ -489,9 +492,9 @@ async fn tenant_groups(
         Vec::new()
     };
     let untenanted = candidates_of(
-        &sqlx::query(flow.untenanted.clone())
+        &sqlx::query(statements.untenanted.clone())
             .bind(queue)
-            .bind(limit(flow::UNTENANTED_WINDOW))
+            .bind(limit(limits::UNTENANTED_WINDOW))
             .bind(limit(quota))
             .bind(params.kinds.as_deref())
             .bind(&params.excluded_kinds)
@@ -499,7 +502,7 @@ async fn tenant_groups(
             .await
             .map_err(db("read jobs without a tenant"))?,
     )?;
-    let (order, reads) = flow::tenant_pass(
+    let (order, reads) = limits::tenant_pass(
         after,
         from_start,
         !untenanted.is_empty(),
@@ -510,7 +513,7 @@ async fn tenant_groups(
     let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
     // Every tenant's first jobs in one statement (a LATERAL read per tenant).
     let wanted: Vec<i64> = budgets.iter().map(|b| limit(reads.min(*b))).collect();
-    let found = sqlx::query(flow.tenant_jobs.clone())
+    let found = sqlx::query(statements.tenant_jobs.clone())
         .bind(queue)
         .bind(&tenants)
         .bind(&wanted)
