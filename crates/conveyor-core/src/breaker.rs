@@ -37,6 +37,7 @@ use crate::clock::Clock;
 use crate::error::{StoreResult, ValidationError};
 use crate::job::Job;
 use crate::store::{FetchParams, Store};
+use crate::validate::Valid;
 
 /// What a breaker guards: one queue, or one job kind in every queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -564,7 +565,15 @@ pub trait BreakerStore: Send + Sync {
 
     /// Writes `breaker.record` if the stored version is still `breaker.version` (0: only if
     /// none is stored), storing version + 1. False when another write came first.
-    async fn breaker_write(&self, breaker: &StoredBreaker) -> StoreResult<bool>;
+    ///
+    /// Checks the name ([`Valid::breaker`]) first.
+    async fn breaker_write(&self, breaker: &StoredBreaker) -> StoreResult<bool> {
+        self.breaker_write_valid(Valid::breaker(breaker.clone())?)
+            .await
+    }
+
+    /// Writes a breaker's record (see [`BreakerStore::breaker_write`]).
+    async fn breaker_write_valid(&self, breaker: Valid<StoredBreaker>) -> StoreResult<bool>;
 }
 
 /// What the API shows of one breaker: its settings (if configured) and its state.
@@ -943,10 +952,10 @@ impl CircuitBreakers {
 
     /// Claims up to `params.max` jobs, skipping queues and kinds whose breaker is open and
     /// handing out a half-open breaker's probes.
-    pub async fn fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
+    pub async fn fetch(&self, params: Valid<FetchParams>) -> StoreResult<Vec<Job>> {
         let snapshot = self.current().await?;
         if snapshot.quiet() {
-            return self.store.jobs_fetch(params).await;
+            return self.store.jobs_fetch_valid(params).await;
         }
         let system = Actor::system();
         let mut blocked_queues: Vec<String> = Vec::new();
@@ -1001,26 +1010,32 @@ impl CircuitBreakers {
                 BreakerScope::Kind => blocked_kinds.push(key.1.clone()),
             }
         }
-        let mut main = params.clone();
-        main.queues.retain(|q| !blocked_queues.contains(q));
-        main.excluded_kinds.extend(blocked_kinds.iter().cloned());
+        // The fetches below narrow the checked one (fewer queues and jobs, kinds of its own or
+        // of stored breakers), so they stay valid.
+        let main = params.clone().vouched_map(|mut main| {
+            main.queues.retain(|q| !blocked_queues.contains(q));
+            main.excluded_kinds.extend(blocked_kinds.iter().cloned());
+            main
+        });
         let mut jobs = Vec::new();
         for (key, granted) in probes {
             let room = u32::try_from(params.max.saturating_sub(jobs.len())).unwrap_or(u32::MAX);
-            let mut probe = main.clone();
-            match key.0 {
-                BreakerScope::Queue => probe.queues = vec![key.1.clone()],
-                BreakerScope::Kind => {
-                    probe.kinds = Some(vec![key.1.clone()]);
-                    probe.excluded_kinds.retain(|k| *k != key.1);
-                }
-            }
             let asked = granted.min(room);
-            let got = if asked > 0 && !probe.queues.is_empty() {
+            let probe = main.clone().vouched_map(|mut probe| {
+                match key.0 {
+                    BreakerScope::Queue => probe.queues = vec![key.1.clone()],
+                    BreakerScope::Kind => {
+                        probe.kinds = Some(vec![key.1.clone()]);
+                        probe.excluded_kinds.retain(|k| *k != key.1);
+                    }
+                }
                 probe.max = asked as usize;
-                self.store.jobs_fetch(probe).await?
-            } else {
+                probe
+            });
+            let got = if probe.claims_nothing() {
                 Vec::new()
+            } else {
+                self.store.jobs_fetch_valid(probe).await?
             };
             let unused = granted.saturating_sub(got.len() as u32);
             if unused > 0 {
@@ -1037,9 +1052,12 @@ impl CircuitBreakers {
             jobs.extend(got);
         }
         let room = params.max.saturating_sub(jobs.len());
-        if room > 0 && !main.queues.is_empty() {
+        let main = main.vouched_map(|mut main| {
             main.max = room;
-            jobs.extend(self.store.jobs_fetch(main).await?);
+            main
+        });
+        if !main.claims_nothing() {
+            jobs.extend(self.store.jobs_fetch_valid(main).await?);
         }
         Ok(jobs)
     }

@@ -63,8 +63,8 @@ macro_rules! delegate_store {
             async fn breaker_get(&self, scope: $crate::BreakerScope, name: &str) -> $crate::StoreResult<Option<$crate::StoredBreaker>> {
                 $crate::BreakerStore::breaker_get(&*self.$field, scope, name).await
             }
-            async fn breaker_write(&self, breaker: &$crate::StoredBreaker) -> $crate::StoreResult<bool> {
-                $crate::BreakerStore::breaker_write(&*self.$field, breaker).await
+            async fn breaker_write_valid(&self, breaker: $crate::Valid<$crate::StoredBreaker>) -> $crate::StoreResult<bool> {
+                $crate::BreakerStore::breaker_write_valid(&*self.$field, breaker).await
             }
         }
     };
@@ -179,8 +179,8 @@ macro_rules! delegate_store {
             async fn flow_cancel(&self, id: uuid::Uuid) -> $crate::StoreResult<$crate::workflow::FlowView> {
                 $crate::FlowStore::flow_cancel(&*self.$field, id).await
             }
-            async fn flow_signal(&self, id: uuid::Uuid, signal: &str, payload: serde_json::Value) -> $crate::StoreResult<$crate::workflow::SignalOutcome> {
-                $crate::FlowStore::flow_signal(&*self.$field, id, signal, payload).await
+            async fn flow_signal_valid(&self, id: uuid::Uuid, signal: &str, payload: $crate::Valid<serde_json::Value>) -> $crate::StoreResult<$crate::workflow::SignalOutcome> {
+                $crate::FlowStore::flow_signal_valid(&*self.$field, id, signal, payload).await
             }
             async fn flows_expire_waits(&self, limit: usize) -> $crate::StoreResult<u64> {
                 $crate::FlowStore::flows_expire_waits(&*self.$field, limit).await
@@ -196,17 +196,17 @@ macro_rules! delegate_store {
     (@part LeaseStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::LeaseStore for $decorator {
-            async fn jobs_fetch(&self, params: $crate::FetchParams) -> $crate::StoreResult<Vec<$crate::Job>> {
-                $crate::LeaseStore::jobs_fetch(&*self.$field, params).await
+            async fn jobs_fetch_valid(&self, params: $crate::Valid<$crate::FetchParams>) -> $crate::StoreResult<Vec<$crate::Job>> {
+                $crate::LeaseStore::jobs_fetch_valid(&*self.$field, params).await
             }
             async fn jobs_heartbeat_many(&self, params: Vec<$crate::HeartbeatParams>) -> $crate::StoreResult<Vec<Option<chrono::DateTime<chrono::Utc>>>> {
                 $crate::LeaseStore::jobs_heartbeat_many(&*self.$field, params).await
             }
-            async fn jobs_complete_many(&self, params: Vec<$crate::CompleteParams>) -> $crate::StoreResult<Vec<$crate::LeaseOutcome>> {
-                $crate::LeaseStore::jobs_complete_many(&*self.$field, params).await
+            async fn jobs_complete_valid(&self, params: $crate::Valid<Vec<$crate::CompleteParams>>) -> $crate::StoreResult<Vec<$crate::LeaseOutcome>> {
+                $crate::LeaseStore::jobs_complete_valid(&*self.$field, params).await
             }
-            async fn job_fail(&self, params: $crate::FailParams) -> $crate::StoreResult<$crate::Job> {
-                $crate::LeaseStore::job_fail(&*self.$field, params).await
+            async fn job_fail_valid(&self, params: $crate::Valid<$crate::FailParams>) -> $crate::StoreResult<$crate::Job> {
+                $crate::LeaseStore::job_fail_valid(&*self.$field, params).await
             }
             async fn job_snooze(&self, params: $crate::SnoozeParams) -> $crate::StoreResult<$crate::Job> {
                 $crate::LeaseStore::job_snooze(&*self.$field, params).await
@@ -234,8 +234,8 @@ macro_rules! delegate_store {
             async fn queue_settings_get(&self, queue: &str) -> $crate::StoreResult<$crate::QueueSettings> {
                 $crate::QueueStore::queue_settings_get(&*self.$field, queue).await
             }
-            async fn queue_settings_put(&self, queue: &str, settings: $crate::QueueSettings) -> $crate::StoreResult<$crate::QueueSettings> {
-                $crate::QueueStore::queue_settings_put(&*self.$field, queue, settings).await
+            async fn queue_settings_put_valid(&self, settings: $crate::Valid<$crate::NamedQueueSettings>) -> $crate::StoreResult<$crate::QueueSettings> {
+                $crate::QueueStore::queue_settings_put_valid(&*self.$field, settings).await
             }
             async fn queue_settings_list(&self) -> $crate::StoreResult<Vec<$crate::NamedQueueSettings>> {
                 $crate::QueueStore::queue_settings_list(&*self.$field).await
@@ -268,8 +268,8 @@ macro_rules! delegate_store {
     (@part AccessStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::AccessStore for $decorator {
-            async fn tokens_insert(&self, token: $crate::NewToken) -> $crate::StoreResult<$crate::ApiToken> {
-                $crate::AccessStore::tokens_insert(&*self.$field, token).await
+            async fn tokens_insert_valid(&self, token: $crate::Valid<$crate::NewToken>) -> $crate::StoreResult<$crate::ApiToken> {
+                $crate::AccessStore::tokens_insert_valid(&*self.$field, token).await
             }
             async fn tokens_list(&self) -> $crate::StoreResult<Vec<$crate::ApiToken>> {
                 $crate::AccessStore::tokens_list(&*self.$field).await

@@ -60,7 +60,7 @@ pub use stats::{StatsRecorder, StatsStore};
 pub use store::*;
 pub use stuck::{StuckBasis, StuckJob, StuckParams};
 pub use unique::UniqueSpec;
-pub use validate::ValidJob;
+pub use validate::{Valid, ValidJob};
 
 // For `delegate_store!`, whose expansion implements async traits in the caller's crate.
 #[doc(hidden)]

@@ -21,7 +21,7 @@ use crate::job::{Inserted, Job, JobState, NamedQueueSettings, NewJob, QueueSetti
 use crate::retry::RetryPolicy;
 use crate::schedule::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use crate::stuck::{StuckJob, StuckParams};
-use crate::validate::ValidJob;
+use crate::validate::{Valid, ValidJob};
 use crate::workers::{StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo};
 use crate::workflow::{CreatedFlow, FlowListParams, FlowView, SignalOutcome, ValidFlow};
 
@@ -423,9 +423,19 @@ pub trait JobStore: Send + Sync {
 /// The worker's side: claiming jobs under a lease and finishing them.
 #[async_trait]
 pub trait LeaseStore: Send + Sync {
+    /// Checks the fetch ([`Valid::fetch`]) and claims as [`LeaseStore::jobs_fetch_valid`]
+    /// does; nothing at all when it cannot claim anything.
+    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
+        let params = Valid::fetch(params)?;
+        if params.claims_nothing() {
+            return Ok(Vec::new());
+        }
+        self.jobs_fetch_valid(params).await
+    }
+
     /// Claims available jobs by priority (higher first), then run_at, then age, marking them
     /// running under a fresh lease. Never blocks waiting for work; see [`LeaseStore::wakeup`].
-    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>>;
+    async fn jobs_fetch_valid(&self, params: Valid<FetchParams>) -> StoreResult<Vec<Job>>;
 
     /// Extends leases; `None` for each lease that was lost.
     async fn jobs_heartbeat_many(
@@ -433,15 +443,33 @@ pub trait LeaseStore: Send + Sync {
         params: Vec<HeartbeatParams>,
     ) -> StoreResult<Vec<Option<DateTime<Utc>>>>;
 
-    /// Marks running jobs completed, each only if its lease still holds.
+    /// Checks the completions ([`Valid::completions`]) and records them as
+    /// [`LeaseStore::jobs_complete_valid`] does.
     async fn jobs_complete_many(
         &self,
         params: Vec<CompleteParams>,
+    ) -> StoreResult<Vec<LeaseOutcome>> {
+        if params.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.jobs_complete_valid(Valid::completions(params)?).await
+    }
+
+    /// Marks running jobs completed, each only if its lease still holds.
+    async fn jobs_complete_valid(
+        &self,
+        params: Valid<Vec<CompleteParams>>,
     ) -> StoreResult<Vec<LeaseOutcome>>;
+
+    /// Makes the report storable ([`Valid::failure`]) and records it as
+    /// [`LeaseStore::job_fail_valid`] does.
+    async fn job_fail(&self, params: FailParams) -> StoreResult<Job> {
+        self.job_fail_valid(Valid::failure(params)).await
+    }
 
     /// Records a failed attempt and moves the job to `retryable` or `dead`. `LeaseLost` when the
     /// lease no longer holds (nothing changes then).
-    async fn job_fail(&self, params: FailParams) -> StoreResult<Job>;
+    async fn job_fail_valid(&self, params: Valid<FailParams>) -> StoreResult<Job>;
 
     /// Puts a running job back to `scheduled` until `until`, without counting the attempt.
     async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job>;
@@ -483,10 +511,22 @@ pub trait QueueStore: Send + Sync {
     /// the limit. Only jobs a batch would add count: an idempotent duplicate is answered with
     /// the existing job even when the queue is full. Jobs without a tenant count towards the
     /// queue's limit only.
+    ///
+    /// Checks the name and settings ([`Valid::queue_settings`]) and stores them as
+    /// [`QueueStore::queue_settings_put_valid`] does.
     async fn queue_settings_put(
         &self,
         queue: &str,
         settings: QueueSettings,
+    ) -> StoreResult<QueueSettings> {
+        self.queue_settings_put_valid(Valid::queue_settings(queue, settings)?)
+            .await
+    }
+
+    /// Replaces a queue's settings (see [`QueueStore::queue_settings_put`]).
+    async fn queue_settings_put_valid(
+        &self,
+        settings: Valid<NamedQueueSettings>,
     ) -> StoreResult<QueueSettings>;
 
     /// Every queue with settings of its own.
@@ -526,7 +566,13 @@ pub trait ScheduleStore: Send + Sync {
 pub trait AccessStore: Send + Sync {
     /// Stores a new token. Names are unique among active tokens (a revoked token's name may
     /// be used again): a clash is `Invalid` naming `name`.
-    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken>;
+    /// Checks the name ([`Valid::token`]) first.
+    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
+        self.tokens_insert_valid(Valid::token(token)?).await
+    }
+
+    /// Stores a new token (see [`AccessStore::tokens_insert`]).
+    async fn tokens_insert_valid(&self, token: Valid<NewToken>) -> StoreResult<ApiToken>;
 
     /// Every token, revoked ones included, oldest first.
     async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>>;
@@ -662,11 +708,23 @@ pub trait FlowStore: Send + Sync {
     /// `payload` as its result; a step not waiting yet keeps it and completes when it begins.
     /// `Invalid` naming `signal` when no step waits for it; `FlowConflict` when that step has
     /// finished or the flow has ended.
+    /// Checks the payload ([`Valid::payload`]) first.
     async fn flow_signal(
         &self,
         id: Uuid,
         signal: &str,
         payload: Value,
+    ) -> StoreResult<SignalOutcome> {
+        self.flow_signal_valid(id, signal, Valid::payload(payload)?)
+            .await
+    }
+
+    /// Delivers a signal (see [`FlowStore::flow_signal`]).
+    async fn flow_signal_valid(
+        &self,
+        id: Uuid,
+        signal: &str,
+        payload: Valid<Value>,
     ) -> StoreResult<SignalOutcome>;
 
     /// Fails (class `timeout`) up to `limit` wait steps whose deadline passed. Run by the
@@ -753,7 +811,7 @@ pub const IDLE_POLL_GROWTH: u32 = 16;
 pub async fn fetch_waiting(
     store: &dyn Store,
     breakers: Option<&crate::breaker::CircuitBreakers>,
-    params: FetchParams,
+    params: Valid<FetchParams>,
     wait: Duration,
     poll: Duration,
     stop: impl std::future::Future<Output = ()>,
@@ -809,7 +867,7 @@ impl IdleLooks {
 pub async fn fetch_waiting_with(
     store: &dyn Store,
     breakers: Option<&crate::breaker::CircuitBreakers>,
-    params: FetchParams,
+    params: Valid<FetchParams>,
     wait: Duration,
     poll: Duration,
     idle: Option<&IdleLooks>,
@@ -841,8 +899,9 @@ pub async fn fetch_waiting_with(
         };
         if !shared_empty {
             let jobs = match breakers {
+                _ if params.claims_nothing() => Vec::new(),
                 Some(breakers) => breakers.fetch(params.clone()).await?,
-                None => store.jobs_fetch(params.clone()).await?,
+                None => store.jobs_fetch_valid(params.clone()).await?,
             };
             if !jobs.is_empty() {
                 return Ok(jobs);

@@ -383,3 +383,110 @@ pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), Valida
     }
     Ok(())
 }
+
+/// A request that passed its checks. Only this module makes one (a constructor per kind of
+/// request, below), and the stores take these: every rule here runs once, above the stores,
+/// however many layers a request passes through, and no store can check it differently.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Valid<T>(T);
+
+impl<T> Valid<T> {
+    pub fn get(&self) -> &T {
+        &self.0
+    }
+
+    pub fn into_inner(self) -> T {
+        self.0
+    }
+
+    /// The same request changed by a decorator that transforms what is stored (encryption at
+    /// rest). The caller vouches that `change` keeps it valid: it derives the new fields from
+    /// the checked ones, so they are not checked again.
+    pub fn vouched_map(self, change: impl FnOnce(T) -> T) -> Valid<T> {
+        Valid(change(self.0))
+    }
+
+    /// [`Valid::vouched_map`] with a change that may fail.
+    pub fn try_vouched_map<E>(self, change: impl FnOnce(T) -> Result<T, E>) -> Result<Valid<T>, E> {
+        change(self.0).map(Valid)
+    }
+}
+
+impl<T> std::ops::Deref for Valid<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        &self.0
+    }
+}
+
+impl Valid<crate::store::FetchParams> {
+    /// A fetch, as [`fetch`] checks and normalises it.
+    pub fn fetch(mut params: crate::store::FetchParams) -> Result<Self, ValidationError> {
+        fetch(&mut params)?;
+        Ok(Self(params))
+    }
+
+    /// Whether the fetch cannot claim anything (no slots, no queues, or an empty kind filter),
+    /// so no store need be asked.
+    pub fn claims_nothing(&self) -> bool {
+        let no_kinds = self.0.kinds.as_ref().is_some_and(Vec::is_empty);
+        self.0.max == 0 || self.0.queues.is_empty() || no_kinds
+    }
+}
+
+impl Valid<Vec<crate::store::CompleteParams>> {
+    /// A batch of completions, as [`completions`] checks it.
+    pub fn completions(params: Vec<crate::store::CompleteParams>) -> Result<Self, ValidationError> {
+        completions(&params)?;
+        Ok(Self(params))
+    }
+}
+
+impl Valid<crate::store::FailParams> {
+    /// A failure report, its message made storable ([`storable_message`]): a report is never
+    /// refused for its message.
+    pub fn failure(mut params: crate::store::FailParams) -> Self {
+        params.message = storable_message(&params.message).into_owned();
+        Self(params)
+    }
+}
+
+impl Valid<serde_json::Value> {
+    /// A JSON value a store keeps as given (a signal's payload): no NUL anywhere in it.
+    pub fn payload(value: serde_json::Value) -> Result<Self, ValidationError> {
+        json_without_nul("payload", &value)?;
+        Ok(Self(value))
+    }
+}
+
+impl Valid<crate::job::NamedQueueSettings> {
+    /// A queue's settings under its name.
+    pub fn queue_settings(
+        queue: &str,
+        settings: crate::job::QueueSettings,
+    ) -> Result<Self, ValidationError> {
+        name("queue", queue)?;
+        queue_settings(&settings)?;
+        Ok(Self(crate::job::NamedQueueSettings {
+            name: queue.to_string(),
+            settings,
+        }))
+    }
+}
+
+impl Valid<crate::breaker::StoredBreaker> {
+    /// A breaker's record under its (queue or kind) name.
+    pub fn breaker(breaker: crate::breaker::StoredBreaker) -> Result<Self, ValidationError> {
+        name("name", &breaker.name)?;
+        Ok(Self(breaker))
+    }
+}
+
+impl Valid<crate::access::NewToken> {
+    /// A new API token, under its name.
+    pub fn token(token: crate::access::NewToken) -> Result<Self, ValidationError> {
+        name("name", &token.name)?;
+        Ok(Self(token))
+    }
+}

@@ -54,7 +54,7 @@ use conveyor_core::{
     JobListParams, JobStore, LeadershipStore, LeaseOutcome, LeaseRef, LeaseStore,
     NamedQueueSettings, NewJob, QueueSettings, QueueStats, QueueStore, ReplaySelector,
     RescueParams, RescueReport, ScheduleStore, SnoozeParams, StoreError, StoreOptions, StoreResult,
-    SystemClock, ValidJob, ValidationError, WorkerStore,
+    SystemClock, Valid, ValidJob, ValidationError, WorkerStore,
 };
 use conveyor_core::{
     ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
@@ -309,8 +309,7 @@ impl PgStore {
         lease: LeaseRef,
         result: Option<Value>,
     ) -> StoreResult<LeaseOutcome> {
-        let completion = vec![CompleteParams { lease, result }];
-        conveyor_core::validate::completions(&completion)?;
+        let completion = Valid::completions(vec![CompleteParams { lease, result }])?.into_inner();
         // A job of a flow changes planner settings for the rest of the transaction (see
         // `workflow::plan_flow_statements`): this one is the caller's, so they are put back.
         let planner = workflow::planner_settings(tx).await?;
@@ -479,12 +478,7 @@ impl JobStore for PgStore {
 
 #[async_trait]
 impl LeaseStore for PgStore {
-    async fn jobs_fetch(&self, mut params: FetchParams) -> StoreResult<Vec<Job>> {
-        conveyor_core::validate::fetch(&mut params)?;
-        let no_kinds = params.kinds.as_ref().is_some_and(Vec::is_empty);
-        if params.max == 0 || params.queues.is_empty() || no_kinds {
-            return Ok(Vec::new());
-        }
+    async fn jobs_fetch_valid(&self, params: Valid<FetchParams>) -> StoreResult<Vec<Job>> {
         conveyor_core::faults::inject("fetch")?;
         let fetched = ops::fetch(&mut *self.conn().await?, &self.ctx(), &params).await?;
         // Promoted jobs may be in queues other fetchers of this process wait on.
@@ -503,14 +497,11 @@ impl LeaseStore for PgStore {
         ops::heartbeat_many(&mut *self.conn().await?, &self.ctx(), &params).await
     }
 
-    async fn jobs_complete_many(
+    async fn jobs_complete_valid(
         &self,
-        params: Vec<CompleteParams>,
+        params: Valid<Vec<CompleteParams>>,
     ) -> StoreResult<Vec<LeaseOutcome>> {
-        if params.is_empty() {
-            return Ok(Vec::new());
-        }
-        conveyor_core::validate::completions(&params)?;
+        let params = params.into_inner();
         conveyor_core::faults::inject("complete")?;
         ops::complete_many(
             &mut *self.conn().await?,
@@ -521,9 +512,9 @@ impl LeaseStore for PgStore {
         .await
     }
 
-    async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
-        params.message = conveyor_core::validate::storable_message(&params.message).into_owned();
+    async fn job_fail_valid(&self, params: Valid<FailParams>) -> StoreResult<Job> {
         conveyor_core::faults::inject("fail")?;
+        let params = params.into_inner();
         ops::fail(&mut *self.conn().await?, &self.flow_ctx(), params).await
     }
 
@@ -588,14 +579,12 @@ impl FlowStore for PgStore {
         Ok(flow)
     }
 
-    async fn flow_signal(
+    async fn flow_signal_valid(
         &self,
         id: Uuid,
         signal: &str,
-        payload: Value,
+        payload: Valid<Value>,
     ) -> StoreResult<SignalOutcome> {
-        // jsonb cannot hold NUL; say so as a validation error rather than a backend one.
-        conveyor_core::validate::json_without_nul("payload", &payload)?;
         let ctx = self.flow_ctx();
         let mut tx = self.begin().await?;
         let outcome = workflow::signal(&mut tx, &ctx, id, signal, &payload).await?;
@@ -635,16 +624,14 @@ impl QueueStore for PgStore {
         ops::queue_settings_get(&mut *self.conn().await?, &self.inner.sql, queue).await
     }
 
-    async fn queue_settings_put(
+    async fn queue_settings_put_valid(
         &self,
-        queue: &str,
-        settings: QueueSettings,
+        settings: Valid<NamedQueueSettings>,
     ) -> StoreResult<QueueSettings> {
-        conveyor_core::validate::name("queue", queue)?;
-        conveyor_core::validate::queue_settings(&settings)?;
         let mut tx = self.begin().await?;
         let (stored, resumed) =
-            ops::queue_settings_put(&mut tx, &self.ctx(), queue, &settings).await?;
+            ops::queue_settings_put(&mut tx, &self.ctx(), &settings.name, &settings.settings)
+                .await?;
         commit(tx).await?;
         self.wake_local(resumed);
         Ok(stored)
@@ -699,9 +686,11 @@ impl conveyor_core::BreakerStore for PgStore {
         kinds::breaker_get(&mut *self.conn().await?, &self.ctx(), scope, name).await
     }
 
-    async fn breaker_write(&self, breaker: &conveyor_core::StoredBreaker) -> StoreResult<bool> {
-        conveyor_core::validate::name("name", &breaker.name)?;
-        kinds::breaker_write(&mut *self.conn().await?, &self.ctx(), breaker).await
+    async fn breaker_write_valid(
+        &self,
+        breaker: Valid<conveyor_core::StoredBreaker>,
+    ) -> StoreResult<bool> {
+        kinds::breaker_write(&mut *self.conn().await?, &self.ctx(), &breaker).await
     }
 }
 
@@ -777,10 +766,9 @@ impl ScheduleStore for PgStore {
 
 #[async_trait]
 impl AccessStore for PgStore {
-    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
-        conveyor_core::validate::name("name", &token.name)?;
+    async fn tokens_insert_valid(&self, token: Valid<NewToken>) -> StoreResult<ApiToken> {
         let (now, mut conn) = (self.ctx().now, self.conn().await?);
-        access::tokens_insert(&mut conn, &self.inner.access_sql, now, token).await
+        access::tokens_insert(&mut conn, &self.inner.access_sql, now, token.into_inner()).await
     }
 
     async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>> {

@@ -5,7 +5,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::{
     error_class, validate, AttemptStatus, CompleteParams, FailParams, FetchParams, HeartbeatParams,
-    Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams,
+    Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams, Valid,
 };
 use conveyor_core::{wire, workers};
 use serde::{Deserialize, Serialize};
@@ -118,7 +118,7 @@ pub(crate) async fn fetch(
     }
     let lease = lease_duration("lease_ms", request.lease_ms, config.default_lease)?;
     let wait = Duration::from_millis(request.wait_ms.unwrap_or(0)).min(config.max_fetch_wait);
-    let mut params = FetchParams {
+    let params = FetchParams {
         worker_id: request.worker_id,
         queues: request.queues,
         max,
@@ -128,7 +128,7 @@ pub(crate) async fn fetch(
     };
     // Names, the cap on distinct queues, repeated names dropped: once, not on every look of
     // the long-poll.
-    validate::fetch(&mut params)?;
+    let params = Valid::fetch(params)?;
     // Checked on every fetch, as the registry would (only on the fetches that write it).
     for (field, text) in [("host", &request.host), ("version", &request.version)] {
         if let Some(text) = text {
@@ -225,7 +225,7 @@ async fn told(state: &AppState, worker_id: &str) -> Option<conveyor_core::Worker
 /// (available again, the attempt not counted) instead of waiting for their leases to expire.
 async fn fetch_released_if_abandoned(
     state: &AppState,
-    params: FetchParams,
+    params: Valid<FetchParams>,
     wait: Duration,
 ) -> ApiResult<Vec<Job>> {
     let abandoned = state.shutdown.child_token();

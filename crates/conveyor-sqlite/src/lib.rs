@@ -28,7 +28,7 @@ use conveyor_core::{
     JobListParams, JobStore, LeadershipStore, LeaseOutcome, LeaseRef, LeaseStore,
     NamedQueueSettings, NewJob, QueueSettings, QueueStats, QueueStore, ReplaySelector,
     RescueParams, RescueReport, ScheduleStore, SnoozeParams, StoreError, StoreHealth, StoreOptions,
-    StoreResult, SystemClock, ValidJob, WorkerStore,
+    StoreResult, SystemClock, Valid, ValidJob, WorkerStore,
 };
 use conveyor_core::{
     ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
@@ -508,12 +508,7 @@ impl JobStore for SqliteStore {
 
 #[async_trait]
 impl LeaseStore for SqliteStore {
-    async fn jobs_fetch(&self, mut params: FetchParams) -> StoreResult<Vec<Job>> {
-        conveyor_core::validate::fetch(&mut params)?;
-        let no_kinds = params.kinds.as_ref().is_some_and(Vec::is_empty);
-        if params.max == 0 || params.queues.is_empty() || no_kinds {
-            return Ok(Vec::new());
-        }
+    async fn jobs_fetch_valid(&self, params: Valid<FetchParams>) -> StoreResult<Vec<Job>> {
         self.claim(move |ctx| injected("fetch", ops::fetch(ctx, &params)))
             .await
     }
@@ -526,17 +521,17 @@ impl LeaseStore for SqliteStore {
             .await
     }
 
-    async fn jobs_complete_many(
+    async fn jobs_complete_valid(
         &self,
-        params: Vec<CompleteParams>,
+        params: Valid<Vec<CompleteParams>>,
     ) -> StoreResult<Vec<LeaseOutcome>> {
-        conveyor_core::validate::completions(&params)?;
+        let params = params.into_inner();
         self.write(move |ctx| injected("complete", ops::complete_many(ctx, params)))
             .await
     }
 
-    async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
-        params.message = conveyor_core::validate::storable_message(&params.message).into_owned();
+    async fn job_fail_valid(&self, params: Valid<FailParams>) -> StoreResult<Job> {
+        let params = params.into_inner();
         self.write(move |ctx| injected("fail", ops::fail(ctx, params)))
             .await
     }
@@ -593,13 +588,13 @@ impl FlowStore for SqliteStore {
         self.write(move |ctx| workflow::cancel(ctx, id)).await
     }
 
-    async fn flow_signal(
+    async fn flow_signal_valid(
         &self,
         id: Uuid,
         signal: &str,
-        payload: serde_json::Value,
+        payload: Valid<serde_json::Value>,
     ) -> StoreResult<SignalOutcome> {
-        conveyor_core::validate::json_without_nul("payload", &payload)?;
+        let payload = payload.into_inner();
         let signal = signal.to_string();
         self.write(move |ctx| workflow::signal(ctx, id, &signal, &payload))
             .await
@@ -633,15 +628,12 @@ impl QueueStore for SqliteStore {
         .await
     }
 
-    async fn queue_settings_put(
+    async fn queue_settings_put_valid(
         &self,
-        queue: &str,
-        settings: QueueSettings,
+        settings: Valid<NamedQueueSettings>,
     ) -> StoreResult<QueueSettings> {
-        conveyor_core::validate::name("queue", queue)?;
-        conveyor_core::validate::queue_settings(&settings)?;
-        let queue = queue.to_string();
-        self.write(move |ctx| ops::queue_settings_put(ctx, &queue, settings))
+        let NamedQueueSettings { name, settings } = settings.into_inner();
+        self.write(move |ctx| ops::queue_settings_put(ctx, &name, settings))
             .await
     }
 
@@ -670,8 +662,10 @@ impl conveyor_core::BreakerStore for SqliteStore {
             .await
     }
 
-    async fn breaker_write(&self, breaker: &conveyor_core::StoredBreaker) -> StoreResult<bool> {
-        conveyor_core::validate::name("name", &breaker.name)?;
+    async fn breaker_write_valid(
+        &self,
+        breaker: Valid<conveyor_core::StoredBreaker>,
+    ) -> StoreResult<bool> {
         let record = serde_json::to_string(&breaker.record)
             .map_err(|e| StoreError::backend(format!("cannot serialize a breaker: {e}")))?;
         let scope = breaker.scope.as_str();
@@ -828,8 +822,8 @@ impl ScheduleStore for SqliteStore {
 
 #[async_trait]
 impl AccessStore for SqliteStore {
-    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
-        conveyor_core::validate::name("name", &token.name)?;
+    async fn tokens_insert_valid(&self, token: Valid<NewToken>) -> StoreResult<ApiToken> {
+        let token = token.into_inner();
         self.write(move |ctx| access::tokens_insert(ctx, token))
             .await
     }

@@ -2,7 +2,7 @@
 //! the writer thread, a dead writer, damaged files, a second process on the same file, and
 //! idle long-polls.
 
-use conveyor_core::{fetch_waiting, FetchParams, NewJob, StoreOptions};
+use conveyor_core::{fetch_waiting, FetchParams, NewJob, StoreOptions, Valid};
 use conveyor_core::{JobStore, LeadershipStore, LeaseStore};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
@@ -28,6 +28,11 @@ fn fetch_params() -> FetchParams {
         kinds: None,
         excluded_kinds: Vec::new(),
     }
+}
+
+/// The same, checked, as the long-poll takes it.
+fn valid_fetch() -> Valid<FetchParams> {
+    Valid::fetch(fetch_params()).expect("a valid fetch")
 }
 
 /// `--idempotency-window-secs 10000000000000` once made the window check overflow on the
@@ -196,7 +201,7 @@ async fn idle_long_polls_leave_the_writer_alone_and_still_wake_at_once() {
     let jobs = fetch_waiting(
         store.as_ref(),
         None,
-        fetch_params(),
+        valid_fetch(),
         Duration::from_secs(3),
         Duration::from_millis(100),
         std::future::pending(),
@@ -218,7 +223,7 @@ async fn idle_long_polls_leave_the_writer_alone_and_still_wake_at_once() {
             fetch_waiting(
                 store.as_ref(),
                 None,
-                fetch_params(),
+                valid_fetch(),
                 Duration::from_secs(60),
                 Duration::from_secs(60),
                 std::future::pending(),
@@ -262,7 +267,7 @@ async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
                     conveyor_core::fetch_waiting_with(
                         store.as_ref(),
                         None,
-                        fetch_params(),
+                        valid_fetch(),
                         wait,
                         Duration::from_millis(50),
                         idle.as_deref(),
@@ -305,7 +310,7 @@ async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
                 let jobs = conveyor_core::fetch_waiting_with(
                     store.as_ref(),
                     None,
-                    fetch_params(),
+                    valid_fetch(),
                     Duration::from_secs(120),
                     Duration::from_secs(60),
                     Some(&idle),

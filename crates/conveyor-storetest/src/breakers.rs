@@ -14,6 +14,11 @@ use conveyor_core::{
 
 use crate::{complete, fetch_params, ids, insert, lease_of, new_job, secs, Harness};
 
+/// A checked fetch, as the long-poll hands the breakers.
+fn valid_fetch(queues: &[&str], max: usize) -> conveyor_core::Valid<conveyor_core::FetchParams> {
+    conveyor_core::Valid::fetch(fetch_params(queues, max)).expect("a valid fetch")
+}
+
 fn stored(scope: BreakerScope, name: &str, version: u64, h: &Harness) -> StoredBreaker {
     StoredBreaker {
         scope,
@@ -221,7 +226,7 @@ pub async fn a_queue_breaker_opens_probes_and_closes_across_processes(h: &Harnes
         })
         .await;
     }
-    let first = one.fetch(fetch_params(&["flaky"], 2)).await.expect("fetch");
+    let first = one.fetch(valid_fetch(&["flaky"], 2)).await.expect("fetch");
     assert_eq!(first.len(), 2);
     for _ in &first {
         one.record_now(failed("flaky", "call"))
@@ -232,7 +237,7 @@ pub async fn a_queue_breaker_opens_probes_and_closes_across_processes(h: &Harnes
     assert_eq!(view.state, BreakerState::Open, "{view:?}");
     assert_eq!(view.open_until, Some(h.now() + crate::span(secs(10))));
     assert!(
-        two.fetch(fetch_params(&["flaky"], 10))
+        two.fetch(valid_fetch(&["flaky"], 10))
             .await
             .expect("fetch")
             .is_empty(),
@@ -250,13 +255,10 @@ pub async fn a_queue_breaker_opens_probes_and_closes_across_processes(h: &Harnes
         "enqueue works"
     );
     h.advance(secs(10));
-    let probe = two
-        .fetch(fetch_params(&["flaky"], 10))
-        .await
-        .expect("fetch");
+    let probe = two.fetch(valid_fetch(&["flaky"], 10)).await.expect("fetch");
     assert_eq!(probe.len(), 1, "half_open_calls = 1 probe");
     assert!(
-        one.fetch(fetch_params(&["flaky"], 10))
+        one.fetch(valid_fetch(&["flaky"], 10))
             .await
             .expect("fetch")
             .is_empty(),
@@ -276,10 +278,7 @@ pub async fn a_queue_breaker_opens_probes_and_closes_across_processes(h: &Harnes
             .state,
         BreakerState::Closed
     );
-    let rest = one
-        .fetch(fetch_params(&["flaky"], 10))
-        .await
-        .expect("fetch");
+    let rest = one.fetch(valid_fetch(&["flaky"], 10)).await.expect("fetch");
     // Six jobs: two running (their failures opened it), the probe done, three left.
     assert_eq!(rest.len(), 3, "closed: the rest is handed out");
     let mut params = AuditListParams::default();
@@ -336,14 +335,14 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
         .await
         .expect("count");
     let got = breakers
-        .fetch(fetch_params(&["a", "b"], 10))
+        .fetch(valid_fetch(&["a", "b"], 10))
         .await
         .expect("fetch");
     assert!(got.iter().all(|j| j.kind == "email"), "{got:?}");
     assert_eq!(got.len(), 2);
     h.advance(secs(10));
     let probe = breakers
-        .fetch(fetch_params(&["a", "b"], 10))
+        .fetch(valid_fetch(&["a", "b"], 10))
         .await
         .expect("fetch");
     assert_eq!(
@@ -361,7 +360,7 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
     assert_eq!(view.state, BreakerState::Open, "a failed probe reopens");
     h.advance(secs(10));
     let probe = breakers
-        .fetch(fetch_params(&["a", "b"], 10))
+        .fetch(valid_fetch(&["a", "b"], 10))
         .await
         .expect("fetch");
     assert_eq!(probe.len(), 1);
@@ -394,7 +393,7 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
         .expect("open by hand");
     h.advance(secs(3_600));
     assert!(breakers
-        .fetch(fetch_params(&["a", "b"], 10))
+        .fetch(valid_fetch(&["a", "b"], 10))
         .await
         .expect("fetch")
         .is_empty());
@@ -404,7 +403,7 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
         .expect("close by hand");
     assert_eq!((view.state, view.manual), (BreakerState::Closed, false));
     let rest = breakers
-        .fetch(fetch_params(&["a", "b"], 10))
+        .fetch(valid_fetch(&["a", "b"], 10))
         .await
         .expect("fetch");
     assert_eq!(rest.len(), 2, "the remaining charges: {rest:?}");

@@ -531,15 +531,15 @@ impl conveyor_core::FlowStore for EncryptedStore {
     async fn flow_cancel(&self, id: Uuid) -> StoreResult<FlowView> {
         Ok(self.open_flow(self.inner.flow_cancel(id).await?))
     }
-    async fn flow_signal(
+    async fn flow_signal_valid(
         &self,
         id: Uuid,
         signal: &str,
-        payload: Value,
+        payload: Valid<Value>,
     ) -> StoreResult<conveyor_core::workflow::SignalOutcome> {
         // The payload becomes the wait step's result: sealed like a job's.
-        let sealed = self.seal_value("payload", &payload)?;
-        self.inner.flow_signal(id, signal, sealed).await
+        let sealed = payload.try_vouched_map(|payload| self.seal_value("payload", &payload))?;
+        self.inner.flow_signal_valid(id, signal, sealed).await
     }
     async fn flows_expire_waits(&self, limit: usize) -> StoreResult<u64> {
         self.inner.flows_expire_waits(limit).await
@@ -649,8 +649,8 @@ impl JobStore for EncryptedStore {
 
 #[async_trait]
 impl LeaseStore for EncryptedStore {
-    async fn jobs_fetch(&self, params: FetchParams) -> StoreResult<Vec<Job>> {
-        Ok(self.open_jobs(self.inner.jobs_fetch(params).await?))
+    async fn jobs_fetch_valid(&self, params: Valid<FetchParams>) -> StoreResult<Vec<Job>> {
+        Ok(self.open_jobs(self.inner.jobs_fetch_valid(params).await?))
     }
 
     async fn jobs_heartbeat_many(
@@ -660,33 +660,38 @@ impl LeaseStore for EncryptedStore {
         self.inner.jobs_heartbeat_many(params).await
     }
 
-    async fn jobs_complete_many(
+    async fn jobs_complete_valid(
         &self,
-        params: Vec<CompleteParams>,
+        params: Valid<Vec<CompleteParams>>,
     ) -> StoreResult<Vec<LeaseOutcome>> {
-        let sealed = params
-            .into_iter()
-            .map(|complete| {
-                Ok(CompleteParams {
-                    result: complete
-                        .result
-                        .map(|result| self.seal_value("result", &result))
-                        .transpose()?,
-                    ..complete
+        let sealed = params.try_vouched_map(|params| {
+            params
+                .into_iter()
+                .map(|complete| {
+                    Ok(CompleteParams {
+                        result: complete
+                            .result
+                            .map(|result| self.seal_value("result", &result))
+                            .transpose()?,
+                        ..complete
+                    })
                 })
-            })
-            .collect::<StoreResult<Vec<_>>>()?;
-        self.inner.jobs_complete_many(sealed).await
+                .collect::<StoreResult<Vec<_>>>()
+        })?;
+        self.inner.jobs_complete_valid(sealed).await
     }
 
-    async fn job_fail(&self, mut params: FailParams) -> StoreResult<Job> {
-        params.message = self.seal_message(&params.message)?;
-        params.backtrace = params
-            .backtrace
-            .as_deref()
-            .map(|trace| self.seal_backtrace(trace))
-            .transpose()?;
-        Ok(self.open_job(self.inner.job_fail(params).await?))
+    async fn job_fail_valid(&self, params: Valid<FailParams>) -> StoreResult<Job> {
+        let sealed = params.try_vouched_map(|mut params| {
+            params.message = self.seal_message(&params.message)?;
+            params.backtrace = params
+                .backtrace
+                .as_deref()
+                .map(|trace| self.seal_backtrace(trace))
+                .transpose()?;
+            Ok::<_, StoreError>(params)
+        })?;
+        Ok(self.open_job(self.inner.job_fail_valid(sealed).await?))
     }
 
     async fn job_snooze(&self, params: SnoozeParams) -> StoreResult<Job> {

@@ -310,7 +310,7 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
             fetch_waiting(
                 lane.shared.store.as_ref(),
                 Some(&lane.shared.breakers),
-                params,
+                conveyor_core::Valid::fetch(params)?,
                 wait,
                 poll,
                 lane.stop.cancelled(),
