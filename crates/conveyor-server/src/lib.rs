@@ -18,6 +18,7 @@
 
 mod acks;
 mod admin;
+pub mod alerts;
 pub mod api;
 mod audit;
 mod auth;

@@ -37,8 +37,9 @@ pub use conveyor_worker::{Scheduler, SchedulerPass};
 pub use encryption::{EncryptedStore, EncryptionError, PayloadKeys};
 pub use schedule_file::{load_schedules, parse_schedules, ScheduleFileError};
 
+/// Webhook alerts (they live beside the server they run in).
 #[cfg(feature = "server")]
-pub mod alerts;
+pub use conveyor_server::alerts;
 pub mod encryption;
 #[cfg(feature = "otlp")]
 pub mod otlp;

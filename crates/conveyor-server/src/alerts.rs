@@ -39,6 +39,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
+/// The target of this module's log lines: `conveyor::alerts`, as operators filter it
+/// (`CONVEYOR_LOG=warn,conveyor::alerts=info`), wherever the module lives.
+pub const LOG_TARGET: &str = "conveyor::alerts";
+
 /// The header holding the request's Unix time in seconds (part of the signed string).
 pub const TIMESTAMP_HEADER: &str = "x-conveyor-timestamp";
 /// The header holding `sha256=<hex HMAC>`.
@@ -558,7 +562,7 @@ pub struct AlertEngine {
 }
 
 impl AlertEngine {
-    /// `leadership` follows the maintenance leadership ([`crate::Maintenance::leadership`]).
+    /// `leadership` follows the maintenance leadership ([`conveyor_worker::Maintenance::leadership`]).
     pub fn new(
         store: Arc<dyn Store>,
         config: AlertConfig,
@@ -628,11 +632,11 @@ impl AlertEngine {
             match self.check(&mut evaluator, &outbox).await {
                 Ok(()) if !armed => {
                     armed = true;
-                    tracing::info!(webhook = %self.config.webhook,
+                    tracing::info!(target: LOG_TARGET, webhook = %self.config.webhook,
                         "this node leads: alerting on what happens from now on");
                 }
                 Ok(()) => {}
-                Err(error) => tracing::warn!(%error, "alert check failed; will retry"),
+                Err(error) => tracing::warn!(target: LOG_TARGET, %error, "alert check failed; will retry"),
             }
         }
         drop(outbox);
@@ -655,10 +659,10 @@ impl AlertEngine {
             alerts.push(self.dead_alert(news).await);
         }
         for alert in alerts {
-            tracing::warn!(alert = ?alert.alert, subject = %alert.subject, summary = %alert.summary,
+            tracing::warn!(target: LOG_TARGET, alert = ?alert.alert, subject = %alert.subject, summary = %alert.summary,
                 "alert");
             if let Err(error) = outbox.try_send(alert) {
-                tracing::error!(%error, "alert delivery queue is full; alert dropped");
+                tracing::error!(target: LOG_TARGET, %error, "alert delivery queue is full; alert dropped");
             }
         }
         Ok(())
@@ -692,7 +696,7 @@ impl AlertEngine {
                 })
                 .collect(),
             Err(error) => {
-                tracing::warn!(%error, "alert: cannot list dead jobs for the samples");
+                tracing::warn!(target: LOG_TARGET, %error, "alert: cannot list dead jobs for the samples");
                 Vec::new()
             }
         };
@@ -737,7 +741,7 @@ async fn deliver(
         let body = match serde_json::to_vec(&alert) {
             Ok(body) => body,
             Err(error) => {
-                tracing::error!(%error, "cannot serialize an alert");
+                tracing::error!(target: LOG_TARGET, %error, "cannot serialize an alert");
                 continue;
             }
         };
@@ -748,7 +752,7 @@ async fn deliver(
             let signature = match sign(&config.secret, timestamp, &body) {
                 Ok(signature) => signature,
                 Err(error) => {
-                    tracing::error!(%error, "cannot sign an alert; dropped");
+                    tracing::error!(target: LOG_TARGET, %error, "cannot sign an alert; dropped");
                     break;
                 }
             };
@@ -766,16 +770,16 @@ async fn deliver(
                 Err(error) => Some(error.to_string()),
             };
             let Some(problem) = problem else {
-                tracing::info!(alert_id = %alert.id, alert = ?alert.alert,
+                tracing::info!(target: LOG_TARGET, alert_id = %alert.id, alert = ?alert.alert,
                     subject = %alert.subject, "alert delivered");
                 break;
             };
             if attempt == config.delivery_attempts {
-                tracing::error!(alert_id = %alert.id, %problem, attempts = attempt,
+                tracing::error!(target: LOG_TARGET, alert_id = %alert.id, %problem, attempts = attempt,
                     "alert not delivered; giving up");
                 break;
             }
-            tracing::warn!(alert_id = %alert.id, %problem, retry_in = ?wait,
+            tracing::warn!(target: LOG_TARGET, alert_id = %alert.id, %problem, retry_in = ?wait,
                 "alert delivery failed; will retry");
             tokio::select! {
                 _ = stop.cancelled() => return,
