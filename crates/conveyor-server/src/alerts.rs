@@ -636,7 +636,9 @@ impl AlertEngine {
                         "this node leads: alerting on what happens from now on");
                 }
                 Ok(()) => {}
-                Err(error) => tracing::warn!(target: LOG_TARGET, %error, "alert check failed; will retry"),
+                Err(error) => {
+                    tracing::warn!(target: LOG_TARGET, %error, "alert check failed; will retry")
+                }
             }
         }
         drop(outbox);

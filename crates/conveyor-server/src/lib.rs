@@ -37,6 +37,7 @@ mod metrics;
 mod observe;
 mod schedules;
 mod serve;
+mod server;
 mod settings;
 mod stats;
 pub use stats::{flush_history_every, FLUSH_INTERVAL as HISTORY_FLUSH_INTERVAL};
@@ -58,6 +59,7 @@ pub use auth::{rule_for, Access, AuthOptions, CSRF_HEADER, RULES, SESSION_COOKIE
 pub use error::{ApiError, ApiResult};
 pub use metrics::{Metrics, MetricsError, Snapshot};
 pub use serve::{serve, serve_tls, ConnectionLimits};
+pub use server::{Server, ServerError, ServerSettings};
 pub use tls::{TlsConfig, TlsError, TlsFiles};
 
 /// Limits and defaults of the HTTP API.

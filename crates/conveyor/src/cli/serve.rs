@@ -2,13 +2,12 @@
 
 use anyhow::Context;
 use clap::Args;
-use conveyor::alerts::{AlertConfig, AlertEngine, Thresholds};
-use conveyor::{Maintenance, Scheduler, StuckParams, DEFAULT_STORE_URL};
-use conveyor_server::{Metrics, RouterOptions, ServerConfig, TlsConfig, TlsFiles};
+use conveyor::alerts::{AlertConfig, Thresholds};
+use conveyor::{StuckParams, DEFAULT_STORE_URL};
+use conveyor_server::{Server, ServerConfig, ServerSettings, TlsConfig, TlsFiles};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -393,93 +392,47 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     if worker_stale < Duration::from_millis(100) {
         anyhow::bail!("--worker-stale-secs must be at least 0.1");
     }
-    let alert_config = args.alerts.config()?;
-    // One registry for the process: HTTP workers' outcomes and the demo worker's own.
-    let metrics = Arc::new(Metrics::new().context("building the metrics registry")?);
-    let config = ServerConfig {
-        max_payload_bytes: args.max_payload_bytes,
-        stuck: {
-            let mut params = StuckParams::default();
-            params.factor = args.stuck_factor;
-            params.default_threshold = Duration::from_secs(args.stuck_default_secs.max(1));
-            params
-        },
-        sensitive_fields: args.sensitive_fields.clone(),
-        max_fetch_wait: Duration::from_millis(args.max_fetch_wait_ms),
-        scale_target: Duration::from_secs(args.scale_target_secs),
-        ..ServerConfig::default()
-    };
-    let maintenance = Maintenance::new(store.clone())
-        .interval(Duration::from_millis(args.maintenance_interval_ms.max(10)))
-        .leader_ttl(Duration::from_millis(args.leader_ttl_ms.max(100)))
-        .worker_stale_after(worker_stale)
-        .retention(retention(&args))
-        .stats_retention(
-            (args.retain_stats_secs > 0).then(|| Duration::from_secs(args.retain_stats_secs)),
-        )
-        .audit_retention(
-            (args.retain_audit_secs > 0).then(|| Duration::from_secs(args.retain_audit_secs)),
-        )
-        .on_pass({
-            let metrics = metrics.clone();
-            move |pass| {
-                metrics.pruned("jobs", pass.pruned);
-                metrics.pruned("flows", pass.flows_pruned);
-                metrics.pruned("audit", pass.audit_pruned);
-                metrics.pruned("stats", pass.stats_pruned);
-                // Attempts no worker reported: their leases expired or their worker died.
-                for attempt in &pass.rescued_attempts {
-                    metrics.record(&conveyor::AttemptEvent {
-                        queue: &attempt.queue,
-                        kind: &attempt.kind,
-                        status: attempt.status,
-                        duration: attempt.duration,
-                    });
-                }
-            }
-        })
-        .scheduler(
-            Scheduler::new(store.clone())
-                .misfire_threshold(Duration::from_millis(args.schedule_misfire_ms))
-                .on_pass({
-                    let metrics = metrics.clone();
-                    move |pass| {
-                        for (queue, kind) in &pass.enqueued {
-                            metrics.enqueued(queue, kind);
-                        }
-                    }
-                }),
-        );
-    let leading = maintenance.leading();
-    let alerts = alert_config
-        .map(|config| AlertEngine::new(store.clone(), config, maintenance.leadership()))
-        .transpose()
-        .context("configuring alerts")?;
-    let app = conveyor_server::router_with_options(
-        store.clone(),
-        config,
-        RouterOptions {
-            shutdown: shutdown.clone(),
-            leading: Some(leading),
-            metrics: Some(metrics.clone()),
-            auth: conveyor_server::AuthOptions {
-                enabled: auth,
-                enqueue_rate_per_token: args.enqueue_rate_per_token,
-                session_ttl: Duration::from_secs(args.session_ttl_secs.max(60)),
+    let settings = ServerSettings {
+        config: ServerConfig {
+            max_payload_bytes: args.max_payload_bytes,
+            stuck: {
+                let mut params = StuckParams::default();
+                params.factor = args.stuck_factor;
+                params.default_threshold = Duration::from_secs(args.stuck_default_secs.max(1));
+                params
             },
-            ..RouterOptions::default()
+            sensitive_fields: args.sensitive_fields.clone(),
+            max_fetch_wait: Duration::from_millis(args.max_fetch_wait_ms),
+            scale_target: Duration::from_secs(args.scale_target_secs),
+            ..ServerConfig::default()
         },
-    );
-
-    let maintenance = tokio::spawn(maintenance.run(shutdown.clone()));
-    metrics.history().set_enabled(!args.no_history);
-    let history = tokio::spawn(conveyor_server::flush_history_every(
-        metrics.clone(),
-        store.clone(),
-        conveyor_server::HISTORY_FLUSH_INTERVAL,
-        shutdown.clone(),
-    ));
-    let alerts = alerts.map(|engine| tokio::spawn(engine.run(shutdown.clone())));
+        auth: conveyor_server::AuthOptions {
+            enabled: auth,
+            enqueue_rate_per_token: args.enqueue_rate_per_token,
+            session_ttl: Duration::from_secs(args.session_ttl_secs.max(60)),
+        },
+        maintenance_interval: Duration::from_millis(args.maintenance_interval_ms.max(10)),
+        leader_ttl: Duration::from_millis(args.leader_ttl_ms.max(100)),
+        worker_stale_after: worker_stale,
+        retention: retention(&args),
+        stats_retention: (args.retain_stats_secs > 0)
+            .then(|| Duration::from_secs(args.retain_stats_secs)),
+        audit_retention: (args.retain_audit_secs > 0)
+            .then(|| Duration::from_secs(args.retain_audit_secs)),
+        schedule_misfire: Duration::from_millis(args.schedule_misfire_ms),
+        alerts: args.alerts.config()?,
+        history: !args.no_history,
+        limits: conveyor_server::ConnectionLimits {
+            max_connections: connection_cap(args.max_connections),
+            header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
+            idle_timeout: Duration::from_secs(args.idle_timeout_secs),
+            request_timeout: Duration::from_secs(args.request_timeout_secs),
+            tls_handshake_timeout: Duration::from_millis(args.header_read_timeout_ms),
+        },
+        tls: tls.clone(),
+    };
+    let server = Server::new(store.clone(), settings, shutdown.clone())?;
+    let metrics = server.metrics();
     let demo = args.demo.then(|| {
         tokio::spawn(super::demo::run(
             store.clone(),
@@ -527,30 +480,13 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         signal.cancel();
         tracing::info!("shutdown signal received");
     });
-    let graceful = shutdown.clone();
-    let limits = conveyor_server::ConnectionLimits {
-        max_connections: connection_cap(args.max_connections),
-        header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
-        idle_timeout: Duration::from_secs(args.idle_timeout_secs),
-        request_timeout: Duration::from_secs(args.request_timeout_secs),
-        tls_handshake_timeout: Duration::from_millis(args.header_read_timeout_ms),
-    };
-    match tls {
-        Some(tls) => conveyor_server::serve_tls(listener, app, limits, tls, graceful).await,
-        None => conveyor_server::serve(listener, app, limits, graceful).await,
-    }
-    .context("HTTP server failed")?;
+    server.run(listener).await.context("HTTP server failed")?;
     if let Some(demo) = demo {
         let _ = demo.await;
-    }
-    let _ = maintenance.await;
-    let _ = history.await;
-    // Outcomes written while the server drained (its last requests, the demo's last jobs).
-    if let Err(error) = metrics.history().flush(store.as_ref()).await {
-        tracing::warn!(%error, "the last minute of history could not be written");
-    }
-    if let Some(alerts) = alerts {
-        let _ = alerts.await;
+        // The demo's last outcomes, counted after the server's last flush.
+        if let Err(error) = metrics.history().flush(store.as_ref()).await {
+            tracing::warn!(%error, "the last minute of history could not be written");
+        }
     }
     if let Some(otlp) = otlp {
         otlp.flush().await;
