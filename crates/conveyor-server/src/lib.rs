@@ -16,7 +16,6 @@
 //! # }
 //! ```
 
-mod acks;
 mod admin;
 pub mod alerts;
 pub mod api;
@@ -32,7 +31,6 @@ mod extract;
 mod flows;
 mod jobs;
 mod kinds;
-mod lease;
 mod metrics;
 mod observe;
 mod schedules;
@@ -40,6 +38,7 @@ mod serve;
 mod server;
 mod settings;
 mod stats;
+mod worker_api;
 pub use stats::{flush_history_every, FLUSH_INTERVAL as HISTORY_FLUSH_INTERVAL};
 mod tls;
 mod tokens;
@@ -54,6 +53,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tower_http::trace::TraceLayer;
+use worker_api::{acks, lease};
 
 pub use auth::{rule_for, Access, AuthOptions, CSRF_HEADER, RULES, SESSION_COOKIE};
 pub use error::{ApiError, ApiResult};

@@ -22,10 +22,10 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use uuid::Uuid;
 
+use super::reports::{fail_params, lease_duration, FailError, RetryMode};
 use crate::api::{AckResponse, ItemResult, ItemStatus};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{check_json_size, ApiJson};
-use crate::lease::{fail_params, lease_duration, FailError, RetryMode};
 use crate::AppState;
 
 /// A completion in a batch.

@@ -1,13 +1,14 @@
-//! Worker endpoints: fetch (long-poll), heartbeat, complete, fail, release, snooze.
+//! The per-job worker endpoints: fetch (long-poll, carrying batched reports), heartbeat,
+//! complete, fail, release, snooze.
 
 use axum::extract::State;
 use axum::Json;
 use chrono::{DateTime, Utc};
-use conveyor_core::{
-    error_class, validate, AttemptStatus, CompleteParams, FailParams, FetchParams, HeartbeatParams,
-    Job, LeaseOutcome, LeaseRef, RetryPlan, SnoozeParams, Valid,
-};
 use conveyor_core::{wire, workers};
+use conveyor_core::{
+    AttemptStatus, CompleteParams, FetchParams, HeartbeatParams, Job, LeaseOutcome, LeaseRef,
+    SnoozeParams, Valid,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
@@ -18,25 +19,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::{after_ms, check_json_size, ApiJson, JobId};
 use crate::AppState;
 
-/// Shortest lease a worker may ask for.
-pub(crate) const MIN_LEASE_MS: u64 = 100;
-/// Longest lease a worker may ask for (one day): heartbeat to hold a job longer.
-pub(crate) const MAX_LEASE_MS: u64 = 24 * 3600 * 1000;
-
-pub(crate) fn lease_duration(
-    field: &str,
-    ms: Option<u64>,
-    default: Duration,
-) -> ApiResult<Duration> {
-    match ms {
-        None => Ok(default),
-        Some(ms) if (MIN_LEASE_MS..=MAX_LEASE_MS).contains(&ms) => Ok(Duration::from_millis(ms)),
-        Some(_) => Err(ApiError::invalid(
-            field,
-            format!("must be from {MIN_LEASE_MS} to {MAX_LEASE_MS} milliseconds"),
-        )),
-    }
-}
+use super::reports::{fail_params, lease_duration, FailError, RetryMode};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,9 +37,9 @@ pub(crate) struct FetchRequest {
     kinds: Option<Vec<String>>,
     /// Acknowledgements applied before claiming (as `POST /v1/ack`).
     #[serde(default)]
-    complete: Vec<crate::acks::AckComplete>,
+    complete: Vec<super::acks::AckComplete>,
     #[serde(default)]
-    fail: Vec<crate::acks::AckFail>,
+    fail: Vec<super::acks::AckFail>,
     /// What the registry shows of the worker (`/v1/workers`).
     #[serde(default, deserialize_with = "wire::opt_int")]
     concurrency: Option<u32>,
@@ -136,15 +119,15 @@ pub(crate) async fn fetch(
         }
     }
     // Everything checked before anything is applied.
-    let acks = crate::acks::check(&state, request.complete, request.fail)?;
+    let acks = super::acks::check(&state, request.complete, request.fail)?;
     let acks = if acks.is_empty() {
         Vec::new()
     } else {
-        crate::acks::apply(&state, acks).await?
+        super::acks::apply(&state, acks).await?
     };
-    crate::acks::register(
+    super::acks::register(
         &state,
-        crate::acks::Registration {
+        super::acks::Registration {
             worker_id: &params.worker_id,
             queues: &params.queues,
             concurrency: request.concurrency,
@@ -276,14 +259,14 @@ fn remember_leased(state: &AppState, jobs: &[Job]) {
     let Ok(mut leased) = state.leased.lock() else {
         return;
     };
-    if leased.len() + jobs.len() > crate::acks::MAX_REMEMBERED {
+    if leased.len() + jobs.len() > super::acks::MAX_REMEMBERED {
         leased.clear();
     }
     let started = std::time::Instant::now();
     for job in jobs {
         leased.insert(
             job.id,
-            crate::acks::LeasedJob {
+            super::acks::LeasedJob {
                 queue: job.queue.clone(),
                 kind: job.kind.clone(),
                 started,
@@ -402,27 +385,6 @@ pub(crate) async fn progress(
     Ok(Json(CompleteResponse { state: "running" }))
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum RetryMode {
-    #[default]
-    Auto,
-    Never,
-    After,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct FailError {
-    #[serde(default, deserialize_with = "wire::non_null")]
-    class: Option<String>,
-    message: String,
-    /// The handler's traceback (a Python traceback, a JavaScript stack), shown with the
-    /// attempt; kept up to 32 KiB.
-    #[serde(default, deserialize_with = "wire::non_null")]
-    backtrace: Option<String>,
-}
-
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FailRequest {
@@ -455,64 +417,6 @@ pub(crate) async fn fail(
     crate::observe::count_reported(&state, &job, AttemptStatus::of_failure(job.state));
     crate::observe::count_for_breakers(&state, &job.queue, &job.kind, false, retry_at);
     Ok(Json(job))
-}
-
-/// A failure report checked and turned into the store's parameters; errors name the field
-/// (`retry_after_ms`, `error.class`, `error.message`) for callers to prefix.
-pub(crate) fn fail_params(
-    state: &AppState,
-    lease: LeaseRef,
-    error: FailError,
-    retry: Option<RetryMode>,
-    retry_after_ms: Option<i64>,
-) -> ApiResult<FailParams> {
-    let mode = retry.unwrap_or_default();
-    let retry = match (mode, retry_after_ms) {
-        (RetryMode::After, Some(ms)) => {
-            RetryPlan::At(after_ms("retry_after_ms", state.clock.now(), ms)?)
-        }
-        (RetryMode::After, None) => {
-            return Err(ApiError::invalid(
-                "retry_after_ms",
-                "required when retry is \"after\"",
-            ))
-        }
-        (_, Some(_)) => {
-            return Err(ApiError::invalid(
-                "retry_after_ms",
-                "only allowed when retry is \"after\"",
-            ))
-        }
-        (RetryMode::Auto, None) => RetryPlan::Backoff(state.config.default_retry),
-        (RetryMode::Never, None) => RetryPlan::Never,
-    };
-    let class = match error.class {
-        Some(class) => {
-            validate::name("error.class", &class)?;
-            class
-        }
-        None => match mode {
-            RetryMode::Auto => error_class::ERROR,
-            RetryMode::Never => error_class::PERMANENT,
-            RetryMode::After => error_class::RETRY_AFTER,
-        }
-        .to_string(),
-    };
-    let message = error.message;
-    let limit = state.config.max_payload_bytes;
-    if message.len() > limit {
-        return Err(ApiError::too_large(
-            "error.message",
-            format!("must be at most {limit} bytes"),
-        ));
-    }
-    Ok(FailParams {
-        lease,
-        class,
-        message,
-        retry,
-        backtrace: error.backtrace,
-    })
 }
 
 #[derive(Debug, Deserialize)]
