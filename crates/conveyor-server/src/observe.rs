@@ -175,29 +175,66 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
-/// Counts an attempt outcome an HTTP worker reported: `job` as the store returned it after the
-/// change (failure, snooze).
-pub(crate) fn count_reported(state: &AppState, job: &Job, status: AttemptStatus) {
+/// Counts an attempt a worker reported ended (failed, dead or snoozed), as the store's answer
+/// shows it; `retry_at` when the failure asked for a retry at a given time.
+pub(crate) fn count_reported(
+    state: &AppState,
+    job: &Job,
+    status: AttemptStatus,
+    retry_at: Option<DateTime<Utc>>,
+) {
     let ended = job
         .errors
         .last()
         .filter(|_| matches!(status, AttemptStatus::Failed | AttemptStatus::Dead))
         .map(|error| error.at)
         .unwrap_or_else(|| state.clock.now());
-    count(state, job, status, ended);
+    attempt_finished(
+        state,
+        &job.queue,
+        &job.kind,
+        status,
+        ran_for(job, ended),
+        retry_at,
+    );
 }
 
-/// Counts a completion an HTTP worker reported; the store's answer to a completion carries no
-/// job, so it is read back (one primary-key read) for its queue, kind and times.
+/// Counts a completion a worker reported. The store's answer to a completion carries no job:
+/// what the fetch that handed the job out remembered serves (no read), else the job is read
+/// back (one primary-key read) for its queue, kind and times.
 pub(crate) async fn count_completed(state: &AppState, id: Uuid) {
+    let remembered = state
+        .leased
+        .lock()
+        .ok()
+        .and_then(|mut leased| leased.remove(&id));
+    if let Some(job) = remembered {
+        let status = AttemptStatus::Completed;
+        attempt_finished(
+            state,
+            &job.queue,
+            &job.kind,
+            status,
+            job.started.elapsed(),
+            None,
+        );
+        return;
+    }
     if state.metrics.is_none() && !state.breakers.watching() {
         return;
     }
     match state.store.job_get(id).await {
         Ok(Some(job)) => {
             let ended = job.finished_at.unwrap_or_else(|| state.clock.now());
-            count(state, &job, AttemptStatus::Completed, ended);
-            count_for_breakers(state, &job.queue, &job.kind, true, None);
+            let duration = ran_for(&job, ended);
+            attempt_finished(
+                state,
+                &job.queue,
+                &job.kind,
+                AttemptStatus::Completed,
+                duration,
+                None,
+            );
         }
         // Completed but gone already (another node pruned it): nothing to label it with.
         Ok(None) => {}
@@ -207,13 +244,22 @@ pub(crate) async fn count_completed(state: &AppState, id: Uuid) {
     }
 }
 
-/// Counts an attempt whose queue, kind and duration are already known.
-pub(crate) fn count_finished(
+fn ran_for(job: &Job, ended: DateTime<Utc>) -> std::time::Duration {
+    job.started_at
+        .map(|started| (ended - started).to_std().unwrap_or_default())
+        .unwrap_or_default()
+}
+
+/// The one place a finished attempt is told: to the metrics (and the history behind them)
+/// and, completed or failed, to its queue's and kind's circuit breakers (nothing when neither
+/// has one; see `conveyor_core::breaker`). A snooze is no outcome for a breaker.
+fn attempt_finished(
     state: &AppState,
     queue: &str,
     kind: &str,
     status: AttemptStatus,
     duration: std::time::Duration,
+    retry_at: Option<DateTime<Utc>>,
 ) {
     if let Some(metrics) = &state.metrics {
         metrics.record(&AttemptEvent {
@@ -223,32 +269,11 @@ pub(crate) fn count_finished(
             duration,
         });
     }
-}
-
-fn count(state: &AppState, job: &Job, status: AttemptStatus, ended: DateTime<Utc>) {
-    let duration = job
-        .started_at
-        .map(|started| (ended - started).to_std().unwrap_or_default())
-        .unwrap_or_default();
-    if let Some(metrics) = &state.metrics {
-        metrics.record(&AttemptEvent {
-            queue: &job.queue,
-            kind: &job.kind,
-            status,
-            duration,
-        });
-    }
-}
-
-/// Counts an attempt's outcome toward its queue's and its kind's circuit breakers (nothing
-/// when neither has one; see `conveyor_core::breaker`).
-pub(crate) fn count_for_breakers(
-    state: &AppState,
-    queue: &str,
-    kind: &str,
-    succeeded: bool,
-    retry_at: Option<DateTime<Utc>>,
-) {
+    let succeeded = match status {
+        AttemptStatus::Completed => true,
+        AttemptStatus::Failed | AttemptStatus::Dead => false,
+        AttemptStatus::Snoozed => return,
+    };
     state.breakers.record(conveyor_core::breaker::Outcome {
         queue,
         kind,

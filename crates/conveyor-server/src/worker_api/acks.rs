@@ -157,7 +157,7 @@ pub(crate) async fn apply(state: &AppState, acks: Acks) -> ApiResult<Vec<ItemRes
     for (id, outcome) in complete_ids.into_iter().zip(completed) {
         let status = match outcome {
             LeaseOutcome::Applied => {
-                count_completed(state, id).await;
+                crate::observe::count_completed(state, id).await;
                 ItemStatus::Ok
             }
             LeaseOutcome::LeaseLost => lost_or_missing(state, id).await?,
@@ -167,8 +167,8 @@ pub(crate) async fn apply(state: &AppState, acks: Acks) -> ApiResult<Vec<ItemRes
     for (id, retry_at, outcome) in failed {
         let status = match outcome {
             Ok(job) => {
-                crate::observe::count_reported(state, &job, AttemptStatus::of_failure(job.state));
-                crate::observe::count_for_breakers(state, &job.queue, &job.kind, false, retry_at);
+                let status = AttemptStatus::of_failure(job.state);
+                crate::observe::count_reported(state, &job, status, retry_at);
                 ItemStatus::Ok
             }
             Err(StoreError::LeaseLost(_)) => lost_or_missing(state, id).await?,
@@ -187,29 +187,6 @@ async fn lost_or_missing(state: &AppState, id: Uuid) -> ApiResult<ItemStatus> {
         Some(_) => ItemStatus::LeaseLost,
         None => ItemStatus::NotFound,
     })
-}
-
-/// Counts a completion in the metrics, from what the fetch that handed the job out
-/// remembered (no read), else by reading the job back.
-async fn count_completed(state: &AppState, id: Uuid) {
-    let remembered = state
-        .leased
-        .lock()
-        .ok()
-        .and_then(|mut leased| leased.remove(&id));
-    match remembered {
-        Some(job) => {
-            crate::observe::count_finished(
-                state,
-                &job.queue,
-                &job.kind,
-                AttemptStatus::Completed,
-                job.started.elapsed(),
-            );
-            crate::observe::count_for_breakers(state, &job.queue, &job.kind, true, None);
-        }
-        None => crate::observe::count_completed(state, id).await,
-    }
 }
 
 pub(crate) async fn ack(

@@ -414,8 +414,7 @@ pub(crate) async fn fail(
     let retry_at = crate::observe::retry_at_of(&params);
     let job = state.store.job_fail(params).await?;
     state.finished.notify_waiters();
-    crate::observe::count_reported(&state, &job, AttemptStatus::of_failure(job.state));
-    crate::observe::count_for_breakers(&state, &job.queue, &job.kind, false, retry_at);
+    crate::observe::count_reported(&state, &job, AttemptStatus::of_failure(job.state), retry_at);
     Ok(Json(job))
 }
 
@@ -469,6 +468,6 @@ pub(crate) async fn snooze(
         until,
     };
     let job = state.store.job_snooze(params).await?;
-    crate::observe::count_reported(&state, &job, AttemptStatus::Snoozed);
+    crate::observe::count_reported(&state, &job, AttemptStatus::Snoozed, None);
     Ok(Json(job))
 }
