@@ -1,382 +1,11 @@
-//! Structure-aware HTTP fuzzing of every route (issue 9's fault-injection suite), bounded for CI.
-//!
-//! Two routers run in-process over real SQLite stores in temp dirs, each served on a loopback
-//! port with `axum::serve`: one with access control off, one with it on (requests carry an
-//! admin, producer or worker token, a session cookie, or broken credentials). Every 100
-//! requests a maintenance pass (rescue, stale workers, promotion, retention) and a cron scheduler
-//! pass run over both stores, so whatever the fuzzer manages to store is also read back by them.
-//!
-//! For every route the generator starts from a VALID request (real job ids, lease tokens, dead
-//! jobs, schedule and token names, learnt from earlier answers) and mutates it structurally:
-//! dropped fields, wrong types, boundary and overflowing numbers (`u64::MAX`, `i64::MAX + 1`,
-//! `-1`, `1e308`, `1e400`, `NaN`), very long strings, unicode, NUL characters in strings and
-//! keys, deep nesting, empty and huge arrays, duplicate keys, unknown keys, non-JSON bytes,
-//! truncation, other content types; path parameters and query strings get the same treatment.
-//! Requests are written as raw HTTP/1.1 (nothing normalises them on the way) on a fresh
-//! connection each.
-//!
-//! Every answer must be below 500, every 4xx must be `{"error": {"code", "field", "message"}}`
-//! as JSON, no panic may happen anywhere in the process (a panic hook records them), and a 2xx
-//! must mean what it says: an accepted job, queue setting, schedule or worker heartbeat reads
-//! back exactly as answered (no silent clamping, no precision the store drops), and every 2xx
-//! must be readable by serde_json with its default limits, as Conveyor's own clients read it.
-//! Afterwards both servers still enqueue, fetch and complete, and maintenance still succeeds.
-//!
-//! The seed is fixed so CI is reproducible; explore others with
-//! `CONVEYOR_FUZZ_SEED=<u64> CONVEYOR_FUZZ_REQUESTS=<n> cargo nextest run -p conveyor-server --test fuzz`.
-//! A failure prints the seed, the request number and the exact request bytes.
+//! The generator: a valid request for every route, then mutated.
 
-mod common;
+use super::*;
 
-use common::TestServer;
-use conveyor_core::{Role, Store};
-use conveyor_server::ServerConfig;
-use conveyor_worker::{Maintenance, Scheduler};
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
-use serde_json::{json, Map, Value};
-use std::collections::BTreeMap;
-use std::fmt::Write as _;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
-use uuid::Uuid;
-
-const DEFAULT_SEED: u64 = 0x5EED_C0DE_0009;
-const DEFAULT_REQUESTS: usize = 4000;
-/// Largest payload the fuzzed servers accept (so the 413 paths are cheap to reach); the whole
-/// body limit is then 1 MiB.
-const MAX_PAYLOAD: usize = 16 * 1024;
-const BODY_LIMIT: usize = 1024 * 1024;
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
-/// Answers slower than this are listed (not failed) at the end.
-const SLOW: Duration = Duration::from_secs(1);
-
-// ---------------------------------------------------------------------------------------------
-// Panics anywhere in the process (handler tasks, the SQLite writer thread, maintenance).
-// ---------------------------------------------------------------------------------------------
-
-static PANICS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-fn record_panics() {
-    let default = std::panic::take_hook();
-    std::panic::set_hook(Box::new(move |info| {
-        let thread = std::thread::current().name().unwrap_or("?").to_string();
-        PANICS
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(format!("thread {thread}: {info}"));
-        default(info);
-    }));
-}
-
-fn panics() -> Vec<String> {
-    PANICS.lock().unwrap_or_else(|e| e.into_inner()).clone()
-}
-
-// ---------------------------------------------------------------------------------------------
-// The servers.
-// ---------------------------------------------------------------------------------------------
-
-/// A test server and, with access control on, a token of each role.
-struct Server {
-    server: TestServer,
-    admin: Option<String>,
-    producer: Option<String>,
-    worker: Option<String>,
-}
-
-impl std::ops::Deref for Server {
-    type Target = TestServer;
-    fn deref(&self) -> &TestServer {
-        &self.server
-    }
-}
-
-fn config() -> ServerConfig {
-    ServerConfig {
-        max_payload_bytes: MAX_PAYLOAD,
-        // A fuzzed `wait_ms` must not hold the run up.
-        max_fetch_wait: Duration::from_millis(20),
-        fetch_poll: Duration::from_millis(10),
-        ..ServerConfig::default()
-    }
-}
-
-async fn start(auth: bool) -> Server {
-    let server = TestServer::start_with_options(config(), common::auth(auth)).await;
-    let mut secrets = Vec::new();
-    if auth {
-        for role in [Role::Admin, Role::Producer, Role::Worker] {
-            secrets.push(server.token(role, &format!("fuzz-{role}")).await);
-        }
-    }
-    let mut secrets = secrets.into_iter();
-    Server {
-        server,
-        admin: secrets.next(),
-        producer: secrets.next(),
-        worker: secrets.next(),
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// A raw HTTP/1.1 client: one connection per request, `Connection: close`, bytes as generated.
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Clone)]
-struct Req {
-    /// Whether it goes to the server with access control on.
-    auth_server: bool,
-    route: &'static str,
-    method: String,
-    /// Path and query, already encoded.
-    target: String,
-    headers: Vec<(String, String)>,
-    body: Option<Vec<u8>>,
-    /// What the generator did to the valid request, for the report.
-    mutations: Vec<String>,
-    /// The JSON value sent, when the body is exactly its serialization.
-    sent: Option<Value>,
-}
-
-impl Req {
-    fn new(route: &'static str, method: &str, target: String) -> Self {
-        Req {
-            auth_server: false,
-            route,
-            method: method.to_string(),
-            target,
-            headers: Vec::new(),
-            body: None,
-            mutations: Vec::new(),
-            sent: None,
-        }
-    }
-
-    fn json(route: &'static str, method: &str, target: String, body: &Value) -> Self {
-        let mut req = Req::new(route, method, target);
-        req.headers
-            .push(("content-type".into(), "application/json".into()));
-        req.body = Some(serde_json::to_vec(body).expect("serialize"));
-        req.sent = Some(body.clone());
-        req
-    }
-
-    fn describe(&self) -> String {
-        let mut out = format!(
-            "[{} server] {} {}\n",
-            if self.auth_server { "auth" } else { "open" },
-            self.method,
-            self.target
-        );
-        for (name, value) in &self.headers {
-            let _ = writeln!(out, "  {name}: {}", value.escape_debug());
-        }
-        match &self.body {
-            None => out.push_str("  (no body)\n"),
-            Some(body) => {
-                let shown = &body[..body.len().min(1500)];
-                let _ = writeln!(
-                    out,
-                    "  body ({} bytes{}): {}",
-                    body.len(),
-                    if shown.len() < body.len() {
-                        ", truncated"
-                    } else {
-                        ""
-                    },
-                    shown.escape_ascii()
-                );
-            }
-        }
-        if !self.mutations.is_empty() {
-            let _ = writeln!(out, "  mutations: {}", self.mutations.join("; "));
-        }
-        out
-    }
-}
-
-struct Answer {
-    status: u16,
-    headers: Vec<(String, String)>,
-    body: Vec<u8>,
-}
-
-impl Answer {
-    fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-
-    fn json(&self) -> Option<Value> {
-        serde_json::from_slice(&self.body).ok()
-    }
-
-    /// Valid JSON nested deeper than serde_json's default limit of 128 levels, which Conveyor's
-    /// own clients (`conveyor work`, the Rust client) use.
-    fn too_deep_for_serde(&self) -> bool {
-        serde_json::from_slice::<Value>(&self.body)
-            .is_err_and(|e| e.to_string().contains("recursion limit exceeded"))
-    }
-
-    fn describe(&self) -> String {
-        let shown = &self.body[..self.body.len().min(1500)];
-        format!(
-            "{} content-type={:?} body: {}",
-            self.status,
-            self.header("content-type").unwrap_or(""),
-            shown.escape_ascii()
-        )
-    }
-}
-
-async fn send(addr: SocketAddr, req: &Req) -> Result<Answer, String> {
-    let stream = TcpStream::connect(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
-    let (mut reader, mut writer) = stream.into_split();
-    let mut head = format!(
-        "{} {} HTTP/1.1\r\nhost: 127.0.0.1\r\nconnection: close\r\n",
-        req.method, req.target
-    );
-    for (name, value) in &req.headers {
-        let _ = write!(head, "{name}: {value}\r\n");
-    }
-    if let Some(body) = &req.body {
-        let _ = write!(head, "content-length: {}\r\n", body.len());
-    }
-    head.push_str("\r\n");
-    let body = req.body.clone().unwrap_or_default();
-    // Write and read at once: the server may answer (413) before reading the whole body.
-    let write = async move {
-        writer.write_all(head.as_bytes()).await?;
-        writer.write_all(&body).await?;
-        writer.flush().await?;
-        // Keep the write half open until the answer has been read (dropped with the future).
-        Ok::<_, std::io::Error>(writer)
-    };
-    let read = async move {
-        let mut buf = Vec::new();
-        reader.read_to_end(&mut buf).await.map(|_| buf)
-    };
-    let both = async { tokio::join!(write, read) };
-    let (_written, read) = tokio::time::timeout(REQUEST_TIMEOUT, both)
-        .await
-        .map_err(|_| format!("no answer within {REQUEST_TIMEOUT:?}"))?;
-    let raw = read.map_err(|e| format!("read: {e}"))?;
-    parse_answer(&raw)
-}
-
-fn parse_answer(raw: &[u8]) -> Result<Answer, String> {
-    let end = raw
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or_else(|| {
-            format!(
-                "connection closed without a complete answer ({} bytes: {})",
-                raw.len(),
-                raw[..raw.len().min(200)].escape_ascii()
-            )
-        })?;
-    let head = String::from_utf8_lossy(&raw[..end]);
-    let mut lines = head.split("\r\n");
-    let status_line = lines.next().unwrap_or("");
-    let status: u16 = status_line
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or_else(|| format!("bad status line {status_line:?}"))?;
-    let headers: Vec<(String, String)> = lines
-        .filter_map(|line| line.split_once(':'))
-        .map(|(n, v)| (n.trim().to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
-    let mut body = raw[end + 4..].to_vec();
-    let chunked = headers
-        .iter()
-        .any(|(n, v)| n == "transfer-encoding" && v.contains("chunked"));
-    if chunked {
-        body = dechunk(&body)?;
-    }
-    Ok(Answer {
-        status,
-        headers,
-        body,
-    })
-}
-
-fn dechunk(mut raw: &[u8]) -> Result<Vec<u8>, String> {
-    let mut out = Vec::new();
-    loop {
-        let line_end = raw
-            .windows(2)
-            .position(|w| w == b"\r\n")
-            .ok_or("truncated chunked body")?;
-        let size_text = String::from_utf8_lossy(&raw[..line_end]);
-        let size = usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16)
-            .map_err(|e| format!("bad chunk size {size_text:?}: {e}"))?;
-        raw = &raw[line_end + 2..];
-        if size == 0 {
-            return Ok(out);
-        }
-        if raw.len() < size + 2 {
-            return Err("truncated chunk".into());
-        }
-        out.extend_from_slice(&raw[..size]);
-        raw = &raw[size + 2..];
-    }
-}
-
-/// Percent-encodes everything but unreserved characters.
-fn encode(text: &str) -> String {
-    let mut out = String::new();
-    for byte in text.bytes() {
-        if byte.is_ascii_alphanumeric() || matches!(byte, b'-' | b'_' | b'.' | b'~' | b':') {
-            out.push(byte as char);
-        } else {
-            let _ = write!(out, "%{byte:02X}");
-        }
-    }
-    out
-}
-
-// ---------------------------------------------------------------------------------------------
-// What the fuzzer has learnt from answers, so valid requests reach the store.
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Default)]
-struct World {
-    /// (job id, lease token) of jobs fetched and maybe still running.
-    leases: Vec<(Uuid, Uuid)>,
-    jobs: Vec<Uuid>,
-    dead: Vec<Uuid>,
-    schedules: Vec<String>,
-    /// Token ids and names created over HTTP, and secrets answered by token creation.
-    tokens: Vec<String>,
-    secrets: Vec<String>,
-    /// Session cookies of the auth server.
-    sessions: Vec<String>,
-}
-
-fn keep<T>(list: &mut Vec<T>, item: T) {
-    list.push(item);
-    if list.len() > 64 {
-        list.remove(0);
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// The generator.
-// ---------------------------------------------------------------------------------------------
-
-const KINDS: &[&str] = &["fz_email", "fz.report", "fz:sync", "fz-k"];
-const QUEUES: &[&str] = &["fz", "fz.b", "fz-c:d", "fz_e"];
-const SETTINGS_QUEUES: &[&str] = &["fz-settings", "fz-settings.2"];
-const STATES: &[&str] = &[
+pub(super) const KINDS: &[&str] = &["fz_email", "fz.report", "fz:sync", "fz-k"];
+pub(super) const QUEUES: &[&str] = &["fz", "fz.b", "fz-c:d", "fz_e"];
+pub(super) const SETTINGS_QUEUES: &[&str] = &["fz-settings", "fz-settings.2"];
+pub(super) const STATES: &[&str] = &[
     "scheduled",
     "available",
     "running",
@@ -386,7 +15,7 @@ const STATES: &[&str] = &[
     "cancelled",
 ];
 /// Field names of every request body, for "add a known field where it does not belong".
-const FIELDS: &[&str] = &[
+pub(super) const FIELDS: &[&str] = &[
     "kind",
     "payload",
     "queue",
@@ -430,44 +59,44 @@ const FIELDS: &[&str] = &[
     "name",
 ];
 
-struct Gen {
-    rng: StdRng,
+pub(super) struct Gen {
+    pub(super) rng: StdRng,
     /// Raw JSON texts standing in for marker strings (numbers and escapes a `Value` cannot hold).
-    raws: Vec<String>,
+    pub(super) raws: Vec<String>,
 }
 
 impl Gen {
-    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+    pub(super) fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
         &items[self.rng.random_range(0..items.len())]
     }
 
-    fn chance(&mut self, p: f64) -> bool {
+    pub(super) fn chance(&mut self, p: f64) -> bool {
         self.rng.random_bool(p)
     }
 
     /// A marker string replaced by `text` verbatim after serialization.
-    fn raw(&mut self, text: impl Into<String>) -> Value {
+    pub(super) fn raw(&mut self, text: impl Into<String>) -> Value {
         self.raws.push(text.into());
         Value::String(format!("\u{1}RAW{}\u{1}", self.raws.len() - 1))
     }
 
     /// An item learnt from earlier answers (with probability `p`, when there is one). Always
     /// draws the same numbers, so what the servers answered never shifts the random stream.
-    fn known<T: Clone>(&mut self, list: &[T], p: f64) -> Option<T> {
+    pub(super) fn known<T: Clone>(&mut self, list: &[T], p: f64) -> Option<T> {
         let wanted = self.chance(p);
         let at = self.rng.random::<u64>() as usize;
         (wanted && !list.is_empty()).then(|| list[at % list.len()].clone())
     }
 
-    fn name(&mut self, names: &[&str]) -> String {
+    pub(super) fn name(&mut self, names: &[&str]) -> String {
         self.pick(names).to_string()
     }
 
-    fn uuid_from_rng(&mut self) -> Uuid {
+    pub(super) fn uuid_from_rng(&mut self) -> Uuid {
         uuid::Builder::from_random_bytes(self.rng.random()).into_uuid()
     }
 
-    fn payload(&mut self) -> Value {
+    pub(super) fn payload(&mut self) -> Value {
         match self.rng.random_range(0..5) {
             0 => Value::Null,
             1 => json!({"user": self.rng.random_range(0..1000), "email": "a@example.com"}),
@@ -477,12 +106,12 @@ impl Gen {
         }
     }
 
-    fn time_from_now(&mut self) -> String {
+    pub(super) fn time_from_now(&mut self) -> String {
         let offset = chrono::Duration::milliseconds(self.rng.random_range(-60_000..600_000));
         (chrono::Utc::now() + offset).to_rfc3339()
     }
 
-    fn job(&mut self) -> Value {
+    pub(super) fn job(&mut self) -> Value {
         let mut job = Map::new();
         job.insert("kind".into(), json!(self.name(KINDS)));
         if self.chance(0.7) {
@@ -543,19 +172,19 @@ impl Gen {
         Value::Object(job)
     }
 
-    fn lease(&mut self, world: &World) -> (Uuid, Uuid) {
+    pub(super) fn lease(&mut self, world: &World) -> (Uuid, Uuid) {
         let fallback = (self.uuid_from_rng(), self.uuid_from_rng());
         self.known(&world.leases, 0.9).unwrap_or(fallback)
     }
 
-    fn job_id(&mut self, world: &World) -> String {
+    pub(super) fn job_id(&mut self, world: &World) -> String {
         let fallback = self.uuid_from_rng();
         let id = self.known(&world.jobs, 0.8).unwrap_or(fallback);
         self.maybe_bad_segment(id.to_string())
     }
 
     /// A path segment, sometimes replaced by something hostile.
-    fn maybe_bad_segment(&mut self, good: String) -> String {
+    pub(super) fn maybe_bad_segment(&mut self, good: String) -> String {
         if !self.chance(0.15) {
             return encode(&good);
         }
@@ -584,7 +213,7 @@ impl Gen {
         mutated
     }
 
-    fn nasty_number(&mut self) -> Value {
+    pub(super) fn nasty_number(&mut self) -> Value {
         match self.rng.random_range(0..26) {
             0 => json!(0),
             1 => json!(-1),
@@ -621,7 +250,7 @@ impl Gen {
         }
     }
 
-    fn nasty_string(&mut self) -> Value {
+    pub(super) fn nasty_string(&mut self) -> Value {
         let text: String = match self.rng.random_range(0..30) {
             0 => String::new(),
             1 => " ".into(),
@@ -660,7 +289,7 @@ impl Gen {
         Value::String(text)
     }
 
-    fn nasty_value(&mut self) -> Value {
+    pub(super) fn nasty_value(&mut self) -> Value {
         match self.rng.random_range(0..10) {
             0..=2 => self.nasty_number(),
             3..=5 => self.nasty_string(),
@@ -678,7 +307,7 @@ impl Gen {
     }
 
     /// Deeply nested arrays or objects, as raw text (serde_json's limit is 128 levels).
-    fn deep(&mut self) -> Value {
+    pub(super) fn deep(&mut self) -> Value {
         let depth = *self.pick(&[20usize, 126, 127, 128, 129, 500, 3000]);
         let text = if self.chance(0.5) {
             format!("{}{}", "[".repeat(depth), "]".repeat(depth))
@@ -688,13 +317,13 @@ impl Gen {
         self.raw(text)
     }
 
-    fn huge_array(&mut self, element: Value) -> Value {
+    pub(super) fn huge_array(&mut self, element: Value) -> Value {
         let len = *self.pick(&[100usize, 1000, 2500]);
         Value::Array(vec![element; len])
     }
 
     /// One structural mutation somewhere in `value`.
-    fn mutate(&mut self, value: &mut Value, notes: &mut Vec<String>) {
+    pub(super) fn mutate(&mut self, value: &mut Value, notes: &mut Vec<String>) {
         let mut paths = Vec::new();
         collect_paths(value, &mut Vec::new(), &mut paths);
         let path = self.pick(&paths).clone();
@@ -808,7 +437,7 @@ impl Gen {
     }
 
     /// Serializes `value` (with markers resolved), then maybe damages the bytes or the headers.
-    fn finish(&mut self, mut req: Req, value: Option<Value>, mutated: bool) -> Req {
+    pub(super) fn finish(&mut self, mut req: Req, value: Option<Value>, mutated: bool) -> Req {
         if let Some(value) = value {
             let mut text = serde_json::to_string(&value).expect("serialize");
             let mut exact = !mutated || !text.contains("\\u0001");
@@ -860,7 +489,7 @@ impl Gen {
         req
     }
 
-    fn damage_bytes(&mut self, req: &mut Req) {
+    pub(super) fn damage_bytes(&mut self, req: &mut Req) {
         let body = req.body.get_or_insert_with(Vec::new);
         let note = match self.rng.random_range(0..8) {
             0 => {
@@ -956,7 +585,7 @@ impl Gen {
     }
 
     /// A request for a random route, valid or mutated.
-    fn request(&mut self, world: &World) -> Req {
+    pub(super) fn request(&mut self, world: &World) -> Req {
         let route = self.rng.random_range(0..36);
         let (mut req, body) = self.seed(route, world);
         let mut value = body;
@@ -1358,7 +987,7 @@ impl Gen {
     }
 
     /// Credentials for a request to the auth server.
-    fn credentials(&mut self, req: &mut Req, server: &Server, world: &World) {
+    pub(super) fn credentials(&mut self, req: &mut Req, server: &Server, world: &World) {
         // The same draws whatever the choice, so the random stream never depends on answers.
         let choice = self.rng.random_range(0..12);
         let session = self.known(&world.sessions, 1.0);
@@ -1486,597 +1115,4 @@ fn short(value: &Value) -> String {
     } else {
         text
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Checking answers.
-// ---------------------------------------------------------------------------------------------
-
-struct Run {
-    seed: u64,
-    failures: BTreeMap<String, String>,
-    failure_count: usize,
-    slow: Vec<String>,
-    statuses: BTreeMap<(String, u16), usize>,
-}
-
-impl Run {
-    fn fail(&mut self, index: usize, req: &Req, kind: &str, detail: String) {
-        self.failure_count += 1;
-        // One example per route and kind of failure.
-        let signature = format!("{} | {kind}", req.route);
-        self.failures.entry(signature).or_insert_with(|| {
-            format!(
-                "request #{index} (seed {}): {kind}\n{}  answer: {detail}\n",
-                self.seed,
-                req.describe()
-            )
-        });
-    }
-}
-
-fn check_shape(run: &mut Run, index: usize, req: &Req, answer: &Answer) {
-    let status = answer.status;
-    if status >= 500 {
-        run.fail(
-            index,
-            req,
-            &format!("server error {status}"),
-            answer.describe(),
-        );
-        return;
-    }
-    if !(400..500).contains(&status) || req.method == "HEAD" {
-        return;
-    }
-    let content_type = answer.header("content-type").unwrap_or("");
-    let body = answer.json();
-    let error = body.as_ref().and_then(|b| b.get("error"));
-    let well_formed = content_type.starts_with("application/json")
-        && error.is_some_and(|e| {
-            e["code"].as_str().is_some_and(|c| !c.is_empty())
-                && e["message"].as_str().is_some_and(|m| !m.is_empty())
-                && (e["field"].is_null() || e["field"].is_string())
-                && e.get("field").is_some()
-        });
-    if !well_formed {
-        run.fail(
-            index,
-            req,
-            &format!("{status} without a JSON error body"),
-            answer.describe(),
-        );
-    }
-}
-
-/// Sends a GET to read back what a 2xx claimed; admin credentials on the auth server.
-async fn read_back(server: &Server, path: &str) -> Option<Value> {
-    let mut req = Req::new("read back", "GET", path.to_string());
-    if let Some(admin) = &server.admin {
-        req.headers
-            .push(("authorization".into(), format!("Bearer {admin}")));
-    }
-    let answer = send(server.addr, &req).await.ok()?;
-    if answer.status != 200 {
-        return None;
-    }
-    answer.json()
-}
-
-fn without(value: &Value, keys: &[&str]) -> Value {
-    let mut value = value.clone();
-    if let Some(map) = value.as_object_mut() {
-        for key in keys {
-            map.remove(*key);
-        }
-    }
-    value
-}
-
-/// The top-level keys whose values differ, e.g. `run_at, timeout_ms`.
-fn differing_fields(a: &Value, b: &Value) -> String {
-    let empty = Map::new();
-    let (a, b) = (
-        a.as_object().unwrap_or(&empty),
-        b.as_object().unwrap_or(&empty),
-    );
-    let mut keys: Vec<&String> = a.keys().chain(b.keys()).collect();
-    keys.sort();
-    keys.dedup();
-    keys.retain(|k| a.get(*k) != b.get(*k));
-    keys.iter()
-        .map(|k| k.as_str())
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// Fields of an accepted job request that must be stored exactly as sent.
-const EXACT_JOB_FIELDS: &[&str] = &[
-    "kind",
-    "queue",
-    "priority",
-    "max_attempts",
-    "timeout_ms",
-    "idempotency_key",
-    "tenant",
-];
-
-fn compare_job_request(sent: &Value, stored: &Value) -> Option<String> {
-    for field in EXACT_JOB_FIELDS {
-        if let Some(value) = sent.get(*field).filter(|v| !v.is_null()) {
-            if stored.get(*field) != Some(value) {
-                return Some(format!(
-                    "{field}: sent as {value} but stored as {}",
-                    stored.get(*field).unwrap_or(&Value::Null)
-                ));
-            }
-        }
-    }
-    None
-}
-
-/// Learns ids and tokens from a successful answer, and checks that it is true.
-async fn learn_and_verify(
-    run: &mut Run,
-    world: &mut World,
-    index: usize,
-    server: &Server,
-    req: &Req,
-    answer: &Answer,
-) {
-    if !(200..300).contains(&answer.status) || req.method == "HEAD" {
-        return;
-    }
-    let Some(body) = answer.json() else {
-        if answer.too_deep_for_serde() {
-            // E.g. a job payload nested 126 levels is accepted (the enqueue body is 127 deep),
-            // but the fetch answer wraps it in three more: `conveyor work` cannot read the
-            // answer, and every job that fetch claimed stays leased to nobody.
-            run.fail(
-                index,
-                req,
-                "2xx answer nested deeper than serde_json's default limit of 128",
-                answer.describe(),
-            );
-        } else if answer.status != 204 && req.route != "GET /metrics" {
-            run.fail(index, req, "2xx without a JSON body", answer.describe());
-        }
-        return;
-    };
-    match req.route {
-        "POST /v1/jobs" => {
-            let Some(id) = body["id"].as_str().and_then(|s| s.parse::<Uuid>().ok()) else {
-                return;
-            };
-            keep(&mut world.jobs, id);
-            if body["duplicate"] == true {
-                return;
-            }
-            let Some(stored) = read_back(server, &format!("/v1/jobs/{id}")).await else {
-                run.fail(index, req, "accepted job cannot be read", answer.describe());
-                return;
-            };
-            // Maintenance may promote a scheduled job in between; everything else must match.
-            let answered = without(&body, &["duplicate", "state"]);
-            let stored = without(&stored, &["state"]);
-            if answered != stored {
-                let fields = differing_fields(&answered, &stored);
-                run.fail(
-                    index,
-                    req,
-                    &format!("enqueue answer differs from the stored job in {fields}"),
-                    format!("answered {answered}\n  stored {stored}"),
-                );
-            } else if let Some(problem) = req
-                .sent
-                .as_ref()
-                .and_then(|s| compare_job_request(s, &stored))
-            {
-                let field = problem.split(':').next().unwrap_or("").to_string();
-                run.fail(
-                    index,
-                    req,
-                    &format!("accepted job stored with another {field}"),
-                    problem,
-                );
-            }
-        }
-        "POST /v1/jobs/batch" => {
-            let ids: Vec<Uuid> = body["ids"]
-                .as_array()
-                .map(|ids| {
-                    ids.iter()
-                        .filter_map(|i| i.as_str()?.parse().ok())
-                        .collect()
-                })
-                .unwrap_or_default();
-            let duplicates = body["duplicates"].as_array().cloned().unwrap_or_default();
-            for (i, id) in ids.iter().enumerate() {
-                keep(&mut world.jobs, *id);
-                if duplicates.get(i) == Some(&Value::Bool(true)) {
-                    continue;
-                }
-                let sent = req.sent.as_ref().and_then(|s| s["jobs"].get(i));
-                let Some(sent) = sent else { continue };
-                match read_back(server, &format!("/v1/jobs/{id}")).await {
-                    None => run.fail(
-                        index,
-                        req,
-                        "accepted batch job cannot be read",
-                        id.to_string(),
-                    ),
-                    Some(stored) => {
-                        if let Some(problem) = compare_job_request(sent, &stored) {
-                            let field = problem.split(':').next().unwrap_or("").to_string();
-                            run.fail(
-                                index,
-                                req,
-                                &format!("accepted batch job stored with another {field}"),
-                                problem,
-                            );
-                        }
-                    }
-                }
-            }
-        }
-        "POST /v1/fetch" => {
-            for job in body["jobs"].as_array().into_iter().flatten() {
-                let id = job["id"].as_str().and_then(|s| s.parse().ok());
-                let token = job["lease_token"].as_str().and_then(|s| s.parse().ok());
-                if let (Some(id), Some(token)) = (id, token) {
-                    keep(&mut world.leases, (id, token));
-                }
-            }
-        }
-        "POST /v1/jobs/{id}/fail" if body["state"] == "dead" => {
-            if let Some(id) = body["id"].as_str().and_then(|s| s.parse().ok()) {
-                keep(&mut world.dead, id);
-            }
-        }
-        "PUT /v1/queues/{name}" => {
-            let name = body["name"].as_str().unwrap_or_default().to_string();
-            match read_back(server, &format!("/v1/queues/{}", encode(&name))).await {
-                Some(stored) if stored == body => {}
-                stored => {
-                    let fields = differing_fields(&body, stored.as_ref().unwrap_or(&Value::Null));
-                    run.fail(
-                        index,
-                        req,
-                        &format!("queue settings answer differs from what is stored in {fields}"),
-                        format!("answered {body}\n  stored {stored:?}"),
-                    )
-                }
-            }
-        }
-        "PUT /v1/schedules/{name}" => {
-            let name = body["name"].as_str().unwrap_or_default().to_string();
-            keep(&mut world.schedules, name.clone());
-            // The definition must read back as answered (its run state may move on).
-            let moving = [
-                "revision",
-                "due_after",
-                "last_tick",
-                "next_run_at",
-                "last_run",
-                "recent_runs",
-                "updated_at",
-                "created_at",
-            ];
-            match read_back(server, &format!("/v1/schedules/{}", encode(&name))).await {
-                Some(stored) if without(&stored, &moving) == without(&body, &moving) => {}
-                stored => run.fail(
-                    index,
-                    req,
-                    "schedule answer differs from what is stored",
-                    format!("answered {body}\n  stored {stored:?}"),
-                ),
-            }
-        }
-        "POST /v1/workers/heartbeat" => {
-            let listed = read_back(server, "/v1/workers").await;
-            let found = listed.as_ref().and_then(|l| {
-                l["workers"]
-                    .as_array()?
-                    .iter()
-                    .find(|w| w["id"] == body["id"])
-                    .cloned()
-            });
-            if found.as_ref() != Some(&body) {
-                run.fail(
-                    index,
-                    req,
-                    "worker heartbeat answer differs from the registry",
-                    format!("answered {body}\n  listed {found:?}"),
-                );
-            }
-        }
-        "POST /v1/tokens" => {
-            if let Some(secret) = body["secret"].as_str() {
-                keep(&mut world.secrets, secret.to_string());
-            }
-            for key in ["id", "name"] {
-                if let Some(value) = body[key].as_str() {
-                    keep(&mut world.tokens, value.to_string());
-                }
-            }
-        }
-        "POST /v1/session" => {
-            if let Some(cookie) = answer.header("set-cookie") {
-                if let Some(value) = cookie
-                    .strip_prefix("conveyor_session=")
-                    .and_then(|rest| rest.split(';').next())
-                {
-                    keep(&mut world.sessions, value.to_string());
-                }
-            }
-        }
-        _ => {}
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// After the run: both servers still do their job.
-// ---------------------------------------------------------------------------------------------
-
-async fn call(server: &Server, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let mut req = match &body {
-        Some(body) => Req::json("check", method, path.to_string(), body),
-        None => Req::new("check", method, path.to_string()),
-    };
-    if let Some(admin) = &server.admin {
-        req.headers
-            .push(("authorization".into(), format!("Bearer {admin}")));
-    }
-    let answer = send(server.addr, &req)
-        .await
-        .unwrap_or_else(|e| panic!("{method} {path}: {e}"));
-    (answer.status, answer.json().unwrap_or(Value::Null))
-}
-
-async fn still_works(server: &Server) {
-    assert!(!server.task.is_finished(), "the server task ended");
-    let queue = format!("after-fuzz-{}", Uuid::new_v4().simple());
-    let (status, job) = call(
-        server,
-        "POST",
-        "/v1/jobs",
-        Some(json!({"kind": "after_fuzz", "queue": queue, "payload": {"n": 1}})),
-    )
-    .await;
-    assert_eq!(status, 201, "enqueue after fuzzing: {job}");
-    let id = job["id"].as_str().expect("id").to_string();
-    let (status, fetched) = call(
-        server,
-        "POST",
-        "/v1/fetch",
-        Some(json!({"worker_id": "after-fuzz", "queues": [queue], "max": 5})),
-    )
-    .await;
-    assert_eq!(status, 200, "fetch after fuzzing: {fetched}");
-    let jobs = fetched["jobs"].as_array().expect("jobs");
-    assert_eq!(jobs.len(), 1, "{fetched}");
-    assert_eq!(jobs[0]["id"], id.as_str());
-    let token = jobs[0]["lease_token"].as_str().expect("token");
-    let (status, done) = call(
-        server,
-        "POST",
-        &format!("/v1/jobs/{id}/complete"),
-        Some(json!({"lease_token": token, "result": {"ok": true}})),
-    )
-    .await;
-    assert_eq!(status, 200, "complete after fuzzing: {done}");
-    let (status, job) = call(server, "GET", &format!("/v1/jobs/{id}"), None).await;
-    assert_eq!(status, 200, "{job}");
-    assert_eq!(job["state"], "completed", "{job}");
-    assert_eq!(job["attempt"], 1, "{job}");
-    assert_eq!(job["result"], json!({"ok": true}), "{job}");
-    let (status, health) = call(server, "GET", "/healthz", None).await;
-    assert_eq!(status, 200, "{health}");
-}
-
-fn env_number(name: &str) -> Option<u64> {
-    let text = std::env::var(name).ok()?;
-    let text = text.trim();
-    let parsed = match text.strip_prefix("0x") {
-        Some(hex) => u64::from_str_radix(hex, 16),
-        None => text.parse(),
-    };
-    Some(parsed.unwrap_or_else(|e| panic!("{name}={text:?} is not a number: {e}")))
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_route_survives_structured_garbage() {
-    record_panics();
-    let seed = env_number("CONVEYOR_FUZZ_SEED").unwrap_or(DEFAULT_SEED);
-    let requests = env_number("CONVEYOR_FUZZ_REQUESTS").map_or(DEFAULT_REQUESTS, |n| n as usize);
-    println!("fuzz seed {seed} ({seed:#x}), {requests} requests; reproduce with CONVEYOR_FUZZ_SEED={seed}");
-
-    let open = start(false).await;
-    let auth = start(true).await;
-    // Maintenance and the cron scheduler read whatever the fuzzer stored: a pass over each
-    // store every 100 requests (between requests, so the run stays reproducible).
-    let maintenance = |store: &Arc<dyn Store>| {
-        (
-            Maintenance::new(store.clone()).without_scheduler(),
-            Scheduler::new(store.clone()),
-        )
-    };
-    let passes = [maintenance(&open.store), maintenance(&auth.store)];
-
-    // Something to work on from the start: jobs, leases and a dead job.
-    let mut world = World::default();
-    let mut fuzzer = Gen {
-        rng: StdRng::seed_from_u64(seed),
-        raws: Vec::new(),
-    };
-    for queue in QUEUES {
-        for _ in 0..3 {
-            let (status, job) = call(
-                &open,
-                "POST",
-                "/v1/jobs",
-                Some(json!({"kind": "fz_seed", "queue": queue, "payload": {"user": 1}})),
-            )
-            .await;
-            assert_eq!(status, 201, "{job}");
-            keep(
-                &mut world.jobs,
-                job["id"].as_str().unwrap().parse().unwrap(),
-            );
-        }
-    }
-    let (status, fetched) = call(
-        &open,
-        "POST",
-        "/v1/fetch",
-        Some(json!({"worker_id": "fz-seed", "queues": QUEUES, "max": 8})),
-    )
-    .await;
-    assert_eq!(status, 200, "{fetched}");
-    for job in fetched["jobs"].as_array().unwrap() {
-        let id: Uuid = job["id"].as_str().unwrap().parse().unwrap();
-        let token: Uuid = job["lease_token"].as_str().unwrap().parse().unwrap();
-        keep(&mut world.leases, (id, token));
-    }
-    let (dead_id, dead_token) = world.leases.pop().expect("a lease");
-    let (status, dead) = call(
-        &open,
-        "POST",
-        &format!("/v1/jobs/{dead_id}/fail"),
-        Some(json!({"lease_token": dead_token, "error": {"message": "x"}, "retry": "never"})),
-    )
-    .await;
-    assert_eq!(status, 200, "{dead}");
-    keep(&mut world.dead, dead_id);
-
-    let mut run = Run {
-        seed,
-        failures: BTreeMap::new(),
-        failure_count: 0,
-        slow: Vec::new(),
-        statuses: BTreeMap::new(),
-    };
-    let started = Instant::now();
-    for index in 0..requests {
-        let mut req = fuzzer.request(&world);
-        let server = if fuzzer.chance(0.2) {
-            req.auth_server = true;
-            fuzzer.credentials(&mut req, &auth, &world);
-            &auth
-        } else {
-            &open
-        };
-        let before = Instant::now();
-        let answer = send(server.addr, &req).await;
-        let took = before.elapsed();
-        if took > SLOW {
-            run.slow.push(format!(
-                "{took:?} for request #{index}:\n{}",
-                req.describe()
-            ));
-        }
-        let oversized = req.body.as_ref().is_some_and(|b| b.len() > BODY_LIMIT);
-        match answer {
-            Err(error) if oversized => {
-                // Closing early on a body over the limit is legitimate HTTP.
-                let _ = error;
-            }
-            Err(error) => {
-                run.fail(
-                    index,
-                    &req,
-                    "no answer (panic or dropped connection)",
-                    error,
-                );
-            }
-            Ok(answer) => {
-                *run.statuses
-                    .entry((req.route.to_string(), answer.status))
-                    .or_default() += 1;
-                check_shape(&mut run, index, &req, &answer);
-                learn_and_verify(&mut run, &mut world, index, server, &req, &answer).await;
-            }
-        }
-        if index % 100 == 99 {
-            for (maintenance, scheduler) in &passes {
-                if let Err(error) = maintenance.run_once().await {
-                    run.fail(
-                        index,
-                        &req,
-                        "maintenance pass failed after it",
-                        error.to_string(),
-                    );
-                }
-                if let Err(error) = scheduler.run_once().await {
-                    run.fail(
-                        index,
-                        &req,
-                        "scheduler pass failed after it",
-                        error.to_string(),
-                    );
-                }
-            }
-        }
-        // Keep some jobs to lease: refill when the fuzzer has used them up.
-        if index % 200 == 199 {
-            let queue = *fuzzer.pick(QUEUES);
-            let (status, fetched) = call(
-                &open,
-                "POST",
-                "/v1/fetch",
-                Some(json!({"worker_id": "fz-refill", "queues": [queue], "max": 5})),
-            )
-            .await;
-            if status == 200 {
-                for job in fetched["jobs"].as_array().into_iter().flatten() {
-                    let id = job["id"].as_str().and_then(|s| s.parse().ok());
-                    let token = job["lease_token"].as_str().and_then(|s| s.parse().ok());
-                    if let (Some(id), Some(token)) = (id, token) {
-                        keep(&mut world.leases, (id, token));
-                    }
-                }
-            }
-        }
-    }
-    let fuzz_time = started.elapsed();
-
-    let mut summary = String::new();
-    for ((route, status), count) in &run.statuses {
-        let _ = writeln!(summary, "  {route:<36} {status}: {count}");
-    }
-    println!("{requests} requests in {fuzz_time:?}; answers by route and status:\n{summary}");
-    for slow in &run.slow {
-        println!("slow answer: {slow}");
-    }
-
-    // Afterwards: both servers work, and maintenance over the fuzzed store succeeds.
-    still_works(&open).await;
-    still_works(&auth).await;
-    for (maintenance, scheduler) in &passes {
-        let pass = maintenance
-            .run_once()
-            .await
-            .expect("a maintenance pass over the fuzzed store");
-        let fired = scheduler
-            .run_once()
-            .await
-            .expect("a scheduler pass over the fuzzed store");
-        println!("after fuzzing: {pass:?}, {fired:?}");
-    }
-
-    let panics = panics();
-    let mut report = String::new();
-    for panic in &panics {
-        let _ = writeln!(report, "PANIC: {panic}");
-    }
-    for failure in run.failures.values() {
-        let _ = writeln!(report, "{failure}");
-    }
-    assert!(
-        panics.is_empty() && run.failures.is_empty(),
-        "fuzzing with seed {seed} found {} failing requests ({} kinds) and {} panics:\n{report}",
-        run.failure_count,
-        run.failures.len(),
-        panics.len()
-    );
 }
