@@ -1,4 +1,4 @@
-import type { EnqueueOptions, JobSpec } from './client.js';
+import type { EnqueueOptions, JobSpec } from './jobs.js';
 export type FlowState = 'running' | 'completed' | 'failed' | 'compensating' | 'compensated' | 'cancelled';
 export type StepState = 'pending' | 'active' | 'waiting' | 'completed' | 'failed' | 'skipped' | 'cancelled';
 /** When a parent failed: fail the flow (default), skip this step and its dependents, or run anyway. */

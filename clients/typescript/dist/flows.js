@@ -1,6 +1,6 @@
 // Workflows: step builders (`step`, `waitStep`, `chain`, `group`) and the body of
 // `POST /v1/flows`.
-import { enqueueBody } from './client.js';
+import { enqueueBody } from './jobs.js';
 /** A job step running `kind` with `payload` (see `JobStep`). */
 export function step(name, kind, payload, options = {}) {
     checkName(name);

@@ -6,9 +6,9 @@ import { Transport, seg } from './http.js';
 import { NotFound } from './errors.js';
 import { flowBody } from './flows.js';
 import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
-import { currentTraceContext } from './trace.js';
-
-export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled' | 'expired';
+import { enqueueBody } from './jobs.js';
+import type { EnqueueOptions, JobSpec, JobState } from './jobs.js';
+export type { EnqueueOptions, JobSpec, JobState, UniqueOptions } from './jobs.js';
 
 /** One failed attempt in a job's history. */
 export interface ErrorRecord {
@@ -269,56 +269,6 @@ export function flowFinished(flow: Pick<FlowView, 'state'>): boolean {
   return FLOW_FINISHED_STATES.has(flow.state);
 }
 
-/** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
-export interface UniqueOptions {
-  /** Top-level payload fields that make up the identity (default: the whole payload). */
-  args?: string[];
-  /** Whether the queue is part of the identity (default true). */
-  byQueue?: boolean;
-  /** Only jobs created less than this long ago count. */
-  periodMs?: number;
-  /** States in which an existing job blocks the new one. */
-  states?: JobState[];
-}
-
-export interface EnqueueOptions {
-  /** Queue name (default `default`). */
-  queue?: string;
-  /** Higher runs first within a queue (default 0). */
-  priority?: number;
-  /** Run this many milliseconds from now. */
-  delayMs?: number;
-  /** Run this many seconds from now (fractions allowed); the same as `delayMs` × 1000. */
-  delay?: number;
-  /** Run at this time (a Date, or an RFC 3339 string). Not with `delayMs`/`delay`. */
-  runAt?: Date | string;
-  /** Attempts before the job is dead (server default 25). */
-  maxAttempts?: number;
-  /** Enqueueing again with the same key returns the existing job's id. */
-  idempotencyKey?: string;
-  tenant?: string;
-  unique?: boolean | UniqueOptions;
-  /** Per-attempt timeout the worker enforces, in milliseconds. */
-  timeoutMs?: number;
-  tags?: string[];
-  /** Not started within this many milliseconds of the enqueue, the job expires instead of running. */
-  ttlMs?: number;
-  /** Not started by then (a Date, or an RFC 3339 string), the job expires. Not with `ttlMs`. */
-  expiresAt?: Date | string;
-  /**
-   * W3C trace context sent with the job; the worker runs the handler as a child span. By
-   * default the active OpenTelemetry span's, when `@opentelemetry/api` is installed.
-   */
-  traceparent?: string;
-  tracestate?: string;
-}
-
-/** One job for `enqueueMany`. */
-export interface JobSpec extends EnqueueOptions {
-  kind: string;
-  payload?: unknown;
-}
-
 export interface ClientOptions {
   /** The server, e.g. `http://127.0.0.1:7700`. */
   url: string;
@@ -328,58 +278,6 @@ export interface ClientOptions {
   timeoutMs?: number;
   /** Your own http(s).Agent; by default the client keeps its own keep-alive agent. */
   agent?: http.Agent;
-}
-
-/** The request body of one job (`POST /v1/jobs`), from `kind`, `payload` and options. */
-export function enqueueBody(kind: string, payload: unknown, opts: EnqueueOptions = {}, where = ''): Record<string, unknown> {
-  if (typeof kind !== 'string' || kind === '') throw new TypeError(`conveyor: ${where}kind must be a non-empty string`);
-  const body: Record<string, unknown> = { kind };
-  if (payload !== undefined) body.payload = payload;
-  if (opts.queue !== undefined) body.queue = opts.queue;
-  if (opts.priority !== undefined) body.priority = opts.priority;
-  if (opts.delayMs !== undefined && opts.delay !== undefined) {
-    throw new TypeError(`conveyor: ${where}give delayMs or delay, not both`);
-  }
-  const delayMs = opts.delayMs ?? (opts.delay !== undefined ? Math.round(opts.delay * 1000) : undefined);
-  if (delayMs !== undefined) {
-    if (opts.runAt !== undefined) throw new TypeError(`conveyor: ${where}give runAt or a delay, not both`);
-    body.delay_ms = delayMs;
-  }
-  if (opts.runAt !== undefined) {
-    const at = opts.runAt instanceof Date ? opts.runAt : new Date(opts.runAt);
-    if (Number.isNaN(at.getTime())) throw new TypeError(`conveyor: ${where}runAt is not a valid date`);
-    body.run_at = at.toISOString();
-  }
-  if (opts.maxAttempts !== undefined) body.max_attempts = opts.maxAttempts;
-  if (opts.idempotencyKey !== undefined) body.idempotency_key = opts.idempotencyKey;
-  if (opts.tenant !== undefined) body.tenant = opts.tenant;
-  if (opts.timeoutMs !== undefined) body.timeout_ms = opts.timeoutMs;
-  if (opts.tags !== undefined) body.tags = opts.tags;
-  if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
-    throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
-  }
-  if (opts.ttlMs !== undefined) body.ttl_ms = opts.ttlMs;
-  if (opts.expiresAt !== undefined) {
-    const at = opts.expiresAt instanceof Date ? opts.expiresAt : new Date(opts.expiresAt);
-    if (Number.isNaN(at.getTime())) throw new TypeError(`conveyor: ${where}expiresAt is not a valid date`);
-    body.expires_at = at.toISOString();
-  }
-  if (opts.traceparent !== undefined) {
-    body.traceparent = opts.traceparent;
-    if (opts.tracestate !== undefined) body.tracestate = opts.tracestate;
-  } else {
-    Object.assign(body, currentTraceContext());
-  }
-  if (opts.unique !== undefined && opts.unique !== false) {
-    const u = opts.unique === true ? {} : opts.unique;
-    const unique: Record<string, unknown> = {};
-    if (u.args !== undefined) unique.args = u.args;
-    if (u.byQueue !== undefined) unique.by_queue = u.byQueue;
-    if (u.periodMs !== undefined) unique.period_ms = u.periodMs;
-    if (u.states !== undefined) unique.states = u.states;
-    body.unique = unique;
-  }
-  return body;
 }
 
 /**

@@ -1,8 +1,8 @@
 // Workflows: step builders (`step`, `waitStep`, `chain`, `group`) and the body of
 // `POST /v1/flows`.
 
-import { enqueueBody } from './client.js';
-import type { EnqueueOptions, JobSpec } from './client.js';
+import { enqueueBody } from './jobs.js';
+import type { EnqueueOptions, JobSpec } from './jobs.js';
 
 export type FlowState = 'running' | 'completed' | 'failed' | 'compensating' | 'compensated' | 'cancelled';
 export type StepState = 'pending' | 'active' | 'waiting' | 'completed' | 'failed' | 'skipped' | 'cancelled';

@@ -1,0 +1,73 @@
+// What a job is on the wire: its options, its states, and the request body an enqueue sends.
+// Shared by the client and the flows (a flow's steps are jobs), so neither imports the other.
+import { currentTraceContext } from './trace.js';
+/** The request body of one job (`POST /v1/jobs`), from `kind`, `payload` and options. */
+export function enqueueBody(kind, payload, opts = {}, where = '') {
+    if (typeof kind !== 'string' || kind === '')
+        throw new TypeError(`conveyor: ${where}kind must be a non-empty string`);
+    const body = { kind };
+    if (payload !== undefined)
+        body.payload = payload;
+    if (opts.queue !== undefined)
+        body.queue = opts.queue;
+    if (opts.priority !== undefined)
+        body.priority = opts.priority;
+    if (opts.delayMs !== undefined && opts.delay !== undefined) {
+        throw new TypeError(`conveyor: ${where}give delayMs or delay, not both`);
+    }
+    const delayMs = opts.delayMs ?? (opts.delay !== undefined ? Math.round(opts.delay * 1000) : undefined);
+    if (delayMs !== undefined) {
+        if (opts.runAt !== undefined)
+            throw new TypeError(`conveyor: ${where}give runAt or a delay, not both`);
+        body.delay_ms = delayMs;
+    }
+    if (opts.runAt !== undefined) {
+        const at = opts.runAt instanceof Date ? opts.runAt : new Date(opts.runAt);
+        if (Number.isNaN(at.getTime()))
+            throw new TypeError(`conveyor: ${where}runAt is not a valid date`);
+        body.run_at = at.toISOString();
+    }
+    if (opts.maxAttempts !== undefined)
+        body.max_attempts = opts.maxAttempts;
+    if (opts.idempotencyKey !== undefined)
+        body.idempotency_key = opts.idempotencyKey;
+    if (opts.tenant !== undefined)
+        body.tenant = opts.tenant;
+    if (opts.timeoutMs !== undefined)
+        body.timeout_ms = opts.timeoutMs;
+    if (opts.tags !== undefined)
+        body.tags = opts.tags;
+    if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
+        throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
+    }
+    if (opts.ttlMs !== undefined)
+        body.ttl_ms = opts.ttlMs;
+    if (opts.expiresAt !== undefined) {
+        const at = opts.expiresAt instanceof Date ? opts.expiresAt : new Date(opts.expiresAt);
+        if (Number.isNaN(at.getTime()))
+            throw new TypeError(`conveyor: ${where}expiresAt is not a valid date`);
+        body.expires_at = at.toISOString();
+    }
+    if (opts.traceparent !== undefined) {
+        body.traceparent = opts.traceparent;
+        if (opts.tracestate !== undefined)
+            body.tracestate = opts.tracestate;
+    }
+    else {
+        Object.assign(body, currentTraceContext());
+    }
+    if (opts.unique !== undefined && opts.unique !== false) {
+        const u = opts.unique === true ? {} : opts.unique;
+        const unique = {};
+        if (u.args !== undefined)
+            unique.args = u.args;
+        if (u.byQueue !== undefined)
+            unique.by_queue = u.byQueue;
+        if (u.periodMs !== undefined)
+            unique.period_ms = u.periodMs;
+        if (u.states !== undefined)
+            unique.states = u.states;
+        body.unique = unique;
+    }
+    return body;
+}
