@@ -260,6 +260,22 @@ impl Job {
     pub fn is_past_expiry(&self, now: DateTime<Utc>) -> bool {
         self.expires_at.is_some_and(|at| at <= now) && JobState::WAITING.contains(&self.state)
     }
+
+    /// Whether the job still holds its idempotency key at `now`: an unfinished job always (unless
+    /// it waits past its expiry), a completed one for `window` after it finished, a dead,
+    /// cancelled or expired one never (see `StoreOptions::completed_idempotency_window`).
+    pub fn holds_idempotency_key(&self, now: DateTime<Utc>, window: std::time::Duration) -> bool {
+        if self.is_past_expiry(now) {
+            return false;
+        }
+        match self.state {
+            JobState::Completed => self
+                .finished_at
+                .is_some_and(|finished| crate::clock::after(finished, window) > now),
+            JobState::Dead | JobState::Cancelled | JobState::Expired => false,
+            _ => true,
+        }
+    }
 }
 
 /// How far a running job has come, as its handler reported it.
@@ -583,4 +599,77 @@ pub struct NamedQueueSettings {
     pub name: String,
     #[serde(flatten)]
     pub settings: QueueSettings,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn job_in(state: JobState, finished_at: Option<DateTime<Utc>>) -> Job {
+        let mut job = Job {
+            id: Uuid::now_v7(),
+            kind: "k".into(),
+            queue: "q".into(),
+            payload: Value::Null,
+            priority: 0,
+            run_at: Utc::now(),
+            attempt: 0,
+            max_attempts: 1,
+            timeout_ms: None,
+            idempotency_key: Some("key".into()),
+            tags: Vec::new(),
+            tenant: None,
+            state,
+            errors: Vec::new(),
+            lease: None,
+            result: None,
+            created_at: Utc::now(),
+            started_at: None,
+            finished_at: None,
+            unique_key: None,
+            flow: None,
+            progress: None,
+            expires_at: None,
+            trace: None,
+        };
+        job.finished_at = finished_at;
+        job
+    }
+
+    #[test]
+    fn completed_jobs_hold_their_key_only_within_the_window() {
+        let now = Utc::now();
+        let window = Duration::from_secs(60);
+        let hour = chrono::Duration::hours(1);
+        let minute = chrono::Duration::seconds(60);
+        let recent = job_in(
+            JobState::Completed,
+            Some(now - chrono::Duration::seconds(59)),
+        );
+        let expired = job_in(JobState::Completed, Some(now - minute));
+        assert!(recent.holds_idempotency_key(now, window));
+        assert!(
+            !expired.holds_idempotency_key(now, window),
+            "the window is exclusive"
+        );
+        assert!(!job_in(JobState::Dead, Some(now)).holds_idempotency_key(now, window));
+        assert!(!job_in(JobState::Cancelled, Some(now)).holds_idempotency_key(now, window));
+        for state in [
+            JobState::Scheduled,
+            JobState::Available,
+            JobState::Running,
+            JobState::Retryable,
+        ] {
+            assert!(
+                job_in(state, None).holds_idempotency_key(now, window),
+                "{state}"
+            );
+        }
+        let old = job_in(JobState::Completed, Some(now - hour));
+        assert!(
+            old.holds_idempotency_key(now, Duration::MAX),
+            "an unbounded window never ends"
+        );
+    }
 }

@@ -2,20 +2,6 @@
 
 use super::*;
 
-/// Whether `job` still holds its idempotency key at `now` (see `StoreOptions`).
-pub(super) fn holds_key(job: &Job, now: DateTime<Utc>, options: &StoreOptions) -> bool {
-    if job.is_past_expiry(now) {
-        return false;
-    }
-    match job.state {
-        JobState::Completed => job.finished_at.is_some_and(|finished| {
-            conveyor_core::clock::after(finished, options.completed_idempotency_window) > now
-        }),
-        JobState::Dead | JobState::Cancelled | JobState::Expired => false,
-        _ => true,
-    }
-}
-
 /// Where each job of a batch ends up.
 pub(super) enum Slot {
     /// Inserted as a new job with this id.
@@ -101,7 +87,7 @@ pub(crate) async fn insert_many(
             .await
             .map_err(db("find idempotency keys"))?;
         for job in rows::jobs(&found)? {
-            if holds_key(&job, ctx.now, ctx.options) {
+            if job.holds_idempotency_key(ctx.now, ctx.options.completed_idempotency_window) {
                 if let Some(key) = job.idempotency_key.clone() {
                     stored.insert(key, job);
                 }
@@ -331,90 +317,3 @@ pub(super) fn stored_depth(n: u64) -> i64 {
 // ---------------------------------------------------------------------------------------------
 // Queue settings
 // ---------------------------------------------------------------------------------------------
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    fn job_in(state: JobState, finished_at: Option<DateTime<Utc>>) -> Job {
-        let mut job = Job {
-            id: Uuid::now_v7(),
-            kind: "k".into(),
-            queue: "q".into(),
-            payload: Value::Null,
-            priority: 0,
-            run_at: Utc::now(),
-            attempt: 0,
-            max_attempts: 1,
-            timeout_ms: None,
-            idempotency_key: Some("key".into()),
-            tags: Vec::new(),
-            tenant: None,
-            state,
-            errors: Vec::new(),
-            lease: None,
-            result: None,
-            created_at: Utc::now(),
-            started_at: None,
-            finished_at: None,
-            unique_key: None,
-            flow: None,
-            progress: None,
-            expires_at: None,
-            trace: None,
-        };
-        job.finished_at = finished_at;
-        job
-    }
-
-    #[test]
-    fn completed_jobs_hold_their_key_only_within_the_window() {
-        let now = truncate_to_millis(Utc::now());
-        let options = {
-            let mut options = StoreOptions::default();
-            options.completed_idempotency_window = Duration::from_secs(60);
-            options
-        };
-        let hour = chrono::Duration::hours(1);
-        let minute = chrono::Duration::seconds(60);
-        let recent = job_in(
-            JobState::Completed,
-            Some(now - chrono::Duration::seconds(59)),
-        );
-        let expired = job_in(JobState::Completed, Some(now - minute));
-        assert!(holds_key(&recent, now, &options));
-        assert!(
-            !holds_key(&expired, now, &options),
-            "the window is exclusive"
-        );
-        assert!(!holds_key(
-            &job_in(JobState::Dead, Some(now)),
-            now,
-            &options
-        ));
-        assert!(!holds_key(
-            &job_in(JobState::Cancelled, Some(now)),
-            now,
-            &options
-        ));
-        for state in [
-            JobState::Scheduled,
-            JobState::Available,
-            JobState::Running,
-            JobState::Retryable,
-        ] {
-            assert!(holds_key(&job_in(state, None), now, &options), "{state}");
-        }
-        let forever = {
-            let mut options = StoreOptions::default();
-            options.completed_idempotency_window = Duration::MAX;
-            options
-        };
-        let old = job_in(JobState::Completed, Some(now - hour));
-        assert!(
-            holds_key(&old, now, &forever),
-            "an unbounded window never ends"
-        );
-    }
-}

@@ -21,15 +21,7 @@ pub(super) fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Opt
         })
         .map_err(backend)?;
     let window = ctx.options.completed_idempotency_window;
-    Ok(latest
-        .filter(|job| !job.is_past_expiry(ctx.now))
-        .filter(|job| match job.state {
-            JobState::Completed => job
-                .finished_at
-                .is_some_and(|finished| clock::after(finished, window) > ctx.now),
-            JobState::Dead | JobState::Cancelled | JobState::Expired => false,
-            _ => true,
-        }))
+    Ok(latest.filter(|job| job.holds_idempotency_key(ctx.now, window)))
 }
 
 pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreResult<Vec<Inserted>> {
