@@ -1010,18 +1010,16 @@ impl CircuitBreakers {
                 BreakerScope::Kind => blocked_kinds.push(key.1.clone()),
             }
         }
-        // The fetches below narrow the checked one (fewer queues and jobs, kinds of its own or
-        // of stored breakers), so they stay valid.
-        let main = params.clone().vouched_map(|mut main| {
+        // The fetches below narrow the checked one (`Valid::narrowed`).
+        let main = params.clone().narrowed(|main| {
             main.queues.retain(|q| !blocked_queues.contains(q));
             main.excluded_kinds.extend(blocked_kinds.iter().cloned());
-            main
         });
         let mut jobs = Vec::new();
         for (key, granted) in probes {
             let room = u32::try_from(params.max.saturating_sub(jobs.len())).unwrap_or(u32::MAX);
             let asked = granted.min(room);
-            let probe = main.clone().vouched_map(|mut probe| {
+            let probe = main.clone().narrowed(|probe| {
                 match key.0 {
                     BreakerScope::Queue => probe.queues = vec![key.1.clone()],
                     BreakerScope::Kind => {
@@ -1030,7 +1028,6 @@ impl CircuitBreakers {
                     }
                 }
                 probe.max = asked as usize;
-                probe
             });
             let got = if probe.claims_nothing() {
                 Vec::new()
@@ -1052,10 +1049,7 @@ impl CircuitBreakers {
             jobs.extend(got);
         }
         let room = params.max.saturating_sub(jobs.len());
-        let main = main.vouched_map(|mut main| {
-            main.max = room;
-            main
-        });
+        let main = main.narrowed(|main| main.max = room);
         if !main.claims_nothing() {
             jobs.extend(self.store.jobs_fetch_valid(main).await?);
         }

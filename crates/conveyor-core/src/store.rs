@@ -566,6 +566,7 @@ pub trait ScheduleStore: Send + Sync {
 pub trait AccessStore: Send + Sync {
     /// Stores a new token. Names are unique among active tokens (a revoked token's name may
     /// be used again): a clash is `Invalid` naming `name`.
+    ///
     /// Checks the name ([`Valid::token`]) first.
     async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
         self.tokens_insert_valid(Valid::token(token)?).await
@@ -708,6 +709,7 @@ pub trait FlowStore: Send + Sync {
     /// `payload` as its result; a step not waiting yet keeps it and completes when it begins.
     /// `Invalid` naming `signal` when no step waits for it; `FlowConflict` when that step has
     /// finished or the flow has ended.
+    ///
     /// Checks the payload ([`Valid::payload`]) first.
     async fn flow_signal(
         &self,

@@ -182,13 +182,21 @@ pub fn fetch(params: &mut crate::store::FetchParams) -> Result<(), ValidationErr
         }
         kinds.sort_unstable();
         kinds.dedup();
-        kinds.retain(|kind| !params.excluded_kinds.contains(kind));
-        params.excluded_kinds.clear();
     }
     for (index, kind) in params.excluded_kinds.iter().enumerate() {
         name(&format!("excluded_kinds[{index}]"), kind)?;
     }
+    fold_excluded_kinds(params);
     Ok(())
+}
+
+/// A fetch that names its kinds claims none of the excluded ones: they leave `kinds`, and
+/// `excluded_kinds` is kept only for a fetch of any kind (stores read it only then).
+fn fold_excluded_kinds(params: &mut crate::store::FetchParams) {
+    if let Some(kinds) = &mut params.kinds {
+        kinds.retain(|kind| !params.excluded_kinds.contains(kind));
+        params.excluded_kinds.clear();
+    }
 }
 
 /// Checks completions' results before they reach a store (see [`json_without_nul`]).
@@ -400,13 +408,8 @@ impl<T> Valid<T> {
     }
 
     /// The same request changed by a decorator that transforms what is stored (encryption at
-    /// rest). The caller vouches that `change` keeps it valid: it derives the new fields from
-    /// the checked ones, so they are not checked again.
-    pub fn vouched_map(self, change: impl FnOnce(T) -> T) -> Valid<T> {
-        Valid(change(self.0))
-    }
-
-    /// [`Valid::vouched_map`] with a change that may fail.
+    /// rest), or an error. The caller vouches that `change` keeps it valid: it derives the new
+    /// fields from the checked ones, so they are not checked again.
     pub fn try_vouched_map<E>(self, change: impl FnOnce(T) -> Result<T, E>) -> Result<Valid<T>, E> {
         change(self.0).map(Valid)
     }
@@ -425,6 +428,17 @@ impl Valid<crate::store::FetchParams> {
     pub fn fetch(mut params: crate::store::FetchParams) -> Result<Self, ValidationError> {
         fetch(&mut params)?;
         Ok(Self(params))
+    }
+
+    /// The same fetch narrowed by `narrow` (the circuit breakers: fewer queues, a smaller
+    /// `max`, kinds of its own or of stored breakers named or excluded), its excluded kinds
+    /// folded into its kinds again. Narrowing keeps a checked fetch valid, so it is not
+    /// checked again.
+    pub fn narrowed(self, narrow: impl FnOnce(&mut crate::store::FetchParams)) -> Self {
+        let mut params = self.0;
+        narrow(&mut params);
+        fold_excluded_kinds(&mut params);
+        Self(params)
     }
 
     /// Whether the fetch cannot claim anything (no slots, no queues, or an empty kind filter),

@@ -271,7 +271,7 @@ impl Sql {
             // Both are the fast path for queues without limits: a one-time check (the
             // gate) refuses to claim anything when a (not paused) queue of `$1` has limits or
             // tenanted jobs waiting. When nothing was claimed the caller asks the gate alone
-            // (`claim_gate`), and if it says so takes the limited claim (`flow.rs`).
+            // (`claim_gate`), and if it says so takes the limited claim (`limits.rs`).
             claim: stmt(gated_claim_sql(
                 &jobs,
                 &j_columns,
@@ -635,7 +635,7 @@ fn one_queue_condition(settings: &str) -> String {
 }
 
 /// The limits gate: true when a queue of the fetch needs the limited claim
-/// (`flow.rs`): a settings row `s` matching `settings_condition` (which binds `$1`) that is not
+/// (`limits.rs`): a settings row `s` matching `settings_condition` (which binds `$1`) that is not
 /// paused and has a concurrency or rate limit (or, when `weights_count`, a weight), or an
 /// available job `t` with a tenant matching `tenanted_condition`. Both are index probes.
 fn flow_gate(

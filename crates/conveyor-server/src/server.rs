@@ -49,9 +49,9 @@ pub struct ServerSettings {
 /// Why a server could not be assembled.
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("building the metrics registry: {0}")]
+    #[error("building the metrics registry")]
     Metrics(#[from] MetricsError),
-    #[error("configuring alerts: {0}")]
+    #[error("configuring alerts")]
     Alerts(#[from] AlertError),
 }
 
@@ -62,7 +62,6 @@ pub struct Server {
     maintenance: Maintenance,
     alerts: Option<AlertEngine>,
     metrics: Arc<Metrics>,
-    history: bool,
     limits: ConnectionLimits,
     tls: Option<TlsConfig>,
     shutdown: CancellationToken,
@@ -78,6 +77,8 @@ impl Server {
         // One registry for the process: HTTP workers' outcomes, maintenance's rescues and
         // anything else in the process that reports to it (`Server::metrics`).
         let metrics = Arc::new(Metrics::new()?);
+        // Before anything can report an outcome (an in-process worker started next to it).
+        metrics.history().set_enabled(settings.history);
         let maintenance = Maintenance::new(store.clone())
             .interval(settings.maintenance_interval)
             .leader_ttl(settings.leader_ttl)
@@ -136,7 +137,6 @@ impl Server {
             maintenance,
             alerts,
             metrics,
-            history: settings.history,
             limits: settings.limits,
             tls: settings.tls,
             shutdown,
@@ -158,13 +158,11 @@ impl Server {
             maintenance,
             alerts,
             metrics,
-            history,
             limits,
             tls,
             shutdown,
         } = self;
         let maintenance = tokio::spawn(maintenance.run(shutdown.clone()));
-        metrics.history().set_enabled(history);
         let flusher = tokio::spawn(flush_history_every(
             metrics.clone(),
             store.clone(),

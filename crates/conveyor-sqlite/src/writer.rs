@@ -37,7 +37,7 @@ pub(crate) struct WriteCtx<'c> {
     /// Every queue's settings, loaded at start and kept in step by `queue_settings_put`, so
     /// the fetch and insert paths check pauses and limits without a read.
     pub settings: &'c mut HashMap<String, QueueSettings>,
-    /// Where each queue's tenant round-robin resumes (see `flow`).
+    /// Where each queue's tenant round-robin resumes (see `limits`).
     pub cursors: &'c mut crate::limits::Cursors,
     /// Flow graphs as the writer last wrote them (see `workflow::GraphCache`).
     pub graphs: &'c mut crate::workflow::GraphCache,

@@ -19,6 +19,17 @@ fn valid_fetch(queues: &[&str], max: usize) -> conveyor_core::Valid<conveyor_cor
     conveyor_core::Valid::fetch(fetch_params(queues, max)).expect("a valid fetch")
 }
 
+/// The same, for a worker that names the kinds it handles.
+fn valid_fetch_of(
+    queues: &[&str],
+    max: usize,
+    kinds: &[&str],
+) -> conveyor_core::Valid<conveyor_core::FetchParams> {
+    let mut params = fetch_params(queues, max);
+    params.kinds = Some(kinds.iter().map(|k| k.to_string()).collect());
+    conveyor_core::Valid::fetch(params).expect("a valid fetch")
+}
+
 fn stored(scope: BreakerScope, name: &str, version: u64, h: &Harness) -> StoredBreaker {
     StoredBreaker {
         scope,
@@ -394,6 +405,12 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
     h.advance(secs(3_600));
     assert!(breakers
         .fetch(valid_fetch(&["a", "b"], 10))
+        .await
+        .expect("fetch")
+        .is_empty());
+    // A worker that names its kinds (as the HTTP clients do) is held back the same way.
+    assert!(breakers
+        .fetch(valid_fetch_of(&["a", "b"], 10, &["charge", "email"]))
         .await
         .expect("fetch")
         .is_empty());
