@@ -295,7 +295,7 @@ async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
         .await
         .is_empty());
     let shared = store.write_rounds() - before;
-    // Idle, sharing halves the rounds or better (about 1 in 3 here); on a machine loaded by
+    // Idle, sharing halves the rounds or better; on a machine loaded by
     // other tests the writer batches more looks into each round when they wait alone, so the
     // bound leaves room: under two thirds.
     assert!(
