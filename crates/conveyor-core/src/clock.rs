@@ -95,7 +95,7 @@ pub fn after(at: DateTime<Utc>, by: std::time::Duration) -> DateTime<Utc> {
         .unwrap_or(DateTime::<Utc>::MAX_UTC)
 }
 
-/// `at + by` for a duration given by a caller: a [`ValidationError`] naming `field` when the
+/// `at + by` for a duration given by a caller: a [`crate::ValidationError`] naming `field` when the
 /// sum is beyond the calendar, so an absurd lease or delay is refused instead of stored.
 pub fn checked_after(
     at: DateTime<Utc>,

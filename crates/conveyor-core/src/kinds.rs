@@ -2,22 +2,16 @@
 //! kind must satisfy, checked at the door for every language at once.
 //!
 //! The settings live in the store ([`crate::KindStore`]); each process keeps the compiled
-//! schemas in a [`KindRegistry`] that re-reads them when a second old, so a schema set through
-//! one node is enforced by every node within [`KindRegistry::REFRESH`] (and at once by the node
-//! that set it). Jobs already stored are never re-checked: changing a schema to one that
-//! rejects queued jobs is refused unless forced (see [`queued_violations`]).
-
-use std::collections::HashMap;
-use std::sync::Arc;
-use std::time::Duration;
+//! schemas in a `conveyor_engine::KindRegistry` that re-reads them when a second old, so a
+//! schema set through one node is enforced by every node within a second (and at once by the
+//! node that set it). Jobs already stored are never re-checked: changing a schema to one that
+//! rejects queued jobs is refused unless forced (see `conveyor_engine::queued_violations`).
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::error::{StoreError, StoreResult, ValidationError};
-use crate::job::JobState;
-use crate::store::{JobListParams, Store};
+use crate::error::ValidationError;
 
 /// A kind's stored settings.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -108,148 +102,6 @@ impl KindSchema {
             format!("does not match the kind's schema: {error}"),
         ))
     }
-}
-
-/// Compiled schemas of every kind that has one.
-#[derive(Default)]
-struct Snapshot {
-    schemas: HashMap<String, Arc<KindSchema>>,
-}
-
-/// The payload schemas a process enforces, read from its store and refreshed when stale.
-pub struct KindRegistry {
-    store: Arc<dyn Store>,
-    current: crate::refreshed::Refreshed<Snapshot>,
-}
-
-impl std::fmt::Debug for KindRegistry {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("KindRegistry")
-    }
-}
-
-impl KindRegistry {
-    /// How old the compiled schemas may get before the next check re-reads them.
-    pub const REFRESH: Duration = Duration::from_secs(1);
-
-    pub fn new(store: Arc<dyn Store>) -> Self {
-        Self {
-            store,
-            current: crate::refreshed::Refreshed::new(Self::REFRESH),
-        }
-    }
-
-    async fn current(&self) -> StoreResult<Arc<Snapshot>> {
-        self.current
-            .get(|| async {
-                let mut schemas = HashMap::new();
-                for settings in self.store.kinds_list().await? {
-                    let Some(schema) = settings.schema else {
-                        continue;
-                    };
-                    // A stored schema was compiled when it was set; one this build cannot
-                    // compile is reported on every enqueue of its kind rather than silently
-                    // not enforced.
-                    let compiled = KindSchema::compile(&schema).map_err(|e| {
-                        StoreError::backend(format!(
-                            "the stored schema of kind {:?} does not compile: {}",
-                            settings.kind, e.message
-                        ))
-                    })?;
-                    schemas.insert(settings.kind, Arc::new(compiled));
-                }
-                Ok(Snapshot { schemas })
-            })
-            .await
-    }
-
-    /// Forgets the compiled schemas: the next check reads them again (after this process
-    /// changed one).
-    pub fn invalidate(&self) {
-        self.current.invalidate();
-    }
-
-    /// Checks one payload of `kind` against the kind's schema, if it has one.
-    pub async fn check(&self, kind: &str, payload: &Value) -> StoreResult<()> {
-        let snapshot = self.current().await?;
-        if let Some(schema) = snapshot.schemas.get(kind) {
-            schema.check(payload)?;
-        }
-        Ok(())
-    }
-
-    /// Checks many payloads; an error is named within `prefix(index)` (say `jobs[3]`).
-    pub async fn check_all<'a>(
-        &self,
-        jobs: impl IntoIterator<Item = (&'a str, &'a Value)>,
-        prefix: impl Fn(usize) -> String,
-    ) -> StoreResult<()> {
-        let snapshot = self.current().await?;
-        if snapshot.schemas.is_empty() {
-            return Ok(());
-        }
-        for (index, (kind, payload)) in jobs.into_iter().enumerate() {
-            if let Some(schema) = snapshot.schemas.get(kind) {
-                schema.check(payload).map_err(|e| {
-                    ValidationError::new(format!("{}.{}", prefix(index), e.field), e.message)
-                })?;
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The states of jobs that are queued: not yet started, so a new schema would apply to them.
-pub const QUEUED_STATES: [JobState; 3] = [
-    JobState::Available,
-    JobState::Scheduled,
-    JobState::Retryable,
-];
-
-/// How many queued jobs of `kind` `schema` would reject, and the first one's id and error.
-#[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct QueuedViolations {
-    pub checked: u64,
-    pub failing: u64,
-    pub first: Option<(uuid::Uuid, String)>,
-}
-
-/// Checks every queued job of `kind` against `schema` (a page at a time).
-pub async fn queued_violations(
-    store: &dyn Store,
-    kind: &str,
-    schema: &KindSchema,
-) -> StoreResult<QueuedViolations> {
-    const PAGE: usize = 1000;
-    let mut found = QueuedViolations::default();
-    for state in QUEUED_STATES {
-        let mut after = None;
-        loop {
-            let page = store
-                .jobs_list(JobListParams {
-                    kind: Some(kind.to_string()),
-                    state: Some(state),
-                    limit: PAGE,
-                    after,
-                    ..JobListParams::default()
-                })
-                .await?;
-            for job in &page {
-                found.checked += 1;
-                if let Err(e) = schema.check(&job.payload) {
-                    found.failing += 1;
-                    if found.first.is_none() {
-                        found.first = Some((job.id, format!("{}: {}", e.field, e.message)));
-                    }
-                }
-            }
-            if page.len() < PAGE {
-                break;
-            }
-            after = page.last().map(|job| job.id);
-        }
-    }
-    Ok(found)
 }
 
 #[cfg(test)]

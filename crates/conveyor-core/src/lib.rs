@@ -1,8 +1,10 @@
-//! Conveyor's core: the job model and its state machine, retry policy, typed errors, the
-//! [`Store`] trait every backend implements, and the typed [`Client`] producers use.
+//! Conveyor's core: the job model and its state machine, the rules (retry policy, limits,
+//! breakers, schedules, workflows, validation), typed errors, and the [`Store`] traits every
+//! backend implements.
 //!
-//! Nothing here does I/O of its own; stores (`conveyor-sqlite`, ...) and the worker runtime
-//! (`conveyor-worker`) build on these types.
+//! Nothing here does I/O: the stores (`conveyor-sqlite`, `conveyor-postgres`) implement the
+//! traits, and the services that read and write through them at run time (breakers, the kind
+//! registry, the history recorder, the typed client, the long-poll) live in `conveyor-engine`.
 
 pub mod access;
 pub mod breaker;
@@ -20,7 +22,6 @@ pub use limits as flow;
 pub mod job;
 pub mod kinds;
 pub mod redact;
-mod refreshed;
 pub mod retry;
 pub mod scaling;
 pub mod schedule;
@@ -39,10 +40,9 @@ pub use access::{
     NewToken, Role, StoredSession, StoredToken, TokenSelector,
 };
 pub use breaker::{
-    BreakerScope, BreakerSettings, BreakerState, BreakerStore, BreakerView, CircuitBreakers,
-    StoredBreaker,
+    BreakerScope, BreakerSettings, BreakerState, BreakerStore, BreakerView, StoredBreaker,
 };
-pub use client::{Client, JobOptions, TypedJob};
+pub use client::{JobOptions, TypedJob};
 pub use clock::{AnchoredClock, Clock, ManualClock, SystemClock, WallSteps};
 pub use copy::CopyStore;
 pub use error::{StoreError, ValidationError};
@@ -56,7 +56,7 @@ pub use schedule::{
     FireOutcome, FireRequest, JobTemplate, MissedPolicy, OverlapPolicy, Schedule, ScheduleRun,
     ScheduleSpec, ScheduleView,
 };
-pub use stats::{StatsRecorder, StatsStore};
+pub use stats::StatsStore;
 pub use store::*;
 pub use stuck::{StuckBasis, StuckJob, StuckParams};
 pub use unique::UniqueSpec;

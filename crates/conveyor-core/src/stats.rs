@@ -1,7 +1,7 @@
 //! History: per-minute rollups per queue and kind, kept in the store.
 //!
 //! A process that writes job outcomes (the HTTP server for its workers, an in-process worker
-//! through its [`crate::JobObserver`]) counts them in a [`StatsRecorder`] in memory, keyed by
+//! through its [`crate::JobObserver`]) counts them in a `conveyor_engine::StatsRecorder` in memory, keyed by
 //! the minute, queue and kind they happened in, and flushes the counts to the store every few
 //! seconds with [`StatsStore::stats_merge`], which *adds* them to what is stored. Each event is
 //! counted by exactly one process, so several servers on one PostgreSQL database add up to the
@@ -13,15 +13,13 @@
 //! The merging rule and the reading (steps, totals, per-kind summaries) live here, once; the
 //! stores only keep rows.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Datelike, TimeZone, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::clock::Clock;
 use crate::{StoreResult, ValidationError};
 
 /// Upper bounds (exclusive, milliseconds) of the duration histogram's buckets; one more bucket
@@ -213,169 +211,6 @@ pub trait StatsStore: Send + Sync {
     /// Deletes the rollups of minutes that ended more than `older_than` before the store's
     /// now; returns how many.
     async fn stats_prune(&self, older_than: Duration) -> StoreResult<u64>;
-}
-
-/// Counts not yet in the store, by minute, queue and kind. Cheap to share; every method takes
-/// one short lock.
-pub struct StatsRecorder {
-    clock: Arc<dyn Clock>,
-    pending: Mutex<Pending>,
-    enabled: std::sync::atomic::AtomicBool,
-}
-
-/// Counts by queue, then kind, then minute: nested so that an event finds its row by `&str`
-/// without allocating (this is on the job path).
-#[derive(Default)]
-struct Pending {
-    rows: usize,
-    by_queue: HashMap<String, HashMap<String, BTreeMap<DateTime<Utc>, RollupCounts>>>,
-}
-
-impl Pending {
-    /// The row of `minute`, `queue` and `kind`; `None` when the cap is reached and it is new.
-    fn row(&mut self, minute: DateTime<Utc>, queue: &str, kind: &str) -> Option<&mut RollupCounts> {
-        let full = self.rows >= MAX_PENDING_ROWS;
-        if !self.by_queue.contains_key(queue) {
-            if full {
-                return None;
-            }
-            self.by_queue.insert(queue.to_string(), HashMap::new());
-        }
-        let kinds = self.by_queue.get_mut(queue)?;
-        if !kinds.contains_key(kind) {
-            if full {
-                return None;
-            }
-            kinds.insert(kind.to_string(), BTreeMap::new());
-        }
-        let minutes = kinds.get_mut(kind)?;
-        if !minutes.contains_key(&minute) {
-            if full {
-                return None;
-            }
-            self.rows += 1;
-        }
-        Some(minutes.entry(minute).or_default())
-    }
-}
-
-impl std::fmt::Debug for StatsRecorder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("StatsRecorder").finish_non_exhaustive()
-    }
-}
-
-/// The most distinct minute/queue/kind rows kept while the store cannot be written, so an
-/// outage long enough to matter costs history (new rows are not counted) rather than memory.
-const MAX_PENDING_ROWS: usize = 100_000;
-
-impl StatsRecorder {
-    pub fn new(clock: Arc<dyn Clock>) -> Self {
-        Self {
-            clock,
-            pending: Mutex::default(),
-            enabled: std::sync::atomic::AtomicBool::new(true),
-        }
-    }
-
-    /// Stops (or resumes) counting: a process that keeps no history costs nothing for it.
-    pub fn set_enabled(&self, enabled: bool) {
-        self.enabled
-            .store(enabled, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    fn with(&self, queue: &str, kind: &str, change: impl FnOnce(&mut RollupCounts)) {
-        if !self.enabled.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
-        }
-        let minute = minute_of(self.clock.now());
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(counts) = pending.row(minute, queue, kind) {
-            change(counts);
-        }
-    }
-
-    /// Counts a job stored by an enqueue.
-    pub fn enqueued(&self, queue: &str, kind: &str) {
-        self.with(queue, kind, |counts| counts.enqueued += 1);
-    }
-
-    /// Counts an attempt handed to a worker after waiting `wait` to start.
-    pub fn started(&self, queue: &str, kind: &str, wait: Duration) {
-        self.with(queue, kind, |counts| {
-            counts.started += 1;
-            counts.queue_wait.observe(wait);
-        });
-    }
-
-    /// Counts an ended attempt (snoozes are not counted: the attempt did not end).
-    pub fn finished(&self, event: &crate::AttemptEvent<'_>) {
-        use crate::AttemptStatus;
-        if event.status == AttemptStatus::Snoozed {
-            return;
-        }
-        self.with(event.queue, event.kind, |counts| {
-            match event.status {
-                AttemptStatus::Completed => counts.completed += 1,
-                AttemptStatus::Failed => {
-                    counts.failed += 1;
-                    counts.retried += 1;
-                }
-                AttemptStatus::Dead => {
-                    counts.failed += 1;
-                    counts.dead += 1;
-                }
-                AttemptStatus::Snoozed => {}
-            }
-            counts.run_time.observe(event.duration);
-        });
-    }
-
-    /// Takes everything counted so far.
-    pub fn take(&self) -> Vec<Rollup> {
-        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
-        let mut rollups = Vec::with_capacity(pending.rows);
-        for (queue, kinds) in pending.by_queue {
-            for (kind, minutes) in kinds {
-                for (minute, counts) in minutes {
-                    rollups.push(Rollup {
-                        minute,
-                        queue: queue.clone(),
-                        kind: kind.clone(),
-                        counts,
-                    });
-                }
-            }
-        }
-        rollups.sort_by(|a, b| (a.minute, &a.queue, &a.kind).cmp(&(b.minute, &b.queue, &b.kind)));
-        rollups
-    }
-
-    /// Puts back rollups a flush could not write, to be tried with the next one.
-    pub fn restore(&self, rollups: Vec<Rollup>) {
-        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
-        for rollup in rollups {
-            if let Some(counts) = pending.row(rollup.minute, &rollup.queue, &rollup.kind) {
-                counts.merge(&rollup.counts);
-            }
-        }
-    }
-
-    /// Writes everything counted so far to `store`; on failure keeps it for the next flush.
-    pub async fn flush(&self, store: &dyn StatsStore) -> StoreResult<usize> {
-        let rollups = self.take();
-        let rows = rollups.len();
-        if rows == 0 {
-            return Ok(0);
-        }
-        match store.stats_merge(rollups.clone()).await {
-            Ok(()) => Ok(rows),
-            Err(error) => {
-                self.restore(rollups);
-                Err(error)
-            }
-        }
-    }
 }
 
 /// The most points one answer may have, so a fine step over a long span is refused instead of
@@ -632,7 +467,6 @@ pub fn parse_duration(field: &str, text: &str) -> Result<Duration, ValidationErr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{AttemptEvent, AttemptStatus, ManualClock};
 
     fn at(text: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(text)
@@ -668,44 +502,6 @@ mod tests {
         histogram.observe(Duration::from_secs(7_200));
         assert_eq!(histogram.counts.len(), BUCKET_BOUNDS_MS.len() + 1);
         assert_eq!(histogram.quantile(0.99), Some(3_600_000.0));
-    }
-
-    #[test]
-    fn the_recorder_keys_by_minute_queue_and_kind_and_takes_once() {
-        let clock = Arc::new(ManualClock::new(at("2026-12-01T10:00:30Z")));
-        let recorder = StatsRecorder::new(clock.clone());
-        recorder.enqueued("q", "k");
-        recorder.started("q", "k", Duration::from_millis(40));
-        recorder.finished(&AttemptEvent {
-            queue: "q",
-            kind: "k",
-            status: AttemptStatus::Dead,
-            duration: Duration::from_millis(5),
-        });
-        clock.advance(Duration::from_secs(40));
-        recorder.finished(&AttemptEvent {
-            queue: "q",
-            kind: "k",
-            status: AttemptStatus::Snoozed,
-            duration: Duration::from_millis(5),
-        });
-        recorder.enqueued("q", "other");
-        let rollups = recorder.take();
-        assert_eq!(rollups.len(), 2);
-        assert_eq!(rollups[0].minute, at("2026-12-01T10:00:00Z"));
-        assert_eq!(
-            (
-                rollups[0].counts.failed,
-                rollups[0].counts.dead,
-                rollups[0].counts.retried
-            ),
-            (1, 1, 0)
-        );
-        assert_eq!(rollups[1].minute, at("2026-12-01T10:01:00Z"));
-        assert_eq!(rollups[1].kind, "other");
-        assert!(recorder.take().is_empty());
-        recorder.restore(rollups.clone());
-        assert_eq!(recorder.take(), rollups);
     }
 
     #[test]

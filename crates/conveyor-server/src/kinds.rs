@@ -4,8 +4,9 @@
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
-use conveyor_core::kinds::{queued_violations, KindSchema, KindSettings};
+use conveyor_core::kinds::{KindSchema, KindSettings};
 use conveyor_core::{validate, wire, AuditAction, BreakerSettings};
+use conveyor_engine::queued_violations;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 

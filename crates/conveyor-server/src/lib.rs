@@ -172,20 +172,20 @@ pub(crate) struct AppState {
     pub registry: Arc<acks::Registry>,
     /// Jobs this server handed out, by id, until completed (see `acks::LeasedJob`).
     pub leased: Arc<std::sync::Mutex<std::collections::HashMap<uuid::Uuid, acks::LeasedJob>>>,
-    /// The empty looks of the long-polls waiting here, shared (see `conveyor_core::IdleLooks`).
-    pub idle_looks: Arc<conveyor_core::IdleLooks>,
+    /// The empty looks of the long-polls waiting here, shared (see `conveyor_engine::IdleLooks`).
+    pub idle_looks: Arc<conveyor_engine::IdleLooks>,
     /// Notified whenever this server may have finished a job (a completion, a failure, a
     /// cancellation), so `GET /v1/jobs/{id}?wait_ms=` answers at once; jobs finished through
     /// other processes are seen by that wait's polling.
     pub finished: Arc<tokio::sync::Notify>,
     /// Circuit breakers: gate this server's fetches, count its workers' outcomes.
-    pub breakers: Arc<conveyor_core::CircuitBreakers>,
+    pub breakers: Arc<conveyor_engine::CircuitBreakers>,
     /// The payload schemas enqueues are checked against (see `conveyor_core::kinds`).
-    pub kinds: Arc<conveyor_core::kinds::KindRegistry>,
+    pub kinds: Arc<conveyor_engine::KindRegistry>,
     /// Each queue's measured throughput, for the scaling signal.
     pub throughput: Arc<std::sync::Mutex<conveyor_core::scaling::ThroughputMeter>>,
     /// Operators' commands to workers: fetches of a worker told to quiet or stop get nothing.
-    pub worker_commands: Arc<conveyor_core::workers::WorkerCommands>,
+    pub worker_commands: Arc<conveyor_engine::WorkerCommands>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -214,7 +214,7 @@ pub fn router_with_options(
             .map_err(|error| tracing::error!(%error, "metrics disabled"))
             .ok(),
     };
-    let kinds = Arc::new(conveyor_core::kinds::KindRegistry::new(store.clone()));
+    let kinds = Arc::new(conveyor_engine::KindRegistry::new(store.clone()));
     if let Some(metrics) = &metrics {
         metrics.set_scale_target(config.scale_target);
         // The store enqueues a flow's steps itself, inside other operations (a parent's
@@ -222,8 +222,8 @@ pub fn router_with_options(
         // these metrics count them as enqueued like every other job (`FlowStarts`).
         store.flow_starts().observe(metrics.clone());
     }
-    let breakers = conveyor_core::CircuitBreakers::new(store.clone(), clock.clone());
-    let worker_commands = Arc::new(conveyor_core::workers::WorkerCommands::new(store.clone()));
+    let breakers = conveyor_engine::CircuitBreakers::new(store.clone(), clock.clone());
+    let worker_commands = Arc::new(conveyor_engine::WorkerCommands::new(store.clone()));
     let state = AppState {
         worker_commands,
         store,

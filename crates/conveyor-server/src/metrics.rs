@@ -13,9 +13,10 @@
 
 use conveyor_core::scaling::ThroughputMeter;
 use conveyor_core::{
-    AttemptEvent, AttemptStatus, Clock, JobObserver, JobState, QueueStats, StatsRecorder, Store,
-    StoreResult, StuckJob, StuckParams, SystemClock, WorkerInfo, WorkerState,
+    AttemptEvent, AttemptStatus, Clock, JobObserver, JobState, QueueStats, Store, StoreResult,
+    StuckJob, StuckParams, SystemClock, WorkerInfo, WorkerState,
 };
+use conveyor_engine::StatsRecorder;
 use prometheus::{
     Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts,
     Registry, TextEncoder,

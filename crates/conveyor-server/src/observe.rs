@@ -274,7 +274,7 @@ fn attempt_finished(
         AttemptStatus::Failed | AttemptStatus::Dead => false,
         AttemptStatus::Snoozed => return,
     };
-    state.breakers.record(conveyor_core::breaker::Outcome {
+    state.breakers.record(conveyor_engine::breakers::Outcome {
         queue,
         kind,
         succeeded,

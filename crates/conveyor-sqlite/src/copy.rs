@@ -526,7 +526,7 @@ impl CopyStore for SqliteStore {
     }
 
     async fn export_kinds(&self) -> StoreResult<Vec<KindSettings>> {
-        self.read(|conn, _| reads::kinds(conn)).await
+        self.read(|conn, _| crate::kinds::list(conn)).await
     }
 
     async fn import_kinds(&self, records: Vec<KindSettings>) -> StoreResult<u64> {
@@ -564,7 +564,8 @@ impl CopyStore for SqliteStore {
     }
 
     async fn export_breakers(&self) -> StoreResult<Vec<StoredBreaker>> {
-        self.read(|conn, _| reads::breakers(conn, None)).await
+        self.read(|conn, _| crate::kinds::breakers_list(conn, None))
+            .await
     }
 
     async fn import_breakers(&self, records: Vec<StoredBreaker>) -> StoreResult<u64> {

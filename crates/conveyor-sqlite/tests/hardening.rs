@@ -2,8 +2,9 @@
 //! the writer thread, a dead writer, damaged files, a second process on the same file, and
 //! idle long-polls.
 
-use conveyor_core::{fetch_waiting, FetchParams, NewJob, StoreOptions, Valid};
+use conveyor_core::{FetchParams, NewJob, StoreOptions, Valid};
 use conveyor_core::{JobStore, LeadershipStore, LeaseStore};
+use conveyor_engine::fetch_waiting;
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::json;
 use std::sync::Arc;
@@ -248,9 +249,8 @@ async fn idle_long_polls_leave_the_writer_alone_and_still_wake_at_once() {
 
 /// Many idle long-polls on one queue share their empty looks (`IdleLooks`, as the server's
 /// long-polls do): a safety-net poll is skipped when another fetch waiting the same found
-/// nothing less than a poll ago, so the writer sees a fraction of the rounds it sees for
-/// the same fetches waiting alone; a job enqueued meanwhile still reaches a waiter at once
-/// (issue 27: 1,000 idle long-polls cost 13 % of a core).
+/// nothing less than a poll ago, so most safety-net polls never reach the store; a job
+/// enqueued meanwhile still reaches a waiter at once (issue 27: 1,000 idle long-polls cost 13 % of a core).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
     const WAITERS: usize = 100;
@@ -259,12 +259,12 @@ async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
         &dir.path().join("jobs.db"),
         SqliteOptions::default(),
     ));
-    let wait_all = |idle: Option<Arc<conveyor_core::IdleLooks>>, wait: Duration| {
+    let wait_all = |idle: Option<Arc<conveyor_engine::IdleLooks>>, wait: Duration| {
         let tasks: Vec<_> = (0..WAITERS)
             .map(|_| {
                 let (store, idle) = (store.clone(), idle.clone());
                 tokio::spawn(async move {
-                    conveyor_core::fetch_waiting_with(
+                    conveyor_engine::fetch_waiting_with(
                         store.as_ref(),
                         None,
                         valid_fetch(),
@@ -286,21 +286,20 @@ async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
             got
         }
     };
-    let before = store.write_rounds();
-    assert!(wait_all(None, Duration::from_secs(2)).await.is_empty());
-    let alone = store.write_rounds() - before;
-    let before = store.write_rounds();
-    let idle = Arc::new(conveyor_core::IdleLooks::new());
+    let idle = Arc::new(conveyor_engine::IdleLooks::new());
     assert!(wait_all(Some(idle.clone()), Duration::from_secs(2))
         .await
         .is_empty());
-    let shared = store.write_rounds() - before;
-    // Idle, sharing halves the rounds or better; on a machine loaded by
-    // other tests the writer batches more looks into each round when they wait alone, so the
-    // bound leaves room: under two thirds.
+    // Counted in looks, not in the writer's rounds: how many looks a round batches depends on
+    // how loaded the machine is, how many looks reach the store does not.
+    let (looked, skipped) = (idle.looked(), idle.skipped());
     assert!(
-        shared * 3 < alone * 2,
-        "{WAITERS} idle long-polls: {shared} write rounds sharing their looks, {alone} alone"
+        looked + skipped >= WAITERS as u64,
+        "every waiter polled at least once more in 2 s: {looked} looked, {skipped} skipped"
+    );
+    assert!(
+        skipped > 10 * looked,
+        "{WAITERS} idle long-polls sharing their looks: {looked} polls looked, {skipped} skipped"
     );
 
     // Sharing, a wake-up still makes every waiter look: the job reaches one of them at once
@@ -310,7 +309,7 @@ async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
         .map(|_| {
             let (store, idle, found_tx) = (store.clone(), idle.clone(), found_tx.clone());
             tokio::spawn(async move {
-                let jobs = conveyor_core::fetch_waiting_with(
+                let jobs = conveyor_engine::fetch_waiting_with(
                     store.as_ref(),
                     None,
                     valid_fetch(),

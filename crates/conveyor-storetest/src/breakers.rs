@@ -5,12 +5,14 @@
 use std::sync::Arc;
 
 use conveyor_core::access::Actor;
-use conveyor_core::breaker::{BreakerRecord, Outcome};
+use conveyor_core::breaker::BreakerRecord;
 use conveyor_core::kinds::KindSettings;
 use conveyor_core::{
-    AuditAction, AuditListParams, BreakerScope, BreakerSettings, BreakerState, CircuitBreakers,
-    FetchParams, QueueSettings, StoredBreaker,
+    AuditAction, AuditListParams, BreakerScope, BreakerSettings, BreakerState, FetchParams,
+    QueueSettings, StoredBreaker,
 };
+use conveyor_engine::breakers::Outcome;
+use conveyor_engine::CircuitBreakers;
 
 use crate::{complete, fetch_params, ids, insert, lease_of, new_job, secs, Harness};
 

@@ -2,8 +2,10 @@
 
 use std::sync::Arc;
 
-use conveyor_core::kinds::{queued_violations, KindRegistry, KindSchema, KindSettings};
-use conveyor_core::{Client, JobOptions, StoreError, TypedJob};
+use conveyor_core::kinds::{KindSchema, KindSettings};
+use conveyor_core::{JobOptions, StoreError, TypedJob};
+use conveyor_engine::Client;
+use conveyor_engine::{queued_violations, KindRegistry};
 use serde_json::json;
 
 use crate::{fetch, insert, Harness};

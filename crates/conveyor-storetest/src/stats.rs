@@ -5,7 +5,8 @@
 use std::time::Duration;
 
 use conveyor_core::stats::{Rollup, RollupCounts, StatsQuery, StatsReport, StatsRequest};
-use conveyor_core::{AttemptEvent, AttemptStatus, StatsRecorder};
+use conveyor_core::{AttemptEvent, AttemptStatus};
+use conveyor_engine::StatsRecorder;
 
 use crate::Harness;
 

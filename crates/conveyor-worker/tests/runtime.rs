@@ -267,7 +267,7 @@ async fn typed_handler_gets_its_payload_and_bad_payloads_fail_permanently() {
         })
         .build()
         .unwrap();
-    let client = conveyor_core::Client::new(env.store.clone());
+    let client = conveyor_engine::Client::new(env.store.clone());
     let good = client.enqueue(Resize { width: 640 }).await.unwrap().job.id;
     let mut bad = NewJob::new("resize", json!({"width": "wide"}));
     bad.max_attempts = 5;

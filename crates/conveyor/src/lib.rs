@@ -25,6 +25,43 @@
 //! ```
 
 pub use conveyor_core::*;
+pub use conveyor_engine::{
+    fetch_waiting, fetch_waiting_with, queued_violations, CircuitBreakers, Client, IdleLooks,
+    KindRegistry, QueuedViolations, StatsRecorder, WorkerCommands,
+};
+
+// The modules where core's rules and the engine's services on them were one module before
+// `conveyor-engine` was split off: both halves under the names users import.
+/// Circuit breakers: the rules ([`conveyor_core::breaker`]) and the running gate.
+pub mod breaker {
+    pub use conveyor_core::breaker::*;
+    pub use conveyor_engine::breakers::*;
+}
+/// The typed producer: job types, options and the [`Client`](crate::Client).
+pub mod client {
+    pub use conveyor_core::client::*;
+    pub use conveyor_engine::client::*;
+}
+/// Kinds: settings and schemas, and the registry that enforces them.
+pub mod kinds {
+    pub use conveyor_core::kinds::*;
+    pub use conveyor_engine::kinds::*;
+}
+/// History: rollups and reports, and the recorder that counts them.
+pub mod stats {
+    pub use conveyor_core::stats::*;
+    pub use conveyor_engine::stats::*;
+}
+/// The store traits and their parameters, and the long-poll over them.
+pub mod store {
+    pub use conveyor_core::store::*;
+    pub use conveyor_engine::waiting::*;
+}
+/// Workers: heartbeats and commands, and the commands as last read.
+pub mod workers {
+    pub use conveyor_core::workers::*;
+    pub use conveyor_engine::workers::*;
+}
 #[cfg(feature = "postgres")]
 pub use conveyor_postgres::{PgOptions, PgStore};
 #[cfg(feature = "sqlite")]

@@ -101,9 +101,13 @@ fn two_servers_three_workers_survive_kill_9_of_a_worker_and_the_leader() {
     let _w2 = worker(2, &follower_url);
     let _w3 = worker(3, &follower_url);
 
-    eventually_blocking("a quarter of the jobs to run", || {
-        (runs(dir.path()).len() >= JOBS / 4).then_some(())
-    });
+    // Each run spawns a shell; on a loaded two-core machine 5,000 of them take well over the
+    // default wait, and how fast they go is the benchmarks' business, not this test's.
+    eventually_blocking_within(
+        "a quarter of the jobs to run",
+        Duration::from_secs(300),
+        || (runs(dir.path()).len() >= JOBS / 4).then_some(()),
+    );
     doomed.kill_9();
     servers[leader].proc.kill_9();
     eventually_blocking("leadership to move to the surviving server", || {

@@ -219,7 +219,7 @@ async fn fetch_released_if_abandoned(
     let poll = state.config.fetch_poll;
     let idle_looks = state.idle_looks.clone();
     tokio::spawn(async move {
-        let fetched = conveyor_core::fetch_waiting_with(
+        let fetched = conveyor_engine::fetch_waiting_with(
             store.as_ref(),
             Some(&breakers),
             params,

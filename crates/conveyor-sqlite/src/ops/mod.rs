@@ -1,6 +1,7 @@
-//! State changes, one file per noun (`insert`, `leases`, `queues`, `admin`, `leadership`), each
-//! run on the writer thread inside a group-commit round. Every change to a
-//! running job is conditional on `state = 'running' AND lease_token = ?`.
+//! The operations, one file per noun (`insert`, `leases`, `queues`, `admin`, `leadership`, and
+//! `reads` for the read-only ones); the writes run on the writer thread inside a group-commit
+//! round.
+//! Every change to a running job is conditional on `state = 'running' AND lease_token = ?`.
 
 use chrono::{DateTime, Utc};
 use conveyor_core::clock;
@@ -25,6 +26,7 @@ mod insert;
 mod leadership;
 mod leases;
 mod queues;
+pub(crate) mod reads;
 
 pub(crate) use admin::*;
 pub(crate) use insert::*;

@@ -194,7 +194,7 @@ impl WorkerBuilder {
         }
         Ok(Worker {
             shared: Arc::new(Shared {
-                breakers: conveyor_core::CircuitBreakers::new(
+                breakers: conveyor_engine::CircuitBreakers::new(
                     self.store.clone(),
                     self.clock.clone(),
                 ),

@@ -187,7 +187,7 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
                 outcome = status.as_str(), state = %after.state, error_class = class,
                 error = %message, "job failed");
             shared.observe(&meta, status);
-            shared.breakers.record(conveyor_core::breaker::Outcome {
+            shared.breakers.record(conveyor_engine::breakers::Outcome {
                 queue: &meta.queue,
                 kind: &meta.kind,
                 succeeded: false,

@@ -15,10 +15,11 @@ use job::execute;
 
 use chrono::Utc;
 use conveyor_core::{
-    error_class, fetch_waiting, AttemptEvent, AttemptStatus, Clock, CompleteParams, FailParams,
-    FetchParams, HeartbeatParams, Job, JobObserver, LeaseOutcome, LeaseRef, RetryPlan, RetryPolicy,
+    error_class, AttemptEvent, AttemptStatus, Clock, CompleteParams, FailParams, FetchParams,
+    HeartbeatParams, Job, JobObserver, LeaseOutcome, LeaseRef, RetryPlan, RetryPolicy,
     SnoozeParams, Store, TypedJob, WorkerHeartbeat,
 };
+use conveyor_engine::fetch_waiting;
 use futures::FutureExt;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
@@ -97,7 +98,7 @@ struct Shared {
     running: Mutex<HashMap<Uuid, RunningJob>>,
     observer: Option<Arc<dyn JobObserver>>,
     /// Circuit breakers: gate the worker's fetches, count its outcomes.
-    breakers: Arc<conveyor_core::CircuitBreakers>,
+    breakers: Arc<conveyor_engine::CircuitBreakers>,
     /// "Now" for the times the worker computes (a snooze's end, a retry-after's time).
     clock: Arc<dyn Clock>,
 }

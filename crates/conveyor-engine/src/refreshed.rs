@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
-use crate::error::StoreResult;
+use conveyor_core::error::StoreResult;
 
 struct Stamped<T> {
     /// `None`: never loaded, or forgotten.

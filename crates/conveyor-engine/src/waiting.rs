@@ -1,0 +1,200 @@
+//! The long-poll: fetches that wait for work without holding a connection or a slot busy.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use conveyor_core::job::Job;
+use conveyor_core::store::{FetchParams, Store, StoreResult};
+use conveyor_core::validate::Valid;
+
+use crate::breakers::CircuitBreakers;
+
+/// How far an idle long-poll's safety-net interval grows (see [`fetch_waiting`]).
+pub const IDLE_POLL_GROWTH: u32 = 16;
+
+/// Fetches, waiting (asynchronously) until jobs are claimed, `wait` passes, or `stop` resolves:
+/// the long-poll behind `POST /v1/fetch` and the worker's fetch loop. Wake-ups come from
+/// [`conveyor_core::LeaseStore::wakeup`]; the `poll` interval bounds how late a job made available by another
+/// process is seen, and the next due run_at shortens it for scheduled jobs. `stop` only
+/// interrupts the waiting, never a fetch in flight, so no claimed job is dropped on the floor.
+/// With `breakers`, fetches skip what their circuit breakers hold back (see
+/// [`conveyor_core::breaker`]).
+pub async fn fetch_waiting(
+    store: &dyn Store,
+    breakers: Option<&CircuitBreakers>,
+    params: Valid<FetchParams>,
+    wait: Duration,
+    poll: Duration,
+    stop: impl std::future::Future<Output = ()>,
+) -> StoreResult<Vec<Job>> {
+    fetch_waiting_with(store, breakers, params, wait, poll, None, stop).await
+}
+
+/// The looks of every fetch waiting in this process, by what they fetch (queues and kinds): a
+/// waiting fetch whose safety-net poll comes due skips its look when another waiting the same
+/// looked less than a poll ago and found nothing (or is still looking). So a thousand idle long-polls on one queue
+/// cost about one look per poll interval, not a thousand; wake-ups still make every one look.
+#[derive(Debug, Default)]
+pub struct IdleLooks {
+    last_empty: std::sync::Mutex<std::collections::HashMap<String, tokio::time::Instant>>,
+    /// Safety-net polls that looked at the store, and those skipped for another's empty look.
+    looked: std::sync::atomic::AtomicU64,
+    skipped: std::sync::atomic::AtomicU64,
+}
+
+/// Distinct fetch shapes remembered at most; past it the memory starts afresh.
+const MAX_IDLE_SHAPES: usize = 10_000;
+
+impl IdleLooks {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Safety-net polls that looked at the store (first looks and wake-ups always look and
+    /// are not counted).
+    pub fn looked(&self) -> u64 {
+        self.looked.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Safety-net polls skipped because another fetch waiting the same had just found nothing.
+    pub fn skipped(&self) -> u64 {
+        self.skipped.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn shape(params: &FetchParams) -> String {
+        format!(
+            "{:?}|{:?}|{:?}",
+            params.queues, params.kinds, params.excluded_kinds
+        )
+    }
+
+    /// Whether a safety-net poll for `shape` due at `at` should look: not when another fetch
+    /// waiting the same looked less than `poll` ago (found nothing, or is still looking). A
+    /// poll that looks is recorded at once, so fetches whose polls come due together (they
+    /// started together) send one look to the store, not one each.
+    fn claim(&self, shape: &str, at: tokio::time::Instant, poll: Duration) -> bool {
+        let Ok(mut looks) = self.last_empty.lock() else {
+            return true;
+        };
+        let since = at.checked_sub(poll).unwrap_or(at);
+        if looks.get(shape).is_some_and(|last| *last >= since) {
+            self.skipped
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            return false;
+        }
+        self.looked
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Self::remember(&mut looks, shape, at);
+        true
+    }
+
+    /// A look that found jobs: the others' next polls look again.
+    fn found_some(&self, shape: &str, at: tokio::time::Instant) {
+        if let Ok(mut looks) = self.last_empty.lock() {
+            if looks.get(shape) == Some(&at) {
+                looks.remove(shape);
+            }
+        }
+    }
+
+    fn found_nothing(&self, shape: &str, at: tokio::time::Instant) {
+        if let Ok(mut looks) = self.last_empty.lock() {
+            Self::remember(&mut looks, shape, at);
+        }
+    }
+
+    fn remember(
+        looks: &mut std::collections::HashMap<String, tokio::time::Instant>,
+        shape: &str,
+        at: tokio::time::Instant,
+    ) {
+        if looks.len() >= MAX_IDLE_SHAPES && !looks.contains_key(shape) {
+            looks.clear();
+        }
+        let last = looks.entry(shape.to_string()).or_insert(at);
+        *last = (*last).max(at);
+    }
+}
+
+/// [`fetch_waiting`], sharing empty looks with the other fetches waiting in this process
+/// through `idle` (see [`IdleLooks`]).
+pub async fn fetch_waiting_with(
+    store: &dyn Store,
+    breakers: Option<&CircuitBreakers>,
+    params: Valid<FetchParams>,
+    wait: Duration,
+    poll: Duration,
+    idle: Option<&IdleLooks>,
+    stop: impl std::future::Future<Output = ()>,
+) -> StoreResult<Vec<Job>> {
+    let deadline = tokio::time::Instant::now() + wait;
+    let shape = idle.map(|_| IdleLooks::shape(&params));
+    // A wake-up (or the first look) always looks; a safety-net poll may be skipped.
+    let mut woken = true;
+    let mut next_due: Option<DateTime<Utc>> = None;
+    let wakeup = store.wakeup();
+    tokio::pin!(stop);
+    // Wake-ups bring new work at once; the poll is only a safety net (another process's jobs
+    // on a store without notifications, a lost notification, a rate limit's window moving).
+    // While nothing comes, each idle look waits twice as long as the last, up to
+    // IDLE_POLL_GROWTH times `poll`, so a thousand idle long-polls do not keep the store busy.
+    let mut idle_poll = poll;
+    loop {
+        // Register interest before fetching, so a wake-up between fetch and wait is not missed.
+        let notified = wakeup.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        let looked_at = tokio::time::Instant::now();
+        let shared_empty = match (idle, &shape) {
+            (Some(idle), Some(shape)) if !woken => !idle.claim(shape, looked_at, poll),
+            _ => false,
+        };
+        if !shared_empty {
+            let jobs = match breakers {
+                _ if params.claims_nothing() => Vec::new(),
+                Some(breakers) => breakers.fetch(params.clone()).await?,
+                None => store.jobs_fetch_valid(params.clone()).await?,
+            };
+            if let (Some(idle), Some(shape)) = (idle, &shape) {
+                if jobs.is_empty() {
+                    idle.found_nothing(shape, looked_at);
+                } else {
+                    idle.found_some(shape, looked_at);
+                }
+            }
+            if !jobs.is_empty() {
+                return Ok(jobs);
+            }
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Ok(Vec::new());
+        }
+        let mut until = deadline.min(now + idle_poll);
+        idle_poll = (idle_poll * 2).min(poll.saturating_mul(IDLE_POLL_GROWTH));
+        if !shared_empty {
+            next_due = store.jobs_next_due(&params.queues).await?;
+        }
+        // A due job's time coming is a wake-up of its own: no other fetch's look counts for it.
+        let mut due_wakes = false;
+        if let Some(due) = next_due {
+            let in_ms = (due - store.clock().now()).num_milliseconds().max(0) as u64;
+            let at = now + Duration::from_millis(in_ms);
+            if at <= until {
+                until = at;
+                due_wakes = true;
+            }
+        }
+        // Biased: once `stop` has resolved, no further fetch starts, even if a wake-up is ready.
+        tokio::select! {
+            biased;
+            _ = &mut stop => return Ok(Vec::new()),
+            _ = &mut notified => {
+                idle_poll = poll;
+                woken = true;
+            }
+            _ = tokio::time::sleep_until(until) => woken = due_wakes,
+        }
+    }
+}
