@@ -5,14 +5,14 @@
 # enqueue,drain --concurrency 100` at each size given, each on a fresh schema, prints the
 # drain figures and the table's state after each run, and drops the cluster.
 #
-#   cargo build --release -p conveyor
+#   cargo build --release -p conveyor --features bench
 #   scripts/pg_depth.sh 1000000 20000 1000000 20000 1000000 20000
 #
 # AUTOVACUUM=on runs the same on a cluster with autovacuum on.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=./target/release/conveyor
-[ -x "$bin" ] || { echo "build first: cargo build --release -p conveyor" >&2; exit 1; }
+[ -x "$bin" ] || { echo "build first: cargo build --release -p conveyor --features bench" >&2; exit 1; }
 [ $# -gt 0 ] || set -- 1000000 20000
 version=$(ls /etc/postgresql | sort -V | tail -1)
 name="conveyor_depth_$$"

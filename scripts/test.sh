@@ -4,7 +4,7 @@
 # packages, a Python venv with the Python client and pytest), starts the local PostgreSQL if it
 # is down, then runs the Rust tests (nextest, including the client conformance suite), the doc
 # tests, both clients' own suites, and the API contract run (scripts/contract.sh). `.ci/run`
-# runs this after fmt and clippy.
+# runs this after fmt, clippy and the docs check (scripts/check-docs.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -40,12 +40,13 @@ npm ci --prefix clients/typescript --no-audit --no-fund >/dev/null
 npm ci --prefix crates/conveyor/tests/a11y --no-audit --no-fund >/dev/null
 
 # The client suites drive the real server binary.
-cargo build -p conveyor
+cargo build -p conveyor --features bench
 # The facade's cargo features: an embedded build on SQLite alone (no server, PostgreSQL or CLI)
 # must keep compiling.
 cargo check -q -p conveyor --no-default-features --features sqlite
 
-cargo nextest run --workspace "$@"
+# `bench`: the benchmark and soak harness (`conveyor bench`) is tested too.
+cargo nextest run --workspace --features conveyor/bench "$@"
 cargo test --workspace --doc
 npm test --prefix clients/typescript
 

@@ -1,23 +1,18 @@
 // Access control (`serve --auth`): tokens by role, 401 and 403 from the client and the worker.
-import { test, before, after } from 'node:test';
+import { test, before } from 'node:test';
 import assert from 'node:assert/strict';
-import { Client, Worker, Unauthorized, Forbidden, ConveyorError } from '../dist/index.js';
-import { startServer, eventually, memoryLogger, uniqueQueue } from './helpers.mjs';
+import { Client, Unauthorized, Forbidden, ConveyorError } from '../dist/index.js';
+import { server, useServer, newWorker, waitState, uniqueQueue, UNKNOWN_TOKEN } from './helpers.mjs';
 
-let server;
+const ready = useServer({ auth: true });
 const tokens = {};
 before(async () => {
-  server = await startServer({ auth: true });
+  await ready;
   for (const role of ['producer', 'worker', 'admin']) tokens[role] = await server.token(role);
 });
-after(async () => {
-  await server?.stop();
-});
-
-const BAD = `cv_${'0'.repeat(32)}_${'0'.repeat(64)}`;
 
 test('no token or an unknown one: Unauthorized (401)', async () => {
-  for (const token of [undefined, BAD]) {
+  for (const token of [undefined, UNKNOWN_TOKEN]) {
     const client = new Client({ url: server.url, token });
     await assert.rejects(client.enqueue('x'), (e) => {
       assert.ok(e instanceof Unauthorized && e instanceof ConveyorError);
@@ -43,9 +38,8 @@ test('a producer enqueues and reads its jobs; cancel needs an admin: Forbidden (
 });
 
 test('worker.run() rejects naming 401 for an unknown token, 403 for a producer token', async () => {
-  for (const [token, Class, status] of [[BAD, Unauthorized, '401'], [tokens.producer, Forbidden, '403']]) {
-    const logger = memoryLogger();
-    const worker = new Worker({ url: server.url, token, queues: [uniqueQueue()], handleSignals: false, logger });
+  for (const [token, Class, status] of [[UNKNOWN_TOKEN, Unauthorized, '401'], [tokens.producer, Forbidden, '403']]) {
+    const { worker, logger } = newWorker({ token, queues: [uniqueQueue()] });
     worker.handle('x', () => null);
     await assert.rejects(worker.run(), (e) => {
       assert.ok(e instanceof Class, `${e}`);
@@ -59,14 +53,11 @@ test('worker.run() rejects naming 401 for an unknown token, 403 for a producer t
 test('a worker token runs jobs', async () => {
   const queue = uniqueQueue();
   const admin = new Client({ url: server.url, token: tokens.admin });
-  const worker = new Worker({ url: server.url, token: tokens.worker, queues: [queue], handleSignals: false, logger: null });
+  const { worker } = newWorker({ token: tokens.worker, queues: [queue], logger: null });
   worker.handle('ok', (job) => ({ echo: job.payload }));
   const running = worker.run();
   const id = await admin.enqueue('ok', { auth: true }, { queue });
-  const done = await eventually(async () => {
-    const job = await admin.get(id);
-    return job.state === 'completed' ? job : null;
-  }, { what: 'completed' });
+  const done = await waitState(id, 'completed', { client: admin });
   assert.deepEqual(done.result, { echo: { auth: true } });
   await worker.close();
   await running;

@@ -1,9 +1,9 @@
 // Circuit breakers (admin calls) against a real server: settings per queue and per kind,
 // opening and closing by hand, the list, and the server's errors.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Client, InvalidRequest } from '../dist/index.js';
-import { startServer, uniqueQueue } from './helpers.mjs';
+import { InvalidRequest } from '../dist/index.js';
+import { server, client, useServer, uniqueName, uniqueQueue } from './helpers.mjs';
 
 const DEFAULTS = {
   failure_ratio: 0.5,
@@ -14,22 +14,7 @@ const DEFAULTS = {
   pause_on_retry_after: false,
 };
 
-let server;
-let client;
-before(async () => {
-  server = await startServer();
-  client = new Client({ url: server.url });
-});
-after(async () => {
-  client?.close();
-  await server?.stop();
-});
-
-async function fetchJobs(queue, waitMs = 0) {
-  const res = await server.api('POST', '/v1/fetch', { worker_id: 'ts-breaker', queues: [queue], max: 10, wait_ms: waitMs });
-  assert.equal(res.status, 200);
-  return res.body.jobs;
-}
+useServer();
 
 async function listed(scope, name) {
   const found = (await client.listBreakers()).filter((b) => b.scope === scope && b.name === name);
@@ -54,7 +39,7 @@ test('a queue breaker opened by hand hands out nothing until closed', async () =
   assert.deepEqual(opened.settings, stored);
 
   // Nothing is handed out from the queue, even to a fetch that waits; the jobs stay queued.
-  assert.deepEqual(await fetchJobs(queue, 300), []);
+  assert.deepEqual(await server.fetchJobs(queue, { waitMs: 300 }), []);
   for (const id of ids) assert.equal((await client.get(id)).state, 'available');
 
   const view = await listed('queue', queue);
@@ -67,7 +52,7 @@ test('a queue breaker opened by hand hands out nothing until closed', async () =
   assert.equal(closed.state, 'closed');
   assert.equal(closed.reason, 'provider back');
   assert.equal((await listed('queue', queue)).state, 'closed');
-  assert.deepEqual((await fetchJobs(queue)).map((j) => j.id).sort(), [...ids].sort());
+  assert.deepEqual((await server.fetchJobs(queue)).map((j) => j.id).sort(), [...ids].sort());
 
   // null removes the breaker; the queue's other settings stay.
   await server.api('PUT', `/v1/queues/${queue}`, { max_depth: 50 });
@@ -79,7 +64,7 @@ test('a queue breaker opened by hand hands out nothing until closed', async () =
 
 test('bad settings reject with InvalidRequest naming the field', async () => {
   const queue = uniqueQueue('bad');
-  const kind = `charge-${Math.random().toString(16).slice(2, 10)}`;
+  const kind = uniqueName('charge');
   for (const target of [{ queue }, { kind }]) {
     await assert.rejects(client.setCircuitBreaker(target, { failure_ratio: 2 }), (e) => {
       assert.ok(e instanceof InvalidRequest, String(e));
@@ -107,7 +92,7 @@ test('exactly one of queue and kind; settings an object or null', async () => {
 
 test("a kind breaker keeps the kind's schema and version, and opens for a while", async () => {
   const queue = uniqueQueue('kind');
-  const kind = `charge-${Math.random().toString(16).slice(2, 10)}`;
+  const kind = uniqueName('charge');
   const schema = { type: 'object' };
   await client.setSchema(kind, schema, { version: 3 });
   const stored = await client.setCircuitBreaker({ kind }, { pause_on_retry_after: true });
@@ -119,10 +104,10 @@ test("a kind breaker keeps the kind's schema and version, and opens for a while"
   const opened = await client.openCircuit({ kind }, { openMs: 60_000, reason: 'rate limited' });
   assert.deepEqual([opened.scope, opened.state, opened.reason], ['kind', 'open', 'rate limited']);
   assert.ok(opened.open_until, 'open_until is set');
-  assert.deepEqual(await fetchJobs(queue), []);
+  assert.deepEqual(await server.fetchJobs(queue), []);
   assert.equal((await listed('kind', kind)).state, 'open');
   assert.equal((await client.closeCircuit({ kind })).state, 'closed');
-  assert.deepEqual((await fetchJobs(queue)).map((j) => j.id), [id]);
+  assert.deepEqual((await server.fetchJobs(queue)).map((j) => j.id), [id]);
 
   // Removing the breaker keeps the schema too.
   assert.equal(await client.setCircuitBreaker({ kind }, null), null);
@@ -130,7 +115,7 @@ test("a kind breaker keeps the kind's schema and version, and opens for a while"
   assert.deepEqual([kept.schema, kept.version, kept.circuit_breaker], [schema, 3, undefined]);
 
   // A kind without settings: removing its (absent) breaker stores nothing.
-  const other = `nothing-${Math.random().toString(16).slice(2, 10)}`;
+  const other = uniqueName('nothing');
   assert.equal(await client.setCircuitBreaker({ kind: other }, null), null);
   assert.ok(!(await client.listSchemas()).some((k) => k.kind === other));
 });

@@ -1,18 +1,9 @@
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { Client, ConveyorError, InvalidRequest, NotFound, QueueFull, Conflict, ConnectionError } from '../dist/index.js';
-import { startServer, uniqueQueue } from './helpers.mjs';
+import { server, client, useServer, uniqueQueue } from './helpers.mjs';
 
-let server;
-let client;
-before(async () => {
-  server = await startServer();
-  client = new Client({ url: server.url });
-});
-after(async () => {
-  client?.close();
-  await server?.stop();
-});
+useServer();
 
 test('enqueue returns the id; get shows every option as sent', async () => {
   const queue = uniqueQueue();
@@ -159,18 +150,10 @@ test('wait resolves once the job finishes, or as it is when the timeout passes',
   const other = new Client({ url: server.url });
   try {
     const waiting = other.wait(id, { timeoutMs: 30_000 });
-    const res = await fetch(`${server.url}/v1/fetch`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ worker_id: 'ts-wait', queues: [queue], max: 1 }),
-    });
-    const { jobs } = await res.json();
+    const jobs = await server.fetchJobs(queue, { max: 1 });
     assert.equal(jobs[0].id, id);
-    await fetch(`${server.url}/v1/jobs/${id}/complete`, {
-      method: 'POST',
-      headers: { 'content-type': 'application/json' },
-      body: JSON.stringify({ lease_token: jobs[0].lease_token, result: { rows: 3 } }),
-    });
+    const completed = await server.api('POST', `/v1/jobs/${id}/complete`, { lease_token: jobs[0].lease_token, result: { rows: 3 } });
+    assert.equal(completed.status, 200);
     const done = await waiting;
     assert.equal(done.state, 'completed');
     assert.deepEqual(done.result, { rows: 3 });

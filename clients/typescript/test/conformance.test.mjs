@@ -1,42 +1,14 @@
 // The conformance worker as a process: `ready`, SIGTERM drain with exit 0, 401/403 exit 1.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
 import path from 'node:path';
-import { Client } from '../dist/index.js';
-import { PACKAGE_DIR, startServer, eventually, waitForLine, uniqueQueue } from './helpers.mjs';
+import { PACKAGE_DIR, server, client, useServer, runNode, waitState, waitForLine, uniqueQueue, UNKNOWN_TOKEN } from './helpers.mjs';
 
 const SCRIPT = path.join(PACKAGE_DIR, 'conformance/worker.mjs');
-let server;
-let client;
-before(async () => {
-  server = await startServer({ auth: true });
-  client = new Client({ url: server.url, token: await server.token('admin') });
-});
-after(async () => {
-  client?.close();
-  await server?.stop();
-});
+useServer({ auth: true, token: 'admin' });
 
 function spawnWorker(env) {
-  const child = spawn(process.execPath, [SCRIPT], {
-    env: { ...process.env, CONVEYOR_URL: server.url, CONVEYOR_CONCURRENCY: '2', CONVEYOR_GRACE_SECS: '1', ...env },
-    stdio: ['ignore', 'pipe', 'pipe'],
-  });
-  let stderr = '';
-  child.stderr.on('data', (d) => (stderr += d));
-  const exited = new Promise((resolve) => child.on('exit', (code, signal) => resolve({ code, signal, stderr })));
-  after(() => {
-    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
-  });
-  return { child, exited, stderr: () => stderr };
-}
-
-async function waitState(id, state) {
-  return eventually(async () => {
-    const job = await client.get(id);
-    return job.state === state ? job : null;
-  }, { what: `job ${id} ${state}` });
+  return runNode(SCRIPT, { env: { CONVEYOR_URL: server.url, CONVEYOR_CONCURRENCY: '2', CONVEYOR_GRACE_SECS: '1', ...env } });
 }
 
 test('the conformance worker runs jobs and exits 0 after a SIGTERM drain', async () => {
@@ -55,8 +27,8 @@ test('the conformance worker runs jobs and exits 0 after a SIGTERM drain', async
   await waitState(long, 'running');
   const began = Date.now();
   w.child.kill('SIGTERM');
-  const { code, signal, stderr } = await w.exited;
-  assert.equal(code, 0, `exit ${code} ${signal}; stderr:\n${stderr}`);
+  const { code, signal } = await w.exited;
+  assert.equal(code, 0, `exit ${code} ${signal}; stderr:\n${w.stderr()}`);
   assert.ok(Date.now() - began < 5_000);
   assert.equal((await client.get(short)).state, 'completed');
   const released = await client.get(long);
@@ -65,11 +37,10 @@ test('the conformance worker runs jobs and exits 0 after a SIGTERM drain', async
 });
 
 test('the conformance worker exits 1 naming 401 or 403 when its token is refused', async () => {
-  const bad = `cv_${'0'.repeat(32)}_${'0'.repeat(64)}`;
-  for (const [token, status] of [[bad, '401'], [await server.token('producer'), '403']]) {
+  for (const [token, status] of [[UNKNOWN_TOKEN, '401'], [await server.token('producer'), '403']]) {
     const w = spawnWorker({ CONVEYOR_TOKEN: token, CONVEYOR_QUEUES: uniqueQueue() });
-    const { code, stderr } = await w.exited;
-    assert.equal(code, 1, stderr);
-    assert.match(stderr, new RegExp(status));
+    const { code } = await w.exited;
+    assert.equal(code, 1, w.stderr());
+    assert.match(w.stderr(), new RegExp(status));
   }
 });

@@ -1,11 +1,9 @@
 // Workflows against a real server: building steps, a chain run by the Worker (results handed on
 // in `parents`, progress reported), durable waits completed by `signal`, waitFlow, cancel,
 // list, and refused flows.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import {
-  Client,
-  Worker,
   Steps,
   chain,
   group,
@@ -17,24 +15,11 @@ import {
   NotFound,
   Conflict,
 } from '../dist/index.js';
-import { startServer, eventually, memoryLogger, uniqueQueue } from './helpers.mjs';
+import { client, useServer, newWorker, waitState, eventually, uniqueName, uniqueQueue } from './helpers.mjs';
 
-let server;
-let client;
-before(async () => {
-  server = await startServer();
-  client = new Client({ url: server.url });
-});
-after(async () => {
-  client?.close();
-  await server?.stop();
-});
+useServer();
 
-function newWorker(options = {}) {
-  return new Worker({ url: server.url, handleSignals: false, logger: memoryLogger(), waitMs: 1_000, ...options });
-}
-
-const flowName = () => uniqueQueue('flow');
+const flowName = () => uniqueName('flow');
 const byName = (flow, name) => flow.steps.find((s) => s.name === name);
 
 test('chain and group fill in after; flowBody maps names to the wire', () => {
@@ -79,7 +64,7 @@ test('chain and group fill in after; flowBody maps names to the wire', () => {
 
 test('a chain run by the Worker: step 2 reads step 1 from parents and reports progress; waitFlow answers it completed', async () => {
   const queue = uniqueQueue();
-  const worker = newWorker({ queues: [queue], concurrency: 2 });
+  const { worker } = newWorker({ queues: [queue], concurrency: 2, waitMs: 1_000 });
   const seen = {};
   worker
     .handle('extract', async (job) => {
@@ -111,7 +96,7 @@ test('a chain run by the Worker: step 2 reads step 1 from parents and reports pr
   const running = worker.run();
   try {
     const flow = await client.waitFlow(created.id, { timeoutMs: 30_000 });
-    await eventually(async () => (await client.get(plainId)).state === 'completed', { what: 'the plain job' });
+    await waitState(plainId, 'completed');
 
     assert.equal(flow.id, created.id);
     assert.equal(flow.name, name);
@@ -154,7 +139,7 @@ test('a chain run by the Worker: step 2 reads step 1 from parents and reports pr
 
 test('a wait step completes with a signal', async () => {
   const queue = uniqueQueue();
-  const worker = newWorker({ queues: [queue] });
+  const { worker } = newWorker({ queues: [queue], waitMs: 1_000 });
   worker.handle('publish', async (job) => ({ approvedBy: job.parents.approval.by }));
   const created = await client.createFlow(
     [waitStep('approval', 'approved', { timeoutMs: 60_000 }), step('publish', 'publish', undefined, { queue, after: ['approval'] })],
@@ -240,7 +225,7 @@ test('idempotency key and listFlows', async () => {
 });
 
 test('a kind schema refuses payloads naming the place, and is refused over queued jobs unless forced', async () => {
-  const kind = `signup-${Math.random().toString(16).slice(2, 10)}`;
+  const kind = uniqueName('signup');
   const schema = { type: 'object', required: ['user_id'], properties: { user_id: { type: 'integer' } } };
   const stored = await client.setSchema(kind, schema, { version: 3 });
   assert.deepEqual(stored.schema, schema);

@@ -1,10 +1,14 @@
 // Test harness: a real `conveyor serve` per test file, on a fresh SQLite store in a temp dir.
+// A test file calls `useServer()` once, then uses `server` and `client` from here.
+import { before, after } from 'node:test';
+import assert from 'node:assert/strict';
 import { spawn, execFile } from 'node:child_process';
 import { mkdtempSync, rmSync, createWriteStream, existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { createInterface } from 'node:readline';
+import { Client, Worker } from '../dist/index.js';
 
 const here = path.dirname(fileURLToPath(import.meta.url));
 export const PACKAGE_DIR = path.resolve(here, '..');
@@ -29,6 +33,13 @@ for (const signal of ['SIGTERM', 'SIGINT', 'SIGHUP']) {
     killChildren();
     process.kill(process.pid, signal);
   });
+}
+
+/** A new temporary directory, removed when this test process ends (if not before). */
+export function tempDir(prefix = 'conveyor-ts-') {
+  const dir = mkdtempSync(path.join(tmpdir(), prefix));
+  dirs.add(dir);
+  return dir;
 }
 
 /**
@@ -61,8 +72,7 @@ export class Server {
     if (!existsSync(BIN)) throw new Error(`conveyor binary not found at ${BIN}: build it (cargo build -p conveyor) or set CONVEYOR_BIN`);
     this.auth = auth;
     this.extraArgs = extraArgs;
-    this.dir = mkdtempSync(path.join(tmpdir(), 'conveyor-ts-'));
-    dirs.add(this.dir);
+    this.dir = tempDir();
     this.storeUrl = `sqlite://${path.join(this.dir, 'jobs.db')}`;
     this.listen = '127.0.0.1:0';
     this.proc = null;
@@ -140,6 +150,13 @@ export class Server {
     const text = await res.text();
     return { status: res.status, body: text ? JSON.parse(text) : null };
   }
+
+  /** Claims up to `max` jobs of `queue` as a worker would (`POST /v1/fetch`): their leases. */
+  async fetchJobs(queue, { max = 10, waitMs = 0 } = {}) {
+    const res = await this.api('POST', '/v1/fetch', { worker_id: 'ts-test', queues: [queue], max, wait_ms: waitMs });
+    assert.equal(res.status, 200, JSON.stringify(res.body));
+    return res.body.jobs;
+  }
 }
 
 export async function startServer(options) {
@@ -150,6 +167,77 @@ export async function startServer(options) {
     await server.stop();
     throw e;
   }
+}
+
+/** The test file's server and a `Client` of it: set by `useServer()` before the file's tests. */
+export let server;
+export let client;
+
+/**
+ * Starts the test file's server before its tests (`startServer(options)`) and stops it after
+ * them. `token` is a role: the client then sends a new token of it. With `skip` set, nothing
+ * starts (the file's tests are skipped). Returns a promise of the moment both are set: node:test
+ * starts the file's `before` hooks as they are declared, without waiting for one another, so a
+ * hook of the file's that needs `server` awaits it first.
+ */
+export function useServer({ token, skip = false, ...options } = {}) {
+  let started;
+  const ready = new Promise((resolve, reject) => (started = { resolve, reject }));
+  ready.catch(() => {}); // the hook reports the failure
+  before(async () => {
+    try {
+      if (!skip) {
+        server = await startServer(options);
+        client = new Client({ url: server.url, token: token ? await server.token(token) : undefined });
+      }
+      started.resolve();
+    } catch (e) {
+      started.reject(e);
+      throw e;
+    }
+  });
+  after(async () => {
+    client?.close();
+    await server?.stop();
+  });
+  return ready;
+}
+
+/** A Worker of `server` with no signal handlers, logging to a `memoryLogger()` unless given one. */
+export function newWorker({ logger = memoryLogger(), ...options } = {}) {
+  const worker = new Worker({ url: server.url, handleSignals: false, logger, ...options });
+  return { worker, logger };
+}
+
+/** Polls the job (through `client`, or the one given) until it is in `state`; the job then. */
+export function waitState(id, state, { ms = 15_000, client: through = client } = {}) {
+  return eventually(async () => {
+    const job = await through.get(id);
+    return job.state === state ? job : null;
+  }, { ms, what: `job ${id} ${state}` });
+}
+
+/**
+ * `node script` as a child process, SIGKILLed at the end of the current test if still running.
+ * Its output is kept (`output()` both streams, `stderr()` the one); `exited` resolves with
+ * `{ code, signal }` once it has ended and its output is all read.
+ */
+export function runNode(script, { cwd, env = {} } = {}) {
+  const child = spawn(process.execPath, [script], { cwd, env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
+  children.add(child);
+  let output = '';
+  let stderr = '';
+  child.stdout.on('data', (d) => (output += d));
+  child.stderr.on('data', (d) => {
+    output += d;
+    stderr += d;
+  });
+  const exited = new Promise((resolve) => child.on('close', (code, signal) => resolve({ code, signal })));
+  child.on('exit', () => children.delete(child));
+  after(() => {
+    if (child.exitCode === null && child.signalCode === null) child.kill('SIGKILL');
+  });
+  return { child, exited, output: () => output, stderr: () => stderr };
 }
 
 /** Polls `check` (async, returns truthy when done) every 20 ms until it passes or `ms` is over. */
@@ -175,6 +263,14 @@ export function memoryLogger() {
   return { lines, info: push('info'), warn: push('warn'), error: push('error') };
 }
 
-export function uniqueQueue(prefix = 'q') {
+/** A name no other test uses (for a queue, a kind, a flow). */
+export function uniqueName(prefix) {
   return `${prefix}-${Math.random().toString(36).slice(2, 10)}`;
 }
+
+export function uniqueQueue(prefix = 'q') {
+  return uniqueName(prefix);
+}
+
+/** A well-formed API token no server knows. */
+export const UNKNOWN_TOKEN = `cv_${'0'.repeat(32)}_${'0'.repeat(64)}`;

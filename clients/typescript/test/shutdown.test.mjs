@@ -1,32 +1,10 @@
 // Draining: close() and SIGTERM; surviving a server restart.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Client, Worker, ShutdownError } from '../dist/index.js';
-import { startServer, eventually, memoryLogger, uniqueQueue } from './helpers.mjs';
+import { ShutdownError } from '../dist/index.js';
+import { server, client, useServer, newWorker, waitState, eventually, uniqueQueue } from './helpers.mjs';
 
-let server;
-let client;
-before(async () => {
-  server = await startServer();
-  client = new Client({ url: server.url });
-});
-after(async () => {
-  client?.close();
-  await server?.stop();
-});
-
-function newWorker(options = {}) {
-  const logger = memoryLogger();
-  const worker = new Worker({ url: server.url, handleSignals: false, logger, ...options });
-  return { worker, logger };
-}
-
-async function waitState(id, state, ms = 15_000) {
-  return eventually(async () => {
-    const job = await client.get(id);
-    return job.state === state ? job : null;
-  }, { ms, what: `job ${id} ${state}` });
-}
+useServer();
 
 function sleep(ms, signal) {
   return new Promise((resolve, reject) => {

@@ -1,26 +1,16 @@
 // History (`stats()`) against a real server: jobs enqueued, taken and finished through it show
 // up per kind, filters narrow it, bad input is a clear error naming the field.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Client, InvalidRequest } from '../dist/index.js';
-import { startServer, uniqueQueue } from './helpers.mjs';
+import { InvalidRequest } from '../dist/index.js';
+import { server, client, useServer, uniqueQueue } from './helpers.mjs';
 
-let server;
-let client;
-before(async () => {
-  server = await startServer();
-  client = new Client({ url: server.url });
-});
-after(async () => {
-  client?.close();
-  await server?.stop();
-});
+useServer();
 
 async function work(queue, fail) {
-  const res = await server.api('POST', '/v1/fetch', { worker_id: 'ts-stats', queues: [queue], max: 10 });
-  assert.equal(res.status, 200);
-  assert.ok(res.body.jobs.length > 0, 'a job to take');
-  for (const job of res.body.jobs) {
+  const jobs = await server.fetchJobs(queue);
+  assert.ok(jobs.length > 0, 'a job to take');
+  for (const job of jobs) {
     const answer = fail
       ? await server.api('POST', `/v1/jobs/${job.id}/fail`, { lease_token: job.lease_token, error: { message: 'no' }, retry: 'never' })
       : await server.api('POST', `/v1/jobs/${job.id}/complete`, { lease_token: job.lease_token });

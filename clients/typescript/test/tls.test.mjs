@@ -2,15 +2,14 @@
 // (the `openssl` command). The client and the worker trust the server's CA and present a client
 // certificate through an https.Agent of their own (`agent`); without an accepted certificate,
 // or over plain HTTP, they are refused.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import https from 'node:https';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
-import { tmpdir } from 'node:os';
+import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
-import { Client, Worker, ConnectionError } from '../dist/index.js';
-import { startServer, eventually, memoryLogger, uniqueQueue } from './helpers.mjs';
+import { Client, ConnectionError } from '../dist/index.js';
+import { server, useServer, newWorker, waitState, tempDir, uniqueQueue } from './helpers.mjs';
 
 // Where there is no openssl command, the tests are skipped (the Rust TLS tests still run).
 let skip = false;
@@ -20,8 +19,7 @@ try {
   skip = 'no openssl command to make test certificates';
 }
 
-let dir;
-let server;
+const dir = tempDir('conveyor-ts-tls-');
 const file = (name) => path.join(dir, name);
 
 function makeCerts() {
@@ -54,17 +52,12 @@ function agent(identity = 'client') {
   return new https.Agent(options);
 }
 
-before(async () => {
-  if (skip) return;
-  dir = mkdtempSync(path.join(tmpdir(), 'conveyor-ts-tls-'));
-  makeCerts();
-  server = await startServer({
-    extraArgs: ['--tls-cert', file('server.crt'), '--tls-key', file('server.key'), '--tls-client-ca', file('clients-ca.crt')],
-  });
-});
-after(async () => {
-  await server?.stop();
-  if (dir) rmSync(dir, { recursive: true, force: true });
+// Made now rather than in a `before` hook: node:test does not wait for one `before` hook before
+// starting the next, and the server's must find them.
+if (!skip) makeCerts();
+useServer({
+  skip,
+  extraArgs: ['--tls-cert', file('server.crt'), '--tls-key', file('server.key'), '--tls-client-ca', file('clients-ca.crt')],
 });
 
 test('a client with an accepted certificate enqueues and reads over https', { skip }, async () => {
@@ -94,14 +87,11 @@ test('no client certificate, one from another CA, an untrusted server or plain H
 test('a worker runs jobs over https with a client certificate', { skip }, async () => {
   const queue = uniqueQueue();
   const client = new Client({ url: server.url, agent: agent() });
-  const worker = new Worker({ url: server.url, agent: agent(), queues: [queue], handleSignals: false, logger: memoryLogger() });
+  const { worker } = newWorker({ agent: agent(), queues: [queue] });
   worker.handle('tls.work', async (job) => ({ doubled: job.payload.n * 2 }));
   const id = await client.enqueue('tls.work', { n: 21 }, { queue });
   const running = worker.run();
-  const job = await eventually(async () => {
-    const j = await client.get(id);
-    return j.state === 'completed' ? j : null;
-  }, { what: 'the job to complete' });
+  const job = await waitState(id, 'completed', { client });
   assert.deepEqual(job.result, { doubled: 42 });
   await worker.close();
   await running;

@@ -1,35 +1,19 @@
 // Trace context and expiry through the TypeScript client and worker, against a real server.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
 import { context, trace, SpanKind } from '@opentelemetry/api';
 import { AsyncLocalStorageContextManager } from '@opentelemetry/context-async-hooks';
 import { BasicTracerProvider, InMemorySpanExporter, SimpleSpanProcessor } from '@opentelemetry/sdk-trace-base';
-import { Client, Worker, InvalidRequest } from '../dist/index.js';
-import { startServer, eventually, memoryLogger, uniqueQueue } from './helpers.mjs';
+import { InvalidRequest } from '../dist/index.js';
+import { client, useServer, newWorker, waitState, uniqueQueue } from './helpers.mjs';
 
 const PARENT = '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01';
 
-let server;
-let client;
-before(async () => {
-  server = await startServer();
-  client = new Client({ url: server.url });
-});
-after(async () => {
-  client?.close();
-  await server?.stop();
-});
-
-async function completed(id) {
-  return eventually(async () => {
-    const job = await client.get(id);
-    return job.state === 'completed' ? job : null;
-  }, { ms: 15_000, what: `job ${id} completed` });
-}
+useServer();
 
 test('a given trace context and expiry reach the handler, with a child context', async () => {
   const queue = uniqueQueue();
-  const worker = new Worker({ url: server.url, queues: [queue], handleSignals: false, logger: memoryLogger() });
+  const { worker } = newWorker({ queues: [queue] });
   let seen;
   worker.handle('traced', async (job) => {
     seen = job;
@@ -39,7 +23,7 @@ test('a given trace context and expiry reach the handler, with a child context',
   assert.deepEqual(stored.trace, { traceparent: PARENT, tracestate: 'v=1' });
   assert.ok(stored.expires_at);
   const running = worker.run();
-  await completed(id);
+  await waitState(id, 'completed');
   await worker.close();
   await running;
   assert.equal(seen.traceparent, PARENT);
@@ -67,7 +51,7 @@ test('with OpenTelemetry the handler span is a child of the producer span', asyn
   trace.setGlobalTracerProvider(provider);
   const tracer = trace.getTracer('test');
   const queue = uniqueQueue();
-  const worker = new Worker({ url: server.url, queues: [queue], handleSignals: false, logger: memoryLogger() });
+  const { worker } = newWorker({ queues: [queue] });
   worker.handle('otel', async () => 'done');
   let producer;
   const id = await tracer.startActiveSpan('request', async (span) => {
@@ -81,7 +65,7 @@ test('with OpenTelemetry the handler span is a child of the producer span', asyn
   const stored = await client.get(id);
   assert.equal(stored.trace.traceparent.split('-')[1], producer.traceId);
   const running = worker.run();
-  await completed(id);
+  await waitState(id, 'completed');
   await worker.close();
   await running;
   const spans = exporter.getFinishedSpans().filter((s) => s.name === 'conveyor otel');

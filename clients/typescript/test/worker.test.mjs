@@ -1,32 +1,10 @@
 // Worker behaviours against a real server: outcomes, kinds, heartbeats, lease loss, timeouts.
-import { test, before, after } from 'node:test';
+import { test } from 'node:test';
 import assert from 'node:assert/strict';
-import { Client, Worker, Retry, RetryAfter, Permanent, LeaseLostError, JobTimeoutError } from '../dist/index.js';
-import { startServer, eventually, memoryLogger, uniqueQueue } from './helpers.mjs';
+import { Worker, Retry, RetryAfter, Permanent, LeaseLostError, JobTimeoutError } from '../dist/index.js';
+import { server, client, useServer, newWorker, waitState, eventually, uniqueQueue } from './helpers.mjs';
 
-let server;
-let client;
-before(async () => {
-  server = await startServer();
-  client = new Client({ url: server.url });
-});
-after(async () => {
-  client?.close();
-  await server?.stop();
-});
-
-function newWorker(options = {}) {
-  const logger = memoryLogger();
-  const worker = new Worker({ url: server.url, handleSignals: false, logger, ...options });
-  return { worker, logger };
-}
-
-async function waitState(id, state, ms = 15_000) {
-  return eventually(async () => {
-    const job = await client.get(id);
-    return job.state === state ? job : null;
-  }, { ms, what: `job ${id} ${state}` });
-}
+useServer();
 
 class PaymentDeclined extends Error {}
 

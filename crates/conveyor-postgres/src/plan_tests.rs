@@ -3,7 +3,7 @@
 //!
 //! Each of these once had a generic plan that grew with the table: a completion compared every
 //! running job with every item of its batch, the claim hashed the whole table, the prune read
-//! the whole table (docs/architecture.md, "PostgreSQL at depth"). Plans are read with `EXPLAIN`
+//! the whole table (docs/guide/src/postgresql.md, "How it works"). Plans are read with `EXPLAIN`
 //! (not timed), after `ANALYZE` of a table where few jobs are running, the case that misled the
 //! planner.
 

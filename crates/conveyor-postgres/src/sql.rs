@@ -681,7 +681,7 @@ pub(crate) const CLAIM_BEGIN: &str = "BEGIN; SET LOCAL enable_sort = off";
 /// one matching row, so it prefers a bitmap scan of every available job of the queue followed by
 /// a sort over the ordered scan of `jobs_fetch` that stops after `LIMIT` rows. The sort reads the
 /// whole backlog on every fetch: harmless at 20,000 queued jobs, a hundred jobs a second at a
-/// million on a table without statistics (docs/architecture.md, "PostgreSQL at depth").
+/// million on a table without statistics (docs/guide/src/postgresql.md, "How it works").
 #[derive(Clone, Copy)]
 enum KindFilter {
     Kinds,

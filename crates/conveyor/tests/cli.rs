@@ -286,6 +286,7 @@ fn demo_shows_jobs_completing_retrying_and_dying() {
     assert!(totals["queue_wait"]["p50_ms"].is_number(), "{history}");
 }
 
+#[cfg(feature = "bench")]
 #[test]
 fn bench_reports_one_json_line_per_workload() {
     let out = conveyor(&["bench", "--jobs", "300", "--concurrency", "8", "--json"]);

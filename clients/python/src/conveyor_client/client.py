@@ -5,19 +5,20 @@ from __future__ import annotations
 
 import datetime as _dt
 import ssl
-import time
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union, cast
+from typing import Any, Dict, Iterable, List, Mapping, Optional, TypeVar, Union
 
-from . import _wire
+from . import _ops, _wire
 from ._async_http import AsyncTransport
 from ._sync_http import SyncTransport
-from .errors import NotFound
-from .flows import flow_body
 from .models import BreakerSettings, BreakerView, CreatedFlow, FlowPage, FlowView, Job
 
 __all__ = ["Client", "AsyncClient"]
 
 Seconds = Union[int, float, _dt.timedelta]
+T = TypeVar("T")
+
+# What each method does (its requests, how it reads the answers, its polling) is written once,
+# in _ops; the two classes only run it over their transport, blocking or awaiting.
 
 
 class Client:
@@ -41,6 +42,9 @@ class Client:
     @property
     def url(self) -> str:
         return self._http.endpoint.url
+
+    def _run(self, op: _ops.Op[T]) -> T:
+        return _ops.run_sync(self._http, op)
 
     def enqueue(
         self,
@@ -85,41 +89,29 @@ class Client:
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        return _wire.enqueued_id(self._http.request("POST", "/v1/jobs", body))
+        return self._run(_ops.enqueue(body))
 
     def enqueue_many(self, jobs: Iterable[Union[Mapping[str, Any], Any]]) -> List[str]:
         """Enqueues jobs all or nothing, in one request (at most the server's batch limit,
         10,000 by default); returns their ids in order. Each job is a dict with ``enqueue``'s
         keyword names (``kind`` required), a :class:`NewJob`, or an object with such
         attributes."""
-        bodies = [_wire.job_spec_body(job, i) for i, job in enumerate(jobs)]
-        if not bodies:
-            return []
-        return _wire.batch_ids(self._http.request("POST", "/v1/jobs/batch", {"jobs": bodies}))
+        return self._run(_ops.enqueue_many(jobs))
 
     def get(self, id: str) -> Job:
         """The job with its error history; raises ``NotFound`` for an unknown id."""
-        return Job.from_json(self._http.request("GET", _wire.job_path(id)))
+        return self._run(_ops.get(id))
 
     def wait(self, id: str, timeout: Seconds = 30.0) -> Job:
         """The job once it has finished (``completed``, ``dead`` or ``cancelled``), or as it is
         when ``timeout`` seconds pass first. The server holds the request until then
         (``GET /v1/jobs/{id}?wait_ms=``), so waiting costs no polling."""
-        deadline = time.monotonic() + _wire.wait_deadline_ms(timeout) / 1000
-        while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            wait_ms = min(left_ms, _wire.MAX_WAIT_MS)
-            answer = self._http.request(
-                "GET", f"{_wire.job_path(id)}?wait_ms={wait_ms}", timeout=wait_ms / 1000 + 30
-            )
-            job = Job.from_json(answer)
-            if job.state in _wire.FINISHED_STATES or time.monotonic() >= deadline:
-                return job
+        return self._run(_ops.wait(id, timeout))
 
     def cancel(self, id: str) -> Job:
         """Cancels an unfinished job (a running one's lease is revoked) and returns it; raises
         ``Conflict`` when it had already finished, ``NotFound`` for an unknown id."""
-        return Job.from_json(self._http.request("POST", _wire.job_path(id, "cancel")))
+        return self._run(_ops.cancel(id))
 
     # --- Workflows ------------------------------------------------------------------------
 
@@ -139,28 +131,22 @@ class Client:
         answer the stored flow (``duplicate`` true). Returns the flow's id and each job step's
         job id by name; a refused flow raises ``InvalidRequest`` naming the field
         (``steps[1].after[0]``)."""
-        body = flow_body(steps, name=name, on_failure=on_failure, idempotency_key=idempotency_key, tags=tags)
-        return CreatedFlow.from_json(self._http.request("POST", "/v1/flows", body))
+        return self._run(
+            _ops.create_flow(
+                steps, name=name, on_failure=on_failure, idempotency_key=idempotency_key, tags=tags
+            )
+        )
 
     def get_flow(self, id: str) -> FlowView:
         """The flow with every step; raises ``NotFound`` for an unknown id (or, for a producer
         token, another token's flow)."""
-        return FlowView.from_json(self._http.request("GET", _wire.flow_path(id)))
+        return self._run(_ops.get_flow(id))
 
     def wait_flow(self, id: str, timeout: Seconds = 30.0) -> FlowView:
         """The flow once it has finished (``completed``, ``failed``, ``compensated`` or
         ``cancelled``), or as it is when ``timeout`` seconds pass first; the server holds each
         request (``GET /v1/flows/{id}?wait_ms=``), so waiting costs no polling."""
-        deadline = time.monotonic() + _wire.wait_deadline_ms(timeout) / 1000
-        while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            wait_ms = min(left_ms, _wire.MAX_WAIT_MS)
-            answer = self._http.request(
-                "GET", f"{_wire.flow_path(id)}?wait_ms={wait_ms}", timeout=wait_ms / 1000 + 30
-            )
-            flow = FlowView.from_json(answer)
-            if flow.finished or time.monotonic() >= deadline:
-                return flow
+        return self._run(_ops.wait_flow(id, timeout))
 
     def list_flows(
         self,
@@ -172,22 +158,19 @@ class Client:
     ) -> FlowPage:
         """Flows newest first, without their steps (admin role with access control); pass the
         page's ``next`` as ``after`` for the next page."""
-        path = "/v1/flows" + _wire.query({"state": state, "name": name, "limit": limit, "after": after})
-        return FlowPage.from_json(self._http.request("GET", path))
+        return self._run(_ops.list_flows(state=state, name=name, limit=limit, after=after))
 
     def cancel_flow(self, id: str) -> FlowView:
         """Cancels every unfinished step of the flow and returns it; raises ``Conflict`` when the
         flow has already ended."""
-        return FlowView.from_json(self._http.request("POST", _wire.flow_path(id, "cancel")))
+        return self._run(_ops.cancel_flow(id))
 
     def signal(self, flow_id: str, signal: str, payload: Any = None) -> str:
         """Delivers ``signal`` to the flow's step waiting for it, which completes with
         ``payload`` as its result. Returns ``"delivered"``, or ``"stored"`` when the step has
         not begun waiting yet (it completes as soon as it does). Raises ``InvalidRequest``
         (field ``signal``) when no step waits for it, ``Conflict`` when that step has finished."""
-        body = _wire.signal_body(signal, payload)
-        answer = self._http.request("POST", _wire.flow_path(flow_id, "signal"), body)
-        return _wire.signal_outcome(answer)
+        return self._run(_ops.signal(flow_id, signal, payload))
 
     # --- Payload schemas ------------------------------------------------------------------
 
@@ -200,21 +183,20 @@ class Client:
         ``Conflict`` (``would_fail`` in its body) when queued jobs of the kind would not pass,
         unless ``force``. The kind's circuit breaker stays as it is. Returns ``{kind, schema,
         version, updated_at}`` (and ``circuit_breaker`` when the kind has one)."""
-        answer = self._http.request("PUT", _wire.kind_path(kind), _wire.kind_body(schema, version, force))
-        return cast(Dict[str, Any], answer)
+        return self._run(_ops.set_schema(kind, schema, version=version, force=force))
 
     def get_schema(self, kind: str) -> Dict[str, Any]:
         """``kind``'s settings (``{kind, schema, version, updated_at}``, and ``circuit_breaker``
         when it has one); ``NotFound`` if none."""
-        return cast(Dict[str, Any], self._http.request("GET", _wire.kind_path(kind)))
+        return self._run(_ops.get_schema(kind))
 
     def list_schemas(self) -> List[Dict[str, Any]]:
         """Every kind with settings, by name."""
-        return cast(List[Dict[str, Any]], self._http.request("GET", "/v1/kinds")["kinds"])
+        return self._run(_ops.list_schemas())
 
     def delete_schema(self, kind: str) -> None:
         """Removes ``kind``'s schema (its jobs stay); ``NotFound`` if it had none."""
-        self._http.request("DELETE", _wire.kind_path(kind))
+        self._run(_ops.delete_schema(kind))
 
     # --- Circuit breakers -----------------------------------------------------------------
 
@@ -233,18 +215,7 @@ class Client:
         version too). Returns the settings as stored, defaults filled in (``None`` once
         removed). Bad values raise ``InvalidRequest`` naming the field
         (``circuit_breaker.failure_ratio``)."""
-        scope, name = _wire.breaker_scope(queue, kind)
-        body: Dict[str, Any] = {"circuit_breaker": _wire.breaker_settings(settings)}
-        if scope == "kind":
-            try:
-                existing = self._http.request("GET", _wire.scope_path(scope, name))
-            except NotFound:
-                if settings is None:
-                    return None  # no settings, so no breaker to remove
-                existing = None
-            body.update(_wire.kept_version(existing))
-        answer = self._http.request("PUT", _wire.scope_path(scope, name), body)
-        return _wire.stored_breaker(answer)
+        return self._run(_ops.set_circuit_breaker(queue=queue, kind=kind, settings=settings))
 
     def open_circuit(
         self,
@@ -259,25 +230,19 @@ class Client:
         ``open_ms`` it probes after that many milliseconds (or closes, without settings);
         without, it stays open until :meth:`close_circuit`. ``reason`` goes to the audit log
         and the dashboard. Returns the breaker now."""
-        scope, name = _wire.breaker_scope(queue, kind)
-        body = _wire.circuit_body(open_ms, reason)
-        answer = self._http.request("POST", _wire.scope_path(scope, name, "open"), body)
-        return cast(BreakerView, answer)
+        return self._run(_ops.open_circuit(queue=queue, kind=kind, open_ms=open_ms, reason=reason))
 
     def close_circuit(
         self, *, queue: Optional[str] = None, kind: Optional[str] = None, reason: Optional[str] = None
     ) -> BreakerView:
         """Closes the circuit breaker of ``queue`` or of ``kind`` by hand (exactly one of them;
         admin role): its jobs are handed out again at once. Returns the breaker now."""
-        scope, name = _wire.breaker_scope(queue, kind)
-        body = _wire.circuit_body(None, reason)
-        answer = self._http.request("POST", _wire.scope_path(scope, name, "close"), body)
-        return cast(BreakerView, answer)
+        return self._run(_ops.close_circuit(queue=queue, kind=kind, reason=reason))
 
     def list_breakers(self) -> List[BreakerView]:
         """Every circuit breaker, queues' and kinds', that is configured or has a stored state
         (:class:`BreakerView` dicts: ``scope``, ``name``, ``state``, ``reason``, ...)."""
-        return cast(List[BreakerView], self._http.request("GET", "/v1/breakers")["breakers"])
+        return self._run(_ops.list_breakers())
 
     def stats(
         self,
@@ -292,11 +257,11 @@ class Client:
         ``failure_rate``, ``throughput_per_min``, ``run_time``/``queue_wait`` with ``p50_ms``,
         ``p95_ms``, ``p99_ms``). ``from_``/``to`` default to the last hour; ``step`` is whole
         minutes (``60``, ``"5m"``, ``timedelta(hours=1)``)."""
-        return cast(Dict[str, Any], self._http.request("GET", _wire.stats_path(from_, to, step, queue, kind)))
+        return self._run(_ops.stats(from_, to, step, queue, kind))
 
     def request(self, method: str, path: str, body: Any = None) -> Any:
         """Any other API call: ``client.request("GET", "/v1/queues")``; the answer's JSON."""
-        return self._http.request(method, path, body)
+        return self._run(_ops.request(method, path, body))
 
     def close(self) -> None:
         self._http.close()
@@ -325,6 +290,9 @@ class AsyncClient:
     @property
     def url(self) -> str:
         return self._http.endpoint.url
+
+    async def _run(self, op: _ops.Op[T]) -> T:
+        return await _ops.run_async(self._http, op)
 
     async def enqueue(
         self,
@@ -364,34 +332,21 @@ class AsyncClient:
             traceparent=traceparent,
             tracestate=tracestate,
         )
-        return _wire.enqueued_id(await self._http.request("POST", "/v1/jobs", body))
+        return await self._run(_ops.enqueue(body))
 
     async def enqueue_many(self, jobs: Iterable[Union[Mapping[str, Any], Any]]) -> List[str]:
-        bodies = [_wire.job_spec_body(job, i) for i, job in enumerate(jobs)]
-        if not bodies:
-            return []
-        answer = await self._http.request("POST", "/v1/jobs/batch", {"jobs": bodies})
-        return _wire.batch_ids(answer)
+        return await self._run(_ops.enqueue_many(jobs))
 
     async def get(self, id: str) -> Job:
-        return Job.from_json(await self._http.request("GET", _wire.job_path(id)))
+        return await self._run(_ops.get(id))
 
     async def wait(self, id: str, timeout: Seconds = 30.0) -> Job:
         """The job once it has finished, or as it is when ``timeout`` seconds pass first (see
         :meth:`Client.wait`)."""
-        deadline = time.monotonic() + _wire.wait_deadline_ms(timeout) / 1000
-        while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            wait_ms = min(left_ms, _wire.MAX_WAIT_MS)
-            answer = await self._http.request(
-                "GET", f"{_wire.job_path(id)}?wait_ms={wait_ms}", timeout=wait_ms / 1000 + 30
-            )
-            job = Job.from_json(answer)
-            if job.state in _wire.FINISHED_STATES or time.monotonic() >= deadline:
-                return job
+        return await self._run(_ops.wait(id, timeout))
 
     async def cancel(self, id: str) -> Job:
-        return Job.from_json(await self._http.request("POST", _wire.job_path(id, "cancel")))
+        return await self._run(_ops.cancel(id))
 
     # --- Workflows ------------------------------------------------------------------------
 
@@ -405,25 +360,19 @@ class AsyncClient:
         tags: Optional[Iterable[str]] = None,
     ) -> CreatedFlow:
         """See :meth:`Client.create_flow`."""
-        body = flow_body(steps, name=name, on_failure=on_failure, idempotency_key=idempotency_key, tags=tags)
-        return CreatedFlow.from_json(await self._http.request("POST", "/v1/flows", body))
+        return await self._run(
+            _ops.create_flow(
+                steps, name=name, on_failure=on_failure, idempotency_key=idempotency_key, tags=tags
+            )
+        )
 
     async def get_flow(self, id: str) -> FlowView:
-        return FlowView.from_json(await self._http.request("GET", _wire.flow_path(id)))
+        return await self._run(_ops.get_flow(id))
 
     async def wait_flow(self, id: str, timeout: Seconds = 30.0) -> FlowView:
         """The flow once it has finished, or as it is when ``timeout`` seconds pass first (see
         :meth:`Client.wait_flow`)."""
-        deadline = time.monotonic() + _wire.wait_deadline_ms(timeout) / 1000
-        while True:
-            left_ms = max(0, int((deadline - time.monotonic()) * 1000))
-            wait_ms = min(left_ms, _wire.MAX_WAIT_MS)
-            answer = await self._http.request(
-                "GET", f"{_wire.flow_path(id)}?wait_ms={wait_ms}", timeout=wait_ms / 1000 + 30
-            )
-            flow = FlowView.from_json(answer)
-            if flow.finished or time.monotonic() >= deadline:
-                return flow
+        return await self._run(_ops.wait_flow(id, timeout))
 
     async def list_flows(
         self,
@@ -433,18 +382,14 @@ class AsyncClient:
         limit: Optional[int] = None,
         after: Optional[str] = None,
     ) -> FlowPage:
-        path = "/v1/flows" + _wire.query({"state": state, "name": name, "limit": limit, "after": after})
-        return FlowPage.from_json(await self._http.request("GET", path))
+        return await self._run(_ops.list_flows(state=state, name=name, limit=limit, after=after))
 
     async def cancel_flow(self, id: str) -> FlowView:
-        return FlowView.from_json(await self._http.request("POST", _wire.flow_path(id, "cancel")))
+        return await self._run(_ops.cancel_flow(id))
 
     async def signal(self, flow_id: str, signal: str, payload: Any = None) -> str:
         """See :meth:`Client.signal`."""
-        answer = await self._http.request(
-            "POST", _wire.flow_path(flow_id, "signal"), _wire.signal_body(signal, payload)
-        )
-        return _wire.signal_outcome(answer)
+        return await self._run(_ops.signal(flow_id, signal, payload))
 
     # --- Payload schemas ------------------------------------------------------------------
 
@@ -452,19 +397,16 @@ class AsyncClient:
         self, kind: str, schema: Any, *, version: Optional[int] = None, force: bool = False
     ) -> Dict[str, Any]:
         """See :meth:`Client.set_schema`."""
-        answer = await self._http.request(
-            "PUT", _wire.kind_path(kind), _wire.kind_body(schema, version, force)
-        )
-        return cast(Dict[str, Any], answer)
+        return await self._run(_ops.set_schema(kind, schema, version=version, force=force))
 
     async def get_schema(self, kind: str) -> Dict[str, Any]:
-        return cast(Dict[str, Any], await self._http.request("GET", _wire.kind_path(kind)))
+        return await self._run(_ops.get_schema(kind))
 
     async def list_schemas(self) -> List[Dict[str, Any]]:
-        return cast(List[Dict[str, Any]], (await self._http.request("GET", "/v1/kinds"))["kinds"])
+        return await self._run(_ops.list_schemas())
 
     async def delete_schema(self, kind: str) -> None:
-        await self._http.request("DELETE", _wire.kind_path(kind))
+        await self._run(_ops.delete_schema(kind))
 
     # --- Circuit breakers -----------------------------------------------------------------
 
@@ -476,18 +418,7 @@ class AsyncClient:
         settings: Optional[Union[BreakerSettings, Mapping[str, Any]]],
     ) -> Optional[BreakerSettings]:
         """See :meth:`Client.set_circuit_breaker`."""
-        scope, name = _wire.breaker_scope(queue, kind)
-        body: Dict[str, Any] = {"circuit_breaker": _wire.breaker_settings(settings)}
-        if scope == "kind":
-            try:
-                existing = await self._http.request("GET", _wire.scope_path(scope, name))
-            except NotFound:
-                if settings is None:
-                    return None  # no settings, so no breaker to remove
-                existing = None
-            body.update(_wire.kept_version(existing))
-        answer = await self._http.request("PUT", _wire.scope_path(scope, name), body)
-        return _wire.stored_breaker(answer)
+        return await self._run(_ops.set_circuit_breaker(queue=queue, kind=kind, settings=settings))
 
     async def open_circuit(
         self,
@@ -498,22 +429,16 @@ class AsyncClient:
         reason: Optional[str] = None,
     ) -> BreakerView:
         """See :meth:`Client.open_circuit`."""
-        scope, name = _wire.breaker_scope(queue, kind)
-        body = _wire.circuit_body(open_ms, reason)
-        answer = await self._http.request("POST", _wire.scope_path(scope, name, "open"), body)
-        return cast(BreakerView, answer)
+        return await self._run(_ops.open_circuit(queue=queue, kind=kind, open_ms=open_ms, reason=reason))
 
     async def close_circuit(
         self, *, queue: Optional[str] = None, kind: Optional[str] = None, reason: Optional[str] = None
     ) -> BreakerView:
         """See :meth:`Client.close_circuit`."""
-        scope, name = _wire.breaker_scope(queue, kind)
-        body = _wire.circuit_body(None, reason)
-        answer = await self._http.request("POST", _wire.scope_path(scope, name, "close"), body)
-        return cast(BreakerView, answer)
+        return await self._run(_ops.close_circuit(queue=queue, kind=kind, reason=reason))
 
     async def list_breakers(self) -> List[BreakerView]:
-        return cast(List[BreakerView], (await self._http.request("GET", "/v1/breakers"))["breakers"])
+        return await self._run(_ops.list_breakers())
 
     async def stats(
         self,
@@ -524,11 +449,10 @@ class AsyncClient:
         kind: Optional[str] = None,
     ) -> Dict[str, Any]:
         """See :meth:`Client.stats`."""
-        path = _wire.stats_path(from_, to, step, queue, kind)
-        return cast(Dict[str, Any], await self._http.request("GET", path))
+        return await self._run(_ops.stats(from_, to, step, queue, kind))
 
     async def request(self, method: str, path: str, body: Any = None) -> Any:
-        return await self._http.request(method, path, body)
+        return await self._run(_ops.request(method, path, body))
 
     async def close(self) -> None:
         await self._http.close()

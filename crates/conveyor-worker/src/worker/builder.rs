@@ -124,7 +124,7 @@ impl WorkerBuilder {
     /// during a few fetches (departure rate × fetch latency × 4), so jobs that run longer
     /// than a few milliseconds are hardly ever prefetched; a prefetched job not started
     /// within a second (or a third of the lease) goes back to the queue, and shutdown hands
-    /// every prefetched job back at once. See docs/architecture.md, "Prefetch".
+    /// every prefetched job back at once. See docs/guide/src/rust.md, "Prefetch".
     pub fn prefetch(mut self, max: usize) -> Self {
         self.prefetch = max;
         self

@@ -2,6 +2,7 @@
 
 mod admin;
 mod audit;
+#[cfg(feature = "bench")]
 mod bench;
 pub(crate) mod config;
 mod demo;
@@ -174,7 +175,16 @@ enum Command {
     /// Run a worker that executes a shell command for each job.
     Work(work::WorkArgs),
     /// Measure enqueue, drain and latency against a store.
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
+    /// Measure enqueue, drain and latency against a store (not in this build: it was built
+    /// without the `bench` feature).
+    #[cfg(not(feature = "bench"))]
+    #[command(disable_help_flag = true)]
+    Bench {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, hide = true)]
+        args: Vec<String>,
+    },
     /// Move jobs between stores (e.g. from the embedded SQLite file to PostgreSQL).
     Store {
         #[command(subcommand)]
@@ -280,6 +290,7 @@ fn init_logging(format: LogFormat, default_filter: &str) {
 pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     // A benchmark runs far too many jobs to log each one's start and end (failures still are).
     let default_filter = match cli.command {
+        #[cfg(feature = "bench")]
         Command::Bench(_) => format!("info,{}=warn", conveyor::JOB_LOG_TARGET),
         _ => "info".to_string(),
     };
@@ -300,7 +311,16 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Kind { command } => kind::run(command).await,
         Command::Jobs { command } => jobs::run(command).await,
         Command::Work(args) => work::run(args).await,
+        #[cfg(feature = "bench")]
         Command::Bench(args) => bench::run(args).await,
+        #[cfg(not(feature = "bench"))]
+        Command::Bench { .. } => {
+            eprintln!(
+                "conveyor bench: this build has no benchmarks; build with \
+                 `cargo build --release -p conveyor --features bench`"
+            );
+            Ok(ExitCode::from(2))
+        }
         Command::Store { command } => store::run(command).await,
         Command::Migrate(args) => store::migrate(args).await,
         Command::Token { command } => token::run(command).await,

@@ -187,7 +187,8 @@ pub(crate) fn breaker_summary(view: &Value) -> String {
 pub(crate) struct Rate(Option<(u64, u64)>);
 
 impl Rate {
-    /// The limit given, `None` for `none`.
+    /// The limit given, `None` for `none` (`conveyor bench --rate-limit`).
+    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
     pub(crate) fn limit(self) -> Option<conveyor::RateLimit> {
         self.0
             .map(|(count, period_ms)| conveyor::RateLimit { count, period_ms })
