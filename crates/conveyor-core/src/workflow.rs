@@ -617,6 +617,29 @@ pub struct FlowLink {
     pub parents: BTreeMap<String, Value>,
 }
 
+/// The job that compensates a completed step: the compensation's own spec, given the step's
+/// payload when it has none (`original`, the step's job spec), linked to the flow with the
+/// step's result under the step's name in `parents`. One rule for every store.
+pub fn compensation_job(
+    flow_id: Uuid,
+    step: &str,
+    mut compensate: NewJob,
+    original: Option<NewJob>,
+    result: Value,
+) -> (NewJob, FlowLink) {
+    if compensate.payload.is_null() {
+        if let Some(original) = original {
+            compensate.payload = original.payload;
+        }
+    }
+    let link = FlowLink {
+        flow_id,
+        step: step.to_string(),
+        parents: BTreeMap::from([(step.to_string(), result)]),
+    };
+    (compensate, link)
+}
+
 /// One step as the policy sees it: no payloads or results.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphStep {

@@ -26,8 +26,8 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::workflow::{
-    wait_deadline, CompensationState, CreatedFlow, Effect, FlowEvent, FlowGraph, FlowLink,
-    FlowListParams, FlowState, FlowView, GraphStep, SignalOutcome, StepAction, StepError,
+    compensation_job, wait_deadline, CompensationState, CreatedFlow, Effect, FlowEvent, FlowGraph,
+    FlowLink, FlowListParams, FlowState, FlowView, GraphStep, SignalOutcome, StepAction, StepError,
     StepState, StepView, ValidFlow, WaitSpec,
 };
 use conveyor_core::{Job, JobState, NewJob, StoreError, StoreResult, ValidationError};
@@ -1119,21 +1119,13 @@ async fn compensate(
         .await
         .map_err(db("read a step to compensate"))?
         .ok_or_else(|| unreadable(format!("flow {flow_id} has no step {step:?}")))?;
-    let Some(Json(mut job)) = column::<Option<Json<NewJob>>>(&row, "compensate")? else {
+    let Some(Json(compensate)) = column::<Option<Json<NewJob>>>(&row, "compensate")? else {
         return Ok(());
     };
-    if job.payload.is_null() {
-        if let Some(Json(original)) = column::<Option<Json<NewJob>>>(&row, "job")? {
-            job.payload = original.payload;
-        }
-    }
+    let original = column::<Option<Json<NewJob>>>(&row, "job")?.map(|Json(job)| job);
     let result = column::<Option<Json<Value>>>(&row, "result")?.map_or(Value::Null, |Json(v)| v);
+    let (job, link) = compensation_job(flow_id, step, compensate, original, result);
     let id = Uuid::now_v7();
-    let link = FlowLink {
-        flow_id,
-        step: step.to_string(),
-        parents: BTreeMap::from([(step.to_string(), result)]),
-    };
     ops::import_flow_jobs(&mut *conn, ctx, vec![flow_job(ctx.now, job, id, link)]).await?;
     sqlx::query(sql.compensation_started.clone())
         .bind(id)

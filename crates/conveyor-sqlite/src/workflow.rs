@@ -4,9 +4,9 @@
 
 use conveyor_core::clock::{self, from_millis};
 use conveyor_core::workflow::{
-    CompensationState, CreatedFlow, Effect, FlowEvent, FlowFailurePolicy, FlowGraph, FlowLink,
-    FlowListParams, FlowState, FlowView, GraphStep, ParentFailurePolicy, SignalOutcome, StepAction,
-    StepError, StepState, StepView, ValidFlow,
+    compensation_job, CompensationState, CreatedFlow, Effect, FlowEvent, FlowFailurePolicy,
+    FlowGraph, FlowLink, FlowListParams, FlowState, FlowView, GraphStep, ParentFailurePolicy,
+    SignalOutcome, StepAction, StepError, StepState, StepView, ValidFlow,
 };
 use conveyor_core::{Job, JobState, NewJob, StoreError, StoreResult};
 use rusqlite::types::Value as SqlValue;
@@ -668,30 +668,18 @@ fn compensate(ctx: &mut WriteCtx<'_>, flow_id: Uuid, step: &str) -> StoreResult<
     let Some(spec) = row.compensate else {
         return Ok(None);
     };
-    let mut job: NewJob = from_json(&spec, "compensate")?;
-    // The compensation gets the step's payload unless it has its own.
-    if job.payload.is_null() {
-        if let Some(step_spec) = &row.job {
-            let original: NewJob = from_json(step_spec, "job")?;
-            job.payload = original.payload;
-        }
-    }
+    let compensate: NewJob = from_json(&spec, "compensate")?;
+    let original: Option<NewJob> = match &row.job {
+        Some(step_spec) => Some(from_json(step_spec, "job")?),
+        None => None,
+    };
     let result = match &row.result {
         Some(text) => from_json(text, "result")?,
         None => Value::Null,
     };
+    let (job, link) = compensation_job(flow_id, step, compensate, original, result);
     let id = Uuid::now_v7();
-    let parents = BTreeMap::from([(step.to_string(), result)]);
-    insert_flow_job(
-        ctx,
-        job,
-        id,
-        FlowLink {
-            flow_id,
-            step: step.to_string(),
-            parents,
-        },
-    )?;
+    insert_flow_job(ctx, job, id, link)?;
     ctx.conn
         .prepare_cached(
             "UPDATE flow_steps SET compensation = 'running', compensation_job_id = ?1 \

@@ -9,6 +9,7 @@
 //! [`Maintenance`] returns expired leases (crashed or hung workers) and promotes due jobs, and
 //! while its node leads runs the [`Scheduler`], which fires cron schedules.
 
+mod contained;
 mod handler;
 mod maintenance;
 mod scheduler;

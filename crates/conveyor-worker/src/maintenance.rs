@@ -333,7 +333,7 @@ impl Maintenance {
             }
             // A panicking pass (a store bug) must not end maintenance for good: lease rescue
             // and promotion would silently stop on this, the leading, node.
-            let pass = crate::worker::contained(self.run_once());
+            let pass = crate::contained::contained(self.run_once());
             match tokio::time::timeout_at(lease_ends, pass).await {
                 Ok(Ok(pass)) => {
                     if let Some(observe) = &self.on_pass {

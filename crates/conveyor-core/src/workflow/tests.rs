@@ -308,3 +308,32 @@ fn validation_names_the_field_at_fault() {
     let chain = NewFlow::chain((0..MAX_FLOW_STEPS).map(|i| (format!("s{i}"), job("k"))));
     assert!(validate_flow(&chain).is_ok());
 }
+
+#[test]
+fn a_compensation_gets_the_steps_payload_unless_it_has_its_own_and_the_steps_result() {
+    let flow = Uuid::now_v7();
+    let step_job = NewJob::new("charge", serde_json::json!({"order": 7}));
+    let refund = NewJob::new("refund", Value::Null);
+    let (job, link) = compensation_job(
+        flow,
+        "charge",
+        refund,
+        Some(step_job.clone()),
+        serde_json::json!({"charge_id": "ch_1"}),
+    );
+    assert_eq!(job.kind, "refund");
+    assert_eq!(job.payload, serde_json::json!({"order": 7}));
+    assert_eq!(link.flow_id, flow);
+    assert_eq!(link.step, "charge");
+    assert_eq!(
+        link.parents,
+        BTreeMap::from([(
+            "charge".to_string(),
+            serde_json::json!({"charge_id": "ch_1"})
+        )])
+    );
+
+    let own = NewJob::new("refund", serde_json::json!({"why": "cancelled"}));
+    let (job, _) = compensation_job(flow, "charge", own, Some(step_job), Value::Null);
+    assert_eq!(job.payload, serde_json::json!({"why": "cancelled"}));
+}
