@@ -7,10 +7,10 @@ mod builder;
 mod fetch;
 mod job;
 
+pub(crate) use crate::contained::contained;
 use background::{run_completer, run_heartbeats, run_registry};
 pub use builder::WorkerBuilder;
 use fetch::{run_fetcher, Lane};
-pub(crate) use crate::contained::contained;
 use job::execute;
 
 use chrono::Utc;
