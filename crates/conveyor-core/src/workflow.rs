@@ -6,6 +6,9 @@
 //! cancelled, a dead step was replayed) and returns the [`Effect`]s the store writes, in the
 //! same transaction as the event itself. Stores load the graph (locked), apply, write; they
 //! decide nothing.
+//!
+//! One cohesive thing, kept whole on purpose (~1,200 lines): the graph, its validation and the
+//! one `apply` that every event goes through read best side by side.
 
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};

@@ -2,6 +2,9 @@
 //! stored, and rows inserted exactly as given (`INSERT OR IGNORE`: a key already held is left
 //! alone). Flow steps are exported with the state their reads give them (see
 //! `STEP_COMPLETED_BY_JOB` in `workflow`), so another store reads them alike.
+//!
+//! One cohesive thing (~800 lines): every table's export and import, kept together so a
+//! column added to one side is seen missing from the other.
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};

@@ -1,6 +1,9 @@
 //! Workflows on SQLite: loading a flow's graph, writing the effects `conveyor_core::workflow`
 //! decides, and the flow views. Every change runs on the writer thread in the transaction of
 //! the event that caused it (a job's completion, failure, cancellation or replay).
+//!
+//! One cohesive thing, kept whole on purpose (~1,000 lines): the flow tables' statements and
+//! the one `write_effects` that applies the policy's effects with them.
 
 use conveyor_core::clock::{self, from_millis};
 use conveyor_core::workflow::{

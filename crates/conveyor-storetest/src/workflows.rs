@@ -1,5 +1,7 @@
 //! Workflows: steps start when their parents finish (in the parent's transaction), results are
 //! handed on, failure policies, compensation, durable waits, cancellation, progress.
+//!
+//! One cohesive thing (~850 lines): the workflow behaviours every store must show.
 
 use crate::*;
 use conveyor_core::workflow::{

@@ -13,16 +13,12 @@ use tokio::sync::{mpsc, Notify};
 use super::DurabilityArg;
 
 // So are the workflow workloads.
-#[path = "bench_flows.rs"]
-mod bench_flows;
-// The soak is part of `conveyor bench`; declared here so cli/mod.rs need not change.
-#[path = "soak.rs"]
+mod flows;
+// The soak is part of `conveyor bench`.
 mod soak;
 // So is the HTTP bench (`--http URL`).
-#[path = "bench_http.rs"]
-mod bench_http;
-#[path = "bench_nodes.rs"]
-mod bench_nodes;
+mod http;
+mod nodes;
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
@@ -141,7 +137,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         if args.fetchers == 0 {
             anyhow::bail!("--fetchers must be at least 1");
         }
-        let options = bench_http::Options {
+        let options = http::Options {
             url: url.clone(),
             token: args.token.clone(),
             jobs: args.jobs,
@@ -151,7 +147,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             batch: args.batch,
         };
         let json_lines = args.json;
-        bench_http::run(&options, &args.workload, |line| {
+        http::run(&options, &args.workload, |line| {
             if json_lines {
                 println!("{line}");
             } else {
@@ -197,7 +193,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         "sqlite://(temp file)".to_string()
     };
     if args.stored_flows > 0 {
-        let seconds = bench_flows::store_idle(&store, args.stored_flows).await?;
+        let seconds = flows::store_idle(&store, args.stored_flows).await?;
         let line = json!({"workload": "stored-flows", "store": shown_url, "flows": args.stored_flows,
             "steps": args.stored_flows * 10, "seconds": seconds});
         if args.json {
@@ -246,7 +242,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             Workload::Drain if args.nodes.is_some() => {
                 let nodes = args.nodes.unwrap_or(1);
                 enqueue(&store, &shape, args.jobs, args.batch).await?;
-                let measured = bench_nodes::drain(
+                let measured = nodes::drain(
                     &url,
                     args.durability.open_options(),
                     &queue,
@@ -271,15 +267,15 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
             }
             Workload::Flow => {
-                for shape in [bench_flows::Shape::Chain, bench_flows::Shape::Fan] {
+                for shape in [flows::Shape::Chain, flows::Shape::Fan] {
                     let per = match shape {
-                        bench_flows::Shape::Chain => 10,
-                        bench_flows::Shape::Fan => 100,
+                        flows::Shape::Chain => 10,
+                        flows::Shape::Fan => 100,
                     };
                     let flows = (args.jobs / per).max(1);
                     let steps = flows * shape.steps();
                     let queue = format!("bench-{}-{}", shape.name(), uuid::Uuid::new_v4().simple());
-                    let created = bench_flows::create(&store, shape, &queue, flows).await?;
+                    let created = flows::create(&store, shape, &queue, flows).await?;
                     let seconds =
                         drain(&store, &queue, steps, args.concurrency, args.prefetch).await?;
                     let mut line = line.clone();
