@@ -9,11 +9,14 @@
 //! - [`Client`]: the typed producer.
 //! - [`fetch_waiting`]: the long-poll behind `POST /v1/fetch` and the worker's fetch loop.
 //! - [`WorkerCommands`]: operators' commands to workers, as last read.
+//! - [`report::attempt_finished`]: the one place a finished attempt is told to the metrics,
+//!   the history and the breakers.
 
 pub mod breakers;
 pub mod client;
 pub mod kinds;
 mod refreshed;
+pub mod report;
 pub mod stats;
 pub mod waiting;
 pub mod workers;

@@ -250,9 +250,8 @@ fn ran_for(job: &Job, ended: DateTime<Utc>) -> std::time::Duration {
         .unwrap_or_default()
 }
 
-/// The one place a finished attempt is told: to the metrics (and the history behind them)
-/// and, completed or failed, to its queue's and kind's circuit breakers (nothing when neither
-/// has one; see `conveyor_core::breaker`). A snooze is no outcome for a breaker.
+/// A finished attempt, told once (`conveyor_engine::report::attempt_finished`) to the metrics
+/// (and the history behind them) and to its queue's and kind's circuit breakers.
 fn attempt_finished(
     state: &AppState,
     queue: &str,
@@ -261,25 +260,17 @@ fn attempt_finished(
     duration: std::time::Duration,
     retry_at: Option<DateTime<Utc>>,
 ) {
-    if let Some(metrics) = &state.metrics {
-        metrics.record(&AttemptEvent {
-            queue,
-            kind,
-            status,
-            duration,
-        });
-    }
-    let succeeded = match status {
-        AttemptStatus::Completed => true,
-        AttemptStatus::Failed | AttemptStatus::Dead => false,
-        AttemptStatus::Snoozed => return,
-    };
-    state.breakers.record(conveyor_engine::breakers::Outcome {
+    let observer = state
+        .metrics
+        .as_deref()
+        .map(|metrics| metrics as &dyn conveyor_core::JobObserver);
+    let event = AttemptEvent {
         queue,
         kind,
-        succeeded,
-        retry_at,
-    });
+        status,
+        duration,
+    };
+    conveyor_engine::report::attempt_finished(observer, &state.breakers, &event, retry_at);
 }
 
 /// When a failure asked to be retried at a given time (a dependency's retry-after).

@@ -56,13 +56,7 @@ async fn write_completions(shared: Arc<Shared>, batch: Vec<Completion>) {
                             queue = %job.queue, kind = %job.kind, attempt = job.attempt,
                             duration_ms = job.duration.as_millis() as u64,
                             outcome = "completed", "job completed");
-                        shared.observe(job, AttemptStatus::Completed);
-                        shared.breakers.record(conveyor_engine::breakers::Outcome {
-                            queue: &job.queue,
-                            kind: &job.kind,
-                            succeeded: true,
-                            retry_at: None,
-                        });
+                        shared.observe(job, AttemptStatus::Completed, None);
                     }
                     break;
                 }

@@ -138,7 +138,7 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
                     tracing::info!(target: JOB_LOG_TARGET, job_id = %meta.id, trace_id = %meta.trace_id,
                         queue = %meta.queue, kind = %meta.kind, attempt = meta.attempt,
                         duration_ms, outcome = "snoozed", "job snoozed");
-                    shared.observe(&meta, AttemptStatus::Snoozed);
+                    shared.observe(&meta, AttemptStatus::Snoozed, None);
                 }
                 Err(error) => {
                     tracing::warn!(job_id = %meta.id, trace_id = %meta.trace_id, %error, "snooze not recorded")
@@ -186,13 +186,7 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
                 kind = %meta.kind, attempt = meta.attempt, duration_ms,
                 outcome = status.as_str(), state = %after.state, error_class = class,
                 error = %message, "job failed");
-            shared.observe(&meta, status);
-            shared.breakers.record(conveyor_engine::breakers::Outcome {
-                queue: &meta.queue,
-                kind: &meta.kind,
-                succeeded: false,
-                retry_at,
-            });
+            shared.observe(&meta, status, retry_at);
         }
         Err(error) => {
             tracing::warn!(job_id = %meta.id, trace_id = %meta.trace_id, %error, "failure not recorded")

@@ -111,15 +111,26 @@ impl Shared {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn observe(&self, job: &JobMeta, status: AttemptStatus) {
-        if let Some(observer) = &self.observer {
-            observer.attempt_finished(&AttemptEvent {
-                queue: &job.queue,
-                kind: &job.kind,
-                status,
-                duration: job.duration,
-            });
-        }
+    /// Tells the observer and the breakers that `job`'s attempt ended (see
+    /// `conveyor_engine::report`).
+    fn observe(
+        &self,
+        job: &JobMeta,
+        status: AttemptStatus,
+        retry_at: Option<chrono::DateTime<Utc>>,
+    ) {
+        let event = AttemptEvent {
+            queue: &job.queue,
+            kind: &job.kind,
+            status,
+            duration: job.duration,
+        };
+        conveyor_engine::report::attempt_finished(
+            self.observer.as_deref(),
+            &self.breakers,
+            &event,
+            retry_at,
+        );
     }
 }
 
