@@ -14,43 +14,20 @@ async fn start() -> Api {
 }
 
 impl Api {
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        let status = response.status();
-        (status, response.json().await.expect("JSON answer"))
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        self.http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .expect("send")
-            .json()
-            .await
-            .expect("JSON answer")
-    }
-
     async fn enqueue(&self, kind: &str) -> String {
-        let (status, job) = self.post("/v1/jobs", json!({"kind": kind})).await;
+        let (status, job) = self.post_json("/v1/jobs", json!({"kind": kind})).await;
         assert_eq!(status, StatusCode::CREATED, "{job}");
         job["id"].as_str().expect("id").to_string()
     }
 
     async fn fetch(&self, body: Value) -> Value {
-        let (status, answer) = self.post("/v1/fetch", body).await;
+        let (status, answer) = self.post_json("/v1/fetch", body).await;
         assert_eq!(status, StatusCode::OK, "{answer}");
         answer
     }
 
     async fn state_of(&self, id: &str) -> String {
-        self.get(&format!("/v1/jobs/{id}")).await["state"]
+        self.get_json(&format!("/v1/jobs/{id}")).await.1["state"]
             .as_str()
             .expect("state")
             .to_string()
@@ -76,7 +53,7 @@ async fn ack_answers_each_item_and_one_lost_lease_fails_none_of_the_others() {
     assert_eq!(fetched["acks"], json!([]));
     let unknown = "01a22c7f-266e-7712-9f18-cae1a4103178";
     let (status, answer) = api
-        .post(
+        .post_json(
             "/v1/ack",
             json!({
                 "complete": [
@@ -115,7 +92,7 @@ async fn ack_answers_each_item_and_one_lost_lease_fails_none_of_the_others() {
     );
     assert_eq!(api.state_of(id(0)).await, "completed");
     assert_eq!(api.state_of(id(1)).await, "running");
-    let dead = api.get(&format!("/v1/jobs/{}", id(2))).await;
+    let dead = api.get_json(&format!("/v1/jobs/{}", id(2))).await.1;
     assert_eq!(dead["state"], "dead");
     assert_eq!(dead["errors"][0]["class"], "ValueError");
 }
@@ -146,7 +123,7 @@ async fn a_malformed_item_is_a_400_naming_it_and_nothing_is_applied() {
             "complete[0].result/s",
         ),
     ] {
-        let (status, answer) = api.post("/v1/ack", body).await;
+        let (status, answer) = api.post_json("/v1/ack", body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
         assert_eq!(answer["error"]["field"], field, "{answer}");
         assert_eq!(
@@ -172,7 +149,10 @@ async fn fetch_applies_the_acknowledgements_it_carries_before_claiming() {
         .await;
     assert_eq!(answer["acks"], json!([{"id": first, "status": "ok"}]));
     assert_eq!(answer["jobs"][0]["id"], json!(second));
-    assert_eq!(api.get(&format!("/v1/jobs/{first}")).await["result"], 7);
+    assert_eq!(
+        api.get_json(&format!("/v1/jobs/{first}")).await.1["result"],
+        7
+    );
 }
 
 /// Many leases renewed at once, each answered; a lost one says so.
@@ -189,11 +169,11 @@ async fn heartbeat_renews_many_leases_and_names_the_lost_ones() {
         .clone();
     let cancelled = jobs[1]["id"].as_str().expect("id");
     let (status, _) = api
-        .post(&format!("/v1/jobs/{cancelled}/cancel"), json!({}))
+        .post_json(&format!("/v1/jobs/{cancelled}/cancel"), json!({}))
         .await;
     assert_eq!(status, StatusCode::OK);
     let (status, answer) = api
-        .post(
+        .post_json(
             "/v1/heartbeat",
             json!({"leases": [lease(&jobs[0]), lease(&jobs[1])], "lease_ms": 60000, "worker_id": "w1"}),
         )
@@ -230,7 +210,7 @@ async fn fetch_by_kinds_and_registers_the_worker() {
         .collect();
     assert_eq!(ids, vec![known.as_str()]);
     assert_eq!(api.state_of(&unknown).await, "available");
-    let workers = api.get("/v1/workers").await;
+    let workers = api.get_json("/v1/workers").await.1;
     let worker = workers["workers"]
         .as_array()
         .expect("workers")
@@ -265,7 +245,7 @@ async fn jobs_claimed_for_a_client_that_left_are_released() {
     let job = eventually(
         "the job claimed for a client that left to be released",
         || async {
-            let job = api.get(&format!("/v1/jobs/{id}")).await;
+            let job = api.get_json(&format!("/v1/jobs/{id}")).await.1;
             if job["state"] == "available" {
                 Ok(job)
             } else {

@@ -9,18 +9,6 @@ use serde_json::{json, Value};
 
 const PARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
 
-async fn post(server: &TestServer, path: &str, body: Value) -> (StatusCode, Value) {
-    let response = server
-        .http
-        .post(server.url(path))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_takes_its_expiry_and_trace_context_and_the_worker_gets_them() {
     let server = TestServer::start().await;
@@ -49,12 +37,12 @@ async fn a_job_takes_its_expiry_and_trace_context_and_the_worker_gets_them() {
     assert!(job["expires_at"].is_string(), "{job}");
     assert_eq!(job["trace"]["traceparent"], PARENT);
     assert_eq!(job["trace"]["tracestate"], "vendor=abc");
-    let (status, fetched) = post(
-        &server,
-        "/v1/fetch",
-        json!({"worker_id": "w", "queues": ["default"], "max": 1}),
-    )
-    .await;
+    let (status, fetched) = server
+        .post(
+            "/v1/fetch",
+            json!({"worker_id": "w", "queues": ["default"], "max": 1}),
+        )
+        .await;
     assert_eq!(status, StatusCode::OK, "{fetched}");
     let handed = &fetched["jobs"][0];
     assert_eq!(handed["traceparent"], PARENT);
@@ -111,16 +99,16 @@ async fn bad_expiry_and_trace_input_is_refused_naming_the_field() {
         (json!({"kind": "k", "tracestate": "a=\u{84}"}), "tracestate"),
     ];
     for (body, field) in cases {
-        let (status, error) = post(&server, "/v1/jobs", body.clone()).await;
+        let (status, error) = server.post("/v1/jobs", body.clone()).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body} -> {error}");
         assert_eq!(error["error"]["field"], field, "{body} -> {error}");
     }
-    let (status, error) = post(
-        &server,
-        "/v1/jobs/batch",
-        json!({"jobs": [{"kind": "k"}, {"kind": "k", "traceparent": "nope"}]}),
-    )
-    .await;
+    let (status, error) = server
+        .post(
+            "/v1/jobs/batch",
+            json!({"jobs": [{"kind": "k"}, {"kind": "k", "traceparent": "nope"}]}),
+        )
+        .await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{error}");
     assert_eq!(error["error"]["field"], "jobs[1].traceparent", "{error}");
     // Nothing of the refused requests was stored.
@@ -162,7 +150,9 @@ async fn a_queue_default_ttl_is_set_over_http_and_applies_to_enqueues() {
     let (status, settings) = put(json!({"default_ttl_ms": 60000})).await;
     assert_eq!(status, StatusCode::OK, "{settings}");
     assert_eq!(settings["default_ttl_ms"], 60000);
-    let (status, created) = post(&server, "/v1/jobs", json!({"kind": "k", "queue": "mail"})).await;
+    let (status, created) = server
+        .post("/v1/jobs", json!({"kind": "k", "queue": "mail"}))
+        .await;
     assert_eq!(status, StatusCode::CREATED, "{created}");
     let job = server
         .store

@@ -30,15 +30,13 @@ impl Api {
         }
     }
 
+    /// Sends `request` with this caller's token, if any.
     async fn send(&self, request: reqwest::RequestBuilder) -> (StatusCode, Value) {
         let request = match &self.token {
             Some(token) => request.bearer_auth(token),
             None => request,
         };
-        let response = request.send().await.expect("send");
-        let status = response.status();
-        let body = response.json::<Value>().await.unwrap_or(Value::Null);
-        (status, body)
+        self.server.call(request).await
     }
 
     async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {

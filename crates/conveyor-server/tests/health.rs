@@ -37,19 +37,11 @@ async fn start() -> Api {
     Api { server, shutdown }
 }
 
-async fn get(api: &Api, path: &str) -> (StatusCode, Value) {
-    let response = reqwest::get(format!("{}{path}", api.base))
-        .await
-        .expect("GET");
-    let status = response.status();
-    (status, response.json().await.expect("JSON"))
-}
-
 /// Before the fix `/healthz` only read, so it said ok while every write failed.
 #[tokio::test]
 async fn a_dead_writer_fails_liveness_and_readiness() {
     let api = start().await;
-    assert_eq!(get(&api, "/livez").await.0, StatusCode::OK);
+    assert_eq!(api.get_json("/livez").await.0, StatusCode::OK);
     fail::cfg("sqlite_commit", "1*panic(writer killed by the test)").expect("failpoint");
     let killed = api
         .store
@@ -58,7 +50,7 @@ async fn a_dead_writer_fails_liveness_and_readiness() {
     fail::remove("sqlite_commit");
     assert!(killed.is_err());
     for path in ["/livez", "/readyz", "/healthz"] {
-        let (status, health) = get(&api, path).await;
+        let (status, health) = api.get_json(path).await;
         assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{path}: {health}");
         assert_eq!(health["status"], "failing");
         assert_eq!(
@@ -79,13 +71,13 @@ async fn a_dead_writer_fails_liveness_and_readiness() {
 #[tokio::test]
 async fn a_server_shutting_down_is_live_but_not_ready() {
     let api = start().await;
-    assert_eq!(get(&api, "/readyz").await.0, StatusCode::OK);
+    assert_eq!(api.get_json("/readyz").await.0, StatusCode::OK);
     api.shutdown.cancel();
-    let (status, health) = get(&api, "/readyz").await;
+    let (status, health) = api.get_json("/readyz").await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{health}");
     assert_eq!(health["status"], "unavailable");
     assert_eq!(health["problem"], "shutting down");
-    assert_eq!(get(&api, "/livez").await.0, StatusCode::OK);
+    assert_eq!(api.get_json("/livez").await.0, StatusCode::OK);
 }
 
 /// `/version`, `/openapi.json` and `/docs` answer anyone, even with access control on: the

@@ -19,32 +19,17 @@ fn at(text: &str) -> DateTime<Utc> {
         .with_timezone(&Utc)
 }
 
-async fn post(server: &TestServer, path: &str, body: Value) -> Value {
-    let response = server
-        .http
-        .post(server.url(path))
-        .json(&body)
-        .send()
-        .await
-        .expect("send");
-    assert!(
-        response.status().is_success(),
-        "{path}: {}",
-        response.status()
-    );
-    response.json().await.unwrap_or(Value::Null)
-}
-
-async fn get(server: &TestServer, path: &str) -> (StatusCode, Value) {
-    let response = server.http.get(server.url(path)).send().await.expect("get");
-    let status = response.status();
-    (status, response.json().await.expect("json"))
+/// `POST path`, which must succeed: its body (`Value::Null` if not JSON).
+async fn post_ok(server: &TestServer, path: &str, body: Value) -> Value {
+    let (status, answer) = server.post(path, body).await;
+    assert!(status.is_success(), "{path}: {status}");
+    answer
 }
 
 /// Takes one job of `queue` and reports `outcome` for it: "complete", "fail" (will retry) or
 /// "permanent" (dead).
 async fn work_one(server: &TestServer, queue: &str, outcome: &str) {
-    let fetched = post(
+    let fetched = post_ok(
         server,
         "/v1/fetch",
         json!({"worker_id": "w", "queues": [queue], "max": 1}),
@@ -55,7 +40,7 @@ async fn work_one(server: &TestServer, queue: &str, outcome: &str) {
     let token = job["lease_token"].clone();
     match outcome {
         "complete" => {
-            post(
+            post_ok(
                 server,
                 &format!("/v1/jobs/{id}/complete"),
                 json!({"lease_token": token}),
@@ -63,7 +48,7 @@ async fn work_one(server: &TestServer, queue: &str, outcome: &str) {
             .await
         }
         "fail" => {
-            post(
+            post_ok(
                 server,
                 &format!("/v1/jobs/{id}/fail"),
                 json!({"lease_token": token, "error": {"message": "flaky"}}),
@@ -71,7 +56,7 @@ async fn work_one(server: &TestServer, queue: &str, outcome: &str) {
             .await
         }
         _ => {
-            post(
+            post_ok(
                 server,
                 &format!("/v1/jobs/{id}/fail"),
                 json!({"lease_token": token, "error": {"message": "bad"}, "retry": "never"}),
@@ -92,7 +77,7 @@ async fn history_counts_each_minute_by_queue_and_kind_on_the_servers_clock() {
         },
     )
     .await;
-    post(
+    post_ok(
         &server,
         "/v1/jobs/batch",
         json!({"jobs": [{"kind": "mail"}, {"kind": "mail"}, {"kind": "mail"},
@@ -105,11 +90,9 @@ async fn history_counts_each_minute_by_queue_and_kind_on_the_servers_clock() {
     clock.advance(Duration::from_secs(120));
     work_one(&server, "img", "permanent").await;
 
-    let (status, report) = get(
-        &server,
-        "/v1/stats?from=2026-12-01T09:55:00Z&to=2026-12-01T10:05:00Z&step=1m",
-    )
-    .await;
+    let (status, report) = server
+        .get_json("/v1/stats?from=2026-12-01T09:55:00Z&to=2026-12-01T10:05:00Z&step=1m")
+        .await;
     assert_eq!(status, StatusCode::OK, "{report}");
     assert_eq!(report["step_s"], 60);
     let totals = &report["totals"];
@@ -155,15 +138,15 @@ async fn history_counts_each_minute_by_queue_and_kind_on_the_servers_clock() {
     assert_eq!(mail["throughput_per_min"], 0.2);
 
     // Filters, and a step of five minutes.
-    let (_, only_mail) = get(
-        &server,
-        "/v1/stats?from=2026-12-01T09:55:00Z&to=2026-12-01T10:05:00Z&kind=mail&step=300",
-    )
-    .await;
+    let (_, only_mail) = server
+        .get_json("/v1/stats?from=2026-12-01T09:55:00Z&to=2026-12-01T10:05:00Z&kind=mail&step=300")
+        .await;
     assert_eq!(only_mail["totals"]["completed"], 2);
     assert_eq!(only_mail["totals"]["dead"], 0);
     assert_eq!(only_mail["series"].as_array().map(Vec::len), Some(2));
-    let (_, img) = get(&server, "/v1/stats?queue=img&from=2026-12-01T09:00:00Z").await;
+    let (_, img) = server
+        .get_json("/v1/stats?queue=img&from=2026-12-01T09:00:00Z")
+        .await;
     assert_eq!(
         img["totals"]["dead"], 1,
         "default `to` is the server's now: {img}"
@@ -199,7 +182,7 @@ async fn bad_history_requests_are_400_naming_the_field() {
         ("kind=", "kind"),
         ("range=1h", "range"),
     ] {
-        let (status, body) = get(&server, &format!("/v1/stats?{query}")).await;
+        let (status, body) = server.get_json(&format!("/v1/stats?{query}")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
         assert_eq!(body["error"]["field"], field, "{query}: {body}");
     }

@@ -19,66 +19,25 @@ async fn start_with(config: ServerConfig) -> Api {
 }
 
 impl Api {
-    async fn read(response: reqwest::Response) -> (StatusCode, Value) {
-        let status = response.status();
-        let content_type = response
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
-        let text = response.text().await.expect("body");
-        let value = serde_json::from_str(&text)
-            .unwrap_or_else(|e| panic!("non-JSON answer ({status}, {content_type}): {e}: {text}"));
-        assert!(
-            content_type.starts_with("application/json"),
-            "content type {content_type:?} for {text}"
-        );
-        (status, value)
-    }
-
-    async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
-        let response = self
-            .http
-            .post(self.url(path))
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        Self::read(response).await
-    }
-
     async fn post_raw(&self, path: &str, body: impl Into<reqwest::Body>) -> (StatusCode, Value) {
-        let response = self
-            .http
-            .post(self.url(path))
-            .header("content-type", "application/json")
-            .body(body)
-            .send()
-            .await
-            .expect("send");
-        Self::read(response).await
-    }
-
-    async fn get(&self, path: &str) -> (StatusCode, Value) {
-        let response = self.http.get(self.url(path)).send().await.expect("send");
-        Self::read(response).await
-    }
-
-    async fn delete(&self, path: &str) -> (StatusCode, Value) {
-        let response = self.http.delete(self.url(path)).send().await.expect("send");
-        Self::read(response).await
+        self.call_json(
+            self.http
+                .post(self.url(path))
+                .header("content-type", "application/json")
+                .body(body),
+        )
+        .await
     }
 
     /// Enqueues and returns the new job's id.
     async fn enqueue(&self, body: Value) -> String {
-        let (status, job) = self.post("/v1/jobs", body).await;
+        let (status, job) = self.post_json("/v1/jobs", body).await;
         assert_eq!(status, StatusCode::CREATED, "{job}");
         id_of(&job)
     }
 
     async fn job(&self, id: &str) -> Value {
-        let (status, job) = self.get(&format!("/v1/jobs/{id}")).await;
+        let (status, job) = self.get_json(&format!("/v1/jobs/{id}")).await;
         assert_eq!(status, StatusCode::OK, "{job}");
         job
     }
@@ -86,7 +45,7 @@ impl Api {
     /// Fetches exactly one job from `queue` and returns (id, lease_token).
     async fn fetch_one(&self, queue: &str) -> (String, String) {
         let (status, body) = self
-            .post(
+            .post_json(
                 "/v1/fetch",
                 json!({"worker_id": "w1", "queues": [queue], "max": 1}),
             )
@@ -106,7 +65,7 @@ impl Api {
         let (fetched, token) = self.fetch_one(queue).await;
         assert_eq!(fetched, id);
         let (status, job) = self
-            .post(
+            .post_json(
                 &format!("/v1/jobs/{id}/fail"),
                 json!({"lease_token": token, "error": {"message": "boom"}, "retry": "never"}),
             )
@@ -117,7 +76,7 @@ impl Api {
     }
 
     async fn all_jobs(&self) -> Vec<Value> {
-        let (status, page) = self.get("/v1/jobs?limit=500").await;
+        let (status, page) = self.get_json("/v1/jobs?limit=500").await;
         assert_eq!(status, StatusCode::OK, "{page}");
         page["jobs"].as_array().expect("jobs").clone()
     }
@@ -148,7 +107,7 @@ fn assert_error(answer: &(StatusCode, Value), status: StatusCode, code: &str, fi
 async fn enqueue_then_get() {
     let api = start().await;
     let (status, created) = api
-        .post(
+        .post_json(
             "/v1/jobs",
             json!({
                 "kind": "send_email",
@@ -182,16 +141,16 @@ async fn enqueue_then_get() {
     assert!(job.get("duplicate").is_none(), "{job}");
 
     // Defaults, and the two ways of scheduling.
-    let (_, minimal) = api.post("/v1/jobs", json!({"kind": "k"})).await;
+    let (_, minimal) = api.post_json("/v1/jobs", json!({"kind": "k"})).await;
     assert_eq!(minimal["queue"], "default");
     assert_eq!(minimal["payload"], Value::Null);
     assert_eq!(minimal["max_attempts"], 25);
     let (_, delayed) = api
-        .post("/v1/jobs", json!({"kind": "k", "delay_ms": 3_600_000}))
+        .post_json("/v1/jobs", json!({"kind": "k", "delay_ms": 3_600_000}))
         .await;
     assert_eq!(delayed["state"], "scheduled", "{delayed}");
     let (_, at) = api
-        .post(
+        .post_json(
             "/v1/jobs",
             json!({"kind": "k", "run_at": "2999-01-01T00:00:00+02:00"}),
         )
@@ -200,10 +159,10 @@ async fn enqueue_then_get() {
     assert_eq!(at["run_at"], "2998-12-31T22:00:00Z");
 
     let missing = api
-        .get("/v1/jobs/00000000-0000-0000-0000-000000000001")
+        .get_json("/v1/jobs/00000000-0000-0000-0000-000000000001")
         .await;
     assert_error(&missing, StatusCode::NOT_FOUND, "not_found", None);
-    let bad_id = api.get("/v1/jobs/not-a-uuid").await;
+    let bad_id = api.get_json("/v1/jobs/not-a-uuid").await;
     assert_error(
         &bad_id,
         StatusCode::BAD_REQUEST,
@@ -216,11 +175,11 @@ async fn enqueue_then_get() {
 async fn duplicate_idempotency_key_returns_the_existing_job() {
     let api = start().await;
     let body = json!({"kind": "charge", "payload": {"n": 1}, "idempotency_key": "order-42"});
-    let (status, first) = api.post("/v1/jobs", body.clone()).await;
+    let (status, first) = api.post_json("/v1/jobs", body.clone()).await;
     assert_eq!(status, StatusCode::CREATED, "{first}");
     assert_eq!(first["duplicate"], false);
 
-    let (status, second) = api.post("/v1/jobs", body).await;
+    let (status, second) = api.post_json("/v1/jobs", body).await;
     assert_eq!(status, StatusCode::OK, "{second}");
     assert_eq!(second["duplicate"], true);
     assert_eq!(second["id"], first["id"]);
@@ -228,7 +187,7 @@ async fn duplicate_idempotency_key_returns_the_existing_job() {
 
     // In a batch too.
     let (status, batch) = api
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "charge", "idempotency_key": "order-42"}, {"kind": "other"}]}),
         )
@@ -243,7 +202,7 @@ async fn duplicate_idempotency_key_returns_the_existing_job() {
 async fn batch_is_all_or_nothing() {
     let api = start().await;
     let bad_kind = api
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "ok"}, {"kind": "not ok!"}, {"kind": "ok"}]}),
         )
@@ -255,7 +214,7 @@ async fn batch_is_all_or_nothing() {
         Some("jobs[1].kind"),
     );
     let missing_kind = api
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "ok"}, {"payload": 1}]}),
         )
@@ -267,7 +226,7 @@ async fn batch_is_all_or_nothing() {
         Some("jobs[1].kind"),
     );
     let wrong_type = api
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "ok"}, {"kind": "ok"}, {"kind": "ok", "priority": "high"}]}),
         )
@@ -279,7 +238,7 @@ async fn batch_is_all_or_nothing() {
         Some("jobs[2].priority"),
     );
     let bad_delay = api
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "ok", "delay_ms": -5}]}),
         )
@@ -290,14 +249,14 @@ async fn batch_is_all_or_nothing() {
         "invalid_request",
         Some("jobs[0].delay_ms"),
     );
-    let empty = api.post("/v1/jobs/batch", json!({"jobs": []})).await;
+    let empty = api.post_json("/v1/jobs/batch", json!({"jobs": []})).await;
     assert_error(
         &empty,
         StatusCode::BAD_REQUEST,
         "invalid_request",
         Some("jobs"),
     );
-    let no_jobs = api.post("/v1/jobs/batch", json!({})).await;
+    let no_jobs = api.post_json("/v1/jobs/batch", json!({})).await;
     assert_error(
         &no_jobs,
         StatusCode::BAD_REQUEST,
@@ -310,7 +269,7 @@ async fn batch_is_all_or_nothing() {
     );
 
     let (status, ok) = api
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "a"}, {"kind": "b", "queue": "q2"}, {"kind": "c"}]}),
         )
@@ -331,7 +290,7 @@ async fn batch_size_is_limited() {
     })
     .await;
     let too_many = api
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "a"}, {"kind": "a"}, {"kind": "a"}]}),
         )
@@ -398,7 +357,7 @@ async fn bad_enqueue_input_names_the_field_and_stores_nothing() {
         assert_eq!(answer.1["error"]["code"], "invalid_request");
     }
     assert!(api.all_jobs().await.is_empty(), "a rejected job was stored");
-    let (_, queues) = api.get("/v1/queues").await;
+    let (_, queues) = api.get_json("/v1/queues").await;
     assert_eq!(queues["queues"], json!([]));
 }
 
@@ -419,7 +378,7 @@ async fn bad_query_and_path_input() {
         ("/v1/jobs/123", "id"),
     ];
     for (path, field) in cases {
-        let answer = api.get(path).await;
+        let answer = api.get_json(path).await;
         assert_error(
             &answer,
             StatusCode::BAD_REQUEST,
@@ -427,14 +386,14 @@ async fn bad_query_and_path_input() {
             Some(field),
         );
     }
-    let cancel = api.post("/v1/jobs/xyz/cancel", json!({})).await;
+    let cancel = api.post_json("/v1/jobs/xyz/cancel", json!({})).await;
     assert_error(
         &cancel,
         StatusCode::BAD_REQUEST,
         "invalid_request",
         Some("id"),
     );
-    let discard = api.delete("/v1/dead/xyz").await;
+    let discard = api.delete_json("/v1/dead/xyz").await;
     assert_error(
         &discard,
         StatusCode::BAD_REQUEST,
@@ -453,7 +412,7 @@ async fn payload_over_the_limit_is_413() {
     .await;
     let big = "x".repeat(2000);
     let single = api
-        .post("/v1/jobs", json!({"kind": "a", "payload": {"blob": big}}))
+        .post_json("/v1/jobs", json!({"kind": "a", "payload": {"blob": big}}))
         .await;
     assert_error(
         &single,
@@ -462,7 +421,7 @@ async fn payload_over_the_limit_is_413() {
         Some("payload"),
     );
     let batch = api
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "a"}, {"kind": "a", "payload": big}]}),
         )
@@ -505,7 +464,7 @@ async fn fetch_then_complete() {
         .enqueue(json!({"kind": "resize", "payload": {"w": 10}, "tags": ["t"], "tenant": "acme", "timeout_ms": 9000}))
         .await;
     let (status, fetched) = api
-        .post(
+        .post_json(
             "/v1/fetch",
             json!({"worker_id": "w1", "queues": ["default"], "max": 10, "lease_ms": 60000}),
         )
@@ -529,7 +488,7 @@ async fn fetch_then_complete() {
 
     // Nothing else to fetch.
     let (_, empty) = api
-        .post(
+        .post_json(
             "/v1/fetch",
             json!({"worker_id": "w1", "queues": ["default"]}),
         )
@@ -537,7 +496,7 @@ async fn fetch_then_complete() {
     assert_eq!(empty["jobs"], json!([]));
 
     let (status, done) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/complete"),
             json!({"lease_token": token, "result": {"ok": true}}),
         )
@@ -550,7 +509,7 @@ async fn fetch_then_complete() {
 
     // A second completion finds the lease gone.
     let again = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/complete"),
             json!({"lease_token": token}),
         )
@@ -565,35 +524,35 @@ async fn complete_with_the_wrong_token_is_409_and_changes_nothing() {
     let (_, token) = api.fetch_one("default").await;
     let wrong = "00000000-0000-0000-0000-000000000000";
     let answer = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/complete"),
             json!({"lease_token": wrong}),
         )
         .await;
     assert_error(&answer, StatusCode::CONFLICT, "lease_lost", None);
     let hb = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/heartbeat"),
             json!({"lease_token": wrong}),
         )
         .await;
     assert_error(&hb, StatusCode::CONFLICT, "lease_lost", None);
     let fail = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/fail"),
             json!({"lease_token": wrong, "error": {"message": "x"}}),
         )
         .await;
     assert_error(&fail, StatusCode::CONFLICT, "lease_lost", None);
     let snooze = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/snooze"),
             json!({"lease_token": wrong, "delay_ms": 1000}),
         )
         .await;
     assert_error(&snooze, StatusCode::CONFLICT, "lease_lost", None);
     let (status, release) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/release"),
             json!({"lease_token": wrong}),
         )
@@ -601,7 +560,7 @@ async fn complete_with_the_wrong_token_is_409_and_changes_nothing() {
     assert_eq!(status, StatusCode::OK, "{release}");
     assert_eq!(release, json!({"released": false}));
     let bad_token = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/complete"),
             json!({"lease_token": "nope"}),
         )
@@ -623,7 +582,7 @@ async fn complete_with_the_wrong_token_is_409_and_changes_nothing() {
     assert_eq!(job["errors"], json!([]));
     // The right token still works.
     let (status, _) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/complete"),
             json!({"lease_token": token}),
         )
@@ -637,7 +596,7 @@ async fn fail_auto_retries_and_fail_never_is_dead() {
     let id = api.enqueue(json!({"kind": "a", "max_attempts": 5})).await;
     let (_, token) = api.fetch_one("default").await;
     let (status, job) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/fail"),
             json!({"lease_token": token, "error": {"message": "upstream timed out"}}),
         )
@@ -655,7 +614,7 @@ async fn fail_auto_retries_and_fail_never_is_dead() {
     let dead_id = api.enqueue(json!({"kind": "b", "queue": "q2"})).await;
     let (_, token) = api.fetch_one("q2").await;
     let (status, job) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{dead_id}/fail"),
             json!({"lease_token": token, "error": {"message": "bad input"}, "retry": "never"}),
         )
@@ -667,7 +626,7 @@ async fn fail_auto_retries_and_fail_never_is_dead() {
     let after_id = api.enqueue(json!({"kind": "c", "queue": "q3"})).await;
     let (_, token) = api.fetch_one("q3").await;
     let (status, job) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{after_id}/fail"),
             json!({
                 "lease_token": token,
@@ -728,7 +687,7 @@ async fn bad_worker_input_names_the_field_and_changes_nothing() {
         ),
     ];
     for (body, field) in fetch_cases {
-        let answer = api.post("/v1/fetch", body.clone()).await;
+        let answer = api.post_json("/v1/fetch", body.clone()).await;
         assert_eq!(answer.0, StatusCode::BAD_REQUEST, "{body} → {}", answer.1);
         assert_eq!(answer.1["error"]["field"], field, "{body} → {}", answer.1);
     }
@@ -765,7 +724,9 @@ async fn bad_worker_input_names_the_field_and_changes_nothing() {
         ),
     ];
     for (body, field) in fail_cases {
-        let answer = api.post(&format!("/v1/jobs/{id}/fail"), body.clone()).await;
+        let answer = api
+            .post_json(&format!("/v1/jobs/{id}/fail"), body.clone())
+            .await;
         assert_eq!(answer.0, StatusCode::BAD_REQUEST, "{body} → {}", answer.1);
         assert_eq!(answer.1["error"]["field"], field, "{body} → {}", answer.1);
     }
@@ -790,7 +751,7 @@ async fn bad_worker_input_names_the_field_and_changes_nothing() {
     ];
     for (action, body, field) in other_cases {
         let answer = api
-            .post(&format!("/v1/jobs/{id}/{action}"), body.clone())
+            .post_json(&format!("/v1/jobs/{id}/{action}"), body.clone())
             .await;
         assert_eq!(
             answer.0,
@@ -822,7 +783,7 @@ async fn heartbeat_release_and_snooze() {
     let (_, token) = api.fetch_one("default").await;
     let before = api.job(&id).await["lease"]["expires_at"].clone();
     let (status, hb) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/heartbeat"),
             json!({"lease_token": token, "lease_ms": 600_000}),
         )
@@ -834,7 +795,7 @@ async fn heartbeat_release_and_snooze() {
     assert!(after > before, "{before} → {after}");
 
     let (status, released) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/release"),
             json!({"lease_token": token}),
         )
@@ -845,7 +806,7 @@ async fn heartbeat_release_and_snooze() {
     assert_eq!(job["state"], "available");
     assert!(job["lease"].is_null());
     let (_, again) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/release"),
             json!({"lease_token": token}),
         )
@@ -854,7 +815,7 @@ async fn heartbeat_release_and_snooze() {
 
     let (_, token) = api.fetch_one("default").await;
     let (status, snoozed) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/snooze"),
             json!({"lease_token": token, "delay_ms": 3_600_000}),
         )
@@ -871,7 +832,7 @@ async fn long_poll_fetch_returns_a_job_enqueued_while_it_waits() {
     let fetcher = {
         let api = api.clone();
         tokio::spawn(async move {
-            api.post(
+            api.post_json(
                 "/v1/fetch",
                 json!({"worker_id": "w1", "queues": ["lp"], "wait_ms": 20_000}),
             )
@@ -895,7 +856,7 @@ async fn long_poll_fetch_returns_a_job_enqueued_while_it_waits() {
 
     // With nothing to fetch, a short wait ends empty.
     let (status, empty) = api
-        .post(
+        .post_json(
             "/v1/fetch",
             json!({"worker_id": "w1", "queues": ["lp"], "wait_ms": 50}),
         )
@@ -913,7 +874,7 @@ async fn dead_list_replay_and_discard() {
     let d = api.make_dead("kd", "q3").await;
     let alive = api.enqueue(json!({"kind": "ka", "queue": "q1"})).await;
 
-    let (status, dead) = api.get("/v1/dead").await;
+    let (status, dead) = api.get_json("/v1/dead").await;
     assert_eq!(status, StatusCode::OK, "{dead}");
     let mut dead_ids: Vec<String> = dead["jobs"]
         .as_array()
@@ -926,19 +887,21 @@ async fn dead_list_replay_and_discard() {
     expected.sort();
     assert_eq!(dead_ids, expected);
     assert!(dead["next"].is_null());
-    let (_, q1) = api.get("/v1/dead?queue=q1&kind=kc").await;
+    let (_, q1) = api.get_json("/v1/dead?queue=q1&kind=kc").await;
     assert_eq!(q1["jobs"].as_array().map(Vec::len), Some(1));
     assert_eq!(q1["jobs"][0]["id"], c.as_str());
 
     // Replay needs an explicit selection.
-    let nothing = api.post("/v1/dead/replay", json!({})).await;
+    let nothing = api.post_json("/v1/dead/replay", json!({})).await;
     assert_error(
         &nothing,
         StatusCode::BAD_REQUEST,
         "invalid_request",
         Some("ids"),
     );
-    let not_all = api.post("/v1/dead/replay", json!({"all": false})).await;
+    let not_all = api
+        .post_json("/v1/dead/replay", json!({"all": false}))
+        .await;
     assert_error(
         &not_all,
         StatusCode::BAD_REQUEST,
@@ -946,7 +909,7 @@ async fn dead_list_replay_and_discard() {
         Some("ids"),
     );
     let mixed = api
-        .post("/v1/dead/replay", json!({"ids": [a], "queue": "q1"}))
+        .post_json("/v1/dead/replay", json!({"ids": [a], "queue": "q1"}))
         .await;
     assert_error(
         &mixed,
@@ -955,7 +918,7 @@ async fn dead_list_replay_and_discard() {
         Some("ids"),
     );
     let bad_id = api
-        .post("/v1/dead/replay", json!({"ids": [a, "nope"]}))
+        .post_json("/v1/dead/replay", json!({"ids": [a, "nope"]}))
         .await;
     assert_error(
         &bad_id,
@@ -964,49 +927,53 @@ async fn dead_list_replay_and_discard() {
         Some("ids[1]"),
     );
     assert_eq!(
-        api.get("/v1/dead").await.1["jobs"].as_array().map(Vec::len),
+        api.get_json("/v1/dead").await.1["jobs"]
+            .as_array()
+            .map(Vec::len),
         Some(4)
     );
 
-    let (status, replayed) = api.post("/v1/dead/replay", json!({"ids": [a]})).await;
+    let (status, replayed) = api.post_json("/v1/dead/replay", json!({"ids": [a]})).await;
     assert_eq!(status, StatusCode::OK, "{replayed}");
     assert_eq!(replayed, json!({"replayed": 1}));
     let job = api.job(&a).await;
     assert_eq!(job["state"], "available");
     assert_eq!(job["errors"][0]["message"], "boom", "history kept");
 
-    let (_, replayed) = api.post("/v1/dead/replay", json!({"queue": "q2"})).await;
+    let (_, replayed) = api
+        .post_json("/v1/dead/replay", json!({"queue": "q2"}))
+        .await;
     assert_eq!(replayed, json!({"replayed": 1}));
     assert_eq!(api.job(&b).await["state"], "available");
 
-    let (status, discarded) = api.delete(&format!("/v1/dead/{c}")).await;
+    let (status, discarded) = api.delete_json(&format!("/v1/dead/{c}")).await;
     assert_eq!(status, StatusCode::OK, "{discarded}");
     assert_eq!(discarded, json!({"discarded": true}));
     assert_error(
-        &api.get(&format!("/v1/jobs/{c}")).await,
+        &api.get_json(&format!("/v1/jobs/{c}")).await,
         StatusCode::NOT_FOUND,
         "not_found",
         None,
     );
     assert_error(
-        &api.delete(&format!("/v1/dead/{c}")).await,
+        &api.delete_json(&format!("/v1/dead/{c}")).await,
         StatusCode::NOT_FOUND,
         "not_found",
         None,
     );
     // Only dead jobs can be discarded.
     assert_error(
-        &api.delete(&format!("/v1/dead/{alive}")).await,
+        &api.delete_json(&format!("/v1/dead/{alive}")).await,
         StatusCode::NOT_FOUND,
         "not_found",
         None,
     );
     assert_eq!(api.job(&alive).await["state"], "available");
 
-    let (_, replayed) = api.post("/v1/dead/replay", json!({"all": true})).await;
+    let (_, replayed) = api.post_json("/v1/dead/replay", json!({"all": true})).await;
     assert_eq!(replayed, json!({"replayed": 1}));
     assert_eq!(api.job(&d).await["state"], "available");
-    let (_, dead) = api.get("/v1/dead").await;
+    let (_, dead) = api.get_json("/v1/dead").await;
     assert_eq!(dead["jobs"], json!([]));
 }
 
@@ -1022,7 +989,7 @@ async fn queue_counts() {
     let _ = token;
     api.make_dead("a", "q3").await;
 
-    let (status, body) = api.get("/v1/queues").await;
+    let (status, body) = api.get_json("/v1/queues").await;
     assert_eq!(status, StatusCode::OK, "{body}");
     let queues = body["queues"].as_array().expect("queues");
     let find = |name: &str| {
@@ -1060,10 +1027,14 @@ async fn queue_counts() {
 async fn cancel_twice_is_a_conflict() {
     let api = start().await;
     let id = api.enqueue(json!({"kind": "a"})).await;
-    let (status, job) = api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    let (status, job) = api
+        .post_json(&format!("/v1/jobs/{id}/cancel"), json!({}))
+        .await;
     assert_eq!(status, StatusCode::OK, "{job}");
     assert_eq!(job["state"], "cancelled");
-    let again = api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    let again = api
+        .post_json(&format!("/v1/jobs/{id}/cancel"), json!({}))
+        .await;
     assert_error(&again, StatusCode::CONFLICT, "conflict", None);
     // Cancel needs no body at all.
     let response = api
@@ -1074,7 +1045,7 @@ async fn cancel_twice_is_a_conflict() {
         .expect("send");
     assert_eq!(response.status(), StatusCode::CONFLICT);
     let unknown = api
-        .post(
+        .post_json(
             "/v1/jobs/00000000-0000-0000-0000-0000000000aa/cancel",
             json!({}),
         )
@@ -1096,7 +1067,7 @@ async fn paging_follows_the_next_cursor() {
     let mut path = "/v1/jobs?kind=page&limit=2".to_string();
     let mut pages = 0;
     loop {
-        let (status, page) = api.get(&path).await;
+        let (status, page) = api.get_json(&path).await;
         assert_eq!(status, StatusCode::OK, "{page}");
         pages += 1;
         let jobs = page["jobs"].as_array().expect("jobs");
@@ -1119,7 +1090,7 @@ async fn paging_follows_the_next_cursor() {
     created.sort();
     assert_eq!(sorted, created);
 
-    let (_, by_state) = api.get("/v1/jobs?state=available&queue=default").await;
+    let (_, by_state) = api.get_json("/v1/jobs?state=available&queue=default").await;
     assert_eq!(by_state["jobs"].as_array().map(Vec::len), Some(6));
     assert!(by_state["next"].is_null());
 }
@@ -1128,7 +1099,7 @@ async fn paging_follows_the_next_cursor() {
 async fn health_and_fallbacks_answer_json() {
     let api = start().await;
     for path in ["/healthz", "/readyz", "/livez"] {
-        let (status, health) = api.get(path).await;
+        let (status, health) = api.get_json(path).await;
         assert_eq!(status, StatusCode::OK, "{path}");
         assert_eq!(
             health,
@@ -1137,7 +1108,7 @@ async fn health_and_fallbacks_answer_json() {
         );
     }
 
-    let unknown = api.get("/v2/nothing").await;
+    let unknown = api.get_json("/v2/nothing").await;
     assert_error(&unknown, StatusCode::NOT_FOUND, "not_found", None);
     let response = api
         .http
@@ -1145,7 +1116,7 @@ async fn health_and_fallbacks_answer_json() {
         .send()
         .await
         .expect("send");
-    let wrong_method = Api::read(response).await;
+    let wrong_method = Api::read_json(response).await;
     assert_error(
         &wrong_method,
         StatusCode::METHOD_NOT_ALLOWED,
@@ -1176,7 +1147,7 @@ async fn out_of_range_numbers_and_nul_characters_are_refused_naming_the_field() 
         .send()
         .await
         .expect("send");
-    let answer = Api::read(response).await;
+    let answer = Api::read_json(response).await;
     assert_error(
         &answer,
         StatusCode::BAD_REQUEST,
@@ -1184,7 +1155,7 @@ async fn out_of_range_numbers_and_nul_characters_are_refused_naming_the_field() 
         Some("max_depth"),
     );
     let answer = api
-        .post(
+        .post_json(
             "/v1/jobs",
             json!({"kind": "nul", "payload": {"name": "a\u{0}b"}}),
         )
@@ -1195,7 +1166,7 @@ async fn out_of_range_numbers_and_nul_characters_are_refused_naming_the_field() 
         "invalid_request",
         Some("payload/name"),
     );
-    let (_, listed) = api.get("/v1/jobs").await;
+    let (_, listed) = api.get_json("/v1/jobs").await;
     assert_eq!(listed["jobs"], json!([]), "nothing stored");
 }
 
@@ -1203,7 +1174,7 @@ async fn out_of_range_numbers_and_nul_characters_are_refused_naming_the_field() 
 fn read_when_finished(api: &Arc<Api>, id: &str) -> tokio::task::JoinHandle<(StatusCode, Value)> {
     let api = api.clone();
     let path = format!("/v1/jobs/{id}?wait_ms=30000");
-    tokio::spawn(async move { api.get(&path).await })
+    tokio::spawn(async move { api.get_json(&path).await })
 }
 
 /// `GET /v1/jobs/{id}?wait_ms=`: answers as soon as the job finishes through this server (a
@@ -1219,7 +1190,7 @@ async fn a_job_read_with_wait_ms_answers_when_the_job_finishes() {
     assert_eq!(fetched, id);
     assert!(!waiter.is_finished(), "answered before the job finished");
     let (status, _) = api
-        .post(
+        .post_json(
             &format!("/v1/jobs/{id}/complete"),
             json!({"lease_token": token, "result": {"rows": 3}}),
         )
@@ -1235,7 +1206,8 @@ async fn a_job_read_with_wait_ms_answers_when_the_job_finishes() {
         .enqueue(json!({"kind": "report", "queue": "results"}))
         .await;
     let waiter = read_when_finished(&api, &id);
-    api.post(&format!("/v1/jobs/{id}/cancel"), json!({})).await;
+    api.post_json(&format!("/v1/jobs/{id}/cancel"), json!({}))
+        .await;
     let (_, job) = waiter.await.unwrap();
     assert_eq!(job["state"], "cancelled", "{job}");
 }
@@ -1271,7 +1243,7 @@ async fn a_job_read_with_wait_ms_sees_other_processes_and_gives_up_at_the_deadli
     let (_, job) = waiter.await.unwrap();
     assert_eq!(job["state"], "completed", "{job}");
     let started = Instant::now();
-    let (status, job) = api.get(&format!("/v1/jobs/{id}?wait_ms=30000")).await;
+    let (status, job) = api.get_json(&format!("/v1/jobs/{id}?wait_ms=30000")).await;
     assert_eq!(
         (status, &job["state"]),
         (StatusCode::OK, &json!("completed"))
@@ -1285,7 +1257,7 @@ async fn a_job_read_with_wait_ms_sees_other_processes_and_gives_up_at_the_deadli
         .enqueue(json!({"kind": "report", "queue": "idle"}))
         .await;
     let started = Instant::now();
-    let (status, job) = api.get(&format!("/v1/jobs/{id}?wait_ms=300")).await;
+    let (status, job) = api.get_json(&format!("/v1/jobs/{id}?wait_ms=300")).await;
     assert_eq!(status, StatusCode::OK);
     assert_eq!(job["state"], "available", "{job}");
     assert!(
@@ -1306,7 +1278,7 @@ async fn a_job_read_refuses_a_bad_wait_naming_the_parameter() {
         ("wait_ms=99999999999999999999999", "wait_ms"),
         ("timeout=5", "timeout"),
     ] {
-        let (status, body) = api.get(&format!("/v1/jobs/{id}?{query}")).await;
+        let (status, body) = api.get_json(&format!("/v1/jobs/{id}?{query}")).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{query}: {body}");
         assert_eq!(body["error"]["field"], field, "{query}: {body}");
     }

@@ -43,27 +43,11 @@ async fn start() -> Server {
 }
 
 impl Server {
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        let status = response.status().as_u16();
-        (status, response.json().await.expect("JSON body"))
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let response = self
-            .http
-            .get(format!("{}{path}", self.base))
-            .send()
-            .await
-            .expect("send");
-        assert_eq!(response.status().as_u16(), 200, "GET {path}");
-        response.json().await.expect("JSON body")
+    /// `GET path`, which must answer 200 with JSON: its body.
+    async fn get_ok(&self, path: &str) -> Value {
+        let (status, body) = self.get_json(path).await;
+        assert_eq!(status, 200, "GET {path}");
+        body
     }
 
     async fn metrics_text(&self) -> String {
@@ -89,7 +73,7 @@ impl Server {
         if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
             body.extend(extra.clone());
         }
-        let (status, answer) = self.post("/v1/jobs", body).await;
+        let (status, answer) = self.post_json("/v1/jobs", body).await;
         assert_eq!(status, 201, "{answer}");
     }
 }
@@ -221,7 +205,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
         .enqueue("slow", "hangs", json!({"timeout_ms": 100}))
         .await;
     let (status, fetched) = server
-        .post(
+        .post_json(
             "/v1/fetch",
             json!({"worker_id": "http-worker", "queues": ["http"], "max": 3}),
         )
@@ -240,23 +224,29 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
         )
     };
     let (path, body) = settle(&jobs[0], "complete", json!({}));
-    assert_eq!(server.post(&path, body).await.0, 200);
+    assert_eq!(server.post_json(&path, body).await.0, 200);
     let (path, body) = settle(
         &jobs[1],
         "fail",
         json!({"error": {"message": "try again"}, "retry": "auto"}),
     );
-    let (status, failed) = server.post(&path, body).await;
-    assert_eq!((status, failed["state"].as_str()), (200, Some("retryable")));
+    let (status, failed) = server.post_json(&path, body).await;
+    assert_eq!(
+        (status.as_u16(), failed["state"].as_str()),
+        (200, Some("retryable"))
+    );
     let (path, body) = settle(
         &jobs[2],
         "fail",
         json!({"error": {"message": "give up"}, "retry": "never"}),
     );
-    let (status, dead) = server.post(&path, body).await;
-    assert_eq!((status, dead["state"].as_str()), (200, Some("dead")));
+    let (status, dead) = server.post_json(&path, body).await;
+    assert_eq!(
+        (status.as_u16(), dead["state"].as_str()),
+        (200, Some("dead"))
+    );
     let (status, slow) = server
-        .post(
+        .post_json(
             "/v1/fetch",
             json!({"worker_id": "http-worker", "queues": ["slow"]}),
         )
@@ -269,7 +259,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
 
     // The HTTP worker reports itself: 1 of 2 slots busy (the hanging job).
     let (status, registered) = server
-        .post(
+        .post_json(
             "/v1/workers/heartbeat",
             json!({"worker_id": "http-worker", "host": "elsewhere", "pid": 77,
                    "queues": ["http", "slow"], "concurrency": 2, "busy": 1, "version": "x",
@@ -281,7 +271,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
 
     // The hanging job has no history and a 100 ms timeout: stuck once past the 1 s floor.
     eventually("the hanging job to be flagged stuck", || async {
-        let stuck = server.get("/v1/jobs/stuck").await;
+        let stuck = server.get_ok("/v1/jobs/stuck").await;
         if stuck["jobs"]
             .as_array()
             .is_some_and(|jobs| !jobs.is_empty())
@@ -292,11 +282,11 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
         }
     })
     .await;
-    let stuck = server.get("/v1/jobs/stuck?queue=slow").await;
+    let stuck = server.get_ok("/v1/jobs/stuck?queue=slow").await;
     assert_eq!(stuck["jobs"][0]["id"], slow_id.as_str());
     assert_eq!(stuck["jobs"][0]["basis"], "timeout");
     assert_eq!(stuck["jobs"][0]["worker_id"], "http-worker");
-    assert!(server.get("/v1/jobs/stuck?queue=http").await["jobs"]
+    assert!(server.get_ok("/v1/jobs/stuck?queue=http").await["jobs"]
         .as_array()
         .is_some_and(Vec::is_empty));
 
@@ -417,7 +407,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
     assert!(value(&scrape, "queue_oldest_age_seconds", &[("queue", "inproc")]).is_some());
 
     // The registry lists both workers; the in-process one with this process's pid.
-    let listed = server.get("/v1/workers").await;
+    let listed = server.get_ok("/v1/workers").await;
     let workers = listed["workers"].as_array().expect("workers");
     let inproc = workers
         .iter()
@@ -431,7 +421,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
     // A graceful stop says goodbye: the worker is `stopped`, not alive and not dead.
     stop.cancel();
     running.await.expect("worker ran");
-    let alive = server.get("/v1/workers?state=alive").await;
+    let alive = server.get_ok("/v1/workers?state=alive").await;
     let ids: Vec<&str> = alive["workers"]
         .as_array()
         .expect("workers")
@@ -439,7 +429,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
         .filter_map(|w| w["id"].as_str())
         .collect();
     assert_eq!(ids, vec!["http-worker"]);
-    let stopped = server.get("/v1/workers?state=stopped").await;
+    let stopped = server.get_ok("/v1/workers?state=stopped").await;
     assert_eq!(stopped["workers"][0]["id"], "inproc-worker");
 }
 
@@ -447,7 +437,7 @@ async fn metrics_count_what_ran_through_in_process_and_http_workers() {
 async fn worker_heartbeats_are_validated_naming_the_field() {
     let server = start().await;
     let (status, error) = server
-        .post(
+        .post_json(
             "/v1/workers/heartbeat",
             json!({"worker_id": "", "queues": ["a"], "concurrency": 1,
                    "started_at": "2026-01-01T00:00:00Z"}),
@@ -456,7 +446,7 @@ async fn worker_heartbeats_are_validated_naming_the_field() {
     assert_eq!(status, 400);
     assert_eq!(error["error"]["field"], "worker_id");
     let (status, error) = server
-        .post(
+        .post_json(
             "/v1/workers/heartbeat",
             json!({"worker_id": "w", "queues": ["no spaces"], "concurrency": 1,
                    "started_at": "2026-01-01T00:00:00Z"}),
@@ -465,7 +455,7 @@ async fn worker_heartbeats_are_validated_naming_the_field() {
     assert_eq!(status, 400);
     assert_eq!(error["error"]["field"], "queues[0]");
     let (status, error) = server
-        .post(
+        .post_json(
             "/v1/workers/heartbeat",
             json!({"worker_id": "w", "queues": ["a"], "concurrency": 1}),
         )

@@ -10,17 +10,6 @@ use reqwest::StatusCode;
 use serde_json::Value;
 use std::time::Duration;
 
-async fn get(server: &TestServer, path: &str) -> (StatusCode, Value) {
-    let response = server
-        .http
-        .get(server.url(path))
-        .send()
-        .await
-        .expect("send");
-    let status = response.status();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_signal_sizes_workers_to_the_backlog_at_the_measured_rate() {
     let server = TestServer::start().await;
@@ -35,7 +24,7 @@ async fn the_signal_sizes_workers_to_the_backlog_at_the_measured_rate() {
     store.jobs_insert_many(jobs).await.expect("insert");
 
     // Nothing measured yet: a backlog asks for at least one worker.
-    let (status, signal) = get(&server, "/v1/queues/mail/scale").await;
+    let (status, signal) = server.get("/v1/queues/mail/scale").await;
     assert_eq!(status, StatusCode::OK, "{signal}");
     assert_eq!(signal["backlog"], 300);
     assert_eq!(signal["finished_per_s"], Value::Null);
@@ -84,7 +73,7 @@ async fn the_signal_sizes_workers_to_the_backlog_at_the_measured_rate() {
     // A rate needs two readings at least a second apart: read until one is measured.
     let measured = eventually("a measured throughput", || async {
         finish(5).await;
-        let (_, signal) = get(&server, "/v1/queues/mail/scale?target_s=10").await;
+        let (_, signal) = server.get("/v1/queues/mail/scale?target_s=10").await;
         signal["finished_per_s"]
             .as_f64()
             .filter(|r| *r > 0.0)
@@ -107,7 +96,7 @@ async fn the_signal_sizes_workers_to_the_backlog_at_the_measured_rate() {
     );
 
     // The queue's view and the metric carry it too.
-    let (status, view) = get(&server, "/v1/queues/mail").await;
+    let (status, view) = server.get("/v1/queues/mail").await;
     assert_eq!(status, StatusCode::OK);
     assert!(view["desired_workers"].as_u64().is_some(), "{view}");
     assert_eq!(view["scale"]["queue"], "mail");
@@ -137,12 +126,12 @@ async fn bad_scale_requests_name_the_parameter() {
         ("/v1/queues/mail/scale?colour=red", "colour"),
         ("/v1/queues/%20/scale", "name"),
     ] {
-        let (status, body) = get(&server, path).await;
+        let (status, body) = server.get(path).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{path}: {body}");
         assert_eq!(body["error"]["field"], field, "{path}: {body}");
     }
     // An empty queue needs no worker.
-    let (status, signal) = get(&server, "/v1/queues/idle/scale").await;
+    let (status, signal) = server.get("/v1/queues/idle/scale").await;
     assert_eq!(
         (status, signal["desired_workers"].clone()),
         (StatusCode::OK, 0.into())

@@ -4,28 +4,13 @@
 mod common;
 
 use common::TestServer as Server;
-use serde_json::{json, Value};
-
-/// `post` sends JSON to the test server.
-impl Server {
-    async fn post(&self, path: &str, body: Value) -> (u16, Value) {
-        let response = self
-            .http
-            .post(format!("{}{path}", self.base))
-            .json(&body)
-            .send()
-            .await
-            .expect("send");
-        let status = response.status().as_u16();
-        (status, response.json().await.expect("JSON body"))
-    }
-}
+use serde_json::json;
 
 #[tokio::test]
 async fn unique_enqueue_returns_the_existing_job_as_a_duplicate() {
     let server = Server::start().await;
     let (status, first) = server
-        .post(
+        .post_json(
             "/v1/jobs",
             json!({"kind": "sync", "payload": {"user": 7, "opts": {"a": 1, "b": 2}}, "unique": {}}),
         )
@@ -37,7 +22,7 @@ async fn unique_enqueue_returns_the_existing_job_as_a_duplicate() {
 
     // The same payload with its keys in another order.
     let (status, again) = server
-        .post(
+        .post_json(
             "/v1/jobs",
             json!({"kind": "sync", "payload": {"opts": {"b": 2, "a": 1}, "user": 7}, "unique": {}}),
         )
@@ -52,23 +37,27 @@ async fn unique_enqueue_returns_the_existing_job_as_a_duplicate() {
         "states": ["available", "running", "completed"]
     });
     let (status, mail) = server
-        .post(
+        .post_json(
             "/v1/jobs",
             json!({"kind": "mail", "queue": "a", "payload": {"user": 1, "n": 1}, "unique": by_user}),
         )
         .await;
     assert_eq!(status, 201, "{mail}");
     let (status, again) = server
-        .post(
+        .post_json(
             "/v1/jobs",
             json!({"kind": "mail", "queue": "b", "payload": {"user": 1, "n": 2}, "unique": by_user}),
         )
         .await;
-    assert_eq!((status, &again["id"]), (200, &mail["id"]), "{again}");
+    assert_eq!(
+        (status.as_u16(), &again["id"]),
+        (200, &mail["id"]),
+        "{again}"
+    );
 
     // A plain job is not unique and shows no key.
     let (status, plain) = server
-        .post("/v1/jobs", json!({"kind": "sync", "payload": {"user": 7}}))
+        .post_json("/v1/jobs", json!({"kind": "sync", "payload": {"user": 7}}))
         .await;
     assert_eq!(status, 201);
     assert!(plain.get("unique_key").is_none(), "{plain}");
@@ -76,7 +65,7 @@ async fn unique_enqueue_returns_the_existing_job_as_a_duplicate() {
     // In a batch, the second of an identity is reported as a duplicate.
     let job = json!({"kind": "batch", "payload": {"n": 1}, "unique": {"args": ["n"]}});
     let (status, batch) = server
-        .post("/v1/jobs/batch", json!({"jobs": [job, job]}))
+        .post_json("/v1/jobs/batch", json!({"jobs": [job, job]}))
         .await;
     assert_eq!(status, 201, "{batch}");
     assert_eq!(batch["duplicates"], json!([false, true]));
@@ -100,7 +89,7 @@ async fn bad_unique_specs_are_400s_naming_the_field() {
     ];
     for (unique, field) in cases {
         let (status, answer) = server
-            .post(
+            .post_json(
                 "/v1/jobs",
                 json!({"kind": "k", "payload": {}, "unique": unique}),
             )
@@ -109,7 +98,7 @@ async fn bad_unique_specs_are_400s_naming_the_field() {
         assert_eq!(answer["error"]["field"], field, "{unique} → {answer}");
     }
     let (status, answer) = server
-        .post(
+        .post_json(
             "/v1/jobs/batch",
             json!({"jobs": [{"kind": "k"}, {"kind": "k", "unique": {"states": ["nope"]}}]}),
         )

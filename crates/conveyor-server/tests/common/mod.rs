@@ -9,6 +9,8 @@ use conveyor_core::access::{create_token, Actor};
 use conveyor_core::{Role, Store};
 use conveyor_server::{router_with_options, AuthOptions, RouterOptions, ServerConfig};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
+use reqwest::{RequestBuilder, Response, StatusCode};
+use serde_json::Value;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use tokio::task::JoinHandle;
@@ -61,6 +63,70 @@ impl TestServer {
 
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
+    }
+
+    /// Sends `request`: its status and body, a body that is not JSON (or is empty) read as
+    /// `Value::Null`.
+    pub async fn call(&self, request: RequestBuilder) -> (StatusCode, Value) {
+        let response = request.send().await.expect("send");
+        let status = response.status();
+        let text = response.text().await.expect("body");
+        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+    }
+
+    /// Sends `request` and demands a JSON answer: a JSON content type and a body that parses.
+    pub async fn call_json(&self, request: RequestBuilder) -> (StatusCode, Value) {
+        Self::read_json(request.send().await.expect("send")).await
+    }
+
+    /// Reads an answer that must be JSON: a JSON content type and a body that parses.
+    pub async fn read_json(response: Response) -> (StatusCode, Value) {
+        let status = response.status();
+        let content_type = response
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let text = response.text().await.expect("body");
+        let value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("non-JSON answer ({status}, {content_type}): {e}: {text}"));
+        assert!(
+            content_type.starts_with("application/json"),
+            "content type {content_type:?} for {text}"
+        );
+        (status, value)
+    }
+
+    /// `POST path` with a JSON body; a non-JSON or empty answer reads as `Value::Null`.
+    pub async fn post(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call(self.http.post(self.url(path)).json(&body)).await
+    }
+
+    /// `GET path`; a non-JSON or empty answer reads as `Value::Null`.
+    pub async fn get(&self, path: &str) -> (StatusCode, Value) {
+        self.call(self.http.get(self.url(path))).await
+    }
+
+    /// `DELETE path`; a non-JSON or empty answer reads as `Value::Null`.
+    pub async fn delete(&self, path: &str) -> (StatusCode, Value) {
+        self.call(self.http.delete(self.url(path))).await
+    }
+
+    /// `POST path` with a JSON body; the answer must be JSON (see `read_json`).
+    pub async fn post_json(&self, path: &str, body: Value) -> (StatusCode, Value) {
+        self.call_json(self.http.post(self.url(path)).json(&body))
+            .await
+    }
+
+    /// `GET path`; the answer must be JSON (see `read_json`).
+    pub async fn get_json(&self, path: &str) -> (StatusCode, Value) {
+        self.call_json(self.http.get(self.url(path))).await
+    }
+
+    /// `DELETE path`; the answer must be JSON (see `read_json`).
+    pub async fn delete_json(&self, path: &str) -> (StatusCode, Value) {
+        self.call_json(self.http.delete(self.url(path))).await
     }
 
     /// Creates an API token of `role` named `name` straight in the store; its secret.
