@@ -230,22 +230,32 @@ pub(crate) async fn bulk(
 
 /// Applies `action` to each job; a job that changed state meanwhile (finished before its
 /// cancel, replayed by someone else) is left out of the count, not an error.
+/// How many single-job changes of one bulk action are in flight at once: enough for the
+/// SQLite writer to commit many in one round (one fsync) and for PostgreSQL to use its pool,
+/// instead of one round trip and one commit after another (10,000 cancels took over 10 s).
+const IN_FLIGHT: usize = 64;
+
 async fn apply(state: &AppState, action: BulkAction, ids: &[Uuid]) -> ApiResult<u64> {
-    let mut applied = 0u64;
-    match action {
+    use futures::stream::{self, StreamExt, TryStreamExt};
+    let store = &state.store;
+    let applied = match action {
         BulkAction::Cancel => {
-            for id in ids {
-                match state.store.job_cancel(*id).await {
-                    Ok(job) if job.state == JobState::Cancelled => applied += 1,
-                    Ok(_) | Err(StoreError::NotFound(_)) | Err(StoreError::Conflict { .. }) => {}
-                    Err(error) => return Err(error.into()),
-                }
-            }
+            stream::iter(ids.iter().copied())
+                .map(|id| async move {
+                    match store.job_cancel(id).await {
+                        Ok(job) => Ok(u64::from(job.state == JobState::Cancelled)),
+                        Err(StoreError::NotFound(_)) | Err(StoreError::Conflict { .. }) => Ok(0),
+                        Err(error) => Err(error),
+                    }
+                })
+                .buffer_unordered(IN_FLIGHT)
+                .try_fold(0u64, |sum, one| async move { Ok(sum + one) })
+                .await?
         }
         BulkAction::Retry => {
+            let mut applied = 0u64;
             for chunk in ids.chunks(1_000) {
-                applied += state
-                    .store
+                applied += store
                     .dead_replay(ReplaySelector {
                         ids: Some(chunk.to_vec()),
                         queue: None,
@@ -253,14 +263,15 @@ async fn apply(state: &AppState, action: BulkAction, ids: &[Uuid]) -> ApiResult<
                     })
                     .await?;
             }
+            applied
         }
         BulkAction::Discard => {
-            for id in ids {
-                if state.store.dead_discard(*id).await? {
-                    applied += 1;
-                }
-            }
+            stream::iter(ids.iter().copied())
+                .map(|id| async move { store.dead_discard(id).await.map(u64::from) })
+                .buffer_unordered(IN_FLIGHT)
+                .try_fold(0u64, |sum, one| async move { Ok(sum + one) })
+                .await?
         }
-    }
+    };
     Ok(applied)
 }
