@@ -4,7 +4,7 @@
 # packages, a Python venv with the Python client and pytest), starts the local PostgreSQL if it
 # is down, then runs the Rust tests (nextest, including the client conformance suite), the doc
 # tests, both clients' own suites, and the API contract run (scripts/contract.sh). `.ci/run`
-# runs this after fmt, clippy and the docs check (scripts/check-docs.sh).
+# runs this after fmt and clippy; it runs the docs check and the import-circle check itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,6 +29,12 @@ if command -v pg_isready >/dev/null && ! pg_isready -h 127.0.0.1 -p 5432 -q; the
 fi
 
 command -v cargo-nextest >/dev/null || cargo install cargo-nextest --locked
+
+# The docs: the user guide builds (installing mdbook, pinned, when missing) and every relative
+# link and anchor resolves. Then import circles among a crate's modules: none beyond the known
+# ones, which may only shrink.
+./scripts/check-docs.sh
+python3 scripts/check-cycles.py
 
 # Node (the TypeScript client and the client conformance suite): Debian's if missing.
 if ! command -v node >/dev/null || ! command -v npm >/dev/null; then

@@ -231,9 +231,10 @@ pub(crate) async fn bulk(
 /// Applies `action` to each job; a job that changed state meanwhile (finished before its
 /// cancel, replayed by someone else) is left out of the count, not an error.
 /// How many single-job changes of one bulk action are in flight at once: enough for the
-/// SQLite writer to commit many in one round (one fsync) and for PostgreSQL to use its pool,
-/// instead of one round trip and one commit after another (10,000 cancels took over 10 s).
-const IN_FLIGHT: usize = 64;
+/// SQLite writer to commit many in one round (one fsync) and for PostgreSQL to use several
+/// connections, instead of one commit after another (10,000 cancels took over 10 s), yet few
+/// enough to leave most of PostgreSQL's pool (10 by default) to workers and other requests.
+const IN_FLIGHT: usize = 8;
 
 async fn apply(state: &AppState, action: BulkAction, ids: &[Uuid]) -> ApiResult<u64> {
     use futures::stream::{self, StreamExt, TryStreamExt};
