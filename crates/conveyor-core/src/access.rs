@@ -20,7 +20,8 @@ use subtle::ConstantTimeEq;
 use uuid::Uuid;
 
 use crate::error::{StoreError, StoreResult, ValidationError};
-use crate::store::Store;
+use crate::valid::Valid;
+use async_trait::async_trait;
 
 /// Prefix of API tokens, so a leaked one is recognisable (and greppable by secret scanners).
 pub const TOKEN_PREFIX: &str = "cv_";
@@ -547,7 +548,7 @@ pub struct CreatedToken {
 /// Creates a token of `role` (named `name`, or `ROLE-xxxxxxxx` after its id) and records who
 /// did it in the audit log: what `conveyor token create` and `POST /v1/tokens` share.
 pub async fn create_token(
-    store: &dyn Store,
+    store: &(impl AccessStore + ?Sized),
     role: Role,
     name: Option<String>,
     actor: Actor,
@@ -576,7 +577,7 @@ pub async fn create_token(
 /// Revokes a token and records who did it: what `conveyor token revoke` and
 /// `DELETE /v1/tokens/{token}` share. `None` (and no audit entry) when there is no such token.
 pub async fn revoke_token(
-    store: &dyn Store,
+    store: &(impl AccessStore + ?Sized),
     selector: TokenSelector,
     actor: Actor,
 ) -> StoreResult<Option<ApiToken>> {
@@ -591,6 +592,57 @@ pub async fn revoke_token(
         )
         .await?;
     Ok(Some(token))
+}
+
+/// Access control and audit: the store's side (the rest of [`crate::Store`] is in
+/// [`crate::store`]).
+#[async_trait]
+pub trait AccessStore: Send + Sync {
+    /// Stores a new token. Names are unique among active tokens (a revoked token's name may
+    /// be used again): a clash is `Invalid` naming `name`.
+    ///
+    /// Checks the name ([`Valid::token`]) first.
+    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
+        self.tokens_insert_valid(Valid::token(token)?).await
+    }
+
+    /// Stores a new token (see [`AccessStore::tokens_insert`]).
+    async fn tokens_insert_valid(&self, token: Valid<NewToken>) -> StoreResult<ApiToken>;
+
+    /// Every token, revoked ones included, oldest first.
+    async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>>;
+
+    /// Revokes a token (by id, or the active token of that name) and deletes its sessions.
+    /// Revoking a revoked token by id changes nothing and returns it; `None` when there is no
+    /// such token.
+    async fn token_revoke(&self, selector: TokenSelector) -> StoreResult<Option<ApiToken>>;
+
+    /// A token by id with its secret's hash, revoked or not (the caller checks both).
+    async fn token_get(&self, id: Uuid) -> StoreResult<Option<StoredToken>>;
+
+    /// Stores a session for an existing token (`Invalid` naming `token` when there is none),
+    /// pruning expired sessions.
+    async fn session_insert(&self, session: NewSession) -> StoreResult<()>;
+
+    /// A session that has not expired, with its token (which may have been revoked since).
+    async fn session_get(&self, id: Uuid) -> StoreResult<Option<StoredSession>>;
+
+    /// Deletes a session (logout). False when there was none.
+    async fn session_delete(&self, id: Uuid) -> StoreResult<bool>;
+
+    /// Appends an entry to the audit log, bounded as [`NewAuditEntry::bounded`] says, stamped
+    /// with the store's clock.
+    async fn audit_append(&self, entry: NewAuditEntry) -> StoreResult<AuditEntry>;
+
+    /// Audit entries newest first (see [`AuditListParams`]).
+    async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>>;
+
+    /// Deletes up to `limit` of the oldest entries stamped before `cutoff`, in one short
+    /// statement that reads no more than `limit` rows (the log is appended in time order, so
+    /// its expired entries are its head); returns how many. Run repeatedly until it deletes
+    /// fewer than `limit`. An entry stamped out of order (a skewed clock) waits until the
+    /// entries before it expire.
+    async fn audit_prune(&self, cutoff: AuditCutoff, limit: usize) -> StoreResult<u64>;
 }
 
 #[cfg(test)]

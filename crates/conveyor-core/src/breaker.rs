@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::{StoreResult, ValidationError};
-use crate::validate::Valid;
+use crate::valid::Valid;
 
 /// What a breaker guards: one queue, or one job kind in every queue.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

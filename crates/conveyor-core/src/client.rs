@@ -58,7 +58,7 @@ pub struct JobOptions {
     /// Not started within this long of the enqueue, the job expires (not with `expires_at`).
     pub ttl: Option<Duration>,
     /// The producer's W3C trace context.
-    pub trace: Option<crate::trace::TraceContext>,
+    pub trace: Option<crate::trace_context::TraceContext>,
 }
 
 impl JobOptions {
@@ -74,7 +74,7 @@ impl JobOptions {
     }
     /// Sends the producer's W3C trace context with the job; the worker runs the handler as a
     /// child span of it (see `JobContext::trace`).
-    pub fn trace(mut self, trace: crate::trace::TraceContext) -> Self {
+    pub fn trace(mut self, trace: crate::trace_context::TraceContext) -> Self {
         self.trace = Some(trace);
         self
     }
@@ -189,7 +189,7 @@ mod tests {
     #[test]
     fn options_give_a_job_its_expiry_and_trace_context() {
         let before = Utc::now();
-        let trace = crate::trace::TraceContext::parse(
+        let trace = crate::trace_context::TraceContext::parse(
             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
             None,
             "",

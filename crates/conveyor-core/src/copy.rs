@@ -25,11 +25,11 @@ use uuid::Uuid;
 
 use crate::access::{AuditEntry, StoredToken};
 use crate::breaker::StoredBreaker;
+use crate::error::StoreResult;
 use crate::job::{Job, NamedQueueSettings};
 use crate::kinds::KindSettings;
 use crate::schedule::RunStatus;
 use crate::stats::Rollup;
-use crate::store::{Store, StoreResult};
 use crate::workflow::{
     CompensationState, FlowFailurePolicy, FlowState, ParentFailurePolicy, StepState,
 };
@@ -267,8 +267,8 @@ pub enum CopyError {
 /// Copies every kind of record from `source` to `target` in [`RecordKind::ALL`]'s order,
 /// calling `progress` after each kind. Returns the report of every kind.
 pub async fn copy_all(
-    source: &dyn Store,
-    target: &dyn Store,
+    source: &(impl CopyStore + ?Sized),
+    target: &(impl CopyStore + ?Sized),
     options: CopyOptions,
     mut progress: impl FnMut(&KindReport),
 ) -> Result<Vec<KindReport>, CopyError> {

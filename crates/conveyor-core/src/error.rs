@@ -1,6 +1,6 @@
 //! Typed errors shared by every store and the layers above them.
 
-use crate::job::JobState;
+use crate::state::JobState;
 use uuid::Uuid;
 
 /// A rejected input, naming the field at fault so HTTP and CLI users can fix it.

@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use crate::job::JobState;
+use crate::state::JobState;
 
 /// How an attempt ended, as written to the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -12,84 +12,18 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::fmt;
 use std::str::FromStr;
 use uuid::Uuid;
 
 use crate::error::ValidationError;
+pub use crate::state::JobState;
 use crate::unique::UniqueSpec;
+use std::collections::BTreeMap;
 
 pub const DEFAULT_QUEUE: &str = "default";
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 25;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum JobState {
-    /// Waiting for its `run_at`.
-    Scheduled,
-    /// Ready to be fetched.
-    Available,
-    /// Held by a worker under a lease.
-    Running,
-    /// Failed an attempt; waits for its backoff `run_at`, then runs again.
-    Retryable,
-    Completed,
-    /// In the dead-letter queue: attempts exhausted, or a permanent failure.
-    Dead,
-    Cancelled,
-    /// Not started before its `expires_at`: never run (or not run again), kept like dead jobs
-    /// and replayable like them.
-    Expired,
-}
-
-impl JobState {
-    pub const ALL: [JobState; 8] = [
-        JobState::Scheduled,
-        JobState::Available,
-        JobState::Running,
-        JobState::Retryable,
-        JobState::Completed,
-        JobState::Dead,
-        JobState::Cancelled,
-        JobState::Expired,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            JobState::Scheduled => "scheduled",
-            JobState::Available => "available",
-            JobState::Running => "running",
-            JobState::Retryable => "retryable",
-            JobState::Completed => "completed",
-            JobState::Dead => "dead",
-            JobState::Cancelled => "cancelled",
-            JobState::Expired => "expired",
-        }
-    }
-
-    /// Finished jobs never run again unless replayed from `dead` or `expired`.
-    pub fn is_finished(self) -> bool {
-        matches!(
-            self,
-            JobState::Completed | JobState::Dead | JobState::Cancelled | JobState::Expired
-        )
-    }
-
-    /// States a job waits in before it (next) starts: the ones that expire.
-    pub const WAITING: [JobState; 3] = [
-        JobState::Scheduled,
-        JobState::Available,
-        JobState::Retryable,
-    ];
-}
-
-impl fmt::Display for JobState {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
+/// Parses a state as the API and CLI spell it.
 impl FromStr for JobState {
     type Err = ValidationError;
 
@@ -107,6 +41,24 @@ impl FromStr for JobState {
                 )
             })
     }
+}
+
+/// Identifies a running job and the lease its worker holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LeaseRef {
+    pub id: Uuid,
+    pub lease_token: Uuid,
+}
+
+/// A job's link to its flow, carried by the job (and handed to its worker).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FlowLink {
+    pub flow_id: Uuid,
+    pub step: String,
+    /// The results of the step's completed parents by step name (for a compensation job: the
+    /// compensated step's result under its name).
+    #[serde(default)]
+    pub parents: BTreeMap<String, Value>,
 }
 
 /// Error classes recorded in a job's history. Handlers may use their own classes too.
@@ -240,7 +192,7 @@ pub struct Job {
     pub unique_key: Option<String>,
     /// Set for a step (or compensation) of a workflow: its flow, step and parents' results.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub flow: Option<crate::workflow::FlowLink>,
+    pub flow: Option<FlowLink>,
     /// The latest progress its handler reported (while running and after).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<Progress>,
@@ -250,7 +202,7 @@ pub struct Job {
     pub expires_at: Option<DateTime<Utc>>,
     /// The producer's W3C trace context, handed to the worker with the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trace: Option<crate::trace::TraceContext>,
+    pub trace: Option<crate::trace_context::TraceContext>,
 }
 
 impl Job {
@@ -309,7 +261,7 @@ impl Progress {
                     format!("at most {MAX_PROGRESS_MESSAGE_LEN} characters"),
                 ));
             }
-            crate::validate::text_without_nul("message", text)?;
+            crate::fields::text_without_nul("message", text)?;
         }
         Ok(Self {
             percent,
@@ -321,8 +273,8 @@ impl Progress {
 
 impl Job {
     /// The lease a worker holds this job under, when it is running.
-    pub fn lease_ref(&self) -> Option<crate::store::LeaseRef> {
-        self.lease.as_ref().map(|lease| crate::store::LeaseRef {
+    pub fn lease_ref(&self) -> Option<LeaseRef> {
+        self.lease.as_ref().map(|lease| LeaseRef {
             id: self.id,
             lease_token: lease.token,
         })
@@ -353,7 +305,7 @@ pub struct NewJob {
     pub expires_at: Option<DateTime<Utc>>,
     /// The producer's W3C trace context (see [`crate::trace`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub trace: Option<crate::trace::TraceContext>,
+    pub trace: Option<crate::trace_context::TraceContext>,
 }
 
 impl NewJob {

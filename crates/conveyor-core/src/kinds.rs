@@ -31,12 +31,12 @@ pub struct KindSettings {
 
 /// Checks settings before a store keeps them: the kind's name, and a schema that compiles.
 pub fn validate_settings(settings: &KindSettings) -> Result<(), ValidationError> {
-    crate::validate::name("kind", &settings.kind)?;
+    crate::fields::name("kind", &settings.kind)?;
     if let Some(schema) = &settings.schema {
         KindSchema::compile(schema)?;
     }
     if let Some(version) = settings.version {
-        crate::validate::stored_integer("version", u64::from(version))?;
+        crate::fields::stored_integer("version", u64::from(version))?;
     }
     if let Some(breaker) = &settings.circuit_breaker {
         breaker.validate("circuit_breaker")?;

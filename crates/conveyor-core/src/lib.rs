@@ -15,21 +15,26 @@ mod delegate;
 pub mod error;
 pub mod events;
 pub mod faults;
+pub mod fields;
 pub mod limits;
 /// The former name of [`limits`], kept so existing imports (`conveyor::flow::...`) build.
 #[doc(hidden)]
 pub use limits as flow;
 pub mod job;
 pub mod kinds;
+pub mod lease;
 pub mod redact;
 pub mod retry;
 pub mod scaling;
 pub mod schedule;
+pub mod state;
 pub mod stats;
 pub mod store;
 pub mod stuck;
 pub mod trace;
+pub mod trace_context;
 pub mod unique;
+pub mod valid;
 pub mod validate;
 pub mod wire;
 pub mod workers;

@@ -176,8 +176,8 @@ pub struct Rollup {
 /// Checks what a store is asked to merge: every queue and kind a valid name.
 pub fn validate_rollups(rollups: &[Rollup]) -> Result<(), ValidationError> {
     rollups.iter().try_for_each(|rollup| {
-        crate::validate::name("queue", &rollup.queue)?;
-        crate::validate::name("kind", &rollup.kind)
+        crate::fields::name("queue", &rollup.queue)?;
+        crate::fields::name("kind", &rollup.kind)
     })
 }
 
@@ -261,7 +261,7 @@ impl StatsRequest {
         }
         for (field, name) in [("queue", &queue), ("kind", &kind)] {
             if let Some(name) = name {
-                crate::validate::name(field, name)?;
+                crate::fields::name(field, name)?;
             }
         }
         let to = {

@@ -1,5 +1,6 @@
 //! The `Store` traits: noun-first operations grouped by noun (jobs, leases, queues, schedules,
-//! access, workers, leadership), batch-first where it matters, each
+//! workers, leadership, flows, kinds; access, breakers, history and copying live beside their
+//! nouns and are re-exported here), batch-first where it matters, each
 //! state change conditional on the state (and lease token) it expects. Every store passes the
 //! conformance suite in `conveyor-storetest`.
 
@@ -12,190 +13,16 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use uuid::Uuid;
 
-use crate::access::{
-    ApiToken, AuditEntry, AuditListParams, NewAuditEntry, NewSession, NewToken, StoredSession,
-    StoredToken, TokenSelector,
-};
+pub use crate::access::AccessStore;
 pub use crate::error::StoreResult;
+pub use crate::job::LeaseRef;
 use crate::job::{Inserted, Job, JobState, NamedQueueSettings, NewJob, QueueSettings, QueueStats};
-use crate::retry::RetryPolicy;
+pub use crate::lease::*;
 use crate::schedule::{FireOutcome, FireRequest, Schedule, ScheduleRun, ScheduleView};
 use crate::stuck::{StuckJob, StuckParams};
 use crate::validate::{Valid, ValidJob};
 use crate::workers::{StaleReport, StaleWorkerParams, WorkerHeartbeat, WorkerInfo};
 use crate::workflow::{CreatedFlow, FlowListParams, FlowView, SignalOutcome, ValidFlow};
-
-/// Claim up to `max` available jobs from `queues` for `worker_id`.
-#[derive(Debug, Clone)]
-pub struct FetchParams {
-    pub worker_id: String,
-    pub queues: Vec<String>,
-    pub max: usize,
-    pub lease: Duration,
-    /// Claim only jobs of these kinds (`None`: any kind). A worker names the kinds it has
-    /// handlers for, so during a rolling deploy an old worker never claims a new kind.
-    pub kinds: Option<Vec<String>>,
-    /// Claim no job of these kinds (their circuit breaker is open). Folded into `kinds` when
-    /// the fetch names kinds (`validate::fetch`), so a store sees it only for a fetch of any
-    /// kind.
-    pub excluded_kinds: Vec<String>,
-}
-
-/// Identifies a running job and the lease its worker holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct LeaseRef {
-    pub id: Uuid,
-    pub lease_token: Uuid,
-}
-
-#[derive(Debug, Clone)]
-pub struct HeartbeatParams {
-    pub lease: LeaseRef,
-    pub extend_by: Duration,
-}
-
-#[derive(Debug, Clone)]
-pub struct CompleteParams {
-    pub lease: LeaseRef,
-    pub result: Option<Value>,
-}
-
-/// Whether a lease-conditional change was applied.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LeaseOutcome {
-    Applied,
-    /// The token no longer matches a running job: nothing changed.
-    LeaseLost,
-}
-
-/// What to do after a failed attempt.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RetryPlan {
-    /// Retry after the policy's backoff for this attempt (dead when attempts are exhausted).
-    Backoff(RetryPolicy),
-    /// Retry at this time (dead when attempts are exhausted).
-    At(DateTime<Utc>),
-    /// Straight to the dead-letter queue.
-    Never,
-}
-
-impl RetryPlan {
-    /// When the job should run again after failing attempt number `attempt` at `now`; `None`
-    /// for "never" (the store then moves it to `dead`, as it does when attempts run out).
-    pub fn retry_at(&self, now: DateTime<Utc>, attempt: u32) -> Option<DateTime<Utc>> {
-        match self {
-            RetryPlan::Backoff(policy) => Some(policy.next_run_at(now, attempt)),
-            RetryPlan::At(at) => Some((*at).max(now)),
-            RetryPlan::Never => None,
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct FailParams {
-    pub lease: LeaseRef,
-    pub class: String,
-    pub message: String,
-    pub retry: RetryPlan,
-    /// A panic's backtrace or a client's traceback, kept with the failure.
-    pub backtrace: Option<String>,
-}
-
-impl FailParams {
-    /// What a store records for this failure of `attempt` (the held job's attempt) at `now`: the
-    /// history entry, and when the job runs again if it has attempts left (`None`: no retry).
-    pub fn failure(
-        self,
-        now: DateTime<Utc>,
-        attempt: u32,
-    ) -> (crate::ErrorRecord, Option<DateTime<Utc>>) {
-        let retry_at = self.retry.retry_at(now, attempt);
-        let error = crate::ErrorRecord {
-            attempt,
-            at: now,
-            class: self.class,
-            message: self.message,
-            // The store adds who ran the attempt and when it started.
-            worker_id: None,
-            started_at: None,
-            backtrace: self
-                .backtrace
-                .as_deref()
-                .map(crate::job::storable_backtrace),
-            replayed_at: None,
-        };
-        (error, retry_at)
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct SnoozeParams {
-    pub lease: LeaseRef,
-    pub until: DateTime<Utc>,
-}
-
-#[derive(Debug, Clone)]
-pub struct RescueParams {
-    /// Most jobs rescued in one call, so one call stays a short transaction.
-    pub limit: usize,
-    pub retry: RetryPolicy,
-}
-
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct RescueReport {
-    pub retried: Vec<Uuid>,
-    pub dead: Vec<Uuid>,
-    /// Each rescued attempt's queue, kind, outcome and run time: what metrics and history count
-    /// of attempts no worker reported.
-    pub attempts: Vec<RescuedAttempt>,
-}
-
-/// An attempt ended by a rescue (its lease expired, or its worker was marked dead).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct RescuedAttempt {
-    pub queue: String,
-    pub kind: String,
-    /// `Failed` (it will be retried) or `Dead`.
-    pub status: crate::AttemptStatus,
-    /// From the attempt's start to its rescue.
-    pub duration: Duration,
-}
-
-impl RescueReport {
-    /// Counts a rescued job under what became of it.
-    pub fn add(&mut self, job: &Job) {
-        let status = if job.state == JobState::Dead {
-            self.dead.push(job.id);
-            crate::AttemptStatus::Dead
-        } else {
-            self.retried.push(job.id);
-            crate::AttemptStatus::Failed
-        };
-        // A rescue's error records when it happened; the attempt began when the job started.
-        let duration = job
-            .errors
-            .last()
-            .and_then(|error| {
-                (error.at - error.started_at.or(job.started_at)?)
-                    .to_std()
-                    .ok()
-            })
-            .unwrap_or_default();
-        self.attempts.push(RescuedAttempt {
-            queue: job.queue.clone(),
-            kind: job.kind.clone(),
-            status,
-            duration,
-        });
-    }
-
-    /// Adds another report's jobs to this one.
-    pub fn extend(&mut self, other: RescueReport) {
-        self.retried.extend(other.retried);
-        self.dead.extend(other.dead);
-        self.attempts.extend(other.attempts);
-    }
-}
 
 /// Filters for listing jobs, newest first. `after` is the cursor: the last id of the previous page.
 #[derive(Debug, Clone, Default)]
@@ -559,60 +386,6 @@ pub trait ScheduleStore: Send + Sync {
 
     /// A schedule's latest runs, newest first, with their jobs' states.
     async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>>;
-}
-
-/// Access control and audit (see `crate::access`).
-#[async_trait]
-pub trait AccessStore: Send + Sync {
-    /// Stores a new token. Names are unique among active tokens (a revoked token's name may
-    /// be used again): a clash is `Invalid` naming `name`.
-    ///
-    /// Checks the name ([`Valid::token`]) first.
-    async fn tokens_insert(&self, token: NewToken) -> StoreResult<ApiToken> {
-        self.tokens_insert_valid(Valid::token(token)?).await
-    }
-
-    /// Stores a new token (see [`AccessStore::tokens_insert`]).
-    async fn tokens_insert_valid(&self, token: Valid<NewToken>) -> StoreResult<ApiToken>;
-
-    /// Every token, revoked ones included, oldest first.
-    async fn tokens_list(&self) -> StoreResult<Vec<ApiToken>>;
-
-    /// Revokes a token (by id, or the active token of that name) and deletes its sessions.
-    /// Revoking a revoked token by id changes nothing and returns it; `None` when there is no
-    /// such token.
-    async fn token_revoke(&self, selector: TokenSelector) -> StoreResult<Option<ApiToken>>;
-
-    /// A token by id with its secret's hash, revoked or not (the caller checks both).
-    async fn token_get(&self, id: Uuid) -> StoreResult<Option<StoredToken>>;
-
-    /// Stores a session for an existing token (`Invalid` naming `token` when there is none),
-    /// pruning expired sessions.
-    async fn session_insert(&self, session: NewSession) -> StoreResult<()>;
-
-    /// A session that has not expired, with its token (which may have been revoked since).
-    async fn session_get(&self, id: Uuid) -> StoreResult<Option<StoredSession>>;
-
-    /// Deletes a session (logout). False when there was none.
-    async fn session_delete(&self, id: Uuid) -> StoreResult<bool>;
-
-    /// Appends an entry to the audit log, bounded as [`NewAuditEntry::bounded`] says, stamped
-    /// with the store's clock.
-    async fn audit_append(&self, entry: NewAuditEntry) -> StoreResult<AuditEntry>;
-
-    /// Audit entries newest first (see [`AuditListParams`]).
-    async fn audit_list(&self, params: AuditListParams) -> StoreResult<Vec<AuditEntry>>;
-
-    /// Deletes up to `limit` of the oldest entries stamped before `cutoff`, in one short
-    /// statement that reads no more than `limit` rows (the log is appended in time order, so
-    /// its expired entries are its head); returns how many. Run repeatedly until it deletes
-    /// fewer than `limit`. An entry stamped out of order (a skewed clock) waits until the
-    /// entries before it expire.
-    async fn audit_prune(
-        &self,
-        cutoff: crate::access::AuditCutoff,
-        limit: usize,
-    ) -> StoreResult<u64>;
 }
 
 /// Observability: the worker registry and stuck jobs (see `crate::workers`, `crate::stuck`).

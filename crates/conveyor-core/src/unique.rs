@@ -15,7 +15,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::error::ValidationError;
-use crate::job::JobState;
+use crate::state::JobState;
 
 /// Most payload fields a unique spec may name, and the longest name: bounds on the key's input,
 /// which is computed on the insert path.
@@ -167,7 +167,7 @@ impl UniqueSpec {
             ));
         }
         if let Some(period) = self.period_ms {
-            crate::validate::stored_integer("unique.period_ms", period)?;
+            crate::fields::stored_integer("unique.period_ms", period)?;
         }
         if self.states.is_empty() {
             return Err(ValidationError::new(

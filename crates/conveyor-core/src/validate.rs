@@ -2,147 +2,9 @@
 //! same things with the same field names.
 
 use crate::error::ValidationError;
+pub use crate::fields::*;
 use crate::job::NewJob;
-
-pub const MAX_NAME_LEN: usize = 128;
-pub const MAX_TAGS: usize = 32;
-pub const MAX_ATTEMPTS_LIMIT: u32 = 1000;
-pub const MAX_IDEMPOTENCY_KEY_LEN: usize = 512;
-
-/// Kind, queue, tenant and tag names: 1-128 characters from `[A-Za-z0-9_.:-]`.
-pub fn name(field: &str, value: &str) -> Result<(), ValidationError> {
-    if value.is_empty() {
-        return Err(ValidationError::new(field, "must not be empty"));
-    }
-    if value.len() > MAX_NAME_LEN {
-        return Err(ValidationError::new(
-            field,
-            format!("must be at most {MAX_NAME_LEN} characters"),
-        ));
-    }
-    if let Some(bad) = value
-        .chars()
-        .find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.' | ':')))
-    {
-        return Err(ValidationError::new(
-            field,
-            format!("contains illegal character {bad:?}; allowed are letters, digits, '_', '-', '.', ':'"),
-        ));
-    }
-    Ok(())
-}
-
-/// The largest number a store keeps: both stores hold integers as signed 64-bit values, so a
-/// larger one would be clamped (SQLite) or refused with a storage error (PostgreSQL).
-pub const MAX_STORED_INTEGER: u64 = i64::MAX as u64;
-
-/// Refuses a number the stores cannot hold exactly.
-pub fn stored_integer(field: &str, value: u64) -> Result<(), ValidationError> {
-    if value > MAX_STORED_INTEGER {
-        return Err(ValidationError::new(
-            field,
-            format!("must be at most {MAX_STORED_INTEGER}"),
-        ));
-    }
-    Ok(())
-}
-
-/// Refuses text holding a NUL character. PostgreSQL cannot store one in text or JSONB; SQLite
-/// can. Refusing it everywhere keeps both stores (and every client) behaving the same.
-pub fn text_without_nul(field: &str, value: &str) -> Result<(), ValidationError> {
-    if value.contains('\0') {
-        return Err(ValidationError::new(
-            field,
-            "must not contain the NUL character (\\u0000)",
-        ));
-    }
-    Ok(())
-}
-
-/// Deepest nesting of arrays and objects accepted in a payload or result. Answers wrap a
-/// payload in a few more levels (`{"jobs": [{"payload": ...}]}`), and common JSON parsers
-/// (serde_json's default among them) stop at 128: a deeper payload would be stored, then
-/// unreadable by the workers meant to run it.
-pub const MAX_JSON_DEPTH: usize = 64;
-
-/// Refuses JSON holding a NUL character in any string or object key, or nested deeper than
-/// [`MAX_JSON_DEPTH`]. The error names the place as `field` followed by a JSON pointer
-/// (`payload/user/name`).
-pub fn json_without_nul(field: &str, value: &serde_json::Value) -> Result<(), ValidationError> {
-    use serde_json::Value;
-    // Every enqueue and completion passes here: walk without building paths, and spell out
-    // the place only once something is wrong.
-    let mut stack: Vec<(&Value, usize)> = vec![(value, 0)];
-    while let Some((item, depth)) = stack.pop() {
-        let bad = depth > MAX_JSON_DEPTH
-            || match item {
-                Value::String(text) => text.contains('\0'),
-                Value::Array(items) => {
-                    stack.extend(items.iter().map(|item| (item, depth + 1)));
-                    false
-                }
-                Value::Object(map) => {
-                    stack.extend(map.values().map(|item| (item, depth + 1)));
-                    map.keys().any(|key| key.contains('\0'))
-                }
-                Value::Null | Value::Bool(_) | Value::Number(_) => false,
-            };
-        if bad {
-            return Err(json_problem(field, value));
-        }
-    }
-    Ok(())
-}
-
-/// The first problem [`json_without_nul`] found, named by its JSON pointer.
-fn json_problem(field: &str, value: &serde_json::Value) -> ValidationError {
-    use serde_json::Value;
-    fn escape(key: &str) -> String {
-        key.replace('~', "~0").replace('/', "~1")
-    }
-    let mut stack: Vec<(String, &Value, usize)> = vec![(field.to_string(), value, 0)];
-    while let Some((path, value, depth)) = stack.pop() {
-        if depth > MAX_JSON_DEPTH {
-            return ValidationError::new(
-                field,
-                format!("is nested deeper than {MAX_JSON_DEPTH} levels"),
-            );
-        }
-        match value {
-            Value::String(text) => {
-                if let Err(problem) = text_without_nul(&path, text) {
-                    return problem;
-                }
-            }
-            Value::Array(items) => {
-                for (index, item) in items.iter().enumerate() {
-                    stack.push((format!("{path}/{index}"), item, depth + 1));
-                }
-            }
-            Value::Object(map) => {
-                for (key, item) in map {
-                    let place = format!("{path}/{}", escape(key));
-                    if let Err(problem) = text_without_nul(&place, key) {
-                        return problem;
-                    }
-                    stack.push((place, item, depth + 1));
-                }
-            }
-            Value::Null | Value::Bool(_) | Value::Number(_) => {}
-        }
-    }
-    ValidationError::new(field, "is not storable")
-}
-
-/// A failure's message as stored: NUL characters written out as `\u0000`. An error message is
-/// a report, not data: refusing it would leave the job running until its lease expired.
-pub fn storable_message(message: &str) -> std::borrow::Cow<'_, str> {
-    if message.contains('\0') {
-        std::borrow::Cow::Owned(message.replace('\0', "\\u0000"))
-    } else {
-        std::borrow::Cow::Borrowed(message)
-    }
-}
+pub use crate::valid::Valid;
 
 /// Most distinct queues one fetch may name. A fetch looks at each queue in turn on the
 /// claim path (SQLite's single writer), so an unbounded list would stall every other write.
@@ -150,7 +12,7 @@ pub const MAX_FETCH_QUEUES: usize = 256;
 
 /// Checks a fetch and drops repeated queue names (keeping the first of each, in linear time)
 /// before it reaches a store.
-pub fn fetch(params: &mut crate::store::FetchParams) -> Result<(), ValidationError> {
+pub fn fetch(params: &mut crate::lease::FetchParams) -> Result<(), ValidationError> {
     crate::workers::text("worker_id", &params.worker_id, true)?;
     let mut seen = std::collections::HashSet::with_capacity(params.queues.len());
     let mut distinct = Vec::with_capacity(params.queues.len().min(MAX_FETCH_QUEUES));
@@ -192,7 +54,7 @@ pub fn fetch(params: &mut crate::store::FetchParams) -> Result<(), ValidationErr
 
 /// A fetch that names its kinds claims none of the excluded ones: they leave `kinds`, and
 /// `excluded_kinds` is kept only for a fetch of any kind (stores read it only then).
-fn fold_excluded_kinds(params: &mut crate::store::FetchParams) {
+fn fold_excluded_kinds(params: &mut crate::lease::FetchParams) {
     if let Some(kinds) = &mut params.kinds {
         kinds.retain(|kind| !params.excluded_kinds.contains(kind));
         params.excluded_kinds.clear();
@@ -200,7 +62,7 @@ fn fold_excluded_kinds(params: &mut crate::store::FetchParams) {
 }
 
 /// Checks completions' results before they reach a store (see [`json_without_nul`]).
-pub fn completions(params: &[crate::store::CompleteParams]) -> Result<(), ValidationError> {
+pub fn completions(params: &[crate::lease::CompleteParams]) -> Result<(), ValidationError> {
     for completion in params {
         if let Some(result) = &completion.result {
             json_without_nul("result", result)?;
@@ -392,40 +254,9 @@ pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), Valida
     Ok(())
 }
 
-/// A request that passed its checks. Only this module makes one (a constructor per kind of
-/// request, below), and the stores take these: every rule here runs once, above the stores,
-/// however many layers a request passes through, and no store can check it differently.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Valid<T>(T);
-
-impl<T> Valid<T> {
-    pub fn get(&self) -> &T {
-        &self.0
-    }
-
-    pub fn into_inner(self) -> T {
-        self.0
-    }
-
-    /// The same request changed by a decorator that transforms what is stored (encryption at
-    /// rest), or an error. The caller vouches that `change` keeps it valid: it derives the new
-    /// fields from the checked ones, so they are not checked again.
-    pub fn try_vouched_map<E>(self, change: impl FnOnce(T) -> Result<T, E>) -> Result<Valid<T>, E> {
-        change(self.0).map(Valid)
-    }
-}
-
-impl<T> std::ops::Deref for Valid<T> {
-    type Target = T;
-
-    fn deref(&self) -> &T {
-        &self.0
-    }
-}
-
-impl Valid<crate::store::FetchParams> {
+impl Valid<crate::lease::FetchParams> {
     /// A fetch, as [`fetch`] checks and normalises it.
-    pub fn fetch(mut params: crate::store::FetchParams) -> Result<Self, ValidationError> {
+    pub fn fetch(mut params: crate::lease::FetchParams) -> Result<Self, ValidationError> {
         fetch(&mut params)?;
         Ok(Self(params))
     }
@@ -434,7 +265,7 @@ impl Valid<crate::store::FetchParams> {
     /// `max`, kinds of its own or of stored breakers named or excluded), its excluded kinds
     /// folded into its kinds again. Narrowing keeps a checked fetch valid, so it is not
     /// checked again.
-    pub fn narrowed(self, narrow: impl FnOnce(&mut crate::store::FetchParams)) -> Self {
+    pub fn narrowed(self, narrow: impl FnOnce(&mut crate::lease::FetchParams)) -> Self {
         let mut params = self.0;
         narrow(&mut params);
         fold_excluded_kinds(&mut params);
@@ -449,18 +280,18 @@ impl Valid<crate::store::FetchParams> {
     }
 }
 
-impl Valid<Vec<crate::store::CompleteParams>> {
+impl Valid<Vec<crate::lease::CompleteParams>> {
     /// A batch of completions, as [`completions`] checks it.
-    pub fn completions(params: Vec<crate::store::CompleteParams>) -> Result<Self, ValidationError> {
+    pub fn completions(params: Vec<crate::lease::CompleteParams>) -> Result<Self, ValidationError> {
         completions(&params)?;
         Ok(Self(params))
     }
 }
 
-impl Valid<crate::store::FailParams> {
+impl Valid<crate::lease::FailParams> {
     /// A failure report, its message made storable ([`storable_message`]): a report is never
     /// refused for its message.
-    pub fn failure(mut params: crate::store::FailParams) -> Self {
+    pub fn failure(mut params: crate::lease::FailParams) -> Self {
         params.message = storable_message(&params.message).into_owned();
         Self(params)
     }

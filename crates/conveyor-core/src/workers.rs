@@ -15,8 +15,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::ValidationError;
+use crate::lease::RescueReport;
 use crate::retry::RetryPolicy;
-use crate::store::RescueReport;
 
 /// Longest worker id, host name or version string accepted.
 pub const MAX_WORKER_FIELD_LEN: usize = 256;
@@ -211,7 +211,7 @@ pub fn heartbeat(beat: &WorkerHeartbeat) -> Result<(), ValidationError> {
         ));
     }
     for (index, queue) in beat.queues.iter().enumerate() {
-        crate::validate::name(&format!("queues[{index}]"), queue)?;
+        crate::fields::name(&format!("queues[{index}]"), queue)?;
     }
     Ok(())
 }

@@ -17,7 +17,10 @@ use std::collections::{BTreeMap, HashMap};
 use uuid::Uuid;
 
 use crate::error::ValidationError;
-use crate::job::{JobState, NewJob};
+use crate::fields;
+pub use crate::job::FlowLink;
+use crate::job::NewJob;
+use crate::state::JobState;
 use crate::validate;
 
 /// Most steps one flow may have.
@@ -293,28 +296,28 @@ impl ValidFlow {
 /// (`steps[2].after[0]`, `steps[0].job.kind`).
 pub fn validate_flow(flow: &NewFlow) -> Result<(), ValidationError> {
     if let Some(name) = &flow.name {
-        validate::name("name", name)?;
+        fields::name("name", name)?;
     }
     if let Some(key) = &flow.idempotency_key {
-        if key.is_empty() || key.chars().count() > validate::MAX_IDEMPOTENCY_KEY_LEN {
+        if key.is_empty() || key.chars().count() > fields::MAX_IDEMPOTENCY_KEY_LEN {
             return Err(ValidationError::new(
                 "idempotency_key",
                 format!(
                     "must be 1 to {} characters",
-                    validate::MAX_IDEMPOTENCY_KEY_LEN
+                    fields::MAX_IDEMPOTENCY_KEY_LEN
                 ),
             ));
         }
-        validate::text_without_nul("idempotency_key", key)?;
+        fields::text_without_nul("idempotency_key", key)?;
     }
-    if flow.tags.len() > validate::MAX_TAGS {
+    if flow.tags.len() > fields::MAX_TAGS {
         return Err(ValidationError::new(
             "tags",
-            format!("at most {} tags", validate::MAX_TAGS),
+            format!("at most {} tags", fields::MAX_TAGS),
         ));
     }
     for tag in &flow.tags {
-        validate::name("tags", tag)?;
+        fields::name("tags", tag)?;
     }
     if flow.steps.is_empty() || flow.steps.len() > MAX_FLOW_STEPS {
         return Err(ValidationError::new(
@@ -331,7 +334,7 @@ pub fn validate_flow(flow: &NewFlow) -> Result<(), ValidationError> {
                 format!("must be 1 to {MAX_STEP_NAME_LEN} characters"),
             ));
         }
-        validate::text_without_nul(&field, &step.name)?;
+        fields::text_without_nul(&field, &step.name)?;
         if index.insert(step.name.as_str(), i).is_some() {
             return Err(ValidationError::new(
                 field,
@@ -343,7 +346,7 @@ pub fn validate_flow(flow: &NewFlow) -> Result<(), ValidationError> {
         match &step.action {
             StepAction::Job(job) => step_job(&format!("steps[{i}].job"), job)?,
             StepAction::Wait(wait) => {
-                validate::name(&format!("steps[{i}].wait.signal"), &wait.signal)?;
+                fields::name(&format!("steps[{i}].wait.signal"), &wait.signal)?;
                 if let Some(timeout) = wait.timeout_ms {
                     if timeout == 0 || timeout > MAX_WAIT_TIMEOUT_MS {
                         return Err(ValidationError::new(
@@ -607,17 +610,6 @@ impl CompensationState {
             .into_iter()
             .find(|state| state.as_str() == s)
     }
-}
-
-/// A job's link to its flow, carried by the job (and handed to its worker).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct FlowLink {
-    pub flow_id: Uuid,
-    pub step: String,
-    /// The results of the step's completed parents by step name (for a compensation job: the
-    /// compensated step's result under its name).
-    #[serde(default)]
-    pub parents: BTreeMap<String, Value>,
 }
 
 /// The job that compensates a completed step: the compensation's own spec, given the step's

@@ -1,0 +1,74 @@
+//! The states a job passes through (the lifecycle is drawn in [`crate::job`]). A leaf, with no
+//! import of the crate: the errors name a job's state and every other module names both (its
+//! parsing from text, which answers a `ValidationError`, is in `job.rs`).
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum JobState {
+    /// Waiting for its `run_at`.
+    Scheduled,
+    /// Ready to be fetched.
+    Available,
+    /// Held by a worker under a lease.
+    Running,
+    /// Failed an attempt; waits for its backoff `run_at`, then runs again.
+    Retryable,
+    Completed,
+    /// In the dead-letter queue: attempts exhausted, or a permanent failure.
+    Dead,
+    Cancelled,
+    /// Not started before its `expires_at`: never run (or not run again), kept like dead jobs
+    /// and replayable like them.
+    Expired,
+}
+
+impl JobState {
+    pub const ALL: [JobState; 8] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Running,
+        JobState::Retryable,
+        JobState::Completed,
+        JobState::Dead,
+        JobState::Cancelled,
+        JobState::Expired,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Scheduled => "scheduled",
+            JobState::Available => "available",
+            JobState::Running => "running",
+            JobState::Retryable => "retryable",
+            JobState::Completed => "completed",
+            JobState::Dead => "dead",
+            JobState::Cancelled => "cancelled",
+            JobState::Expired => "expired",
+        }
+    }
+
+    /// Finished jobs never run again unless replayed from `dead` or `expired`.
+    pub fn is_finished(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Dead | JobState::Cancelled | JobState::Expired
+        )
+    }
+
+    /// States a job waits in before it (next) starts: the ones that expire.
+    pub const WAITING: [JobState; 3] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Retryable,
+    ];
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
