@@ -216,9 +216,156 @@ pub fn heartbeat(beat: &WorkerHeartbeat) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// How a heartbeat merges into the registry row it finds, column by column: the one statement
+/// of the rule, which each store renders into its own upsert ([`heartbeat_merge_sql`]) so the
+/// merge stays one atomic statement with no read first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Merge {
+    /// The beat's value.
+    Take,
+    /// The row's value when the beat's is blank (an empty text or list, 0, or NULL): a beat
+    /// that leaves a field out keeps what the registry knows.
+    KeepWhenBlank(Blank),
+    /// While the row is alive, the earlier start; otherwise the beat's (a worker that stopped
+    /// or was marked dead and came back has started again).
+    EarliestWhileAlive,
+    /// Cleared when a worker that was not alive comes back (a `stop` sent to the old process
+    /// must not stop the new one); otherwise the row's, which only a command changes.
+    ClearOnReturn,
+}
+
+/// What a blank value is, per column type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Blank {
+    Text,
+    List,
+    Zero,
+    Null,
+}
+
+/// The registry's columns a heartbeat merges, in the order a store's upsert writes them.
+pub const HEARTBEAT_MERGE: [(&str, Merge); 10] = [
+    ("host", Merge::KeepWhenBlank(Blank::Text)),
+    ("pid", Merge::KeepWhenBlank(Blank::Null)),
+    ("queues", Merge::KeepWhenBlank(Blank::List)),
+    ("concurrency", Merge::KeepWhenBlank(Blank::Zero)),
+    ("busy", Merge::Take),
+    ("version", Merge::KeepWhenBlank(Blank::Text)),
+    ("started_at", Merge::EarliestWhileAlive),
+    ("last_seen_at", Merge::Take),
+    ("command", Merge::ClearOnReturn),
+    ("state", Merge::Take),
+];
+
+/// The SQL spellings that differ between stores.
+#[derive(Debug, Clone, Copy)]
+pub struct SqlDialect {
+    /// A condition true when the list column `{}` is empty.
+    pub empty_list: &'static str,
+    /// The function giving the least of two values (`LEAST`, `MIN`).
+    pub least: &'static str,
+}
+
+/// The `SET` list of a heartbeat's `ON CONFLICT (id) DO UPDATE`, for a row named `row` (the
+/// table or its alias) and the proposed row named `excluded`, from [`HEARTBEAT_MERGE`];
+/// `ended_at` follows `state`.
+pub fn heartbeat_merge_sql(row: &str, dialect: SqlDialect) -> String {
+    let mut set: Vec<String> = HEARTBEAT_MERGE
+        .iter()
+        .map(|(column, merge)| {
+            let new = format!("excluded.{column}");
+            let old = format!("{row}.{column}");
+            let value = match merge {
+                Merge::Take => new,
+                Merge::KeepWhenBlank(Blank::Null) => format!("COALESCE({new}, {old})"),
+                Merge::KeepWhenBlank(blank) => {
+                    let is_blank = match blank {
+                        Blank::Text => format!("{new} = ''"),
+                        Blank::List => dialect.empty_list.replace("{}", &new),
+                        Blank::Zero | Blank::Null => format!("{new} = 0"),
+                    };
+                    format!("CASE WHEN {is_blank} THEN {old} ELSE {new} END")
+                }
+                Merge::EarliestWhileAlive => format!(
+                    "CASE WHEN {row}.state = 'alive' THEN {}({old}, {new}) ELSE {new} END",
+                    dialect.least
+                ),
+                Merge::ClearOnReturn => format!(
+                    "CASE WHEN {row}.state <> 'alive' AND excluded.state = 'alive' \
+                     THEN NULL ELSE {old} END"
+                ),
+            };
+            format!("{column} = {value}")
+        })
+        .collect();
+    set.push("ended_at = excluded.ended_at".to_string());
+    set.join(", ")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_heartbeat_merge_renders_each_rule_in_each_dialect() {
+        let sqlite = heartbeat_merge_sql(
+            "workers",
+            SqlDialect {
+                empty_list: "{} = '[]'",
+                least: "MIN",
+            },
+        );
+        assert!(sqlite.contains(
+            "host = CASE WHEN excluded.host = '' THEN workers.host ELSE excluded.host END"
+        ));
+        assert!(sqlite.contains("pid = COALESCE(excluded.pid, workers.pid)"));
+        assert!(sqlite.contains(
+            "queues = CASE WHEN excluded.queues = '[]' THEN workers.queues ELSE excluded.queues END"
+        ));
+        assert!(sqlite.contains(
+            "started_at = CASE WHEN workers.state = 'alive' \
+             THEN MIN(workers.started_at, excluded.started_at) ELSE excluded.started_at END"
+        ));
+        assert!(sqlite.contains("busy = excluded.busy,"));
+        assert!(sqlite.ends_with("state = excluded.state, ended_at = excluded.ended_at"));
+        let postgres = heartbeat_merge_sql(
+            "w",
+            SqlDialect {
+                empty_list: "cardinality({}) = 0",
+                least: "LEAST",
+            },
+        );
+        assert!(postgres.contains(
+            "queues = CASE WHEN cardinality(excluded.queues) = 0 THEN w.queues ELSE excluded.queues END"
+        ));
+        assert!(postgres.contains("LEAST(w.started_at, excluded.started_at)"));
+        assert!(postgres.contains(
+            "command = CASE WHEN w.state <> 'alive' AND excluded.state = 'alive' \
+             THEN NULL ELSE w.command END"
+        ));
+        // Every column a beat writes is merged, once.
+        for column in [
+            "host",
+            "pid",
+            "queues",
+            "concurrency",
+            "busy",
+            "version",
+            "started_at",
+            "last_seen_at",
+            "command",
+            "state",
+            "ended_at",
+        ] {
+            assert_eq!(
+                format!(", {postgres}")
+                    .matches(&format!(", {column} = "))
+                    .count(),
+                1,
+                "{column}"
+            );
+        }
+    }
 
     fn beat() -> WorkerHeartbeat {
         WorkerHeartbeat {
