@@ -27,12 +27,6 @@ KNOWN = {
         "kinds", "limits", "ops", "retention", "sql", "stats", "unique", "workflow",
     },
     "conveyor-sqlite": {"limits", "ops", "unique", "workflow", "writer"},
-    # Every behaviour module takes the kit's helpers through `use crate::*`, which re-exports
-    # every behaviour module: a circle of globs, not of calls.
-    "conveyor-storetest": {
-        "admin", "breakers", "copy", "expiry", "fetch", "finish", "hostile", "insert", "kinds",
-        "limits", "rescue", "retention", "search", "settings", "unique", "workers", "workflows",
-    },
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
