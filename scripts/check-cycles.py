@@ -26,7 +26,6 @@ KNOWN = {
     "conveyor-postgres": {
         "kinds", "limits", "ops", "retention", "sql", "stats", "unique", "workflow",
     },
-    "conveyor-sqlite": {"limits", "ops", "unique", "workflow", "writer"},
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,7 +12,7 @@ use rusqlite::types::Type;
 use rusqlite::{params, params_from_iter, Connection, Row};
 use std::str::FromStr;
 
-use crate::backend;
+use crate::errors::backend;
 use crate::ops::record_failure;
 use crate::rows::millis;
 use crate::writer::WriteCtx;
