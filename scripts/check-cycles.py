@@ -22,10 +22,6 @@ KNOWN = {
         "retry", "schedule", "stats", "store", "trace", "unique", "validate", "workers",
         "workflow",
     },
-    # ops/ calls the nouns' SQL and the nouns call ops' shared helpers (Ctx, lock_in_order).
-    "conveyor-postgres": {
-        "kinds", "limits", "ops", "retention", "sql", "stats", "unique", "workflow",
-    },
 }
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,9 +12,10 @@ use sqlx::{PgConnection, Row, SqlStr};
 use std::str::FromStr;
 use uuid::Uuid;
 
+use crate::ctx::Ctx;
 use crate::errors::{corrupt, db};
 use crate::names::quoted;
-use crate::ops::{rescue_row, Ctx};
+use crate::ops::rescue_row;
 use crate::sql::stmt;
 
 /// What a heartbeat writes; the registry rows also carry `command`, which only
