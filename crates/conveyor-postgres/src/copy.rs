@@ -181,7 +181,7 @@ impl CopyStore for PgStore {
     }
 
     async fn export_kinds(&self) -> StoreResult<Vec<KindSettings>> {
-        kinds::list(&mut *self.conn().await?, &self.ctx()).await
+        kinds::list(&mut *self.conn().await?, &self.inner.kind_sql).await
     }
 
     async fn import_kinds(&self, records: Vec<KindSettings>) -> StoreResult<u64> {
@@ -206,7 +206,7 @@ impl CopyStore for PgStore {
     }
 
     async fn export_breakers(&self) -> StoreResult<Vec<StoredBreaker>> {
-        kinds::breakers_list(&mut *self.conn().await?, &self.ctx()).await
+        kinds::breakers_list(&mut *self.conn().await?, &self.inner.breaker_sql).await
     }
 
     async fn import_breakers(&self, records: Vec<StoredBreaker>) -> StoreResult<u64> {

@@ -5,9 +5,9 @@ use conveyor_core::{BreakerScope, StoreResult, StoredBreaker};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row, SqlStr};
 
+use crate::ctx::Ctx;
 use crate::errors::{corrupt, db};
 use crate::names::quoted;
-use crate::ops::Ctx;
 use crate::sql::stmt;
 
 /// The statements of kind settings for one schema.
@@ -40,9 +40,10 @@ impl KindsSql {
 pub(crate) async fn put(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
+    sql: &KindsSql,
     settings: KindSettings,
 ) -> StoreResult<KindSettings> {
-    sqlx::query(ctx.sql.kinds.put.clone())
+    sqlx::query(sql.put.clone())
         .bind(&settings.kind)
         .bind(settings.schema.as_ref().map(Json))
         .bind(
@@ -61,8 +62,11 @@ pub(crate) async fn put(
     })
 }
 
-pub(crate) async fn list(conn: &mut PgConnection, ctx: &Ctx<'_>) -> StoreResult<Vec<KindSettings>> {
-    let rows = sqlx::query(ctx.sql.kinds.list.clone())
+pub(crate) async fn list(
+    conn: &mut PgConnection,
+    sql: &KindsSql,
+) -> StoreResult<Vec<KindSettings>> {
+    let rows = sqlx::query(sql.list.clone())
         .fetch_all(conn)
         .await
         .map_err(db("list kinds"))?;
@@ -85,10 +89,10 @@ pub(crate) async fn list(conn: &mut PgConnection, ctx: &Ctx<'_>) -> StoreResult<
 
 pub(crate) async fn delete(
     conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
+    sql: &KindsSql,
     kind: &str,
 ) -> StoreResult<bool> {
-    let done = sqlx::query(ctx.sql.kinds.delete.clone())
+    let done = sqlx::query(sql.delete.clone())
         .bind(kind)
         .execute(conn)
         .await
@@ -143,9 +147,9 @@ fn breaker_of(row: &sqlx::postgres::PgRow) -> StoreResult<Option<StoredBreaker>>
 
 pub(crate) async fn breakers_list(
     conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
+    sql: &BreakersSql,
 ) -> StoreResult<Vec<StoredBreaker>> {
-    let rows = sqlx::query(ctx.sql.breakers.list.clone())
+    let rows = sqlx::query(sql.list.clone())
         .fetch_all(conn)
         .await
         .map_err(db("list circuit breakers"))?;
@@ -160,11 +164,11 @@ pub(crate) async fn breakers_list(
 
 pub(crate) async fn breaker_get(
     conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
+    sql: &BreakersSql,
     scope: BreakerScope,
     name: &str,
 ) -> StoreResult<Option<StoredBreaker>> {
-    let row = sqlx::query(ctx.sql.breakers.get.clone())
+    let row = sqlx::query(sql.get.clone())
         .bind(scope.as_str())
         .bind(name)
         .fetch_optional(conn)
@@ -175,20 +179,20 @@ pub(crate) async fn breaker_get(
 
 pub(crate) async fn breaker_write(
     conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
+    sql: &BreakersSql,
     breaker: &StoredBreaker,
 ) -> StoreResult<bool> {
     let version = i64::try_from(breaker.version)
         .map_err(|_| conveyor_core::StoreError::backend("breaker version out of range"))?;
     let done = if version == 0 {
-        sqlx::query(ctx.sql.breakers.insert.clone())
+        sqlx::query(sql.insert.clone())
             .bind(breaker.scope.as_str())
             .bind(&breaker.name)
             .bind(Json(&breaker.record))
             .execute(conn)
             .await
     } else {
-        sqlx::query(ctx.sql.breakers.update.clone())
+        sqlx::query(sql.update.clone())
             .bind(breaker.scope.as_str())
             .bind(&breaker.name)
             .bind(Json(&breaker.record))

@@ -25,7 +25,9 @@
 mod access;
 mod clock;
 mod copy;
+mod ctx;
 mod errors;
+mod jobs;
 mod kinds;
 mod limits;
 mod listener;
@@ -48,5 +50,6 @@ mod workflow;
 
 pub use migrate::{migrate, SCHEMA_VERSION};
 pub use open::{PgOptions, PgStore};
-// The store's handles (pool, statements, `Ctx`) for the modules of each noun.
+// The store's handles (pool, statements, `ctx()`, `commit`) for the `Store` methods (`traits`,
+// `copy`).
 pub(crate) use open::*;

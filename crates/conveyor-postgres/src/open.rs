@@ -15,8 +15,8 @@ use tokio::sync::Notify;
 
 use crate::*;
 
+use ctx::{Ctx, FlowStarted};
 use errors::db;
-use ops::Ctx;
 use sql::Sql;
 
 /// Settings of a [`PgStore`].
@@ -75,6 +75,10 @@ pub(crate) struct Inner {
     pub(crate) schedule_sql: schedules::ScheduleSql,
     pub(crate) access_sql: access::AccessSql,
     pub(crate) worker_sql: workers::WorkerSql,
+    pub(crate) kind_sql: kinds::KindsSql,
+    pub(crate) breaker_sql: kinds::BreakersSql,
+    pub(crate) retention_sql: retention::Retention,
+    pub(crate) stats_sql: stats::StatsSql,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: StoreOptions,
     pub(crate) wakeup: Arc<Notify>,
@@ -83,7 +87,7 @@ pub(crate) struct Inner {
     pub(crate) upkeep: Arc<upkeep::Upkeep>,
     /// Jobs of flows this store handed out (see `ops::FlowJobs`).
     pub(crate) flow_jobs: ops::FlowJobs,
-    /// Told of the jobs flows start, after each commit (see `ops::Ctx::flows_committed`).
+    /// Told of the jobs flows start, after each commit (see `Ctx::flows_committed`).
     pub(crate) flow_starts: Arc<conveyor_core::FlowStarts>,
     /// Held only to stop the listener when the store goes away.
     pub(crate) _listener: listener::ListenerTask,
@@ -164,6 +168,10 @@ impl PgStore {
         let schedule_sql = schedules::ScheduleSql::new(&options.schema);
         let access_sql = access::AccessSql::new(&options.schema);
         let worker_sql = workers::WorkerSql::new(&options.schema);
+        let kind_sql = kinds::KindsSql::new(&options.schema);
+        let breaker_sql = kinds::BreakersSql::new(&options.schema);
+        let retention_sql = retention::Retention::new(&options.schema);
+        let stats_sql = stats::StatsSql::new(&options.schema);
         let wakeup = Arc::new(Notify::new());
         let listener = listener::start(
             (*pool.connect_options()).clone(),
@@ -188,6 +196,10 @@ impl PgStore {
                 schedule_sql,
                 access_sql,
                 worker_sql,
+                kind_sql,
+                breaker_sql,
+                retention_sql,
+                stats_sql,
                 clock,
                 options: options.store,
                 wakeup,
@@ -281,7 +293,7 @@ impl PgStore {
         Ctx {
             flow_started: starts
                 .observed()
-                .then(|| Arc::new(ops::FlowStarted::new(starts.clone()))),
+                .then(|| Arc::new(FlowStarted::new(starts.clone()))),
             ..self.ctx()
         }
     }

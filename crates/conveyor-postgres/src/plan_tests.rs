@@ -12,6 +12,7 @@ use conveyor_core::{JobStore, LeaseStore};
 use sqlx::Connection;
 use std::time::Duration;
 
+use crate::retention::Retention;
 use crate::sql::Sql;
 use crate::{PgOptions, PgStore};
 
@@ -210,7 +211,7 @@ async fn hot_statements_keep_their_plans_on_a_table_with_statistics() {
     let prune = generic_plan(
         &mut conn,
         "prune",
-        sql.retention.prune_statement(),
+        Retention::new(&schema).prune_statement(),
         "uuid, timestamptz, float8, float8, bigint",
         "'00000000-0000-0000-0000-000000000000', now(), 1.0, 1.0, 100",
     )

@@ -5,9 +5,10 @@ use conveyor_core::{uuid_v7_floor, JobState, PruneParams, PruneReport, StoreResu
 use sqlx::{Connection, PgConnection, Row, SqlStr};
 use std::str::FromStr;
 
+use crate::ctx::Ctx;
 use crate::errors::{corrupt, db};
 use crate::names::quoted;
-use crate::ops::{settings_of, Ctx};
+use crate::rows::settings_of;
 use crate::sql::stmt;
 
 /// The statements of pruning for one schema.
@@ -60,9 +61,9 @@ fn secs(d: std::time::Duration) -> i64 {
 pub(crate) async fn prune(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
+    retention: &Retention,
     params: &PruneParams,
 ) -> StoreResult<PruneReport> {
-    let retention = &ctx.sql.retention;
     let default_completed = secs(params.retention.completed);
     let default_dead = secs(params.retention.dead);
     let overrides = sqlx::query(retention.overrides.clone())

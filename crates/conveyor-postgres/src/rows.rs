@@ -1,8 +1,10 @@
-//! Mapping between `jobs` rows and [`Job`].
+//! Mapping between rows and the model: jobs and queue settings.
 
 use chrono::{DateTime, Utc};
 use conveyor_core::workflow::FlowLink;
-use conveyor_core::{ErrorRecord, Job, JobState, Lease, Progress, StoreResult};
+use conveyor_core::{
+    ErrorRecord, Job, JobState, Lease, Progress, QueueSettings, RateLimit, StoreResult,
+};
 use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::types::Json;
@@ -94,4 +96,45 @@ fn flow_link(row: &PgRow) -> StoreResult<Option<FlowLink>> {
 /// Every row as a job.
 pub(crate) fn jobs(rows: &[PgRow]) -> StoreResult<Vec<Job>> {
     rows.iter().map(job).collect()
+}
+
+/// A row with the columns of [`crate::sql::SETTINGS_COLUMNS`] as a queue's settings.
+pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
+    let read = |e: sqlx::Error| corrupt(e.to_string());
+    let count = |column: &str| -> StoreResult<Option<u64>> {
+        Ok(row
+            .try_get::<Option<i64>, _>(column)
+            .map_err(read)?
+            .map(depth_of))
+    };
+    let rate = |count_column: &str, period_column: &str| -> StoreResult<Option<RateLimit>> {
+        Ok(match (count(count_column)?, count(period_column)?) {
+            (Some(count), Some(period_ms)) => Some(RateLimit { count, period_ms }),
+            _ => None,
+        })
+    };
+    let weight: Option<i32> = row.try_get("weight").map_err(read)?;
+    Ok({
+        let mut settings = QueueSettings::default();
+        settings.paused = row.try_get("paused").map_err(read)?;
+        settings.max_depth = count("max_depth")?;
+        settings.max_depth_per_tenant = count("max_depth_per_tenant")?;
+        settings.concurrency_limit = count("concurrency_limit")?;
+        settings.per_key_concurrency_limit = count("per_key_concurrency_limit")?;
+        settings.rate_limit = rate("rate_count", "rate_period_ms")?;
+        settings.per_key_rate_limit = rate("per_key_rate_count", "per_key_rate_period_ms")?;
+        settings.weight = weight.map(|w| u32::try_from(w).unwrap_or(1));
+        settings.completed_retention_secs = count("completed_retention_secs")?;
+        settings.dead_retention_secs = count("dead_retention_secs")?;
+        settings.default_ttl_ms = count("default_ttl_ms")?;
+        let breaker: Option<Json<conveyor_core::BreakerSettings>> =
+            row.try_get("circuit_breaker").map_err(read)?;
+        settings.circuit_breaker = breaker.map(|Json(b)| b);
+        settings
+    })
+}
+
+/// A count or limit read from the database (never negative: the columns are checked).
+pub(crate) fn depth_of(n: i64) -> u64 {
+    u64::try_from(n).unwrap_or(0)
 }

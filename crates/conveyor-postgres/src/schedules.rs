@@ -18,9 +18,10 @@ use std::str::FromStr;
 use std::sync::Arc;
 use uuid::Uuid;
 
+use crate::ctx::Ctx;
 use crate::errors::db;
 use crate::names::quoted;
-use crate::ops::{self, Ctx};
+use crate::ops;
 
 /// A statement text that clones without copying (as in `sql.rs`).
 fn stmt(text: String) -> SqlStr {

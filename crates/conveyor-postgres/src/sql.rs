@@ -1,4 +1,9 @@
-//! Every statement the store runs, built once per store for its schema.
+//! The statements operations run through their context (`Ctx::sql`), built once per store for
+//! its schema: the jobs table's here, and those of the flows (`sql/workflow.rs`) and the limited
+//! claim (`sql/limits.rs`), which operations on jobs call inside their transactions. Kept apart
+//! from those modules so that they and the operations all read them without importing each
+//! other. Modules only the `Store` methods call (schedules, access, workers, kinds, retention,
+//! history) keep their statements beside their code, held by the store next to these.
 //!
 //! Table names cannot be bound as parameters, so the (validated, quoted) schema is spliced into
 //! the text here, once; every value is a bind parameter. Keeping the text fixed per store also
@@ -9,13 +14,18 @@ use std::sync::Arc;
 
 use crate::names::{channel, quoted};
 
+mod limits;
+mod workflow;
+
+pub(crate) use workflow::HEAD_COLUMNS;
+
 /// The columns of a job row, in the order `rows::job` expects by name.
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
     lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, \
     flow_id, flow_step, parents, progress, expires_at, trace";
 
-/// The columns of a queue settings row, as `ops::settings_of` reads them by name.
+/// The columns of a queue settings row, as `rows::settings_of` reads them by name.
 pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tenant, \
     concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
     per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
@@ -106,13 +116,9 @@ pub(crate) struct Sql {
     pub settings_list: SqlStr,
     pub paused_queues: SqlStr,
     /// The limited claim's statements and state.
-    pub limits: crate::limits::LimitSql,
-    /// Workflows' statements (`workflow.rs`).
-    pub workflow: crate::workflow::WorkflowSql,
-    pub retention: crate::retention::Retention,
-    pub kinds: crate::kinds::KindsSql,
-    pub breakers: crate::kinds::BreakersSql,
-    pub history: crate::stats::StatsSql,
+    pub limits: limits::LimitSql,
+    /// Workflows' statements.
+    pub workflow: workflow::WorkflowSql,
 }
 
 impl Sql {
@@ -581,12 +587,8 @@ impl Sql {
                 "SELECT queue, {SETTINGS_COLUMNS} FROM {settings} ORDER BY queue"
             )),
             paused_queues: stmt(format!("SELECT queue FROM {settings} WHERE paused")),
-            limits: crate::limits::LimitSql::new(schema),
-            workflow: crate::workflow::WorkflowSql::new(schema),
-            retention: crate::retention::Retention::new(schema),
-            kinds: crate::kinds::KindsSql::new(schema),
-            breakers: crate::kinds::BreakersSql::new(schema),
-            history: crate::stats::StatsSql::new(schema),
+            limits: limits::LimitSql::new(schema),
+            workflow: workflow::WorkflowSql::new(schema),
             jobs,
         }
     }

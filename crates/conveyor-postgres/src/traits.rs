@@ -295,7 +295,13 @@ impl conveyor_core::KindStore for PgStore {
         settings: conveyor_core::kinds::KindSettings,
     ) -> StoreResult<conveyor_core::kinds::KindSettings> {
         conveyor_core::kinds::validate_settings(&settings)?;
-        kinds::put(&mut *self.conn().await?, &self.ctx(), settings).await
+        kinds::put(
+            &mut *self.conn().await?,
+            &self.ctx(),
+            &self.inner.kind_sql,
+            settings,
+        )
+        .await
     }
 
     async fn kind_get(
@@ -310,18 +316,18 @@ impl conveyor_core::KindStore for PgStore {
     }
 
     async fn kinds_list(&self) -> StoreResult<Vec<conveyor_core::kinds::KindSettings>> {
-        kinds::list(&mut *self.conn().await?, &self.ctx()).await
+        kinds::list(&mut *self.conn().await?, &self.inner.kind_sql).await
     }
 
     async fn kind_delete(&self, kind: &str) -> StoreResult<bool> {
-        kinds::delete(&mut *self.conn().await?, &self.ctx(), kind).await
+        kinds::delete(&mut *self.conn().await?, &self.inner.kind_sql, kind).await
     }
 }
 
 #[async_trait]
 impl conveyor_core::BreakerStore for PgStore {
     async fn breakers_list(&self) -> StoreResult<Vec<conveyor_core::StoredBreaker>> {
-        kinds::breakers_list(&mut *self.conn().await?, &self.ctx()).await
+        kinds::breakers_list(&mut *self.conn().await?, &self.inner.breaker_sql).await
     }
 
     async fn breaker_get(
@@ -329,14 +335,20 @@ impl conveyor_core::BreakerStore for PgStore {
         scope: conveyor_core::BreakerScope,
         name: &str,
     ) -> StoreResult<Option<conveyor_core::StoredBreaker>> {
-        kinds::breaker_get(&mut *self.conn().await?, &self.ctx(), scope, name).await
+        kinds::breaker_get(
+            &mut *self.conn().await?,
+            &self.inner.breaker_sql,
+            scope,
+            name,
+        )
+        .await
     }
 
     async fn breaker_write_valid(
         &self,
         breaker: Valid<conveyor_core::StoredBreaker>,
     ) -> StoreResult<bool> {
-        kinds::breaker_write(&mut *self.conn().await?, &self.ctx(), &breaker).await
+        kinds::breaker_write(&mut *self.conn().await?, &self.inner.breaker_sql, &breaker).await
     }
 }
 
@@ -348,7 +360,7 @@ impl conveyor_core::StatsStore for PgStore {
             return Ok(());
         }
         let mut tx = self.begin().await?;
-        stats::merge(&mut tx, &self.inner.sql.history, rollups).await?;
+        stats::merge(&mut tx, &self.inner.stats_sql, rollups).await?;
         commit(tx).await
     }
 
@@ -356,13 +368,13 @@ impl conveyor_core::StatsStore for PgStore {
         &self,
         query: conveyor_core::stats::StatsQuery,
     ) -> StoreResult<Vec<conveyor_core::stats::Rollup>> {
-        stats::read(&mut *self.conn().await?, &self.inner.sql.history, &query).await
+        stats::read(&mut *self.conn().await?, &self.inner.stats_sql, &query).await
     }
 
     async fn stats_prune(&self, older_than: std::time::Duration) -> StoreResult<u64> {
         let before = conveyor_core::clock::before(self.ctx().now, older_than);
         let before = before - chrono::Duration::minutes(1);
-        stats::prune(&mut *self.conn().await?, &self.inner.sql.history, before).await
+        stats::prune(&mut *self.conn().await?, &self.inner.stats_sql, before).await
     }
 }
 
@@ -553,7 +565,13 @@ impl LeadershipStore for PgStore {
         &self,
         params: conveyor_core::PruneParams,
     ) -> StoreResult<conveyor_core::PruneReport> {
-        retention::prune(&mut *self.conn().await?, &self.ctx(), &params).await
+        retention::prune(
+            &mut *self.conn().await?,
+            &self.ctx(),
+            &self.inner.retention_sql,
+            &params,
+        )
+        .await
     }
 
     async fn leader_try_acquire(&self, holder: &str, ttl: Duration) -> StoreResult<bool> {

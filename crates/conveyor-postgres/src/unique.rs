@@ -9,9 +9,9 @@ use conveyor_core::{Job, NewJob, StoreResult};
 use sqlx::{PgConnection, Row};
 use std::collections::HashMap;
 
+use crate::ctx::Ctx;
 use crate::errors::{corrupt, db};
 use crate::names::unique_lock_key;
-use crate::ops::Ctx;
 use crate::rows;
 
 /// Each job's unique key (`None` for jobs without a unique spec), in batch order.

@@ -3,6 +3,7 @@
 //! `sql.rs`; every value is a bind parameter.
 
 use conveyor_core::stuck::{self, KindDurations, RunningJob, StuckJob, StuckParams};
+use conveyor_core::workers::{heartbeat_merge_sql, SqlDialect};
 use conveyor_core::{
     ErrorRecord, RescueReport, StaleReport, StaleWorkerParams, StoreResult, WorkerHeartbeat,
     WorkerInfo, WorkerState,
@@ -12,9 +13,10 @@ use sqlx::{PgConnection, Row, SqlStr};
 use std::str::FromStr;
 use uuid::Uuid;
 
+use crate::ctx::Ctx;
 use crate::errors::{corrupt, db};
 use crate::names::quoted;
-use crate::ops::{rescue_row, Ctx};
+use crate::ops::rescue_row;
 use crate::sql::stmt;
 
 /// What a heartbeat writes; the registry rows also carry `command`, which only
@@ -40,27 +42,19 @@ impl WorkerSql {
     pub(crate) fn new(schema: &str) -> Self {
         let workers = format!("{}.workers", quoted(schema));
         let jobs = format!("{}.jobs", quoted(schema));
+        // The merge is core's rule (`HEARTBEAT_MERGE`), spelled in PostgreSQL's dialect.
+        let merge = heartbeat_merge_sql(
+            "w",
+            SqlDialect {
+                empty_list: "cardinality({}) = 0",
+                least: "LEAST",
+            },
+        );
         Self {
             heartbeat: stmt(format!(
                 "INSERT INTO {workers} AS w ({HEARTBEAT_COLUMNS}) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
-                 ON CONFLICT (id) DO UPDATE SET \
-                     host = CASE WHEN excluded.host = '' THEN w.host ELSE excluded.host END, \
-                     pid = COALESCE(excluded.pid, w.pid), \
-                     queues = CASE WHEN cardinality(excluded.queues) = 0 THEN w.queues \
-                         ELSE excluded.queues END, \
-                     concurrency = CASE WHEN excluded.concurrency = 0 THEN w.concurrency \
-                         ELSE excluded.concurrency END, \
-                     busy = excluded.busy, \
-                     version = CASE WHEN excluded.version = '' THEN w.version \
-                         ELSE excluded.version END, \
-                     started_at = CASE WHEN w.state = 'alive' \
-                         THEN LEAST(w.started_at, excluded.started_at) \
-                         ELSE excluded.started_at END, \
-                     last_seen_at = excluded.last_seen_at, \
-                     command = CASE WHEN w.state <> 'alive' AND excluded.state = 'alive' \
-                         THEN NULL ELSE w.command END, \
-                     state = excluded.state, ended_at = excluded.ended_at \
+                 ON CONFLICT (id) DO UPDATE SET {merge} \
                  RETURNING {WORKER_COLUMNS}"
             )),
             command: stmt(format!(

@@ -14,7 +14,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::str::FromStr;
 use uuid::Uuid;
 
-use crate::backend;
+use crate::errors::backend;
 use crate::writer::WriteCtx;
 
 const TOKEN_COLUMNS: &str = "id, name, role, created_at, revoked_at, secret_hash";

@@ -25,8 +25,9 @@ use serde_json::Value;
 use std::str::FromStr;
 use uuid::Uuid;
 
+use crate::errors::backend;
 use crate::workflow::{STEP_COMPLETED_BY_JOB, STEP_RESULT, STEP_STATE};
-use crate::{backend, ops, reads, rows, SqliteStore};
+use crate::{ops, rows, SqliteStore};
 
 fn limit_of(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
@@ -504,7 +505,7 @@ fn millis_opt(at: Option<DateTime<Utc>>) -> Option<i64> {
 #[async_trait]
 impl CopyStore for SqliteStore {
     async fn export_queue_settings(&self) -> StoreResult<Vec<NamedQueueSettings>> {
-        self.read(|conn, _| reads::queue_settings(conn)).await
+        self.read(|conn, _| rows::queue_settings(conn)).await
     }
 
     async fn import_queue_settings(&self, records: Vec<NamedQueueSettings>) -> StoreResult<u64> {

@@ -6,7 +6,7 @@ use conveyor_core::kinds::KindSettings;
 use conveyor_core::{StoreError, StoreResult, StoredBreaker};
 use rusqlite::{params, Connection};
 
-use crate::backend;
+use crate::errors::backend;
 use crate::rows;
 use crate::writer::WriteCtx;
 

@@ -6,6 +6,8 @@
 
 mod access;
 mod copy;
+mod errors;
+mod jobs;
 mod kinds;
 mod limits;
 mod migrate;
@@ -22,6 +24,6 @@ mod workflow;
 mod writer;
 
 pub use open::{Durability, SqliteOptions, SqliteStore};
-// The store's handles (connections, the writer, `backend`) for the modules of each noun.
+// The store's handles (the writer, the readers, `injected`) for the `Store` methods (`traits`).
 pub(crate) use open::*;
 pub(crate) use ops::reads;

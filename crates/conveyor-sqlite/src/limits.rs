@@ -8,13 +8,10 @@ use conveyor_core::{FetchParams, Job, JobState, QueueSettings, RateLimit, StoreR
 use rusqlite::params;
 use uuid::Uuid;
 
-use crate::backend;
+use crate::errors::backend;
+use crate::jobs::job_by_id;
 use crate::rows::millis;
 use crate::writer::WriteCtx;
-
-/// Per queue, the tenant group served last by a limited fetch (`None`: the group of
-/// jobs without a tenant), so the next fetch's round-robin starts after it.
-pub(crate) type Cursors = std::collections::HashMap<String, Option<String>>;
 
 /// Whether `queue` has available jobs with a tenant: such queues are claimed from
 /// round-robin by tenant. One probe of the `jobs_fair` index.
@@ -28,20 +25,16 @@ pub(crate) fn has_tenanted(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool>
         .map_err(backend)
 }
 
-/// The jobs a fetch wanting `want` may claim from `queue` now, in pick order: as many as the
-/// queue's concurrency and rate limits leave, taken round-robin across its tenants within
-/// each tenant's own limits.
-pub(crate) fn candidates(
-    ctx: &mut WriteCtx<'_>,
+/// How many jobs a fetch wanting `want` may claim from `queue` now: as many as the queue's
+/// concurrency and rate limits leave.
+pub(crate) fn quota(
+    ctx: &WriteCtx<'_>,
     queue: &str,
     settings: &QueueSettings,
     want: usize,
-    tenanted: bool,
-    params: &FetchParams,
-    filter: &KindFilter,
-) -> StoreResult<Vec<Job>> {
+) -> StoreResult<usize> {
     let running = if settings.concurrency_limit.is_some() {
-        crate::ops::queue_count(ctx, queue, &[JobState::Running])?
+        ctx.queue_count(queue, &[JobState::Running])?
     } else {
         0
     };
@@ -52,19 +45,23 @@ pub(crate) fn candidates(
         Some(rate) => recent_starts(ctx, queue, "", rate)?,
         None => 0,
     };
-    let quota = limits::queue_quota(settings, want, running, recent);
-    if quota == 0 {
-        return Ok(Vec::new());
-    }
-    if !tenanted {
-        // One group in claim order: the plain read, cut to the quota.
-        return crate::ops::first_available_for(ctx, queue, params, quota);
-    }
+    Ok(limits::queue_quota(settings, want, running, recent))
+}
+
+/// Up to `quota` of `queue`'s available jobs in pick order, taken round-robin across its
+/// tenants within each tenant's own limits.
+pub(crate) fn tenant_candidates(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    settings: &QueueSettings,
+    quota: usize,
+    filter: &KindFilter,
+) -> StoreResult<Vec<Job>> {
     let groups = tenant_groups(ctx, queue, settings, quota, filter)?;
     let picked = limits::round_robin(&groups, quota);
     let mut jobs = Vec::with_capacity(picked.jobs.len());
     for id in picked.jobs {
-        if let Some(job) = crate::ops::job_by_id(ctx, &id.to_string())? {
+        if let Some(job) = job_by_id(ctx, &id.to_string())? {
             jobs.push(job);
         }
     }

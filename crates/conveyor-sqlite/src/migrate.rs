@@ -5,7 +5,7 @@
 use conveyor_core::{StoreError, StoreResult};
 use rusqlite::Connection;
 
-use crate::backend;
+use crate::errors::backend;
 
 /// The schema version this code writes (`PRAGMA user_version`).
 pub(crate) const SCHEMA_VERSION: i64 = 16;

@@ -8,9 +8,10 @@ use std::sync::mpsc::{self, Sender};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 
-/// How long a health probe waits for the writer before calling it not ready.
 use crate::*;
+use errors::backend;
 
+/// How long a health probe waits for the writer before calling it not ready.
 pub(crate) const HEALTH_PROBE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// How commits reach the disk.
@@ -80,10 +81,6 @@ pub(crate) struct Inner {
     /// Told by the writer of the jobs flows started, after each commit.
     pub(crate) flow_starts: Arc<conveyor_core::FlowStarts>,
     pub(crate) clock: Arc<dyn Clock>,
-}
-
-pub(crate) fn backend(e: rusqlite::Error) -> StoreError {
-    StoreError::backend_caused("sqlite", e)
 }
 
 /// What health probes need to know that no single call reports.

@@ -5,7 +5,7 @@ use conveyor_core::{uuid_v7_floor, JobState, PruneParams, PruneReport, StoreResu
 use rusqlite::params;
 use std::str::FromStr;
 
-use crate::backend;
+use crate::errors::backend;
 use crate::rows::millis;
 use crate::writer::WriteCtx;
 

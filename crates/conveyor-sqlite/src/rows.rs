@@ -1,12 +1,17 @@
-//! Mapping between `jobs` rows and [`Job`].
+//! Mapping between rows and the model: jobs, queue settings, circuit breaker settings.
 
 use conveyor_core::clock::{from_millis, to_millis};
 use conveyor_core::workflow::FlowLink;
-use conveyor_core::{ErrorRecord, Job, JobState, Lease, StoreError};
+use conveyor_core::{
+    ErrorRecord, Job, JobState, Lease, NamedQueueSettings, QueueSettings, RateLimit, StoreError,
+    StoreResult,
+};
 use rusqlite::types::Type;
-use rusqlite::Row;
+use rusqlite::{Connection, Row};
 use std::str::FromStr;
 use uuid::Uuid;
+
+use crate::errors::backend;
 
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
@@ -102,6 +107,52 @@ fn flow_link(row: &Row<'_>) -> rusqlite::Result<Option<FlowLink>> {
     }))
 }
 
+/// Every queue's stored settings, by name.
+pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSettings>> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
+             per_key_concurrency_limit, rate_count, rate_period_ms, per_key_rate_count, \
+             per_key_rate_period_ms, weight, completed_retention_secs, dead_retention_secs, \
+             default_ttl_ms, circuit_breaker FROM queue_settings ORDER BY queue",
+        )
+        .map_err(backend)?;
+    let count = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<u64>> {
+        Ok(row.get::<_, Option<i64>>(index)?.map(|n| n.max(0) as u64))
+    };
+    let rate = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<RateLimit>> {
+        Ok(match (count(row, index)?, count(row, index + 1)?) {
+            (Some(count), Some(period_ms)) => Some(RateLimit { count, period_ms }),
+            _ => None,
+        })
+    };
+    let rows = stmt
+        .query_map([], |row| {
+            Ok(NamedQueueSettings {
+                name: row.get(0)?,
+                settings: {
+                    let mut settings = QueueSettings::default();
+                    settings.paused = row.get(1)?;
+                    settings.max_depth = count(row, 2)?;
+                    settings.max_depth_per_tenant = count(row, 3)?;
+                    settings.concurrency_limit = count(row, 4)?;
+                    settings.per_key_concurrency_limit = count(row, 5)?;
+                    settings.rate_limit = rate(row, 6)?;
+                    settings.per_key_rate_limit = rate(row, 8)?;
+                    settings.weight = count(row, 10)?.map(|w| w.min(u64::from(u32::MAX)) as u32);
+                    settings.completed_retention_secs = count(row, 11)?;
+                    settings.dead_retention_secs = count(row, 12)?;
+                    settings.default_ttl_ms = count(row, 13)?;
+                    settings.circuit_breaker = breaker_settings(row.get::<_, Option<String>>(14)?)?;
+                    settings
+                },
+            })
+        })
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(backend)?;
+    Ok(rows)
+}
+
 pub(crate) fn millis(at: chrono::DateTime<chrono::Utc>) -> i64 {
     to_millis(at)
 }
@@ -124,4 +175,10 @@ pub(crate) fn breaker_settings_text(
             })
         })
         .transpose()
+}
+
+/// `value` as the JSON text a column stores; `field` names it in the error.
+pub(crate) fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
+    serde_json::to_string(value)
+        .map_err(|e| StoreError::backend(format!("cannot serialize {field}: {e}")))
 }

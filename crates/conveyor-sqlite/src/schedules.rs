@@ -15,7 +15,7 @@ use rusqlite::{params, Connection, OptionalExtension, Row};
 use std::str::FromStr;
 use uuid::Uuid;
 
-use crate::backend;
+use crate::errors::backend;
 use crate::writer::WriteCtx;
 
 const SCHEDULE_COLUMNS: &str =

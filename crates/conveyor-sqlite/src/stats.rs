@@ -8,7 +8,7 @@ use conveyor_core::stats::{Histogram, Rollup, RollupCounts, StatsQuery};
 use conveyor_core::{StoreError, StoreResult};
 use rusqlite::{Connection, OptionalExtension};
 
-use crate::backend;
+use crate::errors::backend;
 
 pub(crate) const COLUMNS: &str =
     "minute, queue, kind, enqueued, started, completed, failed, retried, dead, \

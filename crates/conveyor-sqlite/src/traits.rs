@@ -210,7 +210,7 @@ impl QueueStore for SqliteStore {
     async fn queue_settings_get(&self, queue: &str) -> StoreResult<QueueSettings> {
         let queue = queue.to_string();
         self.read(move |conn, _| {
-            Ok(reads::queue_settings(conn)?
+            Ok(rows::queue_settings(conn)?
                 .into_iter()
                 .find(|named| named.name == queue)
                 .map(|named| named.settings)
@@ -229,7 +229,7 @@ impl QueueStore for SqliteStore {
     }
 
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
-        self.read(|conn, _| reads::queue_settings(conn)).await
+        self.read(|conn, _| rows::queue_settings(conn)).await
     }
 
     async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {

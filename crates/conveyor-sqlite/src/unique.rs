@@ -12,7 +12,7 @@ use rusqlite::types::Null;
 use rusqlite::{OptionalExtension, ToSql};
 use std::collections::{HashMap, HashSet};
 
-use crate::backend;
+use crate::errors::backend;
 use crate::rows::{self, millis, COLUMNS};
 use crate::writer::WriteCtx;
 

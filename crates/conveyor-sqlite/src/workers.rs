@@ -4,6 +4,7 @@
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::from_millis;
 use conveyor_core::stuck::{self, KindDurations, RunningJob, StuckJob, StuckParams};
+use conveyor_core::workers::{heartbeat_merge_sql, SqlDialect};
 use conveyor_core::{
     ErrorRecord, RescueReport, StaleReport, StaleWorkerParams, StoreError, StoreResult,
     WorkerHeartbeat, WorkerInfo, WorkerState,
@@ -12,7 +13,7 @@ use rusqlite::types::Type;
 use rusqlite::{params, params_from_iter, Connection, Row};
 use std::str::FromStr;
 
-use crate::backend;
+use crate::errors::backend;
 use crate::ops::record_failure;
 use crate::rows::millis;
 use crate::writer::WriteCtx;
@@ -71,26 +72,19 @@ pub(crate) fn heartbeat(ctx: &mut WriteCtx<'_>, beat: WorkerHeartbeat) -> StoreR
     };
     let queues = serde_json::to_string(&beat.queues)
         .map_err(|e| StoreError::backend(format!("cannot serialize queues: {e}")))?;
+    // The merge is core's rule (`HEARTBEAT_MERGE`), spelled in SQLite's dialect.
+    let merge = heartbeat_merge_sql(
+        "workers",
+        SqlDialect {
+            empty_list: "{} = '[]'",
+            least: "MIN",
+        },
+    );
     ctx.conn
         .prepare_cached(&format!(
             "INSERT INTO workers ({HEARTBEAT_COLUMNS}) \
              VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11) \
-             ON CONFLICT (id) DO UPDATE SET \
-             host = CASE WHEN excluded.host = '' THEN workers.host ELSE excluded.host END, \
-             pid = COALESCE(excluded.pid, workers.pid), \
-             queues = CASE WHEN excluded.queues = '[]' THEN workers.queues \
-                 ELSE excluded.queues END, \
-             concurrency = CASE WHEN excluded.concurrency = 0 THEN workers.concurrency \
-                 ELSE excluded.concurrency END, \
-             busy = excluded.busy, \
-             version = CASE WHEN excluded.version = '' THEN workers.version \
-                 ELSE excluded.version END, \
-             started_at = CASE WHEN workers.state = 'alive' \
-                 THEN MIN(workers.started_at, excluded.started_at) ELSE excluded.started_at END, \
-             last_seen_at = excluded.last_seen_at, \
-             command = CASE WHEN workers.state <> 'alive' AND excluded.state = 'alive' \
-                 THEN NULL ELSE workers.command END, \
-             state = excluded.state, ended_at = excluded.ended_at \
+             ON CONFLICT (id) DO UPDATE SET {merge} \
              RETURNING {WORKER_COLUMNS}"
         ))
         .and_then(|mut stmt| {

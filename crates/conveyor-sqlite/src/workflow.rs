@@ -2,7 +2,7 @@
 //! decides, and the flow views. Every change runs on the writer thread in the transaction of
 //! the event that caused it (a job's completion, failure, cancellation or replay).
 //!
-//! One cohesive thing, kept whole on purpose (~1,000 lines): the flow tables' statements and
+//! One cohesive thing, kept whole on purpose (~900 lines): the flow tables' statements and
 //! the one `write_effects` that applies the policy's effects with them.
 
 use conveyor_core::clock::{self, from_millis};
@@ -19,8 +19,8 @@ use std::collections::BTreeMap;
 use std::str::FromStr;
 use uuid::Uuid;
 
-use crate::backend;
-use crate::ops;
+use crate::errors::backend;
+use crate::jobs;
 use crate::rows::millis;
 use crate::writer::WriteCtx;
 
@@ -280,76 +280,6 @@ pub(crate) const STEP_RESULT: &str = concat!(
     " THEN j.result ELSE s.result END"
 );
 
-/// The graphs of recently changed flows, as the writer last wrote them. Every change to a
-/// flow goes through the writer thread, so a cached graph is the stored one; reading it again
-/// for every step of a wide flow would cost a row per step per event. Entries of an operation
-/// that fails are forgotten (its savepoint undid them), all of them when a round fails.
-#[derive(Default)]
-pub(crate) struct GraphCache {
-    graphs: std::collections::HashMap<Uuid, FlowGraph>,
-    /// Steps over all of `graphs`.
-    steps: usize,
-    /// Flows the current operation changed.
-    touched: Vec<Uuid>,
-    /// The completion being applied: its job and its result as stored, so the step it finishes
-    /// takes the result without reading it back (see `completing`).
-    completing: Option<(Uuid, Option<String>)>,
-    /// Results of the steps the current operation completed, by flow and step, so the steps
-    /// they start are handed them without reading them back.
-    results: std::collections::HashMap<(Uuid, String), Option<String>>,
-}
-
-/// Most steps kept over all cached graphs (a few hundred bytes each); past it the cache starts
-/// afresh (a miss only costs a read).
-const MAX_CACHED_STEPS: usize = 200_000;
-
-impl GraphCache {
-    pub(crate) fn begin_op(&mut self) {
-        self.touched.clear();
-        self.completing = None;
-        self.results.clear();
-    }
-
-    pub(crate) fn forget_op(&mut self) {
-        for id in std::mem::take(&mut self.touched) {
-            self.take(id);
-        }
-        self.completing = None;
-        self.results.clear();
-    }
-
-    pub(crate) fn clear(&mut self) {
-        self.graphs.clear();
-        self.steps = 0;
-        self.touched.clear();
-        self.completing = None;
-        self.results.clear();
-    }
-
-    /// Says that the job `job_id` was just completed with `result` (as stored), for the flow
-    /// event that follows in the same operation.
-    pub(crate) fn completing(&mut self, job_id: Uuid, result: Option<String>) {
-        self.completing = Some((job_id, result));
-    }
-
-    fn take(&mut self, id: Uuid) -> Option<FlowGraph> {
-        let graph = self.graphs.remove(&id)?;
-        self.steps -= graph.steps.len();
-        Some(graph)
-    }
-
-    fn keep(&mut self, graph: FlowGraph) {
-        if self.steps + graph.steps.len() > MAX_CACHED_STEPS {
-            self.graphs.clear();
-            self.steps = 0;
-        }
-        self.steps += graph.steps.len();
-        if let Some(old) = self.graphs.insert(graph.id, graph) {
-            self.steps -= old.steps.len();
-        }
-    }
-}
-
 /// Applies one event to a flow and writes what the policy decided.
 pub(crate) fn handle(ctx: &mut WriteCtx<'_>, flow_id: Uuid, event: FlowEvent) -> StoreResult<()> {
     ctx.graphs.touched.push(flow_id);
@@ -456,7 +386,7 @@ fn write_effects(
             }
             Effect::Start { step } => start_step(ctx, graph, &step)?,
             Effect::CancelJob { job_id } => {
-                ops::cancel_unhooked(ctx, job_id)?;
+                jobs::cancel_unhooked(ctx, job_id)?;
             }
             Effect::Compensate { step } => {
                 let job_id = compensate(ctx, graph.id, &step)?;
@@ -640,7 +570,7 @@ fn insert_flow_job(
     if job.state == JobState::Available {
         ctx.wake = true;
     }
-    if ops::insert_row(ctx, &job)? {
+    if jobs::insert_row(ctx, &job)? {
         ctx.count_move(&job.queue, None, Some(job.state));
         // Counted as enqueued once the round commits (see `conveyor_core::FlowStarts`).
         if ctx.flow_starts_observed {

@@ -7,13 +7,17 @@
 //! grows with load while every acknowledgement still follows the commit.
 
 use chrono::{DateTime, Utc};
+use conveyor_core::workflow::FlowGraph;
 use conveyor_core::{Clock, JobState, QueueSettings, StoreError, StoreOptions, StoreResult};
-use rusqlite::Connection;
+use rusqlite::{params, Connection, OptionalExtension};
 use std::collections::HashMap;
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
+use uuid::Uuid;
+
+use crate::errors::backend;
 
 /// Bound on `WriteCtx::claimed_queues`.
 const MAX_CLAIMED_QUEUES: usize = 200_000;
@@ -33,14 +37,14 @@ pub(crate) struct WriteCtx<'c> {
     pub counts: Vec<(String, JobState, i64)>,
     /// Queues of jobs this writer claimed, so completing them needs no extra read for the
     /// counts. A job's queue never changes, so an entry is never wrong, only possibly absent.
-    pub claimed_queues: &'c mut HashMap<uuid::Uuid, String>,
+    pub claimed_queues: &'c mut HashMap<Uuid, String>,
     /// Every queue's settings, loaded at start and kept in step by `queue_settings_put`, so
     /// the fetch and insert paths check pauses and limits without a read.
     pub settings: &'c mut HashMap<String, QueueSettings>,
     /// Where each queue's tenant round-robin resumes (see `limits`).
-    pub cursors: &'c mut crate::limits::Cursors,
-    /// Flow graphs as the writer last wrote them (see `workflow::GraphCache`).
-    pub graphs: &'c mut crate::workflow::GraphCache,
+    pub cursors: &'c mut Cursors,
+    /// Flow graphs as the writer last wrote them (see [`GraphCache`]).
+    pub graphs: &'c mut GraphCache,
     /// Set when an operation panicked: the in-memory settings are re-read after the round.
     pub reload_settings: bool,
     /// Whether anyone listens to the jobs flows start (see `conveyor_core::FlowStarts`).
@@ -48,6 +52,10 @@ pub(crate) struct WriteCtx<'c> {
     /// The jobs flows started in this round, told once it has committed.
     pub flow_started: Vec<conveyor_core::Inserted>,
 }
+
+/// Per queue, the tenant group served last by a limited fetch (`None`: the group of
+/// jobs without a tenant), so the next fetch's round-robin starts after it.
+pub(crate) type Cursors = HashMap<String, Option<String>>;
 
 /// The text of a caught panic.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
@@ -74,6 +82,29 @@ impl WriteCtx<'_> {
         }
     }
 
+    /// Jobs of `queue` in `states`: the stored counts plus this round's changes not yet written.
+    pub fn queue_count(&self, queue: &str, states: &[JobState]) -> StoreResult<u64> {
+        let mut stmt = self
+            .conn
+            .prepare_cached("SELECT n FROM queue_state_counts WHERE queue = ?1 AND state = ?2")
+            .map_err(backend)?;
+        let mut total: i64 = 0;
+        for state in states {
+            let stored: Option<i64> = stmt
+                .query_row(params![queue, state.as_str()], |row| row.get(0))
+                .optional()
+                .map_err(backend)?;
+            total += stored.unwrap_or(0);
+        }
+        let pending: i64 = self
+            .counts
+            .iter()
+            .filter(|(q, state, _)| q == queue && states.contains(state))
+            .map(|(_, _, delta)| delta)
+            .sum();
+        Ok((total + pending).max(0) as u64)
+    }
+
     /// Applies the round's count changes, summed per (queue, state).
     fn flush_counts(&mut self) -> rusqlite::Result<()> {
         let mut sums: HashMap<(String, JobState), i64> = HashMap::new();
@@ -90,6 +121,78 @@ impl WriteCtx<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// The graphs of recently changed flows, as the writer last wrote them. Every change to a
+/// flow goes through the writer thread, so a cached graph is the stored one; reading it again
+/// for every step of a wide flow would cost a row per step per event. Entries of an operation
+/// that fails are forgotten (its savepoint undid them), all of them when a round fails. Kept
+/// here rather than in `workflow`, which reads and fills it, because the rounds decide when
+/// entries are dropped.
+#[derive(Default)]
+pub(crate) struct GraphCache {
+    graphs: HashMap<Uuid, FlowGraph>,
+    /// Steps over all of `graphs`.
+    steps: usize,
+    /// Flows the current operation changed.
+    pub(crate) touched: Vec<Uuid>,
+    /// The completion being applied: its job and its result as stored, so the step it finishes
+    /// takes the result without reading it back (see `completing`).
+    pub(crate) completing: Option<(Uuid, Option<String>)>,
+    /// Results of the steps the current operation completed, by flow and step, so the steps
+    /// they start are handed them without reading them back.
+    pub(crate) results: HashMap<(Uuid, String), Option<String>>,
+}
+
+/// Most steps kept over all cached graphs (a few hundred bytes each); past it the cache starts
+/// afresh (a miss only costs a read).
+const MAX_CACHED_STEPS: usize = 200_000;
+
+impl GraphCache {
+    pub(crate) fn begin_op(&mut self) {
+        self.touched.clear();
+        self.completing = None;
+        self.results.clear();
+    }
+
+    pub(crate) fn forget_op(&mut self) {
+        for id in std::mem::take(&mut self.touched) {
+            self.take(id);
+        }
+        self.completing = None;
+        self.results.clear();
+    }
+
+    pub(crate) fn clear(&mut self) {
+        self.graphs.clear();
+        self.steps = 0;
+        self.touched.clear();
+        self.completing = None;
+        self.results.clear();
+    }
+
+    /// Says that the job `job_id` was just completed with `result` (as stored), for the flow
+    /// event that follows in the same operation.
+    pub(crate) fn completing(&mut self, job_id: Uuid, result: Option<String>) {
+        self.completing = Some((job_id, result));
+    }
+
+    pub(crate) fn take(&mut self, id: Uuid) -> Option<FlowGraph> {
+        let graph = self.graphs.remove(&id)?;
+        self.steps -= graph.steps.len();
+        Some(graph)
+    }
+
+    pub(crate) fn keep(&mut self, graph: FlowGraph) {
+        if self.steps + graph.steps.len() > MAX_CACHED_STEPS {
+            self.graphs.clear();
+            self.steps = 0;
+        }
+        self.steps += graph.steps.len();
+        if let Some(old) = self.graphs.insert(graph.id, graph) {
+            self.steps -= old.steps.len();
+        }
     }
 }
 
@@ -149,7 +252,7 @@ where
         };
         // A savepoint per operation: one that fails is undone alone, the rest of the round commits.
         if let Err(e) = run_cached(ctx.conn, "SAVEPOINT op") {
-            self.outcome = Some(Err(crate::backend(e)));
+            self.outcome = Some(Err(backend(e)));
             return;
         }
         let wake_before = ctx.wake;
@@ -183,7 +286,7 @@ where
         };
         self.outcome = Some(match end {
             Ok(()) => outcome,
-            Err(e) => Err(crate::backend(e)),
+            Err(e) => Err(backend(e)),
         });
     }
 
@@ -303,8 +406,8 @@ pub(crate) fn run_writer(
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_BATCH);
     let mut claimed_queues = HashMap::new();
     let mut settings = load_settings(&conn);
-    let mut cursors = crate::limits::Cursors::new();
-    let mut graphs = crate::workflow::GraphCache::default();
+    let mut cursors = Cursors::new();
+    let mut graphs = GraphCache::default();
     // Only the process's own wall clock steps; a clock given on purpose (tests) moves as told.
     let mut steps = clock
         .is_system()
@@ -395,7 +498,7 @@ pub(crate) fn run_writer(
 
 /// Every queue's settings as stored; empty (all defaults) if they cannot be read.
 pub(crate) fn load_settings(conn: &Connection) -> HashMap<String, QueueSettings> {
-    match crate::reads::queue_settings(conn) {
+    match crate::rows::queue_settings(conn) {
         Ok(all) => all
             .into_iter()
             .map(|named| (named.name, named.settings))

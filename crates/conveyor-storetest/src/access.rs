@@ -7,7 +7,7 @@ use conveyor_core::{
 };
 use uuid::Uuid;
 
-use crate::{secs, span, Harness};
+use crate::kit::{secs, span, Harness};
 
 fn new_token(name: &str, role: Role) -> (NewToken, TokenSecret) {
     let secret = TokenSecret::generate(TOKEN_PREFIX).expect("randomness");

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 use uuid::Uuid;
 
-use crate::{
+use crate::kit::{
     backoff, complete, fail, fetch_none, fetch_one, get, ids, insert, job_in, lease_of, list,
     list_all, make_dead, millis, new_job, secs, span, Harness, LEASE,
 };

@@ -14,7 +14,7 @@ use conveyor_core::{
 use conveyor_engine::breakers::Outcome;
 use conveyor_engine::CircuitBreakers;
 
-use crate::{complete, fetch_params, ids, insert, lease_of, new_job, secs, Harness};
+use crate::kit::{complete, fetch_params, ids, insert, lease_of, new_job, secs, span, Harness};
 
 /// A checked fetch, as the long-poll hands the breakers.
 fn valid_fetch(queues: &[&str], max: usize) -> conveyor_core::Valid<conveyor_core::FetchParams> {
@@ -248,7 +248,7 @@ pub async fn a_queue_breaker_opens_probes_and_closes_across_processes(h: &Harnes
     }
     let view = two.view(BreakerScope::Queue, "flaky").await.expect("view");
     assert_eq!(view.state, BreakerState::Open, "{view:?}");
-    assert_eq!(view.open_until, Some(h.now() + crate::span(secs(10))));
+    assert_eq!(view.open_until, Some(h.now() + span(secs(10))));
     assert!(
         two.fetch(valid_fetch(&["flaky"], 10))
             .await
@@ -380,7 +380,7 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
     // The probe's handler got a 429 asking for a minute: the kind pauses that long.
     breakers
         .record_now(Outcome {
-            retry_at: Some(h.now() + crate::span(secs(60))),
+            retry_at: Some(h.now() + span(secs(60))),
             ..failed(&probe[0].queue, "charge")
         })
         .await
@@ -389,7 +389,7 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
         .view(BreakerScope::Kind, "charge")
         .await
         .expect("view");
-    assert_eq!(view.open_until, Some(h.now() + crate::span(secs(60))));
+    assert_eq!(view.open_until, Some(h.now() + span(secs(60))));
     let operator = Actor {
         name: "ops".to_string(),
         token_id: None,

@@ -7,7 +7,7 @@ use conveyor_core::{
     AuditAction, AuditListParams, JobListParams, NewAuditEntry, QueueSettings, Role,
 };
 
-use crate::{complete, fetch_one, insert, job_in, lease_of, Harness};
+use crate::kit::{complete, fetch_one, insert, job_in, lease_of, Harness};
 
 /// A copy of a store onto itself reads every record it holds and writes none: each export is
 /// taken back by its import as already there (rows are keyed as stored), and nothing read

@@ -7,7 +7,7 @@ use conveyor_core::{
 };
 use std::time::Duration;
 
-use crate::{
+use crate::kit::{
     backoff, complete, fail, fetch_none, fetch_one, fetch_params, get, ids, insert, job_in,
     lease_of, list, new_job, secs, span, Harness,
 };

@@ -9,15 +9,20 @@
 //! process-wide: the behaviours take a lock, so test harnesses that run tests as threads of
 //! one process (plain `cargo test`) run them one at a time.
 
-use crate::*;
 use conveyor_core::schedule::DEFAULT_MISFIRE_THRESHOLD;
 use conveyor_core::{
-    FireRequest, JobState, JobTemplate, QueueStats, RescueParams, Schedule, ScheduleSpec,
+    CompleteParams, FailParams, FireRequest, Job, JobListParams, JobState, JobTemplate,
+    LeaseOutcome, QueueStats, RescueParams, RetryPlan, Schedule, ScheduleSpec, StoreResult,
 };
 use futures::FutureExt;
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+
+use crate::kit::{
+    backoff, complete, fetch, fetch_none, fetch_one, fetch_params, get, insert, job_in, lease_of,
+    list, new_job, secs, Harness, LEASE,
+};
 
 /// How an injection point misbehaves.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,7 +4,7 @@ use conveyor_core::{FetchParams, Job, JobState, DEFAULT_QUEUE};
 use std::collections::HashSet;
 use uuid::Uuid;
 
-use crate::{
+use crate::kit::{
     fetch, fetch_none, fetch_one, fetch_params, get, insert, job_in, millis, new_job, secs, span,
     Harness,
 };

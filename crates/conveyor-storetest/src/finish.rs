@@ -6,9 +6,9 @@ use conveyor_core::{
 };
 use serde_json::json;
 
-use crate::{
+use crate::kit::{
     backoff, bogus_lease, complete, fail, fetch_none, fetch_one, get, insert, lease_of, millis,
-    new_job, secs, span, Harness,
+    new_job, secs, span, Harness, WORKER,
 };
 
 /// Completion is conditional on the current lease: a wrong token, an unknown job or a second
@@ -275,7 +275,7 @@ pub async fn fail_records_error_history_in_order(h: &Harness) {
             message,
             // Who ran the attempt and since when (fetched a second before it failed), and
             // the backtrace as stored (no NUL).
-            worker_id: Some(crate::WORKER.to_string()),
+            worker_id: Some(WORKER.to_string()),
             started_at: Some(h.now() - span(secs(1))),
             backtrace: Some(format!("at frame {i}\n\u{FFFD}end")),
             replayed_at: None,
@@ -368,7 +368,7 @@ pub async fn fail_never_goes_dead_at_once(h: &Harness) {
             at: h.now(),
             class: error_class::PERMANENT.into(),
             message: "bad input".into(),
-            worker_id: Some(crate::WORKER.to_string()),
+            worker_id: Some(WORKER.to_string()),
             started_at: Some(h.now()),
             backtrace: None,
             replayed_at: None,

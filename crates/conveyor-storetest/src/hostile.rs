@@ -1,9 +1,14 @@
 //! Hostile input: what no store may store differently from another, or be stopped by. Found by
 //! sending a live server what an attacker or a buggy client would (issue 9).
 
-use crate::*;
-use conveyor_core::{JobState, QueueSettings, StoreError, UniqueSpec};
+use conveyor_core::{
+    CompleteParams, FailParams, JobListParams, JobState, LeaseOutcome, QueueSettings, RetryPlan,
+    StoreError, StoreResult, UniqueSpec,
+};
 use serde_json::json;
+use std::time::Duration;
+
+use crate::kit::{fetch_one, fetch_params, get, insert, job_in, lease_of, new_job, Harness};
 
 fn invalid_field<T: std::fmt::Debug>(outcome: StoreResult<T>) -> String {
     match outcome {

@@ -1,12 +1,15 @@
 //! Inserting jobs, idempotency keys, and reading jobs back.
 
 use conveyor_core::job::DEFAULT_MAX_ATTEMPTS;
-use conveyor_core::{JobState, RetryPlan, StoreError, DEFAULT_QUEUE};
+use conveyor_core::{Job, JobState, LeaseOutcome, NewJob, RetryPlan, StoreError, DEFAULT_QUEUE};
 use serde_json::json;
 use std::collections::HashSet;
 use uuid::Uuid;
 
-use crate::*;
+use crate::kit::{
+    backoff, complete, fail, fetch_none, fetch_one, get, insert, lease_of, list_all, make_dead,
+    millis, new_job, secs, span, Harness,
+};
 
 /// An inserted job is `available` at once, with a fresh time-ordered UUIDv7 id, no attempts yet,
 /// `run_at` and `created_at` at the store's now, and the defaults of `NewJob::new`.

@@ -8,7 +8,7 @@ use conveyor_engine::Client;
 use conveyor_engine::{queued_violations, KindRegistry};
 use serde_json::json;
 
-use crate::{fetch, insert, Harness};
+use crate::kit::{fetch, insert, Harness};
 
 fn settings(kind: &str, schema: Option<serde_json::Value>, version: Option<u32>) -> KindSettings {
     KindSettings {

@@ -2,7 +2,9 @@
 
 use conveyor_core::{Job, NewJob, QueueSettings, RateLimit, StoreError};
 
-use crate::{complete, fetch, fetch_none, insert, job_in, lease_of, millis, Harness};
+use crate::kit::{
+    complete, fetch, fetch_none, fetch_params, insert, job_in, lease_of, millis, secs, Harness,
+};
 
 fn tenant_job(queue: &str, tenant: &str) -> NewJob {
     let mut job = job_in(queue, "k");
@@ -111,7 +113,7 @@ pub async fn per_key_rate_limit_budgets_each_tenant(h: &Harness) {
     let first = fetch(h, &["mail"], 10).await;
     assert_eq!(first.len(), 4, "two per tenant: {:?}", tenants(&first));
     fetch_none(h, "mail", "both tenants spent their budget").await;
-    h.advance(crate::secs(61));
+    h.advance(secs(61));
     assert_eq!(fetch(h, &["mail"], 10).await.len(), 4);
 }
 
@@ -278,7 +280,7 @@ pub async fn kinds_filter_applies_before_limits_pick(h: &Harness) {
                 .collect(),
         )
         .await;
-        let mut params = crate::fetch_params(&[queue], 40);
+        let mut params = fetch_params(&[queue], 40);
         params.kinds = Some(vec!["wanted".to_string()]);
         let claimed = h.store.jobs_fetch(params).await.expect("fetch");
         assert_eq!(claimed.len(), 40, "{queue}: every wanted job is claimed");

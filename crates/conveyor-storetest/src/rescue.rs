@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::time::Duration;
 use uuid::Uuid;
 
-use crate::{
+use crate::kit::{
     backoff, complete, fetch, fetch_none, fetch_one, get, insert, lease_of, millis, new_job, secs,
     span, Harness, LEASE,
 };

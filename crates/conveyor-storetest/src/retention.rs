@@ -2,7 +2,7 @@
 
 use conveyor_core::{PruneParams, PruneReport, QueueSettings, RetentionPolicy};
 
-use crate::{complete, fetch_one, insert, job_in, lease_of, make_dead, secs, Harness};
+use crate::kit::{complete, fetch_one, insert, job_in, lease_of, make_dead, secs, Harness};
 
 fn defaults(limit: usize) -> PruneParams {
     PruneParams {

@@ -12,7 +12,7 @@ use conveyor_core::{
 use serde_json::json;
 use std::time::Duration;
 
-use crate::{complete, fail, fetch_one, get, lease_of, list, secs, span, Harness};
+use crate::kit::{complete, fail, fetch_one, get, lease_of, list, secs, span, Harness};
 
 fn spec(cron: &str, kind: &str) -> ScheduleSpec {
     ScheduleSpec::new(cron, JobTemplate::new(kind, json!({ "from": "schedule" })))

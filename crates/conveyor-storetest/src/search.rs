@@ -4,7 +4,7 @@
 use conveyor_core::{JobListParams, NewJob};
 use serde_json::json;
 
-use crate::{ids, insert, list, new_job, secs, span, Harness};
+use crate::kit::{ids, insert, list, new_job, secs, span, Harness};
 
 fn params(change: impl FnOnce(&mut JobListParams)) -> JobListParams {
     let mut params = JobListParams::default();

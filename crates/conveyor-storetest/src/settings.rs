@@ -2,7 +2,7 @@
 
 use conveyor_core::{JobState, NamedQueueSettings, QueueSettings, RateLimit, StoreError};
 
-use crate::{complete, fetch_none, fetch_one, insert, job_in, lease_of, Harness};
+use crate::kit::{complete, fetch, fetch_none, fetch_one, insert, job_in, lease_of, Harness};
 
 fn queue_full(error: StoreError) -> (String, Option<String>, u64, u64) {
     match error {
@@ -247,17 +247,17 @@ pub async fn concurrency_limit_caps_running_jobs_across_fetches(h: &Harness) {
         insert(h, job_in("narrow", "k")).await;
     }
     insert(h, job_in("wide", "k")).await;
-    let first = crate::fetch(h, &["narrow"], 5).await;
+    let first = fetch(h, &["narrow"], 5).await;
     assert_eq!(first.len(), 2, "only two places");
     fetch_none(h, "narrow", "both places are taken").await;
     assert_eq!(
-        crate::fetch(h, &["narrow", "wide"], 5).await.len(),
+        fetch(h, &["narrow", "wide"], 5).await.len(),
         1,
         "other queues are not limited"
     );
     complete(h, lease_of(&first[0]), None).await;
     assert_eq!(
-        crate::fetch(h, &["narrow"], 5).await.len(),
+        fetch(h, &["narrow"], 5).await.len(),
         1,
         "a finished job frees a place"
     );

@@ -8,7 +8,7 @@ use conveyor_core::stats::{Rollup, RollupCounts, StatsQuery, StatsReport, StatsR
 use conveyor_core::{AttemptEvent, AttemptStatus};
 use conveyor_engine::StatsRecorder;
 
-use crate::Harness;
+use crate::kit::Harness;
 
 fn rollup(h: &Harness, minutes_ago: i64, queue: &str, kind: &str, completed: u64) -> Rollup {
     let mut counts = RollupCounts {

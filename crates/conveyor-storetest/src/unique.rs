@@ -2,12 +2,18 @@
 //! `duplicate: true`) while a job with the same kind, queue and payload (or chosen fields of it)
 //! exists in one of the spec's states, created within its period.
 
-use conveyor_core::{Inserted, JobState, QueueSettings, StoreError, UniqueSpec, DEFAULT_QUEUE};
+use conveyor_core::{
+    Inserted, Job, JobState, LeaseOutcome, NewJob, QueueSettings, RetryPlan, StoreError,
+    UniqueSpec, DEFAULT_QUEUE,
+};
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use uuid::Uuid;
 
-use crate::*;
+use crate::kit::{
+    backoff, complete, fail, fetch_one, get, insert, job_in, lease_of, list_all, millis, new_job,
+    secs, span, Harness,
+};
 
 /// A job of `kind` in the default queue with `payload`, unique under `spec`.
 fn unique_job(kind: &str, payload: Value, spec: UniqueSpec) -> NewJob {

@@ -6,7 +6,7 @@ use conveyor_core::{
 };
 use std::time::Duration;
 
-use crate::{backoff, complete, get, insert, job_in, lease_of, secs, span, Harness, LEASE};
+use crate::kit::{backoff, complete, get, insert, job_in, lease_of, secs, span, Harness, LEASE};
 
 fn beat(h: &Harness, id: &str) -> WorkerHeartbeat {
     WorkerHeartbeat {

@@ -3,13 +3,20 @@
 //!
 //! One cohesive thing (~850 lines): the workflow behaviours every store must show.
 
-use crate::*;
 use conveyor_core::workflow::{
     CompensationState, CreatedFlow, FlowFailurePolicy, FlowListParams, FlowState, FlowView,
     NewFlow, NewStep, ParentFailurePolicy, SignalOutcome, StepState, ValidFlow,
 };
-use conveyor_core::{JobState, RescueParams, StoreError};
+use conveyor_core::{Job, JobState, LeaseOutcome, NewJob, RescueParams, RetryPlan, StoreError};
 use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use uuid::Uuid;
+
+use crate::kit::{
+    backoff, bogus_lease, complete, fail, fetch, fetch_none, fetch_one, get, insert, lease_of,
+    list_all, new_job, Harness, LEASE,
+};
 
 fn step_job(kind: &str, queue: &str) -> NewJob {
     let mut job = new_job(kind);

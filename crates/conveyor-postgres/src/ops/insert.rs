@@ -303,11 +303,6 @@ pub(super) async fn check_depth_limits(
     conveyor_core::limits::depth_verdict(&adding, |_, _| Ok(depths.next().map_or(0, depth_of)))
 }
 
-/// A count or limit read from the database (never negative: the columns are checked).
-pub(super) fn depth_of(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
-
 /// A limit as stored: `bigint`, so limits past `i64::MAX` (no queue holds that many) are kept
 /// as `i64::MAX`.
 pub(super) fn stored_depth(n: u64) -> i64 {

@@ -4,14 +4,18 @@
 //! `complete_tx`). Semantics follow the SQLite reference store (`conveyor-sqlite/src/ops/`)
 //! rule for rule; every change to a running job is conditional on
 //! `state = 'running' AND lease_token = $token`.
+//!
+//! They call down into the flows (`workflow`), the limited claim (`limits`) and unique keys
+//! (`unique`), which never call back: what both sides need lives below all of them (the
+//! context with its locks and wake-ups in `ctx`, storing jobs as given in `jobs`, decoding rows
+//! in `rows`, the statements in `sql`).
 
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::truncate_to_millis;
 use conveyor_core::{
     CompleteParams, ErrorRecord, FailParams, FetchParams, HeartbeatParams, Inserted, Job,
     JobListParams, JobState, LeaseOutcome, LeaseRef, NamedQueueSettings, NewJob, QueueSettings,
-    QueueStats, RateLimit, ReplaySelector, RescueParams, RescueReport, SnoozeParams, StoreError,
-    StoreOptions, StoreResult, ValidationError,
+    QueueStats, ReplaySelector, RescueParams, RescueReport, SnoozeParams, StoreError, StoreResult,
 };
 use serde_json::Value;
 use sqlx::postgres::PgRow;
@@ -21,9 +25,11 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::str::FromStr;
 use uuid::Uuid;
 
+use crate::ctx::{lock_in_order, notify, Ctx};
 use crate::errors::{corrupt, db};
+use crate::jobs::{store_exactly, to_i32};
 use crate::names::{depth_lock_key, idempotency_lock_key};
-use crate::rows;
+use crate::rows::{self, depth_of, settings_of};
 use crate::sql::{Sql, COLUMNS};
 use crate::unique;
 use crate::workflow;
@@ -46,100 +52,6 @@ pub(crate) use reads::*;
 /// Most due jobs one promotion statement moves, so it stays a short transaction.
 pub(crate) const PROMOTE_BATCH: i64 = 1_000;
 
-/// What every operation needs besides its connection. `now` is read from the store's clock once
-/// per operation and truncated to the milliseconds the store keeps.
-pub(crate) struct Ctx<'a> {
-    pub sql: &'a Sql,
-    pub schema: &'a str,
-    pub now: DateTime<Utc>,
-    pub options: &'a StoreOptions,
-    /// Where jobs a flow starts (`import_flow_jobs`) leave their queues' wake-ups instead of
-    /// sending them in the transaction, for the caller to send once it has committed; `None`
-    /// sends them in the transaction (see `complete_flow_jobs`).
-    pub deferred_wakeups: Option<&'a std::sync::Mutex<std::collections::BTreeSet<String>>>,
-    /// Where the jobs flows start (`import_flow_jobs`) wait for their transaction's commit, to
-    /// be told of then (`Ctx::flows_committed`); `None` when nobody listens, or for operations
-    /// that start no flow's job.
-    pub flow_started: Option<std::sync::Arc<FlowStarted>>,
-}
-
-impl Ctx<'_> {
-    /// Tells of the jobs flows started in the transaction just committed (see
-    /// `conveyor_core::FlowStarts`). Called after every commit of a transaction that can start
-    /// them; in a caller's transaction (`complete_tx`), where the store cannot see the commit,
-    /// when the operation returns.
-    pub(crate) fn flows_committed(&self) {
-        if let Some(started) = &self.flow_started {
-            started.committed();
-        }
-    }
-
-    /// Forgets the jobs flows started in a transaction rolled back.
-    pub(crate) fn flows_rolled_back(&self) {
-        if let Some(started) = &self.flow_started {
-            started.take();
-        }
-    }
-}
-
-/// The jobs flows started in an operation's transaction, kept until it commits.
-pub(crate) struct FlowStarted {
-    starts: std::sync::Arc<conveyor_core::FlowStarts>,
-    pending: std::sync::Mutex<Vec<Inserted>>,
-}
-
-impl FlowStarted {
-    pub(crate) fn new(starts: std::sync::Arc<conveyor_core::FlowStarts>) -> Self {
-        Self {
-            starts,
-            pending: std::sync::Mutex::default(),
-        }
-    }
-
-    fn keep(&self, jobs: impl IntoIterator<Item = Job>) {
-        self.lock().extend(jobs.into_iter().map(|job| Inserted {
-            job,
-            duplicate: false,
-        }));
-    }
-
-    fn take(&self) -> Vec<Inserted> {
-        std::mem::take(&mut *self.lock())
-    }
-
-    fn committed(&self) {
-        self.starts.started(&self.take());
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Inserted>> {
-        // A push or a take leaves nothing half-done: a poisoned list is still whole.
-        self.pending
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// Takes the transaction-scoped advisory locks `keys` (in ascending order, each once, so two
-/// transactions locking overlapping sets never deadlock). `what` names them in errors.
-pub(crate) async fn lock_in_order(
-    conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
-    mut keys: Vec<i64>,
-    what: &'static str,
-) -> StoreResult<()> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    keys.sort_unstable();
-    keys.dedup();
-    sqlx::query(ctx.sql.lock_keys.clone())
-        .bind(&keys)
-        .execute(conn)
-        .await
-        .map_err(db(what))?;
-    Ok(())
-}
-
 /// `now + d`, or a validation error naming `field` when the sum leaves the calendar.
 fn after(
     now: DateTime<Utc>,
@@ -151,10 +63,6 @@ fn after(
     )?))
 }
 
-fn to_i32(value: u32, field: &'static str) -> StoreResult<i32> {
-    i32::try_from(value).map_err(|_| ValidationError::new(field, "too large").into())
-}
-
 /// A lease as a hashable key (`LeaseRef` itself does not implement `Hash`).
 type LeaseKey = (Uuid, Uuid);
 
@@ -164,24 +72,6 @@ fn lease_key(lease: &LeaseRef) -> LeaseKey {
 
 fn limit(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
-}
-
-/// Sends one NOTIFY per queue on the schema's channel, delivered when the transaction commits.
-pub(crate) async fn notify(
-    conn: &mut PgConnection,
-    sql: &Sql,
-    queues: &[String],
-) -> StoreResult<()> {
-    if queues.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(sql.notify.clone())
-        .bind(&sql.channel)
-        .bind(queues)
-        .execute(conn)
-        .await
-        .map_err(db("notify"))?;
-    Ok(())
 }
 
 /// Sums the per-queue counts returned by a statement ending in `notify_changed` (see `sql.rs`).

@@ -2,41 +2,6 @@
 
 use super::*;
 
-pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
-    let read = |e: sqlx::Error| corrupt(e.to_string());
-    let count = |column: &str| -> StoreResult<Option<u64>> {
-        Ok(row
-            .try_get::<Option<i64>, _>(column)
-            .map_err(read)?
-            .map(depth_of))
-    };
-    let rate = |count_column: &str, period_column: &str| -> StoreResult<Option<RateLimit>> {
-        Ok(match (count(count_column)?, count(period_column)?) {
-            (Some(count), Some(period_ms)) => Some(RateLimit { count, period_ms }),
-            _ => None,
-        })
-    };
-    let weight: Option<i32> = row.try_get("weight").map_err(read)?;
-    Ok({
-        let mut settings = QueueSettings::default();
-        settings.paused = row.try_get("paused").map_err(read)?;
-        settings.max_depth = count("max_depth")?;
-        settings.max_depth_per_tenant = count("max_depth_per_tenant")?;
-        settings.concurrency_limit = count("concurrency_limit")?;
-        settings.per_key_concurrency_limit = count("per_key_concurrency_limit")?;
-        settings.rate_limit = rate("rate_count", "rate_period_ms")?;
-        settings.per_key_rate_limit = rate("per_key_rate_count", "per_key_rate_period_ms")?;
-        settings.weight = weight.map(|w| u32::try_from(w).unwrap_or(1));
-        settings.completed_retention_secs = count("completed_retention_secs")?;
-        settings.dead_retention_secs = count("dead_retention_secs")?;
-        settings.default_ttl_ms = count("default_ttl_ms")?;
-        let breaker: Option<sqlx::types::Json<conveyor_core::BreakerSettings>> =
-            row.try_get("circuit_breaker").map_err(read)?;
-        settings.circuit_breaker = breaker.map(|sqlx::types::Json(b)| b);
-        settings
-    })
-}
-
 pub(crate) async fn queue_settings_get(
     conn: &mut PgConnection,
     sql: &Sql,

@@ -17,26 +17,6 @@ pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<Job> {
     Ok(cancelled)
 }
 
-/// Cancels an unfinished job without telling its flow (the flow itself is cancelling it);
-/// `None` when the job is missing or finished.
-pub(crate) fn cancel_unhooked(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<Option<Job>> {
-    let key = id.to_string();
-    let before = match job_by_id(ctx, &key)? {
-        Some(job) if !job.state.is_finished() => job.state,
-        _ => return Ok(None),
-    };
-    let cancelled = ctx
-        .conn
-        .prepare_cached(&format!(
-            "UPDATE jobs SET state = 'cancelled', finished_at = ?1, \
-             lease_token = NULL, lease_expires_at = NULL WHERE id = ?2 RETURNING {COLUMNS}"
-        ))
-        .and_then(|mut stmt| stmt.query_row(params![millis(ctx.now), key], rows::job))
-        .map_err(backend)?;
-    ctx.count_move(&cancelled.queue, Some(before), Some(JobState::Cancelled));
-    Ok(Some(cancelled))
-}
-
 /// A replayed job's queue, id and flow.
 type Replayed = (String, String, Option<String>);
 
@@ -152,68 +132,4 @@ pub(crate) fn import(ctx: &mut WriteCtx<'_>, jobs: Vec<Job>) -> StoreResult<u64>
         }
     }
     Ok(imported)
-}
-
-/// Stores `job` exactly as given, every column; false when its id already exists.
-pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
-    let lease = job.lease.as_ref();
-    let result = job
-        .result
-        .as_ref()
-        .map(|r| json_text(r, "result"))
-        .transpose()?;
-    let parents = (job.flow.as_ref())
-        .map(|f| json_text(&f.parents, "parents"))
-        .transpose()?;
-    let progress = (job.progress.as_ref())
-        .map(|p| json_text(p, "progress"))
-        .transpose()?;
-    let trace = (job.trace.as_ref())
-        .map(|t| json_text(t, "trace"))
-        .transpose()?;
-    let payload = json_text(&job.payload, "payload")?;
-    let tags = json_text(&job.tags, "tags")?;
-    let errors = json_text(&job.errors, "errors")?;
-    let changed = ctx
-        .conn
-        .prepare_cached(&format!(
-            "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
-             ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, \
-             ?27, ?28) \
-             ON CONFLICT (id) DO NOTHING"
-        ))
-        .and_then(|mut stmt| {
-            stmt.execute(rusqlite::params![
-                job.id.to_string(),
-                job.kind,
-                job.queue,
-                payload,
-                job.priority,
-                millis(job.run_at),
-                job.attempt,
-                job.max_attempts,
-                job.timeout_ms.map(|ms| ms.min(i64::MAX as u64) as i64),
-                job.idempotency_key,
-                tags,
-                job.tenant,
-                job.state.as_str(),
-                errors,
-                lease.map(|l| l.worker_id.clone()),
-                lease.map(|l| l.token.to_string()),
-                lease.map(|l| millis(l.expires_at)),
-                result,
-                millis(job.created_at),
-                job.started_at.map(millis),
-                job.finished_at.map(millis),
-                job.unique_key,
-                job.flow.as_ref().map(|f| f.flow_id.to_string()),
-                job.flow.as_ref().map(|f| f.step.clone()),
-                parents,
-                progress,
-                job.expires_at.map(millis),
-                trace,
-            ])
-        })
-        .map_err(backend)?;
-    Ok(changed == 1)
 }

@@ -130,13 +130,21 @@ pub(super) fn queue_candidates(
         // The kinds filter applies as candidates are read, so jobs of other kinds ahead in
         // the queue take none of the quota.
         let filter = limits::KindFilter::new(params)?;
-        return limits::candidates(ctx, queue, settings, want, tenanted, params, &filter);
+        let quota = limits::quota(ctx, queue, settings, want)?;
+        if quota == 0 {
+            return Ok(Vec::new());
+        }
+        if !tenanted {
+            // One group in claim order: the plain read, cut to the quota.
+            return first_available_for(ctx, queue, params, quota);
+        }
+        return limits::tenant_candidates(ctx, queue, settings, quota, &filter);
     }
     first_available_for(ctx, queue, params, want)
 }
 
 /// The queue's first `want` available jobs in claim order that the fetch takes by kind.
-pub(crate) fn first_available_for(
+pub(super) fn first_available_for(
     ctx: &WriteCtx<'_>,
     queue: &str,
     params: &FetchParams,

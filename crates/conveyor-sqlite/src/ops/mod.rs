@@ -2,6 +2,10 @@
 //! `reads` for the read-only ones); the writes run on the writer thread inside a group-commit
 //! round.
 //! Every change to a running job is conditional on `state = 'running' AND lease_token = ?`.
+//!
+//! They call down into the flows (`workflow`), the limited claim (`limits`) and unique keys
+//! (`unique`), which never call back: what both sides need lives below all of them (the
+//! round's context in `writer`, single jobs in `jobs`, mapping rows in `rows`).
 
 use chrono::{DateTime, Utc};
 use conveyor_core::clock;
@@ -13,9 +17,10 @@ use conveyor_core::{
 use rusqlite::{params, OptionalExtension};
 use uuid::Uuid;
 
-use crate::backend;
+use crate::errors::backend;
+use crate::jobs::{cancel_unhooked, insert_row, job_by_id};
 use crate::limits;
-use crate::rows::{self, millis, COLUMNS};
+use crate::rows::{self, json_text, millis, COLUMNS};
 use crate::unique;
 use crate::workflow;
 use crate::writer::WriteCtx;
@@ -33,15 +38,3 @@ pub(crate) use insert::*;
 pub(crate) use leadership::*;
 pub(crate) use leases::*;
 pub(crate) use queues::*;
-
-fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
-    serde_json::to_string(value)
-        .map_err(|e| StoreError::backend(format!("cannot serialize {field}: {e}")))
-}
-
-pub(crate) fn job_by_id(ctx: &WriteCtx<'_>, id: &str) -> StoreResult<Option<Job>> {
-    ctx.conn
-        .prepare_cached(&format!("SELECT {COLUMNS} FROM jobs WHERE id = ?1"))
-        .and_then(|mut stmt| stmt.query_row(params![id], rows::job).optional())
-        .map_err(backend)
-}

@@ -11,34 +11,7 @@ pub(super) const UNFINISHED: [JobState; 4] = [
 
 /// Unfinished jobs in `queue`.
 pub(super) fn queue_depth(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<u64> {
-    queue_count(ctx, queue, &UNFINISHED)
-}
-
-/// Jobs of `queue` in `states`: the stored counts plus this round's changes not yet written.
-pub(crate) fn queue_count(
-    ctx: &WriteCtx<'_>,
-    queue: &str,
-    states: &[JobState],
-) -> StoreResult<u64> {
-    let mut stmt = ctx
-        .conn
-        .prepare_cached("SELECT n FROM queue_state_counts WHERE queue = ?1 AND state = ?2")
-        .map_err(backend)?;
-    let mut total: i64 = 0;
-    for state in states {
-        let stored: Option<i64> = stmt
-            .query_row(params![queue, state.as_str()], |row| row.get(0))
-            .optional()
-            .map_err(backend)?;
-        total += stored.unwrap_or(0);
-    }
-    let pending: i64 = ctx
-        .counts
-        .iter()
-        .filter(|(q, state, _)| q == queue && states.contains(state))
-        .map(|(_, _, delta)| delta)
-        .sum();
-    Ok((total + pending).max(0) as u64)
+    ctx.queue_count(queue, &UNFINISHED)
 }
 
 pub(crate) fn queue_settings_put(

@@ -2,17 +2,14 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::clock::from_millis;
-use conveyor_core::{
-    Job, JobListParams, JobState, NamedQueueSettings, QueueSettings, QueueStats, RateLimit,
-    StoreResult,
-};
+use conveyor_core::{Job, JobListParams, JobState, QueueStats, StoreResult};
 use rusqlite::types::Value as SqlValue;
 use rusqlite::{params, params_from_iter, Connection, OptionalExtension};
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use uuid::Uuid;
 
-use crate::backend;
+use crate::errors::backend;
 use crate::rows::{self, millis, COLUMNS};
 
 pub(crate) fn job_get(conn: &Connection, id: Uuid) -> StoreResult<Option<Job>> {
@@ -140,7 +137,7 @@ pub(crate) fn queues_stats(conn: &Connection, now: DateTime<Utc>) -> StoreResult
             stats.oldest_available_age_ms = (millis(now) - run_at).max(0) as u64;
         }
     }
-    for named in queue_settings(conn)? {
+    for named in rows::queue_settings(conn)? {
         if named.settings.paused {
             by_queue
                 .entry(named.name.clone())
@@ -152,52 +149,6 @@ pub(crate) fn queues_stats(conn: &Connection, now: DateTime<Utc>) -> StoreResult
         }
     }
     Ok(by_queue.into_values().collect())
-}
-
-pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSettings>> {
-    let mut stmt = conn
-        .prepare_cached(
-            "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
-             per_key_concurrency_limit, rate_count, rate_period_ms, per_key_rate_count, \
-             per_key_rate_period_ms, weight, completed_retention_secs, dead_retention_secs, \
-             default_ttl_ms, circuit_breaker FROM queue_settings ORDER BY queue",
-        )
-        .map_err(backend)?;
-    let count = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<u64>> {
-        Ok(row.get::<_, Option<i64>>(index)?.map(|n| n.max(0) as u64))
-    };
-    let rate = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<RateLimit>> {
-        Ok(match (count(row, index)?, count(row, index + 1)?) {
-            (Some(count), Some(period_ms)) => Some(RateLimit { count, period_ms }),
-            _ => None,
-        })
-    };
-    let rows = stmt
-        .query_map([], |row| {
-            Ok(NamedQueueSettings {
-                name: row.get(0)?,
-                settings: {
-                    let mut settings = QueueSettings::default();
-                    settings.paused = row.get(1)?;
-                    settings.max_depth = count(row, 2)?;
-                    settings.max_depth_per_tenant = count(row, 3)?;
-                    settings.concurrency_limit = count(row, 4)?;
-                    settings.per_key_concurrency_limit = count(row, 5)?;
-                    settings.rate_limit = rate(row, 6)?;
-                    settings.per_key_rate_limit = rate(row, 8)?;
-                    settings.weight = count(row, 10)?.map(|w| w.min(u64::from(u32::MAX)) as u32);
-                    settings.completed_retention_secs = count(row, 11)?;
-                    settings.dead_retention_secs = count(row, 12)?;
-                    settings.default_ttl_ms = count(row, 13)?;
-                    settings.circuit_breaker =
-                        crate::rows::breaker_settings(row.get::<_, Option<String>>(14)?)?;
-                    settings
-                },
-            })
-        })
-        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(backend)?;
-    Ok(rows)
 }
 
 pub(crate) fn next_due(conn: &Connection, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {

@@ -1,0 +1,140 @@
+//! The statements of the limited claim (`crate::limits`), built once per store for its schema.
+
+use sqlx::SqlStr;
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use super::{stmt, COLUMNS, SETTINGS_COLUMNS};
+use crate::names::quoted;
+
+/// The statements of the limited claim for one schema, and the round-robin cursors.
+pub(crate) struct LimitSql {
+    pub(crate) settings_for: SqlStr,
+    pub(crate) running: SqlStr,
+    pub(crate) prune_starts: SqlStr,
+    pub(crate) recent_starts: SqlStr,
+    pub(crate) record_starts: SqlStr,
+    pub(crate) has_tenanted: SqlStr,
+    pub(crate) first: SqlStr,
+    pub(crate) tenants: SqlStr,
+    pub(crate) untenanted: SqlStr,
+    pub(crate) tenant_jobs: SqlStr,
+    pub(crate) key_counts: SqlStr,
+    pub(crate) claim_ids: SqlStr,
+    /// Per queue, the tenant group this process served last (`None`: jobs without a tenant),
+    /// so its next fetch continues the rotation. Kept per process: with several nodes each
+    /// rotates on its own, which still serves every tenant in turn.
+    cursors: Mutex<HashMap<String, Option<String>>>,
+}
+
+impl LimitSql {
+    pub(crate) fn new(schema: &str) -> Self {
+        let jobs = format!("{}.jobs", quoted(schema));
+        let settings = format!("{}.queue_settings", quoted(schema));
+        let starts = format!("{}.rate_starts", quoted(schema));
+        let order = "ORDER BY priority DESC, run_at, id";
+        let (kinds3, kinds4) = (kinds_at(3), kinds_at(4));
+        Self {
+            settings_for: stmt(format!(
+                "SELECT queue, {SETTINGS_COLUMNS} FROM {settings} WHERE queue = ANY($1)"
+            )),
+            running: stmt(format!(
+                "SELECT count(*) FROM {jobs} WHERE state = 'running' AND queue = $1"
+            )),
+            prune_starts: stmt(format!(
+                "DELETE FROM {starts} WHERE queue = $1 AND started_at <= $2"
+            )),
+            recent_starts: stmt(format!(
+                "SELECT count(*) FROM {starts} WHERE queue = $1 AND scope = $2 \
+                 AND started_at > $3"
+            )),
+            record_starts: stmt(format!(
+                "INSERT INTO {starts} (queue, scope, started_at) \
+                 SELECT s.queue, s.scope, $3 FROM unnest($1::text[], $2::text[]) AS s(queue, scope)"
+            )),
+            has_tenanted: stmt(format!(
+                "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
+                 AND tenant IS NOT NULL)"
+            )),
+            // Every candidate read below takes only the fetch's kinds (`$k::text[]`, NULL for
+            // any) and none of its excluded kinds: filtered after the claim instead, jobs of
+            // other kinds ahead in the queue would take the whole quota.
+            first: stmt(format!(
+                "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+                 AND queue = $1 AND {kinds3} {order} LIMIT $2"
+            )),
+            // Distinct tenants after `$2` ('' for from the first), one index seek each.
+            // Distinct tenants after `$2` ('' for from the first), one seek in `jobs_fair` each
+            // (the ORDER BY is that index's order, so no other index can serve it unsorted).
+            tenants: stmt(format!(
+                "WITH RECURSIVE t(tenant) AS ( \
+                     SELECT (SELECT tenant FROM {jobs} WHERE state = 'available' \
+                             AND queue = $1 AND tenant IS NOT NULL AND tenant > $2 \
+                             AND {kinds4} ORDER BY tenant, priority DESC, run_at, id LIMIT 1) \
+                     UNION ALL \
+                     SELECT (SELECT j.tenant FROM {jobs} j WHERE j.state = 'available' \
+                             AND j.queue = $1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant \
+                             AND {kinds4} ORDER BY j.tenant, j.priority DESC, j.run_at, j.id LIMIT 1) \
+                     FROM t WHERE t.tenant IS NOT NULL) \
+                 SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $3"
+            )),
+            untenanted: stmt(format!(
+                "SELECT id, priority, run_at FROM ( \
+                     SELECT id, tenant, priority, run_at FROM {jobs} \
+                     WHERE state = 'available' AND queue = $1 AND {kinds4} {order} LIMIT $2) w \
+                 WHERE tenant IS NULL {order} LIMIT $3"
+            )),
+            // Each tenant's first `n` available jobs (`$2`, `$3` side by side).
+            tenant_jobs: stmt(format!(
+                "SELECT t.tenant, j.id, j.priority, j.run_at \
+                 FROM unnest($2::text[], $3::int8[]) AS t(tenant, n) \
+                 CROSS JOIN LATERAL ( \
+                     SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+                     AND queue = $1 AND tenant = t.tenant AND tenant IS NOT NULL \
+                     AND {kinds4} {order} LIMIT t.n) j"
+            )),
+            // Each tenant's running jobs and starts since `$3`, in the order of `$2`.
+            key_counts: stmt(format!(
+                "SELECT \
+                     (SELECT count(*) FROM {jobs} r WHERE r.state = 'running' \
+                      AND r.queue = $1 AND r.tenant = t.tenant AND r.tenant IS NOT NULL) \
+                         AS running, \
+                     (SELECT count(*) FROM {starts} s WHERE s.queue = $1 \
+                      AND s.scope = t.tenant AND s.started_at > $3) AS recent \
+                 FROM unnest($2::text[]) WITH ORDINALITY AS t(tenant, pos) ORDER BY t.pos"
+            )),
+            claim_ids: stmt(format!(
+                "UPDATE {jobs} SET state = 'running', attempt = attempt + 1, \
+                     lease_worker = $2, lease_token = gen_random_uuid(), \
+                     lease_expires_at = $3, started_at = $4 \
+                 WHERE id = ANY($1) AND state = 'available' \
+                 AND ($5::text[] IS NULL OR kind = ANY($5)) AND kind <> ALL($6) \
+                 AND (expires_at IS NULL OR expires_at > $4) \
+                 RETURNING {COLUMNS}"
+            )),
+            cursors: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(crate) fn cursor(&self, queue: &str) -> Option<Option<String>> {
+        self.cursors
+            .lock()
+            .map(|cursors| cursors.get(queue).cloned())
+            .unwrap_or(None)
+    }
+
+    pub(crate) fn set_cursor(&self, queue: &str, tenant: Option<String>) {
+        if let Ok(mut cursors) = self.cursors.lock() {
+            if tenant.is_some() || cursors.contains_key(queue) {
+                cursors.insert(queue.to_string(), tenant);
+            }
+        }
+    }
+}
+
+/// The condition that a job is of a kind the fetch takes: its kinds at `$n` (NULL: any), its
+/// excluded kinds at `$n+1`.
+fn kinds_at(n: usize) -> String {
+    let excluded = n + 1;
+    format!("(${n}::text[] IS NULL OR kind = ANY(${n})) AND kind <> ALL(${excluded}::text[])")
+}
