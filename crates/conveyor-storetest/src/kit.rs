@@ -5,7 +5,7 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::{
-    CompleteParams, FailParams, FetchParams, Job, JobListParams, LeaseOutcome, LeaseRef,
+    CompleteParams, FailParams, FetchParams, Inserted, Job, JobListParams, LeaseOutcome, LeaseRef,
     ManualClock, NewJob, RetryPlan, RetryPolicy, Store, StoreResult,
 };
 use std::sync::Arc;
@@ -82,15 +82,20 @@ pub fn backoff(base: Duration) -> RetryPolicy {
     RetryPolicy::fixed_exponential(base, Duration::from_secs(3600))
 }
 
-/// Inserts one job, asserting it is new (not an idempotency duplicate).
-pub async fn insert(h: &Harness, job: NewJob) -> Job {
+/// Inserts one job and returns its single result, duplicate or not.
+pub async fn insert_one(h: &Harness, job: NewJob) -> Inserted {
     let mut inserted = h
         .store
         .jobs_insert_many(vec![job])
         .await
         .expect("insert should succeed");
     assert_eq!(inserted.len(), 1, "one insert result per job");
-    let inserted = inserted.pop().expect("one result");
+    inserted.pop().expect("one result")
+}
+
+/// Inserts one job, asserting it is new (not an idempotency duplicate).
+pub async fn insert(h: &Harness, job: NewJob) -> Job {
+    let inserted = insert_one(h, job).await;
     assert!(!inserted.duplicate, "a fresh job is not a duplicate");
     inserted.job
 }

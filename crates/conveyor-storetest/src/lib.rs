@@ -71,8 +71,8 @@ pub use workflows::*;
 // The harness and the helpers, public so store crates can reuse them in their own tests.
 pub use kit::{
     backoff, bogus_lease, complete, fail, fetch, fetch_none, fetch_one, fetch_params, get, ids,
-    insert, job_in, lease_of, list, list_all, make_dead, millis, new_job, secs, span, Harness,
-    LEASE, WORKER,
+    insert, insert_one, job_in, lease_of, list, list_all, make_dead, millis, new_job, secs, span,
+    Harness, LEASE, WORKER,
 };
 
 /// Every behaviour in the suite, by function name (the names of the generated tests).

@@ -3,16 +3,16 @@
 //! exists in one of the spec's states, created within its period.
 
 use conveyor_core::{
-    Inserted, Job, JobState, LeaseOutcome, NewJob, QueueSettings, RetryPlan, StoreError,
-    UniqueSpec, DEFAULT_QUEUE,
+    Job, JobState, LeaseOutcome, NewJob, QueueSettings, RetryPlan, StoreError, UniqueSpec,
+    DEFAULT_QUEUE,
 };
 use serde_json::{json, Value};
 use std::collections::HashSet;
 use uuid::Uuid;
 
 use crate::kit::{
-    backoff, complete, fail, fetch_one, get, insert, job_in, lease_of, list_all, millis, new_job,
-    secs, span, Harness,
+    backoff, complete, fail, fetch_one, get, insert, insert_one, job_in, lease_of, list_all,
+    millis, new_job, secs, span, Harness,
 };
 
 /// A job of `kind` in the default queue with `payload`, unique under `spec`.
@@ -20,17 +20,6 @@ fn unique_job(kind: &str, payload: Value, spec: UniqueSpec) -> NewJob {
     let mut job = NewJob::new(kind, payload);
     job.unique = Some(spec);
     job
-}
-
-/// Inserts one job and returns its single result, duplicate or not.
-async fn insert_one(h: &Harness, job: NewJob) -> Inserted {
-    let mut inserted = h
-        .store
-        .jobs_insert_many(vec![job])
-        .await
-        .expect("insert should succeed");
-    assert_eq!(inserted.len(), 1, "one insert result per job");
-    inserted.pop().expect("one result")
 }
 
 /// Asserts `job` is answered as a duplicate of the job with id `of`.
