@@ -18,7 +18,7 @@ use uuid::Uuid;
 use crate::ctx::{lock_in_order, Ctx};
 use crate::errors::{corrupt, db};
 use crate::names::concurrency_lock_key;
-use crate::rows::{self, settings_of};
+use crate::rows::{self, count_of, limit, settings_of};
 
 /// A job a fetch may claim, with what the claim order needs.
 #[derive(Debug, Clone, Copy)]
@@ -39,14 +39,6 @@ fn candidates_of(rows: &[sqlx::postgres::PgRow]) -> StoreResult<Vec<Candidate>> 
             })
         })
         .collect()
-}
-
-fn count_of(n: i64) -> u64 {
-    u64::try_from(n).unwrap_or(0)
-}
-
-fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
 }
 
 /// Claims for a fetch that the gate sent here. Must run in a transaction.

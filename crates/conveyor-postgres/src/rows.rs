@@ -105,7 +105,7 @@ pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
         Ok(row
             .try_get::<Option<i64>, _>(column)
             .map_err(read)?
-            .map(depth_of))
+            .map(count_of))
     };
     let rate = |count_column: &str, period_column: &str| -> StoreResult<Option<RateLimit>> {
         Ok(match (count(count_column)?, count(period_column)?) {
@@ -135,6 +135,11 @@ pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
 }
 
 /// A count or limit read from the database (never negative: the columns are checked).
-pub(crate) fn depth_of(n: i64) -> u64 {
+pub(crate) fn count_of(n: i64) -> u64 {
     u64::try_from(n).unwrap_or(0)
+}
+
+/// A row count as bound to a statement (`bigint`).
+pub(crate) fn limit(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
 }

@@ -31,8 +31,6 @@ pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tena
     per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
     dead_retention_secs, default_ttl_ms, circuit_breaker";
 
-/// [`COLUMNS`] qualified with the alias `j`, for `UPDATE ... FROM` statements where a bare `id`
-/// would be ambiguous.
 /// "This row is running", for statements that find their rows by id (and lease token).
 ///
 /// Written with an explicit `COLLATE "C"` so that the planner cannot prove the predicate of the
@@ -46,6 +44,8 @@ fn running(alias: &str) -> String {
     format!("{alias}state = 'running' COLLATE \"C\"")
 }
 
+/// [`COLUMNS`] qualified with the alias `j`, for `UPDATE ... FROM` statements where a bare `id`
+/// would be ambiguous.
 fn columns_of_j() -> String {
     COLUMNS
         .split(", ")

@@ -17,6 +17,7 @@ use crate::ctx::Ctx;
 use crate::errors::{corrupt, db};
 use crate::names::quoted;
 use crate::ops::rescue_row;
+use crate::rows::limit;
 use crate::sql::stmt;
 
 /// What a heartbeat writes; the registry rows also carry `command`, which only
@@ -110,10 +111,6 @@ impl WorkerSql {
 }
 
 use conveyor_core::clock::before;
-
-fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
 
 fn column<'r, T>(row: &'r PgRow, name: &str) -> StoreResult<T>
 where

@@ -85,7 +85,6 @@ fn step_state(text: &str) -> StoreResult<StepState> {
     StepState::from_str(text).map_err(unreadable)
 }
 
-/// `now` plus a stored timeout (positive: the column is checked).
 /// A stored compensation state, `None` when the step has none.
 fn compensation_of(text: Option<String>) -> StoreResult<Option<CompensationState>> {
     text.map(|text| {
@@ -94,6 +93,7 @@ fn compensation_of(text: Option<String>) -> StoreResult<Option<CompensationState
     .transpose()
 }
 
+/// `now` plus a stored timeout (positive: the column is checked).
 fn deadline(now: DateTime<Utc>, timeout_ms: Option<i64>) -> Option<DateTime<Utc>> {
     wait_deadline(now, timeout_ms.map(|ms| ms.max(0) as u64))
 }

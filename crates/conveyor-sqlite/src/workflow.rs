@@ -21,13 +21,8 @@ use uuid::Uuid;
 
 use crate::errors::backend;
 use crate::jobs;
-use crate::rows::millis;
+use crate::rows::{json_text, millis};
 use crate::writer::WriteCtx;
-
-fn to_json<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
-    serde_json::to_string(value)
-        .map_err(|e| StoreError::backend(format!("cannot serialize {field}: {e}")))
-}
 
 fn from_json<T: serde::de::DeserializeOwned>(text: &str, field: &str) -> StoreResult<T> {
     serde_json::from_str(text)
@@ -89,7 +84,7 @@ pub(crate) fn create(ctx: &mut WriteCtx<'_>, flow: ValidFlow) -> StoreResult<Cre
                 flow.name,
                 policy_text(&flow.on_failure).map_err(to_sql)?,
                 flow.idempotency_key,
-                to_json(&flow.tags, "tags").map_err(to_sql)?,
+                json_text(&flow.tags, "tags").map_err(to_sql)?,
                 millis(ctx.now),
             ])
         })
@@ -100,14 +95,14 @@ pub(crate) fn create(ctx: &mut WriteCtx<'_>, flow: ValidFlow) -> StoreResult<Cre
             StepAction::Job(job) => {
                 let job_id = Uuid::now_v7();
                 steps.insert(step.name.clone(), job_id);
-                (Some(job_id), Some(to_json(job, "job")?), None)
+                (Some(job_id), Some(json_text(job, "job")?), None)
             }
             StepAction::Wait(wait) => (None, None, Some(wait)),
         };
         let compensate = step
             .compensate
             .as_ref()
-            .map(|job| to_json(job, "compensate"))
+            .map(|job| json_text(job, "compensate"))
             .transpose()?;
         ctx.conn
             .prepare_cached(
@@ -120,7 +115,7 @@ pub(crate) fn create(ctx: &mut WriteCtx<'_>, flow: ValidFlow) -> StoreResult<Cre
                     id.to_string(),
                     step.name,
                     position as i64,
-                    to_json(&step.after, "after").map_err(to_sql)?,
+                    json_text(&step.after, "after").map_err(to_sql)?,
                     policy_text(&step.on_parent_failure).map_err(to_sql)?,
                     job_id.map(|j| j.to_string()),
                     job,
@@ -349,7 +344,7 @@ fn write_effects(
                         }
                     }
                 }
-                let error = error.map(|e| to_json(&e, "error")).transpose()?;
+                let error = error.map(|e| json_text(&e, "error")).transpose()?;
                 let finished = state.is_finished().then(|| millis(ctx.now));
                 // A job step takes its job's result, or its job's last error.
                 ctx.conn
@@ -644,7 +639,7 @@ pub(crate) fn signal(
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
-                to_json(payload, "payload").map_err(to_sql)?,
+                json_text(payload, "payload").map_err(to_sql)?,
                 id.to_string(),
                 name
             ])

@@ -267,7 +267,7 @@ pub(super) async fn check_depth_limits(
         let queue: String = row.try_get("queue").map_err(read)?;
         let max_depth: Option<i64> = row.try_get("max_depth").map_err(read)?;
         let per_tenant: Option<i64> = row.try_get("max_depth_per_tenant").map_err(read)?;
-        limits.insert(queue, (max_depth.map(depth_of), per_tenant.map(depth_of)));
+        limits.insert(queue, (max_depth.map(count_of), per_tenant.map(count_of)));
     }
     let limit_of = |queue: &str| limits.get(queue).copied();
     let adding = conveyor_core::limits::depth_demand(
@@ -300,7 +300,7 @@ pub(super) async fn check_depth_limits(
         ));
     }
     let mut depths = depths.into_iter();
-    conveyor_core::limits::depth_verdict(&adding, |_, _| Ok(depths.next().map_or(0, depth_of)))
+    conveyor_core::limits::depth_verdict(&adding, |_, _| Ok(depths.next().map_or(0, count_of)))
 }
 
 /// A limit as stored: `bigint`, so limits past `i64::MAX` (no queue holds that many) are kept
@@ -308,7 +308,3 @@ pub(super) async fn check_depth_limits(
 pub(super) fn stored_depth(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
-
-// ---------------------------------------------------------------------------------------------
-// Queue settings
-// ---------------------------------------------------------------------------------------------

@@ -655,10 +655,6 @@ pub(crate) async fn rescue_expired(
     Ok(report)
 }
 
-// ---------------------------------------------------------------------------------------------
-// Administration
-// ---------------------------------------------------------------------------------------------
-
 /// Records a running job's progress while its lease holds; `LeaseLost` otherwise.
 pub(crate) async fn progress(
     conn: &mut PgConnection,

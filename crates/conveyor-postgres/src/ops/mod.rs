@@ -29,7 +29,7 @@ use crate::ctx::{lock_in_order, notify, Ctx};
 use crate::errors::{corrupt, db};
 use crate::jobs::{store_exactly, to_i32};
 use crate::names::{depth_lock_key, idempotency_lock_key};
-use crate::rows::{self, depth_of, settings_of};
+use crate::rows::{self, count_of, limit, settings_of};
 use crate::sql::{Sql, COLUMNS};
 use crate::unique;
 use crate::workflow;
@@ -70,10 +70,6 @@ fn lease_key(lease: &LeaseRef) -> LeaseKey {
     (lease.id, lease.lease_token)
 }
 
-fn limit(n: usize) -> i64 {
-    i64::try_from(n).unwrap_or(i64::MAX)
-}
-
 /// Sums the per-queue counts returned by a statement ending in `notify_changed` (see `sql.rs`).
 fn changed_count(rows: &[PgRow]) -> StoreResult<u64> {
     rows.iter().try_fold(0u64, |total, row| {
@@ -81,7 +77,3 @@ fn changed_count(rows: &[PgRow]) -> StoreResult<u64> {
         Ok(total + n.max(0) as u64)
     })
 }
-
-// ---------------------------------------------------------------------------------------------
-// Reads
-// ---------------------------------------------------------------------------------------------
