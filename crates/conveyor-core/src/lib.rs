@@ -27,6 +27,7 @@ pub mod redact;
 pub mod retry;
 pub mod scaling;
 pub mod schedule;
+pub mod sources;
 pub mod state;
 pub mod stats;
 pub mod store;

@@ -1,0 +1,150 @@
+use super::*;
+
+fn spec(job: JobMapping) -> SourceSpec {
+    SourceSpec {
+        name: "orders".into(),
+        broker: BrokerSpec::RedisStream {
+            url: Some("redis://127.0.0.1:6379".into()),
+            url_env: None,
+            stream: "orders".into(),
+            group: "conveyor".into(),
+            consumer: None,
+            body_field: None,
+            claim_idle_ms: None,
+        },
+        job,
+        max_in_flight: 100,
+        start: Start::Earliest,
+        on_invalid: OnInvalid::Raw,
+    }
+}
+
+fn fixed(kind: &str) -> JobMapping {
+    JobMapping {
+        kind: Field::Fixed(kind.into()),
+        queue: Some(Field::Fixed("orders".into())),
+        tenant: None,
+        priority: None,
+    }
+}
+
+fn message(identity: &str, body: &[u8]) -> Message {
+    Message {
+        identity: identity.into(),
+        headers: BTreeMap::from([("X-Kind".to_string(), "order.paid".to_string())]),
+        subject: Some("orders.eu".into()),
+        body: body.to_vec(),
+    }
+}
+
+#[test]
+fn a_json_message_becomes_a_job_keyed_by_its_identity() {
+    let mapped = spec(fixed("order.placed"))
+        .job_for(&message("1-0", br#"{"id": 7}"#))
+        .expect("maps");
+    assert!(!mapped.invalid);
+    assert_eq!(mapped.job.kind, "order.placed");
+    assert_eq!(mapped.job.queue, "orders");
+    assert_eq!(mapped.job.payload, json!({"id": 7}));
+    assert_eq!(
+        mapped.job.idempotency_key.as_deref(),
+        Some("source:orders:1-0")
+    );
+}
+
+#[test]
+fn a_body_that_is_not_json_is_kept_as_base64_with_its_headers() {
+    let mapped = spec(fixed("k"))
+        .job_for(&message("2-0", b"\xff not json"))
+        .expect("maps");
+    assert!(mapped.invalid);
+    assert_eq!(mapped.job.payload["raw_base64"], json!("/yBub3QganNvbg=="));
+    assert_eq!(mapped.job.payload["headers"]["X-Kind"], json!("order.paid"));
+}
+
+#[test]
+fn parts_are_taken_from_headers_the_subject_and_the_body() {
+    let mapping = JobMapping {
+        kind: Field::From {
+            from: "header:X-Kind".into(),
+        },
+        queue: Some(Field::From {
+            from: "subject".into(),
+        }),
+        tenant: Some(Field::From {
+            from: "body:/customer/id".into(),
+        }),
+        priority: Some(Field::From {
+            from: "body:/rank".into(),
+        }),
+    };
+    let body = br#"{"customer": {"id": "acme"}, "rank": 5}"#;
+    let mapped = spec(mapping).job_for(&message("3-0", body)).expect("maps");
+    assert_eq!(mapped.job.kind, "order.paid");
+    assert_eq!(mapped.job.queue, "orders.eu");
+    assert_eq!(mapped.job.tenant.as_deref(), Some("acme"));
+    assert_eq!(mapped.job.priority, 5);
+}
+
+#[test]
+fn a_missing_part_or_a_bad_priority_names_the_field() {
+    let mut mapping = fixed("k");
+    mapping.tenant = Some(Field::From {
+        from: "header:X-Tenant".into(),
+    });
+    let error = spec(mapping).job_for(&message("4-0", b"{}")).unwrap_err();
+    assert_eq!(error.field, "job.tenant");
+    let mut mapping = fixed("k");
+    mapping.priority = Some(Field::Fixed("high".into()));
+    let error = spec(mapping).job_for(&message("4-1", b"{}")).unwrap_err();
+    assert_eq!(error.field, "job.priority");
+}
+
+#[test]
+fn validation_names_the_field_at_fault() {
+    let mut bad = spec(fixed("k"));
+    bad.max_in_flight = 0;
+    assert_eq!(bad.validate().unwrap_err().field, "max_in_flight");
+    let mut bad = spec(fixed("k"));
+    bad.name = "no spaces".into();
+    assert_eq!(bad.validate().unwrap_err().field, "name");
+    let mut bad = spec(JobMapping {
+        kind: Field::From {
+            from: "cookie:x".into(),
+        },
+        ..fixed("k")
+    });
+    assert_eq!(bad.validate().unwrap_err().field, "job.kind");
+    bad.job = fixed("k");
+    let BrokerSpec::RedisStream { url, .. } = &mut bad.broker;
+    *url = Some("http://x".into());
+    assert_eq!(bad.validate().unwrap_err().field, "url");
+    assert!(spec(fixed("k")).validate().is_ok());
+}
+
+#[test]
+fn the_configuration_reads_from_toml_and_json_alike() {
+    let from_toml: SourceSpec = toml::from_str(
+        r#"
+        name = "orders"
+        type = "redis_stream"
+        url = "redis://127.0.0.1:6379"
+        stream = "orders"
+        group = "conveyor"
+        job = { kind = "order.placed", queue = { from = "header:X-Queue" } }
+        "#,
+    )
+    .expect("toml");
+    let from_json: SourceSpec = serde_json::from_value(json!({
+        "name": "orders", "type": "redis_stream", "url": "redis://127.0.0.1:6379",
+        "stream": "orders", "group": "conveyor",
+        "job": {"kind": "order.placed", "queue": {"from": "header:X-Queue"}}
+    }))
+    .expect("json");
+    assert_eq!(from_toml, from_json);
+    assert_eq!(from_toml.max_in_flight, 1000);
+    let unknown = serde_json::from_value::<SourceSpec>(json!({
+        "name": "x", "type": "kafka", "job": {"kind": "k"}
+    }));
+    assert!(unknown.is_err());
+}
