@@ -23,6 +23,8 @@ pub const MAX_IN_FLIGHT: usize = 10_000;
 /// (Unknown fields are ignored: serde cannot refuse them beside a flattened broker.)
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct SourceSpec {
+    /// Its name (in a sources file and in `PUT /v1/sources/{name}`, the key or path names it).
+    #[serde(default)]
     pub name: String,
     /// The broker and what to read from it.
     #[serde(flatten)]

@@ -158,6 +158,8 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/v1/kinds/{kind}", PRODUCER),
     (Method::PUT, "/v1/kinds/{kind}", ADMIN),
     (Method::DELETE, "/v1/kinds/{kind}", ADMIN),
+    (Method::GET, "/v1/sources", ADMIN),
+    (Method::GET, "/v1/sources/{name}", ADMIN),
     (Method::GET, "/v1/schedules", ADMIN),
     (Method::GET, "/v1/schedules/{name}", ADMIN),
     (Method::PUT, "/v1/schedules/{name}", ADMIN),

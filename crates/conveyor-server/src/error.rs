@@ -35,6 +35,9 @@ pub enum ApiError {
     /// 409: a schema that queued jobs of its kind would not pass, set without `force`.
     #[error("{message}")]
     SchemaRejectsQueued { would_fail: u64, message: String },
+    /// 404: no such event source on this server.
+    #[error("source {0:?} not found")]
+    SourceNotFound(String),
     /// 404: no such API token.
     #[error("token {0:?} not found")]
     TokenNotFound(String),
@@ -107,6 +110,7 @@ impl ApiError {
             ApiError::JobNotFound(_)
             | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
+            | ApiError::SourceNotFound(_)
             | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)
@@ -130,6 +134,7 @@ impl ApiError {
             ApiError::JobNotFound(_)
             | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
+            | ApiError::SourceNotFound(_)
             | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)

@@ -37,6 +37,7 @@ mod schedules;
 mod serve;
 mod server;
 mod settings;
+mod sources;
 mod stats;
 mod worker_api;
 pub use stats::{flush_history_every, FLUSH_INTERVAL as HISTORY_FLUSH_INTERVAL};
@@ -142,6 +143,8 @@ pub struct RouterOptions {
     /// The process's metrics, to share them with in-process workers (as their observer);
     /// `None`: the router makes its own.
     pub metrics: Option<Arc<Metrics>>,
+    /// The event sources this server runs, for `GET /v1/sources` (see `conveyor-sources`).
+    pub sources: Vec<Arc<conveyor_sources::SourceStatus>>,
 }
 
 impl Default for RouterOptions {
@@ -152,6 +155,7 @@ impl Default for RouterOptions {
             leading: None,
             auth: AuthOptions::default(),
             metrics: None,
+            sources: Vec::new(),
         }
     }
 }
@@ -186,6 +190,8 @@ pub(crate) struct AppState {
     pub throughput: Arc<std::sync::Mutex<conveyor_core::scaling::ThroughputMeter>>,
     /// Operators' commands to workers: fetches of a worker told to quiet or stop get nothing.
     pub worker_commands: Arc<conveyor_engine::WorkerCommands>,
+    /// The event sources this server runs, by name.
+    pub sources: Arc<Vec<Arc<conveyor_sources::SourceStatus>>>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -243,6 +249,7 @@ pub fn router_with_options(
         leased: Arc::default(),
         idle_looks: Arc::default(),
         finished: Arc::default(),
+        sources: Arc::new(options.sources),
     };
     Router::new()
         .route("/v1/jobs", post(jobs::enqueue).get(jobs::list))
@@ -283,6 +290,8 @@ pub fn router_with_options(
             "/v1/kinds/{kind}",
             get(kinds::get).put(kinds::put).delete(kinds::delete),
         )
+        .route("/v1/sources", get(sources::list))
+        .route("/v1/sources/{name}", get(sources::get))
         .route("/v1/schedules", get(schedules::list))
         .route(
             "/v1/schedules/{name}",

@@ -164,6 +164,7 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/v1/kinds" | "/v1/kinds/{kind}") => PRODUCER,
         ("PUT" | "DELETE", "/v1/kinds/{kind}") => ADMIN,
         ("GET", "/v1/schedules" | "/v1/schedules/{name}/runs") => ADMIN,
+        ("GET", "/v1/sources" | "/v1/sources/{name}") => ADMIN,
         (
             "POST",
             "/v1/schedules/{name}/pause"

@@ -73,6 +73,7 @@ pub use conveyor_worker::{hostname, MaintenancePass, JOB_LOG_TARGET};
 pub use conveyor_worker::{Scheduler, SchedulerPass};
 pub use encryption::{EncryptedStore, EncryptionError, PayloadKeys};
 pub use schedule_file::{load_schedules, parse_schedules, ScheduleFileError};
+pub use source_file::{load_sources, SourceFileError};
 
 /// Webhook alerts (they live beside the server they run in).
 #[cfg(feature = "server")]
@@ -81,6 +82,7 @@ pub mod encryption;
 #[cfg(feature = "otlp")]
 pub mod otlp;
 pub mod schedule_file;
+pub mod source_file;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -86,6 +86,11 @@ pub(crate) struct ServeArgs {
     /// `.json`). Schedules not in the file are left as they are.
     #[arg(long, env = "CONVEYOR_SCHEDULES")]
     schedules: Option<PathBuf>,
+    /// Event sources to read (TOML, or JSON when the name ends in `.json`): brokers whose
+    /// messages become jobs, each acknowledged once its job is durable. Every server given
+    /// the file reads every source.
+    #[arg(long, env = "CONVEYOR_SOURCES")]
+    sources: Option<PathBuf>,
     /// How late a schedule tick may fire and still count as on time, in milliseconds (at least
     /// 1000). Older ticks were missed during downtime and follow the schedule's `missed` policy.
     #[arg(env = "CONVEYOR_SCHEDULE_MISFIRE_MS", long, default_value_t = 5000, value_parser = at_most(DAY_MS))]
@@ -354,6 +359,11 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
     open_options.schema = args.schema.clone();
     open_options.run_migrations = !args.no_migrate;
     open_options.integrity_check = !args.skip_integrity_check;
+    // Read before the store opens: a bad sources file stops the start with a message naming it.
+    let sources = match &args.sources {
+        Some(path) => conveyor::load_sources(path)?,
+        None => Vec::new(),
+    };
     let store = conveyor::open_store(&args.store, open_options)
         .await
         .with_context(|| format!("cannot open store {}", args.store))?;
@@ -430,6 +440,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tls_handshake_timeout: Duration::from_millis(args.header_read_timeout_ms),
         },
         tls: tls.clone(),
+        sources,
     };
     let server = Server::new(store.clone(), settings, shutdown.clone())?;
     let metrics = server.metrics();

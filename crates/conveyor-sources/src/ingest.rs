@@ -1,0 +1,356 @@
+//! The loop every source runs, whatever its broker: read a batch, commit its jobs in one
+//! store call, and only then acknowledge the batch at the broker. A failed commit acknowledges
+//! nothing (the broker redelivers); a refusal (a queue at its maximum depth) stops the reading,
+//! keeps the batch and tries it again after a pause, instead of taking more.
+
+use chrono::Utc;
+use conveyor_core::error_class;
+use conveyor_core::sources::{raw_payload, Message, OnInvalid, SourceSpec};
+use conveyor_core::{ErrorRecord, Job, JobState, NewJob, Store, StoreError};
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+/// What a broker failed to do (connect, read, acknowledge), as it said it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BrokerError(pub String);
+
+/// One connection to a broker, read by one source.
+#[async_trait::async_trait]
+pub trait Broker: Send {
+    /// Up to `max` messages, waiting a short while (about a second) for the first; empty when
+    /// none came.
+    async fn receive(&mut self, max: usize) -> Result<Vec<Message>, BrokerError>;
+
+    /// Acknowledges messages by identity, once their jobs are durable.
+    async fn ack(&mut self, identities: &[String]) -> Result<(), BrokerError>;
+}
+
+/// What a source is doing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceState {
+    Starting,
+    Running,
+    /// The target queue refused the batch (back-pressure): reading waits.
+    BackingOff,
+    /// The broker or the store failed; the source retries with backoff.
+    Error,
+    Stopped,
+}
+
+impl SourceState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceState::Starting => "starting",
+            SourceState::Running => "running",
+            SourceState::BackingOff => "backing_off",
+            SourceState::Error => "error",
+            SourceState::Stopped => "stopped",
+        }
+    }
+}
+
+/// A source's state and counts in this process, shown by `GET /v1/sources/{name}`.
+#[derive(Debug)]
+pub struct SourceStatus {
+    pub spec: SourceSpec,
+    state: Mutex<(SourceState, Option<String>)>,
+    received: AtomicU64,
+    enqueued: AtomicU64,
+    duplicates: AtomicU64,
+    invalid: AtomicU64,
+    refused: AtomicU64,
+}
+
+impl SourceStatus {
+    pub fn new(spec: SourceSpec) -> Self {
+        Self {
+            spec,
+            state: Mutex::new((SourceState::Starting, None)),
+            received: AtomicU64::new(0),
+            enqueued: AtomicU64::new(0),
+            duplicates: AtomicU64::new(0),
+            invalid: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+
+    pub fn state(&self) -> SourceState {
+        self.state.lock().map(|s| s.0).unwrap_or(SourceState::Error)
+    }
+
+    fn set(&self, state: SourceState, error: Option<String>) {
+        if let Ok(mut current) = self.state.lock() {
+            // The last error stays shown after the source recovers, until another replaces it.
+            let last = error.or_else(|| current.1.take());
+            *current = (state, last);
+        }
+    }
+
+    /// Counts by outcome: `received`, `enqueued`, `duplicate`, `invalid`, `refused`.
+    pub fn counts(&self) -> [(&'static str, u64); 5] {
+        [
+            ("received", self.received.load(Ordering::Relaxed)),
+            ("enqueued", self.enqueued.load(Ordering::Relaxed)),
+            ("duplicate", self.duplicates.load(Ordering::Relaxed)),
+            ("invalid", self.invalid.load(Ordering::Relaxed)),
+            ("refused", self.refused.load(Ordering::Relaxed)),
+        ]
+    }
+
+    /// The source as the API shows it: its configuration, state, last error and counts.
+    pub fn view(&self) -> Value {
+        let (state, last_error) = self
+            .state
+            .lock()
+            .map(|s| (s.0, s.1.clone()))
+            .unwrap_or((SourceState::Error, None));
+        let mut view = serde_json::to_value(&self.spec).unwrap_or_else(|_| json!({}));
+        // A URL may carry a password: shown without it.
+        if let Some(url) = view.get("url").and_then(Value::as_str) {
+            view["url"] = json!(without_password(url));
+        }
+        view["state"] = json!(state.as_str());
+        view["last_error"] = json!(last_error);
+        view["received"] = json!(self.received.load(Ordering::Relaxed));
+        view["enqueued"] = json!(self.enqueued.load(Ordering::Relaxed));
+        view["duplicates"] = json!(self.duplicates.load(Ordering::Relaxed));
+        view["invalid"] = json!(self.invalid.load(Ordering::Relaxed));
+        view["refused"] = json!(self.refused.load(Ordering::Relaxed));
+        view
+    }
+}
+
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_string();
+    };
+    match rest.split_once('@') {
+        Some((user_info, host)) if user_info.contains(':') => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_string(),
+    }
+}
+
+/// How long to wait before trying again after the `n`th failure in a row: 100 ms doubling to
+/// 10 s.
+fn backoff(n: u32) -> Duration {
+    Duration::from_millis(100u64.saturating_mul(1 << n.min(7))).min(Duration::from_secs(10))
+}
+
+/// Runs one source until `shutdown`: connects with `connect` (again after any broker error,
+/// with backoff) and ingests.
+pub async fn run<F, Fut>(
+    status: Arc<SourceStatus>,
+    store: Arc<dyn Store>,
+    connect: F,
+    shutdown: CancellationToken,
+) where
+    F: Fn() -> Fut + Send,
+    Fut: std::future::Future<Output = Result<Box<dyn Broker>, BrokerError>> + Send,
+{
+    let mut failures = 0u32;
+    while !shutdown.is_cancelled() {
+        let broker = tokio::select! {
+            broker = connect() => broker,
+            _ = shutdown.cancelled() => break,
+        };
+        let error = match broker {
+            Ok(mut broker) => {
+                status.set(SourceState::Running, None);
+                failures = 0;
+                match ingest(&status, store.as_ref(), broker.as_mut(), &shutdown).await {
+                    Ok(()) => break,
+                    Err(error) => error,
+                }
+            }
+            Err(error) => error,
+        };
+        tracing::warn!(source = %status.spec.name, %error, "source failed; retrying");
+        status.set(SourceState::Error, Some(error.to_string()));
+        failures = failures.saturating_add(1);
+        tokio::select! {
+            _ = tokio::time::sleep(backoff(failures)) => {}
+            _ = shutdown.cancelled() => break,
+        }
+    }
+    status.set(SourceState::Stopped, None);
+}
+
+/// Reads and commits until shutdown or a broker error.
+async fn ingest(
+    status: &SourceStatus,
+    store: &dyn Store,
+    broker: &mut dyn Broker,
+    shutdown: &CancellationToken,
+) -> Result<(), BrokerError> {
+    let spec = &status.spec;
+    while !shutdown.is_cancelled() {
+        let messages = tokio::select! {
+            messages = broker.receive(spec.max_in_flight) => messages?,
+            _ = shutdown.cancelled() => return Ok(()),
+        };
+        if messages.is_empty() {
+            continue;
+        }
+        status
+            .received
+            .fetch_add(messages.len() as u64, Ordering::Relaxed);
+        let batch = Batch::of(spec, &messages);
+        status.invalid.fetch_add(batch.invalid, Ordering::Relaxed);
+        // The batch is committed before anything is acknowledged; it is tried again (not read
+        // again) until it is, or until shutdown leaves it to the broker to redeliver.
+        let mut failures = 0u32;
+        loop {
+            match batch.commit(store).await {
+                Ok((enqueued, duplicates)) => {
+                    status.enqueued.fetch_add(enqueued, Ordering::Relaxed);
+                    status.duplicates.fetch_add(duplicates, Ordering::Relaxed);
+                    break;
+                }
+                Err(error) => {
+                    let wait = match &error {
+                        StoreError::QueueFull { retry_after, .. } => {
+                            status.refused.fetch_add(1, Ordering::Relaxed);
+                            status.set(SourceState::BackingOff, Some(error.to_string()));
+                            (*retry_after).max(Duration::from_millis(100))
+                        }
+                        _ => {
+                            tracing::warn!(source = %spec.name, %error, "committing a source's batch failed");
+                            status.set(SourceState::Error, Some(error.to_string()));
+                            failures = failures.saturating_add(1);
+                            backoff(failures)
+                        }
+                    };
+                    tokio::select! {
+                        _ = tokio::time::sleep(wait) => {}
+                        _ = shutdown.cancelled() => return Ok(()),
+                    }
+                }
+            }
+        }
+        status.set(SourceState::Running, None);
+        let identities: Vec<String> = messages.into_iter().map(|m| m.identity).collect();
+        broker.ack(&identities).await?;
+    }
+    Ok(())
+}
+
+/// A batch's jobs: the ones to enqueue, and the dead ones for messages that could not be
+/// mapped (or were not JSON, when the source says so).
+struct Batch {
+    jobs: Vec<NewJob>,
+    dead: Vec<Job>,
+    invalid: u64,
+}
+
+impl Batch {
+    fn of(spec: &SourceSpec, messages: &[Message]) -> Self {
+        let mut batch = Batch {
+            jobs: Vec::with_capacity(messages.len()),
+            dead: Vec::new(),
+            invalid: 0,
+        };
+        for message in messages {
+            match spec.job_for(message) {
+                Ok(mapped) if !mapped.invalid || spec.on_invalid == OnInvalid::Raw => {
+                    batch.invalid += u64::from(mapped.invalid);
+                    batch.jobs.push(mapped.job);
+                }
+                Ok(mapped) => {
+                    batch.invalid += 1;
+                    let reason = "the body is not JSON".to_string();
+                    batch.dead.push(dead_job(spec, message, mapped.job, reason));
+                }
+                Err(error) => {
+                    batch.invalid += 1;
+                    let mut job =
+                        NewJob::new(format!("{}.unmapped", spec.name), raw_payload(message));
+                    job.idempotency_key = Some(spec.idempotency_key(message));
+                    batch
+                        .dead
+                        .push(dead_job(spec, message, job, error.to_string()));
+                }
+            }
+        }
+        batch
+    }
+
+    /// Commits the batch: returns how many jobs were new and how many were duplicates (a
+    /// message seen before).
+    async fn commit(&self, store: &dyn Store) -> Result<(u64, u64), StoreError> {
+        let mut enqueued = 0;
+        let mut duplicates = 0;
+        if !self.jobs.is_empty() {
+            for inserted in store.jobs_insert_many(self.jobs.clone()).await? {
+                if inserted.duplicate {
+                    duplicates += 1;
+                } else {
+                    enqueued += 1;
+                }
+            }
+        }
+        if !self.dead.is_empty() {
+            let stored = store.jobs_import(self.dead.clone()).await?;
+            enqueued += stored;
+            duplicates += self.dead.len() as u64 - stored.min(self.dead.len() as u64);
+        }
+        Ok((enqueued, duplicates))
+    }
+}
+
+/// A message that cannot be run, stored in the dead-letter queue with its raw body: its id is
+/// derived from the message's identity, so a redelivery finds it instead of adding another.
+fn dead_job(spec: &SourceSpec, message: &Message, job: NewJob, reason: String) -> Job {
+    let now = Utc::now();
+    let digest = Sha256::digest(spec.idempotency_key(message).as_bytes());
+    let mut bytes = [0u8; 16];
+    bytes.copy_from_slice(&digest[..16]);
+    let id = uuid::Builder::from_custom_bytes(bytes).into_uuid();
+    let mut job = job;
+    job.payload = raw_payload(message);
+    let mut stored = job.into_stored(id, now);
+    stored.state = JobState::Dead;
+    stored.finished_at = Some(now);
+    stored.errors.push(ErrorRecord {
+        attempt: 0,
+        at: now,
+        class: error_class::INVALID_PAYLOAD.to_string(),
+        message: format!("source {}: {reason}", spec.name),
+        worker_id: None,
+        started_at: None,
+        backtrace: None,
+        replayed_at: None,
+    });
+    stored
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_in_a_url_is_not_shown() {
+        assert_eq!(
+            without_password("amqp://guest:secret@127.0.0.1:5672/%2f"),
+            "amqp://guest:***@127.0.0.1:5672/%2f"
+        );
+        assert_eq!(
+            without_password("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_to_ten_seconds() {
+        assert_eq!(backoff(0), Duration::from_millis(100));
+        assert_eq!(backoff(1), Duration::from_millis(200));
+        assert_eq!(backoff(20), Duration::from_secs(10));
+    }
+}

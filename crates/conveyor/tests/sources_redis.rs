@@ -1,0 +1,338 @@
+//! Event sources end to end: a real `conveyor serve` reading a real Redis stream (127.0.0.1:6379)
+//! through a consumer group. Each message becomes exactly one job and is acknowledged only once
+//! that job is stored: 10,000 entries make 10,000 jobs with nothing left pending; a server killed
+//! with SIGKILL mid-ingest and started again leaves every entry a job, none twice; a queue at its
+//! maximum depth stops the reading (entries stay unacknowledged) until it accepts again; bodies
+//! that are not JSON are kept as base64, and messages that cannot be mapped are dead-lettered.
+//! Each test uses its own stream and deletes it.
+
+mod common;
+
+use common::*;
+use redis::Commands;
+use serde_json::{json, Value};
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+const REDIS: &str = "redis://127.0.0.1:6379";
+
+/// A stream of this test's own, deleted when dropped.
+struct Stream {
+    name: String,
+    redis: redis::Connection,
+}
+
+impl Stream {
+    fn fresh(prefix: &str) -> Self {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        let redis = redis::Client::open(REDIS)
+            .and_then(|client| client.get_connection())
+            .expect("Redis on 127.0.0.1:6379");
+        Stream {
+            name: format!("conveyor-test-{prefix}-{}-{nanos}", std::process::id()),
+            redis,
+        }
+    }
+
+    /// Adds entries whose `body` is each of `bodies` (with `headers` beside it), in one round trip.
+    fn add(&mut self, bodies: impl IntoIterator<Item = Vec<u8>>, headers: &[(&str, &str)]) {
+        let mut pipe = redis::pipe();
+        for body in bodies {
+            let mut fields: Vec<(String, Vec<u8>)> = vec![("body".into(), body)];
+            for (name, value) in headers {
+                fields.push((name.to_string(), value.as_bytes().to_vec()));
+            }
+            pipe.xadd(&self.name, "*", &fields).ignore();
+        }
+        let () = pipe.query(&mut self.redis).expect("XADD");
+    }
+
+    /// Entries the group has read and not acknowledged.
+    fn pending(&mut self) -> u64 {
+        let summary: redis::Value = redis::cmd("XPENDING")
+            .arg(&self.name)
+            .arg("conveyor")
+            .query(&mut self.redis)
+            .expect("XPENDING");
+        match summary {
+            redis::Value::Array(items) => match items.first() {
+                Some(redis::Value::Int(n)) => u64::try_from(*n).unwrap_or(0),
+                other => panic!("XPENDING count: {other:?}"),
+            },
+            other => panic!("XPENDING: {other:?}"),
+        }
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        let _: redis::RedisResult<i64> = self.redis.del(&self.name);
+    }
+}
+
+fn sources_file(dir: &tempfile::TempDir, stream: &str, extra: &str) -> std::path::PathBuf {
+    let path = path_in(dir, "sources.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[sources.orders]\ntype = \"redis_stream\"\nurl = \"{REDIS}\"\nstream = \"{stream}\"\n\
+             group = \"conveyor\"\nclaim_idle_ms = 1000\n\
+             job = {{ kind = \"order.placed\", queue = \"orders\" }}\n{extra}"
+        ),
+    )
+    .expect("write sources file");
+    path
+}
+
+fn source(server: &str) -> Value {
+    http()
+        .get(format!("{server}/v1/sources/orders"))
+        .send()
+        .expect("GET source")
+        .json()
+        .expect("source JSON")
+}
+
+fn queue(server: &str, name: &str) -> Value {
+    let answer: Value = http()
+        .get(format!("{server}/v1/queues"))
+        .send()
+        .expect("GET queues")
+        .json()
+        .expect("queues JSON");
+    answer["queues"]
+        .as_array()
+        .and_then(|queues| queues.iter().find(|q| q["name"] == name).cloned())
+        .unwrap_or_else(|| json!({}))
+}
+
+fn waiting(queue: &Value) -> u64 {
+    ["available", "scheduled", "running", "retryable"]
+        .iter()
+        .map(|state| queue[state].as_u64().unwrap_or(0))
+        .sum()
+}
+
+/// Polls `check` until it is true, failing with `what` after `limit`.
+fn wait_until(limit: Duration, what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Every job of the queue, by the `n` its payload carries (each must be there once).
+fn numbers_in(server: &str, queue: &str) -> BTreeSet<u64> {
+    let mut numbers = BTreeSet::new();
+    let mut after: Option<String> = None;
+    let mut total = 0;
+    loop {
+        let mut url = format!("{server}/v1/jobs?queue={queue}&limit=500");
+        if let Some(after) = &after {
+            url.push_str(&format!("&after={after}"));
+        }
+        let page: Value = http()
+            .get(url)
+            .send()
+            .expect("GET jobs")
+            .json()
+            .expect("jobs");
+        let jobs = page["jobs"].as_array().cloned().unwrap_or_default();
+        if jobs.is_empty() {
+            break;
+        }
+        for job in &jobs {
+            total += 1;
+            let n = job["payload"]["n"].as_u64().expect("payload n");
+            assert!(numbers.insert(n), "message {n} became two jobs");
+            assert!(job["idempotency_key"]
+                .as_str()
+                .is_some_and(|key| key.starts_with("source:orders:")));
+        }
+        after = jobs
+            .last()
+            .and_then(|job| job["id"].as_str())
+            .map(String::from);
+    }
+    assert_eq!(total, numbers.len());
+    numbers
+}
+
+fn bodies(range: std::ops::Range<u64>) -> impl Iterator<Item = Vec<u8>> {
+    range.map(|n| json!({ "n": n }).to_string().into_bytes())
+}
+
+#[test]
+fn ten_thousand_entries_become_ten_thousand_jobs_each_acknowledged() {
+    let dir = temp_dir();
+    let mut stream = Stream::fresh("drain");
+    let file = sources_file(&dir, &stream.name, "max_in_flight = 500\n");
+    let server = start_server(&path_in(&dir, "jobs.db"), &["--sources", path_str(&file)]);
+    stream.add(bodies(0..10_000), &[]);
+    wait_until(Duration::from_secs(120), "10,000 jobs", || {
+        source(&server.url)["enqueued"] == 10_000
+    });
+    let status = source(&server.url);
+    assert_eq!(status["state"], "running", "{status}");
+    assert_eq!(status["received"], 10_000, "{status}");
+    assert_eq!(status["duplicates"], 0, "{status}");
+    assert_eq!(numbers_in(&server.url, "orders"), (0..10_000).collect());
+    wait_until(Duration::from_secs(10), "every entry acknowledged", || {
+        stream.pending() == 0
+    });
+    // Shown without a password, and listed.
+    let list: Value = http()
+        .get(format!("{}/v1/sources", server.url))
+        .send()
+        .expect("GET sources")
+        .json()
+        .expect("list");
+    assert_eq!(list["sources"][0]["name"], "orders");
+    assert_eq!(list["sources"][0]["type"], "redis_stream");
+    let missing = http()
+        .get(format!("{}/v1/sources/nope", server.url))
+        .send()
+        .expect("GET missing");
+    assert_eq!(missing.status().as_u16(), 404);
+}
+
+#[test]
+fn a_server_killed_mid_ingest_leaves_every_entry_one_job_after_its_restart() {
+    let dir = temp_dir();
+    let db = path_in(&dir, "jobs.db");
+    let mut stream = Stream::fresh("kill");
+    let file = sources_file(&dir, &stream.name, "max_in_flight = 200\n");
+    stream.add(bodies(0..20_000), &[]);
+    let mut server = start_server(&db, &["--sources", path_str(&file)]);
+    wait_until(Duration::from_secs(120), "some jobs stored", || {
+        source(&server.url)["enqueued"].as_u64().unwrap_or(0) >= 2_000
+    });
+    server.proc.kill_9();
+    // Entries read but not acknowledged when it died are taken over after claim_idle_ms.
+    let server = start_server(&db, &["--sources", path_str(&file)]);
+    wait_until(Duration::from_secs(180), "20,000 jobs", || {
+        waiting(&queue(&server.url, "orders")) >= 20_000
+    });
+    wait_until(Duration::from_secs(30), "every entry acknowledged", || {
+        stream.pending() == 0
+    });
+    assert_eq!(numbers_in(&server.url, "orders"), (0..20_000).collect());
+}
+
+#[test]
+fn a_full_queue_stops_the_reading_until_it_accepts_again() {
+    let dir = temp_dir();
+    let mut stream = Stream::fresh("full");
+    let file = sources_file(&dir, &stream.name, "max_in_flight = 20\n");
+    let server = start_server(&path_in(&dir, "jobs.db"), &["--sources", path_str(&file)]);
+    let put = http()
+        .put(format!("{}/v1/queues/orders", server.url))
+        .json(&json!({ "max_depth": 50 }))
+        .send()
+        .expect("PUT queue");
+    assert!(put.status().is_success());
+    stream.add(bodies(0..200), &[]);
+    wait_until(Duration::from_secs(60), "the source to back off", || {
+        source(&server.url)["state"] == "backing_off"
+    });
+    assert!(waiting(&queue(&server.url, "orders")) <= 50);
+    // The refused batch is held, not acknowledged.
+    assert!(stream.pending() > 0);
+    let put = http()
+        .put(format!("{}/v1/queues/orders", server.url))
+        .json(&json!({ "max_depth": null }))
+        .send()
+        .expect("PUT queue");
+    assert!(put.status().is_success());
+    wait_until(Duration::from_secs(60), "all 200 jobs", || {
+        waiting(&queue(&server.url, "orders")) == 200
+    });
+    wait_until(Duration::from_secs(10), "every entry acknowledged", || {
+        stream.pending() == 0
+    });
+    let status = source(&server.url);
+    assert_eq!(status["state"], "running", "{status}");
+    assert!(status["refused"].as_u64().unwrap_or(0) >= 1, "{status}");
+    assert_eq!(numbers_in(&server.url, "orders"), (0..200).collect());
+}
+
+#[test]
+fn bodies_that_are_not_json_are_kept_and_unmappable_messages_dead_lettered() {
+    let dir = temp_dir();
+    let mut stream = Stream::fresh("invalid");
+    let path = path_in(&dir, "sources.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[sources.orders]\ntype = \"redis_stream\"\nurl = \"{REDIS}\"\nstream = \"{}\"\n\
+             group = \"conveyor\"\njob = {{ kind = {{ from = \"header:kind\" }}, queue = \"orders\" }}\n",
+            stream.name
+        ),
+    )
+    .expect("write sources file");
+    let server = start_server(&path_in(&dir, "jobs.db"), &["--sources", path_str(&path)]);
+    stream.add([b"\x01plain text".to_vec()], &[("kind", "note")]);
+    stream.add([b"{\"n\": 1}".to_vec()], &[]);
+    wait_until(Duration::from_secs(30), "both messages stored", || {
+        source(&server.url)["enqueued"] == 2
+    });
+    let status = source(&server.url);
+    assert_eq!(status["invalid"], 2, "{status}");
+    let jobs: Value = http()
+        .get(format!("{}/v1/jobs?queue=orders&kind=note", server.url))
+        .send()
+        .expect("GET jobs")
+        .json()
+        .expect("jobs");
+    assert_eq!(jobs["jobs"][0]["payload"]["raw_base64"], "AXBsYWluIHRleHQ=");
+    let dead: Value = http()
+        .get(format!("{}/v1/dead", server.url))
+        .send()
+        .expect("GET dead")
+        .json()
+        .expect("dead");
+    let dead = dead["jobs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0]["kind"], "orders.unmapped");
+    assert_eq!(dead[0]["payload"]["raw_base64"], "eyJuIjogMX0=");
+    wait_until(Duration::from_secs(10), "both acknowledged", || {
+        stream.pending() == 0
+    });
+}
+
+#[test]
+fn a_bad_sources_file_stops_the_start_naming_the_field() {
+    let dir = temp_dir();
+    let path = path_in(&dir, "sources.toml");
+    std::fs::write(
+        &path,
+        "[sources.orders]\ntype = \"redis_stream\"\nurl = \"http://nope\"\nstream = \"s\"\n\
+         group = \"g\"\njob = { kind = \"k\" }\n",
+    )
+    .expect("write");
+    let db = path_in(&dir, "jobs.db");
+    let output = conveyor(&[
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--store",
+        &format!("sqlite://{}", db.display()),
+        "--sources",
+        path_str(&path),
+    ]);
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("source \"orders\": invalid url"),
+        "{stderr}"
+    );
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("UTF-8 path")
+}
