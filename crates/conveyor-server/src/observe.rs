@@ -172,7 +172,42 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     if let Some(error) = problem {
         tracing::warn!(%error, "metrics: store-wide gauges not refreshed");
     }
+    let text = text + &source_metrics(&state.sources);
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
+}
+
+/// The event sources' counts in this process, in the text format: read from each source's
+/// status at scrape time rather than kept twice in the registry. Source names are checked
+/// names (`[A-Za-z0-9_.:-]`), so they need no escaping as label values.
+fn source_metrics(sources: &[std::sync::Arc<conveyor_sources::SourceStatus>]) -> String {
+    if sources.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from(
+        "# HELP conveyor_source_messages_total Messages an event source read, by what became of \
+         them (received, enqueued, duplicate, invalid; refused counts batches a full queue \
+         turned back).\n# TYPE conveyor_source_messages_total counter\n",
+    );
+    for source in sources {
+        for (outcome, count) in source.counts() {
+            text.push_str(&format!(
+                "conveyor_source_messages_total{{source=\"{}\",outcome=\"{outcome}\"}} {count}\n",
+                source.spec.name
+            ));
+        }
+    }
+    text.push_str(
+        "# HELP conveyor_source_paused 1 while an event source holds a batch its target queue \
+         refused (backing_off), else 0.\n# TYPE conveyor_source_paused gauge\n",
+    );
+    for source in sources {
+        let paused = u8::from(source.state() == conveyor_sources::SourceState::BackingOff);
+        text.push_str(&format!(
+            "conveyor_source_paused{{source=\"{}\"}} {paused}\n",
+            source.spec.name
+        ));
+    }
+    text
 }
 
 /// Counts an attempt a worker reported ended (failed, dead or snoozed), as the store's answer

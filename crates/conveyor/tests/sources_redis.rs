@@ -194,6 +194,19 @@ fn ten_thousand_entries_become_ten_thousand_jobs_each_acknowledged() {
         .expect("list");
     assert_eq!(list["sources"][0]["name"], "orders");
     assert_eq!(list["sources"][0]["type"], "redis_stream");
+    let metrics = http()
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .expect("GET metrics")
+        .text()
+        .expect("metrics text");
+    assert!(
+        metrics.contains(
+            "conveyor_source_messages_total{source=\"orders\",outcome=\"enqueued\"} 10000"
+        ),
+        "{metrics}"
+    );
+    assert!(metrics.contains("conveyor_source_paused{source=\"orders\"} 0"));
     let missing = http()
         .get(format!("{}/v1/sources/nope", server.url))
         .send()
