@@ -8,6 +8,7 @@
 //! made instead of making a second.
 
 use base64::Engine as _;
+use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -131,6 +132,8 @@ pub enum Field {
 pub struct Message {
     /// The broker's identity of the message (a stream entry id): the same on redelivery.
     pub identity: String,
+    /// When the broker stamped the message, where it says (a stream entry id's first part).
+    pub sent_at: Option<DateTime<Utc>>,
     pub headers: BTreeMap<String, String>,
     pub subject: Option<String>,
     pub body: Vec<u8>,

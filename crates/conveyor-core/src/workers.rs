@@ -278,14 +278,16 @@ pub fn heartbeat_merge_sql(row: &str, dialect: SqlDialect) -> String {
             let value = match merge {
                 Merge::Take => new,
                 Merge::KeepWhenBlank(Blank::Null) => format!("COALESCE({new}, {old})"),
-                Merge::KeepWhenBlank(blank) => {
-                    let is_blank = match blank {
-                        Blank::Text => format!("{new} = ''"),
-                        Blank::List => dialect.empty_list.replace("{}", &new),
-                        Blank::Zero | Blank::Null => format!("{new} = 0"),
-                    };
-                    format!("CASE WHEN {is_blank} THEN {old} ELSE {new} END")
+                Merge::KeepWhenBlank(Blank::Text) => {
+                    format!("CASE WHEN {new} = '' THEN {old} ELSE {new} END")
                 }
+                Merge::KeepWhenBlank(Blank::Zero) => {
+                    format!("CASE WHEN {new} = 0 THEN {old} ELSE {new} END")
+                }
+                Merge::KeepWhenBlank(Blank::List) => format!(
+                    "CASE WHEN {} THEN {old} ELSE {new} END",
+                    dialect.empty_list.replace("{}", &new)
+                ),
                 Merge::EarliestWhileAlive => format!(
                     "CASE WHEN {row}.state = 'alive' THEN {}({old}, {new}) ELSE {new} END",
                     dialect.least

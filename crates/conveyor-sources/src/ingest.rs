@@ -6,7 +6,7 @@
 use chrono::Utc;
 use conveyor_core::error_class;
 use conveyor_core::sources::{raw_payload, Message, OnInvalid, SourceSpec};
-use conveyor_core::{ErrorRecord, Job, JobState, NewJob, Store, StoreError};
+use conveyor_core::{ErrorRecord, Job, JobState, NewJob, Store, StoreError, ValidJob};
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -242,10 +242,13 @@ async fn ingest(
     Ok(())
 }
 
-/// A batch's jobs: the ones to enqueue, and the dead ones for messages that could not be
-/// mapped (or were not JSON, when the source says so).
+/// A batch's jobs: the ones to enqueue, checked as an enqueue over HTTP is, and dead ones for
+/// the messages that cannot run (a mapping that fails, a job that fails the checks, or with
+/// `on_invalid = "dead_letter"` a body that is not JSON). One bad message must not hold up the
+/// rest: the store refuses a whole batch for any invalid job, and the batch is tried again
+/// until it is stored.
 struct Batch {
-    jobs: Vec<NewJob>,
+    jobs: Vec<ValidJob>,
     dead: Vec<Job>,
     invalid: u64,
 }
@@ -258,37 +261,42 @@ impl Batch {
             invalid: 0,
         };
         for message in messages {
-            match spec.job_for(message) {
-                Ok(mapped) if !mapped.invalid || spec.on_invalid == OnInvalid::Raw => {
-                    batch.invalid += u64::from(mapped.invalid);
-                    batch.jobs.push(mapped.job);
+            let unmapped = || {
+                let mut job = NewJob::new(format!("{}.unmapped", spec.name), Value::Null);
+                job.idempotency_key = Some(spec.idempotency_key(message));
+                job
+            };
+            let (job, reason) = match spec.job_for(message) {
+                Ok(mapped) if mapped.invalid && spec.on_invalid == OnInvalid::DeadLetter => {
+                    (mapped.job, "the body is not JSON".to_string())
                 }
                 Ok(mapped) => {
-                    batch.invalid += 1;
-                    let reason = "the body is not JSON".to_string();
-                    batch.dead.push(dead_job(spec, message, mapped.job, reason));
+                    batch.invalid += u64::from(mapped.invalid);
+                    match ValidJob::new(mapped.job) {
+                        Ok(job) => {
+                            batch.jobs.push(job);
+                            continue;
+                        }
+                        Err(error) => (unmapped(), error.to_string()),
+                    }
                 }
-                Err(error) => {
-                    batch.invalid += 1;
-                    let mut job =
-                        NewJob::new(format!("{}.unmapped", spec.name), raw_payload(message));
-                    job.idempotency_key = Some(spec.idempotency_key(message));
-                    batch
-                        .dead
-                        .push(dead_job(spec, message, job, error.to_string()));
-                }
-            }
+                Err(error) => (unmapped(), error.to_string()),
+            };
+            batch.invalid += 1;
+            batch.dead.push(dead_job(spec, message, job, reason));
         }
         batch
     }
 
-    /// Commits the batch: returns how many jobs were new and how many were duplicates (a
-    /// message seen before).
+    /// Stores the batch: returns how many jobs were new and how many were duplicates (a
+    /// message seen before). The dead jobs go in a second call (`jobs_import`); if only the
+    /// first is stored, the retry finds its jobs by their idempotency keys and the dead ones by
+    /// their ids, so nothing is stored twice.
     async fn commit(&self, store: &dyn Store) -> Result<(u64, u64), StoreError> {
         let mut enqueued = 0;
         let mut duplicates = 0;
         if !self.jobs.is_empty() {
-            for inserted in store.jobs_insert_many(self.jobs.clone()).await? {
+            for inserted in store.jobs_insert_valid(self.jobs.clone()).await? {
                 if inserted.duplicate {
                     duplicates += 1;
                 } else {
@@ -299,20 +307,25 @@ impl Batch {
         if !self.dead.is_empty() {
             let stored = store.jobs_import(self.dead.clone()).await?;
             enqueued += stored;
-            duplicates += self.dead.len() as u64 - stored.min(self.dead.len() as u64);
+            duplicates += (self.dead.len() as u64).saturating_sub(stored);
         }
         Ok((enqueued, duplicates))
     }
 }
 
-/// A message that cannot be run, stored in the dead-letter queue with its raw body: its id is
-/// derived from the message's identity, so a redelivery finds it instead of adding another.
+/// A message that cannot be run, stored in the dead-letter queue with its raw body. Its id is
+/// derived from the message, so a redelivery finds it instead of adding another: a UUIDv7 of
+/// the time the broker stamped on the message (ids stay in time order, which retention's scan
+/// relies on) whose random part is a hash of the message's identity. A message without a time
+/// takes now, and so a redelivery of it may add a second dead job.
 fn dead_job(spec: &SourceSpec, message: &Message, job: NewJob, reason: String) -> Job {
     let now = Utc::now();
     let digest = Sha256::digest(spec.idempotency_key(message).as_bytes());
-    let mut bytes = [0u8; 16];
-    bytes.copy_from_slice(&digest[..16]);
-    let id = uuid::Builder::from_custom_bytes(bytes).into_uuid();
+    let mut random = [0u8; 10];
+    random.copy_from_slice(&digest[..10]);
+    let at = message.sent_at.unwrap_or(now);
+    let millis = u64::try_from(at.timestamp_millis()).unwrap_or(0);
+    let id = uuid::Builder::from_unix_timestamp_millis(millis, &random).into_uuid();
     let mut job = job;
     job.payload = raw_payload(message);
     let mut stored = job.into_stored(id, now);

@@ -96,8 +96,15 @@ impl RedisStream {
                 headers.insert(field, String::from_utf8_lossy(&bytes).into_owned());
             }
         }
+        // An entry id is `<milliseconds>-<sequence>`: the time Redis added it.
+        let sent_at = entry
+            .id
+            .split_once('-')
+            .and_then(|(millis, _)| millis.parse::<i64>().ok())
+            .and_then(chrono::DateTime::from_timestamp_millis);
         Message {
             identity: entry.id,
+            sent_at,
             headers,
             subject: Some(self.stream.clone()),
             body,

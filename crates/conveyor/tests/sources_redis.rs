@@ -51,6 +51,18 @@ impl Stream {
         let () = pipe.query(&mut self.redis).expect("XADD");
     }
 
+    /// Entries the group has not acknowledged: read and pending, or not yet read.
+    fn unacknowledged(&mut self) -> u64 {
+        let info: redis::streams::StreamInfoGroupsReply =
+            self.redis.xinfo_groups(&self.name).expect("XINFO GROUPS");
+        let group = info
+            .groups
+            .iter()
+            .find(|group| group.name == "conveyor")
+            .expect("the group");
+        group.pending as u64 + group.lag.unwrap_or(0) as u64
+    }
+
     /// Entries the group has read and not acknowledged.
     fn pending(&mut self) -> u64 {
         let summary: redis::Value = redis::cmd("XPENDING")
@@ -220,17 +232,22 @@ fn a_server_killed_mid_ingest_leaves_every_entry_one_job_after_its_restart() {
     let db = path_in(&dir, "jobs.db");
     let mut stream = Stream::fresh("kill");
     // Entries the killed server read and never acknowledged are taken over after a second.
+    // Small batches, so the kill lands while most of the stream is still to do.
     let file = sources_file(
         &dir,
         &stream.name,
-        "max_in_flight = 200\nclaim_idle_ms = 1000\n",
+        "max_in_flight = 50\nclaim_idle_ms = 1000\n",
     );
     stream.add(bodies(0..20_000), &[]);
     let mut server = start_server(&db, &["--sources", path_str(&file)]);
     wait_until(Duration::from_secs(120), "some jobs stored", || {
-        source(&server.url)["enqueued"].as_u64().unwrap_or(0) >= 2_000
+        source(&server.url)["enqueued"].as_u64().unwrap_or(0) >= 1_000
     });
     server.proc.kill_9();
+    assert!(
+        stream.unacknowledged() > 0,
+        "the kill came after the whole stream was ingested: it tested no recovery"
+    );
     // Entries read but not acknowledged when it died are taken over after claim_idle_ms.
     let server = start_server(&db, &["--sources", path_str(&file)]);
     wait_until(Duration::from_secs(180), "20,000 jobs", || {
@@ -280,7 +297,7 @@ fn a_full_queue_stops_the_reading_until_it_accepts_again() {
 }
 
 #[test]
-fn bodies_that_are_not_json_are_kept_and_unmappable_messages_dead_lettered() {
+fn bodies_that_are_not_json_are_kept_and_messages_that_cannot_run_are_dead_lettered() {
     let dir = temp_dir();
     let mut stream = Stream::fresh("invalid");
     let path = path_in(&dir, "sources.toml");
@@ -296,18 +313,29 @@ fn bodies_that_are_not_json_are_kept_and_unmappable_messages_dead_lettered() {
     let server = start_server(&path_in(&dir, "jobs.db"), &["--sources", path_str(&path)]);
     stream.add([b"\x01plain text".to_vec()], &[("kind", "note")]);
     stream.add([b"{\"n\": 1}".to_vec()], &[]);
-    wait_until(Duration::from_secs(30), "both messages stored", || {
-        source(&server.url)["enqueued"] == 2
+    // A kind the checks refuse: dead-lettered alone, not holding up the good message beside it.
+    stream.add(
+        [b"{\"n\": 2}".to_vec(), b"{\"n\": 3}".to_vec()],
+        &[("kind", "bad kind!")],
+    );
+    stream.add([b"{\"n\": 4}".to_vec()], &[("kind", "note")]);
+    wait_until(Duration::from_secs(30), "every message stored", || {
+        source(&server.url)["enqueued"] == 5
     });
     let status = source(&server.url);
-    assert_eq!(status["invalid"], 2, "{status}");
+    assert_eq!(status["invalid"], 4, "{status}");
     let jobs: Value = http()
         .get(format!("{}/v1/jobs?queue=orders&kind=note", server.url))
         .send()
         .expect("GET jobs")
         .json()
         .expect("jobs");
-    assert_eq!(jobs["jobs"][0]["payload"]["raw_base64"], "AXBsYWluIHRleHQ=");
+    let notes = jobs["jobs"].as_array().cloned().unwrap_or_default();
+    assert_eq!(notes.len(), 2, "{notes:?}");
+    assert!(notes
+        .iter()
+        .any(|job| job["payload"]["raw_base64"] == "AXBsYWluIHRleHQ="));
+    assert!(notes.iter().any(|job| job["payload"]["n"] == 4));
     let dead: Value = http()
         .get(format!("{}/v1/dead", server.url))
         .send()
@@ -315,9 +343,27 @@ fn bodies_that_are_not_json_are_kept_and_unmappable_messages_dead_lettered() {
         .json()
         .expect("dead");
     let dead = dead["jobs"].as_array().cloned().unwrap_or_default();
-    assert_eq!(dead.len(), 1, "{dead:?}");
-    assert_eq!(dead[0]["kind"], "orders.unmapped");
-    assert_eq!(dead[0]["payload"]["raw_base64"], "eyJuIjogMX0=");
+    assert_eq!(dead.len(), 3, "{dead:?}");
+    for job in &dead {
+        assert_eq!(job["kind"], "orders.unmapped");
+        // A UUIDv7 (time-ordered, as retention's scan expects), derived from the entry.
+        assert_eq!(
+            job["id"].as_str().and_then(|id| id.chars().nth(14)),
+            Some('7')
+        );
+        assert!(job["errors"][0]["message"]
+            .as_str()
+            .is_some_and(|m| m.starts_with("source orders: ")));
+    }
+    let raw: BTreeSet<&str> = dead
+        .iter()
+        .filter_map(|job| job["payload"]["raw_base64"].as_str())
+        .collect();
+    // {"n": 1} (no kind header), {"n": 2} and {"n": 3} (a kind the checks refuse).
+    assert_eq!(
+        raw,
+        BTreeSet::from(["eyJuIjogMX0=", "eyJuIjogMn0=", "eyJuIjogM30="])
+    );
     wait_until(Duration::from_secs(10), "both acknowledged", || {
         stream.pending() == 0
     });

@@ -31,6 +31,7 @@ fn fixed(kind: &str) -> JobMapping {
 fn message(identity: &str, body: &[u8]) -> Message {
     Message {
         identity: identity.into(),
+        sent_at: None,
         headers: BTreeMap::from([("X-Kind".to_string(), "order.paid".to_string())]),
         subject: Some("orders.eu".into()),
         body: body.to_vec(),
