@@ -7,6 +7,7 @@ use chrono::Utc;
 use conveyor_core::error_class;
 use conveyor_core::sources::{raw_payload, Message, OnInvalid, SourceSpec};
 use conveyor_core::{ErrorRecord, Job, JobState, NewJob, Store, StoreError, ValidJob};
+use conveyor_engine::KindRegistry;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -155,6 +156,8 @@ pub async fn run<F, Fut>(
     F: Fn() -> Fut + Send,
     Fut: std::future::Future<Output = Result<Box<dyn Broker>, BrokerError>> + Send,
 {
+    // Payloads are checked against their kind's schema, as an enqueue over HTTP is.
+    let kinds = KindRegistry::new(store.clone());
     let mut failures = 0u32;
     while !shutdown.is_cancelled() {
         let broker = tokio::select! {
@@ -165,7 +168,7 @@ pub async fn run<F, Fut>(
             Ok(mut broker) => {
                 status.set(SourceState::Running, None);
                 failures = 0;
-                match ingest(&status, store.as_ref(), broker.as_mut(), &shutdown).await {
+                match ingest(&status, store.as_ref(), &kinds, broker.as_mut(), &shutdown).await {
                     Ok(()) => break,
                     Err(error) => error,
                 }
@@ -187,6 +190,7 @@ pub async fn run<F, Fut>(
 async fn ingest(
     status: &SourceStatus,
     store: &dyn Store,
+    kinds: &KindRegistry,
     broker: &mut dyn Broker,
     shutdown: &CancellationToken,
 ) -> Result<(), BrokerError> {
@@ -202,14 +206,18 @@ async fn ingest(
         status
             .received
             .fetch_add(messages.len() as u64, Ordering::Relaxed);
-        let batch = Batch::of(spec, &messages);
-        status.invalid.fetch_add(batch.invalid, Ordering::Relaxed);
+        let mut batch = Batch::of(spec, &messages);
         // The batch is committed before anything is acknowledged; it is tried again (not read
         // again) until it is, or until shutdown leaves it to the broker to redeliver.
         let mut failures = 0u32;
         loop {
-            match batch.commit(store).await {
+            let stored = match batch.check_schemas(spec, &messages, kinds).await {
+                Ok(()) => batch.commit(store).await,
+                Err(error) => Err(error),
+            };
+            match stored {
                 Ok((enqueued, duplicates)) => {
+                    status.invalid.fetch_add(batch.invalid, Ordering::Relaxed);
                     status.enqueued.fetch_add(enqueued, Ordering::Relaxed);
                     status.duplicates.fetch_add(duplicates, Ordering::Relaxed);
                     break;
@@ -248,7 +256,8 @@ async fn ingest(
 /// rest: the store refuses a whole batch for any invalid job, and the batch is tried again
 /// until it is stored.
 struct Batch {
-    jobs: Vec<ValidJob>,
+    /// Each with the index of its message.
+    jobs: Vec<(ValidJob, usize)>,
     dead: Vec<Job>,
     invalid: u64,
 }
@@ -260,7 +269,7 @@ impl Batch {
             dead: Vec::new(),
             invalid: 0,
         };
-        for message in messages {
+        for (index, message) in messages.iter().enumerate() {
             let unmapped = || {
                 let mut job = NewJob::new(format!("{}.unmapped", spec.name), Value::Null);
                 job.idempotency_key = Some(spec.idempotency_key(message));
@@ -274,7 +283,7 @@ impl Batch {
                     batch.invalid += u64::from(mapped.invalid);
                     match ValidJob::new(mapped.job) {
                         Ok(job) => {
-                            batch.jobs.push(job);
+                            batch.jobs.push((job, index));
                             continue;
                         }
                         Err(error) => (unmapped(), error.to_string()),
@@ -288,6 +297,36 @@ impl Batch {
         batch
     }
 
+    /// Moves the jobs whose payload their kind's schema refuses to the dead ones. Safe to run
+    /// again on a batch tried again: only the jobs still to enqueue are checked.
+    async fn check_schemas(
+        &mut self,
+        spec: &SourceSpec,
+        messages: &[Message],
+        kinds: &KindRegistry,
+    ) -> Result<(), StoreError> {
+        let mut index = 0;
+        while let Some((job, message)) = self.jobs.get(index) {
+            match kinds.check(&job.job().kind, &job.job().payload).await {
+                Ok(()) => index += 1,
+                Err(StoreError::Invalid(error)) => {
+                    let reason = format!(
+                        "the payload does not match the schema of kind {:?}: {error}",
+                        job.job().kind
+                    );
+                    let message = &messages[*message];
+                    let (job, _) = self.jobs.remove(index);
+                    self.invalid += 1;
+                    self.dead
+                        .push(dead_job(spec, message, job.into_job(), reason));
+                }
+                // A store that could not be read: the caller tries the batch again.
+                Err(other) => return Err(other),
+            }
+        }
+        Ok(())
+    }
+
     /// Stores the batch: returns how many jobs were new and how many were duplicates (a
     /// message seen before). The dead jobs go in a second call (`jobs_import`); if only the
     /// first is stored, the retry finds its jobs by their idempotency keys and the dead ones by
@@ -296,7 +335,8 @@ impl Batch {
         let mut enqueued = 0;
         let mut duplicates = 0;
         if !self.jobs.is_empty() {
-            for inserted in store.jobs_insert_valid(self.jobs.clone()).await? {
+            let jobs = self.jobs.iter().map(|(job, _)| job.clone()).collect();
+            for inserted in store.jobs_insert_valid(jobs).await? {
                 if inserted.duplicate {
                     duplicates += 1;
                 } else {

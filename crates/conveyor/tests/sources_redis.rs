@@ -370,6 +370,44 @@ fn bodies_that_are_not_json_are_kept_and_messages_that_cannot_run_are_dead_lette
 }
 
 #[test]
+fn payloads_are_checked_against_their_kinds_schema() {
+    let dir = temp_dir();
+    let mut stream = Stream::fresh("schema");
+    let file = sources_file(&dir, &stream.name, "");
+    let server = start_server(&path_in(&dir, "jobs.db"), &["--sources", path_str(&file)]);
+    let put = http()
+        .put(format!("{}/v1/kinds/order.placed", server.url))
+        .json(&json!({ "schema": {
+            "type": "object", "required": ["n"], "properties": { "n": { "type": "integer" } }
+        }}))
+        .send()
+        .expect("PUT kind");
+    assert!(put.status().is_success(), "{:?}", put.text());
+    stream.add([b"{\"n\": 1}".to_vec(), b"{\"n\": \"one\"}".to_vec()], &[]);
+    wait_until(Duration::from_secs(30), "both messages stored", || {
+        source(&server.url)["enqueued"] == 2
+    });
+    assert_eq!(source(&server.url)["invalid"], 1);
+    assert_eq!(waiting(&queue(&server.url, "orders")), 1);
+    let dead: Value = http()
+        .get(format!("{}/v1/dead", server.url))
+        .send()
+        .expect("GET dead")
+        .json()
+        .expect("dead");
+    // Dead-lettered under its own kind and queue, the raw message kept.
+    assert_eq!(dead["jobs"][0]["kind"], "order.placed");
+    assert_eq!(dead["jobs"][0]["queue"], "orders");
+    assert_eq!(dead["jobs"][0]["payload"]["raw_base64"], "eyJuIjogIm9uZSJ9");
+    assert!(dead["jobs"][0]["errors"][0]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("schema of kind \"order.placed\"")));
+    wait_until(Duration::from_secs(10), "both acknowledged", || {
+        stream.pending() == 0
+    });
+}
+
+#[test]
 fn a_bad_sources_file_stops_the_start_naming_the_field() {
     let dir = temp_dir();
     let path = path_in(&dir, "sources.toml");
