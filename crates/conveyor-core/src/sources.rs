@@ -1,10 +1,11 @@
-//! Event sources: a broker the teams already run (a Redis stream today), read by `conveyor
-//! serve`, each message turned into a job. This is the pure part: what a source is, the checks
+//! Event sources: a broker the teams already run (Redis Streams, RabbitMQ, NATS JetStream, MQTT,
+//! SQS), read by `conveyor serve`, each message turned into a job. This is the pure part: what a source is, the checks
 //! on it, and how one message becomes one job. Reading and acknowledging are in
 //! `conveyor-sources`.
 //!
 //! A message's job carries the idempotency key `source:{name}:{identity}`, where the identity
-//! is the broker's own (a stream entry's id), so a redelivered message finds the job it already
+//! is the broker's own (a stream entry's id, an AMQP message-id, a JetStream stream sequence, an
+//! SQS MessageId, or a hash of the content where the broker has none), so a redelivered message finds the job it already
 //! made instead of making a second.
 
 use base64::Engine as _;
@@ -47,15 +48,15 @@ fn default_max_in_flight() -> usize {
     1000
 }
 
-/// The broker of a source, by `type`.
+/// The broker of a source, by `type`. Every broker names its URL as `url` or, for a URL with a
+/// password, `url_env`: the name of an environment variable holding it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum BrokerSpec {
     /// A Redis stream read by a consumer group (XREADGROUP, XACK; XAUTOCLAIM takes over the
     /// entries a dead consumer held).
     RedisStream {
-        /// `redis://host:port/db`; or `url_env`, the name of an environment variable holding
-        /// it (for a URL with a password, which is never written to the configuration).
+        /// `redis://host:port/db`.
         #[serde(default)]
         url: Option<String>,
         #[serde(default)]
@@ -73,13 +74,189 @@ pub enum BrokerSpec {
         #[serde(default)]
         claim_idle_ms: Option<u64>,
     },
+    /// A RabbitMQ (AMQP 0-9-1) queue, consumed with manual acknowledgements and a prefetch of
+    /// `max_in_flight`. The queue must exist (declared passively).
+    Amqp {
+        /// `amqp://user:password@host:port/vhost` (`amqps://` for TLS).
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        url_env: Option<String>,
+        queue: String,
+        /// The consumer tag (default: host name and process id).
+        #[serde(default)]
+        consumer: Option<String>,
+    },
+    /// A NATS JetStream stream, read by a durable pull consumer with explicit acknowledgements
+    /// (made if missing, filtered on `subject`).
+    Nats {
+        /// `nats://host:port`.
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        url_env: Option<String>,
+        stream: String,
+        /// The subjects read (wildcards allowed; default: all of the stream's).
+        #[serde(default)]
+        subject: Option<String>,
+        /// The durable consumer's name.
+        consumer: String,
+        /// How long JetStream waits for an acknowledgement before redelivering (ms, default
+        /// 30,000); the source tells it the work is in progress while a commit is slow.
+        #[serde(default)]
+        ack_wait_ms: Option<u64>,
+    },
+    /// An MQTT topic filter, subscribed at QoS 1 in a persistent session (clean session off)
+    /// with manual acknowledgements.
+    Mqtt {
+        /// `mqtt://host:port` (`mqtts://` for TLS); a user and password may be in it.
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        url_env: Option<String>,
+        topic: String,
+        /// The session's client id: the broker keeps the subscription and the unacknowledged
+        /// messages under it while the source is away.
+        client_id: String,
+    },
+    /// An Amazon SQS queue (or one speaking its API): ReceiveMessage, DeleteMessageBatch once
+    /// the jobs are durable, ChangeMessageVisibility while a commit is slow.
+    Sqs {
+        /// The endpoint (for a local stand-in such as moto); default: AWS's for the region.
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        url_env: Option<String>,
+        queue_url: String,
+        region: String,
+        /// Environment variables holding the credentials (default: the AWS SDK's own chain:
+        /// AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, profiles, instance roles).
+        #[serde(default)]
+        access_key_id_env: Option<String>,
+        #[serde(default)]
+        secret_access_key_env: Option<String>,
+        /// How long a received message stays hidden from other consumers (s, default 30).
+        #[serde(default)]
+        visibility_timeout_secs: Option<u32>,
+    },
 }
 
 impl BrokerSpec {
     pub fn type_name(&self) -> &'static str {
         match self {
             BrokerSpec::RedisStream { .. } => "redis_stream",
+            BrokerSpec::Amqp { .. } => "amqp",
+            BrokerSpec::Nats { .. } => "nats",
+            BrokerSpec::Mqtt { .. } => "mqtt",
+            BrokerSpec::Sqs { .. } => "sqs",
         }
+    }
+
+    /// The `url` and `url_env` fields, and the URL schemes this broker takes.
+    fn url_fields(&self) -> (&Option<String>, &Option<String>, &'static [&'static str]) {
+        match self {
+            BrokerSpec::RedisStream { url, url_env, .. } => {
+                (url, url_env, &["redis://", "rediss://"])
+            }
+            BrokerSpec::Amqp { url, url_env, .. } => (url, url_env, &["amqp://", "amqps://"]),
+            BrokerSpec::Nats { url, url_env, .. } => {
+                (url, url_env, &["nats://", "tls://", "ws://", "wss://"])
+            }
+            BrokerSpec::Mqtt { url, url_env, .. } => {
+                (url, url_env, &["mqtt://", "mqtts://", "tcp://"])
+            }
+            BrokerSpec::Sqs { url, url_env, .. } => (url, url_env, &["http://", "https://"]),
+        }
+    }
+
+    /// The broker's URL: `url`, or the value of the variable `url_env` names. `None` for an SQS
+    /// source without an endpoint (AWS's own).
+    pub fn resolve_url(&self) -> Result<Option<String>, String> {
+        match self.url_fields() {
+            (Some(url), _, _) => Ok(Some(url.clone())),
+            (None, Some(name), _) => std::env::var(name)
+                .map(Some)
+                .map_err(|_| format!("the environment variable {name} is not set")),
+            (None, None, _) => Ok(None),
+        }
+    }
+
+    fn validate(&self) -> Result<(), ValidationError> {
+        let (url, url_env, schemes) = self.url_fields();
+        let optional = matches!(self, BrokerSpec::Sqs { .. });
+        match (url, url_env) {
+            (Some(_), Some(_)) => {
+                return Err(ValidationError::new("url", "give url or url_env, not both"))
+            }
+            (None, None) if !optional => return Err(ValidationError::new("url", "is required")),
+            (None, None) => {}
+            (Some(url), None) => {
+                if !schemes.iter().any(|scheme| url.starts_with(scheme)) {
+                    return Err(ValidationError::new(
+                        "url",
+                        format!("must start with {}", schemes.join(" or ")),
+                    ));
+                }
+            }
+            (None, Some(name)) => fields::text_without_nul("url_env", name)?,
+        }
+        let required: Vec<(&str, &String)> = match self {
+            BrokerSpec::RedisStream { stream, group, .. } => {
+                vec![("stream", stream), ("group", group)]
+            }
+            BrokerSpec::Amqp { queue, .. } => vec![("queue", queue)],
+            BrokerSpec::Nats {
+                stream, consumer, ..
+            } => vec![("stream", stream), ("consumer", consumer)],
+            BrokerSpec::Mqtt {
+                topic, client_id, ..
+            } => vec![("topic", topic), ("client_id", client_id)],
+            BrokerSpec::Sqs {
+                queue_url, region, ..
+            } => vec![("queue_url", queue_url), ("region", region)],
+        };
+        for (field, value) in required {
+            if value.is_empty() {
+                return Err(ValidationError::new(field, "must not be empty"));
+            }
+            fields::text_without_nul(field, value)?;
+        }
+        let optional: Vec<(&str, &Option<String>)> = match self {
+            BrokerSpec::RedisStream {
+                consumer,
+                body_field,
+                ..
+            } => vec![("consumer", consumer), ("body_field", body_field)],
+            BrokerSpec::Amqp { consumer, .. } => vec![("consumer", consumer)],
+            BrokerSpec::Nats { subject, .. } => vec![("subject", subject)],
+            BrokerSpec::Mqtt { .. } => vec![],
+            BrokerSpec::Sqs {
+                access_key_id_env,
+                secret_access_key_env,
+                ..
+            } => vec![
+                ("access_key_id_env", access_key_id_env),
+                ("secret_access_key_env", secret_access_key_env),
+            ],
+        };
+        for (field, value) in optional {
+            if let Some(value) = value {
+                fields::text_without_nul(field, value)?;
+            }
+        }
+        if let BrokerSpec::Sqs {
+            visibility_timeout_secs: Some(secs),
+            ..
+        } = self
+        {
+            if *secs == 0 || *secs > 43_200 {
+                return Err(ValidationError::new(
+                    "visibility_timeout_secs",
+                    "must be 1 to 43200 (12 hours, SQS's limit)",
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -157,41 +334,7 @@ impl SourceSpec {
                 format!("must be 1 to {MAX_IN_FLIGHT}"),
             ));
         }
-        match &self.broker {
-            BrokerSpec::RedisStream {
-                url,
-                url_env,
-                stream,
-                group,
-                consumer,
-                ..
-            } => {
-                match (url, url_env) {
-                    (Some(_), Some(_)) => {
-                        return Err(ValidationError::new("url", "give url or url_env, not both"))
-                    }
-                    (None, None) => return Err(ValidationError::new("url", "is required")),
-                    (Some(url), None) => {
-                        if !url.starts_with("redis://") && !url.starts_with("rediss://") {
-                            return Err(ValidationError::new(
-                                "url",
-                                "must start with redis:// or rediss://",
-                            ));
-                        }
-                    }
-                    (None, Some(name)) => fields::text_without_nul("url_env", name)?,
-                }
-                for (field, value) in [("stream", stream), ("group", group)] {
-                    if value.is_empty() {
-                        return Err(ValidationError::new(field, "must not be empty"));
-                    }
-                    fields::text_without_nul(field, value)?;
-                }
-                if let Some(consumer) = consumer {
-                    fields::text_without_nul("consumer", consumer)?;
-                }
-            }
-        }
+        self.broker.validate()?;
         check_field("job.kind", &self.job.kind)?;
         for (name, field) in [
             ("job.queue", &self.job.queue),

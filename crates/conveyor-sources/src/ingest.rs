@@ -12,7 +12,7 @@ use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// What a broker failed to do (connect, read, acknowledge), as it said it.
@@ -29,6 +29,31 @@ pub trait Broker: Send {
 
     /// Acknowledges messages by identity, once their jobs are durable.
     async fn ack(&mut self, identities: &[String]) -> Result<(), BrokerError>;
+
+    /// Tells the broker that messages read but not yet acknowledged are still being worked on
+    /// (a JetStream ack-progress, an SQS visibility extension), while their commit is slow or
+    /// the target queue holds them back. Brokers that redeliver only on a lost connection
+    /// need nothing.
+    async fn keep(&mut self, _identities: &[String]) -> Result<(), BrokerError> {
+        Ok(())
+    }
+
+    /// How many messages wait at the broker for this source, where the broker says (a stream
+    /// group's lag, a queue's ready count, a consumer's pending count).
+    async fn lag(&mut self) -> Result<Option<u64>, BrokerError> {
+        Ok(None)
+    }
+}
+
+/// A consumer's name where the configuration gives none: the host's name and this process's
+/// id, so servers sharing a source are told apart by the broker.
+pub fn default_consumer() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "conveyor".into());
+    format!("{host}-{}", std::process::id())
 }
 
 /// What a source is doing.
@@ -65,6 +90,8 @@ pub struct SourceStatus {
     duplicates: AtomicU64,
     invalid: AtomicU64,
     refused: AtomicU64,
+    /// The broker's last answer to [`Broker::lag`] (`u64::MAX`: none yet, or not reported).
+    lag: AtomicU64,
 }
 
 impl SourceStatus {
@@ -77,6 +104,7 @@ impl SourceStatus {
             duplicates: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            lag: AtomicU64::new(u64::MAX),
         }
     }
 
@@ -103,6 +131,11 @@ impl SourceStatus {
         ]
     }
 
+    /// How many messages wait at the broker, where it says.
+    pub fn lag(&self) -> Option<u64> {
+        Some(self.lag.load(Ordering::Relaxed)).filter(|&lag| lag != u64::MAX)
+    }
+
     /// The source as the API shows it: its configuration, state, last error and counts.
     pub fn view(&self) -> Value {
         let (state, last_error) = self
@@ -122,6 +155,7 @@ impl SourceStatus {
         view["duplicates"] = json!(self.duplicates.load(Ordering::Relaxed));
         view["invalid"] = json!(self.invalid.load(Ordering::Relaxed));
         view["refused"] = json!(self.refused.load(Ordering::Relaxed));
+        view["lag"] = json!(self.lag());
         view
     }
 }
@@ -138,6 +172,12 @@ fn without_password(url: &str) -> String {
         _ => url.to_string(),
     }
 }
+
+/// How often a source asks its broker for its lag.
+const LAG_EVERY: Duration = Duration::from_secs(5);
+
+/// How often a batch held back (a slow or refused commit) is kept at the broker.
+const KEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// How long to wait before trying again after the `n`th failure in a row: 100 ms doubling to
 /// 10 s.
@@ -195,7 +235,13 @@ async fn ingest(
     shutdown: &CancellationToken,
 ) -> Result<(), BrokerError> {
     let spec = &status.spec;
+    let mut lag_read: Option<Instant> = None;
     while !shutdown.is_cancelled() {
+        if lag_read.is_none_or(|at| at.elapsed() >= LAG_EVERY) {
+            lag_read = Some(Instant::now());
+            let lag = broker.lag().await?;
+            status.lag.store(lag.unwrap_or(u64::MAX), Ordering::Relaxed);
+        }
         let messages = tokio::select! {
             messages = broker.receive(spec.max_in_flight) => messages?,
             _ = shutdown.cancelled() => return Ok(()),
@@ -206,11 +252,18 @@ async fn ingest(
         status
             .received
             .fetch_add(messages.len() as u64, Ordering::Relaxed);
+        let identities: Vec<String> = messages.iter().map(|m| m.identity.clone()).collect();
         let mut batch = Batch::of(spec, &messages);
         // The batch is committed before anything is acknowledged; it is tried again (not read
-        // again) until it is, or until shutdown leaves it to the broker to redeliver.
+        // again) until it is, or until shutdown leaves it to the broker to redeliver. Meanwhile
+        // the broker is told the messages are still being worked on.
         let mut failures = 0u32;
+        let mut kept = Instant::now();
         loop {
+            if kept.elapsed() >= KEEP_EVERY {
+                kept = Instant::now();
+                broker.keep(&identities).await?;
+            }
             let stored = match batch.check_schemas(spec, &messages, kinds).await {
                 Ok(()) => batch.commit(store).await,
                 Err(error) => Err(error),
@@ -237,14 +290,13 @@ async fn ingest(
                         }
                     };
                     tokio::select! {
-                        _ = tokio::time::sleep(wait) => {}
+                        _ = tokio::time::sleep(wait.min(KEEP_EVERY)) => {}
                         _ = shutdown.cancelled() => return Ok(()),
                     }
                 }
             }
         }
         status.set(SourceState::Running, None);
-        let identities: Vec<String> = messages.into_iter().map(|m| m.identity).collect();
         broker.ack(&identities).await?;
     }
     Ok(())

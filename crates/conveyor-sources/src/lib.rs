@@ -3,11 +3,20 @@
 //! and the mapping, and [`ingest`] for the rule every broker follows).
 //!
 //! - [`ingest`]: the loop (read a batch, one commit, then acknowledge) and a source's status.
-//! - `redis_stream`: Redis Streams (feature `redis_stream`).
+//! - one module per broker, each behind its cargo feature (all on by default): `redis_stream`
+//!   (Redis Streams), `amqp` (RabbitMQ), `nats` (NATS JetStream), `mqtt`, `sqs`.
 
 pub mod ingest;
+#[cfg(feature = "amqp")]
+mod amqp;
+#[cfg(feature = "mqtt")]
+mod mqtt;
+#[cfg(feature = "nats")]
+mod nats;
 #[cfg(feature = "redis_stream")]
 mod redis_stream;
+#[cfg(feature = "sqs")]
+mod sqs;
 
 pub use ingest::{Broker, BrokerError, SourceState, SourceStatus};
 
@@ -22,13 +31,23 @@ pub async fn run(status: Arc<SourceStatus>, store: Arc<dyn Store>, shutdown: Can
     ingest::run(status, store, || connect(spec.clone()), shutdown).await;
 }
 
-async fn connect(spec: SourceSpec) -> Result<Box<dyn Broker>, BrokerError> {
+/// Connects to `spec`'s broker, ready to read (making the consumer group, durable consumer or
+/// session where the broker needs one).
+pub async fn connect(spec: SourceSpec) -> Result<Box<dyn Broker>, BrokerError> {
     match &spec.broker {
         #[cfg(feature = "redis_stream")]
         BrokerSpec::RedisStream { .. } => Ok(Box::new(redis_stream::connect(&spec).await?)),
-        #[cfg(not(feature = "redis_stream"))]
+        #[cfg(feature = "amqp")]
+        BrokerSpec::Amqp { .. } => amqp::connect(&spec).await,
+        #[cfg(feature = "nats")]
+        BrokerSpec::Nats { .. } => nats::connect(&spec).await,
+        #[cfg(feature = "mqtt")]
+        BrokerSpec::Mqtt { .. } => mqtt::connect(&spec).await,
+        #[cfg(feature = "sqs")]
+        BrokerSpec::Sqs { .. } => sqs::connect(&spec).await,
+        #[allow(unreachable_patterns)]
         other => Err(BrokerError(format!(
-            "this build has no {} sources (feature {0})",
+            "this build has no {0} sources (cargo feature {0})",
             other.type_name()
         ))),
     }

@@ -33,20 +33,21 @@ fn failed(what: &str) -> impl Fn(redis::RedisError) -> BrokerError + '_ {
 /// for `start: latest`).
 pub(crate) async fn connect(spec: &SourceSpec) -> Result<RedisStream, BrokerError> {
     let BrokerSpec::RedisStream {
-        url,
-        url_env,
         stream,
         group,
         consumer,
         body_field,
         claim_idle_ms,
-    } = &spec.broker;
-    let url = match (url, url_env) {
-        (Some(url), _) => url.clone(),
-        (None, Some(name)) => std::env::var(name)
-            .map_err(|_| BrokerError(format!("the environment variable {name} is not set")))?,
-        (None, None) => return Err(BrokerError("no url".into())),
+        ..
+    } = &spec.broker
+    else {
+        return Err(BrokerError("not a redis_stream source".into()));
     };
+    let url = spec
+        .broker
+        .resolve_url()
+        .map_err(BrokerError)?
+        .ok_or_else(|| BrokerError("no url".into()))?;
     let client = redis::Client::open(url.as_str()).map_err(failed("open"))?;
     let mut connection = client
         .get_multiplexed_async_connection()
@@ -69,19 +70,11 @@ pub(crate) async fn connect(spec: &SourceSpec) -> Result<RedisStream, BrokerErro
         group: group.clone(),
         consumer: consumer
             .clone()
-            .unwrap_or_else(|| format!("{}-{}", hostname(), std::process::id())),
+            .unwrap_or_else(crate::ingest::default_consumer),
         body_field: body_field.clone().unwrap_or_else(|| "body".into()),
         claim_idle: claim_idle_ms.map_or(DEFAULT_CLAIM_IDLE, Duration::from_millis),
         last_claim: None,
     })
-}
-
-fn hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_string())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "conveyor".into())
 }
 
 impl RedisStream {
@@ -175,5 +168,20 @@ impl Broker for RedisStream {
                 .map_err(failed("acknowledge"))?;
         }
         Ok(())
+    }
+
+    /// The group's `lag` from XINFO GROUPS (Redis 7: entries not yet delivered to it).
+    async fn lag(&mut self) -> Result<Option<u64>, BrokerError> {
+        let reply: redis::streams::StreamInfoGroupsReply = self
+            .connection
+            .xinfo_groups(&self.stream)
+            .await
+            .map_err(failed("read the group's lag"))?;
+        Ok(reply
+            .groups
+            .into_iter()
+            .find(|group| group.name == self.group)
+            .and_then(|group| group.lag)
+            .and_then(|lag| u64::try_from(lag).ok()))
     }
 }

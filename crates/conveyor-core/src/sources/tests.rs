@@ -117,10 +117,46 @@ fn validation_names_the_field_at_fault() {
     });
     assert_eq!(bad.validate().unwrap_err().field, "job.kind");
     bad.job = fixed("k");
-    let BrokerSpec::RedisStream { url, .. } = &mut bad.broker;
-    *url = Some("http://x".into());
+    if let BrokerSpec::RedisStream { url, .. } = &mut bad.broker {
+        *url = Some("http://x".into());
+    }
     assert_eq!(bad.validate().unwrap_err().field, "url");
     assert!(spec(fixed("k")).validate().is_ok());
+}
+
+#[test]
+fn every_broker_reads_the_issues_example_and_checks_its_fields() {
+    let examples = [
+        json!({"type": "amqp", "url": "amqp://guest:guest@127.0.0.1:5672/%2f", "queue": "orders"}),
+        json!({"type": "nats", "url": "nats://127.0.0.1:4222", "stream": "ORDERS",
+               "subject": "orders.>", "consumer": "conveyor"}),
+        json!({"type": "mqtt", "url": "mqtt://127.0.0.1:1883", "topic": "orders/#",
+               "client_id": "conveyor"}),
+        json!({"type": "sqs", "url": "http://127.0.0.1:4566", "queue_url": "http://q",
+               "region": "us-east-1"}),
+    ];
+    for mut example in examples {
+        example["name"] = json!("orders");
+        example["job"] = json!({"kind": "order.placed", "queue": "orders"});
+        let spec: SourceSpec = serde_json::from_value(example.clone()).expect("reads");
+        assert!(spec.validate().is_ok(), "{example}");
+        assert_eq!(spec.broker.type_name(), example["type"]);
+        let mut wrong = example.clone();
+        wrong["url"] = json!("ftp://127.0.0.1");
+        let spec: SourceSpec = serde_json::from_value(wrong).expect("reads");
+        assert_eq!(spec.validate().unwrap_err().field, "url");
+    }
+    // SQS may go to AWS's own endpoint; the others need a URL.
+    let sqs: SourceSpec = serde_json::from_value(json!({"name": "q", "type": "sqs",
+        "queue_url": "https://sqs.eu-west-1.amazonaws.com/1/q", "region": "eu-west-1",
+        "job": {"kind": "k"}}))
+    .expect("reads");
+    assert!(sqs.validate().is_ok());
+    assert_eq!(sqs.broker.resolve_url(), Ok(None));
+    let nats: SourceSpec = serde_json::from_value(json!({"name": "n", "type": "nats",
+        "stream": "S", "consumer": "", "url": "nats://x", "job": {"kind": "k"}}))
+    .expect("reads");
+    assert_eq!(nats.validate().unwrap_err().field, "consumer");
 }
 
 #[test]
