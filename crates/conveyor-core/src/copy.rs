@@ -117,6 +117,10 @@ pub trait CopyStore: Send + Sync {
     async fn export_kinds(&self) -> StoreResult<Vec<KindSettings>>;
     async fn import_kinds(&self, records: Vec<KindSettings>) -> StoreResult<u64>;
 
+    /// Shared configuration (event sources and the like), every collection.
+    async fn export_config(&self) -> StoreResult<Vec<crate::config::ConfigEntry>>;
+    async fn import_config(&self, records: Vec<crate::config::ConfigEntry>) -> StoreResult<u64>;
+
     async fn export_breakers(&self) -> StoreResult<Vec<StoredBreaker>>;
     async fn import_breakers(&self, records: Vec<StoredBreaker>) -> StoreResult<u64>;
 
@@ -171,6 +175,7 @@ pub enum RecordKind {
     QueueSettings,
     Kinds,
     Breakers,
+    Config,
     Tokens,
     Schedules,
     Flows,
@@ -181,10 +186,11 @@ pub enum RecordKind {
 }
 
 impl RecordKind {
-    pub const ALL: [RecordKind; 10] = [
+    pub const ALL: [RecordKind; 11] = [
         RecordKind::QueueSettings,
         RecordKind::Kinds,
         RecordKind::Breakers,
+        RecordKind::Config,
         RecordKind::Tokens,
         RecordKind::Schedules,
         RecordKind::Flows,
@@ -200,6 +206,7 @@ impl RecordKind {
             RecordKind::QueueSettings => "queue settings",
             RecordKind::Kinds => "kinds",
             RecordKind::Breakers => "circuit breakers",
+            RecordKind::Config => "configuration",
             RecordKind::Tokens => "tokens",
             RecordKind::Schedules => "schedules",
             RecordKind::Flows => "flows",
@@ -300,6 +307,10 @@ pub async fn copy_all(
             RecordKind::Breakers => {
                 let records = tally.read(source.export_breakers()).await?;
                 tally.write(records, |r| target.import_breakers(r)).await?;
+            }
+            RecordKind::Config => {
+                let records = tally.read(source.export_config()).await?;
+                tally.write(records, |r| target.import_config(r)).await?;
             }
             RecordKind::Tokens => {
                 let records = tally.read(source.export_tokens()).await?;

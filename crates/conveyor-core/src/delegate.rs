@@ -54,6 +54,23 @@ macro_rules! delegate_store {
             }
         }
     };
+    (@part ConfigStore, $decorator:ty, $field:ident) => {
+        #[$crate::async_trait::async_trait]
+        impl $crate::ConfigStore for $decorator {
+            async fn config_put(&self, collection: &str, name: &str, document: serde_json::Value) -> $crate::StoreResult<$crate::ConfigEntry> {
+                $crate::ConfigStore::config_put(&*self.$field, collection, name, document).await
+            }
+            async fn config_get(&self, collection: &str, name: &str) -> $crate::StoreResult<Option<$crate::ConfigEntry>> {
+                $crate::ConfigStore::config_get(&*self.$field, collection, name).await
+            }
+            async fn config_list(&self, collection: &str) -> $crate::StoreResult<Vec<$crate::ConfigEntry>> {
+                $crate::ConfigStore::config_list(&*self.$field, collection).await
+            }
+            async fn config_delete(&self, collection: &str, name: &str) -> $crate::StoreResult<bool> {
+                $crate::ConfigStore::config_delete(&*self.$field, collection, name).await
+            }
+        }
+    };
     (@part BreakerStore, $decorator:ty, $field:ident) => {
         #[$crate::async_trait::async_trait]
         impl $crate::BreakerStore for $decorator {
@@ -76,6 +93,12 @@ macro_rules! delegate_store {
             }
             async fn import_queue_settings(&self, records: Vec<$crate::NamedQueueSettings>) -> $crate::StoreResult<u64> {
                 $crate::CopyStore::import_queue_settings(&*self.$field, records).await
+            }
+            async fn export_config(&self) -> $crate::StoreResult<Vec<$crate::ConfigEntry>> {
+                $crate::CopyStore::export_config(&*self.$field).await
+            }
+            async fn import_config(&self, records: Vec<$crate::ConfigEntry>) -> $crate::StoreResult<u64> {
+                $crate::CopyStore::import_config(&*self.$field, records).await
             }
             async fn export_kinds(&self) -> $crate::StoreResult<Vec<$crate::kinds::KindSettings>> {
                 $crate::CopyStore::export_kinds(&*self.$field).await

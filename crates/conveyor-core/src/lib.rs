@@ -10,6 +10,7 @@ pub mod access;
 pub mod breaker;
 pub mod client;
 pub mod clock;
+pub mod config;
 pub mod copy;
 mod delegate;
 pub mod error;
@@ -50,6 +51,7 @@ pub use breaker::{
 };
 pub use client::{JobOptions, TypedJob};
 pub use clock::{AnchoredClock, Clock, ManualClock, SystemClock, WallSteps};
+pub use config::{ConfigEntry, ConfigStore};
 pub use copy::CopyStore;
 pub use error::{StoreError, ValidationError};
 pub use events::{AttemptEvent, AttemptStatus, FlowStarts, JobObserver};

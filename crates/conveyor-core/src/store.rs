@@ -552,6 +552,7 @@ pub trait Store:
     + crate::breaker::BreakerStore
     + crate::stats::StatsStore
     + crate::copy::CopyStore
+    + crate::config::ConfigStore
     + 'static
 {
 }
@@ -569,6 +570,7 @@ impl<T> Store for T where
         + crate::breaker::BreakerStore
         + crate::stats::StatsStore
         + crate::copy::CopyStore
+        + crate::config::ConfigStore
         + 'static
 {
 }

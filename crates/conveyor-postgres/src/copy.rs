@@ -180,6 +180,17 @@ impl CopyStore for PgStore {
         Ok(stored)
     }
 
+    async fn export_config(&self) -> StoreResult<Vec<conveyor_core::ConfigEntry>> {
+        crate::config::list(&mut *self.conn().await?, &self.inner.config_sql, None).await
+    }
+
+    async fn import_config(&self, records: Vec<conveyor_core::ConfigEntry>) -> StoreResult<u64> {
+        let mut tx = self.begin().await?;
+        let stored = crate::config::import(&mut tx, &self.inner.config_sql, &records).await?;
+        commit(tx).await?;
+        Ok(stored)
+    }
+
     async fn export_kinds(&self) -> StoreResult<Vec<KindSettings>> {
         kinds::list(&mut *self.conn().await?, &self.inner.kind_sql).await
     }

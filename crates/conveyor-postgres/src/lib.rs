@@ -24,6 +24,7 @@
 
 mod access;
 mod clock;
+mod config;
 mod copy;
 mod ctx;
 mod errors;

@@ -116,6 +116,11 @@ const MIGRATIONS: &[Migration] = &[
         name: "stats",
         sql: include_str!("migrations/0019_stats.sql"),
     },
+    Migration {
+        version: 20,
+        name: "config",
+        sql: include_str!("migrations/0020_config.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.

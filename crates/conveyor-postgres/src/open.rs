@@ -79,6 +79,7 @@ pub(crate) struct Inner {
     pub(crate) breaker_sql: kinds::BreakersSql,
     pub(crate) retention_sql: retention::Retention,
     pub(crate) stats_sql: stats::StatsSql,
+    pub(crate) config_sql: crate::config::ConfigSql,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) options: StoreOptions,
     pub(crate) wakeup: Arc<Notify>,
@@ -172,6 +173,7 @@ impl PgStore {
         let breaker_sql = kinds::BreakersSql::new(&options.schema);
         let retention_sql = retention::Retention::new(&options.schema);
         let stats_sql = stats::StatsSql::new(&options.schema);
+        let config_sql = crate::config::ConfigSql::new(&options.schema);
         let wakeup = Arc::new(Notify::new());
         let listener = listener::start(
             (*pool.connect_options()).clone(),
@@ -200,6 +202,7 @@ impl PgStore {
                 breaker_sql,
                 retention_sql,
                 stats_sql,
+                config_sql,
                 clock,
                 options: options.store,
                 wakeup,

@@ -582,3 +582,59 @@ impl LeadershipStore for PgStore {
         ops::leader_release(&mut *self.conn().await?, &self.inner.sql, holder).await
     }
 }
+
+#[async_trait]
+impl conveyor_core::ConfigStore for PgStore {
+    async fn config_put(
+        &self,
+        collection: &str,
+        name: &str,
+        document: serde_json::Value,
+    ) -> StoreResult<conveyor_core::ConfigEntry> {
+        conveyor_core::config::validate_key(collection, name)?;
+        conveyor_core::fields::json_without_nul("document", &document)?;
+        let now = self.ctx().now;
+        crate::config::put(
+            &mut *self.conn().await?,
+            &self.inner.config_sql,
+            now,
+            collection,
+            name,
+            document,
+        )
+        .await
+    }
+
+    async fn config_get(
+        &self,
+        collection: &str,
+        name: &str,
+    ) -> StoreResult<Option<conveyor_core::ConfigEntry>> {
+        crate::config::get(
+            &mut *self.conn().await?,
+            &self.inner.config_sql,
+            collection,
+            name,
+        )
+        .await
+    }
+
+    async fn config_list(&self, collection: &str) -> StoreResult<Vec<conveyor_core::ConfigEntry>> {
+        crate::config::list(
+            &mut *self.conn().await?,
+            &self.inner.config_sql,
+            Some(collection),
+        )
+        .await
+    }
+
+    async fn config_delete(&self, collection: &str, name: &str) -> StoreResult<bool> {
+        crate::config::delete(
+            &mut *self.conn().await?,
+            &self.inner.config_sql,
+            collection,
+            name,
+        )
+        .await
+    }
+}

@@ -529,6 +529,15 @@ impl CopyStore for SqliteStore {
         .await
     }
 
+    async fn export_config(&self) -> StoreResult<Vec<conveyor_core::ConfigEntry>> {
+        self.read(|conn, _| crate::config::all(conn)).await
+    }
+
+    async fn import_config(&self, records: Vec<conveyor_core::ConfigEntry>) -> StoreResult<u64> {
+        self.write(move |ctx| crate::config::import(ctx, &records))
+            .await
+    }
+
     async fn export_kinds(&self) -> StoreResult<Vec<KindSettings>> {
         self.read(|conn, _| crate::kinds::list(conn)).await
     }

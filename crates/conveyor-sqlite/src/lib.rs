@@ -5,6 +5,7 @@
 //! commit is fsync'd before any caller is answered.
 
 mod access;
+mod config;
 mod copy;
 mod errors;
 mod jobs;

@@ -292,3 +292,13 @@ CREATE TABLE IF NOT EXISTS stats_minutes (
 -- (or `active`) in `flow_steps`, its completed job saying it is completed (see `workflow.rs`,
 -- STEP_COMPLETED_BY_JOB). A Conveyor of version 15 would read such a step as still running,
 -- and its retention would lose the step's result: the version makes it refuse this file.
+
+-- Version 17: configuration the cluster shares (`conveyor_core::config`): named JSON documents
+-- by collection, such as event sources.
+CREATE TABLE IF NOT EXISTS config (
+    collection  TEXT NOT NULL,
+    name        TEXT NOT NULL,
+    document    TEXT NOT NULL,     -- JSON
+    updated_at  INTEGER NOT NULL,  -- ms since the epoch
+    PRIMARY KEY (collection, name)
+) WITHOUT ROWID;

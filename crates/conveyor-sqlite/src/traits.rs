@@ -470,3 +470,41 @@ impl LeadershipStore for SqliteStore {
         self.write(move |ctx| retention::prune(ctx, &params)).await
     }
 }
+
+#[async_trait]
+impl conveyor_core::ConfigStore for SqliteStore {
+    async fn config_put(
+        &self,
+        collection: &str,
+        name: &str,
+        document: serde_json::Value,
+    ) -> StoreResult<conveyor_core::ConfigEntry> {
+        conveyor_core::config::validate_key(collection, name)?;
+        conveyor_core::fields::json_without_nul("document", &document)?;
+        let (collection, name) = (collection.to_string(), name.to_string());
+        self.write(move |ctx| config::put(ctx, &collection, &name, document))
+            .await
+    }
+
+    async fn config_get(
+        &self,
+        collection: &str,
+        name: &str,
+    ) -> StoreResult<Option<conveyor_core::ConfigEntry>> {
+        let (collection, name) = (collection.to_string(), name.to_string());
+        self.read(move |conn, _| config::get(conn, &collection, &name))
+            .await
+    }
+
+    async fn config_list(&self, collection: &str) -> StoreResult<Vec<conveyor_core::ConfigEntry>> {
+        let collection = collection.to_string();
+        self.read(move |conn, _| config::list(conn, &collection))
+            .await
+    }
+
+    async fn config_delete(&self, collection: &str, name: &str) -> StoreResult<bool> {
+        let (collection, name) = (collection.to_string(), name.to_string());
+        self.write(move |ctx| config::delete(ctx, &collection, &name))
+            .await
+    }
+}

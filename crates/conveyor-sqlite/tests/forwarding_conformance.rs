@@ -14,7 +14,7 @@ struct ForwardsEverything {
 
 conveyor_core::delegate_store!(ForwardsEverything => inner:
     JobStore, LeaseStore, QueueStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore,
-    FlowStore, KindStore, BreakerStore, StatsStore, CopyStore);
+    FlowStore, KindStore, BreakerStore, StatsStore, CopyStore, ConfigStore);
 
 async fn make_harness() -> conveyor_storetest::Harness {
     common::make_wrapped_harness(|inner| Arc::new(ForwardsEverything { inner })).await

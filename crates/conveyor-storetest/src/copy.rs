@@ -29,6 +29,14 @@ pub async fn copy_onto_itself_reads_everything_and_writes_nothing(h: &Harness) {
     )
     .await
     .expect("token");
+    h.store
+        .config_put(
+            "sources",
+            "orders",
+            serde_json::json!({"type": "redis_stream"}),
+        )
+        .await
+        .expect("config");
     insert(h, job_in("copied", "waits")).await;
     insert(h, job_in("copied", "runs")).await;
     let running = fetch_one(h, "copied").await;
@@ -71,6 +79,7 @@ pub async fn copy_onto_itself_reads_everything_and_writes_nothing(h: &Harness) {
     assert_eq!(read(RecordKind::Jobs), 2, "{reports:?}");
     assert!(read(RecordKind::QueueSettings) >= 1, "{reports:?}");
     assert_eq!(read(RecordKind::Tokens), 1, "{reports:?}");
+    assert_eq!(read(RecordKind::Config), 1, "{reports:?}");
     assert_eq!(
         read(RecordKind::Audit),
         audit_before.len() as u64,

@@ -24,6 +24,7 @@
 mod access;
 mod admin;
 mod breakers;
+mod config;
 mod copy;
 pub mod eventually;
 mod expiry;
@@ -50,6 +51,7 @@ mod workflows;
 pub use access::*;
 pub use admin::*;
 pub use breakers::*;
+pub use config::*;
 pub use copy::*;
 pub use expiry::*;
 pub use fetch::*;
@@ -263,6 +265,8 @@ macro_rules! __conveyor_behaviours {
             // settings per kind
             kind_settings_round_trip_and_refuse_bad_schemas,
             kind_schema_is_enforced_on_enqueue_and_counts_queued_violations,
+            // shared configuration
+            config_documents_round_trip_by_collection,
         }
     };
 }

@@ -28,7 +28,7 @@ struct Stalling {
 
 conveyor_core::delegate_store!(Stalling => inner:
     JobStore, LeaseStore, QueueStore, ScheduleStore, AccessStore, WorkerStore, FlowStore,
-    KindStore, BreakerStore, StatsStore, CopyStore);
+    KindStore, BreakerStore, StatsStore, CopyStore, ConfigStore);
 
 #[async_trait::async_trait]
 impl LeadershipStore for Stalling {

@@ -436,6 +436,59 @@ impl EncryptedStore {
 conveyor_core::delegate_store!(EncryptedStore => inner:
     QueueStore, AccessStore, WorkerStore, LeadershipStore, KindStore, BreakerStore, StatsStore, CopyStore);
 
+/// Shared configuration may hold secrets (a broker URL with its password): each document is
+/// sealed whole, like a payload.
+#[async_trait]
+impl conveyor_core::ConfigStore for EncryptedStore {
+    async fn config_put(
+        &self,
+        collection: &str,
+        name: &str,
+        document: Value,
+    ) -> StoreResult<conveyor_core::ConfigEntry> {
+        let sealed = self.seal_value("document", &document)?;
+        let mut entry = self.inner.config_put(collection, name, sealed).await?;
+        entry.document = document;
+        Ok(entry)
+    }
+    async fn config_get(
+        &self,
+        collection: &str,
+        name: &str,
+    ) -> StoreResult<Option<conveyor_core::ConfigEntry>> {
+        let entry = self.inner.config_get(collection, name).await?;
+        entry.map(|entry| self.open_config(entry)).transpose()
+    }
+    async fn config_list(&self, collection: &str) -> StoreResult<Vec<conveyor_core::ConfigEntry>> {
+        let entries = self.inner.config_list(collection).await?;
+        entries
+            .into_iter()
+            .map(|entry| self.open_config(entry))
+            .collect()
+    }
+    async fn config_delete(&self, collection: &str, name: &str) -> StoreResult<bool> {
+        self.inner.config_delete(collection, name).await
+    }
+}
+
+impl EncryptedStore {
+    /// Opens a configuration document. One that cannot be opened is an error, not a
+    /// placeholder: a source run from a placeholder would read the wrong broker.
+    fn open_config(
+        &self,
+        mut entry: conveyor_core::ConfigEntry,
+    ) -> StoreResult<conveyor_core::ConfigEntry> {
+        let stored = std::mem::take(&mut entry.document);
+        entry.document = self.keys.open(stored).map_err(|error| {
+            StoreError::backend(format!(
+                "cannot decrypt the configuration {}/{}: {error}",
+                entry.collection, entry.name
+            ))
+        })?;
+        Ok(entry)
+    }
+}
+
 #[async_trait]
 impl ScheduleStore for EncryptedStore {
     async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
