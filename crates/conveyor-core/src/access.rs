@@ -276,10 +276,15 @@ pub enum AuditAction {
     /// A worker's quiet or stop cleared.
     #[serde(rename = "worker.resume")]
     WorkerResume,
+    /// An event source set, paused or resumed (the detail says which).
+    #[serde(rename = "source.put")]
+    SourcePut,
+    #[serde(rename = "source.delete")]
+    SourceDelete,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 21] = [
+    pub const ALL: [AuditAction; 23] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -301,6 +306,8 @@ impl AuditAction {
         AuditAction::WorkerQuiet,
         AuditAction::WorkerStop,
         AuditAction::WorkerResume,
+        AuditAction::SourcePut,
+        AuditAction::SourceDelete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -318,6 +325,8 @@ impl AuditAction {
             AuditAction::WorkerQuiet => "worker.quiet",
             AuditAction::WorkerStop => "worker.stop",
             AuditAction::WorkerResume => "worker.resume",
+            AuditAction::SourcePut => "source.put",
+            AuditAction::SourceDelete => "source.delete",
             AuditAction::DeadReplay => "dead.replay",
             AuditAction::DeadDiscard => "dead.discard",
             AuditAction::QueueSettings => "queue.settings",

@@ -42,6 +42,10 @@ pub struct SourceSpec {
     /// What becomes of a body that is not JSON.
     #[serde(default)]
     pub on_invalid: OnInvalid,
+    /// Stopped by an operator (`POST /v1/sources/{name}/pause`): no server reads it until it
+    /// is resumed; what the broker holds waits there.
+    #[serde(default)]
+    pub paused: bool,
 }
 
 fn default_max_in_flight() -> usize {
@@ -325,6 +329,28 @@ pub struct MappedJob {
 }
 
 impl SourceSpec {
+    /// Reads and checks a source named `name` from a request's JSON body (a `name` in the body
+    /// is ignored: the path names it). Errors name the field: a missing or mistyped field, an
+    /// unknown `type`, or a value the checks refuse.
+    pub fn from_json(name: &str, body: Value) -> Result<Self, ValidationError> {
+        if !body.is_object() {
+            return Err(ValidationError::new("body", "must be a JSON object"));
+        }
+        let mut spec: SourceSpec = serde_json::from_value(body).map_err(|error| {
+            let message = error.to_string();
+            let field = quoted_field(&message).unwrap_or("body");
+            let field = if message.contains("variant") || field == "tag" {
+                "type"
+            } else {
+                field
+            };
+            ValidationError::new(field.to_string(), message.clone())
+        })?;
+        spec.name = name.to_string();
+        spec.validate()?;
+        Ok(spec)
+    }
+
     /// Checks the configuration; errors name the field.
     pub fn validate(&self) -> Result<(), ValidationError> {
         fields::name("name", &self.name)?;
@@ -382,6 +408,13 @@ impl SourceSpec {
         job.idempotency_key = Some(self.idempotency_key(message));
         Ok(MappedJob { job, invalid })
     }
+}
+
+/// The first name in backquotes of a serde message ("missing field `stream`").
+fn quoted_field(message: &str) -> Option<&str> {
+    let start = message.find('`')? + 1;
+    let len = message[start..].find('`')?;
+    Some(&message[start..start + len])
 }
 
 /// A message's body kept as it came: `{"raw_base64": ...}`, with its headers.

@@ -37,7 +37,7 @@ mod schedules;
 mod serve;
 mod server;
 mod settings;
-mod sources;
+pub mod sources;
 mod stats;
 mod worker_api;
 pub use stats::{flush_history_every, FLUSH_INTERVAL as HISTORY_FLUSH_INTERVAL};
@@ -143,8 +143,9 @@ pub struct RouterOptions {
     /// The process's metrics, to share them with in-process workers (as their observer);
     /// `None`: the router makes its own.
     pub metrics: Option<Arc<Metrics>>,
-    /// The event sources this server runs, for `GET /v1/sources` (see `conveyor-sources`).
-    pub sources: Vec<Arc<conveyor_sources::SourceStatus>>,
+    /// The event sources this server runs (see `conveyor-sources`); `None`: a set that runs
+    /// nothing, for a router without a [`Server`] (the API still stores sources).
+    pub sources: Option<Arc<conveyor_sources::Sources>>,
 }
 
 impl Default for RouterOptions {
@@ -155,7 +156,7 @@ impl Default for RouterOptions {
             leading: None,
             auth: AuthOptions::default(),
             metrics: None,
-            sources: Vec::new(),
+            sources: None,
         }
     }
 }
@@ -190,8 +191,8 @@ pub(crate) struct AppState {
     pub throughput: Arc<std::sync::Mutex<conveyor_core::scaling::ThroughputMeter>>,
     /// Operators' commands to workers: fetches of a worker told to quiet or stop get nothing.
     pub worker_commands: Arc<conveyor_engine::WorkerCommands>,
-    /// The event sources this server runs, by name.
-    pub sources: Arc<Vec<Arc<conveyor_sources::SourceStatus>>>,
+    /// The event sources this server runs.
+    pub sources: Arc<conveyor_sources::Sources>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -230,6 +231,9 @@ pub fn router_with_options(
     }
     let breakers = conveyor_engine::CircuitBreakers::new(store.clone(), clock.clone());
     let worker_commands = Arc::new(conveyor_engine::WorkerCommands::new(store.clone()));
+    let sources = options
+        .sources
+        .unwrap_or_else(|| conveyor_sources::Sources::new(store.clone()));
     let state = AppState {
         worker_commands,
         store,
@@ -249,7 +253,7 @@ pub fn router_with_options(
         leased: Arc::default(),
         idle_looks: Arc::default(),
         finished: Arc::default(),
-        sources: Arc::new(options.sources),
+        sources,
     };
     Router::new()
         .route("/v1/jobs", post(jobs::enqueue).get(jobs::list))
@@ -291,7 +295,12 @@ pub fn router_with_options(
             get(kinds::get).put(kinds::put).delete(kinds::delete),
         )
         .route("/v1/sources", get(sources::list))
-        .route("/v1/sources/{name}", get(sources::get))
+        .route(
+            "/v1/sources/{name}",
+            get(sources::get).put(sources::put).delete(sources::delete),
+        )
+        .route("/v1/sources/{name}/pause", post(sources::pause))
+        .route("/v1/sources/{name}/resume", post(sources::resume))
         .route("/v1/schedules", get(schedules::list))
         .route(
             "/v1/schedules/{name}",

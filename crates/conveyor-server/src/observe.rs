@@ -172,7 +172,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     if let Some(error) = problem {
         tracing::warn!(%error, "metrics: store-wide gauges not refreshed");
     }
-    let text = text + &source_metrics(&state.sources);
+    let text = text + &source_metrics(&state.sources.statuses());
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
@@ -197,15 +197,31 @@ fn source_metrics(sources: &[std::sync::Arc<conveyor_sources::SourceStatus>]) ->
         }
     }
     text.push_str(
-        "# HELP conveyor_source_paused 1 while an event source holds a batch its target queue \
-         refused (backing_off), else 0.\n# TYPE conveyor_source_paused gauge\n",
+        "# HELP conveyor_source_paused 1 while an event source does not read: paused by an \
+         operator, or holding a batch its target queue refused (backing_off); else 0.\n\
+         # TYPE conveyor_source_paused gauge\n",
     );
     for source in sources {
-        let paused = u8::from(source.state() == conveyor_sources::SourceState::BackingOff);
+        let paused = u8::from(matches!(
+            source.state(),
+            conveyor_sources::SourceState::BackingOff | conveyor_sources::SourceState::Paused
+        ));
         text.push_str(&format!(
             "conveyor_source_paused{{source=\"{}\"}} {paused}\n",
             source.spec.name
         ));
+    }
+    text.push_str(
+        "# HELP conveyor_source_lag Messages waiting at the broker for an event source, where \
+         the broker reports it.\n# TYPE conveyor_source_lag gauge\n",
+    );
+    for source in sources {
+        if let Some(lag) = source.lag() {
+            text.push_str(&format!(
+                "conveyor_source_lag{{source=\"{}\"}} {lag}\n",
+                source.spec.name
+            ));
+        }
     }
     text
 }

@@ -10,7 +10,7 @@ use crate::{
 };
 use axum::Router;
 use conveyor_core::{AttemptEvent, RetentionPolicy, Store};
-use conveyor_sources::SourceStatus;
+use conveyor_sources::Sources;
 use conveyor_worker::{Maintenance, Scheduler};
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,8 +45,6 @@ pub struct ServerSettings {
     pub limits: ConnectionLimits,
     /// TLS for the listener; `None`: plain HTTP.
     pub tls: Option<TlsConfig>,
-    /// Event sources to read (checked: see `SourceSpec::validate`).
-    pub sources: Vec<conveyor_core::sources::SourceSpec>,
 }
 
 /// Why a server could not be assembled.
@@ -67,7 +65,7 @@ pub struct Server {
     metrics: Arc<Metrics>,
     limits: ConnectionLimits,
     tls: Option<TlsConfig>,
-    sources: Vec<Arc<SourceStatus>>,
+    sources: Arc<Sources>,
     shutdown: CancellationToken,
 }
 
@@ -124,11 +122,7 @@ impl Server {
             .alerts
             .map(|config| AlertEngine::new(store.clone(), config, maintenance.leadership()))
             .transpose()?;
-        let sources: Vec<Arc<SourceStatus>> = settings
-            .sources
-            .into_iter()
-            .map(|spec| Arc::new(SourceStatus::new(spec)))
-            .collect();
+        let sources = Sources::new(store.clone());
         let router = router_with_options(
             store.clone(),
             settings.config,
@@ -137,7 +131,7 @@ impl Server {
                 leading: Some(maintenance.leading()),
                 metrics: Some(metrics.clone()),
                 auth: settings.auth,
-                sources: sources.clone(),
+                sources: Some(sources.clone()),
                 ..RouterOptions::default()
             },
         );
@@ -174,18 +168,10 @@ impl Server {
             sources,
             shutdown,
         } = self;
-        // Every server reads every source: the broker's consumer group spreads the messages,
-        // and the idempotency key of each message's job keeps a redelivery from adding another.
-        let sources: Vec<_> = sources
-            .into_iter()
-            .map(|status| {
-                tokio::spawn(conveyor_sources::run(
-                    status,
-                    store.clone(),
-                    shutdown.clone(),
-                ))
-            })
-            .collect();
+        // Every server reads every stored source: the broker's consumer group spreads the
+        // messages, and the idempotency key of each message's job keeps a redelivery from
+        // adding another.
+        let sources = tokio::spawn(sources.run(shutdown.clone()));
         let maintenance = tokio::spawn(maintenance.run(shutdown.clone()));
         let flusher = tokio::spawn(flush_history_every(
             metrics.clone(),
@@ -209,9 +195,7 @@ impl Server {
         if let Some(alerts) = alerts {
             let _ = alerts.await;
         }
-        for source in sources {
-            let _ = source.await;
-        }
+        let _ = sources.await;
         served
     }
 }

@@ -61,6 +61,8 @@ pub fn default_consumer() -> String {
 pub enum SourceState {
     Starting,
     Running,
+    /// Paused by an operator: not reading.
+    Paused,
     /// The target queue refused the batch (back-pressure): reading waits.
     BackingOff,
     /// The broker or the store failed; the source retries with backoff.
@@ -73,6 +75,7 @@ impl SourceState {
         match self {
             SourceState::Starting => "starting",
             SourceState::Running => "running",
+            SourceState::Paused => "paused",
             SourceState::BackingOff => "backing_off",
             SourceState::Error => "error",
             SourceState::Stopped => "stopped",
@@ -96,9 +99,14 @@ pub struct SourceStatus {
 
 impl SourceStatus {
     pub fn new(spec: SourceSpec) -> Self {
+        let state = if spec.paused {
+            SourceState::Paused
+        } else {
+            SourceState::Starting
+        };
         Self {
             spec,
-            state: Mutex::new((SourceState::Starting, None)),
+            state: Mutex::new((state, None)),
             received: AtomicU64::new(0),
             enqueued: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
@@ -112,7 +120,7 @@ impl SourceStatus {
         self.state.lock().map(|s| s.0).unwrap_or(SourceState::Error)
     }
 
-    fn set(&self, state: SourceState, error: Option<String>) {
+    pub(crate) fn set(&self, state: SourceState, error: Option<String>) {
         if let Ok(mut current) = self.state.lock() {
             // The last error stays shown after the source recovers, until another replaces it.
             let last = error.or_else(|| current.1.take());

@@ -3,6 +3,7 @@
 //! and the mapping, and [`ingest`] for the rule every broker follows).
 //!
 //! - [`ingest`]: the loop (read a batch, one commit, then acknowledge) and a source's status.
+//! - [`supervisor`]: the sources a server runs, as the cluster's stored configuration says.
 //! - one module per broker, each behind its cargo feature (all on by default): `redis_stream`
 //!   (Redis Streams), `amqp` (RabbitMQ), `nats` (NATS JetStream), `mqtt`, `sqs`.
 
@@ -17,8 +18,10 @@ mod nats;
 mod redis_stream;
 #[cfg(feature = "sqs")]
 mod sqs;
+pub mod supervisor;
 
 pub use ingest::{Broker, BrokerError, SourceState, SourceStatus};
+pub use supervisor::Sources;
 
 use conveyor_core::sources::{BrokerSpec, SourceSpec};
 use conveyor_core::Store;

@@ -438,3 +438,188 @@ fn a_bad_sources_file_stops_the_start_naming_the_field() {
 fn path_str(path: &Path) -> &str {
     path.to_str().expect("UTF-8 path")
 }
+
+/// The source's JSON for `PUT /v1/sources/orders` on `stream`.
+fn source_body(stream: &str) -> Value {
+    json!({
+        "type": "redis_stream", "url": REDIS, "stream": stream, "group": "conveyor",
+        "job": {"kind": "order.placed", "queue": "orders"}, "max_in_flight": 200,
+    })
+}
+
+fn send(method: reqwest::Method, url: &str, body: Option<&Value>) -> (u16, Value) {
+    let mut request = http().request(method, url);
+    if let Some(body) = body {
+        request = request.json(body);
+    }
+    let response = request.send().expect("request");
+    let status = response.status().as_u16();
+    let text = response.text().expect("body");
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+fn conveyor_ok(args: &[&str]) -> String {
+    let output = conveyor(args);
+    assert!(
+        output.status.success(),
+        "conveyor {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+/// Sources are stored: set over HTTP (or with `conveyor source set`), kept across a restart,
+/// paused and resumed for every reader, refused naming the field, deleted. While paused, new
+/// entries wait in the stream; resumed, they arrive, and the lag is shown.
+#[test]
+fn a_stored_source_is_set_paused_resumed_and_deleted_over_the_api_and_cli() {
+    let dir = temp_dir();
+    let db = path_in(&dir, "jobs.db");
+    let mut stream = Stream::fresh("api");
+    let mut server = start_server(&db, &[]);
+    let url = format!("{}/v1/sources/orders", server.url);
+
+    // Refused, naming the field; nothing stored.
+    let mut bad = source_body(&stream.name);
+    bad.as_object_mut().expect("object").remove("stream");
+    let (status, answer) = send(reqwest::Method::PUT, &url, Some(&bad));
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(answer["error"]["field"], "stream", "{answer}");
+    let (status, answer) = send(
+        reqwest::Method::PUT,
+        &url,
+        Some(&json!({"type": "kafka", "job": {"kind": "k"}})),
+    );
+    assert_eq!(
+        (status, answer["error"]["field"].as_str()),
+        (400, Some("type")),
+        "{answer}"
+    );
+    assert_eq!(send(reqwest::Method::GET, &url, None).0, 404);
+
+    // Set with the CLI; the server reads it at once.
+    let body = source_body(&stream.name).to_string();
+    let said = conveyor_ok(&[
+        "source",
+        "set",
+        "orders",
+        "--spec",
+        &body,
+        "--server",
+        &server.url,
+    ]);
+    assert!(said.contains("source orders set"), "{said}");
+    stream.add(bodies(0..100), &[]);
+    wait_until(Duration::from_secs(30), "100 jobs", || {
+        source(&server.url)["enqueued"] == 100
+    });
+
+    // Paused: no server reads it; entries wait at the broker, and the lag says how many.
+    let paused = conveyor_ok(&["source", "pause", "orders", "--server", &server.url]);
+    assert!(paused.contains("paused"), "{paused}");
+    assert_eq!(source(&server.url)["paused"], true);
+    wait_until(Duration::from_secs(10), "the source paused", || {
+        source(&server.url)["state"] == "paused"
+    });
+    stream.add(bodies(100..150), &[]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(source(&server.url)["enqueued"], 0, "a paused source read");
+    assert_eq!(stream.unacknowledged(), 50);
+
+    // Kept, paused, across a restart.
+    server.proc.sigterm();
+    server.proc.wait_exit(Duration::from_secs(20));
+    let server = start_server(&db, &[]);
+    let url = format!("{}/v1/sources/orders", server.url);
+    let shown = source(&server.url);
+    assert_eq!(
+        (shown["state"].as_str(), shown["paused"].as_bool()),
+        (Some("paused"), Some(true)),
+        "{shown}"
+    );
+    let list = conveyor_ok(&["source", "list", "--server", &server.url]);
+    assert!(list.contains("orders") && list.contains("paused"), "{list}");
+
+    // A PUT without `paused` keeps it paused; resume reads the 50 that waited.
+    let (status, answer) = send(reqwest::Method::PUT, &url, Some(&source_body(&stream.name)));
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["paused"], true, "{answer}");
+    conveyor_ok(&["source", "resume", "orders", "--server", &server.url]);
+    wait_until(Duration::from_secs(30), "the 50 that waited", || {
+        source(&server.url)["enqueued"] == 50
+    });
+    assert_eq!(numbers_in(&server.url, "orders"), (0..150).collect());
+    wait_until(Duration::from_secs(10), "the lag read as 0", || {
+        source(&server.url)["lag"] == 0
+    });
+    let metrics = http()
+        .get(format!("{}/metrics", server.url))
+        .send()
+        .expect("GET metrics")
+        .text()
+        .expect("metrics text");
+    assert!(
+        metrics.contains("conveyor_source_lag{source=\"orders\"} 0"),
+        "{metrics}"
+    );
+
+    // Deleted: it stops, and is gone.
+    conveyor_ok(&["source", "delete", "orders", "--server", &server.url]);
+    assert_eq!(send(reqwest::Method::GET, &url, None).0, 404);
+    assert_eq!(send(reqwest::Method::DELETE, &url, None).0, 404);
+    let missing = conveyor(&["source", "show", "orders", "--server", &server.url]);
+    assert!(!missing.status.success());
+    stream.add(bodies(150..160), &[]);
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(stream.unacknowledged(), 10, "a deleted source read");
+}
+
+/// Two servers on one PostgreSQL: a source set through one is read by both (the consumer
+/// group spreads the entries), and every entry is exactly one job.
+#[test]
+fn two_servers_on_postgres_share_a_stored_source_without_duplicates() {
+    let schema = Schema::fresh("conveyor_src");
+    let store = schema.url();
+    migrate(&store);
+    let mut stream = Stream::fresh("shared");
+    let servers = [start_server_at(&store, &[]), start_server_at(&store, &[])];
+    let mut body = source_body(&stream.name);
+    body["max_in_flight"] = json!(50);
+    let (status, answer) = send(
+        reqwest::Method::PUT,
+        &format!("{}/v1/sources/orders", servers[0].url),
+        Some(&body),
+    );
+    assert_eq!(status, 201, "{answer}");
+    // The other server starts reading within a second or so.
+    wait_until(
+        Duration::from_secs(10),
+        "both servers running the source",
+        || {
+            servers
+                .iter()
+                .all(|server| source(&server.url)["state"] == "running")
+        },
+    );
+    stream.add(bodies(0..5_000), &[]);
+    wait_until(Duration::from_secs(120), "5,000 jobs", || {
+        servers
+            .iter()
+            .map(|server| source(&server.url)["enqueued"].as_u64().unwrap_or(0))
+            .sum::<u64>()
+            == 5_000
+    });
+    assert_eq!(numbers_in(&servers[0].url, "orders"), (0..5_000).collect());
+    let received: Vec<u64> = servers
+        .iter()
+        .map(|server| source(&server.url)["received"].as_u64().unwrap_or(0))
+        .collect();
+    assert!(
+        received.iter().all(|&n| n > 0),
+        "one server read everything: {received:?}"
+    );
+    assert_eq!(received.iter().sum::<u64>(), 5_000, "{received:?}");
+    wait_until(Duration::from_secs(10), "every entry acknowledged", || {
+        stream.pending() == 0
+    });
+}

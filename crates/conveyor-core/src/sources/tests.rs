@@ -16,6 +16,7 @@ fn spec(job: JobMapping) -> SourceSpec {
         max_in_flight: 100,
         start: Start::Earliest,
         on_invalid: OnInvalid::Raw,
+        paused: false,
     }
 }
 
@@ -184,4 +185,39 @@ fn the_configuration_reads_from_toml_and_json_alike() {
         "name": "x", "type": "kafka", "job": {"kind": "k"}
     }));
     assert!(unknown.is_err());
+}
+
+#[test]
+fn a_request_body_is_read_with_errors_naming_the_field() {
+    let ok = SourceSpec::from_json(
+        "orders",
+        json!({"name": "ignored", "type": "redis_stream", "url": "redis://x", "stream": "s",
+               "group": "g", "job": {"kind": "k"}, "paused": true}),
+    )
+    .expect("reads");
+    assert_eq!(ok.name, "orders");
+    assert!(ok.paused);
+    let field = |body: Value| SourceSpec::from_json("orders", body).unwrap_err().field;
+    assert_eq!(field(json!([])), "body");
+    assert_eq!(
+        field(
+            json!({"type": "redis_stream", "url": "redis://x", "group": "g", "job": {"kind": "k"}})
+        ),
+        "stream"
+    );
+    assert_eq!(
+        field(json!({"type": "kafka", "job": {"kind": "k"}})),
+        "type"
+    );
+    assert_eq!(
+        field(json!({"url": "redis://x", "job": {"kind": "k"}})),
+        "type"
+    );
+    assert_eq!(
+        field(
+            json!({"type": "amqp", "url": "amqp://x", "queue": "q", "job": {"kind": "k"},
+                     "max_in_flight": 0})
+        ),
+        "max_in_flight"
+    );
 }

@@ -64,7 +64,7 @@ pub(crate) enum KindCommand {
 
 /// A kind as a path segment: anything outside a name's characters is escaped, so the server
 /// (not the URL) refuses it with a message naming `kind`.
-fn segment(raw: &str) -> String {
+pub(crate) fn segment(raw: &str) -> String {
     raw.bytes()
         .map(|b| match b {
             b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => (b as char).to_string(),
@@ -73,7 +73,7 @@ fn segment(raw: &str) -> String {
         .collect()
 }
 
-fn print_json(value: &Value) {
+pub(crate) fn print_json(value: &Value) {
     println!(
         "{}",
         serde_json::to_string_pretty(value).unwrap_or_else(|_| value.to_string())

@@ -13,6 +13,7 @@ mod kind;
 mod observe;
 mod schedule;
 mod serve;
+mod source;
 mod store;
 mod table;
 mod token;
@@ -172,6 +173,12 @@ enum Command {
         #[command(subcommand)]
         command: kind::KindCommand,
     },
+    /// Event sources (brokers whose messages become jobs): set, list, show, pause, resume,
+    /// delete.
+    Source {
+        #[command(subcommand)]
+        command: source::SourceCommand,
+    },
     /// Run a worker that executes a shell command for each job.
     Work(work::WorkArgs),
     /// Measure enqueue, drain and latency against a store.
@@ -307,6 +314,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Worker { command } => observe::worker(command).await,
         Command::Queue { command } => admin::queue(command).await,
         Command::Schedule { command } => schedule::run(command).await,
+        Command::Source { command } => source::run(command).await,
         Command::Flow { command } => flow::run(command).await,
         Command::Kind { command } => kind::run(command).await,
         Command::Jobs { command } => jobs::run(command).await,

@@ -86,9 +86,10 @@ pub(crate) struct ServeArgs {
     /// `.json`). Schedules not in the file are left as they are.
     #[arg(long, env = "CONVEYOR_SCHEDULES")]
     schedules: Option<PathBuf>,
-    /// Event sources to read (TOML, or JSON when the name ends in `.json`): brokers whose
-    /// messages become jobs, each acknowledged once its job is durable. Every server given
-    /// the file reads every source.
+    /// Event sources to create or update at start (TOML, or JSON when the name ends in
+    /// `.json`): brokers whose messages become jobs, each acknowledged once its job is
+    /// durable. They are stored, so every server of the cluster reads them; sources not in
+    /// the file are left as they are, and one an operator paused stays paused.
     #[arg(long, env = "CONVEYOR_SOURCES")]
     sources: Option<PathBuf>,
     /// How late a schedule tick may fire and still count as on time, in milliseconds (at least
@@ -389,6 +390,12 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         }
         tracing::info!(file = %path.display(), "schedules applied");
     }
+    if let Some(path) = &args.sources {
+        conveyor_server::sources::apply(store.as_ref(), sources)
+            .await
+            .with_context(|| format!("cannot store the sources of {}", path.display()))?;
+        tracing::info!(file = %path.display(), "sources applied");
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
@@ -440,7 +447,6 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
             tls_handshake_timeout: Duration::from_millis(args.header_read_timeout_ms),
         },
         tls: tls.clone(),
-        sources,
     };
     let server = Server::new(store.clone(), settings, shutdown.clone())?;
     let metrics = server.metrics();
