@@ -18,6 +18,9 @@ use crate::error::ValidationError;
 use crate::fields;
 use crate::job::{NewJob, DEFAULT_QUEUE};
 
+/// The longest wait a source's settings take (ms).
+const DAY_MS: u64 = 86_400_000;
+
 /// Most messages a source reads before its jobs are committed and the messages acknowledged.
 pub const MAX_IN_FLIGHT: usize = 10_000;
 
@@ -248,6 +251,16 @@ impl BrokerSpec {
                 fields::text_without_nul(field, value)?;
             }
         }
+        let waits = match self {
+            BrokerSpec::RedisStream { claim_idle_ms, .. } => Some(("claim_idle_ms", claim_idle_ms)),
+            BrokerSpec::Nats { ack_wait_ms, .. } => Some(("ack_wait_ms", ack_wait_ms)),
+            _ => None,
+        };
+        if let Some((field, Some(ms))) = waits {
+            if *ms == 0 || *ms > DAY_MS {
+                return Err(ValidationError::new(field, "must be 1 to 86400000 (a day)"));
+            }
+        }
         if let BrokerSpec::Sqs {
             visibility_timeout_secs: Some(secs),
             ..
@@ -428,9 +441,17 @@ pub fn raw_payload(message: &Message) -> Value {
     payload
 }
 
+/// A mapped field's checks: a value fixed here must be what a job takes (a name for the kind,
+/// queue and tenant; a whole number for the priority), so a bad one is refused when the source
+/// is set rather than dead-lettering every message; `from` must name a place in a message.
 fn check_field(name: &str, field: &Field) -> Result<(), ValidationError> {
     match field {
-        Field::Fixed(value) => fields::text_without_nul(name, value),
+        Field::Fixed(value) if name == "job.priority" => value
+            .trim()
+            .parse::<i32>()
+            .map(|_| ())
+            .map_err(|_| ValidationError::new(name, "must be a whole number")),
+        Field::Fixed(value) => fields::name(name, value),
         Field::From { from } => {
             let known = from == "subject"
                 || from.strip_prefix("header:").is_some_and(|h| !h.is_empty())
@@ -438,7 +459,7 @@ fn check_field(name: &str, field: &Field) -> Result<(), ValidationError> {
                     .strip_prefix("body:")
                     .is_some_and(|p| p.is_empty() || p.starts_with('/'));
             if known {
-                Ok(())
+                fields::text_without_nul(name, from)
             } else {
                 Err(ValidationError::new(
                     name,

@@ -165,6 +165,8 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("PUT" | "DELETE", "/v1/kinds/{kind}") => ADMIN,
         ("GET", "/v1/schedules" | "/v1/schedules/{name}/runs") => ADMIN,
         ("GET", "/v1/sources" | "/v1/sources/{name}") => ADMIN,
+        ("PUT" | "DELETE", "/v1/sources/{name}") => ADMIN,
+        ("POST", "/v1/sources/{name}/pause" | "/v1/sources/{name}/resume") => ADMIN,
         (
             "POST",
             "/v1/schedules/{name}/pause"

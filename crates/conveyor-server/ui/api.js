@@ -155,6 +155,13 @@ export const schedules = {
   trigger: (name) => api('POST', `/v1/schedules/${encodeURIComponent(name)}/trigger`, {}),
 };
 
+export const sources = {
+  list: () => api('GET', '/v1/sources'),
+  remove: (name) => api('DELETE', `/v1/sources/${encodeURIComponent(name)}`),
+  pause: (name) => api('POST', `/v1/sources/${encodeURIComponent(name)}/pause`, {}),
+  resume: (name) => api('POST', `/v1/sources/${encodeURIComponent(name)}/resume`, {}),
+};
+
 /**
  * Attempt outcomes from the Prometheus text at `/metrics`: the sums of
  * `jobs_processed_total` by `status` (completed, failed, dead, snoozed). These count what this

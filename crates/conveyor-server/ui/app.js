@@ -11,6 +11,7 @@ import deadView from './views/dead.js';
 import workersView from './views/workers.js';
 import schedulesView from './views/schedules.js';
 import kindsView from './views/kinds.js';
+import sourcesView from './views/sources.js';
 import flowsView, { flowView } from './views/flows.js';
 
 // A CSP violation means some part of the page silently did not work; make it visible in the
@@ -34,6 +35,7 @@ const NAV = [
   { id: 'workers', label: 'Workers', href: '#/workers' },
   { id: 'schedules', label: 'Schedules', href: '#/schedules' },
   { id: 'flows', label: 'Flows', href: '#/flows' },
+  { id: 'sources', label: 'Sources', href: '#/sources' },
 ];
 
 const root = document.getElementById('root');
@@ -150,6 +152,7 @@ function routeView(path) {
   if (path === '/schedules') return { def: schedulesView, nav: 'schedules' };
   if (path === '/kinds') return { def: kindsView, nav: 'kinds' };
   if (path === '/flows') return { def: flowsView, nav: 'flows' };
+  if (path === '/sources') return { def: sourcesView, nav: 'sources' };
   const flow = path.match(/^\/flows\/([^/]+)$/);
   if (flow) return { def: flowView, nav: 'flows', arg: decodeURIComponent(flow[1]) };
   return null;

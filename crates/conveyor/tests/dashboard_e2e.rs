@@ -1342,6 +1342,7 @@ async fn drive(
     .await?;
     screenshot(client, "schedules").await?;
     manage_schedules(client).await?;
+    manage_sources(client, api).await?;
 
     // Flows: the list, then one flow drawn as its graph, each step with its state.
     click(client, "a[data-nav='flows']").await?;
@@ -1460,6 +1461,11 @@ async fn drive(
         Page::new("schedule form", "#/schedules", &["#schedule-form"])
             .opening("#schedule-new", None),
         Page::new("flows", "#/flows", &["#view-flows tr[data-flow]"]),
+        Page::new(
+            "sources",
+            "#/sources",
+            &["#sources-table tr[data-source='orders']"],
+        ),
         Page::new(
             "flow",
             flow_page.as_str(),
@@ -1690,4 +1696,54 @@ async fn drive(
     )
     .await?;
     Ok(())
+}
+
+/// The Sources page: a stored source (a Redis stream of this run's own, set paused) is listed
+/// with its state; Resume starts it reading (the server connects and makes the group), Pause
+/// stops it again. The stream is deleted at the end.
+async fn manage_sources(client: &Client, api: &Api) -> anyhow::Result<()> {
+    let stream = format!(
+        "conveyor-e2e-{}-{}",
+        std::process::id(),
+        chrono::Utc::now().timestamp_micros()
+    );
+    api.send(
+        reqwest::Method::PUT,
+        "/v1/sources/orders",
+        json!({"type": "redis_stream", "url": "redis://127.0.0.1:6379", "stream": stream,
+               "group": "conveyor", "job": {"kind": "order.placed", "queue": "orders"},
+               "paused": true}),
+    )
+    .await?;
+    let result = async {
+        click(client, "a[data-nav='sources']").await?;
+        wait_present(
+            client,
+            "#sources-table tr[data-source='orders'][data-state='paused']",
+        )
+        .await?;
+        wait_text(client, "#sources-table tr[data-source='orders']", &stream).await?;
+        click(client, "#sources-table button[data-action='resume-source']").await?;
+        wait_text(client, "#toasts", "Source orders resumed").await?;
+        wait_present(
+            client,
+            "#sources-table tr[data-source='orders'][data-state='running']",
+        )
+        .await?;
+        screenshot(client, "sources").await?;
+        click(client, "#sources-table button[data-action='pause-source']").await?;
+        wait_text(client, "#toasts", "Source orders paused").await?;
+        wait_present(
+            client,
+            "#sources-table tr[data-source='orders'][data-state='paused']",
+        )
+        .await
+    }
+    .await;
+    if let Ok(redis) = redis::Client::open("redis://127.0.0.1:6379") {
+        if let Ok(mut connection) = redis.get_connection() {
+            let _: redis::RedisResult<i64> = redis::Commands::del(&mut connection, &stream);
+        }
+    }
+    result
 }
