@@ -216,9 +216,7 @@ fn message_of(delivery: &lapin::message::Delivery) -> Message {
         _ => content_hash(&delivery.data, &headers),
     };
     // AMQP timestamps are seconds since the epoch.
-    let sent_at = delivery
-        .properties
-        .timestamp()
+    let sent_at = (*delivery.properties.timestamp())
         .and_then(|seconds| i64::try_from(seconds).ok())
         .and_then(|seconds| chrono::DateTime::from_timestamp(seconds, 0));
     Message {

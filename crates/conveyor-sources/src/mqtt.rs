@@ -11,13 +11,13 @@
 
 use conveyor_core::sources::{BrokerSpec, Message, SourceSpec};
 use rumqttc::{
-    AsyncClient, ConnectReturnCode, Event, EventLoop, MqttOptions, Packet, Publish, QoS,
+    AsyncClient, ConnectReturnCode, Event, EventLoop, MqttOptions, Outgoing, Packet, Publish, QoS,
     SubscribeReasonCode,
 };
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::ingest::{Broker, BrokerError};
@@ -38,22 +38,49 @@ const MAX_PACKET: usize = 268_435_455;
 /// Room for acknowledgements queued for the event loop before `ack` waits for it to send some.
 const REQUESTS: usize = 1024;
 
+/// How long `ack` waits for the event loop to have written its acknowledgements.
+const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+
 pub(crate) struct Mqtt {
     client: AsyncClient,
     /// Publishes the event loop received, or the error that ended it.
     incoming: mpsc::UnboundedReceiver<Result<Publish, String>>,
-    /// Polls the connection (reads, pings, sends the acknowledgements); aborted on drop, which
-    /// closes the connection without a DISCONNECT, leaving the session and its unacknowledged
-    /// messages at the broker.
-    event_loop: JoinHandle<()>,
+    /// Polls the connection (reads, pings, sends the acknowledgements). On drop the source
+    /// sends a DISCONNECT (after the acknowledgements queued before it) and leaves the loop a
+    /// moment to send it: closing the socket at once, with data still unread, would reset the
+    /// connection and could lose acknowledgements the broker had not read yet. The session
+    /// and its unacknowledged messages stay at the broker either way.
+    event_loop: Option<JoinHandle<()>>,
     /// Messages read and not yet acknowledged, in the order they came (MQTT wants PUBACKs in
     /// that order), by identity.
     held: VecDeque<(String, Publish)>,
+    /// Acknowledgements the event loop has written to the connection, and how many were
+    /// asked of it: `ack` returns once they are written, so a source stopped right after
+    /// leaves none unsent (an unsent one only costs a redelivery, found as a duplicate).
+    acks_written: watch::Receiver<u64>,
+    acks_asked: u64,
 }
+
+/// How long a dropped source's event loop has to send what was queued and its DISCONNECT.
+const CLOSE_GRACE: Duration = Duration::from_secs(2);
 
 impl Drop for Mqtt {
     fn drop(&mut self) {
-        self.event_loop.abort();
+        let Some(event_loop) = self.event_loop.take() else {
+            return;
+        };
+        let disconnecting = self.client.try_disconnect().is_ok();
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) if disconnecting => {
+                runtime.spawn(async move {
+                    let abort = event_loop.abort_handle();
+                    if tokio::time::timeout(CLOSE_GRACE, event_loop).await.is_err() {
+                        abort.abort();
+                    }
+                });
+            }
+            _ => event_loop.abort(),
+        }
     }
 }
 
@@ -107,9 +134,11 @@ fn parse_url(url: &str) -> Result<Address, BrokerError> {
     }
     let port = match port {
         None | Some("") => 1883,
-        Some(port) => port
-            .parse()
-            .map_err(|_| bad(&format!("the port {port:?} is not a number from 1 to 65535")))?,
+        Some(port) => port.parse().map_err(|_| {
+            bad(&format!(
+                "the port {port:?} is not a number from 1 to 65535"
+            ))
+        })?,
     };
     Ok(Address {
         host: host.to_string(),
@@ -182,12 +211,7 @@ pub(crate) async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, Broker
         .subscribe(topic.as_str(), QoS::AtLeastOnce)
         .await
         .map_err(|error| BrokerError(format!("mqtt: subscribe to {topic:?}: {error}")))?;
-    match tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        subscribed(&mut event_loop, &sender, topic),
-    )
-    .await
-    {
+    match tokio::time::timeout(CONNECT_TIMEOUT, subscribed(&mut event_loop, &sender, topic)).await {
         Ok(Ok(())) => {}
         Ok(Err(error)) => return Err(error),
         Err(_) => {
@@ -197,12 +221,15 @@ pub(crate) async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, Broker
             )))
         }
     }
-    let event_loop = tokio::spawn(poll(event_loop, sender));
+    let (written, acks_written) = watch::channel(0);
+    let event_loop = tokio::spawn(poll(event_loop, sender, written));
     Ok(Box::new(Mqtt {
         client,
         incoming,
-        event_loop,
+        event_loop: Some(event_loop),
         held: VecDeque::new(),
+        acks_written,
+        acks_asked: 0,
     }))
 }
 
@@ -247,23 +274,32 @@ async fn subscribed(
 }
 
 /// Polls the connection, passing publishes on, until it fails (the error is passed on and the
-/// loop ends: the source reconnects with a new connection) or the source is gone.
-async fn poll(mut event_loop: EventLoop, sender: mpsc::UnboundedSender<Result<Publish, String>>) {
+/// loop ends: the source reconnects with a new connection) or the source disconnects. Once the
+/// source is gone, what arrives is dropped (the broker keeps it in the session).
+async fn poll(
+    mut event_loop: EventLoop,
+    sender: mpsc::UnboundedSender<Result<Publish, String>>,
+    written: watch::Sender<u64>,
+) {
     loop {
-        let outcome = match event_loop.poll().await {
-            Ok(Event::Incoming(Packet::Publish(publish))) => sender.send(Ok(publish)),
+        match event_loop.poll().await {
+            Ok(Event::Incoming(Packet::Publish(publish))) => {
+                let _ = sender.send(Ok(publish));
+            }
+            // Reported once the acknowledgement is written and flushed.
+            Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
+                written.send_modify(|n| *n += 1);
+            }
+            Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
             Ok(Event::Incoming(Packet::Disconnect)) => {
                 let _ = sender.send(Err("the broker closed the connection".into()));
                 return;
             }
-            Ok(_) => Ok(()),
+            Ok(_) => {}
             Err(error) => {
                 let _ = sender.send(Err(error.to_string()));
                 return;
             }
-        };
-        if outcome.is_err() {
-            return;
         }
     }
 }
@@ -307,24 +343,43 @@ impl Broker for Mqtt {
         Ok(messages)
     }
 
-    /// Sends a PUBACK for every message held under these identities, in the order they came.
+    /// Sends a PUBACK for every message held under these identities, in the order they came,
+    /// and waits until the event loop has written them.
     async fn ack(&mut self, identities: &[String]) -> Result<(), BrokerError> {
         let acked: HashSet<&String> = identities.iter().collect();
         let mut kept = VecDeque::with_capacity(self.held.len());
         let mut result = Ok(());
         while let Some((identity, publish)) = self.held.pop_front() {
             if result.is_ok() && acked.contains(&identity) {
-                result = self.client.ack(&publish).await.map_err(|error| {
-                    BrokerError(format!("mqtt: acknowledge: {error}"))
-                });
+                result = self
+                    .client
+                    .ack(&publish)
+                    .await
+                    .map_err(|error| BrokerError(format!("mqtt: acknowledge: {error}")));
                 if result.is_ok() {
+                    // A message that came at QoS 0 has nothing to acknowledge.
+                    if publish.qos != QoS::AtMostOnce {
+                        self.acks_asked += 1;
+                    }
                     continue;
                 }
             }
             kept.push_back((identity, publish));
         }
         self.held = kept;
-        result
+        result?;
+        let asked = self.acks_asked;
+        match tokio::time::timeout(ACK_TIMEOUT, self.acks_written.wait_for(|n| *n >= asked)).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(_)) => Err(BrokerError(
+                "mqtt: acknowledge: the connection ended before the acknowledgements were sent"
+                    .into(),
+            )),
+            Err(_) => Err(BrokerError(format!(
+                "mqtt: acknowledge: not sent within {} s",
+                ACK_TIMEOUT.as_secs()
+            ))),
+        }
     }
 }
 

@@ -7,7 +7,7 @@
 mod amqp_mqtt_kit;
 
 use amqp_mqtt_kit::*;
-use conveyor_core::store::{JobListParams, JobStore};
+use conveyor_core::store::JobListParams;
 use conveyor_core::JobState;
 use conveyor_sources::SourceState;
 use lapin::options::{
@@ -17,7 +17,6 @@ use lapin::types::{AMQPValue, FieldTable};
 use lapin::{BasicProperties, Channel, Connection, ConnectionProperties};
 use serde_json::json;
 use std::net::SocketAddr;
-use std::time::Duration;
 
 #[path = "../../conveyor/tests/support/proxy.rs"]
 mod proxy;
@@ -33,7 +32,7 @@ struct TestQueue {
     _cleanup: Cleanup,
 }
 
-async fn channel() -> (Connection, Channel) {
+async fn rabbit() -> (Connection, Channel) {
     let connection = Connection::connect(RABBIT, ConnectionProperties::default())
         .await
         .expect("RabbitMQ on 127.0.0.1:5672");
@@ -44,7 +43,7 @@ async fn channel() -> (Connection, Channel) {
 impl TestQueue {
     async fn fresh(prefix: &str) -> TestQueue {
         let name = unique(prefix);
-        let (connection, channel) = channel().await;
+        let (connection, channel) = rabbit().await;
         let mut arguments = FieldTable::default();
         arguments.insert("x-expires".into(), AMQPValue::LongInt(600_000));
         channel
@@ -65,7 +64,7 @@ impl TestQueue {
             _connection: connection,
             channel,
             _cleanup: Cleanup::new(move || async move {
-                let (_connection, channel) = channel().await;
+                let (_connection, channel) = rabbit().await;
                 let _ = channel
                     .queue_delete(doomed.as_str().into(), QueueDeleteOptions::default())
                     .await;
@@ -299,7 +298,11 @@ async fn a_body_that_is_not_json_is_dead_lettered_with_its_raw_message() {
         .expect("the dead job");
     assert_eq!(dead.payload["raw_base64"], "AXBsYWluIHRleHQ=");
     assert_eq!(dead.kind, "note");
-    assert!(dead.errors[0].message.contains("not JSON"), "{:?}", dead.errors);
+    assert!(
+        dead.errors[0].message.contains("not JSON"),
+        "{:?}",
+        dead.errors
+    );
     assert!(jobs
         .iter()
         .any(|job| job.payload == json!({ "n": 7 }) && job.state == JobState::Available));
@@ -373,7 +376,7 @@ async fn a_missing_queue_is_an_error_naming_it() {
     assert!(error.contains("must exist"), "{error}");
     running.stop().await;
     // The source did not make it.
-    let (_connection, channel) = channel().await;
+    let (_connection, channel) = rabbit().await;
     let declared = channel
         .queue_declare(
             name.as_str().into(),
@@ -385,5 +388,4 @@ async fn a_missing_queue_is_an_error_naming_it() {
         )
         .await;
     assert!(declared.is_err());
-    let _ = Duration::ZERO;
 }

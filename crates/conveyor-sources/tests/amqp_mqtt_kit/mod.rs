@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 
 use conveyor_core::sources::SourceSpec;
-use conveyor_core::store::{JobListParams, JobStore, QueueStore};
+use conveyor_core::store::JobListParams;
 use conveyor_core::{Job, JobState, QueueSettings, Store};
 use conveyor_sources::{SourceState, SourceStatus};
 use conveyor_sqlite::{SqliteOptions, SqliteStore};
