@@ -168,7 +168,7 @@ impl Publisher {
         for n in range {
             // Before each window: what waits for the source is at most one window, so after
             // it at most two.
-            if n > first && (n - first) % WINDOW == 0 {
+            if n > first && (n - first).is_multiple_of(WINDOW) {
                 self.confirmed().await;
                 wait_until!(
                     LONG,
