@@ -38,8 +38,11 @@ const MAX_PACKET: usize = 268_435_455;
 /// Room for acknowledgements queued for the event loop before `ack` waits for it to send some.
 const REQUESTS: usize = 1024;
 
-/// How long `ack` waits for the event loop to have written its acknowledgements.
+/// How long `ack` waits for the broker to have taken its acknowledgements.
 const ACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The topic filter of the acknowledgement barrier (see [`Mqtt::barriers_passed`]).
+const BARRIER: &str = "conveyor/ack-barrier";
 
 pub(crate) struct Mqtt {
     client: AsyncClient,
@@ -54,11 +57,16 @@ pub(crate) struct Mqtt {
     /// Messages read and not yet acknowledged, in the order they came (MQTT wants PUBACKs in
     /// that order), by identity.
     held: VecDeque<(String, Publish)>,
-    /// Acknowledgements the event loop has written to the connection, and how many were
-    /// asked of it: `ack` returns once they are written, so a source stopped right after
-    /// leaves none unsent (an unsent one only costs a redelivery, found as a duplicate).
-    acks_written: watch::Receiver<u64>,
-    acks_asked: u64,
+    /// UNSUBACKs received, and UNSUBSCRIBEs sent, for the barrier `ack` puts after its
+    /// PUBACKs: the broker handles a connection's packets in order, so its answer means it
+    /// has taken every acknowledgement before it. A source stopped right after `ack` then
+    /// leaves nothing unacknowledged (an acknowledgement lost on the way would only cost a
+    /// redelivery, found as a duplicate).
+    barriers_passed: watch::Receiver<u64>,
+    barriers_sent: u64,
+    /// A topic filter never subscribed to in this session: unsubscribing from it changes
+    /// nothing.
+    barrier: String,
 }
 
 /// How long a dropped source's event loop has to send what was queued and its DISCONNECT.
@@ -221,15 +229,20 @@ pub(crate) async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, Broker
             )))
         }
     }
-    let (written, acks_written) = watch::channel(0);
-    let event_loop = tokio::spawn(poll(event_loop, sender, written));
+    let (passed, barriers_passed) = watch::channel(0);
+    let event_loop = tokio::spawn(poll(event_loop, sender, passed));
     Ok(Box::new(Mqtt {
         client,
         incoming,
         event_loop: Some(event_loop),
         held: VecDeque::new(),
-        acks_written,
-        acks_asked: 0,
+        barriers_passed,
+        barriers_sent: 0,
+        barrier: if topic == BARRIER {
+            format!("{BARRIER}/2")
+        } else {
+            BARRIER.to_string()
+        },
     }))
 }
 
@@ -279,16 +292,15 @@ async fn subscribed(
 async fn poll(
     mut event_loop: EventLoop,
     sender: mpsc::UnboundedSender<Result<Publish, String>>,
-    written: watch::Sender<u64>,
+    passed: watch::Sender<u64>,
 ) {
     loop {
         match event_loop.poll().await {
             Ok(Event::Incoming(Packet::Publish(publish))) => {
                 let _ = sender.send(Ok(publish));
             }
-            // Reported once the acknowledgement is written and flushed.
-            Ok(Event::Outgoing(Outgoing::PubAck(_) | Outgoing::PubRec(_))) => {
-                written.send_modify(|n| *n += 1);
+            Ok(Event::Incoming(Packet::UnsubAck(_))) => {
+                passed.send_modify(|n| *n += 1);
             }
             Ok(Event::Outgoing(Outgoing::Disconnect)) => return,
             Ok(Event::Incoming(Packet::Disconnect)) => {
@@ -344,11 +356,12 @@ impl Broker for Mqtt {
     }
 
     /// Sends a PUBACK for every message held under these identities, in the order they came,
-    /// and waits until the event loop has written them.
+    /// and waits until the broker has taken them.
     async fn ack(&mut self, identities: &[String]) -> Result<(), BrokerError> {
         let acked: HashSet<&String> = identities.iter().collect();
         let mut kept = VecDeque::with_capacity(self.held.len());
         let mut result = Ok(());
+        let mut sent = false;
         while let Some((identity, publish)) = self.held.pop_front() {
             if result.is_ok() && acked.contains(&identity) {
                 result = self
@@ -358,9 +371,7 @@ impl Broker for Mqtt {
                     .map_err(|error| BrokerError(format!("mqtt: acknowledge: {error}")));
                 if result.is_ok() {
                     // A message that came at QoS 0 has nothing to acknowledge.
-                    if publish.qos != QoS::AtMostOnce {
-                        self.acks_asked += 1;
-                    }
+                    sent |= publish.qos != QoS::AtMostOnce;
                     continue;
                 }
             }
@@ -368,15 +379,23 @@ impl Broker for Mqtt {
         }
         self.held = kept;
         result?;
-        let asked = self.acks_asked;
-        match tokio::time::timeout(ACK_TIMEOUT, self.acks_written.wait_for(|n| *n >= asked)).await {
+        if !sent {
+            return Ok(());
+        }
+        self.client
+            .unsubscribe(self.barrier.as_str())
+            .await
+            .map_err(|error| BrokerError(format!("mqtt: acknowledge: {error}")))?;
+        self.barriers_sent += 1;
+        let sent = self.barriers_sent;
+        let passed = self.barriers_passed.wait_for(|n| *n >= sent);
+        match tokio::time::timeout(ACK_TIMEOUT, passed).await {
             Ok(Ok(_)) => Ok(()),
             Ok(Err(_)) => Err(BrokerError(
-                "mqtt: acknowledge: the connection ended before the acknowledgements were sent"
-                    .into(),
+                "mqtt: acknowledge: the connection ended before the broker confirmed it".into(),
             )),
             Err(_) => Err(BrokerError(format!(
-                "mqtt: acknowledge: not sent within {} s",
+                "mqtt: acknowledge: the broker did not confirm it within {} s",
                 ACK_TIMEOUT.as_secs()
             ))),
         }
