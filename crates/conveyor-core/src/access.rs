@@ -281,10 +281,14 @@ pub enum AuditAction {
     SourcePut,
     #[serde(rename = "source.delete")]
     SourceDelete,
+    #[serde(rename = "hook.put")]
+    HookPut,
+    #[serde(rename = "hook.delete")]
+    HookDelete,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 23] = [
+    pub const ALL: [AuditAction; 25] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -308,6 +312,8 @@ impl AuditAction {
         AuditAction::WorkerResume,
         AuditAction::SourcePut,
         AuditAction::SourceDelete,
+        AuditAction::HookPut,
+        AuditAction::HookDelete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -327,6 +333,8 @@ impl AuditAction {
             AuditAction::WorkerResume => "worker.resume",
             AuditAction::SourcePut => "source.put",
             AuditAction::SourceDelete => "source.delete",
+            AuditAction::HookPut => "hook.put",
+            AuditAction::HookDelete => "hook.delete",
             AuditAction::DeadReplay => "dead.replay",
             AuditAction::DeadDiscard => "dead.discard",
             AuditAction::QueueSettings => "queue.settings",

@@ -16,6 +16,9 @@ use crate::fields;
 /// The collection of event sources (documents: [`crate::sources::SourceSpec`]).
 pub const SOURCES: &str = "sources";
 
+/// The collection of signed inbound webhooks (documents: [`crate::hooks::HookSpec`]).
+pub const HOOKS: &str = "hooks";
+
 /// One named document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfigEntry {

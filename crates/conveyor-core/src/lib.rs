@@ -17,6 +17,7 @@ pub mod error;
 pub mod events;
 pub mod faults;
 pub mod fields;
+pub mod hooks;
 pub mod limits;
 /// The former name of [`limits`], kept so existing imports (`conveyor::flow::...`) build.
 #[doc(hidden)]

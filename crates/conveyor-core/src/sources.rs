@@ -346,19 +346,7 @@ impl SourceSpec {
     /// is ignored: the path names it). Errors name the field: a missing or mistyped field, an
     /// unknown `type`, or a value the checks refuse.
     pub fn from_json(name: &str, body: Value) -> Result<Self, ValidationError> {
-        if !body.is_object() {
-            return Err(ValidationError::new("body", "must be a JSON object"));
-        }
-        let mut spec: SourceSpec = serde_json::from_value(body).map_err(|error| {
-            let message = error.to_string();
-            let field = quoted_field(&message).unwrap_or("body");
-            let field = if message.contains("variant") || field == "tag" {
-                "type"
-            } else {
-                field
-            };
-            ValidationError::new(field.to_string(), message.clone())
-        })?;
+        let mut spec: SourceSpec = read_body(body, "type")?;
         spec.name = name.to_string();
         spec.validate()?;
         Ok(spec)
@@ -374,17 +362,7 @@ impl SourceSpec {
             ));
         }
         self.broker.validate()?;
-        check_field("job.kind", &self.job.kind)?;
-        for (name, field) in [
-            ("job.queue", &self.job.queue),
-            ("job.tenant", &self.job.tenant),
-            ("job.priority", &self.job.priority),
-        ] {
-            if let Some(field) = field {
-                check_field(name, field)?;
-            }
-        }
-        Ok(())
+        self.job.validate()
     }
 
     /// The idempotency key of the job a message becomes.
@@ -396,31 +374,78 @@ impl SourceSpec {
     /// header it lacks, a priority that is not a number) is an error naming the field; the
     /// caller turns it into a dead job keeping the raw message.
     pub fn job_for(&self, message: &Message) -> Result<MappedJob, ValidationError> {
+        self.job.job_for(message, self.idempotency_key(message))
+    }
+}
+
+impl JobMapping {
+    /// The job `message` becomes, carrying `idempotency_key`.
+    pub fn job_for(
+        &self,
+        message: &Message,
+        idempotency_key: String,
+    ) -> Result<MappedJob, ValidationError> {
         let body: Option<Value> = serde_json::from_slice(&message.body).ok();
         let invalid = body.is_none();
         let payload = match &body {
             Some(value) => value.clone(),
             None => raw_payload(message),
         };
-        let kind = resolve("job.kind", &self.job.kind, message, body.as_ref())?;
+        let kind = resolve("job.kind", &self.kind, message, body.as_ref())?;
         let mut job = NewJob::new(kind, payload);
-        job.queue = match &self.job.queue {
+        job.queue = match &self.queue {
             Some(field) => resolve("job.queue", field, message, body.as_ref())?,
             None => DEFAULT_QUEUE.to_string(),
         };
-        if let Some(field) = &self.job.tenant {
+        if let Some(field) = &self.tenant {
             job.tenant = Some(resolve("job.tenant", field, message, body.as_ref())?);
         }
-        if let Some(field) = &self.job.priority {
+        if let Some(field) = &self.priority {
             let text = resolve("job.priority", field, message, body.as_ref())?;
             job.priority = text
                 .trim()
                 .parse()
                 .map_err(|_| ValidationError::new("job.priority", "is not an integer"))?;
         }
-        job.idempotency_key = Some(self.idempotency_key(message));
+        job.idempotency_key = Some(idempotency_key);
         Ok(MappedJob { job, invalid })
     }
+
+    /// Checks each part; errors name the field (`job.kind`, ...).
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        check_field("job.kind", &self.kind)?;
+        for (name, field) in [
+            ("job.queue", &self.queue),
+            ("job.tenant", &self.tenant),
+            ("job.priority", &self.priority),
+        ] {
+            if let Some(field) = field {
+                check_field(name, field)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Reads a request's JSON object as `T`; a serde error names its field (the first name in
+/// backquotes of its message), an unknown enum variant `variant_field`.
+pub fn read_body<T: serde::de::DeserializeOwned>(
+    body: Value,
+    variant_field: &str,
+) -> Result<T, ValidationError> {
+    if !body.is_object() {
+        return Err(ValidationError::new("body", "must be a JSON object"));
+    }
+    serde_json::from_value(body).map_err(|error| {
+        let message = error.to_string();
+        let field = quoted_field(&message).unwrap_or("body");
+        let field = if message.contains("variant") || field == "tag" {
+            variant_field
+        } else {
+            field
+        };
+        ValidationError::new(field.to_string(), message.clone())
+    })
 }
 
 /// The first name in backquotes of a serde message ("missing field `stream`").

@@ -164,6 +164,12 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::DELETE, "/v1/sources/{name}", ADMIN),
     (Method::POST, "/v1/sources/{name}/pause", ADMIN),
     (Method::POST, "/v1/sources/{name}/resume", ADMIN),
+    (Method::GET, "/v1/hooks", ADMIN),
+    (Method::GET, "/v1/hooks/{name}", ADMIN),
+    (Method::PUT, "/v1/hooks/{name}", ADMIN),
+    (Method::DELETE, "/v1/hooks/{name}", ADMIN),
+    // A provider's request: its signature, not a token, is its credential.
+    (Method::POST, "/hooks/{name}", Access::Public),
     (Method::GET, "/v1/schedules", ADMIN),
     (Method::GET, "/v1/schedules/{name}", ADMIN),
     (Method::PUT, "/v1/schedules/{name}", ADMIN),

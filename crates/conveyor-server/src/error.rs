@@ -38,6 +38,12 @@ pub enum ApiError {
     /// 404: no such event source on this server.
     #[error("source {0:?} not found")]
     SourceNotFound(String),
+    /// 404: no such webhook.
+    #[error("hook {0:?} not found")]
+    HookNotFound(String),
+    /// 401: a webhook request whose signature is missing, wrong or stale.
+    #[error("{0}")]
+    BadSignature(String),
     /// 404: no such API token.
     #[error("token {0:?} not found")]
     TokenNotFound(String),
@@ -111,10 +117,12 @@ impl ApiError {
             | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
             | ApiError::SourceNotFound(_)
+            | ApiError::HookNotFound(_)
             | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)
             | ApiError::RouteNotFound { .. } => StatusCode::NOT_FOUND,
+            ApiError::BadSignature(_) => StatusCode::UNAUTHORIZED,
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::LeaseLost(_)
             | ApiError::Conflict(_)
@@ -135,10 +143,12 @@ impl ApiError {
             | ApiError::FlowNotFound(_)
             | ApiError::ScheduleNotFound(_)
             | ApiError::SourceNotFound(_)
+            | ApiError::HookNotFound(_)
             | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)
             | ApiError::RouteNotFound { .. } => "not_found",
+            ApiError::BadSignature(_) => "bad_signature",
             ApiError::MethodNotAllowed { .. } => "method_not_allowed",
             ApiError::LeaseLost(_) => "lease_lost",
             ApiError::Conflict(_) => "conflict",

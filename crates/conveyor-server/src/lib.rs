@@ -29,6 +29,7 @@ pub use docs::VersionInfo;
 mod error;
 mod extract;
 mod flows;
+pub mod hooks;
 mod jobs;
 mod kinds;
 mod metrics;
@@ -193,6 +194,8 @@ pub(crate) struct AppState {
     pub worker_commands: Arc<conveyor_engine::WorkerCommands>,
     /// The event sources this server runs.
     pub sources: Arc<conveyor_sources::Sources>,
+    /// What became of each webhook's requests in this process.
+    pub hook_counts: Arc<hooks::HookCounts>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.
@@ -254,6 +257,7 @@ pub fn router_with_options(
         idle_looks: Arc::default(),
         finished: Arc::default(),
         sources,
+        hook_counts: Arc::default(),
     };
     Router::new()
         .route("/v1/jobs", post(jobs::enqueue).get(jobs::list))
@@ -299,6 +303,12 @@ pub fn router_with_options(
             "/v1/sources/{name}",
             get(sources::get).put(sources::put).delete(sources::delete),
         )
+        .route("/v1/hooks", get(hooks::list))
+        .route(
+            "/v1/hooks/{name}",
+            get(hooks::get).put(hooks::put).delete(hooks::delete),
+        )
+        .route("/hooks/{name}", post(hooks::receive))
         .route("/v1/sources/{name}/pause", post(sources::pause))
         .route("/v1/sources/{name}/resume", post(sources::resume))
         .route("/v1/schedules", get(schedules::list))

@@ -172,7 +172,8 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     if let Some(error) = problem {
         tracing::warn!(%error, "metrics: store-wide gauges not refreshed");
     }
-    let text = text + &source_metrics(&state.sources.statuses());
+    let text =
+        text + &source_metrics(&state.sources.statuses()) + &hook_metrics(&state.hook_counts);
     ([(header::CONTENT_TYPE, crate::metrics::CONTENT_TYPE)], text).into_response()
 }
 
@@ -220,6 +221,28 @@ fn source_metrics(sources: &[std::sync::Arc<conveyor_sources::SourceStatus>]) ->
             text.push_str(&format!(
                 "conveyor_source_lag{{source=\"{}\"}} {lag}\n",
                 source.spec.name
+            ));
+        }
+    }
+    text
+}
+
+/// Each webhook's requests in this process, by outcome (hook names are checked names).
+fn hook_metrics(counts: &crate::hooks::HookCounts) -> String {
+    let counts = counts.snapshot();
+    if counts.is_empty() {
+        return String::new();
+    }
+    let mut text = String::from(
+        "# HELP conveyor_hook_requests_total Webhook requests, by what became of them (enqueued, \
+         duplicate: a delivery seen before, refused: a bad or stale signature, invalid: a \
+         request the hook's mapping or the kind's schema refused).\n\
+         # TYPE conveyor_hook_requests_total counter\n",
+    );
+    for (hook, counts) in counts {
+        for (outcome, count) in crate::hooks::OUTCOMES.iter().zip(counts) {
+            text.push_str(&format!(
+                "conveyor_hook_requests_total{{hook=\"{hook}\",outcome=\"{outcome}\"}} {count}\n"
             ));
         }
     }

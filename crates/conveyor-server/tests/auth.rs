@@ -126,6 +126,8 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         | ("GET", "/")
         | ("GET", "/ui/{*path}") => Expect::Public,
         ("POST", "/v1/session") => Expect::Public,
+        // Its signature is its credential (a request with none is a 401 of its own).
+        ("POST", "/hooks/{name}") => Expect::Public,
         ("GET", "/v1/session") | ("DELETE", "/v1/session") => Expect::AnyToken,
         ("GET", "/metrics") => Expect::AnyToken,
         ("GET", "/v1/queues/{name}/scale") => Expect::AnyToken,
@@ -167,6 +169,8 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/v1/sources" | "/v1/sources/{name}") => ADMIN,
         ("PUT" | "DELETE", "/v1/sources/{name}") => ADMIN,
         ("POST", "/v1/sources/{name}/pause" | "/v1/sources/{name}/resume") => ADMIN,
+        ("GET", "/v1/hooks" | "/v1/hooks/{name}") => ADMIN,
+        ("PUT" | "DELETE", "/v1/hooks/{name}") => ADMIN,
         (
             "POST",
             "/v1/schedules/{name}/pause"
