@@ -285,10 +285,14 @@ pub enum AuditAction {
     HookPut,
     #[serde(rename = "hook.delete")]
     HookDelete,
+    #[serde(rename = "subscription.put")]
+    SubscriptionPut,
+    #[serde(rename = "subscription.delete")]
+    SubscriptionDelete,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 25] = [
+    pub const ALL: [AuditAction; 27] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -314,6 +318,8 @@ impl AuditAction {
         AuditAction::SourceDelete,
         AuditAction::HookPut,
         AuditAction::HookDelete,
+        AuditAction::SubscriptionPut,
+        AuditAction::SubscriptionDelete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -335,6 +341,8 @@ impl AuditAction {
             AuditAction::SourceDelete => "source.delete",
             AuditAction::HookPut => "hook.put",
             AuditAction::HookDelete => "hook.delete",
+            AuditAction::SubscriptionPut => "subscription.put",
+            AuditAction::SubscriptionDelete => "subscription.delete",
             AuditAction::DeadReplay => "dead.replay",
             AuditAction::DeadDiscard => "dead.discard",
             AuditAction::QueueSettings => "queue.settings",

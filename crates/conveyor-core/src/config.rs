@@ -19,6 +19,10 @@ pub const SOURCES: &str = "sources";
 /// The collection of signed inbound webhooks (documents: [`crate::hooks::HookSpec`]).
 pub const HOOKS: &str = "hooks";
 
+/// The collection of event subscriptions (documents:
+/// [`crate::subscriptions::SubscriptionSpec`]).
+pub const SUBSCRIPTIONS: &str = "subscriptions";
+
 /// One named document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfigEntry {

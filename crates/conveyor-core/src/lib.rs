@@ -34,6 +34,7 @@ pub mod state;
 pub mod stats;
 pub mod store;
 pub mod stuck;
+pub mod subscriptions;
 pub mod trace;
 pub mod trace_context;
 pub mod unique;

@@ -168,6 +168,11 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/v1/hooks/{name}", ADMIN),
     (Method::PUT, "/v1/hooks/{name}", ADMIN),
     (Method::DELETE, "/v1/hooks/{name}", ADMIN),
+    (Method::POST, "/v1/events", PRODUCER),
+    (Method::GET, "/v1/subscriptions", ADMIN),
+    (Method::GET, "/v1/subscriptions/{name}", ADMIN),
+    (Method::PUT, "/v1/subscriptions/{name}", ADMIN),
+    (Method::DELETE, "/v1/subscriptions/{name}", ADMIN),
     // A provider's request: its signature, not a token, is its credential.
     (Method::POST, "/hooks/{name}", Access::Public),
     (Method::GET, "/v1/schedules", ADMIN),

@@ -41,6 +41,9 @@ pub enum ApiError {
     /// 404: no such webhook.
     #[error("hook {0:?} not found")]
     HookNotFound(String),
+    /// 404: no such subscription.
+    #[error("subscription {0:?} not found")]
+    SubscriptionNotFound(String),
     /// 401: a webhook request whose signature is missing, wrong or stale.
     #[error("{0}")]
     BadSignature(String),
@@ -118,6 +121,7 @@ impl ApiError {
             | ApiError::ScheduleNotFound(_)
             | ApiError::SourceNotFound(_)
             | ApiError::HookNotFound(_)
+            | ApiError::SubscriptionNotFound(_)
             | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)
@@ -144,6 +148,7 @@ impl ApiError {
             | ApiError::ScheduleNotFound(_)
             | ApiError::SourceNotFound(_)
             | ApiError::HookNotFound(_)
+            | ApiError::SubscriptionNotFound(_)
             | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)

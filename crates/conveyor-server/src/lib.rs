@@ -40,6 +40,7 @@ mod server;
 mod settings;
 pub mod sources;
 mod stats;
+pub mod subscriptions;
 mod worker_api;
 pub use stats::{flush_history_every, FLUSH_INTERVAL as HISTORY_FLUSH_INTERVAL};
 mod tls;
@@ -309,6 +310,14 @@ pub fn router_with_options(
             get(hooks::get).put(hooks::put).delete(hooks::delete),
         )
         .route("/hooks/{name}", post(hooks::receive))
+        .route("/v1/events", post(subscriptions::send))
+        .route("/v1/subscriptions", get(subscriptions::list))
+        .route(
+            "/v1/subscriptions/{name}",
+            get(subscriptions::get)
+                .put(subscriptions::put)
+                .delete(subscriptions::delete),
+        )
         .route("/v1/sources/{name}/pause", post(sources::pause))
         .route("/v1/sources/{name}/resume", post(sources::resume))
         .route("/v1/schedules", get(schedules::list))

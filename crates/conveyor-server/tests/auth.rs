@@ -131,7 +131,9 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("GET", "/v1/session") | ("DELETE", "/v1/session") => Expect::AnyToken,
         ("GET", "/metrics") => Expect::AnyToken,
         ("GET", "/v1/queues/{name}/scale") => Expect::AnyToken,
-        ("POST", "/v1/jobs") | ("POST", "/v1/jobs/batch") => PRODUCER,
+        ("POST", "/v1/jobs") | ("POST", "/v1/jobs/batch") | ("POST", "/v1/events") => PRODUCER,
+        ("GET", "/v1/subscriptions" | "/v1/subscriptions/{name}") => ADMIN,
+        ("PUT" | "DELETE", "/v1/subscriptions/{name}") => ADMIN,
         ("GET", "/v1/jobs/{id}") => PRODUCER,
         ("GET", "/v1/jobs") => PRODUCER,
         ("POST", "/v1/fetch")

@@ -6,6 +6,7 @@ mod audit;
 mod bench;
 pub(crate) mod config;
 mod demo;
+mod event;
 mod flow;
 mod http;
 mod jobs;
@@ -173,6 +174,16 @@ enum Command {
         #[command(subcommand)]
         command: kind::KindCommand,
     },
+    /// Events: send one, and every subscription to its name makes a job of it.
+    Event {
+        #[command(subcommand)]
+        command: event::EventCommand,
+    },
+    /// Event subscriptions (which events make which jobs): set, list, show, delete.
+    Subscription {
+        #[command(subcommand)]
+        command: event::SubscriptionCommand,
+    },
     /// Event sources (brokers whose messages become jobs): set, list, show, pause, resume,
     /// delete.
     Source {
@@ -315,6 +326,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Queue { command } => admin::queue(command).await,
         Command::Schedule { command } => schedule::run(command).await,
         Command::Source { command } => source::run(command).await,
+        Command::Event { command } => event::run_event(command).await,
+        Command::Subscription { command } => event::run_subscription(command).await,
         Command::Flow { command } => flow::run(command).await,
         Command::Kind { command } => kind::run(command).await,
         Command::Jobs { command } => jobs::run(command).await,

@@ -65,7 +65,7 @@ pub(crate) enum SourceCommand {
 
 /// A source document from a file (TOML when the name ends in `.toml`, else JSON; `-` reads
 /// JSON from standard input) or inline JSON.
-fn document(file: Option<&str>, spec: Option<&str>) -> anyhow::Result<Value> {
+pub(crate) fn document(file: Option<&str>, spec: Option<&str>) -> anyhow::Result<Value> {
     if let Some(spec) = spec {
         return serde_json::from_str(spec).context("--spec is not valid JSON");
     }
