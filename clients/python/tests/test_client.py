@@ -234,3 +234,33 @@ def test_wait_answers_once_the_job_finishes_or_the_timeout_passes(client, server
 
     with pytest.raises(ValueError):
         client.wait(unfinished, timeout=-1)
+
+
+def _put_subscription(url: str, name: str, body: dict) -> None:
+    import json
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"{url}/v1/subscriptions/{name}",
+        data=json.dumps(body).encode(),
+        method="PUT",
+        headers={"content-type": "application/json"},
+    )
+    with urllib.request.urlopen(request) as response:
+        assert response.status in (200, 201)
+
+
+def test_send_event_makes_a_job_per_subscription_once(client, server, queue):
+    _put_subscription(server.url, f"{queue}-a", {"event": f"{queue}.happened", "job": {"kind": "a.run", "queue": queue}})
+    _put_subscription(server.url, f"{queue}-b", {"event": f"{queue}.happened", "job": {"kind": "b.run", "queue": queue}, "filter": {"vip": True}})
+    answer = client.send_event(f"{queue}.happened", {"vip": True}, id="evt-1")
+    assert answer["id"] == "evt-1"
+    made = {job["subscription"]: job for job in answer["jobs"]}
+    assert set(made) == {f"{queue}-a", f"{queue}-b"}
+    assert client.get(made[f"{queue}-b"]["job_id"]).kind == "b.run"
+    again = client.send_event(f"{queue}.happened", {"vip": True}, id="evt-1")
+    assert all(job["duplicate"] for job in again["jobs"])
+    assert len(client.send_event(f"{queue}.happened", {"vip": False})["jobs"]) == 1
+    with pytest.raises(InvalidRequest) as refused:
+        client.send_event("bad name!")
+    assert refused.value.field == "name"

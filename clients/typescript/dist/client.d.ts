@@ -263,6 +263,16 @@ export interface ClientOptions {
  * (403), `NotFound` (404), `Conflict` (409), `QueueFull` (429, `retryAfter` in seconds),
  * `ServerError` (5xx) or `ConnectionError` (the server could not be reached).
  */
+/** What `sendEvent` made: the event's id and one job per matching subscription. */
+export interface SentEvent {
+    id: string;
+    name: string;
+    jobs: {
+        subscription: string;
+        job_id: string;
+        duplicate: boolean;
+    }[];
+}
 export declare class Client {
     /** @internal */
     readonly transport: Transport;
@@ -271,6 +281,13 @@ export declare class Client {
     enqueue(kind: string, payload?: unknown, opts?: EnqueueOptions): Promise<string>;
     /** Enqueues many jobs in one all-or-nothing request; resolves with their ids in order. */
     enqueueMany(jobs: JobSpec[]): Promise<string[]>;
+    /**
+     * Sends an event: every subscription to `name` (`PUT /v1/subscriptions/{name}`) makes a job
+     * of it, all in one transaction. Sent again with the same `id`, it makes nothing new.
+     */
+    sendEvent(name: string, payload?: unknown, opts?: {
+        id?: string;
+    }): Promise<SentEvent>;
     /** The job with its error history; rejects with `NotFound` when there is none. */
     get(id: string): Promise<JobView>;
     /**

@@ -14,12 +14,6 @@ const FLOW_FINISHED_STATES = new Set(['completed', 'failed', 'compensated', 'can
 export function flowFinished(flow) {
     return FLOW_FINISHED_STATES.has(flow.state);
 }
-/**
- * Enqueues, reads and cancels jobs. Every method rejects with a `ConveyorError` subclass:
- * `InvalidRequest` (400/413, `field` names the input), `Unauthorized` (401), `Forbidden`
- * (403), `NotFound` (404), `Conflict` (409), `QueueFull` (429, `retryAfter` in seconds),
- * `ServerError` (5xx) or `ConnectionError` (the server could not be reached).
- */
 export class Client {
     /** @internal */
     transport;
@@ -40,6 +34,17 @@ export class Client {
         const body = { jobs: jobs.map((job, i) => enqueueBody(job.kind, job.payload, job, `jobs[${i}].`)) };
         const res = await this.transport.request('POST', '/v1/jobs/batch', body);
         return res.body.ids;
+    }
+    /**
+     * Sends an event: every subscription to `name` (`PUT /v1/subscriptions/{name}`) makes a job
+     * of it, all in one transaction. Sent again with the same `id`, it makes nothing new.
+     */
+    async sendEvent(name, payload, opts = {}) {
+        const body = { name, payload: payload ?? {} };
+        if (opts.id !== undefined)
+            body.id = opts.id;
+        const res = await this.transport.request('POST', '/v1/events', body);
+        return res.body;
     }
     /** The job with its error history; rejects with `NotFound` when there is none. */
     async get(id) {

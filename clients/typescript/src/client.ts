@@ -286,6 +286,13 @@ export interface ClientOptions {
  * (403), `NotFound` (404), `Conflict` (409), `QueueFull` (429, `retryAfter` in seconds),
  * `ServerError` (5xx) or `ConnectionError` (the server could not be reached).
  */
+/** What `sendEvent` made: the event's id and one job per matching subscription. */
+export interface SentEvent {
+  id: string;
+  name: string;
+  jobs: { subscription: string; job_id: string; duplicate: boolean }[];
+}
+
 export class Client {
   /** @internal */
   readonly transport: Transport;
@@ -307,6 +314,17 @@ export class Client {
     const body = { jobs: jobs.map((job, i) => enqueueBody(job.kind, job.payload, job, `jobs[${i}].`)) };
     const res = await this.transport.request<{ ids: string[] }>('POST', '/v1/jobs/batch', body);
     return res.body.ids;
+  }
+
+  /**
+   * Sends an event: every subscription to `name` (`PUT /v1/subscriptions/{name}`) makes a job
+   * of it, all in one transaction. Sent again with the same `id`, it makes nothing new.
+   */
+  async sendEvent(name: string, payload?: unknown, opts: { id?: string } = {}): Promise<SentEvent> {
+    const body: Record<string, unknown> = { name, payload: payload ?? {} };
+    if (opts.id !== undefined) body.id = opts.id;
+    const res = await this.transport.request<SentEvent>('POST', '/v1/events', body);
+    return res.body;
   }
 
   /** The job with its error history; rejects with `NotFound` when there is none. */

@@ -25,6 +25,7 @@ export type {
   StatsOptions,
   StatsPoint,
   StatsReport,
+  SentEvent,
   StepView,
   UniqueOptions,
 } from './client.js';

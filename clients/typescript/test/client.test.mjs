@@ -168,3 +168,24 @@ test('wait resolves once the job finishes, or as it is when the timeout passes',
   assert.ok(Date.now() - started >= 300, `gave up after ${Date.now() - started} ms`);
   await assert.rejects(client.wait(idle, { timeoutMs: -1 }), TypeError);
 });
+
+test('sendEvent makes one job per matching subscription, once per id', async () => {
+  const queue = uniqueQueue();
+  const put = async (name, body) => {
+    const res = await fetch(`${server.url}/v1/subscriptions/${name}`, {
+      method: 'PUT', headers: { 'content-type': 'application/json' }, body: JSON.stringify(body),
+    });
+    assert.ok(res.ok, `PUT subscription: ${res.status}`);
+  };
+  await put(`${queue}-a`, { event: `${queue}.happened`, job: { kind: 'a.run', queue } });
+  await put(`${queue}-b`, { event: `${queue}.happened`, job: { kind: 'b.run', queue }, filter: { vip: true } });
+  const sent = await client.sendEvent(`${queue}.happened`, { vip: true }, { id: 'evt-1' });
+  assert.equal(sent.id, 'evt-1');
+  assert.deepEqual(sent.jobs.map((j) => j.subscription).sort(), [`${queue}-a`, `${queue}-b`]);
+  const b = sent.jobs.find((j) => j.subscription === `${queue}-b`);
+  assert.equal((await client.get(b.job_id)).kind, 'b.run');
+  const again = await client.sendEvent(`${queue}.happened`, { vip: true }, { id: 'evt-1' });
+  assert.ok(again.jobs.every((j) => j.duplicate));
+  assert.equal((await client.sendEvent(`${queue}.happened`, { vip: false })).jobs.length, 1);
+  await assert.rejects(client.sendEvent('bad name!'), (error) => error instanceof InvalidRequest && error.field === 'name');
+});

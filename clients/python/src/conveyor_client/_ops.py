@@ -101,6 +101,15 @@ def enqueue_many(jobs: Iterable[Union[Mapping[str, Any], Any]]) -> Op[List[str]]
     return _wire.batch_ids((yield Call("POST", "/v1/jobs/batch", {"jobs": bodies})))
 
 
+def send_event(name: str, payload: Any, id: Optional[str]) -> Op[Dict[str, Any]]:
+    """Sends an event; the answer names the event's id and each job a subscription made."""
+    body: Dict[str, Any] = {"name": name, "payload": {} if payload is None else payload}
+    if id is not None:
+        body["id"] = id
+    answer = yield Call("POST", "/v1/events", body)
+    return dict(answer)
+
+
 def get(id: str) -> Op[Job]:
     return Job.from_json((yield Call("GET", _wire.job_path(id))))
 

@@ -98,6 +98,13 @@ class Client:
         attributes."""
         return self._run(_ops.enqueue_many(jobs))
 
+    def send_event(self, name: str, payload: Any = None, *, id: Optional[str] = None) -> Dict[str, Any]:
+        """Sends an event: every subscription to ``name`` (``PUT /v1/subscriptions/{name}``)
+        makes a job of it, all in one transaction. Sent again with the same ``id``, it makes
+        nothing new. Returns ``{"id", "name", "jobs": [{"subscription", "job_id",
+        "duplicate"}]}``."""
+        return self._run(_ops.send_event(name, payload, id))
+
     def get(self, id: str) -> Job:
         """The job with its error history; raises ``NotFound`` for an unknown id."""
         return self._run(_ops.get(id))
@@ -336,6 +343,12 @@ class AsyncClient:
 
     async def enqueue_many(self, jobs: Iterable[Union[Mapping[str, Any], Any]]) -> List[str]:
         return await self._run(_ops.enqueue_many(jobs))
+
+    async def send_event(
+        self, name: str, payload: Any = None, *, id: Optional[str] = None
+    ) -> Dict[str, Any]:
+        """See :meth:`Client.send_event`."""
+        return await self._run(_ops.send_event(name, payload, id))
 
     async def get(self, id: str) -> Job:
         return await self._run(_ops.get(id))
