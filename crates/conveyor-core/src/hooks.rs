@@ -332,7 +332,7 @@ fn any_matches(key: &[u8], parts: &[&[u8]], signatures: &[Vec<u8>]) -> Result<()
 
 fn decode_hex(text: &str) -> Option<Vec<u8>> {
     let text = text.trim();
-    if text.len() % 2 != 0 {
+    if !text.len().is_multiple_of(2) {
         return None;
     }
     (0..text.len())
