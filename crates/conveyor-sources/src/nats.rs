@@ -119,12 +119,10 @@ pub(crate) async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, Broker
     };
     let existing = handle.consumer_info(consumer).await;
     let pull: PullConsumer = match existing {
-        Err(error) if error.kind() == ConsumerInfoErrorKind::NotFound => {
-            handle
-                .create_consumer(wanted)
-                .await
-                .map_err(failed("create the durable consumer"))?
-        }
+        Err(error) if error.kind() == ConsumerInfoErrorKind::NotFound => handle
+            .create_consumer(wanted)
+            .await
+            .map_err(failed("create the durable consumer"))?,
         Err(error) => return Err(failed("read the durable consumer")(error)),
         Ok(info) => {
             // Made earlier (by this source, or by hand): its start stays as it is; what the
@@ -241,7 +239,9 @@ impl Broker for Nats {
                 Err(error) => return Err(failed("fetch")(error)),
             };
             let (identity, sent_at) = {
-                let info = message.info().map_err(failed("read a message's metadata"))?;
+                let info = message
+                    .info()
+                    .map_err(failed("read a message's metadata"))?;
                 let sent_at = chrono::DateTime::from_timestamp(
                     info.published.unix_timestamp(),
                     info.published.nanosecond(),

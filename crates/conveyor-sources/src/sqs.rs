@@ -87,13 +87,11 @@ pub(crate) async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, Broker
             loader = loader.credentials_provider(credentials);
         }
         (None, None) => {}
-        _ => {
-            return Err(BrokerError(
-                "sqs: give both access_key_id_env and secret_access_key_env, or neither (the SDK's \
+        _ => return Err(BrokerError(
+            "sqs: give both access_key_id_env and secret_access_key_env, or neither (the SDK's \
                  own chain)"
-                    .into(),
-            ))
-        }
+                .into(),
+        )),
     }
     let client = Client::new(&loader.load().await);
     let visibility = visibility_timeout_secs.unwrap_or(DEFAULT_VISIBILITY_SECS);

@@ -65,6 +65,12 @@ impl TestStream {
                     .await
             };
             acks.push(ack.expect("publish"));
+            // The context holds a bounded number of acknowledgements in flight.
+            if acks.len() == 500 {
+                for ack in acks.drain(..) {
+                    ack.await.expect("stored by JetStream");
+                }
+            }
         }
         for ack in acks {
             ack.await.expect("stored by JetStream");
@@ -217,8 +223,10 @@ async fn a_full_queue_holds_the_batch_in_progress_until_it_accepts_again() {
     let store = open_store();
     let stream = TestStream::fresh("full").await;
     set_max_depth(&store, "orders", Some(50)).await;
+    // Three batches of 20: two fit under the depth of 50, the third is refused and held.
+    stream.publish(bodies(0..60), &[]).await;
     // An ack wait shorter than the hold below: without the source's ack-progress, JetStream
-    // would deliver the held batch again (a duplicate, and a redelivery it counts).
+    // would hand the held batch to the next fetch.
     let source = start(
         spec(stream.source(
             "orders",
@@ -227,20 +235,42 @@ async fn a_full_queue_holds_the_batch_in_progress_until_it_accepts_again() {
         )),
         &store,
     );
-    stream.publish(bodies(0..200), &[]).await;
-    wait_until(Duration::from_secs(60), "the source to back off", || async {
-        source.state() == SourceState::BackingOff
-    })
+    wait_until(
+        Duration::from_secs(60),
+        "the source to back off",
+        || async { source.state() == SourceState::BackingOff },
+    )
     .await;
-    assert!(unfinished(&store, "orders").await <= 50);
+    assert_eq!(unfinished(&store, "orders").await, 40);
     // The refused batch is held, not acknowledged.
-    assert!(stream.consumer("conveyor").await.num_ack_pending > 0);
+    let info = stream.consumer("conveyor").await;
+    assert_eq!((info.num_pending, info.num_ack_pending), (0, 20));
     tokio::time::sleep(Duration::from_secs(12)).await;
     assert_eq!(source.state(), SourceState::BackingOff);
-    assert!(stream.consumer("conveyor").await.num_ack_pending > 0);
+    // Past its ack wait, the held batch is still in progress: a fetch of the consumer's own
+    // finds nothing to deliver again.
+    let consumer: jetstream::consumer::PullConsumer = stream
+        .js
+        .get_stream(&stream.name)
+        .await
+        .expect("the stream")
+        .get_consumer("conveyor")
+        .await
+        .expect("the consumer");
+    let mut stolen = consumer
+        .fetch()
+        .max_messages(20)
+        .expires(Duration::from_secs(1))
+        .messages()
+        .await
+        .expect("fetch");
+    assert!(
+        futures::StreamExt::next(&mut stolen).await.is_none(),
+        "the held batch was delivered again"
+    );
     set_max_depth(&store, "orders", None).await;
-    wait_until(Duration::from_secs(60), "all 200 jobs", || async {
-        unfinished(&store, "orders").await == 200
+    wait_until(Duration::from_secs(60), "all 60 jobs", || async {
+        unfinished(&store, "orders").await == 60
     })
     .await;
     wait_until(
@@ -253,7 +283,7 @@ async fn a_full_queue_holds_the_batch_in_progress_until_it_accepts_again() {
     assert!(source.count("refused") >= 1);
     assert_eq!(source.count("duplicate"), 0, "the held batch came again");
     assert_eq!(stream.consumer("conveyor").await.num_redelivered, 0);
-    assert_eq!(numbers(&store, "orders", "orders").await, (0..200).collect());
+    assert_eq!(numbers(&store, "orders", "orders").await, (0..60).collect());
     source.stop().await;
 }
 
@@ -340,7 +370,12 @@ async fn a_cut_connection_is_reconnected_and_every_message_is_one_job() {
     })
     .await;
     let view = source.status.view();
-    assert!(view["last_error"].as_str().is_some_and(|e| e.contains("nats")), "{view}");
+    assert!(
+        view["last_error"]
+            .as_str()
+            .is_some_and(|e| e.contains("nats")),
+        "{view}"
+    );
     stream.publish(bodies(1_000..2_000), &[]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     proxy.refuse(false);
