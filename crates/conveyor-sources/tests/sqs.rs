@@ -271,12 +271,11 @@ async fn many_messages_become_as_many_jobs_each_deleted() {
         queue.undeleted().await == 0
     })
     .await;
-    // Each job's sent_at-derived fields are not checked here; the identity is the MessageId.
+    // The identity is the MessageId.
     let job = &common_nats_sqs::jobs(&store, "orders", None).await[0];
     let key = job.idempotency_key.as_deref().unwrap_or_default();
     assert!(
-        key.strip_prefix("source:orders:")
-            .is_some_and(|id| uuid_like(id)),
+        key.strip_prefix("source:orders:").is_some_and(uuid_like),
         "{key}"
     );
     source.stop().await;
