@@ -424,7 +424,8 @@ async fn the_lag_is_the_consumers_pending_count() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_latest_start_skips_what_the_stream_held_and_a_missing_stream_is_named() {
+async fn a_latest_start_skips_what_the_stream_held_a_consumer_is_reused_and_a_missing_stream_is_named(
+) {
     let store = open_store();
     let stream = TestStream::fresh("latest").await;
     stream.publish(bodies(0..5), &[]).await;
@@ -446,6 +447,35 @@ async fn a_latest_start_skips_what_the_stream_held_and_a_missing_stream_is_named
         (5..10).collect::<BTreeSet<_>>()
     );
     source.stop().await;
+
+    // The existing consumer is reused: its ack wait follows the configuration, and a filter
+    // that differs is refused rather than silently read.
+    let changed = stream.source(
+        "orders",
+        NATS,
+        json!({ "start": "latest", "ack_wait_ms": 7000 }),
+    );
+    let broker = conveyor_sources::connect(spec(changed))
+        .await
+        .map_err(|error| error.to_string())
+        .expect("the consumer reused");
+    drop(broker);
+    let info = stream.consumer("conveyor").await;
+    assert_eq!(info.config.ack_wait, Duration::from_secs(7));
+    assert_eq!(
+        info.config.deliver_policy,
+        jetstream::consumer::DeliverPolicy::New
+    );
+    let other = stream.source(
+        "orders",
+        NATS,
+        json!({ "subject": format!("{}.other", stream.name) }),
+    );
+    let error = conveyor_sources::connect(spec(other))
+        .await
+        .err()
+        .expect("another filter refused");
+    assert!(error.to_string().contains("reads the subject"), "{error}");
 
     let mut missing = stream.source("orders", NATS, json!({}));
     missing["stream"] = json!(unique("conveyor-test-missing"));
