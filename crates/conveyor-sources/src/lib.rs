@@ -6,9 +6,9 @@
 //! - one module per broker, each behind its cargo feature (all on by default): `redis_stream`
 //!   (Redis Streams), `amqp` (RabbitMQ), `nats` (NATS JetStream), `mqtt`, `sqs`.
 
+pub mod ingest;
 #[cfg(feature = "amqp")]
 mod amqp;
-pub mod ingest;
 #[cfg(feature = "mqtt")]
 mod mqtt;
 #[cfg(feature = "nats")]
