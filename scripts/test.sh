@@ -51,13 +51,14 @@ cargo build -p conveyor --features bench
 # must keep compiling.
 cargo check -q -p conveyor --no-default-features --features sqlite
 
+python3 -m venv target/py-venv
+target/py-venv/bin/pip install -q 'moto[server]'  # moto_server: the sqs source's tests' SQS
 # `bench`: the benchmark and soak harness (`conveyor bench`) is tested too.
 cargo nextest run --workspace --features conveyor/bench "$@"
 cargo test --workspace --doc
 npm test --prefix clients/typescript
 
 # The Python client's own suite, in a venv under target/ (Debian's pip refuses system installs).
-python3 -m venv target/py-venv
 target/py-venv/bin/pip install -q -e 'clients/python[test]'
 target/py-venv/bin/python -m pytest -q clients/python/tests
 
