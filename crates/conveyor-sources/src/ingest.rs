@@ -38,6 +38,12 @@ pub trait Broker: Send {
         Ok(())
     }
 
+    /// How often `keep` must run for a held batch not to be redelivered: a third of the
+    /// broker's acknowledgement deadline where it has one.
+    fn keep_every(&self) -> Duration {
+        KEEP_EVERY
+    }
+
     /// How many messages wait at the broker for this source, where the broker says (a stream
     /// group's lag, a queue's ready count, a consumer's pending count).
     async fn lag(&mut self) -> Result<Option<u64>, BrokerError> {
@@ -184,8 +190,9 @@ fn without_password(url: &str) -> String {
 /// How often a source asks its broker for its lag.
 const LAG_EVERY: Duration = Duration::from_secs(5);
 
-/// How often a batch held back (a slow or refused commit) is kept at the broker.
-const KEEP_EVERY: Duration = Duration::from_secs(5);
+/// How often a batch held back (a slow or refused commit) is kept at the broker, unless the
+/// broker asks for more often ([`Broker::keep_every`]).
+pub(crate) const KEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// How long to wait before trying again after the `n`th failure in a row: 100 ms doubling to
 /// 10 s.
@@ -267,8 +274,9 @@ async fn ingest(
         // the broker is told the messages are still being worked on.
         let mut failures = 0u32;
         let mut kept = Instant::now();
+        let keep_every = broker.keep_every().max(Duration::from_millis(100));
         loop {
-            if kept.elapsed() >= KEEP_EVERY {
+            if kept.elapsed() >= keep_every {
                 kept = Instant::now();
                 broker.keep(&identities).await?;
             }
@@ -298,7 +306,7 @@ async fn ingest(
                         }
                     };
                     tokio::select! {
-                        _ = tokio::time::sleep(wait.min(KEEP_EVERY)) => {}
+                        _ = tokio::time::sleep(wait.min(keep_every)) => {}
                         _ = shutdown.cancelled() => return Ok(()),
                     }
                 }

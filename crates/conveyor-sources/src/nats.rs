@@ -41,6 +41,8 @@ pub(crate) struct Nats {
     /// The acknowledgers of the messages read and not yet acknowledged, by identity (a
     /// redelivery during a slow commit adds a second one).
     held: HashMap<String, Vec<Acker>>,
+    /// JetStream's acknowledgement deadline for this consumer.
+    ack_wait: Duration,
 }
 
 fn failed<E: std::fmt::Display>(what: &str) -> impl Fn(E) -> BrokerError + '_ {
@@ -170,6 +172,7 @@ pub(crate) async fn connect(spec: &SourceSpec) -> Result<Box<dyn Broker>, Broker
         stream: stream.clone(),
         lost,
         held: HashMap::new(),
+        ack_wait,
     }))
 }
 
@@ -279,6 +282,10 @@ impl Broker for Nats {
     }
 
     /// `+WPI` for every message still held: JetStream restarts its ack wait.
+    fn keep_every(&self) -> Duration {
+        (self.ack_wait / 3).min(crate::ingest::KEEP_EVERY)
+    }
+
     async fn keep(&mut self, identities: &[String]) -> Result<(), BrokerError> {
         self.reply(identities, AckKind::Progress).await
     }

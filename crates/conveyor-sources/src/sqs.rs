@@ -259,6 +259,11 @@ impl Broker for Sqs {
     /// ChangeMessageVisibilityBatch: the held messages stay hidden for another
     /// `visibility_timeout_secs`. A failure is an error (the messages may come again, and are
     /// found by their idempotency keys).
+    fn keep_every(&self) -> Duration {
+        let visibility = Duration::from_secs(u64::try_from(self.visibility_secs).unwrap_or(1));
+        (visibility / 3).min(crate::ingest::KEEP_EVERY)
+    }
+
     async fn keep(&mut self, identities: &[String]) -> Result<(), BrokerError> {
         let held: Vec<&String> = identities
             .iter()
