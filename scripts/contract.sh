@@ -63,7 +63,9 @@ contract_pass() {
     token=$("$BIN" token create --role admin --name contract --store "$store" 2>/dev/null)
     credentials=(--header "Authorization: Bearer $token")
   fi
-  "$BIN" serve --listen 127.0.0.1:0 --store "$store" --auth="$auth" --durability relaxed \
+  # --run-sources=false: the sources the run generates are stored and shown, never read (they
+  # would reach this machine's brokers and leave streams and consumers behind).
+  "$BIN" serve --listen 127.0.0.1:0 --store "$store" --auth="$auth" --durability relaxed --run-sources=false \
     --max-fetch-wait-ms 200 --log-format json >"$dir/server.log" 2>&1 &
   server_pid=$!
 

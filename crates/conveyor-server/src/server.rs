@@ -41,6 +41,9 @@ pub struct ServerSettings {
     pub alerts: Option<AlertConfig>,
     /// Whether attempt outcomes are written to the per-minute history.
     pub history: bool,
+    /// Whether this server reads the cluster's event sources (off: it stores and shows them
+    /// only, e.g. an API-only node).
+    pub run_sources: bool,
     /// Connection limits and timeouts of the HTTP listener.
     pub limits: ConnectionLimits,
     /// TLS for the listener; `None`: plain HTTP.
@@ -66,6 +69,7 @@ pub struct Server {
     limits: ConnectionLimits,
     tls: Option<TlsConfig>,
     sources: Arc<Sources>,
+    run_sources: bool,
     shutdown: CancellationToken,
 }
 
@@ -144,6 +148,7 @@ impl Server {
             limits: settings.limits,
             tls: settings.tls,
             sources,
+            run_sources: settings.run_sources,
             shutdown,
         })
     }
@@ -166,12 +171,13 @@ impl Server {
             limits,
             tls,
             sources,
+            run_sources,
             shutdown,
         } = self;
         // Every server reads every stored source: the broker's consumer group spreads the
         // messages, and the idempotency key of each message's job keeps a redelivery from
         // adding another.
-        let sources = tokio::spawn(sources.run(shutdown.clone()));
+        let sources = run_sources.then(|| tokio::spawn(sources.run(shutdown.clone())));
         let maintenance = tokio::spawn(maintenance.run(shutdown.clone()));
         let flusher = tokio::spawn(flush_history_every(
             metrics.clone(),
@@ -195,7 +201,9 @@ impl Server {
         if let Some(alerts) = alerts {
             let _ = alerts.await;
         }
-        let _ = sources.await;
+        if let Some(sources) = sources {
+            let _ = sources.await;
+        }
         served
     }
 }

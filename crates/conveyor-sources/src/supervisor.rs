@@ -38,6 +38,9 @@ pub struct Sources {
     /// What the API shows: each source's status, by name.
     shown: Mutex<BTreeMap<String, Arc<SourceStatus>>>,
     changed: Notify,
+    /// Whether this server reads the sources (`serve --run-sources=false`: it only stores
+    /// and shows them).
+    reads: std::sync::atomic::AtomicBool,
 }
 
 /// A stored document as a source: its name is the document's.
@@ -57,6 +60,7 @@ impl Sources {
             running: tokio::sync::Mutex::new(BTreeMap::new()),
             shown: Mutex::new(BTreeMap::new()),
             changed: Notify::new(),
+            reads: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -83,12 +87,19 @@ impl Sources {
             .and_then(|shown| shown.get(&spec.name).cloned());
         match shown {
             Some(status) if status.spec == *spec => status,
-            _ => Arc::new(SourceStatus::new(spec.clone())),
+            _ => {
+                let status = Arc::new(SourceStatus::new(spec.clone()));
+                if !self.reads.load(std::sync::atomic::Ordering::Relaxed) && !spec.paused {
+                    status.set(SourceState::Stopped, None);
+                }
+                status
+            }
         }
     }
 
     /// Runs until `shutdown`, then stops every source (each finishes the batch it holds).
     pub async fn run(self: Arc<Self>, shutdown: CancellationToken) {
+        self.reads.store(true, std::sync::atomic::Ordering::Relaxed);
         let mut failed_before = false;
         while !shutdown.is_cancelled() {
             match self.reload(&shutdown).await {

@@ -72,6 +72,11 @@ pub(crate) struct ServeArgs {
     /// and the dashboard's charts show only "Live".
     #[arg(env = "CONVEYOR_NO_HISTORY", long)]
     no_history: bool,
+    /// Read the cluster's event sources (`--run-sources=false`: store and show them only, as
+    /// an API-only node would).
+    #[arg(long, env = "CONVEYOR_RUN_SOURCES", default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    run_sources: bool,
     /// Payload keys (at any depth, comma-separated) shown as `[redacted]` in job views and the
     /// dashboard, e.g. `password,card_number`. Workers still receive them.
     #[arg(long, value_delimiter = ',', env = "CONVEYOR_SENSITIVE_FIELDS")]
@@ -439,6 +444,7 @@ pub(crate) async fn run(args: ServeArgs) -> anyhow::Result<ExitCode> {
         schedule_misfire: Duration::from_millis(args.schedule_misfire_ms),
         alerts: args.alerts.config()?,
         history: !args.no_history,
+        run_sources: args.run_sources,
         limits: conveyor_server::ConnectionLimits {
             max_connections: connection_cap(args.max_connections),
             header_read_timeout: Duration::from_millis(args.header_read_timeout_ms),
