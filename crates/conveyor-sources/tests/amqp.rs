@@ -4,12 +4,12 @@
 //! are not JSON, and connections cut under it. Each test declares its own queue (named with
 //! the process id and the time, expiring if a run dies before deleting it) and deletes it.
 
-mod amqp_mqtt_kit;
+mod kit;
 
-use amqp_mqtt_kit::*;
 use conveyor_core::store::JobListParams;
 use conveyor_core::JobState;
 use conveyor_sources::SourceState;
+use kit::*;
 use lapin::options::{
     BasicPublishOptions, ConfirmSelectOptions, QueueDeclareOptions, QueueDeleteOptions,
 };
@@ -149,18 +149,18 @@ fn source(queue: &str, url: &str, max_in_flight: usize) -> conveyor_core::source
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_messages_become_ten_thousand_jobs_each_acknowledged() {
-    let store = store();
+    let store = open_store();
     let queue = TestQueue::fresh("amqp-drain").await;
-    let running = start(source(&queue.name, RABBIT, 500), &store.store);
+    let running = start(source(&queue.name, RABBIT, 500), &store);
     queue.publish_numbers(0..10_000).await;
-    wait_until!(LONG, "10,000 jobs", depth(&store.store).await >= 10_000);
+    wait_until!(LONG, "10,000 jobs", depth(&store, QUEUE).await >= 10_000);
     assert_eq!(running.count("received"), 10_000);
     assert_eq!(running.count("enqueued"), 10_000);
     assert_eq!(running.count("duplicate"), 0);
     assert_eq!(running.state(), SourceState::Running);
-    each_once(&store.store, "orders", 0..10_000).await;
+    each_once(&store, QUEUE, "orders", 0..10_000).await;
     // The broker's message id where there is one, else the SHA-256 of the content.
-    let jobs = jobs(&store.store).await;
+    let jobs = jobs(&store, QUEUE, None).await;
     for job in &jobs {
         let n = job.payload["n"].as_u64().unwrap_or_default();
         let key = job.idempotency_key.as_deref().unwrap_or_default();
@@ -179,65 +179,65 @@ async fn ten_thousand_messages_become_ten_thousand_jobs_each_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_killed_mid_ingest_leaves_every_message_one_job_after_its_restart() {
-    let store = store();
+    let store = open_store();
     let queue = TestQueue::fresh("amqp-kill").await;
     queue.publish_numbers(0..6_000).await;
-    let running = start(source(&queue.name, RABBIT, 50), &store.store);
-    wait_until!(LONG, "some jobs", depth(&store.store).await >= 600);
+    let running = start(source(&queue.name, RABBIT, 50), &store);
+    wait_until!(LONG, "some jobs", depth(&store, QUEUE).await >= 600);
     running.abort().await;
-    let done = depth(&store.store).await;
+    let done = depth(&store, QUEUE).await;
     assert!(
         done < 6_000,
         "the kill came after every message was ingested: it tested no recovery"
     );
     // What the killed source held unacknowledged went back to the queue with its connection.
-    let running = start(source(&queue.name, RABBIT, 50), &store.store);
-    wait_until!(LONG, "6,000 jobs", depth(&store.store).await >= 6_000);
+    let running = start(source(&queue.name, RABBIT, 50), &store);
+    wait_until!(LONG, "6,000 jobs", depth(&store, QUEUE).await >= 6_000);
     // Whatever was redelivered after being committed found its job.
     wait_until!(SHORT, "the rest read", queue.depth().await.0 == 0);
     running.stop().await;
-    each_once(&store.store, "orders", 0..6_000).await;
+    each_once(&store, QUEUE, "orders", 0..6_000).await;
     queue.assert_drained().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_holds_the_batch_unacknowledged_until_it_accepts_again() {
-    let store = store();
+    let store = open_store();
     let queue = TestQueue::fresh("amqp-full").await;
-    set_max_depth(&store.store, Some(50)).await;
-    let running = start(source(&queue.name, RABBIT, 20), &store.store);
+    set_max_depth(&store, QUEUE, Some(50)).await;
+    let running = start(source(&queue.name, RABBIT, 20), &store);
     queue.publish_numbers(0..200).await;
     wait_until!(
         SHORT,
         "the source to back off",
         running.state() == SourceState::BackingOff
     );
-    assert!(depth(&store.store).await <= 50);
+    assert!(depth(&store, QUEUE).await <= 50);
     assert!(running.count("refused") >= 1);
     // Messages neither waiting in the queue nor stored as jobs: the held batch, delivered and
     // not acknowledged (the prefetch lets no more out meanwhile).
     let (ready, _) = queue.depth().await;
-    let stored = depth(&store.store).await;
+    let stored = depth(&store, QUEUE).await;
     assert!(
         u64::from(ready) + stored < 200,
         "ready {ready} + stored {stored}: nothing is held"
     );
     assert!(running.last_error().is_some());
-    set_max_depth(&store.store, None).await;
-    wait_until!(SHORT, "all 200 jobs", depth(&store.store).await == 200);
+    set_max_depth(&store, QUEUE, None).await;
+    wait_until!(SHORT, "all 200 jobs", depth(&store, QUEUE).await == 200);
     wait_until!(
         SHORT,
         "the source to run again",
         running.state() == SourceState::Running
     );
     running.stop().await;
-    each_once(&store.store, "orders", 0..200).await;
+    each_once(&store, QUEUE, "orders", 0..200).await;
     queue.assert_drained().await;
 }
 
 /// Publishes a body that is not JSON (with a header) and a good one, and returns the jobs.
 async fn not_json(on_invalid: &str) -> Vec<conveyor_core::Job> {
-    let store = store();
+    let store = open_store();
     let queue = TestQueue::fresh("amqp-invalid").await;
     let spec = spec(json!({
         "name": "orders",
@@ -247,7 +247,7 @@ async fn not_json(on_invalid: &str) -> Vec<conveyor_core::Job> {
         "on_invalid": on_invalid,
         "job": { "kind": "note", "queue": QUEUE },
     }));
-    let running = start(spec, &store.store);
+    let running = start(spec, &store);
     let mut headers = FieldTable::default();
     headers.insert(
         "tenant".into(),
@@ -310,14 +310,14 @@ async fn a_body_that_is_not_json_is_dead_lettered_with_its_raw_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_connections_are_reconnected_and_every_message_is_one_job() {
-    let store = store();
+    let store = open_store();
     let queue = TestQueue::fresh("amqp-cut").await;
     let rabbit: SocketAddr = "127.0.0.1:5672".parse().expect("address");
     let proxy = proxy::Proxy::start(rabbit).await;
     let url = format!("amqp://guest:guest@{}/%2f", proxy.addr);
     queue.publish_numbers(0..4_000).await;
-    let running = start(source(&queue.name, &url, 100), &store.store);
-    wait_until!(LONG, "some jobs", depth(&store.store).await >= 400);
+    let running = start(source(&queue.name, &url, 100), &store);
+    wait_until!(LONG, "some jobs", depth(&store, QUEUE).await >= 400);
     // Every connection reset, and new ones refused for a while: the source shows the error.
     proxy.refuse(true);
     assert!(proxy.cut() >= 1);
@@ -326,35 +326,35 @@ async fn cut_connections_are_reconnected_and_every_message_is_one_job() {
         "the source to show the error",
         running.state() == SourceState::Error && running.last_error().is_some()
     );
-    assert!(depth(&store.store).await < 4_000, "the cut came too late");
+    assert!(depth(&store, QUEUE).await < 4_000, "the cut came too late");
     proxy.refuse(false);
-    wait_until!(LONG, "4,000 jobs", depth(&store.store).await >= 4_000);
+    wait_until!(LONG, "4,000 jobs", depth(&store, QUEUE).await >= 4_000);
     assert_eq!(running.state(), SourceState::Running);
     // And once more, cut while running, without refusing: it comes back by itself.
     queue.publish_numbers(4_000..5_000).await;
     proxy.cut();
-    wait_until!(LONG, "5,000 jobs", depth(&store.store).await >= 5_000);
+    wait_until!(LONG, "5,000 jobs", depth(&store, QUEUE).await >= 5_000);
     wait_until!(SHORT, "the rest read", queue.depth().await.0 == 0);
     running.stop().await;
-    each_once(&store.store, "orders", 0..5_000).await;
+    each_once(&store, QUEUE, "orders", 0..5_000).await;
     queue.assert_drained().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_lag_is_the_queues_ready_count() {
-    let store = store();
+    let store = open_store();
     let queue = TestQueue::fresh("amqp-lag").await;
     // A full target queue holds the source back, so messages wait at the broker.
-    set_max_depth(&store.store, Some(5)).await;
+    set_max_depth(&store, QUEUE, Some(5)).await;
     queue.publish_numbers(0..100).await;
-    let running = start(source(&queue.name, RABBIT, 10), &store.store);
+    let running = start(source(&queue.name, RABBIT, 10), &store);
     wait_until!(
         SHORT,
         "a lag",
         running.status.lag().is_some_and(|lag| lag >= 80)
     );
-    set_max_depth(&store.store, None).await;
-    wait_until!(SHORT, "100 jobs", depth(&store.store).await == 100);
+    set_max_depth(&store, QUEUE, None).await;
+    wait_until!(SHORT, "100 jobs", depth(&store, QUEUE).await == 100);
     // Asked every 5 s: it comes down to nothing waiting.
     wait_until!(SHORT, "no lag", running.status.lag() == Some(0));
     running.stop().await;
@@ -364,8 +364,8 @@ async fn the_lag_is_the_queues_ready_count() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_queue_is_an_error_naming_it() {
     let name = unique("amqp-missing");
-    let store = store();
-    let running = start(source(&name, RABBIT, 10), &store.store);
+    let store = open_store();
+    let running = start(source(&name, RABBIT, 10), &store);
     wait_until!(
         SHORT,
         "the error",

@@ -9,12 +9,12 @@
 //! connected and keep what waits for it under 1,000 (paced in the 10,000-message run, 900 in
 //! all where the source goes away).
 
-mod amqp_mqtt_kit;
+mod kit;
 
-use amqp_mqtt_kit::*;
 use conveyor_core::store::JobListParams;
-use conveyor_core::{JobState, Store};
+use conveyor_core::JobState;
 use conveyor_sources::SourceState;
+use kit::*;
 use rumqttc::{AsyncClient, Event, EventLoop, MqttOptions, Packet, QoS};
 use serde_json::json;
 use std::net::SocketAddr;
@@ -164,7 +164,7 @@ impl Publisher {
 
     /// Publishes `{"n": n}` for each n, never letting more than [`WINDOW`] wait for the source
     /// (counted as published and not yet stored as jobs), so the broker drops none.
-    async fn publish_paced(&self, topic: &str, range: std::ops::Range<u64>, store: Arc<dyn Store>) {
+    async fn publish_paced(&self, topic: &str, range: std::ops::Range<u64>, store: &TestStore) {
         let first = range.start;
         for n in range {
             // Before each window: what waits for the source is at most one window, so after
@@ -174,7 +174,7 @@ impl Publisher {
                 wait_until!(
                     LONG,
                     "the source to catch up",
-                    depth(&store).await + WINDOW >= n - first
+                    depth(store, QUEUE).await + WINDOW >= n - first
                 );
             }
             self.publish(topic, body(n)).await;
@@ -183,10 +183,7 @@ impl Publisher {
     }
 }
 
-async fn start_running(
-    spec: conveyor_core::sources::SourceSpec,
-    store: &Arc<dyn Store>,
-) -> Running {
+async fn start_running(spec: conveyor_core::sources::SourceSpec, store: &TestStore) -> Running {
     let running = start(spec, store);
     // Subscribed once connected: only then are messages kept for the session.
     wait_until!(
@@ -199,22 +196,22 @@ async fn start_running(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_messages_become_ten_thousand_jobs_each_acknowledged() {
-    let store = store();
+    let store = open_store();
     let session = Session::fresh("mqtt-drain");
-    let running = start_running(session.source(MOSQUITTO, 500), &store.store).await;
+    let running = start_running(session.source(MOSQUITTO, 500), &store).await;
     let (publisher, _task) = publisher();
     publisher
-        .publish_paced(&session.topic, 0..10_000, store.store.clone())
+        .publish_paced(&session.topic, 0..10_000, &store)
         .await;
-    wait_until!(LONG, "10,000 jobs", depth(&store.store).await >= 10_000);
+    wait_until!(LONG, "10,000 jobs", depth(&store, QUEUE).await >= 10_000);
     assert_eq!(running.count("received"), 10_000);
     assert_eq!(running.count("enqueued"), 10_000);
     assert_eq!(running.count("duplicate"), 0);
     assert_eq!(running.state(), SourceState::Running);
     // MQTT reports no lag.
     assert_eq!(running.status.lag(), None);
-    each_once(&store.store, "orders", 0..10_000).await;
-    let jobs = jobs(&store.store).await;
+    each_once(&store, QUEUE, "orders", 0..10_000).await;
+    let jobs = jobs(&store, QUEUE, None).await;
     assert!(jobs.iter().all(|job| job
         .idempotency_key
         .as_deref()
@@ -225,39 +222,39 @@ async fn ten_thousand_messages_become_ten_thousand_jobs_each_acknowledged() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_source_killed_mid_ingest_leaves_every_message_one_job_after_its_restart() {
-    let store = store();
+    let store = open_store();
     let session = Session::fresh("mqtt-kill");
-    let running = start_running(session.source(MOSQUITTO, 50), &store.store).await;
+    let running = start_running(session.source(MOSQUITTO, 50), &store).await;
     // Fewer than Mosquitto queues for a session: none dropped while the source is away.
     let (publisher, _task) = publisher();
     for n in 0..TOTAL {
         publisher.publish(&session.topic, body(n)).await;
     }
-    wait_until!(LONG, "some jobs", depth(&store.store).await >= 150);
+    wait_until!(LONG, "some jobs", depth(&store, QUEUE).await >= 150);
     running.abort().await;
     assert!(
-        depth(&store.store).await < TOTAL,
+        depth(&store, QUEUE).await < TOTAL,
         "the kill came after every message was ingested: it tested no recovery"
     );
     publisher.confirmed().await;
     // The session kept what the killed source had not acknowledged, and what came since.
-    let running = start_running(session.source(MOSQUITTO, 50), &store.store).await;
+    let running = start_running(session.source(MOSQUITTO, 50), &store).await;
     wait_until!(
         LONG,
         format!("{TOTAL} jobs: {}", running.status.view()),
-        depth(&store.store).await >= TOTAL
+        depth(&store, QUEUE).await >= TOTAL
     );
     running.stop().await;
-    each_once(&store.store, "orders", 0..TOTAL).await;
+    each_once(&store, QUEUE, "orders", 0..TOTAL).await;
     assert_eq!(session.unacknowledged().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_queue_holds_the_batch_unacknowledged_until_it_accepts_again() {
-    let store = store();
+    let store = open_store();
     let session = Session::fresh("mqtt-full");
-    set_max_depth(&store.store, Some(50)).await;
-    let running = start_running(session.source(MOSQUITTO, 20), &store.store).await;
+    set_max_depth(&store, QUEUE, Some(50)).await;
+    let running = start_running(session.source(MOSQUITTO, 20), &store).await;
     let (publisher, _task) = publisher();
     for n in 0..200 {
         publisher.publish(&session.topic, body(n)).await;
@@ -268,26 +265,26 @@ async fn a_full_queue_holds_the_batch_unacknowledged_until_it_accepts_again() {
         "the source to back off",
         running.state() == SourceState::BackingOff
     );
-    assert!(depth(&store.store).await <= 50);
+    assert!(depth(&store, QUEUE).await <= 50);
     assert!(running.count("refused") >= 1);
     assert!(running.last_error().is_some());
-    assert!(running.count("received") > depth(&store.store).await);
+    assert!(running.count("received") > depth(&store, QUEUE).await);
     // Killed while holding the refused batch: the broker still has it, unacknowledged.
     running.abort().await;
     let held = session.unacknowledged().await;
     assert!(held > 0, "nothing was held unacknowledged");
-    assert!(depth(&store.store).await + held as u64 <= 200);
-    set_max_depth(&store.store, None).await;
-    let running = start_running(session.source(MOSQUITTO, 20), &store.store).await;
-    wait_until!(SHORT, "all 200 jobs", depth(&store.store).await == 200);
+    assert!(depth(&store, QUEUE).await + held as u64 <= 200);
+    set_max_depth(&store, QUEUE, None).await;
+    let running = start_running(session.source(MOSQUITTO, 20), &store).await;
+    wait_until!(SHORT, "all 200 jobs", depth(&store, QUEUE).await == 200);
     running.stop().await;
-    each_once(&store.store, "orders", 0..200).await;
+    each_once(&store, QUEUE, "orders", 0..200).await;
     assert_eq!(session.unacknowledged().await, 0);
 }
 
 /// Publishes a body that is not JSON and a good one, and returns the jobs.
 async fn not_json(on_invalid: &str) -> Vec<conveyor_core::Job> {
-    let store = store();
+    let store = open_store();
     let session = Session::fresh("mqtt-invalid");
     let spec = spec(json!({
         "name": "orders",
@@ -298,7 +295,7 @@ async fn not_json(on_invalid: &str) -> Vec<conveyor_core::Job> {
         "on_invalid": on_invalid,
         "job": { "kind": "note", "queue": QUEUE },
     }));
-    let running = start_running(spec, &store.store).await;
+    let running = start_running(spec, &store).await;
     let (publisher, _task) = publisher();
     publisher
         .publish(&session.topic, b"\x01plain text".to_vec())
@@ -348,9 +345,9 @@ async fn a_body_that_is_not_json_is_dead_lettered_with_its_raw_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_identical_messages_on_a_topic_are_one_job() {
-    let store = store();
+    let store = open_store();
     let session = Session::fresh("mqtt-same");
-    let running = start_running(session.source(MOSQUITTO, 20), &store.store).await;
+    let running = start_running(session.source(MOSQUITTO, 20), &store).await;
     let (publisher, _task) = publisher();
     publisher.publish(&session.topic, body(1)).await;
     publisher.publish(&session.topic, body(1)).await;
@@ -363,26 +360,26 @@ async fn two_identical_messages_on_a_topic_are_one_job() {
         running.count("enqueued") == 2 && running.count("duplicate") == 1
     );
     running.stop().await;
-    each_once(&store.store, "orders", 1..3).await;
+    each_once(&store, QUEUE, "orders", 1..3).await;
     // Both copies were acknowledged.
     assert_eq!(session.unacknowledged().await, 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cut_connections_are_reconnected_and_every_message_is_one_job() {
-    let store = store();
+    let store = open_store();
     let session = Session::fresh("mqtt-cut");
     let mosquitto: SocketAddr = "127.0.0.1:1883".parse().expect("address");
     let proxy = proxy::Proxy::start(mosquitto).await;
     let url = format!("mqtt://{}", proxy.addr);
-    let running = start_running(session.source(&url, 100), &store.store).await;
+    let running = start_running(session.source(&url, 100), &store).await;
     // Fewer than Mosquitto queues for a session (1,000), published at once: none can be
     // dropped at the broker whatever the reconnections do.
     let (publisher, _task) = publisher();
     for n in 0..TOTAL {
         publisher.publish(&session.topic, body(n)).await;
     }
-    wait_until!(LONG, "some jobs", depth(&store.store).await >= 150);
+    wait_until!(LONG, "some jobs", depth(&store, QUEUE).await >= 150);
     // Every connection reset, and new ones refused for a while: the source shows the error.
     proxy.refuse(true);
     assert!(proxy.cut() >= 1);
@@ -391,7 +388,7 @@ async fn cut_connections_are_reconnected_and_every_message_is_one_job() {
         "the source to show the error",
         running.state() == SourceState::Error && running.last_error().is_some()
     );
-    assert!(depth(&store.store).await < TOTAL, "the cut came too late");
+    assert!(depth(&store, QUEUE).await < TOTAL, "the cut came too late");
     proxy.refuse(false);
     wait_until!(
         SHORT,
@@ -400,14 +397,14 @@ async fn cut_connections_are_reconnected_and_every_message_is_one_job() {
     );
     publisher.confirmed().await;
     // Cut again while running, without refusing: it comes back by itself.
-    wait_until!(LONG, "more jobs", depth(&store.store).await >= 400);
+    wait_until!(LONG, "more jobs", depth(&store, QUEUE).await >= 400);
     proxy.cut();
     wait_until!(
         LONG,
         format!("{TOTAL} jobs: {}", running.status.view()),
-        depth(&store.store).await >= TOTAL
+        depth(&store, QUEUE).await >= TOTAL
     );
     running.stop().await;
-    each_once(&store.store, "orders", 0..TOTAL).await;
+    each_once(&store, QUEUE, "orders", 0..TOTAL).await;
     assert_eq!(session.unacknowledged().await, 0);
 }

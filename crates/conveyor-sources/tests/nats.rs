@@ -6,17 +6,16 @@
 //! dead-lettered; a cut connection is reconnected; the consumer's pending count is the lag.
 //! Each test makes its own stream (memory storage) and deletes it.
 
-mod common_nats_sqs;
+mod kit;
 
 #[path = "../../conveyor/tests/support/proxy.rs"]
 mod proxy;
 
 use async_nats::jetstream::{self, stream::StorageType};
-use common_nats_sqs::*;
 use conveyor_core::JobState;
 use conveyor_sources::SourceState;
+use kit::*;
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 const NATS: &str = "nats://127.0.0.1:4222";
@@ -29,7 +28,7 @@ struct TestStream {
 
 impl TestStream {
     async fn fresh(prefix: &str) -> Self {
-        let name = unique(&format!("conveyor-test-{prefix}"));
+        let name = unique(prefix);
         let client = async_nats::connect(NATS)
             .await
             .expect("NATS with JetStream on 127.0.0.1:4222");
@@ -144,23 +143,22 @@ async fn ten_thousand_messages_become_ten_thousand_jobs_each_acknowledged() {
         spec(stream.source("orders", NATS, json!({ "max_in_flight": 500 }))),
         &store,
     );
-    wait_until(Duration::from_secs(120), "10,000 jobs", || async {
-        source.count("enqueued") == 10_000
-    })
-    .await;
+    wait_until!(
+        Duration::from_secs(120),
+        "10,000 jobs",
+        source.count("enqueued") == 10_000,
+        SLOW_POLL
+    );
     assert_eq!(source.count("received"), 10_000);
     assert_eq!(source.count("duplicate"), 0);
     assert_eq!(source.state(), SourceState::Running);
-    assert_eq!(
-        numbers(&store, "orders", "orders").await,
-        (0..10_000).collect()
-    );
-    wait_until(
+    each_once(&store, "orders", "orders", 0..10_000).await;
+    wait_until!(
         Duration::from_secs(10),
         "every message acknowledged",
-        || async { stream.unacknowledged("conveyor").await == 0 },
-    )
-    .await;
+        stream.unacknowledged("conveyor").await == 0,
+        SLOW_POLL
+    );
     // The consumer the source made: durable, explicit acknowledgements, room for a batch.
     let info = stream.consumer("conveyor").await;
     assert_eq!(
@@ -169,7 +167,7 @@ async fn ten_thousand_messages_become_ten_thousand_jobs_each_acknowledged() {
     );
     assert!(info.config.max_ack_pending >= 500);
     // The identity is the stream and its sequence.
-    let job = &common_nats_sqs::jobs(&store, "orders", None).await[0];
+    let job = &kit::jobs(&store, "orders", None).await[0];
     let key = job.idempotency_key.as_deref().unwrap_or_default();
     let identity = key.strip_prefix("source:orders:").unwrap_or_default();
     let (stream_name, sequence) = identity.rsplit_once(':').expect("stream:sequence");
@@ -191,30 +189,31 @@ async fn a_source_killed_mid_ingest_leaves_every_message_one_job_after_its_resta
         json!({ "max_in_flight": 50, "ack_wait_ms": 2000 }),
     ));
     let source = start(config.clone(), &store);
-    wait_until(Duration::from_secs(60), "some jobs stored", || async {
-        source.count("enqueued") >= 500
-    })
-    .await;
+    wait_until!(
+        Duration::from_secs(60),
+        "some jobs stored",
+        source.count("enqueued") >= 500,
+        SLOW_POLL
+    );
     source.abort().await;
     assert!(
         stream.unacknowledged("conveyor").await > 0,
         "the kill came after the whole stream was ingested: it tested no recovery"
     );
     let source = start(config, &store);
-    wait_until(Duration::from_secs(120), "5,000 jobs", || async {
-        unfinished(&store, "orders").await >= 5_000
-    })
-    .await;
-    wait_until(
+    wait_until!(
+        Duration::from_secs(120),
+        "5,000 jobs",
+        depth(&store, "orders").await >= 5_000,
+        SLOW_POLL
+    );
+    wait_until!(
         Duration::from_secs(30),
         "every message acknowledged",
-        || async { stream.unacknowledged("conveyor").await == 0 },
-    )
-    .await;
-    assert_eq!(
-        numbers(&store, "orders", "orders").await,
-        (0..5_000).collect()
+        stream.unacknowledged("conveyor").await == 0,
+        SLOW_POLL
     );
+    each_once(&store, "orders", "orders", 0..5_000).await;
     source.stop().await;
 }
 
@@ -235,13 +234,13 @@ async fn a_full_queue_holds_the_batch_in_progress_until_it_accepts_again() {
         )),
         &store,
     );
-    wait_until(
+    wait_until!(
         Duration::from_secs(60),
         "the source to back off",
-        || async { source.state() == SourceState::BackingOff },
-    )
-    .await;
-    assert_eq!(unfinished(&store, "orders").await, 40);
+        source.state() == SourceState::BackingOff,
+        SLOW_POLL
+    );
+    assert_eq!(depth(&store, "orders").await, 40);
     // The refused batch is held, not acknowledged.
     let info = stream.consumer("conveyor").await;
     assert_eq!((info.num_pending, info.num_ack_pending), (0, 20));
@@ -269,21 +268,23 @@ async fn a_full_queue_holds_the_batch_in_progress_until_it_accepts_again() {
         "the held batch was delivered again"
     );
     set_max_depth(&store, "orders", None).await;
-    wait_until(Duration::from_secs(60), "all 60 jobs", || async {
-        unfinished(&store, "orders").await == 60
-    })
-    .await;
-    wait_until(
+    wait_until!(
+        Duration::from_secs(60),
+        "all 60 jobs",
+        depth(&store, "orders").await == 60,
+        SLOW_POLL
+    );
+    wait_until!(
         Duration::from_secs(10),
         "every message acknowledged",
-        || async { stream.unacknowledged("conveyor").await == 0 },
-    )
-    .await;
+        stream.unacknowledged("conveyor").await == 0,
+        SLOW_POLL
+    );
     assert_eq!(source.state(), SourceState::Running);
     assert!(source.count("refused") >= 1);
     assert_eq!(source.count("duplicate"), 0, "the held batch came again");
     assert_eq!(stream.consumer("conveyor").await.num_redelivered, 0);
-    assert_eq!(numbers(&store, "orders", "orders").await, (0..60).collect());
+    each_once(&store, "orders", "orders", 0..60).await;
     source.stop().await;
 }
 
@@ -307,13 +308,15 @@ async fn bodies_that_are_not_json_are_kept_or_dead_lettered() {
         .publish([b"\x01plain text".to_vec()], &[("kind", "note")])
         .await;
     stream.publish([body(4)], &[("kind", "note")]).await;
-    wait_until(Duration::from_secs(30), "both sources' jobs", || async {
-        kept.count("enqueued") == 2 && dead.count("enqueued") == 2
-    })
-    .await;
+    wait_until!(
+        Duration::from_secs(30),
+        "both sources' jobs",
+        kept.count("enqueued") == 2 && dead.count("enqueued") == 2,
+        SLOW_POLL
+    );
     assert_eq!(kept.count("invalid"), 1);
     assert_eq!(dead.count("invalid"), 1);
-    let jobs = common_nats_sqs::jobs(&store, "kept", Some(JobState::Available)).await;
+    let jobs = kit::jobs(&store, "kept", Some(JobState::Available)).await;
     assert_eq!(jobs.len(), 2);
     let raw = jobs
         .iter()
@@ -323,21 +326,23 @@ async fn bodies_that_are_not_json_are_kept_or_dead_lettered() {
     assert_eq!(raw.payload["raw_base64"], "AXBsYWluIHRleHQ=");
     // The headers travel with the raw body; JetStream's own are not among them.
     assert_eq!(raw.payload["headers"], json!({ "kind": "note" }));
-    let dead_jobs = common_nats_sqs::jobs(&store, "dead", Some(JobState::Dead)).await;
+    let dead_jobs = kit::jobs(&store, "dead", Some(JobState::Dead)).await;
     assert_eq!(dead_jobs.len(), 1, "{dead_jobs:?}");
     assert_eq!(dead_jobs[0].payload["raw_base64"], "AXBsYWluIHRleHQ=");
     assert!(dead_jobs[0].errors[0].message.starts_with("source dead: "));
     assert_eq!(
-        common_nats_sqs::jobs(&store, "dead", Some(JobState::Available))
+        kit::jobs(&store, "dead", Some(JobState::Available))
             .await
             .len(),
         1
     );
-    wait_until(Duration::from_secs(10), "all acknowledged", || async {
+    wait_until!(
+        Duration::from_secs(10),
+        "all acknowledged",
         stream.unacknowledged("conveyor").await == 0
-            && stream.unacknowledged("conveyor-dead").await == 0
-    })
-    .await;
+            && stream.unacknowledged("conveyor-dead").await == 0,
+        SLOW_POLL
+    );
     kept.stop().await;
     dead.stop().await;
 }
@@ -358,17 +363,21 @@ async fn a_cut_connection_is_reconnected_and_every_message_is_one_job() {
         &store,
     );
     stream.publish(bodies(0..1_000), &[]).await;
-    wait_until(Duration::from_secs(60), "some jobs", || async {
-        source.count("enqueued") >= 100
-    })
-    .await;
+    wait_until!(
+        Duration::from_secs(60),
+        "some jobs",
+        source.count("enqueued") >= 100,
+        SLOW_POLL
+    );
     // Every connection reset, and new ones refused for a while.
     proxy.refuse(true);
     assert!(proxy.cut() >= 1);
-    wait_until(Duration::from_secs(30), "the source in error", || async {
-        source.state() == SourceState::Error
-    })
-    .await;
+    wait_until!(
+        Duration::from_secs(30),
+        "the source in error",
+        source.state() == SourceState::Error,
+        SLOW_POLL
+    );
     let view = source.status.view();
     assert!(
         view["last_error"]
@@ -379,21 +388,20 @@ async fn a_cut_connection_is_reconnected_and_every_message_is_one_job() {
     stream.publish(bodies(1_000..2_000), &[]).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     proxy.refuse(false);
-    wait_until(Duration::from_secs(90), "2,000 jobs", || async {
-        unfinished(&store, "orders").await >= 2_000
-    })
-    .await;
-    wait_until(
+    wait_until!(
+        Duration::from_secs(90),
+        "2,000 jobs",
+        depth(&store, "orders").await >= 2_000,
+        SLOW_POLL
+    );
+    wait_until!(
         Duration::from_secs(30),
         "every message acknowledged",
-        || async { stream.unacknowledged("conveyor").await == 0 },
-    )
-    .await;
-    assert_eq!(source.state(), SourceState::Running);
-    assert_eq!(
-        numbers(&store, "orders", "orders").await,
-        (0..2_000).collect()
+        stream.unacknowledged("conveyor").await == 0,
+        SLOW_POLL
     );
+    assert_eq!(source.state(), SourceState::Running);
+    each_once(&store, "orders", "orders", 0..2_000).await;
     source.stop().await;
 }
 
@@ -408,18 +416,22 @@ async fn the_lag_is_the_consumers_pending_count() {
         spec(stream.source("orders", NATS, json!({ "max_in_flight": 10 }))),
         &store,
     );
-    wait_until(Duration::from_secs(30), "a lag", || async {
-        source.status.lag().is_some()
-    })
-    .await;
+    wait_until!(
+        Duration::from_secs(30),
+        "a lag",
+        source.status.lag().is_some(),
+        SLOW_POLL
+    );
     // Read before the first fetch: all 300 wait.
     assert_eq!(source.status.lag(), Some(300));
     set_max_depth(&store, "orders", None).await;
-    wait_until(Duration::from_secs(30), "the lag back to 0", || async {
-        source.status.lag() == Some(0)
-    })
-    .await;
-    assert_eq!(unfinished(&store, "orders").await, 300);
+    wait_until!(
+        Duration::from_secs(30),
+        "the lag back to 0",
+        source.status.lag() == Some(0),
+        SLOW_POLL
+    );
+    assert_eq!(depth(&store, "orders").await, 300);
     source.stop().await;
 }
 
@@ -433,19 +445,20 @@ async fn a_latest_start_skips_what_the_stream_held_a_consumer_is_reused_and_a_mi
         spec(stream.source("orders", NATS, json!({ "start": "latest" }))),
         &store,
     );
-    wait_until(Duration::from_secs(30), "the consumer made", || async {
-        source.state() == SourceState::Running && source.status.lag().is_some()
-    })
-    .await;
-    stream.publish(bodies(5..10), &[]).await;
-    wait_until(Duration::from_secs(30), "5 jobs", || async {
-        source.count("enqueued") == 5
-    })
-    .await;
-    assert_eq!(
-        numbers(&store, "orders", "orders").await,
-        (5..10).collect::<BTreeSet<_>>()
+    wait_until!(
+        Duration::from_secs(30),
+        "the consumer made",
+        source.state() == SourceState::Running && source.status.lag().is_some(),
+        SLOW_POLL
     );
+    stream.publish(bodies(5..10), &[]).await;
+    wait_until!(
+        Duration::from_secs(30),
+        "5 jobs",
+        source.count("enqueued") == 5,
+        SLOW_POLL
+    );
+    each_once(&store, "orders", "orders", 5..10).await;
     source.stop().await;
 
     // The existing consumer is reused: its ack wait follows the configuration, and a filter
@@ -478,7 +491,7 @@ async fn a_latest_start_skips_what_the_stream_held_a_consumer_is_reused_and_a_mi
     assert!(error.to_string().contains("reads the subject"), "{error}");
 
     let mut missing = stream.source("orders", NATS, json!({}));
-    missing["stream"] = json!(unique("conveyor-test-missing"));
+    missing["stream"] = json!(unique("missing"));
     let error = conveyor_sources::connect(spec(missing))
         .await
         .err()

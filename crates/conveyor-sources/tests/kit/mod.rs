@@ -1,6 +1,6 @@
-//! What the AMQP and MQTT source tests share: a real SQLite store in a temporary directory, a
-//! source run as `conveyor serve` runs it (`conveyor_sources::run`), and checks on the jobs it
-//! made, polled against a deadline.
+//! What the source tests (amqp, mqtt, nats, sqs) share: a real SQLite store in a temporary
+//! directory, a source run as `conveyor serve` runs it (`conveyor_sources::run`), checks on the
+//! jobs it made, polled against a deadline, and clean-up of what a test made at its broker.
 #![allow(dead_code)]
 
 use conveyor_core::sources::SourceSpec;
@@ -11,14 +11,21 @@ use conveyor_sqlite::{SqliteOptions, SqliteStore};
 use serde_json::Value;
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// The queue the tests' jobs go to.
+/// The queue the amqp and mqtt tests' jobs go to.
 pub const QUEUE: &str = "orders";
 
-/// A name no other run uses: the prefix, this process's id and the time.
+/// How long a check waits before failing.
+pub const LONG: Duration = Duration::from_secs(180);
+pub const SHORT: Duration = Duration::from_secs(30);
+
+/// A name no other run uses: `conveyor-test-`, the prefix, this process's id and the time in
+/// nanoseconds. The first part makes what a test leaves at a broker recognisable; the name is
+/// letters, digits and dashes only, so it is a valid RabbitMQ queue, MQTT client id and topic
+/// level, JetStream stream (no `.`, `*`, `>` or whitespace) and SQS queue (under 80 characters).
 pub fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -27,15 +34,16 @@ pub fn unique(prefix: &str) -> String {
     format!("conveyor-test-{prefix}-{}-{nanos}", std::process::id())
 }
 
+/// A store of the test's own, in a directory removed when dropped.
 pub struct TestStore {
     pub store: Arc<dyn Store>,
     _dir: tempfile::TempDir,
 }
 
-pub fn store() -> TestStore {
+pub fn open_store() -> TestStore {
     let dir = tempfile::tempdir().expect("temp dir");
     let store = SqliteStore::open(dir.path().join("jobs.db"), SqliteOptions::default())
-        .expect("open the store");
+        .expect("open the SQLite store");
     TestStore {
         store: Arc::new(store),
         _dir: dir,
@@ -49,19 +57,19 @@ pub fn spec(config: Value) -> SourceSpec {
     spec
 }
 
-/// A source running in this process.
+/// A source running in a task of its own.
 pub struct Running {
     pub status: Arc<SourceStatus>,
     shutdown: CancellationToken,
     task: JoinHandle<()>,
 }
 
-pub fn start(spec: SourceSpec, store: &Arc<dyn Store>) -> Running {
+pub fn start(spec: SourceSpec, store: &TestStore) -> Running {
     let status = Arc::new(SourceStatus::new(spec));
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(conveyor_sources::run(
         status.clone(),
-        store.clone(),
+        store.store.clone(),
         shutdown.clone(),
     ));
     Running {
@@ -72,10 +80,14 @@ pub fn start(spec: SourceSpec, store: &Arc<dyn Store>) -> Running {
 }
 
 impl Running {
-    /// Stops the source as `serve` does on shutdown, and waits for it.
+    /// Stops the source as `serve` does on shutdown, and waits for it: it must stop within
+    /// 30 s, and its task must not have panicked.
     pub async fn stop(self) {
         self.shutdown.cancel();
-        let _ = tokio::time::timeout(Duration::from_secs(30), self.task).await;
+        tokio::time::timeout(Duration::from_secs(30), self.task)
+            .await
+            .expect("the source stops")
+            .expect("the source's task");
     }
 
     /// Kills the source's task where it stands (a batch may be read and not committed, or
@@ -90,8 +102,7 @@ impl Running {
             .counts()
             .iter()
             .find(|(name, _)| *name == outcome)
-            .map(|(_, n)| *n)
-            .unwrap_or(0)
+            .map_or(0, |(_, count)| *count)
     }
 
     pub fn state(&self) -> SourceState {
@@ -103,10 +114,20 @@ impl Running {
     }
 }
 
-/// Polls `check` every 20 ms until it holds, failing with `what` after `limit`.
+/// Polls `check` every 20 ms (or every fourth argument) until it holds, failing with `what`
+/// after `limit`. A macro so `check` may borrow and `.await` freely, and `what` (any `Display`)
+/// is only formatted on failure, showing the state at the deadline.
+///
+/// The poll interval decides when a test acts after a wait (kills the source, cuts its
+/// connections): the amqp and mqtt tests want 20 ms, so a kill lands before the whole queue is
+/// read; the nats and sqs tests keep 100 ms ([`SLOW_POLL`]), as at 20 ms the sqs cut test can
+/// cut its proxy between requests, when it carries no connection.
 #[macro_export]
 macro_rules! wait_until {
-    ($limit:expr, $what:expr, $check:expr) => {{
+    ($limit:expr, $what:expr, $check:expr) => {
+        $crate::wait_until!($limit, $what, $check, std::time::Duration::from_millis(20))
+    };
+    ($limit:expr, $what:expr, $check:expr, $every:expr) => {{
         let deadline = std::time::Instant::now() + $limit;
         loop {
             if $check {
@@ -117,40 +138,63 @@ macro_rules! wait_until {
                 "timed out waiting for {}",
                 $what
             );
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            tokio::time::sleep($every).await;
         }
     }};
 }
 
-/// Unfinished jobs in the queue (what a maximum depth counts), and dead ones.
-pub async fn depth(store: &Arc<dyn Store>) -> u64 {
-    let stats = store.queues_stats().await.expect("queue stats");
-    stats
+/// The nats and sqs tests' poll interval for [`wait_until!`].
+pub const SLOW_POLL: Duration = Duration::from_millis(100);
+
+/// Every job of `queue` in `state` (any state when `None`), read page by page.
+pub async fn jobs(store: &TestStore, queue: &str, state: Option<JobState>) -> Vec<Job> {
+    let mut all = Vec::new();
+    let mut after = None;
+    loop {
+        let mut params = JobListParams::default();
+        params.queue = Some(queue.to_string());
+        params.state = state;
+        params.limit = 1000;
+        params.after = after;
+        let page = store.store.jobs_list(params).await.expect("list jobs");
+        let Some(last) = page.last() else { break };
+        after = Some(last.id);
+        all.extend(page);
+    }
+    all
+}
+
+/// The queue's depth as a maximum depth counts it: its unfinished jobs (scheduled, available,
+/// running, retryable). No worker runs in these tests, so where nothing is dead-lettered it is
+/// also every job the source has stored.
+pub async fn depth(store: &TestStore, queue: &str) -> u64 {
+    store
+        .store
+        .queues_stats()
+        .await
+        .expect("queue stats")
         .iter()
-        .find(|q| q.name == QUEUE)
-        .map(|q| q.available + q.scheduled + q.running + q.retryable + q.dead)
-        .unwrap_or(0)
+        .find(|stats| stats.name == queue)
+        .map_or(0, |s| s.scheduled + s.available + s.running + s.retryable)
 }
 
-pub async fn jobs(store: &Arc<dyn Store>) -> Vec<Job> {
-    let mut params = JobListParams::default();
-    params.queue = Some(QUEUE.to_string());
-    params.limit = 1_000_000;
-    store.jobs_list(params).await.expect("list jobs")
-}
-
-/// Checks that the queue holds one job for each `n` of `expected` (the number each body
-/// carries), none twice, each with its own `source:{name}:` idempotency key.
-pub async fn each_once(store: &Arc<dyn Store>, source: &str, expected: std::ops::Range<u64>) {
-    let jobs = jobs(store).await;
+/// Checks that `queue` holds one available job for each `n` of `expected` (the number each body
+/// carries), none twice, each with its own `source:{source}:` idempotency key.
+pub async fn each_once(
+    store: &TestStore,
+    queue: &str,
+    source: &str,
+    expected: std::ops::Range<u64>,
+) {
+    let jobs = jobs(store, queue, None).await;
     let mut numbers = BTreeSet::new();
     let mut keys = BTreeSet::new();
     let prefix = format!("source:{source}:");
     for job in &jobs {
-        let n = job.payload["n"].as_u64().expect("payload n");
+        let n = job.payload["n"].as_u64().expect("a payload with n");
         assert!(numbers.insert(n), "message {n} became two jobs");
         let key = job.idempotency_key.clone().expect("an idempotency key");
-        assert!(key.starts_with(&prefix), "{key}");
+        assert!(key.starts_with(&prefix), "idempotency key {key}");
         assert!(keys.insert(key.clone()), "two jobs with the key {key}");
         assert_eq!(job.state, JobState::Available);
     }
@@ -158,15 +202,18 @@ pub async fn each_once(store: &Arc<dyn Store>, source: &str, expected: std::ops:
     assert_eq!(numbers, expected.collect::<BTreeSet<u64>>());
 }
 
-pub async fn set_max_depth(store: &Arc<dyn Store>, max_depth: Option<u64>) {
+/// Sets (or lifts, with `None`) the queue's maximum depth.
+pub async fn set_max_depth(store: &TestStore, queue: &str, max_depth: Option<u64>) {
     let mut settings = QueueSettings::default();
     settings.max_depth = max_depth;
     store
-        .queue_settings_put(QUEUE, settings)
+        .store
+        .queue_settings_put(queue, settings)
         .await
         .expect("queue settings");
 }
 
+/// The body `{"n":n}`.
 pub fn body(n: u64) -> Vec<u8> {
     serde_json::json!({ "n": n }).to_string().into_bytes()
 }
@@ -200,12 +247,4 @@ impl Drop for Cleanup {
             let _ = std::thread::spawn(cleanup).join();
         }
     }
-}
-
-/// How long a check waits before failing.
-pub const LONG: Duration = Duration::from_secs(180);
-pub const SHORT: Duration = Duration::from_secs(30);
-
-pub fn elapsed_ms(since: Instant) -> u128 {
-    since.elapsed().as_millis()
 }
