@@ -11,44 +11,13 @@ use conveyor_core::hooks::HookSpec;
 use conveyor_core::{fields, AuditAction, StoreError, ValidJob};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use crate::audit;
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
+use crate::observe::HOOK_OUTCOMES;
 use crate::AppState;
-
-/// What became of each hook's requests in this process, by hook.
-#[derive(Debug, Default)]
-pub struct HookCounts(Mutex<BTreeMap<String, [u64; 4]>>);
-
-/// The outcomes counted, in [`HookCounts`]' order.
-pub const OUTCOMES: [&str; 4] = ["enqueued", "duplicate", "refused", "invalid"];
-
-impl HookCounts {
-    fn add(&self, hook: &str, outcome: usize) {
-        if let Ok(mut counts) = self.0.lock() {
-            counts.entry(hook.to_string()).or_default()[outcome] += 1;
-        }
-    }
-
-    /// Each hook's counts by outcome (see [`OUTCOMES`]).
-    pub fn snapshot(&self) -> Vec<(String, [u64; 4])> {
-        self.0
-            .lock()
-            .map(|counts| counts.iter().map(|(k, v)| (k.clone(), *v)).collect())
-            .unwrap_or_default()
-    }
-
-    fn of(&self, hook: &str) -> [u64; 4] {
-        self.0
-            .lock()
-            .ok()
-            .and_then(|counts| counts.get(hook).copied())
-            .unwrap_or_default()
-    }
-}
 
 fn spec_of(name: &str, document: Value) -> ApiResult<HookSpec> {
     HookSpec::from_json(name, document).map_err(|error| {
@@ -68,7 +37,7 @@ fn view(state: &AppState, spec: &HookSpec, updated_at: chrono::DateTime<chrono::
     view["secret_set"] = json!(spec.secret.is_some());
     view["url"] = json!(format!("/hooks/{}", spec.name));
     let counts = state.hook_counts.of(&spec.name);
-    for (outcome, count) in OUTCOMES.iter().zip(counts) {
+    for (outcome, count) in HOOK_OUTCOMES.iter().zip(counts) {
         view[*outcome] = json!(count);
     }
     view["updated_at"] = json!(updated_at);

@@ -196,7 +196,7 @@ pub(crate) struct AppState {
     /// The event sources this server runs.
     pub sources: Arc<conveyor_sources::Sources>,
     /// What became of each webhook's requests in this process.
-    pub hook_counts: Arc<hooks::HookCounts>,
+    pub hook_counts: Arc<observe::HookCounts>,
 }
 
 /// The API over `store`, using the wall clock and no shutdown signal.

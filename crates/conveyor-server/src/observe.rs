@@ -227,8 +227,39 @@ fn source_metrics(sources: &[std::sync::Arc<conveyor_sources::SourceStatus>]) ->
     text
 }
 
+/// What became of each hook's requests in this process, by hook.
+#[derive(Debug, Default)]
+pub struct HookCounts(std::sync::Mutex<std::collections::BTreeMap<String, [u64; 4]>>);
+
+/// The outcomes counted, in [`HookCounts`]' order.
+pub const HOOK_OUTCOMES: [&str; 4] = ["enqueued", "duplicate", "refused", "invalid"];
+
+impl HookCounts {
+    pub(crate) fn add(&self, hook: &str, outcome: usize) {
+        if let Ok(mut counts) = self.0.lock() {
+            counts.entry(hook.to_string()).or_default()[outcome] += 1;
+        }
+    }
+
+    /// Each hook's counts by outcome (see [`HOOK_OUTCOMES`]).
+    pub fn snapshot(&self) -> Vec<(String, [u64; 4])> {
+        self.0
+            .lock()
+            .map(|counts| counts.iter().map(|(k, v)| (k.clone(), *v)).collect())
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn of(&self, hook: &str) -> [u64; 4] {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|counts| counts.get(hook).copied())
+            .unwrap_or_default()
+    }
+}
+
 /// Each webhook's requests in this process, by outcome (hook names are checked names).
-fn hook_metrics(counts: &crate::hooks::HookCounts) -> String {
+fn hook_metrics(counts: &HookCounts) -> String {
     let counts = counts.snapshot();
     if counts.is_empty() {
         return String::new();
@@ -240,7 +271,7 @@ fn hook_metrics(counts: &crate::hooks::HookCounts) -> String {
          # TYPE conveyor_hook_requests_total counter\n",
     );
     for (hook, counts) in counts {
-        for (outcome, count) in crate::hooks::OUTCOMES.iter().zip(counts) {
+        for (outcome, count) in HOOK_OUTCOMES.iter().zip(counts) {
             text.push_str(&format!(
                 "conveyor_hook_requests_total{{hook=\"{hook}\",outcome=\"{outcome}\"}} {count}\n"
             ));

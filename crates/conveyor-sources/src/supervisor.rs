@@ -38,6 +38,8 @@ pub struct Sources {
     /// What the API shows: each source's status, by name.
     shown: Mutex<BTreeMap<String, Arc<SourceStatus>>>,
     changed: Notify,
+    /// Stored sources that cannot be run, by name: each is warned of once, not every reload.
+    skipped: Mutex<std::collections::BTreeSet<String>>,
     /// Whether this server reads the sources (`serve --run-sources=false`: it only stores
     /// and shows them).
     reads: std::sync::atomic::AtomicBool,
@@ -60,6 +62,7 @@ impl Sources {
             running: tokio::sync::Mutex::new(BTreeMap::new()),
             shown: Mutex::new(BTreeMap::new()),
             changed: Notify::new(),
+            skipped: Mutex::new(std::collections::BTreeSet::new()),
             reads: std::sync::atomic::AtomicBool::new(false),
         })
     }
@@ -130,13 +133,27 @@ impl Sources {
     async fn reload(&self, shutdown: &CancellationToken) -> Result<(), StoreError> {
         let entries = self.store.config_list(SOURCES).await?;
         let mut wanted = BTreeMap::new();
+        let mut skipped = std::collections::BTreeSet::new();
         for entry in &entries {
             match spec_of(entry) {
                 Ok(spec) => {
                     wanted.insert(spec.name.clone(), spec);
                 }
-                Err(error) => tracing::warn!(%error, "event source skipped"),
+                Err(error) => {
+                    let new = self
+                        .skipped
+                        .lock()
+                        .map(|before| !before.contains(&entry.name))
+                        .unwrap_or(true);
+                    if new {
+                        tracing::warn!(%error, "event source skipped");
+                    }
+                    skipped.insert(entry.name.clone());
+                }
             }
+        }
+        if let Ok(mut before) = self.skipped.lock() {
+            *before = skipped;
         }
         let mut running = self.running.lock().await;
         let gone: Vec<String> = running
