@@ -20,13 +20,6 @@ use std::time::Duration;
 
 use crate::ingest::{Broker, BrokerError};
 
-/// How long `receive` waits for a first delivery.
-const FIRST_WAIT: Duration = Duration::from_secs(1);
-
-/// How long `receive` waits for one more delivery once a batch has begun: the prefetched
-/// messages are already in memory, so a short pause means the queue has no more right now.
-const MORE_WAIT: Duration = Duration::from_millis(5);
-
 /// How long connecting (TCP, the AMQP handshake, the queue's check, the consumer) may take
 /// before it counts as failed: a broker that accepts and never answers must not hang the source.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -228,7 +221,8 @@ fn message_of(delivery: &lapin::message::Delivery) -> Message {
     }
 }
 
-impl Amqp {
+#[async_trait::async_trait]
+impl crate::ingest::OneAtATime for Amqp {
     /// The next delivery, or `None` when none came within `wait`.
     async fn next(&mut self, wait: Duration) -> Result<Option<Message>, BrokerError> {
         let delivery = match tokio::time::timeout(wait, self.consumer.next()).await {
@@ -256,18 +250,7 @@ impl Amqp {
 #[async_trait::async_trait]
 impl Broker for Amqp {
     async fn receive(&mut self, max: usize) -> Result<Vec<Message>, BrokerError> {
-        let mut messages = Vec::new();
-        let Some(first) = self.next(FIRST_WAIT).await? else {
-            return Ok(messages);
-        };
-        messages.push(first);
-        while messages.len() < max {
-            match self.next(MORE_WAIT).await? {
-                Some(message) => messages.push(message),
-                None => break,
-            }
-        }
-        Ok(messages)
+        crate::ingest::gather(self, max).await
     }
 
     /// Acknowledges every delivery of these identities: with one `basic.ack` (`multiple`) up

@@ -62,6 +62,40 @@ pub fn default_consumer() -> String {
     format!("{host}-{}", std::process::id())
 }
 
+/// A broker connection that hands over one message at a time (AMQP deliveries, MQTT
+/// publishes), gathered into batches by [`gather`].
+#[async_trait::async_trait]
+pub(crate) trait OneAtATime: Send {
+    /// The next message, waiting at most `wait`; `None` when none came.
+    async fn next(&mut self, wait: Duration) -> Result<Option<Message>, BrokerError>;
+}
+
+/// How long a batch waits for its first message, and then for each next one: brokers that push
+/// send what they hold ahead (a prefetch, an in-flight window), so a pause of a few
+/// milliseconds means they hold no more right now.
+const FIRST_WAIT: Duration = Duration::from_secs(1);
+const MORE_WAIT: Duration = Duration::from_millis(5);
+
+/// Up to `max` messages: waits about a second for the first, then takes what follows until a
+/// few milliseconds pass with nothing new.
+pub(crate) async fn gather(
+    source: &mut dyn OneAtATime,
+    max: usize,
+) -> Result<Vec<Message>, BrokerError> {
+    let mut messages = Vec::new();
+    let Some(first) = source.next(FIRST_WAIT).await? else {
+        return Ok(messages);
+    };
+    messages.push(first);
+    while messages.len() < max {
+        match source.next(MORE_WAIT).await? {
+            Some(message) => messages.push(message),
+            None => break,
+        }
+    }
+    Ok(messages)
+}
+
 /// What a source is doing.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SourceState {

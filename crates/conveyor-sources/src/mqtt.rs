@@ -22,12 +22,6 @@ use tokio::task::JoinHandle;
 
 use crate::ingest::{Broker, BrokerError};
 
-/// How long `receive` waits for a first message.
-const FIRST_WAIT: Duration = Duration::from_secs(1);
-
-/// How long `receive` waits for one more message once a batch has begun.
-const MORE_WAIT: Duration = Duration::from_millis(5);
-
 /// How long connecting and subscribing may take before it counts as failed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -316,7 +310,8 @@ async fn poll(
     }
 }
 
-impl Mqtt {
+#[async_trait::async_trait]
+impl crate::ingest::OneAtATime for Mqtt {
     async fn next(&mut self, wait: Duration) -> Result<Option<Message>, BrokerError> {
         let publish = match tokio::time::timeout(wait, self.incoming.recv()).await {
             Err(_) => return Ok(None),
@@ -341,18 +336,7 @@ impl Mqtt {
 #[async_trait::async_trait]
 impl Broker for Mqtt {
     async fn receive(&mut self, max: usize) -> Result<Vec<Message>, BrokerError> {
-        let mut messages = Vec::new();
-        let Some(first) = self.next(FIRST_WAIT).await? else {
-            return Ok(messages);
-        };
-        messages.push(first);
-        while messages.len() < max {
-            match self.next(MORE_WAIT).await? {
-                Some(message) => messages.push(message),
-                None => break,
-            }
-        }
-        Ok(messages)
+        crate::ingest::gather(self, max).await
     }
 
     /// Sends a PUBACK for every message held under these identities, in the order they came,

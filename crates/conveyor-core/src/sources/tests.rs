@@ -221,3 +221,21 @@ fn a_request_body_is_read_with_errors_naming_the_field() {
         "max_in_flight"
     );
 }
+
+#[test]
+fn a_mistyped_field_is_named() {
+    let field = |body: Value| SourceSpec::from_json("orders", body).unwrap_err().field;
+    let base = json!({"type": "redis_stream", "url": "redis://x", "stream": "s", "group": "g",
+                      "job": {"kind": "k"}});
+    for (key, value) in [
+        ("max_in_flight", json!("many")),
+        ("stream", json!(7)),
+        ("claim_idle_ms", json!(-1)),
+        ("paused", json!("yes")),
+        ("job", json!(3)),
+    ] {
+        let mut body = base.clone();
+        body[key] = value;
+        assert_eq!(field(body), key);
+    }
+}
