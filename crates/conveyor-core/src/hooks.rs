@@ -78,7 +78,7 @@ pub struct HookSpec {
     pub secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_env: Option<String>,
-    /// How a request becomes a job (`from` reads `header:NAME`, lowercase, or `body:/pointer`).
+    /// How a request becomes a job (`from` reads `header:NAME`, in any case, or `body:/pointer`).
     pub job: JobMapping,
     /// Where the provider's event id is: `header:NAME` or `body:/pointer` (default: the
     /// scheme's own place).

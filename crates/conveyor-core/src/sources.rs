@@ -545,7 +545,15 @@ fn resolve(
     let found = if from == "subject" {
         message.subject.clone()
     } else if let Some(header) = from.strip_prefix("header:") {
-        message.headers.get(header).cloned()
+        // HTTP header names are case-insensitive (a hook's request has them lowercase), and
+        // brokers' are written as their senders chose: an exact match first, then any case.
+        message.headers.get(header).cloned().or_else(|| {
+            message
+                .headers
+                .iter()
+                .find(|(name, _)| name.eq_ignore_ascii_case(header))
+                .map(|(_, value)| value.clone())
+        })
     } else if let Some(pointer) = from.strip_prefix("body:") {
         body.and_then(|body| body.pointer(pointer))
             .map(|value| match value {

@@ -148,6 +148,19 @@ fn the_generic_scheme_signs_the_body_and_keys_on_its_hash_without_an_event_id() 
     let id = generic.event_id(&signed, body);
     assert_eq!(id.len(), 64);
     let mapped = generic.job_for(&signed, body).expect("maps");
+    // A kind taken from a header named in any case (the request's are lowercase).
+    let by_header = HookSpec::from_json(
+        "incoming",
+        json!({"scheme": "hmac-sha256", "secret": "s3cret",
+               "job": {"kind": {"from": "header:X-Signature-256"}}}),
+    )
+    .expect("valid");
+    assert!(by_header
+        .job_for(&signed, body)
+        .expect("maps")
+        .job
+        .kind
+        .starts_with("sha256="));
     assert_eq!(
         mapped.job.idempotency_key,
         Some(format!("hook:incoming:{id}"))
