@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs Conveyor's tests on a fresh machine: installs what they need first (headless Chromium
 # and chromedriver for the dashboard test, cargo-nextest, Node and the TypeScript client's dev
-# packages, a Python venv with the Python client and pytest), starts the local PostgreSQL if it
+# packages, a Python venv with the Python client and pytest, moto for SQS and Tansu for Kafka), starts the local PostgreSQL if it
 # is down, then runs the Rust tests (nextest, including the client conformance suite), the doc
 # tests, both clients' own suites, and the API contract run (scripts/contract.sh). `.ci/run`
 # runs this after fmt and clippy; it runs the docs check and the import-circle check itself.
@@ -53,6 +53,10 @@ cargo check -q -p conveyor --no-default-features --features sqlite
 
 python3 -m venv target/py-venv
 target/py-venv/bin/pip install -q 'moto[server]'  # moto_server: the sqs source's tests' SQS
+# Tansu, an Apache Kafka-compatible broker from crates.io: the kafka source's tests start their
+# own. `--locked` matters: its newest dependencies do not build together (~11 min, once).
+command -v tansu >/dev/null || [ -x "${CARGO_HOME:-$HOME/.cargo}/bin/tansu" ] ||
+  cargo install tansu --version 0.6.0 --locked --features dynostore
 # `bench`: the benchmark and soak harness (`conveyor bench`) is tested too.
 cargo nextest run --workspace --features conveyor/bench "$@"
 cargo test --workspace --doc

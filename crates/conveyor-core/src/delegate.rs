@@ -193,6 +193,9 @@ macro_rules! delegate_store {
             async fn flow_create(&self, flow: $crate::workflow::ValidFlow) -> $crate::StoreResult<$crate::workflow::CreatedFlow> {
                 $crate::FlowStore::flow_create(&*self.$field, flow).await
             }
+            async fn events_accept(&self, jobs: Vec<$crate::ValidJob>, flows: Vec<$crate::workflow::ValidFlow>) -> $crate::StoreResult<$crate::Accepted> {
+                $crate::FlowStore::events_accept(&*self.$field, jobs, flows).await
+            }
             async fn flow_get(&self, id: uuid::Uuid) -> $crate::StoreResult<Option<$crate::workflow::FlowView>> {
                 $crate::FlowStore::flow_get(&*self.$field, id).await
             }

@@ -2,6 +2,8 @@
 //! plain HMAC of the body) POSTs to `/hooks/{name}`; the request is verified against the hook's
 //! secret, in constant time, before anything is stored, and becomes a job keyed by the
 //! provider's event id, so a delivery retried by the provider never becomes a second job.
+//! A hook may emit an event instead (`event` in place of `job`), its id
+//! `hook:{name}:{provider's event id}`, made into the subscriptions' jobs and flows.
 //! This is the pure part: the configuration, its checks, and the verification. The server
 //! does the rest (`conveyor-server`'s hooks.rs).
 
@@ -14,7 +16,10 @@ use std::collections::BTreeMap;
 
 use crate::error::ValidationError;
 use crate::fields;
-use crate::sources::{read_body, JobMapping, MappedJob, Message};
+use crate::sources::{
+    check_target, read_body, EventMapping, JobMapping, MappedEvent, MappedJob, Message,
+};
+use crate::wire;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -78,8 +83,21 @@ pub struct HookSpec {
     pub secret: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secret_env: Option<String>,
-    /// How a request becomes a job (`from` reads `header:NAME`, in any case, or `body:/pointer`).
-    pub job: JobMapping,
+    /// How a request becomes a job (`from` reads `header:NAME`, in any case, or `body:/pointer`);
+    /// or `event`.
+    #[serde(
+        default,
+        deserialize_with = "wire::non_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub job: Option<JobMapping>,
+    /// How a request becomes an event, fanned out to its subscriptions; or `job`.
+    #[serde(
+        default,
+        deserialize_with = "wire::non_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub event: Option<EventMapping>,
     /// Where the provider's event id is: `header:NAME` or `body:/pointer` (default: the
     /// scheme's own place).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -154,7 +172,7 @@ impl HookSpec {
         if self.tolerance_secs == 0 || self.tolerance_secs > 86_400 {
             return Err(ValidationError::new("tolerance_secs", "must be 1 to 86400"));
         }
-        self.job.validate()
+        check_target(self.job.as_ref(), self.event.as_ref())
     }
 
     /// The secret: given, or read from the environment variable named.
@@ -263,16 +281,39 @@ impl HookSpec {
         headers: &BTreeMap<String, String>,
         body: &[u8],
     ) -> Result<MappedJob, ValidationError> {
+        let (message, key) = self.message(headers, body);
+        self.job
+            .as_ref()
+            .ok_or_else(|| ValidationError::new("job", "this hook emits events"))?
+            .job_for(&message, key)
+    }
+
+    /// The event a verified request becomes, its id `hook:{name}:{event id}` (the key a job of
+    /// it would carry).
+    pub fn event_for(
+        &self,
+        headers: &BTreeMap<String, String>,
+        body: &[u8],
+    ) -> Result<MappedEvent, ValidationError> {
+        let (message, id) = self.message(headers, body);
+        self.event
+            .as_ref()
+            .ok_or_else(|| ValidationError::new("event", "this hook makes jobs"))?
+            .event_for(&message, id)
+    }
+
+    /// A verified request as a message, and what it becomes is keyed by.
+    fn message(&self, headers: &BTreeMap<String, String>, body: &[u8]) -> (Message, String) {
         let event_id = self.event_id(headers, body);
+        let key = format!("hook:{}:{event_id}", self.name);
         let message = Message {
-            identity: event_id.clone(),
+            identity: event_id,
             sent_at: None,
             headers: headers.clone(),
             subject: Some(self.name.clone()),
             body: body.to_vec(),
         };
-        self.job
-            .job_for(&message, format!("hook:{}:{event_id}", self.name))
+        (message, key)
     }
 }
 

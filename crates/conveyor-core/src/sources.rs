@@ -1,12 +1,16 @@
 //! Event sources: a broker the teams already run (Redis Streams, RabbitMQ, NATS JetStream, MQTT,
-//! SQS), read by `conveyor serve`, each message turned into a job. This is the pure part: what a source is, the checks
+//! SQS, Kafka), read by `conveyor serve`, each message turned into a job. This is the pure part: what a source is, the checks
 //! on it, and how one message becomes one job. Reading and acknowledging are in
 //! `conveyor-sources`.
 //!
 //! A message's job carries the idempotency key `source:{name}:{identity}`, where the identity
 //! is the broker's own (a stream entry's id, an AMQP message-id, a JetStream stream sequence, an
-//! SQS MessageId, or a hash of the content where the broker has none), so a redelivered message finds the job it already
+//! SQS MessageId, a Kafka topic, partition and offset, or a hash of the content where the broker has none), so a redelivered message finds the job it already
 //! made instead of making a second.
+//!
+//! A source may emit an event instead (`event` in place of `job`): the message's body is the
+//! event's payload, `source:{name}:{identity}` its id, and the subscriptions to it make the
+//! jobs and flows (`crate::subscriptions`).
 
 use base64::Engine as _;
 use chrono::{DateTime, Utc};
@@ -17,6 +21,8 @@ use std::collections::BTreeMap;
 use crate::error::ValidationError;
 use crate::fields;
 use crate::job::{NewJob, DEFAULT_QUEUE};
+use crate::subscriptions::Event;
+use crate::wire;
 
 /// The longest wait a source's settings take (ms).
 const DAY_MS: u64 = 86_400_000;
@@ -34,8 +40,20 @@ pub struct SourceSpec {
     /// The broker and what to read from it.
     #[serde(flatten)]
     pub broker: BrokerSpec,
-    /// How a message becomes a job.
-    pub job: JobMapping,
+    /// How a message becomes a job; or `event`.
+    #[serde(
+        default,
+        deserialize_with = "wire::non_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub job: Option<JobMapping>,
+    /// How a message becomes an event, fanned out to its subscriptions; or `job`.
+    #[serde(
+        default,
+        deserialize_with = "wire::non_null",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub event: Option<EventMapping>,
     /// Messages read, committed as jobs in one transaction, then acknowledged together.
     #[serde(default = "default_max_in_flight")]
     pub max_in_flight: usize,
@@ -146,6 +164,25 @@ pub enum BrokerSpec {
         #[serde(default)]
         visibility_timeout_secs: Option<u32>,
     },
+    /// A Kafka topic read by a consumer group (its members share the partitions); the group's
+    /// offsets are committed only after the jobs are durable.
+    Kafka {
+        /// The bootstrap brokers, `host:port[,host:port...]`.
+        #[serde(default)]
+        brokers: Option<String>,
+        /// The name of an environment variable holding them.
+        #[serde(default)]
+        brokers_env: Option<String>,
+        topic: String,
+        group: String,
+        /// The client id the brokers see (default: host name and process id).
+        #[serde(default)]
+        client_id: Option<String>,
+        /// How long the group waits for a member's heartbeat before handing its partitions to
+        /// the others (ms, default 30,000).
+        #[serde(default)]
+        session_timeout_ms: Option<u64>,
+    },
 }
 
 impl BrokerSpec {
@@ -156,12 +193,19 @@ impl BrokerSpec {
             BrokerSpec::Nats { .. } => "nats",
             BrokerSpec::Mqtt { .. } => "mqtt",
             BrokerSpec::Sqs { .. } => "sqs",
+            BrokerSpec::Kafka { .. } => "kafka",
         }
     }
 
-    /// The `url` and `url_env` fields, and the URL schemes this broker takes.
+    /// The `url` and `url_env` fields (Kafka's `brokers` and `brokers_env`), and the URL
+    /// schemes this broker takes (none: a list of `host:port`).
     fn url_fields(&self) -> (&Option<String>, &Option<String>, &'static [&'static str]) {
         match self {
+            BrokerSpec::Kafka {
+                brokers,
+                brokers_env,
+                ..
+            } => (brokers, brokers_env, &[]),
             BrokerSpec::RedisStream { url, url_env, .. } => {
                 (url, url_env, &["redis://", "rediss://"])
             }
@@ -188,24 +232,37 @@ impl BrokerSpec {
         }
     }
 
+    /// The names of the `url` and `url_env` fields of this broker.
+    fn url_names(&self) -> (&'static str, &'static str) {
+        match self {
+            BrokerSpec::Kafka { .. } => ("brokers", "brokers_env"),
+            _ => ("url", "url_env"),
+        }
+    }
+
     fn validate(&self) -> Result<(), ValidationError> {
         let (url, url_env, schemes) = self.url_fields();
+        let (url_name, url_env_name) = self.url_names();
         let optional = matches!(self, BrokerSpec::Sqs { .. });
         match (url, url_env) {
             (Some(_), Some(_)) => {
-                return Err(ValidationError::new("url", "give url or url_env, not both"))
+                return Err(ValidationError::new(
+                    url_name,
+                    format!("give {url_name} or {url_env_name}, not both"),
+                ))
             }
-            (None, None) if !optional => return Err(ValidationError::new("url", "is required")),
+            (None, None) if !optional => return Err(ValidationError::new(url_name, "is required")),
             (None, None) => {}
+            (Some(addresses), None) if schemes.is_empty() => kafka_addresses(url_name, addresses)?,
             (Some(url), None) => {
                 if !schemes.iter().any(|scheme| url.starts_with(scheme)) {
                     return Err(ValidationError::new(
-                        "url",
+                        url_name,
                         format!("must start with {}", schemes.join(" or ")),
                     ));
                 }
             }
-            (None, Some(name)) => fields::text_without_nul("url_env", name)?,
+            (None, Some(name)) => fields::text_without_nul(url_env_name, name)?,
         }
         let required: Vec<(&str, &String)> = match self {
             BrokerSpec::RedisStream { stream, group, .. } => {
@@ -221,6 +278,7 @@ impl BrokerSpec {
             BrokerSpec::Sqs {
                 queue_url, region, ..
             } => vec![("queue_url", queue_url), ("region", region)],
+            BrokerSpec::Kafka { topic, group, .. } => vec![("topic", topic), ("group", group)],
         };
         for (field, value) in required {
             if value.is_empty() {
@@ -245,6 +303,7 @@ impl BrokerSpec {
                 ("access_key_id_env", access_key_id_env),
                 ("secret_access_key_env", secret_access_key_env),
             ],
+            BrokerSpec::Kafka { client_id, .. } => vec![("client_id", client_id)],
         };
         for (field, value) in optional {
             if let Some(value) = value {
@@ -254,6 +313,9 @@ impl BrokerSpec {
         let waits = match self {
             BrokerSpec::RedisStream { claim_idle_ms, .. } => Some(("claim_idle_ms", claim_idle_ms)),
             BrokerSpec::Nats { ack_wait_ms, .. } => Some(("ack_wait_ms", ack_wait_ms)),
+            BrokerSpec::Kafka {
+                session_timeout_ms, ..
+            } => Some(("session_timeout_ms", session_timeout_ms)),
             _ => None,
         };
         if let Some((field, Some(ms))) = waits {
@@ -275,6 +337,30 @@ impl BrokerSpec {
         }
         Ok(())
     }
+}
+
+/// Checks Kafka's bootstrap list: `host:port`, comma-separated, each host a name or an IPv4
+/// address (letters, digits, `.`, `_`, `-`), each port 1 to 65535.
+fn kafka_addresses(field: &str, addresses: &str) -> Result<(), ValidationError> {
+    for address in addresses.split(',') {
+        let valid = address.split_once(':').is_some_and(|(host, port)| {
+            !host.is_empty()
+                && host
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+                && !port.is_empty()
+                && port.len() <= 5
+                && port.chars().all(|c| c.is_ascii_digit())
+                && port.parse::<u16>().is_ok_and(|port| port > 0)
+        });
+        if !valid {
+            return Err(ValidationError::new(
+                field,
+                format!("{address:?} is not host:port (give host:port[,host:port...])"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Where a new consumer group starts reading.
@@ -312,6 +398,13 @@ pub struct JobMapping {
     pub priority: Option<Field>,
 }
 
+/// How a message becomes an event: its name, fixed or taken from the message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventMapping {
+    pub name: Field,
+}
+
 /// A value fixed in the configuration, or `{"from": "header:NAME" | "body:/json/pointer" |
 /// "subject"}`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -341,6 +434,14 @@ pub struct MappedJob {
     pub invalid: bool,
 }
 
+/// The event a message becomes, and whether its body was not JSON.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MappedEvent {
+    pub event: Event,
+    /// The body was not JSON: the payload holds it as `raw_base64`.
+    pub invalid: bool,
+}
+
 impl SourceSpec {
     /// Reads and checks a source named `name` from a request's JSON body (a `name` in the body
     /// is ignored: the path names it). Errors name the field: a missing or mistyped field, an
@@ -362,7 +463,7 @@ impl SourceSpec {
             ));
         }
         self.broker.validate()?;
-        self.job.validate()
+        check_target(self.job.as_ref(), self.event.as_ref())
     }
 
     /// The idempotency key of the job a message becomes.
@@ -374,7 +475,60 @@ impl SourceSpec {
     /// header it lacks, a priority that is not a number) is an error naming the field; the
     /// caller turns it into a dead job keeping the raw message.
     pub fn job_for(&self, message: &Message) -> Result<MappedJob, ValidationError> {
-        self.job.job_for(message, self.idempotency_key(message))
+        self.job
+            .as_ref()
+            .ok_or_else(|| ValidationError::new("job", "this source emits events"))?
+            .job_for(message, self.idempotency_key(message))
+    }
+
+    /// The event `message` becomes, its id the idempotency key a job of it would carry
+    /// (`source:{name}:{identity}`). An error names the field, as [`SourceSpec::job_for`]'s.
+    pub fn event_for(&self, message: &Message) -> Result<MappedEvent, ValidationError> {
+        self.event
+            .as_ref()
+            .ok_or_else(|| ValidationError::new("event", "this source makes jobs"))?
+            .event_for(message, self.idempotency_key(message))
+    }
+}
+
+/// A source's or a hook's `job` or `event`: exactly one, checked.
+pub(crate) fn check_target(
+    job: Option<&JobMapping>,
+    event: Option<&EventMapping>,
+) -> Result<(), ValidationError> {
+    match (job, event) {
+        (Some(job), None) => job.validate(),
+        (None, Some(event)) => event.validate(),
+        (Some(_), Some(_)) => Err(ValidationError::new("event", "give job or event, not both")),
+        (None, None) => Err(ValidationError::new(
+            "job",
+            "is required (or event, to emit an event)",
+        )),
+    }
+}
+
+impl EventMapping {
+    /// Checks the name's mapping, naming `event.name`.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        check_field("event.name", &self.name)
+    }
+
+    /// The event `message` becomes, with the id `id`: its payload the body (a body that is
+    /// not JSON kept as `raw_base64`, as a job's payload would be).
+    pub fn event_for(&self, message: &Message, id: String) -> Result<MappedEvent, ValidationError> {
+        let body: Option<Value> = serde_json::from_slice(&message.body).ok();
+        let name = resolve("event.name", &self.name, message, body.as_ref())?;
+        fields::name("event.name", &name)?;
+        let invalid = body.is_none();
+        let payload = body.unwrap_or_else(|| raw_payload(message));
+        Ok(MappedEvent {
+            event: Event {
+                name,
+                payload,
+                id: Some(id),
+            },
+            invalid,
+        })
     }
 }
 

@@ -468,6 +468,17 @@ pub trait FlowStore: Send + Sync {
     /// idempotency key of a stored flow returns that flow with `duplicate: true`.
     async fn flow_create(&self, flow: ValidFlow) -> StoreResult<CreatedFlow>;
 
+    /// Creates `flows` (each as [`FlowStore::flow_create`] does) and inserts `jobs` (as
+    /// [`JobStore::jobs_insert_valid`] does) in one transaction: all or none. This is how what
+    /// an event makes (`crate::subscriptions`) is stored with the event's acceptance, and with
+    /// the rest of a source's batch. Duplicates are found by their idempotency keys, as those
+    /// two methods find them.
+    async fn events_accept(
+        &self,
+        jobs: Vec<ValidJob>,
+        flows: Vec<ValidFlow>,
+    ) -> StoreResult<Accepted>;
+
     /// A flow with every step.
     async fn flow_get(&self, id: Uuid) -> StoreResult<Option<FlowView>>;
 
@@ -515,6 +526,13 @@ pub trait FlowStore: Send + Sync {
     /// ones (which a replay could still resume) after `params.retention.dead`. Their jobs are
     /// pruned by [`LeadershipStore::jobs_prune`]. Returns how many flows were deleted.
     async fn flows_prune(&self, params: PruneParams) -> StoreResult<u64>;
+}
+
+/// What [`FlowStore::events_accept`] stored: a result per job and per flow, in the order given.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Accepted {
+    pub jobs: Vec<Inserted>,
+    pub flows: Vec<CreatedFlow>,
 }
 
 /// Settings per job kind (see [`crate::kinds`]).

@@ -14,6 +14,7 @@
 
 pub mod breakers;
 pub mod client;
+pub mod events;
 pub mod kinds;
 mod refreshed;
 pub mod report;

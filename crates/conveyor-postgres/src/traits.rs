@@ -210,6 +210,37 @@ impl FlowStore for PgStore {
         Ok(created)
     }
 
+    async fn events_accept(
+        &self,
+        jobs: Vec<ValidJob>,
+        flows: Vec<ValidFlow>,
+    ) -> StoreResult<conveyor_core::Accepted> {
+        let jobs: Vec<NewJob> = jobs.into_iter().map(ValidJob::into_job).collect();
+        let ctx = self.flow_ctx();
+        let mut tx = self.begin().await?;
+        // Flows first, then jobs: each flow's key and each job's key belong to one event and
+        // subscription, so two of these transactions contend only for the same event's, in
+        // the same order.
+        let mut created = Vec::with_capacity(flows.len());
+        for flow in flows {
+            created.push(workflow::create(&mut tx, &ctx, flow).await?);
+        }
+        let (inserted, made_available) = if jobs.is_empty() {
+            (Vec::new(), false)
+        } else {
+            let insertion = ops::insert_many(&mut tx, &ctx, jobs).await?;
+            conveyor_core::faults::inject("insert")?;
+            (insertion.inserted, insertion.made_available)
+        };
+        commit(tx).await?;
+        ctx.flows_committed();
+        self.wake_local(made_available);
+        Ok(conveyor_core::Accepted {
+            jobs: inserted,
+            flows: created,
+        })
+    }
+
     async fn flow_get(&self, id: Uuid) -> StoreResult<Option<FlowView>> {
         workflow::view(&mut *self.conn().await?, &self.ctx(), id).await
     }

@@ -1,6 +1,7 @@
 //! Signed inbound webhooks: `/v1/hooks` configures them (admin), stored in the cluster's
 //! configuration; the public `POST /hooks/{name}` verifies a provider's request before storing
-//! anything and answers 2xx only once its job is durable (see `conveyor_core::hooks`).
+//! anything and answers 2xx only once its job (or what its event makes) is durable (see
+//! `conveyor_core::hooks`).
 
 use axum::body::Bytes;
 use axum::extract::{Path, State};
@@ -117,7 +118,9 @@ pub(crate) async fn delete(
 /// `POST /hooks/{name}`: a provider's request. Verified first (a bad, missing or stale
 /// signature is a 401 that stores nothing, counted and logged without the body); then its job
 /// is stored, keyed by the provider's event id, and only then answered: 202 for a new job, 200
-/// for a delivery already seen.
+/// for a delivery already seen. A hook that emits an event stores what the event's
+/// subscriptions make instead, in one transaction: 202, or 200 when all of it was there
+/// already; an event no subscription takes is answered 202, counted `unmatched`.
 pub(crate) async fn receive(
     State(state): State<AppState>,
     Path(name): Path<String>,
@@ -155,6 +158,34 @@ pub(crate) async fn receive(
         state.hook_counts.add(&name, 3);
         error
     };
+    if spec.event.is_some() {
+        let mapped = spec
+            .event_for(&headers, &body)
+            .map_err(ApiError::from)
+            .map_err(counted_invalid)?;
+        let event = mapped.event;
+        let event_id = event.id.clone().unwrap_or_default();
+        let made = match crate::subscriptions::accept(&state, &event, &event_id).await {
+            Ok(made) => made,
+            Err(error @ ApiError::Invalid { .. }) => return Err(counted_invalid(error)),
+            Err(error) => return Err(error),
+        };
+        let (outcome, status) = if made.is_empty() {
+            (4, StatusCode::ACCEPTED)
+        } else if made.all_duplicates() {
+            (1, StatusCode::OK)
+        } else {
+            (0, StatusCode::ACCEPTED)
+        };
+        state.hook_counts.add(&name, outcome);
+        let body = json!({
+            "event": {"id": event_id, "name": event.name},
+            "jobs": made.jobs,
+            "flows": made.flows,
+            "duplicate": made.all_duplicates(),
+        });
+        return Ok((status, Json(body)));
+    }
     let mapped = spec
         .job_for(&headers, &body)
         .map_err(ApiError::from)

@@ -186,8 +186,8 @@ fn source_metrics(sources: &[std::sync::Arc<conveyor_sources::SourceStatus>]) ->
     }
     let mut text = String::from(
         "# HELP conveyor_source_messages_total Messages an event source read, by what became of \
-         them (received, enqueued, duplicate, invalid; refused counts batches a full queue \
-         turned back).\n# TYPE conveyor_source_messages_total counter\n",
+         them (received, enqueued, duplicate, invalid, unmatched: an event no subscription takes; \
+         refused counts batches a full queue turned back).\n# TYPE conveyor_source_messages_total counter\n",
     );
     for source in sources {
         for (outcome, count) in source.counts() {
@@ -229,10 +229,10 @@ fn source_metrics(sources: &[std::sync::Arc<conveyor_sources::SourceStatus>]) ->
 
 /// What became of each hook's requests in this process, by hook.
 #[derive(Debug, Default)]
-pub struct HookCounts(std::sync::Mutex<std::collections::BTreeMap<String, [u64; 4]>>);
+pub struct HookCounts(std::sync::Mutex<std::collections::BTreeMap<String, [u64; 5]>>);
 
 /// The outcomes counted, in [`HookCounts`]' order.
-pub const HOOK_OUTCOMES: [&str; 4] = ["enqueued", "duplicate", "refused", "invalid"];
+pub const HOOK_OUTCOMES: [&str; 5] = ["enqueued", "duplicate", "refused", "invalid", "unmatched"];
 
 impl HookCounts {
     pub(crate) fn add(&self, hook: &str, outcome: usize) {
@@ -242,14 +242,14 @@ impl HookCounts {
     }
 
     /// Each hook's counts by outcome (see [`HOOK_OUTCOMES`]).
-    pub fn snapshot(&self) -> Vec<(String, [u64; 4])> {
+    pub fn snapshot(&self) -> Vec<(String, [u64; 5])> {
         self.0
             .lock()
             .map(|counts| counts.iter().map(|(k, v)| (k.clone(), *v)).collect())
             .unwrap_or_default()
     }
 
-    pub(crate) fn of(&self, hook: &str) -> [u64; 4] {
+    pub(crate) fn of(&self, hook: &str) -> [u64; 5] {
         self.0
             .lock()
             .ok()
@@ -267,7 +267,8 @@ fn hook_metrics(counts: &HookCounts) -> String {
     let mut text = String::from(
         "# HELP conveyor_hook_requests_total Webhook requests, by what became of them (enqueued, \
          duplicate: a delivery seen before, refused: a bad or stale signature, invalid: a \
-         request the hook's mapping or the kind's schema refused).\n\
+         request the hook's mapping or the kind's schema refused, unmatched: an event no \
+         subscription takes).\n\
          # TYPE conveyor_hook_requests_total counter\n",
     );
     for (hook, counts) in counts {

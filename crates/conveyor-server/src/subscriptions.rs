@@ -1,13 +1,15 @@
-//! One event, many jobs: `/v1/subscriptions` (admin) says which events make which jobs, stored
-//! in the cluster's configuration; `POST /v1/events` (producer) stores the jobs of every
-//! matching subscription in one transaction (see `conveyor_core::subscriptions`).
+//! One event, many jobs and flows: `/v1/subscriptions` (admin) says which events make which
+//! jobs or flows, stored in the cluster's configuration; `POST /v1/events` (producer) stores
+//! what every matching subscription makes in one transaction (see
+//! `conveyor_core::subscriptions`; the fan-out is `conveyor_engine::events`).
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::Json;
 use conveyor_core::config::SUBSCRIPTIONS;
 use conveyor_core::subscriptions::{Event, SubscriptionSpec};
-use conveyor_core::{fields, AuditAction, StoreError, ValidJob};
+use conveyor_core::{fields, AuditAction, StoreError};
+use conveyor_engine::events;
 use serde_json::{json, Value};
 
 use crate::audit;
@@ -85,7 +87,11 @@ pub(crate) async fn put(
         .store
         .config_put(SUBSCRIPTIONS, &name, document)
         .await?;
-    let detail = json!({"event": spec.event, "kind": spec.job.kind});
+    let detail = json!({
+        "event": spec.event,
+        "kind": spec.job.as_ref().map(|job| &job.kind),
+        "flow": spec.flow.as_ref().map(|flow| flow.name.as_deref().unwrap_or(&name)),
+    });
     let audit_entry = caller.audit(AuditAction::SubscriptionPut).target(name);
     audit::record(&state, audit_entry.detail(detail.to_string())).await;
     let status = if existed {
@@ -113,9 +119,61 @@ pub(crate) async fn delete(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// `POST /v1/events`: the jobs of every subscription the event matches, checked as enqueues
-/// are (a job any check refuses refuses the whole event, naming
-/// `subscriptions.{name}.{field}`), then stored in one transaction: all or none.
+/// What an accepted event made, as answered: `jobs` (`subscription`, `job_id`, `duplicate`)
+/// and `flows` (`subscription`, `flow_id`, `duplicate`), each in the order of the
+/// subscriptions.
+pub(crate) struct Made {
+    pub(crate) jobs: Vec<Value>,
+    pub(crate) flows: Vec<Value>,
+}
+
+impl Made {
+    /// Whether the event matched no subscription.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.jobs.is_empty() && self.flows.is_empty()
+    }
+
+    /// Whether it matched some, and everything they make was there already (an event sent
+    /// again).
+    pub(crate) fn all_duplicates(&self) -> bool {
+        !self.is_empty()
+            && self
+                .jobs
+                .iter()
+                .chain(&self.flows)
+                .all(|made| made["duplicate"] == json!(true))
+    }
+}
+
+/// Fans `event` out (checked as enqueues are: a job or a flow any check refuses refuses the
+/// whole event, naming `subscriptions.{name}.{field}`) and stores what it makes in one
+/// transaction: all or none. Used by `POST /v1/events` and by the hooks that emit events.
+pub(crate) async fn accept(state: &AppState, event: &Event, event_id: &str) -> ApiResult<Made> {
+    let subscriptions = events::subscriptions(state.store.as_ref()).await?;
+    let mut fanout = events::fan_out(&subscriptions, event, event_id, &state.kinds).await?;
+    let job_subscriptions = std::mem::take(&mut fanout.job_subscriptions);
+    let flow_subscriptions = std::mem::take(&mut fanout.flow_subscriptions);
+    let accepted = fanout.accept(state.store.as_ref()).await?;
+    crate::observe::count_enqueued(state, &accepted.jobs);
+    let jobs = job_subscriptions
+        .iter()
+        .zip(&accepted.jobs)
+        .map(|(name, inserted)| {
+            json!({"subscription": name, "job_id": inserted.job.id, "duplicate": inserted.duplicate})
+        })
+        .collect();
+    let flows = flow_subscriptions
+        .iter()
+        .zip(&accepted.flows)
+        .map(|(name, created)| {
+            json!({"subscription": name, "flow_id": created.id, "duplicate": created.duplicate})
+        })
+        .collect();
+    Ok(Made { jobs, flows })
+}
+
+/// `POST /v1/events`: the jobs and flows of every subscription the event matches, stored in
+/// one transaction (see [`accept`]).
 pub(crate) async fn send(
     State(state): State<AppState>,
     ApiJson(event): ApiJson<Event>,
@@ -126,38 +184,9 @@ pub(crate) async fn send(
         .id
         .clone()
         .unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-    let mut names = Vec::new();
-    let mut jobs = Vec::new();
-    for (spec, _) in all(&state).await? {
-        if !spec.matches(&event) {
-            continue;
-        }
-        let prefix = format!("subscriptions.{}", spec.name);
-        let job = ValidJob::new(spec.job_for(&event, &event_id))
-            .map_err(|error| ApiError::from(error).within(&prefix))?;
-        state
-            .kinds
-            .check(&job.job().kind, &job.job().payload)
-            .await
-            .map_err(|error| ApiError::from(error).within(&prefix))?;
-        names.push(spec.name);
-        jobs.push(job);
-    }
-    let inserted = if jobs.is_empty() {
-        Vec::new()
-    } else {
-        state.store.jobs_insert_valid(jobs).await?
-    };
-    crate::observe::count_enqueued(&state, &inserted);
-    let made: Vec<Value> = names
-        .iter()
-        .zip(&inserted)
-        .map(|(name, inserted)| {
-            json!({"subscription": name, "job_id": inserted.job.id, "duplicate": inserted.duplicate})
-        })
-        .collect();
+    let made = accept(&state, &event, &event_id).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(json!({"id": event_id, "name": event.name, "jobs": made})),
+        Json(json!({"id": event_id, "name": event.name, "jobs": made.jobs, "flows": made.flows})),
     ))
 }

@@ -2,11 +2,16 @@
 //! store call, and only then acknowledge the batch at the broker. A failed commit acknowledges
 //! nothing (the broker redelivers); a refusal (a queue at its maximum depth) stops the reading,
 //! keeps the batch and tries it again after a pause, instead of taking more.
+//!
+//! A source that emits events fans each message's event out to its subscriptions
+//! (`conveyor_engine::events`), and the batch's jobs and flows go in the same one store call.
 
 use chrono::Utc;
 use conveyor_core::error_class;
 use conveyor_core::sources::{raw_payload, Message, OnInvalid, SourceSpec};
+use conveyor_core::subscriptions::Event;
 use conveyor_core::{ErrorRecord, Job, JobState, NewJob, Store, StoreError, ValidJob};
+use conveyor_engine::events::{self, Fanout};
 use conveyor_engine::KindRegistry;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -133,6 +138,8 @@ pub struct SourceStatus {
     duplicates: AtomicU64,
     invalid: AtomicU64,
     refused: AtomicU64,
+    /// Messages whose event no subscription takes (acknowledged, nothing stored).
+    unmatched: AtomicU64,
     /// The broker's last answer to [`Broker::lag`] (`u64::MAX`: none yet, or not reported).
     lag: AtomicU64,
 }
@@ -152,6 +159,7 @@ impl SourceStatus {
             duplicates: AtomicU64::new(0),
             invalid: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            unmatched: AtomicU64::new(0),
             lag: AtomicU64::new(u64::MAX),
         }
     }
@@ -168,14 +176,17 @@ impl SourceStatus {
         }
     }
 
-    /// Counts by outcome: `received`, `enqueued`, `duplicate`, `invalid`, `refused`.
-    pub fn counts(&self) -> [(&'static str, u64); 5] {
+    /// Counts by outcome: `received`, `enqueued`, `duplicate`, `invalid`, `refused`,
+    /// `unmatched` (a source emitting events: an event no subscription takes). A source
+    /// emitting events counts each job and flow its events make as `enqueued` or `duplicate`.
+    pub fn counts(&self) -> [(&'static str, u64); 6] {
         [
             ("received", self.received.load(Ordering::Relaxed)),
             ("enqueued", self.enqueued.load(Ordering::Relaxed)),
             ("duplicate", self.duplicates.load(Ordering::Relaxed)),
             ("invalid", self.invalid.load(Ordering::Relaxed)),
             ("refused", self.refused.load(Ordering::Relaxed)),
+            ("unmatched", self.unmatched.load(Ordering::Relaxed)),
         ]
     }
 
@@ -203,6 +214,7 @@ impl SourceStatus {
         view["duplicates"] = json!(self.duplicates.load(Ordering::Relaxed));
         view["invalid"] = json!(self.invalid.load(Ordering::Relaxed));
         view["refused"] = json!(self.refused.load(Ordering::Relaxed));
+        view["unmatched"] = json!(self.unmatched.load(Ordering::Relaxed));
         view["lag"] = json!(self.lag());
         view
     }
@@ -315,11 +327,18 @@ async fn ingest(
                 broker.keep(&identities).await?;
             }
             let stored = match batch.check_schemas(spec, &messages, kinds).await {
-                Ok(()) => batch.commit(store).await,
+                Ok(()) => match batch.fan_out(spec, &messages, store, kinds).await {
+                    Ok((fanout, unmatched)) => batch
+                        .commit(store, fanout)
+                        .await
+                        .map(|counts| (counts, unmatched)),
+                    Err(error) => Err(error),
+                },
                 Err(error) => Err(error),
             };
             match stored {
-                Ok((enqueued, duplicates)) => {
+                Ok(((enqueued, duplicates), unmatched)) => {
+                    status.unmatched.fetch_add(unmatched, Ordering::Relaxed);
                     status.invalid.fetch_add(batch.invalid, Ordering::Relaxed);
                     status.enqueued.fetch_add(enqueued, Ordering::Relaxed);
                     status.duplicates.fetch_add(duplicates, Ordering::Relaxed);
@@ -360,6 +379,8 @@ async fn ingest(
 struct Batch {
     /// Each with the index of its message.
     jobs: Vec<(ValidJob, usize)>,
+    /// A source emitting events: each message's, with the index of its message.
+    events: Vec<(Event, usize)>,
     dead: Vec<Job>,
     invalid: u64,
 }
@@ -368,15 +389,28 @@ impl Batch {
     fn of(spec: &SourceSpec, messages: &[Message]) -> Self {
         let mut batch = Batch {
             jobs: Vec::with_capacity(messages.len()),
+            events: Vec::new(),
             dead: Vec::new(),
             invalid: 0,
         };
         for (index, message) in messages.iter().enumerate() {
-            let unmapped = || {
-                let mut job = NewJob::new(format!("{}.unmapped", spec.name), Value::Null);
-                job.idempotency_key = Some(spec.idempotency_key(message));
-                job
-            };
+            let unmapped = || unmapped(spec, message);
+            if spec.event.is_some() {
+                let (job, reason) = match spec.event_for(message) {
+                    Ok(mapped) if mapped.invalid && spec.on_invalid == OnInvalid::DeadLetter => {
+                        (unmapped(), "the body is not JSON".to_string())
+                    }
+                    Ok(mapped) => {
+                        batch.invalid += u64::from(mapped.invalid);
+                        batch.events.push((mapped.event, index));
+                        continue;
+                    }
+                    Err(error) => (unmapped(), error.to_string()),
+                };
+                batch.invalid += 1;
+                batch.dead.push(dead_job(spec, message, job, reason));
+                continue;
+            }
             let (job, reason) = match spec.job_for(message) {
                 Ok(mapped) if mapped.invalid && spec.on_invalid == OnInvalid::DeadLetter => {
                     (mapped.job, "the body is not JSON".to_string())
@@ -429,21 +463,72 @@ impl Batch {
         Ok(())
     }
 
-    /// Stores the batch: returns how many jobs were new and how many were duplicates (a
-    /// message seen before). The dead jobs go in a second call (`jobs_import`); if only the
-    /// first is stored, the retry finds its jobs by their idempotency keys and the dead ones by
-    /// their ids, so nothing is stored twice.
-    async fn commit(&self, store: &dyn Store) -> Result<(u64, u64), StoreError> {
+    /// What the batch's events make, checked (see `conveyor_engine::events`), and how many
+    /// events no subscription takes. A message whose event a check refuses goes to the dead
+    /// ones, alone. Run again on a batch tried again: the subscriptions are read afresh.
+    async fn fan_out(
+        &mut self,
+        spec: &SourceSpec,
+        messages: &[Message],
+        store: &dyn Store,
+        kinds: &KindRegistry,
+    ) -> Result<(Fanout, u64), StoreError> {
+        let mut all = Fanout::default();
+        let mut unmatched = 0;
+        if self.events.is_empty() {
+            return Ok((all, unmatched));
+        }
+        let subscriptions = events::subscriptions(store).await?;
+        let mut index = 0;
+        while let Some((event, message)) = self.events.get(index) {
+            let id = event.id.clone().unwrap_or_default();
+            match events::fan_out(&subscriptions, event, &id, kinds).await {
+                Ok(fanout) => {
+                    unmatched += u64::from(fanout.is_empty());
+                    all.extend(fanout);
+                    index += 1;
+                }
+                Err(StoreError::Invalid(error)) => {
+                    let message = &messages[*message];
+                    let reason = format!("its event {:?} is refused: {error}", event.name);
+                    self.events.remove(index);
+                    self.invalid += 1;
+                    self.dead
+                        .push(dead_job(spec, message, unmapped(spec, message), reason));
+                }
+                // A store that could not be read: the caller tries the batch again.
+                Err(other) => return Err(other),
+            }
+        }
+        Ok((all, unmatched))
+    }
+
+    /// Stores the batch: returns how many jobs (and flows, made by events) were new and how
+    /// many were duplicates (a message seen before). The jobs and what the events make go in
+    /// one call (`events_accept` when there are events' jobs or flows). The dead jobs go in a
+    /// second call (`jobs_import`); if only the first is stored, the retry finds its jobs and
+    /// flows by their idempotency keys and the dead ones by their ids, so nothing is stored
+    /// twice.
+    async fn commit(&self, store: &dyn Store, fanout: Fanout) -> Result<(u64, u64), StoreError> {
         let mut enqueued = 0;
         let mut duplicates = 0;
-        if !self.jobs.is_empty() {
+        let mut count = |duplicate: bool| {
+            if duplicate {
+                duplicates += 1;
+            } else {
+                enqueued += 1;
+            }
+        };
+        if !fanout.is_empty() {
+            let mut jobs: Vec<ValidJob> = self.jobs.iter().map(|(job, _)| job.clone()).collect();
+            jobs.extend(fanout.jobs);
+            let accepted = store.events_accept(jobs, fanout.flows).await?;
+            accepted.jobs.iter().for_each(|job| count(job.duplicate));
+            accepted.flows.iter().for_each(|flow| count(flow.duplicate));
+        } else if !self.jobs.is_empty() {
             let jobs = self.jobs.iter().map(|(job, _)| job.clone()).collect();
             for inserted in store.jobs_insert_valid(jobs).await? {
-                if inserted.duplicate {
-                    duplicates += 1;
-                } else {
-                    enqueued += 1;
-                }
+                count(inserted.duplicate);
             }
         }
         if !self.dead.is_empty() {
@@ -453,6 +538,13 @@ impl Batch {
         }
         Ok((enqueued, duplicates))
     }
+}
+
+/// The job of a message that cannot be mapped, before it goes to the dead-letter queue.
+fn unmapped(spec: &SourceSpec, message: &Message) -> NewJob {
+    let mut job = NewJob::new(format!("{}.unmapped", spec.name), Value::Null);
+    job.idempotency_key = Some(spec.idempotency_key(message));
+    job
 }
 
 /// A message that cannot be run, stored in the dead-letter queue with its raw body. Its id is

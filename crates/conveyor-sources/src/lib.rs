@@ -5,11 +5,13 @@
 //! - [`ingest`]: the loop (read a batch, one commit, then acknowledge) and a source's status.
 //! - [`supervisor`]: the sources a server runs, as the cluster's stored configuration says.
 //! - one module per broker, each behind its cargo feature (all on by default): `redis_stream`
-//!   (Redis Streams), `amqp` (RabbitMQ), `nats` (NATS JetStream), `mqtt`, `sqs`.
+//!   (Redis Streams), `amqp` (RabbitMQ), `nats` (NATS JetStream), `mqtt`, `sqs`, `kafka`.
 
 #[cfg(feature = "amqp")]
 mod amqp;
 pub mod ingest;
+#[cfg(feature = "kafka")]
+mod kafka;
 #[cfg(feature = "mqtt")]
 mod mqtt;
 #[cfg(feature = "nats")]
@@ -48,6 +50,8 @@ pub async fn connect(spec: SourceSpec) -> Result<Box<dyn Broker>, BrokerError> {
         BrokerSpec::Mqtt { .. } => mqtt::connect(&spec).await,
         #[cfg(feature = "sqs")]
         BrokerSpec::Sqs { .. } => sqs::connect(&spec).await,
+        #[cfg(feature = "kafka")]
+        BrokerSpec::Kafka { .. } => kafka::connect(&spec).await,
         #[allow(unreachable_patterns)]
         other => Err(BrokerError(format!(
             "this build has no {0} sources (cargo feature {0})",

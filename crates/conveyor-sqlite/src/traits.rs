@@ -166,6 +166,28 @@ impl FlowStore for SqliteStore {
         self.write(move |ctx| workflow::create(ctx, flow)).await
     }
 
+    async fn events_accept(
+        &self,
+        jobs: Vec<ValidJob>,
+        flows: Vec<ValidFlow>,
+    ) -> StoreResult<conveyor_core::Accepted> {
+        let jobs: Vec<NewJob> = jobs.into_iter().map(ValidJob::into_job).collect();
+        // One operation, so one savepoint: a part that fails undoes the others.
+        self.write(move |ctx| {
+            let flows = flows
+                .into_iter()
+                .map(|flow| workflow::create(ctx, flow))
+                .collect::<StoreResult<Vec<_>>>()?;
+            let jobs = if jobs.is_empty() {
+                Vec::new()
+            } else {
+                injected("insert", ops::insert_many(ctx, jobs))?
+            };
+            Ok(conveyor_core::Accepted { jobs, flows })
+        })
+        .await
+    }
+
     async fn flow_get(&self, id: Uuid) -> StoreResult<Option<FlowView>> {
         self.read(move |conn, _| workflow::view(conn, id)).await
     }

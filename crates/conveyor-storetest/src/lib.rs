@@ -26,6 +26,7 @@ mod admin;
 mod breakers;
 mod config;
 mod copy;
+mod events;
 pub mod eventually;
 mod expiry;
 pub mod faults;
@@ -53,6 +54,7 @@ pub use admin::*;
 pub use breakers::*;
 pub use config::*;
 pub use copy::*;
+pub use events::*;
 pub use expiry::*;
 pub use fetch::*;
 pub use finish::*;
@@ -267,6 +269,8 @@ macro_rules! __conveyor_behaviours {
             kind_schema_is_enforced_on_enqueue_and_counts_queued_violations,
             // shared configuration
             config_documents_round_trip_by_collection,
+            // events
+            events_accept_stores_jobs_and_flows_all_or_none_once,
         }
     };
 }

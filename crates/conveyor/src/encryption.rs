@@ -387,6 +387,25 @@ impl EncryptedStore {
         Ok(job)
     }
 
+    /// Every step's and compensation's payload sealed; a compensation without a payload of its
+    /// own (null) is given the step's at run time, so it stays null here.
+    fn seal_flow(&self, flow: ValidFlow) -> StoreResult<ValidFlow> {
+        let mut failure = None;
+        let sealed = flow.map_jobs(|job| {
+            if job.payload.is_null() {
+                return;
+            }
+            match self.keys.seal(&job.payload) {
+                Ok(payload) => job.payload = payload,
+                Err(error) => failure = Some(error),
+            }
+        });
+        match failure {
+            Some(error) => Err(self.seal_error(error)),
+            None => Ok(sealed),
+        }
+    }
+
     fn open_flow(&self, mut flow: FlowView) -> FlowView {
         let id = flow.id;
         for step in &mut flow.steps {
@@ -544,23 +563,34 @@ impl conveyor_core::FlowStore for EncryptedStore {
         &self,
         flow: ValidFlow,
     ) -> StoreResult<conveyor_core::workflow::CreatedFlow> {
-        // Every step's and compensation's payload is sealed before it is stored; a
-        // compensation without a payload of its own (null) is given the step's at run time,
-        // so it stays null here.
-        let mut failure = None;
-        let sealed = flow.map_jobs(|job| {
-            if job.payload.is_null() {
-                return;
-            }
-            match self.keys.seal(&job.payload) {
-                Ok(payload) => job.payload = payload,
-                Err(error) => failure = Some(error),
-            }
-        });
-        if let Some(error) = failure {
-            return Err(self.seal_error(error));
-        }
-        self.inner.flow_create(sealed).await
+        self.inner.flow_create(self.seal_flow(flow)?).await
+    }
+    async fn events_accept(
+        &self,
+        jobs: Vec<ValidJob>,
+        flows: Vec<ValidFlow>,
+    ) -> StoreResult<conveyor_core::Accepted> {
+        // Sealed as jobs_insert_valid and flow_create seal theirs.
+        let jobs = jobs
+            .into_iter()
+            .map(|job| self.seal_new(job))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let flows = flows
+            .into_iter()
+            .map(|flow| self.seal_flow(flow))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let accepted = self.inner.events_accept(jobs, flows).await?;
+        Ok(conveyor_core::Accepted {
+            jobs: accepted
+                .jobs
+                .into_iter()
+                .map(|i| Inserted {
+                    job: self.open_job(i.job),
+                    duplicate: i.duplicate,
+                })
+                .collect(),
+            flows: accepted.flows,
+        })
     }
     async fn flow_get(&self, id: Uuid) -> StoreResult<Option<FlowView>> {
         Ok(self

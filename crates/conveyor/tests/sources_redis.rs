@@ -488,7 +488,7 @@ fn a_stored_source_is_set_paused_resumed_and_deleted_over_the_api_and_cli() {
     let (status, answer) = send(
         reqwest::Method::PUT,
         &url,
-        Some(&json!({"type": "kafka", "job": {"kind": "k"}})),
+        Some(&json!({"type": "ftp", "job": {"kind": "k"}})),
     );
     assert_eq!(
         (status, answer["error"]["field"].as_str()),

@@ -12,7 +12,8 @@ fn spec(job: JobMapping) -> SourceSpec {
             body_field: None,
             claim_idle_ms: None,
         },
-        job,
+        job: Some(job),
+        event: None,
         max_in_flight: 100,
         start: Start::Earliest,
         on_invalid: OnInvalid::Raw,
@@ -117,7 +118,7 @@ fn validation_names_the_field_at_fault() {
         ..fixed("k")
     });
     assert_eq!(bad.validate().unwrap_err().field, "job.kind");
-    bad.job = fixed("k");
+    bad.job = Some(fixed("k"));
     if let BrokerSpec::RedisStream { url, .. } = &mut bad.broker {
         *url = Some("http://x".into());
     }
@@ -161,6 +162,49 @@ fn every_broker_reads_the_issues_example_and_checks_its_fields() {
 }
 
 #[test]
+fn a_kafka_source_names_its_brokers_as_a_list_of_addresses() {
+    let mut example = json!({"name": "orders", "type": "kafka", "brokers": "127.0.0.1:9092",
+        "topic": "orders", "group": "conveyor", "job": {"kind": "order.placed", "queue": "orders"}});
+    let spec: SourceSpec = serde_json::from_value(example.clone()).expect("reads");
+    assert!(spec.validate().is_ok());
+    assert_eq!(spec.broker.type_name(), "kafka");
+    assert_eq!(
+        spec.broker.resolve_url(),
+        Ok(Some("127.0.0.1:9092".to_string()))
+    );
+    example["brokers"] = json!("kafka-1.internal:9092,10.0.0.2:9093");
+    let spec: SourceSpec = serde_json::from_value(example.clone()).expect("reads");
+    assert!(spec.validate().is_ok());
+    for bad in [
+        "127.0.0.1",
+        "a:9092,",
+        "kafka://a:9092",
+        ":9092",
+        "a:99999",
+        "a:0",
+        "a:9092, b:9093",
+        "[::1]:9092",
+    ] {
+        example["brokers"] = json!(bad);
+        let spec: SourceSpec = serde_json::from_value(example.clone()).expect("reads");
+        assert_eq!(spec.validate().unwrap_err().field, "brokers", "{bad}");
+    }
+    example["brokers_env"] = json!("KAFKA_BROKERS");
+    let spec: SourceSpec = serde_json::from_value(example.clone()).expect("reads");
+    assert_eq!(spec.validate().unwrap_err().field, "brokers");
+    example.as_object_mut().map(|o| o.remove("brokers"));
+    let spec: SourceSpec = serde_json::from_value(example.clone()).expect("reads");
+    assert!(spec.validate().is_ok());
+    example.as_object_mut().map(|o| o.remove("brokers_env"));
+    let spec: SourceSpec = serde_json::from_value(example.clone()).expect("reads");
+    assert_eq!(spec.validate().unwrap_err().field, "brokers");
+    example["brokers"] = json!("a:1");
+    example["group"] = json!("");
+    let spec: SourceSpec = serde_json::from_value(example).expect("reads");
+    assert_eq!(spec.validate().unwrap_err().field, "group");
+}
+
+#[test]
 fn the_configuration_reads_from_toml_and_json_alike() {
     let from_toml: SourceSpec = toml::from_str(
         r#"
@@ -182,7 +226,7 @@ fn the_configuration_reads_from_toml_and_json_alike() {
     assert_eq!(from_toml, from_json);
     assert_eq!(from_toml.max_in_flight, 1000);
     let unknown = serde_json::from_value::<SourceSpec>(json!({
-        "name": "x", "type": "kafka", "job": {"kind": "k"}
+        "name": "x", "type": "ftp", "job": {"kind": "k"}
     }));
     assert!(unknown.is_err());
 }
@@ -205,10 +249,7 @@ fn a_request_body_is_read_with_errors_naming_the_field() {
         ),
         "stream"
     );
-    assert_eq!(
-        field(json!({"type": "kafka", "job": {"kind": "k"}})),
-        "type"
-    );
+    assert_eq!(field(json!({"type": "ftp", "job": {"kind": "k"}})), "type");
     assert_eq!(
         field(json!({"url": "redis://x", "job": {"kind": "k"}})),
         "type"

@@ -1,5 +1,5 @@
-//! `conveyor event send` and `conveyor subscription ...`: one event, many jobs, through the
-//! server's API.
+//! `conveyor event send` and `conveyor subscription ...`: one event, many jobs and flows,
+//! through the server's API.
 
 use anyhow::Context;
 use clap::Subcommand;
@@ -14,14 +14,14 @@ use crate::cli::table::Table;
 
 #[derive(Subcommand, Debug)]
 pub(crate) enum EventCommand {
-    /// Send an event: every subscription to its name makes a job of it, all in one
-    /// transaction. Prints each job made.
+    /// Send an event: every subscription to its name makes a job or a flow of it, all in one
+    /// transaction. Prints each job and flow made.
     Send {
         name: String,
         /// The payload, as JSON (default `{}`).
         #[arg(long, value_name = "JSON")]
         payload: Option<String>,
-        /// Your id for the event: sent again with the same id, it makes no new jobs.
+        /// Your id for the event: sent again with the same id, it makes no new jobs or flows.
         #[arg(long)]
         id: Option<String>,
         #[command(flatten)]
@@ -33,7 +33,9 @@ pub(crate) enum EventCommand {
 pub(crate) enum SubscriptionCommand {
     /// Create or replace a subscription, from a JSON or TOML file (`--file`, `-` for standard
     /// input) or inline JSON (`--spec`): `{"event": "user.signed_up", "job": {"kind":
-    /// "email.welcome", "queue": "mail"}, "filter": {"plan": "pro"}}`.
+    /// "email.welcome", "queue": "mail"}, "filter": {"plan": "pro"}}`. In place of `job`,
+    /// `flow` makes a flow: the body `POST /v1/flows` takes (`name`, `steps`, `on_failure`,
+    /// `tags`), each step's job taking the event's payload unless it gives its own.
     Set {
         name: String,
         #[arg(
@@ -92,18 +94,24 @@ pub(crate) async fn run_event(command: EventCommand) -> anyhow::Result<ExitCode>
         return Ok(ExitCode::SUCCESS);
     }
     let jobs = answer["jobs"].as_array().cloned().unwrap_or_default();
+    let flows = answer["flows"].as_array().cloned().unwrap_or_default();
     println!(
-        "event {} ({}): {} job(s)",
+        "event {} ({}): {} job(s), {} flow(s)",
         answer["name"].as_str().unwrap_or(""),
         answer["id"].as_str().unwrap_or(""),
-        jobs.len()
+        jobs.len(),
+        flows.len()
     );
-    for job in jobs {
+    let made = jobs
+        .iter()
+        .map(|job| (job, "job_id", "job"))
+        .chain(flows.iter().map(|flow| (flow, "flow_id", "flow")));
+    for (made, id, what) in made {
         println!(
-            "  {}  {}{}",
-            job["subscription"].as_str().unwrap_or(""),
-            job["job_id"].as_str().unwrap_or(""),
-            if job["duplicate"] == true {
+            "  {}  {what} {}{}",
+            made["subscription"].as_str().unwrap_or(""),
+            made[id].as_str().unwrap_or(""),
+            if made["duplicate"] == true {
                 "  (already made)"
             } else {
                 ""
@@ -136,7 +144,7 @@ pub(crate) async fn run_subscription(command: SubscriptionCommand) -> anyhow::Re
                 println!(
                     "subscription {name} set: {} -> {}",
                     answer["event"].as_str().unwrap_or(""),
-                    answer["job"]["kind"].as_str().unwrap_or("")
+                    makes(&answer)
                 );
             }
         }
@@ -153,13 +161,17 @@ pub(crate) async fn run_subscription(command: SubscriptionCommand) -> anyhow::Re
             if subscriptions.is_empty() {
                 println!("no subscriptions (conveyor subscription set NAME --spec JSON)");
             } else {
-                let mut table = Table::new(["NAME", "EVENT", "KIND", "QUEUE", "FILTER"]);
+                let mut table = Table::new(["NAME", "EVENT", "MAKES", "QUEUE", "FILTER"]);
                 for s in &subscriptions {
+                    let queue = match s.get("flow") {
+                        Some(_) => "-",
+                        None => s["job"]["queue"].as_str().unwrap_or("default"),
+                    };
                     table.row([
                         s["name"].as_str().unwrap_or("").to_string(),
                         s["event"].as_str().unwrap_or("").to_string(),
-                        s["job"]["kind"].as_str().unwrap_or("").to_string(),
-                        s["job"]["queue"].as_str().unwrap_or("default").to_string(),
+                        makes(s),
+                        queue.to_string(),
                         s.get("filter").map_or("-".to_string(), Value::to_string),
                     ]);
                 }
@@ -186,4 +198,21 @@ pub(crate) async fn run_subscription(command: SubscriptionCommand) -> anyhow::Re
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What a subscription makes, in a word or two: its job's kind, or `flow NAME`.
+fn makes(subscription: &Value) -> String {
+    match subscription.get("flow") {
+        Some(flow) => format!(
+            "flow {}",
+            flow["name"]
+                .as_str()
+                .or(subscription["name"].as_str())
+                .unwrap_or("")
+        ),
+        None => subscription["job"]["kind"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+    }
 }

@@ -174,12 +174,12 @@ enum Command {
         #[command(subcommand)]
         command: kind::KindCommand,
     },
-    /// Events: send one, and every subscription to its name makes a job of it.
+    /// Events: send one, and every subscription to its name makes a job or a flow of it.
     Event {
         #[command(subcommand)]
         command: event::EventCommand,
     },
-    /// Event subscriptions (which events make which jobs): set, list, show, delete.
+    /// Event subscriptions (which events make which jobs or flows): set, list, show, delete.
     Subscription {
         #[command(subcommand)]
         command: event::SubscriptionCommand,

@@ -15,8 +15,9 @@ pub(crate) enum SourceCommand {
     /// Create or replace a source: a broker whose messages become jobs, from a JSON or TOML
     /// document (`--file`, `-` for standard input) or inline JSON (`--spec`), e.g.
     /// `{"type": "redis_stream", "url": "redis://127.0.0.1:6379", "stream": "orders",
-    /// "group": "conveyor", "job": {"kind": "order.placed", "queue": "orders"}}`. Every server
-    /// of the cluster starts reading it within a second.
+    /// "group": "conveyor", "job": {"kind": "order.placed", "queue": "orders"}}`. Types:
+    /// redis_stream, amqp, nats, mqtt, sqs, kafka (see the guide's Event sources page). Every
+    /// server of the cluster starts reading it within a second.
     Set {
         name: String,
         #[arg(
@@ -85,8 +86,30 @@ pub(crate) fn document(file: Option<&str>, spec: Option<&str>) -> anyhow::Result
     serde_json::from_str(&text).with_context(|| format!("{file:?} is not valid JSON"))
 }
 
-/// A source's one-line summary: name, type, state, counts.
-fn row(source: &Value) -> [String; 7] {
+/// Where a source's messages go: a queue (with the job's kind) or an event's name; either may
+/// be fixed or taken from each message (`{"from": ...}`).
+fn target(source: &Value) -> String {
+    let part = |value: &Value| match value {
+        Value::String(text) => text.clone(),
+        Value::Object(from) => from
+            .get("from")
+            .and_then(Value::as_str)
+            .map_or_else(|| "?".to_string(), |from| format!("<{from}>")),
+        _ => "?".to_string(),
+    };
+    if let Some(event) = source.get("event").filter(|event| !event.is_null()) {
+        return format!("event {}", part(&event["name"]));
+    }
+    let job = &source["job"];
+    let queue = match &job["queue"] {
+        Value::Null => conveyor_core::DEFAULT_QUEUE.to_string(),
+        queue => part(queue),
+    };
+    format!("{queue} ({})", part(&job["kind"]))
+}
+
+/// A source's one-line summary: name, type, target, state, counts.
+fn row(source: &Value) -> [String; 8] {
     let text = |key: &str| match &source[key] {
         Value::String(text) => text.clone(),
         Value::Null => "-".to_string(),
@@ -95,6 +118,7 @@ fn row(source: &Value) -> [String; 7] {
     [
         text("name"),
         text("type"),
+        target(source),
         text("state"),
         text("received"),
         text("enqueued"),
@@ -104,8 +128,8 @@ fn row(source: &Value) -> [String; 7] {
 }
 
 fn describe(source: &Value) {
-    let [name, kind, state, received, enqueued, invalid, lag] = row(source);
-    println!("source {name} ({kind}): {state}");
+    let [name, kind, target, state, received, enqueued, invalid, lag] = row(source);
+    println!("source {name} ({kind}, into {target}): {state}");
     println!("  received {received}, enqueued {enqueued}, invalid {invalid}, lag {lag}");
     if let Some(error) = source["last_error"].as_str() {
         println!("  last error: {error}");
@@ -147,7 +171,7 @@ pub(crate) async fn run(command: SourceCommand) -> anyhow::Result<ExitCode> {
                 println!("no sources (conveyor source set NAME --file FILE)");
             } else {
                 let mut table = Table::new([
-                    "NAME", "TYPE", "STATE", "RECEIVED", "ENQUEUED", "INVALID", "LAG",
+                    "NAME", "TYPE", "INTO", "STATE", "RECEIVED", "ENQUEUED", "INVALID", "LAG",
                 ]);
                 for source in &sources {
                     table.row(row(source));
