@@ -7,8 +7,8 @@
 //! JSON are kept or dead-lettered; two sources in one group share the partitions without
 //! duplicates; a cut connection is reconnected.
 //!
-//! Tansu is found from CONVEYOR_TANSU, else `tansu` in cargo's bin directory or on PATH;
-//! without it the tests fail saying how to install it (scripts/test.sh does).
+//! Tansu is started as `../../conveyor/tests/support/tansu.rs` says (shared with the server's
+//! Kafka tests in `crates/conveyor/tests/sources_brokers.rs`).
 
 mod kit;
 
@@ -18,240 +18,46 @@ mod proxy;
 use conveyor_core::JobState;
 use conveyor_sources::SourceState;
 use kit::*;
-use krafka::admin::{AdminClient, NewTopic, TopicPartition};
-use krafka::{Kafka, Record};
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-const PARTITIONS: i32 = 3;
+#[path = "../../conveyor/tests/support/tansu.rs"]
+mod tansu;
 
-fn tansu_path() -> PathBuf {
-    if let Some(path) = std::env::var_os("CONVEYOR_TANSU") {
-        return PathBuf::from(path);
-    }
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(home) = std::env::var_os("CARGO_HOME") {
-        candidates.push(PathBuf::from(home).join("bin/tansu"));
-    }
-    if let Some(home) = std::env::var_os("HOME") {
-        candidates.push(PathBuf::from(home).join(".cargo/bin/tansu"));
-    }
-    let path = std::env::var_os("PATH").unwrap_or_default();
-    candidates.extend(std::env::split_paths(&path).map(|dir| dir.join("tansu")));
-    candidates
-        .into_iter()
-        .find(|candidate| candidate.is_file())
-        .unwrap_or_else(|| {
-            panic!(
-                "the Kafka tests need Tansu and found none: install it with \
-                 `cargo install tansu --locked --features dynostore` (scripts/test.sh does \
-                 this), or set CONVEYOR_TANSU to a tansu executable"
-            )
-        })
+use tansu::{Tansu, PARTITIONS};
+
+/// A broker whose clients all reach it through a proxy (it advertises the proxy's address),
+/// so cutting the proxy's connections cuts every connection a client has.
+async fn tansu_behind_proxy() -> (Tansu, proxy::Proxy) {
+    let port = tansu::free_port();
+    let proxy = proxy::Proxy::start(([127, 0, 0, 1], port).into()).await;
+    let tansu = Tansu::start_on(port, proxy.addr.to_string()).await;
+    (tansu, proxy)
 }
 
-/// A Tansu broker of the test's own, killed (by its pid) when dropped.
-struct Tansu {
-    child: Child,
-    address: String,
-    kafka: Kafka,
-    /// Each partition's end offset, from the offsets the broker gave the records published.
-    ends: std::sync::Mutex<std::collections::HashMap<(String, i32), i64>>,
-    _log: tempfile::TempDir,
+/// A topic of the test's own, with three partitions.
+async fn topic(tansu: &Tansu, prefix: &str) -> String {
+    let name = unique(prefix);
+    tansu.create_topic(&name).await;
+    name
 }
 
-impl Tansu {
-    async fn start() -> Tansu {
-        Tansu::start_advertising(false).await.0
-    }
-
-    /// A broker whose clients all reach it through a proxy (it advertises the proxy's
-    /// address), so cutting the proxy's connections cuts every connection a client has.
-    async fn start_behind_proxy() -> (Tansu, proxy::Proxy) {
-        let (tansu, proxy) = Tansu::start_advertising(true).await;
-        (tansu, proxy.expect("a proxy"))
-    }
-
-    async fn start_advertising(behind_proxy: bool) -> (Tansu, Option<proxy::Proxy>) {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|listener| listener.local_addr())
-            .expect("a free port")
-            .port();
-        let own: std::net::SocketAddr = ([127, 0, 0, 1], port).into();
-        let proxy = if behind_proxy {
-            Some(proxy::Proxy::start(own).await)
-        } else {
-            None
-        };
-        let address = proxy
-            .as_ref()
-            .map_or_else(|| own.to_string(), |proxy| proxy.addr.to_string());
-        let listener = format!("tcp://{own}");
-        let advertised = format!("tcp://{address}");
-        let log = tempfile::tempdir().expect("temp dir");
-        let log_path = log.path().join("tansu.log");
-        let log_file = std::fs::File::create(&log_path).expect("tansu's log");
-        let executable = tansu_path();
-        let child = Command::new(&executable)
-            .args([
-                "broker",
-                "--listener-url",
-                &listener,
-                "--advertised-listener-url",
-                &advertised,
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .stdin(Stdio::null())
-            .stdout(log_file.try_clone().expect("log"))
-            .stderr(log_file)
-            .spawn()
-            .unwrap_or_else(|error| panic!("start {}: {error}", executable.display()));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let kafka = loop {
-            match Kafka::builder(address.clone())
-                .client_id("conveyor-test")
-                .connect()
-                .await
-            {
-                Ok(kafka) => break kafka,
-                Err(error) => {
-                    assert!(
-                        Instant::now() < deadline,
-                        "tansu did not answer on {address}: {error}: {}",
-                        std::fs::read_to_string(&log_path).unwrap_or_default()
-                    );
-                    tokio::time::sleep(Duration::from_millis(200)).await;
-                }
-            }
-        };
-        let tansu = Tansu {
-            child,
-            address,
-            kafka,
-            ends: Default::default(),
-            _log: log,
-        };
-        (tansu, proxy)
-    }
-
-    fn admin(&self) -> AdminClient {
-        self.kafka.admin()
-    }
-
-    /// A topic of the test's own, with three partitions.
-    async fn topic(&self, prefix: &str) -> String {
-        let name = unique(prefix);
-        let created = self
-            .admin()
-            .create_topics(
-                [NewTopic::new(&name, PARTITIONS, 1).expect("a topic")],
-                Default::default(),
-            )
-            .await
-            .expect("create the topic");
-        for (topic, result) in created {
-            result.unwrap_or_else(|error| panic!("create {topic}: {error}"));
+/// The source's configuration for `topic` on `tansu`, with `extra` fields merged in.
+fn config(tansu: &Tansu, name: &str, topic: &str, group: &str, extra: Value) -> Value {
+    let mut config = json!({
+        "name": name,
+        "type": "kafka",
+        "brokers": tansu.address,
+        "topic": topic,
+        "group": group,
+        "job": { "kind": "order.placed", "queue": QUEUE },
+    });
+    if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
+        for (key, value) in extra {
+            config.insert(key.clone(), value.clone());
         }
-        name
     }
-
-    /// Publishes `bodies` to `topic`, keyed by their position so they spread over the
-    /// partitions, with `headers` on each, each record a batch of its own.
-    async fn publish(
-        &self,
-        topic: &str,
-        bodies: impl IntoIterator<Item = Vec<u8>>,
-        headers: &[(&str, &str)],
-    ) {
-        // One record per batch, so every offset starts a batch: Tansu 0.6 answers a fetch
-        // from an offset inside a batch with the next batch, skipping the rest of that one
-        // (Apache Kafka returns the batch holding the offset, and the consumer drops the
-        // records before it). A group resuming from its committed offset fetches from there.
-        let producer = self
-            .kafka
-            .producer()
-            .batch_size(1)
-            .build()
-            .await
-            .expect("a producer");
-        let mut deliveries = Vec::new();
-        for (index, body) in bodies.into_iter().enumerate() {
-            let mut record = Record::new(topic.to_string(), body).key(format!("k{index}"));
-            for (name, value) in headers {
-                record = record.header(*name, value.as_bytes().to_vec());
-            }
-            deliveries.push(producer.enqueue(record).await.expect("enqueue a record"));
-        }
-        for delivery in deliveries {
-            let stored = delivery.await.expect("a record delivered");
-            assert!(stored.offset >= 0, "a record without an offset: {stored:?}");
-            let mut ends = self.ends.lock().expect("the end offsets");
-            let end = ends
-                .entry((topic.to_string(), stored.partition))
-                .or_insert(0);
-            *end = (*end).max(stored.offset + 1);
-        }
-        producer.close().await.expect("close the producer");
-    }
-
-    /// Records the group has not committed past: each partition's end offset minus the
-    /// group's committed offset (all of it where the group committed none). The end offsets
-    /// are those the broker gave the records it stored (Tansu 0.6's ListOffsets answers 1 for
-    /// the latest offset of a partition holding many records).
-    async fn unacknowledged(&self, topic: &str, group: &str) -> i64 {
-        let partitions: Vec<TopicPartition> = (0..PARTITIONS)
-            .map(|partition| TopicPartition::new(topic, partition))
-            .collect();
-        let ends = self.ends.lock().expect("the end offsets").clone();
-        let committed = self
-            .admin()
-            .list_consumer_group_offsets(group, Default::default())
-            .await
-            .expect("the group's offsets");
-        partitions
-            .iter()
-            .map(|tp| {
-                let end = ends
-                    .get(&(topic.to_string(), tp.partition))
-                    .copied()
-                    .unwrap_or(0);
-                let done = committed
-                    .get(tp)
-                    .and_then(|offset| offset.as_ref().ok())
-                    .and_then(|offset| offset.offset)
-                    .unwrap_or(0);
-                end - done
-            })
-            .sum()
-    }
-
-    /// The source's configuration for `topic`, with `extra` fields merged in.
-    fn source(&self, name: &str, topic: &str, group: &str, extra: Value) -> Value {
-        let mut config = json!({
-            "name": name,
-            "type": "kafka",
-            "brokers": self.address,
-            "topic": topic,
-            "group": group,
-            "job": { "kind": "order.placed", "queue": QUEUE },
-        });
-        if let (Some(config), Some(extra)) = (config.as_object_mut(), extra.as_object()) {
-            for (key, value) in extra {
-                config.insert(key.clone(), value.clone());
-            }
-        }
-        config
-    }
-}
-
-impl Drop for Tansu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+    config
 }
 
 fn bodies(range: std::ops::Range<u64>) -> impl Iterator<Item = Vec<u8>> {
@@ -262,10 +68,11 @@ fn bodies(range: std::ops::Range<u64>) -> impl Iterator<Item = Vec<u8>> {
 async fn ten_thousand_records_become_ten_thousand_jobs_each_committed() {
     let tansu = Tansu::start().await;
     let store = open_store();
-    let topic = tansu.topic("drain").await;
+    let topic = topic(&tansu, "drain").await;
     tansu.publish(&topic, bodies(0..10_000), &[]).await;
     let source = start(
-        spec(tansu.source(
+        spec(config(
+            &tansu,
             "orders",
             &topic,
             "conveyor",
@@ -309,10 +116,11 @@ async fn ten_thousand_records_become_ten_thousand_jobs_each_committed() {
 async fn a_source_killed_mid_ingest_leaves_every_record_one_job_after_its_restart() {
     let tansu = Tansu::start().await;
     let store = open_store();
-    let topic = tansu.topic("kill").await;
+    let topic = topic(&tansu, "kill").await;
     tansu.publish(&topic, bodies(0..5_000), &[]).await;
     // Small batches, so the kill lands while most of the topic is still to do.
-    let config = spec(tansu.source(
+    let config = spec(config(
+        &tansu,
         "orders",
         &topic,
         "conveyor",
@@ -352,11 +160,17 @@ async fn a_source_killed_mid_ingest_leaves_every_record_one_job_after_its_restar
 async fn a_full_queue_holds_the_batch_uncommitted_until_it_accepts_again() {
     let tansu = Tansu::start().await;
     let store = open_store();
-    let topic = tansu.topic("full").await;
+    let topic = topic(&tansu, "full").await;
     set_max_depth(&store, QUEUE, Some(50)).await;
     tansu.publish(&topic, bodies(0..300), &[]).await;
     let source = start(
-        spec(tansu.source("orders", &topic, "conveyor", json!({ "max_in_flight": 20 }))),
+        spec(config(
+            &tansu,
+            "orders",
+            &topic,
+            "conveyor",
+            json!({ "max_in_flight": 20 }),
+        )),
         &store,
     );
     wait_until!(
@@ -393,12 +207,19 @@ async fn a_full_queue_holds_the_batch_uncommitted_until_it_accepts_again() {
 async fn bodies_that_are_not_json_are_kept_or_dead_lettered() {
     let tansu = Tansu::start().await;
     let store = open_store();
-    let topic = tansu.topic("invalid").await;
+    let topic = topic(&tansu, "invalid").await;
     // Two sources on the topic, each in its own group: one keeps what is not JSON as base64,
     // the other dead-letters it. The kind comes from a header.
-    let mut kept = tansu.source("kept", &topic, "kept", json!({ "on_invalid": "raw" }));
+    let mut kept = config(
+        &tansu,
+        "kept",
+        &topic,
+        "kept",
+        json!({ "on_invalid": "raw" }),
+    );
     kept["job"] = json!({ "kind": { "from": "header:kind" }, "queue": "kept" });
-    let mut dead = tansu.source(
+    let mut dead = config(
+        &tansu,
         "dead",
         &topic,
         "dead",
@@ -444,8 +265,9 @@ async fn bodies_that_are_not_json_are_kept_or_dead_lettered() {
 async fn two_sources_in_one_group_share_the_partitions_without_duplicates() {
     let tansu = Tansu::start().await;
     let store = open_store();
-    let topic = tansu.topic("shared").await;
-    let config = spec(tansu.source(
+    let topic = topic(&tansu, "shared").await;
+    let config = spec(config(
+        &tansu,
         "orders",
         &topic,
         "conveyor",
@@ -455,8 +277,10 @@ async fn two_sources_in_one_group_share_the_partitions_without_duplicates() {
     let second = start(config, &store);
     wait_until!(
         Duration::from_secs(60),
-        "both running",
-        first.state() == SourceState::Running && second.state() == SourceState::Running,
+        "both members holding partitions",
+        // A member knows its lag once it holds partitions and its positions in them: the
+        // second's means the group has shared the partitions between the two.
+        first.status.lag().is_some() && second.status.lag().is_some(),
         SLOW_POLL
     );
     tansu.publish(&topic, bodies(0..3_000), &[]).await;
@@ -488,12 +312,13 @@ async fn two_sources_in_one_group_share_the_partitions_without_duplicates() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_connection_is_reconnected_and_every_record_is_one_job() {
-    let (tansu, proxy) = Tansu::start_behind_proxy().await;
+    let (tansu, proxy) = tansu_behind_proxy().await;
     let store = open_store();
-    let topic = tansu.topic("cut").await;
+    let topic = topic(&tansu, "cut").await;
     tansu.publish(&topic, bodies(0..2_000), &[]).await;
     let source = start(
-        spec(tansu.source(
+        spec(config(
+            &tansu,
             "orders",
             &topic,
             "conveyor",
@@ -527,10 +352,16 @@ async fn a_cut_connection_is_reconnected_and_every_record_is_one_job() {
 async fn a_latest_start_skips_what_the_topic_held() {
     let tansu = Tansu::start().await;
     let store = open_store();
-    let topic = tansu.topic("latest").await;
+    let topic = topic(&tansu, "latest").await;
     tansu.publish(&topic, bodies(0..100), &[]).await;
     let source = start(
-        spec(tansu.source("orders", &topic, "conveyor", json!({ "start": "latest" }))),
+        spec(config(
+            &tansu,
+            "orders",
+            &topic,
+            "conveyor",
+            json!({ "start": "latest" }),
+        )),
         &store,
     );
     wait_until!(

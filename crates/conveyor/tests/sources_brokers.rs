@@ -5,10 +5,11 @@
 //!
 //! - A server killed with SIGKILL mid-ingest and started again on the same SQLite file leaves
 //!   every message exactly one job, and nothing unacknowledged at the broker (amqp, nats, mqtt,
-//!   sqs).
+//!   sqs, kafka).
 //! - Two servers on one PostgreSQL schema share a source stored through the API: every message
 //!   is one job, both servers read some, and what they received adds up to the messages sent
-//!   (amqp, nats, sqs; SQS delivers at least once, so there a message received by both must be
+//!   (amqp, nats, sqs, kafka; SQS delivers at least once, and a Kafka rebalance hands a
+//!   partition on from its last committed offset, so there a message received by both must be
 //!   counted a duplicate instead). MQTT is left out: a source's `client_id` is part of its stored
 //!   configuration, so every server runs it under the same client id, and an MQTT broker keeps
 //!   one connection per client id (a second one takes the session over from the first); a
@@ -18,9 +19,11 @@
 //!   directory: the source shows `error` with its `last_error` while `/readyz` still answers
 //!   200, comes back to `running`, and every message published before and after is exactly one
 //!   job (nats, mqtt and redis_stream, each on a private broker this test starts on a free
-//!   port). RabbitMQ and SQS are not restarted: the RabbitMQ here is the machine's shared
-//!   service, which a test must not stop, and moto keeps its queues in memory, so a restarted
-//!   moto has lost every message (a restart could only test a loss).
+//!   port). RabbitMQ, SQS and Kafka are not restarted: the RabbitMQ here is the machine's shared
+//!   service, which a test must not stop, and moto and Tansu (standing in for Kafka) keep their
+//!   messages in memory, so a restarted one has lost them all (a restart could only test a
+//!   loss); the Kafka source's reconnection is tested with a proxy cutting its connections in
+//!   `crates/conveyor-sources/tests/kafka.rs`.
 //!
 //! Each test uses a queue, stream, subject, topic and session client id of its own (named with
 //! the process id and the time) and removes them at its end (Drop guards, which also run when
@@ -28,9 +31,12 @@
 //! started them with.
 //!
 //! moto is found as the conveyor-sources SQS tests find it: CONVEYOR_MOTO_SERVER, else
-//! `target/py-venv/bin/moto_server` under the workspace, else on PATH.
+//! `target/py-venv/bin/moto_server` under the workspace, else on PATH; Tansu as
+//! `support/tansu.rs` says.
 
 mod common;
+#[path = "support/tansu.rs"]
+mod tansu;
 
 use common::*;
 use serde_json::{json, Value};
@@ -886,6 +892,53 @@ mod sqs {
 }
 
 // ---------------------------------------------------------------------------------------------
+// Kafka (Tansu).
+
+mod kafka {
+    use super::*;
+
+    /// The consumer group the servers join.
+    pub const GROUP: &str = "conveyor";
+
+    /// A topic of the test's own on a Tansu of its own (both go when this is dropped).
+    pub struct Topic {
+        tansu: tansu::Tansu,
+        name: String,
+    }
+
+    impl Topic {
+        pub fn fresh(rt: &Runtime, prefix: &str) -> Topic {
+            rt.block_on(async {
+                let tansu = tansu::Tansu::start().await;
+                let name = unique(prefix);
+                tansu.create_topic(&name).await;
+                Topic { tansu, name }
+            })
+        }
+
+        /// Publishes `{"n": n}` for each n, spread over the partitions.
+        pub fn publish(&self, rt: &Runtime, range: std::ops::Range<u64>) {
+            rt.block_on(self.tansu.publish(&self.name, range.map(body), &[]));
+        }
+
+        /// Records the group has not committed past.
+        pub fn unacknowledged(&self, rt: &Runtime) -> i64 {
+            rt.block_on(self.tansu.unacknowledged(&self.name, GROUP))
+        }
+
+        /// A member silent for six seconds leaves the group: a killed server's partitions go
+        /// to the others (or to the restarted server) that soon.
+        pub fn spec(&self, max_in_flight: usize) -> Value {
+            json!({
+                "type": "kafka", "brokers": self.tansu.address, "topic": self.name,
+                "group": GROUP, "session_timeout_ms": 6000, "max_in_flight": max_in_flight,
+                "job": { "kind": "order.placed", "queue": QUEUE },
+            })
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Brokers of the test's own, for the restart tests.
 
 fn free_port() -> u16 {
@@ -1194,6 +1247,36 @@ fn sqs_a_server_killed_mid_ingest_leaves_every_message_one_job_after_its_restart
     assert_eq!(after["state"], "running", "{after}");
 }
 
+#[test]
+fn kafka_a_server_killed_mid_ingest_leaves_every_message_one_job_after_its_restart() {
+    const TOTAL: u64 = 20_000;
+    let rt = runtime();
+    let dir = temp_dir();
+    let db = path_in(&dir, "jobs.db");
+    let topic = kafka::Topic::fresh(&rt, "srv-kafka-kill");
+    topic.publish(&rt, 0..TOTAL);
+    let file = sources_file(&dir, &topic.spec(50));
+    let mut server = serve(&db, &file, &[]);
+    let before = kill_when_some_stored(&mut server, 1_000, POLL);
+    assert!(
+        topic.unacknowledged(&rt) > 0,
+        "the kill came after the whole topic was ingested: it tested no recovery ({before})"
+    );
+    // The restarted server joins the group; the killed member's partitions come to it once
+    // that member's session times out, from the offsets committed.
+    let server = serve(&db, &file, &[]);
+    assert_each_message_one_job(&server.url, TOTAL, Duration::from_secs(300));
+    wait_for(
+        Duration::from_secs(60),
+        POLL,
+        "every record committed by the group",
+        || topic.unacknowledged(&rt),
+        |left| *left == 0,
+    );
+    let after = source(&server.url);
+    assert_eq!(after["state"], "running", "{after}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. Two servers on one PostgreSQL sharing a source stored through the API.
 
@@ -1233,7 +1316,8 @@ enum Delivery {
     ToOne,
     /// At least once: SQS may hand a message held invisible by one server to another as well
     /// (documented for standard queues; moto, whose ReceiveMessage takes no lock, does it when
-    /// two receives race). The second copy must then be found as a duplicate, not stored again.
+    /// two receives race), and a Kafka rebalance hands a partition on from its last committed
+    /// offset. The second copy must then be found as a duplicate, not stored again.
     AtLeastOnce,
 }
 
@@ -1359,6 +1443,38 @@ fn sqs_two_servers_on_postgres_share_a_stored_source_without_duplicates() {
         "every message deleted from the queue (visible, not visible)",
         || queue.undeleted(&rt),
         |left| *left == (0, 0),
+    );
+}
+
+#[test]
+fn kafka_two_servers_on_postgres_share_a_stored_source_without_duplicates() {
+    const TOTAL: u64 = 5_000;
+    let rt = runtime();
+    let topic = kafka::Topic::fresh(&rt, "srv-kafka-shared");
+    let schema = Schema::fresh("conveyor_src_kafka");
+    let servers = two_servers_sharing(&schema, &topic.spec(50), &[]);
+    // A member knows its lag once it holds partitions and its positions in them: both knowing
+    // theirs means the group has shared the partitions between the two servers.
+    wait_for(
+        Duration::from_secs(60),
+        POLL,
+        "both servers holding partitions of the topic",
+        || servers.each_ref().map(|server| source(&server.url)),
+        |views| views.iter().all(|view| view["lag"].is_u64()),
+    );
+    topic.publish(&rt, 0..TOTAL);
+    assert_shared_without_duplicates(
+        &servers,
+        TOTAL,
+        Duration::from_secs(180),
+        Delivery::AtLeastOnce,
+    );
+    wait_for(
+        Duration::from_secs(60),
+        POLL,
+        "every record committed by the group",
+        || topic.unacknowledged(&rt),
+        |left| *left == 0,
     );
 }
 
