@@ -16,9 +16,7 @@ use std::collections::BTreeMap;
 
 use crate::error::ValidationError;
 use crate::fields;
-use crate::sources::{
-    check_target, read_body, EventMapping, JobMapping, MappedEvent, MappedJob, Message,
-};
+use crate::sources::{check_target, EventMapping, JobMapping, MappedEvent, MappedJob, Message};
 use crate::wire;
 
 type HmacSha256 = Hmac<Sha256>;
@@ -124,7 +122,7 @@ pub enum Refusal {
 impl HookSpec {
     /// Reads and checks a hook named `name` from a request's JSON body; errors name the field.
     pub fn from_json(name: &str, body: serde_json::Value) -> Result<Self, ValidationError> {
-        let mut spec: HookSpec = read_body(body, "scheme")?;
+        let mut spec: HookSpec = crate::wire::read_body(body, "scheme")?;
         spec.name = name.to_string();
         spec.validate()?;
         Ok(spec)

@@ -447,7 +447,7 @@ impl SourceSpec {
     /// is ignored: the path names it). Errors name the field: a missing or mistyped field, an
     /// unknown `type`, or a value the checks refuse.
     pub fn from_json(name: &str, body: Value) -> Result<Self, ValidationError> {
-        let mut spec: SourceSpec = read_body(body, "type")?;
+        let mut spec: SourceSpec = wire::read_body(body, "type")?;
         spec.name = name.to_string();
         spec.validate()?;
         Ok(spec)
@@ -579,71 +579,6 @@ impl JobMapping {
         }
         Ok(())
     }
-}
-
-/// Reads a request's JSON object as `T`; an error names the field at fault: the path serde
-/// reports where it tracks one, the field a "missing field" or "unknown field" message names,
-/// `variant_field` for an unknown enum variant, and otherwise (a mistyped field of a flattened
-/// part, whose path serde loses) the top-level key without which that error goes away.
-pub fn read_body<T: serde::de::DeserializeOwned>(
-    body: Value,
-    variant_field: &str,
-) -> Result<T, ValidationError> {
-    let Some(object) = body.as_object() else {
-        return Err(ValidationError::new("body", "must be a JSON object"));
-    };
-    let error = match serde_path_to_error::deserialize::<_, T>(&body) {
-        Ok(value) => return Ok(value),
-        Err(error) => error,
-    };
-    let message = error.inner().to_string();
-    let path = error.path().to_string();
-    let tracked = !path.is_empty() && path != "." && !path.contains('?');
-    let field = if message.contains("unknown variant") || message.contains("field `type`") {
-        variant_field.to_string()
-    } else if message.starts_with("unknown field") && tracked {
-        path
-    } else if message.starts_with("missing field") || message.starts_with("unknown field") {
-        match (quoted_field(&message), tracked) {
-            (Some(field), true) => format!("{path}.{field}"),
-            (Some(field), false) => field.to_string(),
-            (None, _) => "body".to_string(),
-        }
-    } else if tracked {
-        path
-    } else {
-        // A mistyped field of a flattened part: serde loses its path but names the value it
-        // refused, which points at the key holding it.
-        object
-            .iter()
-            .find(|(_, value)| {
-                let refused = unexpected(value);
-                message.contains(&format!("invalid type: {refused}"))
-                    || message.contains(&format!("invalid value: {refused}"))
-            })
-            .map_or_else(|| "body".to_string(), |(key, _)| key.clone())
-    };
-    Err(ValidationError::new(field, message))
-}
-
-/// How serde describes a JSON value it refuses ("integer `7`", "string \"x\"", "map").
-fn unexpected(value: &Value) -> String {
-    match value {
-        Value::Null => "null".to_string(),
-        Value::Bool(b) => format!("boolean `{b}`"),
-        Value::Number(n) if n.is_f64() => format!("floating point `{n}`"),
-        Value::Number(n) => format!("integer `{n}`"),
-        Value::String(text) => format!("string {text:?}"),
-        Value::Array(_) => "sequence".to_string(),
-        Value::Object(_) => "map".to_string(),
-    }
-}
-
-/// The first name in backquotes of a serde message ("missing field `stream`").
-fn quoted_field(message: &str) -> Option<&str> {
-    let start = message.find('`')? + 1;
-    let len = message[start..].find('`')?;
-    Some(&message[start..start + len])
 }
 
 /// A message's body kept as it came: `{"raw_base64": ...}`, with its headers.

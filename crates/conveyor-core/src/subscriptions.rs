@@ -10,8 +10,8 @@ use serde_json::Value;
 use crate::error::ValidationError;
 use crate::fields;
 use crate::job::{NewJob, DEFAULT_QUEUE};
-use crate::sources::read_body;
 use crate::wire;
+use crate::wire::read_body;
 use crate::workflow::{
     FlowFailurePolicy, NewFlow, NewStep, ParentFailurePolicy, StepAction, ValidFlow, WaitSpec,
 };

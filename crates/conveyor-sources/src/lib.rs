@@ -16,6 +16,7 @@ mod kafka;
 mod mqtt;
 #[cfg(feature = "nats")]
 mod nats;
+pub mod publish;
 #[cfg(feature = "redis_stream")]
 mod redis_stream;
 #[cfg(feature = "sqs")]

@@ -1,4 +1,5 @@
-//! `conveyor bench`: enqueue, drain and latency workloads against a store, in process.
+//! `conveyor bench`: enqueue, drain and latency workloads against a store, in process (and
+//! workflows, the soak, over HTTP, several nodes, and event sources' ingest from a broker).
 
 use anyhow::Context;
 use clap::{Args, ValueEnum};
@@ -18,13 +19,16 @@ mod flows;
 mod soak;
 // So is the HTTP bench (`--http URL`).
 mod http;
+// And event sources: a broker's messages into jobs (`--workload ingest --broker TYPE`).
+mod ingest;
 mod nodes;
 
 #[derive(Args, Debug)]
 pub(crate) struct BenchArgs {
-    /// Jobs per workload (latency uses at most 2,000 samples).
-    #[arg(long, default_value_t = 100_000)]
-    jobs: usize,
+    /// Jobs per workload (default 100,000; latency uses at most 2,000 samples). For ingest:
+    /// messages per broker (default 100,000; 2,000 for sqs).
+    #[arg(long)]
+    jobs: Option<usize>,
     /// Worker concurrency for drain and latency.
     #[arg(long, default_value_t = 100)]
     concurrency: usize,
@@ -59,17 +63,29 @@ pub(crate) struct BenchArgs {
     fetchers: usize,
     #[arg(long, value_enum, default_value_t = DurabilityArg::Durable)]
     durability: DurabilityArg,
-    /// Workloads to run.
+    /// Workloads to run. `ingest` (not run unless named) needs --broker.
     #[arg(
         long,
         value_enum,
         value_delimiter = ',',
         default_value = "enqueue,drain,latency"
     )]
-    workload: Vec<Workload>,
-    /// Jobs per insert call in the enqueue workload.
+    workload: Vec<WorkloadArg>,
+    /// Jobs per insert call in the enqueue workload. For ingest: the source's
+    /// `max_in_flight`, the most messages read and committed as jobs in one store call (at
+    /// most 10,000).
     #[arg(long, default_value_t = 1000)]
     batch: usize,
+    /// For the ingest workload: the brokers to measure, each in a run of its own (a fresh
+    /// stream, queue, session or topic, and by default a fresh SQLite store). Brokers other
+    /// than sqs and kafka default to their usual port on 127.0.0.1.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    broker: Vec<ingest::BrokerType>,
+    /// For ingest with one --broker: its URL (sqs: the endpoint, e.g. moto's
+    /// http://127.0.0.1:5000; kafka: the bootstrap brokers, host:port). Required for sqs and
+    /// kafka.
+    #[arg(long, value_name = "URL")]
+    broker_url: Option<String>,
     /// One JSON object per line instead of text.
     #[arg(long)]
     json: bool,
@@ -116,13 +132,70 @@ enum Workload {
     Flow,
 }
 
+/// A workload as `--workload` names it: one of the job workloads, or `ingest`. Kept apart from
+/// [`Workload`], which the HTTP bench takes whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WorkloadArg {
+    Jobs(Workload),
+    Ingest,
+}
+
+impl ValueEnum for WorkloadArg {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            WorkloadArg::Jobs(Workload::Enqueue),
+            WorkloadArg::Jobs(Workload::Drain),
+            WorkloadArg::Jobs(Workload::Latency),
+            WorkloadArg::Jobs(Workload::Flow),
+            WorkloadArg::Ingest,
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        match self {
+            WorkloadArg::Jobs(workload) => workload.to_possible_value(),
+            WorkloadArg::Ingest => Some(clap::builder::PossibleValue::new("ingest").help(
+                "Event sources (needs --broker): publishes `--jobs` messages to a fresh stream, \
+                 queue or topic and times it (every message confirmed by the broker), then runs \
+                 a source on it as `conveyor serve` does and times it until every message is a \
+                 durable job; checks the queue holds exactly one job per message. Reports both \
+                 rates and their ratio. MQTT publishes while the source runs (a broker keeps \
+                 few messages for a session that is away)",
+            )),
+        }
+    }
+}
+
 pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if let Some(duration) = args.soak.soak {
         let store = args.store.as_deref();
         return soak::run(&args.soak, duration, store, args.durability, args.json).await;
     }
-    if args.jobs == 0 || args.concurrency == 0 || args.batch == 0 {
+    let jobs = args.jobs.unwrap_or(100_000);
+    if jobs == 0 || args.concurrency == 0 || args.batch == 0 {
         anyhow::bail!("--jobs, --concurrency and --batch must be at least 1");
+    }
+    let ingesting = args.workload.contains(&WorkloadArg::Ingest);
+    if ingesting {
+        if args.broker.is_empty() {
+            anyhow::bail!(
+                "--workload ingest needs --broker (redis_stream, amqp, nats, mqtt, sqs, kafka)"
+            );
+        }
+        if args.http.is_some() || args.nodes.is_some() {
+            anyhow::bail!("--workload ingest runs in process: --http and --nodes do not apply");
+        }
+        if args.batch > conveyor_core::sources::MAX_IN_FLIGHT {
+            anyhow::bail!(
+                "--batch is the source's max_in_flight for ingest: at most {}",
+                conveyor_core::sources::MAX_IN_FLIGHT
+            );
+        }
+    } else if !args.broker.is_empty() || args.broker_url.is_some() {
+        anyhow::bail!("--broker and --broker-url are for --workload ingest");
+    }
+    if args.broker_url.is_some() && args.broker.len() > 1 {
+        anyhow::bail!("--broker-url goes with one --broker");
     }
     if let Some(url) = &args.http {
         if args.tenants > 0
@@ -140,14 +213,22 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let options = http::Options {
             url: url.clone(),
             token: args.token.clone(),
-            jobs: args.jobs,
+            jobs,
             concurrency: args.concurrency,
             prefetch: args.prefetch.unwrap_or(200),
             fetchers: args.fetchers,
             batch: args.batch,
         };
         let json_lines = args.json;
-        http::run(&options, &args.workload, |line| {
+        let workloads: Vec<Workload> = args
+            .workload
+            .iter()
+            .filter_map(|chosen| match chosen {
+                WorkloadArg::Jobs(workload) => Some(*workload),
+                WorkloadArg::Ingest => None,
+            })
+            .collect();
+        http::run(&options, &workloads, |line| {
             if json_lines {
                 println!("{line}");
             } else {
@@ -205,7 +286,63 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             );
         }
     }
-    for workload in &args.workload {
+    for chosen in &args.workload {
+        let workload = match chosen {
+            WorkloadArg::Jobs(workload) => workload,
+            WorkloadArg::Ingest => {
+                let line = json!({
+                    "workload": "ingest", "store": shown_url, "durable": durable,
+                    "durability": durability,
+                });
+                for (n, &broker) in args.broker.iter().enumerate() {
+                    let messages = args.jobs.unwrap_or(broker.default_messages());
+                    // A fresh SQLite file for each broker, unless a store was given.
+                    let own = match &args.store {
+                        Some(_) => None,
+                        None => {
+                            let path = temp.0.join(format!("ingest-{}.db", broker.name()));
+                            let url = format!("sqlite://{}", path.display());
+                            let opened = conveyor::open_store(&url, args.durability.open_options())
+                                .await
+                                .with_context(|| format!("cannot open store {url}"))?;
+                            Some(opened)
+                        }
+                    };
+                    let measured = ingest::run(
+                        own.as_ref().unwrap_or(&store),
+                        broker,
+                        args.broker_url.as_deref(),
+                        messages,
+                        args.batch,
+                    )
+                    .await?;
+                    drop(own);
+                    let mut line = line.clone();
+                    if let (Some(fields), Some(measured)) =
+                        (line.as_object_mut(), measured.as_object())
+                    {
+                        fields.extend(measured.clone());
+                    }
+                    if args.json {
+                        println!("{line}");
+                    } else {
+                        if n == 0 {
+                            println!(
+                                "{:<8} {:<13} {:>9} {:>14} {:>13} {:>6}",
+                                "ingest",
+                                "broker",
+                                "messages",
+                                "publish msg/s",
+                                "ingest msg/s",
+                                "ratio"
+                            );
+                        }
+                        println!("{}", describe_ingest(&line));
+                    }
+                }
+                continue;
+            }
+        };
         // Each workload gets its own queue so leftovers of one never feed another.
         let queue = format!(
             "bench-{}-{}",
@@ -222,7 +359,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let mut line = json!({
             "workload": format!("{workload:?}").to_lowercase(),
             "store": shown_url, "durable": durable, "durability": durability,
-            "jobs": args.jobs, "concurrency": args.concurrency, "prefetch": args.prefetch,
+            "jobs": jobs, "concurrency": args.concurrency, "prefetch": args.prefetch,
             "tenants": args.tenants,
             "concurrency_limit": settings.concurrency_limit,
             "per_key_concurrency_limit": settings.per_key_concurrency_limit,
@@ -234,37 +371,36 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         };
         match workload {
             Workload::Enqueue => {
-                let seconds = enqueue(&store, &shape, args.jobs, args.batch).await?;
+                let seconds = enqueue(&store, &shape, jobs, args.batch).await?;
                 line["batch"] = json!(args.batch);
                 line["seconds"] = json!(seconds);
-                line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
+                line["jobs_per_s"] = json!((jobs as f64 / seconds).round());
             }
             Workload::Drain if args.nodes.is_some() => {
                 let nodes = args.nodes.unwrap_or(1);
-                enqueue(&store, &shape, args.jobs, args.batch).await?;
+                enqueue(&store, &shape, jobs, args.batch).await?;
                 let measured = nodes::drain(
                     &url,
                     args.durability.open_options(),
                     &queue,
-                    args.jobs,
+                    jobs,
                     nodes,
                     args.concurrency,
                 )
                 .await?;
                 line["nodes"] = json!(nodes);
                 line["seconds"] = json!(measured.seconds);
-                line["jobs_per_s"] = json!((args.jobs as f64 / measured.seconds).round());
+                line["jobs_per_s"] = json!((jobs as f64 / measured.seconds).round());
                 line["postgres_cpu_seconds"] = json!(measured.postgres_cpu_seconds);
                 line["lock_wait_samples"] = json!(measured.lock_waits);
                 line["activity_samples"] = json!(measured.samples);
                 line["skip_locked_misses"] = json!(measured.skip_locked_misses);
             }
             Workload::Drain => {
-                enqueue(&store, &shape, args.jobs, args.batch).await?;
-                let seconds =
-                    drain(&store, &queue, args.jobs, args.concurrency, args.prefetch).await?;
+                enqueue(&store, &shape, jobs, args.batch).await?;
+                let seconds = drain(&store, &queue, jobs, args.concurrency, args.prefetch).await?;
                 line["seconds"] = json!(seconds);
-                line["jobs_per_s"] = json!((args.jobs as f64 / seconds).round());
+                line["jobs_per_s"] = json!((jobs as f64 / seconds).round());
             }
             Workload::Flow => {
                 for shape in [flows::Shape::Chain, flows::Shape::Fan] {
@@ -272,7 +408,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                         flows::Shape::Chain => 10,
                         flows::Shape::Fan => 100,
                     };
-                    let flows = (args.jobs / per).max(1);
+                    let flows = (jobs / per).max(1);
                     let steps = flows * shape.steps();
                     let queue = format!("bench-{}-{}", shape.name(), uuid::Uuid::new_v4().simple());
                     let created = flows::create(&store, shape, &queue, flows).await?;
@@ -301,7 +437,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             Workload::Latency => {
-                let samples = args.jobs.min(2000);
+                let samples = jobs.min(2000);
                 let (latencies, seconds) =
                     latency(&store, &shape, samples, args.concurrency).await?;
                 line["jobs"] = json!(samples);
@@ -339,6 +475,26 @@ fn describe(line: &serde_json::Value) -> String {
         ));
     }
     text
+}
+
+/// One ingest run as a row under its header, its details after.
+fn describe_ingest(line: &serde_json::Value) -> String {
+    format!(
+        "{:<8} {:<13} {:>9} {:>14.0} {:>13.0} {:>6.2}  (publish {:.3} s; ingest {:.3} s, first \
+         job after {:.3} s; {}; max_in_flight {}; {})",
+        "ingest",
+        line["broker"].as_str().unwrap_or("?"),
+        line["messages"].as_u64().unwrap_or(0),
+        line["publish_msgs_per_s"].as_f64().unwrap_or(0.0),
+        line["ingest_msgs_per_s"].as_f64().unwrap_or(0.0),
+        line["ratio"].as_f64().unwrap_or(0.0),
+        line["publish_seconds"].as_f64().unwrap_or(0.0),
+        line["ingest_seconds"].as_f64().unwrap_or(0.0),
+        line["first_job_seconds"].as_f64().unwrap_or(0.0),
+        line["mode"].as_str().unwrap_or("?"),
+        line["max_in_flight"],
+        line["durability"].as_str().unwrap_or("?")
+    )
 }
 
 /// The `q` quantile (0..=1) of sorted samples; 0 when there are none.
