@@ -47,6 +47,10 @@ pub enum ApiError {
     /// 401: a webhook request whose signature is missing, wrong or stale.
     #[error("{0}")]
     BadSignature(String),
+    /// 503: a hook whose secret this server cannot read (its `secret_env` is not set here); the
+    /// provider retries later. The variable's name is logged, not returned.
+    #[error("hook {0:?} cannot verify signatures on this server")]
+    HookUnavailable(String),
     /// 404: no such API token.
     #[error("token {0:?} not found")]
     TokenNotFound(String),
@@ -132,7 +136,9 @@ impl ApiError {
             | ApiError::Conflict(_)
             | ApiError::SchemaRejectsQueued { .. } => StatusCode::CONFLICT,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
-            ApiError::StoreUnavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::StoreUnavailable(_) | ApiError::HookUnavailable(_) => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
             ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
         }
@@ -160,6 +166,7 @@ impl ApiError {
             ApiError::SchemaRejectsQueued { .. } => "schema_rejects_queued_jobs",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::StoreUnavailable(_) => "store_unavailable",
+            ApiError::HookUnavailable(_) => "hook_unavailable",
             ApiError::Internal(_) => "internal",
             ApiError::RequestTimeout(_) => "request_timeout",
         }

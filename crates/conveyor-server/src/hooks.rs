@@ -88,6 +88,14 @@ pub(crate) async fn put(
         }
     }
     let spec = HookSpec::from_json(&name, body)?;
+    // A secret this server cannot read would turn every delivery away: say so now, naming
+    // the variable, rather than answer the provider 503 later.
+    if let Err(message) = spec.resolve_secret() {
+        return Err(ApiError::Invalid {
+            field: "secret_env".into(),
+            message: format!("{message} on this server"),
+        });
+    }
     let document = serde_json::to_value(&spec)
         .map_err(|e| ApiError::Internal(format!("cannot serialize a hook: {e}")))?;
     let entry = state.store.config_put(HOOKS, &name, document).await?;
@@ -138,7 +146,7 @@ pub(crate) async fn receive(
     let spec = spec_of(&name, entry.document)?;
     let secret = spec.resolve_secret().map_err(|error| {
         tracing::error!(hook = %name, %error, "webhook secret unavailable");
-        ApiError::StoreUnavailable(format!("hook {name}: {error}"))
+        ApiError::HookUnavailable(name.clone())
     })?;
     let headers: BTreeMap<String, String> = headers
         .iter()

@@ -190,6 +190,68 @@ fn github_deliveries_become_one_job_each_and_bad_signatures_store_nothing() {
     assert_eq!(deliver(&server.url, "github", &headers, body).0, 404);
 }
 
+/// A secret named by `secret_env` is read from the server's environment: a variable the
+/// server lacks is refused at `PUT` (400 naming `secret_env`, nothing stored), and a server
+/// that lacks it when a delivery comes answers 503 `hook_unavailable` without storing anything
+/// or naming the variable, so the provider retries.
+#[test]
+fn a_secret_from_the_environment_is_read_there_and_a_missing_one_is_said_so() {
+    const VARIABLE: &str = "CONVEYOR_TEST_HOOK_SECRET";
+    let dir = temp_dir();
+    let store = format!("sqlite://{}", path_in(&dir, "jobs.db").display());
+    let args = ["--listen", "127.0.0.1:0", "--store", store.as_str()];
+    let mut server = start_server_with(&args, &[], &[(VARIABLE, "env-secret")]);
+
+    let (status, answer) = put_hook(
+        &server.url,
+        "crm",
+        json!({"scheme": "hmac-sha256", "secret_env": "CONVEYOR_TEST_HOOK_UNSET",
+               "job": {"kind": "crm.changed", "queue": "hooks"}}),
+    );
+    assert_eq!(
+        (status, answer["error"]["field"].as_str()),
+        (400, Some("secret_env")),
+        "{answer}"
+    );
+    assert_eq!(hook(&server.url, "crm")["error"]["code"], "not_found");
+
+    let (status, answer) = put_hook(
+        &server.url,
+        "crm",
+        json!({"scheme": "hmac-sha256", "secret_env": VARIABLE,
+               "job": {"kind": "crm.changed", "queue": "hooks"}}),
+    );
+    assert_eq!(status, 201, "{answer}");
+    let body = br#"{"id": 1}"#;
+    let signed = [(
+        "x-signature-256",
+        format!("sha256={}", hex(&sign(b"env-secret", &[body]))),
+    )];
+    assert_eq!(deliver(&server.url, "crm", &signed, body).0, 202);
+    assert_eq!(jobs_in(&server.url, "hooks").len(), 1);
+
+    // The same store, served without the variable.
+    server.proc.sigterm();
+    server.proc.wait_exit(std::time::Duration::from_secs(30));
+    let server = start_server_with(&args, &[], &[]);
+    let other = br#"{"id": 2}"#;
+    let signed = [(
+        "x-signature-256",
+        format!("sha256={}", hex(&sign(b"env-secret", &[other]))),
+    )];
+    let (status, answer) = deliver(&server.url, "crm", &signed, other);
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("hook_unavailable")),
+        "{answer}"
+    );
+    assert!(
+        !answer.to_string().contains(VARIABLE),
+        "the public answer named the variable: {answer}"
+    );
+    assert_eq!(jobs_in(&server.url, "hooks").len(), 1);
+}
+
 #[test]
 fn stripe_and_standard_webhooks_refuse_stale_timestamps_and_dedupe_on_the_event_id() {
     let dir = temp_dir();
