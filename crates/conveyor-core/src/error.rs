@@ -18,6 +18,29 @@ impl ValidationError {
             message: message.into(),
         }
     }
+
+    /// The same error with its field named within `prefix` (`kind` in `jobs[3]` is
+    /// `jobs[3].kind`), as a request names a part of itself.
+    pub fn within(self, prefix: &str) -> Self {
+        Self {
+            field: join_field(prefix, &self.field),
+            message: self.message,
+        }
+    }
+}
+
+/// `field` named within `prefix`: `prefix.field`, `prefix[0]` for an index, `prefix` alone
+/// for the whole (an empty field or `.`).
+pub fn join_field(prefix: &str, field: &str) -> String {
+    if prefix.is_empty() {
+        field.to_string()
+    } else if field.is_empty() || field == "." {
+        prefix.to_string()
+    } else if field.starts_with('[') {
+        format!("{prefix}{field}")
+    } else {
+        format!("{prefix}.{field}")
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -6,7 +6,7 @@
 use conveyor_core::config::SUBSCRIPTIONS;
 use conveyor_core::subscriptions::{Event, SubscriptionSpec, Work};
 use conveyor_core::workflow::ValidFlow;
-use conveyor_core::{Accepted, Store, StoreError, StoreResult, ValidJob, ValidationError};
+use conveyor_core::{Accepted, Store, StoreError, StoreResult, ValidJob};
 
 use crate::KindRegistry;
 
@@ -104,16 +104,7 @@ pub async fn fan_out(
 /// server names a part of a request.
 fn within(prefix: &str, error: StoreError) -> StoreError {
     match error {
-        StoreError::Invalid(ValidationError { field, message }) => {
-            let field = if field.is_empty() {
-                prefix.to_string()
-            } else if field.starts_with('[') {
-                format!("{prefix}{field}")
-            } else {
-                format!("{prefix}.{field}")
-            };
-            StoreError::Invalid(ValidationError { field, message })
-        }
+        StoreError::Invalid(error) => StoreError::Invalid(error.within(prefix)),
         other => other,
     }
 }

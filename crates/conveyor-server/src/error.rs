@@ -196,17 +196,7 @@ impl ApiError {
     }
 }
 
-pub(crate) fn join_field(prefix: &str, field: &str) -> String {
-    if prefix.is_empty() {
-        field.to_string()
-    } else if field.is_empty() || field == "." {
-        prefix.to_string()
-    } else if field.starts_with('[') {
-        format!("{prefix}{field}")
-    } else {
-        format!("{prefix}.{field}")
-    }
-}
+pub(crate) use conveyor_core::error::join_field;
 
 impl From<ValidationError> for ApiError {
     fn from(e: ValidationError) -> Self {
