@@ -14,6 +14,10 @@ use std::time::{Duration, Instant};
 use crate::ingest::{Broker, BrokerError};
 
 const DEFAULT_CLAIM_IDLE: Duration = Duration::from_secs(60);
+/// How long a read waits on the server for new entries before answering empty.
+const READ_BLOCK: Duration = Duration::from_secs(1);
+/// How much longer than the block the client waits for any answer before calling it lost.
+const ANSWER_MARGIN: Duration = Duration::from_secs(4);
 
 pub(crate) struct RedisStream {
     connection: MultiplexedConnection,
@@ -49,8 +53,12 @@ pub(crate) async fn connect(spec: &SourceSpec) -> Result<RedisStream, BrokerErro
         .map_err(BrokerError)?
         .ok_or_else(|| BrokerError("no url".into()))?;
     let client = redis::Client::open(url.as_str()).map_err(failed("open"))?;
+    // The client's default answer timeout (500 ms) is shorter than the read's BLOCK: an idle
+    // stream would read as a failure. Every answer may take the block plus a margin.
+    let config =
+        redis::AsyncConnectionConfig::new().set_response_timeout(Some(READ_BLOCK + ANSWER_MARGIN));
     let mut connection = client
-        .get_multiplexed_async_connection()
+        .get_multiplexed_async_connection_with_config(&config)
         .await
         .map_err(failed("connect"))?;
     let from = match spec.start {
@@ -145,7 +153,7 @@ impl Broker for RedisStream {
         let options = StreamReadOptions::default()
             .group(&self.group, &self.consumer)
             .count(max)
-            .block(1000);
+            .block(usize::try_from(READ_BLOCK.as_millis()).unwrap_or(1000));
         let reply: StreamReadReply = self
             .connection
             .xread_options(&[&self.stream], &[">"], &options)

@@ -197,6 +197,16 @@ fn ten_thousand_entries_become_ten_thousand_jobs_each_acknowledged() {
     wait_until(Duration::from_secs(10), "every entry acknowledged", || {
         stream.pending() == 0
     });
+    // An idle stream is not a failure: reads that block a second and come back empty leave the
+    // source running with no error. There is no event for "nothing happened", so the source is
+    // watched over a window of several blocked reads.
+    let idle_until = Instant::now() + Duration::from_millis(3_500);
+    while Instant::now() < idle_until {
+        let status = source(&server.url);
+        assert_eq!(status["state"], "running", "{status}");
+        assert_eq!(status["last_error"], Value::Null, "{status}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
     // Shown without a password, and listed.
     let list: Value = http()
         .get(format!("{}/v1/sources", server.url))
