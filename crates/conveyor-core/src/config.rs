@@ -23,6 +23,9 @@ pub const HOOKS: &str = "hooks";
 /// [`crate::subscriptions::SubscriptionSpec`]).
 pub const SUBSCRIPTIONS: &str = "subscriptions";
 
+/// The collection of named limits (documents: [`crate::limits::LimitSpec`]).
+pub const LIMITS: &str = "limits";
+
 /// One named document.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ConfigEntry {

@@ -266,6 +266,9 @@ macro_rules! delegate_store {
             async fn queue_settings_list(&self) -> $crate::StoreResult<Vec<$crate::NamedQueueSettings>> {
                 $crate::QueueStore::queue_settings_list(&*self.$field).await
             }
+            async fn limit_usage(&self, limit: &str, rate_period_ms: Option<u64>) -> $crate::StoreResult<Vec<$crate::limits::named::KeyUsage>> {
+                $crate::QueueStore::limit_usage(&*self.$field, limit, rate_period_ms).await
+            }
         }
     };
     (@part ScheduleStore, $decorator:ty, $field:ident) => {

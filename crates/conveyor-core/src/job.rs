@@ -203,6 +203,10 @@ pub struct Job {
     /// The producer's W3C trace context, handed to the worker with the job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::trace_context::TraceContext>,
+    /// The limit keys it holds (`limit:value`, see [`crate::limits::named`]): a claim starts
+    /// it only while each has room.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limit_keys: Vec<String>,
 }
 
 impl Job {
@@ -306,6 +310,14 @@ pub struct NewJob {
     /// The producer's W3C trace context (see [`crate::trace`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace: Option<crate::trace_context::TraceContext>,
+    /// Named limits this job is subject to besides its queue's and kind's (see
+    /// [`crate::limits::named`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<String>,
+    /// The limit keys the job is stamped with at enqueue ([`crate::limits::LimitBook::stamp`]):
+    /// set by the engine, not by producers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limit_keys: Vec<String>,
 }
 
 impl NewJob {
@@ -324,6 +336,8 @@ impl NewJob {
             unique: None,
             expires_at: None,
             trace: None,
+            limits: Vec::new(),
+            limit_keys: Vec::new(),
         }
     }
 
@@ -365,6 +379,7 @@ impl NewJob {
             progress: None,
             expires_at: self.expires_at.map(crate::clock::truncate_to_millis),
             trace: self.trace,
+            limit_keys: self.limit_keys,
         }
     }
 
@@ -483,6 +498,10 @@ pub struct QueueSettings {
     /// [`crate::breaker`]).
     #[serde(default)]
     pub circuit_breaker: Option<crate::breaker::BreakerSettings>,
+    /// Named limits every job enqueued into the queue is subject to (see
+    /// [`crate::limits::named`]).
+    #[serde(default)]
+    pub limits: Vec<String>,
 }
 
 impl QueueSettings {
@@ -584,6 +603,7 @@ mod tests {
             progress: None,
             expires_at: None,
             trace: None,
+            limit_keys: Vec::new(),
         };
         job.finished_at = finished_at;
         job

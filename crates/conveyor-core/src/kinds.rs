@@ -25,6 +25,9 @@ pub struct KindSettings {
     /// [`crate::breaker`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub circuit_breaker: Option<crate::breaker::BreakerSettings>,
+    /// Named limits every job of the kind is subject to (see [`crate::limits::named`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub limits: Vec<String>,
     /// When the settings were last written (the store's clock).
     pub updated_at: DateTime<Utc>,
 }
@@ -32,6 +35,7 @@ pub struct KindSettings {
 /// Checks settings before a store keeps them: the kind's name, and a schema that compiles.
 pub fn validate_settings(settings: &KindSettings) -> Result<(), ValidationError> {
     crate::fields::name("kind", &settings.kind)?;
+    crate::limits::named::limit_names("limits", &settings.limits)?;
     if let Some(schema) = &settings.schema {
         KindSchema::compile(schema)?;
     }

@@ -358,6 +358,15 @@ pub trait QueueStore: Send + Sync {
 
     /// Every queue with settings of its own.
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>>;
+
+    /// What each key of the named limit `limit` uses now, counted as a claim counts it: its
+    /// running jobs, and its starts within `rate_period_ms` (when the limit has a rate). Keys
+    /// using nothing are left out; ordered by key.
+    async fn limit_usage(
+        &self,
+        limit: &str,
+        rate_period_ms: Option<u64>,
+    ) -> StoreResult<Vec<crate::limits::named::KeyUsage>>;
 }
 
 /// Cron schedules (see `crate::schedule`).

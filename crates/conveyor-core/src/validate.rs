@@ -92,6 +92,13 @@ impl ValidJob {
         self.0
     }
 
+    /// The job stamped with the limit keys it holds (computed from the job and the limits, not
+    /// given by a producer, so nothing to check).
+    pub fn with_limit_keys(mut self, keys: Vec<String>) -> Self {
+        self.0.limit_keys = keys;
+        self
+    }
+
     /// The same job with `payload` and `unique` replaced by a decorator that transforms what is
     /// stored (encryption at rest). The caller vouches for them: they are derived from the
     /// validated ones, so they are not checked again.
@@ -167,6 +174,7 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
     if let Some(trace) = &job.trace {
         trace.validate()?;
     }
+    crate::limits::named::limit_names("limits", &job.limits)?;
     Ok(())
 }
 
@@ -183,6 +191,7 @@ pub const MAX_RATE_COUNT: u64 = 1_000_000;
 
 /// Checks a queue's settings: every limit at least 1, rate periods from 1 ms to a day.
 pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), ValidationError> {
+    crate::limits::named::limit_names("limits", &settings.limits)?;
     if let Some(breaker) = &settings.circuit_breaker {
         breaker.validate("circuit_breaker")?;
     }

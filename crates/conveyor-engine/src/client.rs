@@ -60,12 +60,17 @@ impl Client {
         }
         let existing = self.store.kind_get(J::KIND).await?;
         let version = existing.as_ref().and_then(|k| k.version);
+        let limits = existing
+            .as_ref()
+            .map(|k| k.limits.clone())
+            .unwrap_or_default();
         self.store
             .kind_put(conveyor_core::kinds::KindSettings {
                 kind: J::KIND.to_string(),
                 schema: Some(schema),
                 version,
                 circuit_breaker: existing.and_then(|k| k.circuit_breaker),
+                limits,
                 updated_at: chrono::DateTime::UNIX_EPOCH,
             })
             .await?;

@@ -129,6 +129,11 @@ pub(crate) async fn store_exactly(
                 .map(|j| j.trace.as_ref().map(Json))
                 .collect::<Vec<_>>(),
         )
+        .bind(
+            jobs.iter()
+                .map(|j| (!j.limit_keys.is_empty()).then_some(Json(&j.limit_keys)))
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await
         .map_err(db("import jobs"))?;

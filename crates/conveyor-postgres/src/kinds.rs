@@ -22,14 +22,14 @@ impl KindsSql {
         let kinds = format!("{}.kinds", quoted(schema));
         Self {
             put: stmt(format!(
-                "INSERT INTO {kinds} (kind, schema, version, updated_at, circuit_breaker) \
-                 VALUES ($1, $2, $3, $4, $5) \
+                "INSERT INTO {kinds} (kind, schema, version, updated_at, circuit_breaker, limits) \
+                 VALUES ($1, $2, $3, $4, $5, $6) \
                  ON CONFLICT (kind) DO UPDATE SET schema = EXCLUDED.schema, \
                  version = EXCLUDED.version, updated_at = EXCLUDED.updated_at, \
-                 circuit_breaker = EXCLUDED.circuit_breaker"
+                 circuit_breaker = EXCLUDED.circuit_breaker, limits = EXCLUDED.limits"
             )),
             list: stmt(format!(
-                "SELECT kind, schema, version, updated_at, circuit_breaker FROM {kinds} \
+                "SELECT kind, schema, version, updated_at, circuit_breaker, limits FROM {kinds} \
                  ORDER BY kind"
             )),
             delete: stmt(format!("DELETE FROM {kinds} WHERE kind = $1")),
@@ -53,6 +53,7 @@ pub(crate) async fn put(
         )
         .bind(ctx.now)
         .bind(settings.circuit_breaker.map(Json))
+        .bind(&settings.limits)
         .execute(conn)
         .await
         .map_err(db("set a kind's settings"))?;
@@ -81,6 +82,7 @@ pub(crate) async fn list(
                 schema: schema.map(|Json(v)| v),
                 version: version.and_then(|v| u32::try_from(v).ok()),
                 circuit_breaker: breaker.map(|Json(b)| b),
+                limits: row.try_get("limits").map_err(corrupt)?,
                 updated_at: row.try_get("updated_at").map_err(corrupt)?,
             })
         })

@@ -9,15 +9,17 @@
 //! The picking itself is `conveyor_core::limits`, shared with the SQLite store.
 
 use chrono::{DateTime, Utc};
-use conveyor_core::limits::{self, Group};
+use conveyor_core::limits::named::{self as named, KeyUsage};
+use conveyor_core::limits::{self, Admission, Group, LimitSpec, LimitUsage};
 use conveyor_core::{FetchParams, Job, QueueSettings, RateLimit, StoreResult};
+use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
 use std::collections::{BTreeMap, HashMap};
 use uuid::Uuid;
 
 use crate::ctx::{lock_in_order, Ctx};
 use crate::errors::{corrupt, db};
-use crate::names::concurrency_lock_key;
+use crate::names::{concurrency_lock_key, named_limits_lock_key};
 use crate::rows::{self, count_of, limit, settings_of};
 
 /// A job a fetch may claim, with what the claim order needs.
@@ -75,6 +77,11 @@ pub(crate) async fn claim_limited(
         .map(|(queue, _)| concurrency_lock_key(ctx.schema, queue))
         .collect();
     lock_in_order(&mut *conn, ctx, lock_keys, "lock queue claims").await?;
+    let named = named_usage(conn, ctx, &queues).await?;
+    let mut admission = named
+        .as_ref()
+        .map(|(specs, usage)| Admission::new(specs, usage));
+    let full = admission.as_ref().map(Admission::full).unwrap_or_default();
 
     let claim = Claim {
         params,
@@ -87,9 +94,9 @@ pub(crate) async fn claim_limited(
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let picked = queue_candidates(conn, ctx, queue, settings, ask, params).await?;
+            let picked = queue_candidates(conn, ctx, queue, settings, ask, params, &full).await?;
             let candidates = picked.len();
-            let claimed = claim.ids(conn, picked).await?;
+            let claimed = claim.ids(conn, picked, admission.as_mut()).await?;
             plan.record(candidates, claimed.len());
             jobs.extend(claimed);
         }
@@ -97,10 +104,161 @@ pub(crate) async fn claim_limited(
     }
     let mut lists = Vec::with_capacity(queues.len());
     for (queue, settings) in &queues {
-        lists.push(queue_candidates(conn, ctx, queue, settings, params.max, params).await?);
+        lists.push(queue_candidates(conn, ctx, queue, settings, params.max, params, &full).await?);
     }
     let picked = limits::merge_in_claim_order(lists, params.max, |c| (c.priority, c.run_at, c.id));
-    claim.ids(conn, picked).await
+    claim.ids(conn, picked, admission.as_mut()).await
+}
+
+/// The named limits and what each of their keys uses now, when a queue of the fetch has
+/// available jobs holding limit keys (`None` otherwise, and when no limit is defined). Counted
+/// under the named-limits lock, taken after the queues' locks, so the counts include every
+/// claim that held it before, in any process.
+async fn named_usage(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    queues: &[(&str, QueueSettings)],
+) -> StoreResult<Option<(BTreeMap<String, LimitSpec>, LimitUsage)>> {
+    let statements = &ctx.sql.limits;
+    let mut limited = false;
+    for (queue, _) in queues {
+        let found: bool = sqlx::query_scalar(statements.has_limited.clone())
+            .bind(*queue)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("look for jobs with limit keys"))?;
+        if found {
+            limited = true;
+            break;
+        }
+    }
+    if !limited {
+        return Ok(None);
+    }
+    let rows = sqlx::query(statements.limit_specs.clone())
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read named limits"))?;
+    let mut specs = BTreeMap::new();
+    for row in &rows {
+        let name: String = row.try_get("name").map_err(|e| corrupt(e.to_string()))?;
+        let Json(document): Json<serde_json::Value> = row
+            .try_get("document")
+            .map_err(|e| corrupt(e.to_string()))?;
+        // A document that does not read as a limit holds nothing (the API checks what it stores).
+        if let Ok(mut spec) = serde_json::from_value::<LimitSpec>(document) {
+            spec.name = name.clone();
+            specs.insert(name, spec);
+        }
+    }
+    if specs.is_empty() {
+        return Ok(None);
+    }
+    lock_in_order(
+        &mut *conn,
+        ctx,
+        vec![named_limits_lock_key(ctx.schema)],
+        "lock named limits",
+    )
+    .await?;
+    let mut usage = LimitUsage {
+        running: running_by_key(conn, ctx, None).await?,
+        ..LimitUsage::default()
+    };
+    for (name, spec) in &specs {
+        let Some(rate) = spec.rate else { continue };
+        let (scope_queue, _) = named::rate_scope_of(&named::limit_key(name, None));
+        sqlx::query(statements.prune_starts.clone())
+            .bind(&scope_queue)
+            .bind(ctx.now - rate.period())
+            .execute(&mut *conn)
+            .await
+            .map_err(db("prune job starts"))?;
+        for (value, count) in
+            starts_by_key(conn, ctx, &scope_queue, ctx.now - rate.period()).await?
+        {
+            usage
+                .recent_starts
+                .insert(named::limit_key(name, Some(&value)), count);
+        }
+    }
+    Ok(Some((specs, usage)))
+}
+
+/// Running jobs per limit key: every key, or only those of the limit `only`.
+async fn running_by_key(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    only: Option<&str>,
+) -> StoreResult<HashMap<String, u64>> {
+    let rows = sqlx::query(ctx.sql.limits.running_by_key.clone())
+        .bind(only.map(|name| named::limit_key(name, None)))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("count running jobs per limit key"))?;
+    rows.iter()
+        .map(|row| {
+            let read = |e: sqlx::Error| corrupt(e.to_string());
+            let n: i64 = row.try_get("n").map_err(read)?;
+            Ok((row.try_get("key").map_err(read)?, count_of(n)))
+        })
+        .collect()
+}
+
+/// Starts per key value kept under `scope_queue` (a limit's rate rows) since `since`.
+async fn starts_by_key(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    scope_queue: &str,
+    since: DateTime<Utc>,
+) -> StoreResult<Vec<(String, u64)>> {
+    let rows = sqlx::query(ctx.sql.limits.starts_by_key.clone())
+        .bind(scope_queue)
+        .bind(since)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("count starts per limit key"))?;
+    rows.iter()
+        .map(|row| {
+            let read = |e: sqlx::Error| corrupt(e.to_string());
+            let n: i64 = row.try_get("n").map_err(read)?;
+            Ok((row.try_get("scope").map_err(read)?, count_of(n)))
+        })
+        .collect()
+}
+
+/// What each key of the limit `name` uses now (`QueueStore::limit_usage`).
+pub(crate) async fn key_usage(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    name: &str,
+    rate_period_ms: Option<u64>,
+) -> StoreResult<Vec<KeyUsage>> {
+    let mut usage: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (key, running) in running_by_key(conn, ctx, Some(name)).await? {
+        let (_, value) = named::split_limit_key(&key);
+        usage.entry(value.to_string()).or_default().0 = running;
+    }
+    if let Some(period_ms) = rate_period_ms {
+        let since = ctx.now
+            - RateLimit {
+                count: 1,
+                period_ms,
+            }
+            .period();
+        let (scope_queue, _) = named::rate_scope_of(&named::limit_key(name, None));
+        for (value, count) in starts_by_key(conn, ctx, &scope_queue, since).await? {
+            usage.entry(value).or_default().1 = count;
+        }
+    }
+    Ok(usage
+        .into_iter()
+        .map(|(key, (running, recent_starts))| KeyUsage {
+            key,
+            running,
+            recent_starts,
+        })
+        .collect())
 }
 
 struct Claim<'a, 'c> {
@@ -114,11 +272,19 @@ struct Claim<'a, 'c> {
 impl Claim<'_, '_> {
     /// Claims the candidates that are still available, returns them in candidate order, records
     /// their starts for rate limits and moves the queues' round-robin cursors.
-    async fn ids(&self, conn: &mut PgConnection, picked: Vec<Candidate>) -> StoreResult<Vec<Job>> {
+    async fn ids(
+        &self,
+        conn: &mut PgConnection,
+        picked: Vec<Candidate>,
+        mut admission: Option<&mut Admission<'_>>,
+    ) -> StoreResult<Vec<Job>> {
         if picked.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<Uuid> = picked.iter().map(|c| c.id).collect();
+        let mut ids: Vec<Uuid> = picked.iter().map(|c| c.id).collect();
+        if let Some(admission) = admission.as_deref_mut() {
+            ids = admitted(conn, self.ctx, ids, admission).await?;
+        }
         let found = sqlx::query(self.ctx.sql.limits.claim_ids.clone())
             .bind(&ids)
             .bind(&self.params.worker_id)
@@ -136,6 +302,9 @@ impl Claim<'_, '_> {
             .collect();
         let jobs: Vec<Job> = ids.iter().filter_map(|id| by_id.remove(id)).collect();
         record_starts(conn, self.ctx, self.queues, &jobs).await?;
+        if let Some(admission) = admission {
+            record_limit_starts(conn, self.ctx, admission, &jobs).await?;
+        }
         for job in &jobs {
             self.ctx
                 .sql
@@ -144,6 +313,60 @@ impl Claim<'_, '_> {
         }
         Ok(jobs)
     }
+}
+
+/// The candidates (`ids`, in claim order) that the named limits let start, their starts counted
+/// in `admission`. Their keys are read in one statement.
+async fn admitted(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    ids: Vec<Uuid>,
+    admission: &mut Admission<'_>,
+) -> StoreResult<Vec<Uuid>> {
+    let rows = sqlx::query(ctx.sql.limits.keys_of.clone())
+        .bind(&ids)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read candidates' limit keys"))?;
+    let mut keys: HashMap<Uuid, Vec<String>> = HashMap::with_capacity(rows.len());
+    for row in &rows {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let Json(found): Json<Vec<String>> = row.try_get("limit_keys").map_err(read)?;
+        keys.insert(row.try_get("id").map_err(read)?, found);
+    }
+    Ok(ids
+        .into_iter()
+        .filter(|id| admission.admit(keys.get(id).map_or(&[][..], Vec::as_slice)))
+        .collect())
+}
+
+/// Records the claimed jobs' starts under the rates of the named limits they hold.
+async fn record_limit_starts(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    admission: &Admission<'_>,
+    jobs: &[Job],
+) -> StoreResult<()> {
+    let mut queues: Vec<String> = Vec::new();
+    let mut scopes: Vec<&str> = Vec::new();
+    for job in jobs {
+        for key in admission.rated(&job.limit_keys) {
+            let (queue, scope) = named::rate_scope_of(key);
+            queues.push(queue);
+            scopes.push(scope);
+        }
+    }
+    if queues.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(ctx.sql.limits.record_starts.clone())
+        .bind(&queues)
+        .bind(&scopes)
+        .bind(ctx.now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("record job starts under named limits"))?;
+    Ok(())
 }
 
 /// Records the claimed jobs' starts for the rate limits of their queues.
@@ -189,6 +412,7 @@ async fn queue_candidates(
     settings: &QueueSettings,
     want: usize,
     params: &FetchParams,
+    full: &[String],
 ) -> StoreResult<Vec<Candidate>> {
     let statements = &ctx.sql.limits;
     let running = if settings.concurrency_limit.is_some() {
@@ -229,11 +453,22 @@ async fn queue_candidates(
         .await
         .map_err(db("look for tenanted jobs"))?;
     if !tenanted {
-        let found = sqlx::query(statements.first.clone())
+        // With keys out of room, their jobs are passed over as candidates are read, so a flood
+        // of one full key cannot hide the jobs behind it.
+        let read = if full.is_empty() {
+            &statements.first
+        } else {
+            &statements.first_with_room
+        };
+        let mut query = sqlx::query(read.clone())
             .bind(queue)
             .bind(limit(quota))
             .bind(params.kinds.as_deref())
-            .bind(&params.excluded_kinds)
+            .bind(&params.excluded_kinds);
+        if !full.is_empty() {
+            query = query.bind(full);
+        }
+        let found = query
             .fetch_all(&mut *conn)
             .await
             .map_err(db("read available jobs"))?;

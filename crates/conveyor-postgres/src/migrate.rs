@@ -121,10 +121,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "config",
         sql: include_str!("migrations/0020_config.sql"),
     },
+    Migration {
+        version: 21,
+        name: "limits",
+        sql: include_str!("migrations/0021_limits.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 20;
+pub const SCHEMA_VERSION: u32 = 21;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

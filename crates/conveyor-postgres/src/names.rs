@@ -113,6 +113,12 @@ pub(crate) fn concurrency_lock_key(schema: &str, queue: &str) -> i64 {
     ]) as i64
 }
 
+/// The advisory lock key that serializes claims of jobs holding named-limit keys in `schema`:
+/// limits span queues, so the queues' own locks cannot order them. Taken after those.
+pub(crate) fn named_limits_lock_key(schema: &str) -> i64 {
+    fnv1a(&[b"conveyor:named-limits:", schema.as_bytes()]) as i64
+}
+
 /// 64-bit FNV-1a over the concatenation of `parts`: tiny, fast, and fixed by its definition, so
 /// every build of every process agrees on the lock keys.
 fn fnv1a(parts: &[&[u8]]) -> u64 {

@@ -76,6 +76,9 @@ pub(crate) fn job(row: &PgRow) -> StoreResult<Job> {
         expires_at: column::<Option<DateTime<Utc>>>(row, "expires_at")?,
         trace: column::<Option<Json<conveyor_core::trace::TraceContext>>>(row, "trace")?
             .map(|Json(t)| t),
+        limit_keys: column::<Option<Json<Vec<String>>>>(row, "limit_keys")?
+            .map(|Json(keys)| keys)
+            .unwrap_or_default(),
     })
 }
 
@@ -130,6 +133,7 @@ pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
         let breaker: Option<Json<conveyor_core::BreakerSettings>> =
             row.try_get("circuit_breaker").map_err(read)?;
         settings.circuit_breaker = breaker.map(|Json(b)| b);
+        settings.limits = row.try_get("limits").map_err(read)?;
         settings
     })
 }

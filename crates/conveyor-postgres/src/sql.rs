@@ -23,13 +23,13 @@ pub(crate) use workflow::HEAD_COLUMNS;
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
     lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, \
-    flow_id, flow_step, parents, progress, expires_at, trace";
+    flow_id, flow_step, parents, progress, expires_at, trace, limit_keys";
 
 /// The columns of a queue settings row, as `rows::settings_of` reads them by name.
 pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tenant, \
     concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
     per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
-    dead_retention_secs, default_ttl_ms, circuit_breaker";
+    dead_retention_secs, default_ttl_ms, circuit_breaker, limits";
 
 /// "This row is running", for statements that find their rows by id (and lease token).
 ///
@@ -186,14 +186,14 @@ impl Sql {
             )),
             insert: stmt(insert_sql(&jobs, &settings, "")),
             // The fast path for queues without depth limits: the same insert, guarded by a
-            // one-time check that no queue of the batch (`$17`, distinct) has a limit. When one
+            // one-time check that no queue of the batch (`$18`, distinct) has a limit. When one
             // does, nothing is inserted and no row comes back, and the caller takes the locks,
             // counts, and uses `insert`.
             insert_unlimited: stmt(insert_sql(
                 &jobs,
                 &settings,
                 &format!(
-                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($17) \
+                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($18) \
                          AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
                 ),
             )),
@@ -518,7 +518,7 @@ impl Sql {
                      n.tenant, n.state, n.errors, n.lease_worker, n.lease_token, \
                      n.lease_expires_at, n.result, n.created_at, n.started_at, n.finished_at, \
                      n.unique_key, n.flow_id, n.flow_step, n.parents, n.progress, \
-                     n.expires_at, n.trace \
+                     n.expires_at, n.trace, n.limit_keys \
                  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                              $6::timestamptz[], $7::int4[], $8::int4[], $9::int8[], \
                              $10::text[], $11::jsonb[], $12::text[], $13::text[], \
@@ -526,12 +526,12 @@ impl Sql {
                              $18::jsonb[], $19::timestamptz[], $20::timestamptz[], \
                              $21::timestamptz[], $22::text[], $23::uuid[], $24::text[], \
                              $25::jsonb[], $26::jsonb[], $27::timestamptz[], \
-                             $28::jsonb[]) \
+                             $28::jsonb[], $29::jsonb[]) \
                      AS n(id, kind, queue, payload, priority, run_at, attempt, max_attempts, \
                           timeout_ms, idempotency_key, tags, tenant, state, errors, \
                           lease_worker, lease_token, lease_expires_at, result, created_at, \
                           started_at, finished_at, unique_key, flow_id, flow_step, parents, \
-                          progress, expires_at, trace) \
+                          progress, expires_at, trace, limit_keys) \
                  ON CONFLICT (id) DO NOTHING \
                  RETURNING id, queue, state"
             )),
@@ -560,9 +560,9 @@ impl Sql {
                           updated_at, per_key_concurrency_limit, rate_count, rate_period_ms, \
                           per_key_rate_count, per_key_rate_period_ms, weight, \
                           completed_retention_secs, dead_retention_secs, default_ttl_ms, \
-                          circuit_breaker) \
+                          circuit_breaker, limits) \
                      VALUES ($1, $2, $3, $4, $6, $5, $7, $8, $9, $10, $11, $12, $13, $14, \
-                         $15, $16) \
+                         $15, $16, $17) \
                      ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
                          max_depth = excluded.max_depth, \
                          max_depth_per_tenant = excluded.max_depth_per_tenant, \
@@ -577,6 +577,7 @@ impl Sql {
                          dead_retention_secs = excluded.dead_retention_secs, \
                          default_ttl_ms = excluded.default_ttl_ms, \
                          circuit_breaker = excluded.circuit_breaker, \
+                         limits = excluded.limits, \
                          updated_at = excluded.updated_at \
                      RETURNING {SETTINGS_COLUMNS}) \
                  SELECT stored.*, \
@@ -594,7 +595,7 @@ impl Sql {
     }
 }
 
-/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$17`. A `NewJob`
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$18`. A `NewJob`
 /// has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
 /// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
 /// `import`, which writes every column.
@@ -606,7 +607,7 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
     format!(
         "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
              max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-             created_at, unique_key, expires_at, trace) \
+             created_at, unique_key, expires_at, trace, limit_keys) \
          SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
              n.max_attempts, n.timeout_ms, n.idempotency_key, \
              ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
@@ -615,14 +616,14 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
              COALESCE(n.expires_at, (SELECT GREATEST(n.run_at, $13) \
                  + s.default_ttl_ms * interval '1 millisecond' \
                  FROM {settings} s WHERE s.queue = n.queue)), \
-             n.trace \
+             n.trace, n.limit_keys \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                      $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
                      $10::jsonb[], $11::text[], $12::text[], $14::text[], \
-                     $15::timestamptz[], $16::jsonb[]) \
+                     $15::timestamptz[], $16::jsonb[], $17::jsonb[]) \
              AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
                   timeout_ms, idempotency_key, tags, tenant, state, unique_key, \
-                  expires_at, trace) \
+                  expires_at, trace, limit_keys) \
          {condition} \
          RETURNING {COLUMNS}"
     )
@@ -639,7 +640,8 @@ fn one_queue_condition(settings: &str) -> String {
 /// The limits gate: true when a queue of the fetch needs the limited claim
 /// (`limits.rs`): a settings row `s` matching `settings_condition` (which binds `$1`) that is not
 /// paused and has a concurrency or rate limit (or, when `weights_count`, a weight), or an
-/// available job `t` with a tenant matching `tenanted_condition`. Both are index probes.
+/// available job `t` matching `tenanted_condition` with a tenant or with named-limit keys.
+/// Each is an index probe (`jobs_fair`, `jobs_limited`).
 fn flow_gate(
     jobs: &str,
     settings: &str,
@@ -658,7 +660,9 @@ fn flow_gate(
                  OR s.per_key_concurrency_limit IS NOT NULL OR s.rate_count IS NOT NULL \
                  OR s.per_key_rate_count IS NOT NULL{weight})) \
          OR EXISTS (SELECT 1 FROM {jobs} t WHERE t.state = 'available' \
-             AND {tenanted_condition} AND t.tenant IS NOT NULL)"
+             AND {tenanted_condition} AND t.tenant IS NOT NULL) \
+         OR EXISTS (SELECT 1 FROM {jobs} t WHERE t.state = 'available' \
+             AND {tenanted_condition} AND t.limit_keys IS NOT NULL)"
     )
 }
 

@@ -317,6 +317,14 @@ impl QueueStore for PgStore {
     async fn queue_settings_list(&self) -> StoreResult<Vec<NamedQueueSettings>> {
         ops::queue_settings_list(&mut *self.conn().await?, &self.inner.sql).await
     }
+
+    async fn limit_usage(
+        &self,
+        limit: &str,
+        rate_period_ms: Option<u64>,
+    ) -> StoreResult<Vec<conveyor_core::limits::named::KeyUsage>> {
+        crate::limits::key_usage(&mut *self.conn().await?, &self.ctx(), limit, rate_period_ms).await
+    }
 }
 
 #[async_trait]

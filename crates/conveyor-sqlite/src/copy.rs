@@ -552,11 +552,12 @@ impl CopyStore for SqliteStore {
                     .map(|s| text_of(s, "a schema"))
                     .transpose()?;
                 let breaker = rows::breaker_settings_text(kind.circuit_breaker.as_ref())?;
+                let limits = rows::names_text(&kind.limits)?;
                 if inserted(
                     ctx.conn
                         .prepare_cached(
                             "INSERT OR IGNORE INTO kinds (kind, schema, version, updated_at, \
-                             circuit_breaker) VALUES (?1, ?2, ?3, ?4, ?5)",
+                             circuit_breaker, limits) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
                         )
                         .and_then(|mut stmt| {
                             stmt.execute(params![
@@ -564,7 +565,8 @@ impl CopyStore for SqliteStore {
                                 schema,
                                 kind.version,
                                 to_millis(kind.updated_at),
-                                breaker
+                                breaker,
+                                limits
                             ])
                         }),
                 )? {

@@ -55,6 +55,9 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
     let trace = (job.trace.as_ref())
         .map(|t| json_text(t, "trace"))
         .transpose()?;
+    let limit_keys = (!job.limit_keys.is_empty())
+        .then(|| json_text(&job.limit_keys, "limit_keys"))
+        .transpose()?;
     let payload = json_text(&job.payload, "payload")?;
     let tags = json_text(&job.tags, "tags")?;
     let errors = json_text(&job.errors, "errors")?;
@@ -63,7 +66,7 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
         .prepare_cached(&format!(
             "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
              ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, \
-             ?27, ?28) \
+             ?27, ?28, ?29) \
              ON CONFLICT (id) DO NOTHING"
         ))
         .and_then(|mut stmt| {
@@ -96,6 +99,7 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
                 progress,
                 job.expires_at.map(millis),
                 trace,
+                limit_keys,
             ])
         })
         .map_err(backend)?;

@@ -21,13 +21,14 @@ pub(crate) fn put(ctx: &WriteCtx<'_>, settings: KindSettings) -> StoreResult<Kin
         })
         .transpose()?;
     let breaker = rows::breaker_settings_text(settings.circuit_breaker.as_ref())?;
+    let limits = rows::names_text(&settings.limits)?;
     ctx.conn
         .prepare_cached(
-            "INSERT INTO kinds (kind, schema, version, updated_at, circuit_breaker) \
-             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (kind) DO UPDATE SET \
+            "INSERT INTO kinds (kind, schema, version, updated_at, circuit_breaker, limits) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (kind) DO UPDATE SET \
              schema = excluded.schema, version = excluded.version, \
              updated_at = excluded.updated_at, \
-             circuit_breaker = excluded.circuit_breaker",
+             circuit_breaker = excluded.circuit_breaker, limits = excluded.limits",
         )
         .and_then(|mut stmt| {
             stmt.execute(rusqlite::params![
@@ -35,7 +36,8 @@ pub(crate) fn put(ctx: &WriteCtx<'_>, settings: KindSettings) -> StoreResult<Kin
                 schema,
                 settings.version,
                 rows::millis(ctx.now),
-                breaker
+                breaker,
+                limits
             ])
         })
         .map_err(backend)?;
@@ -57,10 +59,18 @@ pub(crate) fn delete(ctx: &WriteCtx<'_>, kind: &str) -> StoreResult<bool> {
 
 /// Every kind's settings, by name.
 pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::KindSettings>> {
-    type Row = (String, Option<String>, Option<i64>, i64, Option<String>);
+    type Row = (
+        String,
+        Option<String>,
+        Option<i64>,
+        i64,
+        Option<String>,
+        Option<String>,
+    );
     let rows: Vec<Row> = conn
         .prepare_cached(
-            "SELECT kind, schema, version, updated_at, circuit_breaker FROM kinds ORDER BY kind",
+            "SELECT kind, schema, version, updated_at, circuit_breaker, limits FROM kinds \
+             ORDER BY kind",
         )
         .and_then(|mut stmt| {
             stmt.query_map([], |row| {
@@ -70,13 +80,14 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
                     row.get(2)?,
                     row.get(3)?,
                     row.get(4)?,
+                    row.get(5)?,
                 ))
             })?
             .collect()
         })
         .map_err(backend)?;
     rows.into_iter()
-        .map(|(kind, schema, version, updated_at, breaker)| {
+        .map(|(kind, schema, version, updated_at, breaker, limits)| {
             let schema = schema
                 .map(|text| {
                     serde_json::from_str(&text).map_err(|e| {
@@ -91,6 +102,7 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
                 schema,
                 version: version.and_then(|v| u32::try_from(v).ok()),
                 circuit_breaker: crate::rows::breaker_settings(breaker).map_err(backend)?,
+                limits: crate::rows::names(limits).map_err(backend)?,
                 updated_at: from_millis(updated_at),
             })
         })

@@ -3,9 +3,11 @@
 //! exact across every worker; the picking itself is `conveyor_core::limits`.
 
 use chrono::Duration;
-use conveyor_core::limits::{self, Group};
+use conveyor_core::limits::named::{self as named, KeyUsage};
+use conveyor_core::limits::{self, Admission, Group, LimitSpec, LimitUsage};
 use conveyor_core::{FetchParams, Job, JobState, QueueSettings, RateLimit, StoreResult};
-use rusqlite::params;
+use rusqlite::{params, Connection};
+use std::collections::{BTreeMap, HashMap};
 use uuid::Uuid;
 
 use crate::errors::backend;
@@ -346,4 +348,177 @@ fn tenant_groups(
         });
     }
     Ok(groups)
+}
+
+/// Whether `queue` has available jobs stamped with limit keys. One probe of `jobs_limited`.
+pub(crate) fn has_limited(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'available' AND queue = ?1 \
+             AND limit_keys IS NOT NULL)",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![queue], |row| row.get(0)))
+        .map_err(backend)
+}
+
+/// The named limits as configured (the shared configuration's `limits` collection). A
+/// document that does not read as a limit holds nothing (the API checks what it stores).
+pub(crate) fn specs(conn: &Connection) -> StoreResult<BTreeMap<String, LimitSpec>> {
+    let entries = crate::config::list(conn, conveyor_core::config::LIMITS)?;
+    Ok(entries
+        .into_iter()
+        .filter_map(|entry| {
+            let mut spec: LimitSpec = serde_json::from_value(entry.document).ok()?;
+            spec.name = entry.name;
+            Some((spec.name.clone(), spec))
+        })
+        .collect())
+}
+
+/// Running jobs per limit key (all keys, or those of `only`'s limit). Bounded by the running
+/// jobs with keys (`jobs_running_limited`).
+fn running_by_key(conn: &Connection, only: Option<&str>) -> StoreResult<HashMap<String, u64>> {
+    let prefix = only.map(|name| named::limit_key(name, None));
+    conn.prepare_cached(
+        "SELECT k.value, COUNT(*) FROM jobs j, json_each(j.limit_keys) k \
+         WHERE j.state = 'running' AND j.limit_keys IS NOT NULL \
+         AND (?1 IS NULL OR substr(k.value, 1, length(?1)) = ?1) GROUP BY k.value",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_map(params![prefix], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?.max(0) as u64,
+            ))
+        })?
+        .collect()
+    })
+    .map_err(backend)
+}
+
+/// Starts per key of limit `name` since `since` (its rate rows, see
+/// [`named::rate_scope_of`]).
+fn starts_by_key(
+    conn: &Connection,
+    name: &str,
+    since: chrono::DateTime<chrono::Utc>,
+) -> StoreResult<Vec<(String, u64)>> {
+    conn.prepare_cached(
+        "SELECT scope, COUNT(*) FROM rate_starts WHERE queue = ?1 AND started_at > ?2 \
+         GROUP BY scope ORDER BY scope",
+    )
+    .and_then(|mut stmt| {
+        stmt.query_map(params![format!("@{name}"), millis(since)], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, i64>(1)?.max(0) as u64,
+            ))
+        })?
+        .collect()
+    })
+    .map_err(backend)
+}
+
+/// What every key of the named limits uses now, for a claim: start records older than each
+/// limit's period are pruned first.
+pub(crate) fn usage(
+    ctx: &WriteCtx<'_>,
+    specs: &BTreeMap<String, LimitSpec>,
+) -> StoreResult<LimitUsage> {
+    let mut usage = LimitUsage {
+        running: running_by_key(ctx.conn, None)?,
+        ..LimitUsage::default()
+    };
+    for (name, spec) in specs {
+        let Some(rate) = spec.rate else { continue };
+        prune_starts(ctx, &format!("@{name}"), rate.period_ms)?;
+        for (value, count) in starts_by_key(ctx.conn, name, ctx.now - rate.period())? {
+            usage
+                .recent_starts
+                .insert(named::limit_key(name, Some(&value)), count);
+        }
+    }
+    Ok(usage)
+}
+
+/// What each key of limit `name` uses now (`QueueStore::limit_usage`).
+pub(crate) fn key_usage(
+    conn: &Connection,
+    name: &str,
+    rate_period_ms: Option<u64>,
+    now: chrono::DateTime<chrono::Utc>,
+) -> StoreResult<Vec<KeyUsage>> {
+    let mut usage: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (key, running) in running_by_key(conn, Some(name))? {
+        let (_, value) = named::split_limit_key(&key);
+        usage.entry(value.to_string()).or_default().0 = running;
+    }
+    if let Some(period_ms) = rate_period_ms {
+        let since = now - Duration::milliseconds(period_ms.min(i64::MAX as u64) as i64);
+        for (value, count) in starts_by_key(conn, name, since)? {
+            usage.entry(value).or_default().1 = count;
+        }
+    }
+    Ok(usage
+        .into_iter()
+        .map(|(key, (running, recent_starts))| KeyUsage {
+            key,
+            running,
+            recent_starts,
+        })
+        .collect())
+}
+
+/// After a claim: records the starts of claimed jobs under their limits' rates.
+pub(crate) fn record_limit_starts(
+    ctx: &WriteCtx<'_>,
+    admission: &Admission<'_>,
+    jobs: &[Job],
+) -> StoreResult<()> {
+    let mut insert = ctx
+        .conn
+        .prepare_cached("INSERT INTO rate_starts (queue, scope, started_at) VALUES (?1, ?2, ?3)")
+        .map_err(backend)?;
+    for job in jobs {
+        for key in admission.rated(&job.limit_keys) {
+            let (queue, scope) = named::rate_scope_of(key);
+            insert
+                .execute(params![queue, scope, millis(ctx.now)])
+                .map_err(backend)?;
+        }
+    }
+    Ok(())
+}
+
+/// The queue's first `want` available jobs in claim order that the fetch takes by kind and
+/// that hold none of the `full` limit keys (a JSON array bound once). The scan walks
+/// `jobs_fetch` past the full keys' jobs, so its cost follows how many of them are ahead.
+pub(crate) fn first_available_with_room(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    params: &FetchParams,
+    want: usize,
+    full: &[String],
+) -> StoreResult<Vec<Job>> {
+    let filter = KindFilter::new(params)?;
+    let kind = KindFilter::sql(4);
+    let full = serde_json::to_string(full).map_err(|e| {
+        conveyor_core::StoreError::backend(format!("cannot serialize limit keys: {e}"))
+    })?;
+    ctx.conn
+        .prepare_cached(&format!(
+            "SELECT {columns} FROM jobs WHERE state = 'available' AND queue = ?1 AND {kind} \
+             AND NOT EXISTS (SELECT 1 FROM json_each(jobs.limit_keys) k \
+                 WHERE k.value IN (SELECT value FROM json_each(?3))) \
+             ORDER BY priority DESC, run_at, id LIMIT ?2",
+            columns = crate::rows::COLUMNS
+        ))
+        .and_then(|mut stmt| {
+            stmt.query_map(
+                params![queue, want as i64, full, filter.only, filter.excluded],
+                crate::rows::job,
+            )?
+            .collect::<Result<Vec<Job>, _>>()
+        })
+        .map_err(backend)
 }

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use crate::errors::backend;
 
 /// The schema version this code writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 17;
+pub(crate) const SCHEMA_VERSION: i64 = 18;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
@@ -95,6 +95,10 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         add_missing_columns(conn, "kinds", &[("circuit_breaker", "TEXT")])?;
         // Version 15: operators' commands to workers (the history's table is new).
         add_missing_columns(conn, "workers", &[("command", "TEXT")])?;
+        // Version 18: named limits.
+        add_missing_columns(conn, "jobs", &[("limit_keys", "TEXT")])?;
+        add_missing_columns(conn, "queue_settings", &[("limits", "TEXT")])?;
+        add_missing_columns(conn, "kinds", &[("limits", "TEXT")])?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

@@ -16,7 +16,7 @@ use crate::errors::backend;
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
     lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, flow_id, flow_step, parents, progress, \
-    expires_at, trace";
+    expires_at, trace, limit_keys";
 
 fn conversion(
     column: usize,
@@ -80,6 +80,7 @@ pub(crate) fn job(row: &Row<'_>) -> rusqlite::Result<Job> {
         progress: optional_json(row, 25)?,
         expires_at: row.get::<_, Option<i64>>(26)?.map(from_millis),
         trace: optional_json(row, 27)?,
+        limit_keys: optional_json(row, 28)?.unwrap_or_default(),
     })
 }
 
@@ -114,7 +115,7 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
             "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
              per_key_concurrency_limit, rate_count, rate_period_ms, per_key_rate_count, \
              per_key_rate_period_ms, weight, completed_retention_secs, dead_retention_secs, \
-             default_ttl_ms, circuit_breaker FROM queue_settings ORDER BY queue",
+             default_ttl_ms, circuit_breaker, limits FROM queue_settings ORDER BY queue",
         )
         .map_err(backend)?;
     let count = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<u64>> {
@@ -144,6 +145,7 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
                     settings.dead_retention_secs = count(row, 12)?;
                     settings.default_ttl_ms = count(row, 13)?;
                     settings.circuit_breaker = breaker_settings(row.get::<_, Option<String>>(14)?)?;
+                    settings.limits = names(row.get::<_, Option<String>>(15)?)?;
                     settings
                 },
             })
@@ -155,6 +157,19 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
 
 pub(crate) fn millis(at: chrono::DateTime<chrono::Utc>) -> i64 {
     to_millis(at)
+}
+
+/// A queue's or kind's named limits, stored as a JSON array (NULL: none).
+pub(crate) fn names(text: Option<String>) -> rusqlite::Result<Vec<String>> {
+    text.map(|text| serde_json::from_str(&text).map_err(|e| conversion(0, e)))
+        .transpose()
+        .map(Option::unwrap_or_default)
+}
+
+pub(crate) fn names_text(names: &[String]) -> StoreResult<Option<String>> {
+    (!names.is_empty())
+        .then(|| json_text(&names, "limits"))
+        .transpose()
 }
 
 /// A queue's or kind's circuit breaker settings, stored as JSON text.

@@ -29,7 +29,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     parents          TEXT,                  -- JSON object: the step's parents' results
     progress         TEXT,                  -- JSON: the handler's latest progress report
     expires_at       INTEGER,               -- version 13: not started by then, it expires
-    trace            TEXT                   -- version 13: JSON W3C trace context
+    trace            TEXT,                  -- version 13: JSON W3C trace context
+    limit_keys       TEXT                   -- version 18: JSON array of `limit:value` keys
 ) WITHOUT ROWID;
 
 -- The fetch path: only available jobs, in claim order.
@@ -85,7 +86,9 @@ CREATE TABLE IF NOT EXISTS queue_settings (
     -- Version 13: jobs enqueued without an expiry expire this long after they could start.
     default_ttl_ms            INTEGER,
     -- Version 14: the queue's circuit breaker settings (JSON, `BreakerSettings`).
-    circuit_breaker           TEXT
+    circuit_breaker           TEXT,
+    -- Version 18: the named limits its jobs are subject to (JSON array of names).
+    limits                    TEXT
 ) WITHOUT ROWID;
 -- Version 13: waiting jobs by expiry, for the sweep that expires them.
 CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs (expires_at)
@@ -258,7 +261,9 @@ CREATE TABLE IF NOT EXISTS kinds (
     version     INTEGER,
     updated_at  INTEGER NOT NULL,
     -- Version 14: the kind's circuit breaker settings (JSON, `BreakerSettings`).
-    circuit_breaker TEXT
+    circuit_breaker TEXT,
+    -- Version 18: the named limits its jobs are subject to (JSON array of names).
+    limits TEXT
 ) WITHOUT ROWID;
 
 -- Version 14: circuit breakers' states (`conveyor_core::breaker`), one document each, changed
@@ -302,3 +307,11 @@ CREATE TABLE IF NOT EXISTS config (
     updated_at  INTEGER NOT NULL,  -- ms since the epoch
     PRIMARY KEY (collection, name)
 ) WITHOUT ROWID;
+
+-- Version 18: named limits (`conveyor_core::limits::named`). Jobs stamped with limit keys at
+-- enqueue; the claim looks for available ones per queue (one probe) and counts running ones
+-- per key. Jobs without keys are in neither index, so the common path pays nothing.
+CREATE INDEX IF NOT EXISTS jobs_limited ON jobs (queue)
+    WHERE state = 'available' AND limit_keys IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_running_limited ON jobs (queue)
+    WHERE state = 'running' AND limit_keys IS NOT NULL;

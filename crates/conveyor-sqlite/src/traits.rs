@@ -254,6 +254,16 @@ impl QueueStore for SqliteStore {
         self.read(|conn, _| rows::queue_settings(conn)).await
     }
 
+    async fn limit_usage(
+        &self,
+        limit: &str,
+        rate_period_ms: Option<u64>,
+    ) -> StoreResult<Vec<conveyor_core::limits::named::KeyUsage>> {
+        let limit = limit.to_string();
+        self.read(move |conn, now| crate::limits::key_usage(conn, &limit, rate_period_ms, now))
+            .await
+    }
+
     async fn queues_stats(&self) -> StoreResult<Vec<QueueStats>> {
         self.read(reads::queues_stats).await
     }

@@ -136,6 +136,7 @@ pub async fn breaker_settings_round_trip_with_queue_and_kind_settings(h: &Harnes
         schema: None,
         version: None,
         circuit_breaker: Some(breaker(2, 1)),
+        limits: Vec::new(),
         updated_at: chrono::DateTime::UNIX_EPOCH,
     };
     h.store.kind_put(kind).await.expect("kind put");
@@ -323,6 +324,7 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
             schema: None,
             version: None,
             circuit_breaker: Some(breaker(1, 1)),
+            limits: Vec::new(),
             updated_at: chrono::DateTime::UNIX_EPOCH,
         })
         .await

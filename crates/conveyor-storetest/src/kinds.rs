@@ -16,6 +16,7 @@ fn settings(kind: &str, schema: Option<serde_json::Value>, version: Option<u32>)
         schema,
         version,
         circuit_breaker: None,
+        limits: Vec::new(),
         updated_at: chrono::DateTime::UNIX_EPOCH,
     }
 }

@@ -38,6 +38,7 @@ mod kinds;
 mod kit;
 mod limits;
 pub mod model;
+mod named_limits;
 pub mod pg_cluster;
 mod rescue;
 mod retention;
@@ -62,6 +63,7 @@ pub use hostile::*;
 pub use insert::*;
 pub use kinds::*;
 pub use limits::*;
+pub use named_limits::*;
 pub use rescue::*;
 pub use retention::*;
 pub use schedules::*;
@@ -192,6 +194,11 @@ macro_rules! __conveyor_behaviours {
             fairness_keeps_priority_within_a_tenant,
             weighted_queues_share_a_fetch,
             invalid_flow_settings_are_refused,
+            // named limits
+            several_named_limits_hold_at_once,
+            limits_named_by_job_queue_and_kind_combine,
+            a_named_rate_counts_starts_per_key_and_period,
+            a_changed_or_deleted_limit_applies_at_the_next_claim,
             // unique jobs
             unique_by_whole_payload_returns_the_existing_job,
             unique_by_args_ignores_other_fields,

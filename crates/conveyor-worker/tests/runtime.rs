@@ -573,6 +573,7 @@ async fn a_retry_after_pauses_its_kind_until_then() {
                 half_open_calls: 1,
                 ..conveyor_core::BreakerSettings::default()
             }),
+            limits: Vec::new(),
             updated_at: Utc::now(),
         })
         .await

@@ -197,10 +197,12 @@ pub async fn open_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store
         },
     };
     let store = open_plain_store(url, options).await?;
-    Ok(match keys {
+    let store: Arc<dyn Store> = match keys {
         Some(keys) => Arc::new(EncryptedStore::new(store, keys)),
         None => store,
-    })
+    };
+    // Outside encryption: limit keys taken from a payload are read from the plaintext.
+    Ok(conveyor_engine::LimitStamps::wrap(store))
 }
 
 async fn open_plain_store(url: &str, options: OpenOptions) -> Result<Arc<dyn Store>, OpenError> {

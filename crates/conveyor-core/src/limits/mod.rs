@@ -3,6 +3,10 @@
 //! queues splits its capacity. The stores read the counts under their claim lock and claim
 //! what these functions pick; nothing here does I/O.
 
+pub mod named;
+
+pub use named::{Admission, KeyExpr, LimitBook, LimitSpec, LimitUsage};
+
 use chrono::{DateTime, Utc};
 use rand::Rng;
 use uuid::Uuid;

@@ -32,6 +32,7 @@ pub(super) struct Columns {
     unique_keys: Vec<Option<String>>,
     expires: Vec<Option<DateTime<Utc>>>,
     traces: Vec<Option<Json<conveyor_core::trace::TraceContext>>>,
+    limit_keys: Vec<Option<Json<Vec<String>>>>,
 }
 
 /// The outcome of an insert: one result per job, and whether any job became available.
@@ -165,6 +166,9 @@ pub(crate) async fn insert_many(
         columns.unique_keys.push(unique_key);
         columns.expires.push(new.expires_at.map(truncate_to_millis));
         columns.traces.push(new.trace.map(Json));
+        columns
+            .limit_keys
+            .push((!new.limit_keys.is_empty()).then_some(Json(new.limit_keys)));
         slots.push(Slot::New(id));
     }
 
@@ -240,6 +244,7 @@ pub(super) fn bind_columns<'q>(
         .bind(&columns.unique_keys)
         .bind(&columns.expires)
         .bind(&columns.traces)
+        .bind(&columns.limit_keys)
 }
 
 /// Refuses the batch's new jobs (`columns`, in `queues`) with `QueueFull` when they would take a

@@ -52,6 +52,7 @@ pub(crate) async fn queue_settings_put(
         .bind(settings.dead_retention_secs.map(stored_depth))
         .bind(settings.default_ttl_ms.map(stored_depth))
         .bind(settings.circuit_breaker.map(sqlx::types::Json))
+        .bind(&settings.limits)
         .fetch_one(&mut *conn)
         .await
         .map_err(db("store queue settings"))?;

@@ -21,6 +21,12 @@ pub(crate) struct LimitSql {
     pub(crate) tenant_jobs: SqlStr,
     pub(crate) key_counts: SqlStr,
     pub(crate) claim_ids: SqlStr,
+    pub(crate) limit_specs: SqlStr,
+    pub(crate) has_limited: SqlStr,
+    pub(crate) running_by_key: SqlStr,
+    pub(crate) starts_by_key: SqlStr,
+    pub(crate) first_with_room: SqlStr,
+    pub(crate) keys_of: SqlStr,
     /// Per queue, the tenant group this process served last (`None`: jobs without a tenant),
     /// so its next fetch continues the rotation. Kept per process: with several nodes each
     /// rotates on its own, which still serves every tenant in turn.
@@ -32,6 +38,7 @@ impl LimitSql {
         let jobs = format!("{}.jobs", quoted(schema));
         let settings = format!("{}.queue_settings", quoted(schema));
         let starts = format!("{}.rate_starts", quoted(schema));
+        let config = format!("{}.config", quoted(schema));
         let order = "ORDER BY priority DESC, run_at, id";
         let (kinds3, kinds4) = (kinds_at(3), kinds_at(4));
         Self {
@@ -111,6 +118,34 @@ impl LimitSql {
                  AND ($5::text[] IS NULL OR kind = ANY($5)) AND kind <> ALL($6) \
                  AND (expires_at IS NULL OR expires_at > $4) \
                  RETURNING {COLUMNS}"
+            )),
+            limit_specs: stmt(format!(
+                "SELECT name, document FROM {config} WHERE collection = 'limits'"
+            )),
+            has_limited: stmt(format!(
+                "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
+                 AND limit_keys IS NOT NULL)"
+            )),
+            // Running jobs per limit key (keys starting with `$1`, or all when NULL), bounded
+            // by the running jobs that hold keys (`jobs_running_limited`).
+            running_by_key: stmt(format!(
+                "SELECT k AS key, count(*) AS n \
+                 FROM {jobs} j CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) k \
+                 WHERE j.state = 'running' AND j.limit_keys IS NOT NULL \
+                 AND ($1::text IS NULL OR starts_with(k, $1)) GROUP BY k"
+            )),
+            starts_by_key: stmt(format!(
+                "SELECT scope, count(*) AS n FROM {starts} WHERE queue = $1 AND started_at > $2 \
+                 GROUP BY scope ORDER BY scope"
+            )),
+            // Like `first`, passing over jobs that hold any of the full keys `$5`.
+            first_with_room: stmt(format!(
+                "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+                 AND queue = $1 AND {kinds3} \
+                 AND NOT (COALESCE(limit_keys, '[]'::jsonb) ?| $5::text[]) {order} LIMIT $2"
+            )),
+            keys_of: stmt(format!(
+                "SELECT id, limit_keys FROM {jobs} WHERE id = ANY($1) AND limit_keys IS NOT NULL"
             )),
             cursors: Mutex::new(HashMap::new()),
         }

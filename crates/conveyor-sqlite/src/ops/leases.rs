@@ -1,6 +1,7 @@
 //! Jobs under lease: promotion of due jobs, the claim, heartbeats, completion, failure, snooze, release and rescue.
 
 use super::*;
+use conveyor_core::limits::{Admission, LimitUsage};
 
 /// Makes due scheduled and retryable jobs available.
 pub(crate) fn promote_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
@@ -90,6 +91,27 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             queues.push((queue.clone(), settings));
         }
     }
+    // Named limits: counted only when a queue of the fetch has available jobs with limit keys
+    // (one probe each), so fetches where no job carries one pay nothing more.
+    let mut limited = false;
+    for (queue, _) in &queues {
+        if limits::has_limited(ctx, queue)? {
+            limited = true;
+            break;
+        }
+    }
+    let specs = if limited {
+        limits::specs(ctx.conn)?
+    } else {
+        Default::default()
+    };
+    let usage = if specs.is_empty() {
+        LimitUsage::default()
+    } else {
+        limits::usage(ctx, &specs)?
+    };
+    let mut admission = (!specs.is_empty()).then(|| Admission::new(&specs, &usage));
+    let full = admission.as_ref().map(Admission::full).unwrap_or_default();
     if let Some(weights) =
         conveyor_core::limits::fetch_weights(queues.iter().map(|(_, s)| s.weight))
     {
@@ -98,9 +120,9 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let found = queue_candidates(ctx, queue, settings, params, ask)?;
+            let found = queue_candidates(ctx, queue, settings, params, ask, &full)?;
             let candidates = found.len();
-            let claimed = claim(ctx, params, found)?;
+            let claimed = claim(ctx, params, found, admission.as_mut())?;
             plan.record(candidates, claimed.len());
             jobs.extend(claimed);
         }
@@ -108,12 +130,14 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
     }
     let mut lists = Vec::with_capacity(queues.len());
     for (queue, settings) in &queues {
-        lists.push(queue_candidates(ctx, queue, settings, params, params.max)?);
+        lists.push(queue_candidates(
+            ctx, queue, settings, params, params.max, &full,
+        )?);
     }
     let candidates = conveyor_core::limits::merge_in_claim_order(lists, params.max, |job| {
         (job.priority, job.run_at, job.id)
     });
-    claim(ctx, params, candidates)
+    claim(ctx, params, candidates, admission.as_mut())
 }
 
 /// Up to `want` of `queue`'s available jobs, in the order a fetch should claim them: plain
@@ -124,8 +148,19 @@ pub(super) fn queue_candidates(
     settings: &QueueSettings,
     params: &FetchParams,
     want: usize,
+    full: &[String],
 ) -> StoreResult<Vec<Job>> {
     let tenanted = limits::has_tenanted(ctx, queue)?;
+    if !full.is_empty()
+        && !settings.limits_starts()
+        && !tenanted
+        && limits::has_limited(ctx, queue)?
+    {
+        // Jobs holding a limit key with no room are passed over as candidates are read, so a
+        // flood of one full key cannot hide the jobs behind it. (Under the queue's own limits
+        // or tenant round-robin, the claim's admission still refuses them.)
+        return limits::first_available_with_room(ctx, queue, params, want, full);
+    }
     if settings.limits_starts() || tenanted {
         // The kinds filter applies as candidates are read, so jobs of other kinds ahead in
         // the queue take none of the quota.
@@ -209,6 +244,7 @@ pub(super) fn claim(
     ctx: &mut WriteCtx<'_>,
     params: &FetchParams,
     candidates: Vec<Job>,
+    mut admission: Option<&mut Admission<'_>>,
 ) -> StoreResult<Vec<Job>> {
     if candidates.is_empty() {
         return Ok(Vec::new());
@@ -229,6 +265,11 @@ pub(super) fn claim(
         // Never hand out a job whose expiry has come (more than one sweep's batch may be due).
         if job.is_past_expiry(ctx.now) {
             continue;
+        }
+        if let Some(admission) = admission.as_deref_mut() {
+            if !admission.admit(&job.limit_keys) {
+                continue;
+            }
         }
         let token = Uuid::new_v4();
         let claimed = claim
@@ -262,6 +303,9 @@ pub(super) fn claim(
         ctx.claimed_queues.insert(job.id, job.queue.clone());
     }
     limits::record_claims(ctx, &jobs)?;
+    if let Some(admission) = admission {
+        limits::record_limit_starts(ctx, admission, &jobs)?;
+    }
     Ok(jobs)
 }
 
@@ -361,6 +405,7 @@ pub(crate) fn complete_many(
             .settings
             .get(queue)
             .is_some_and(|s| s.concurrency_limit.is_some() || s.per_key_concurrency_limit.is_some())
+            || (!ctx.wake && limits::has_limited(ctx, queue)?)
         {
             ctx.wake = true;
         }

@@ -1,0 +1,250 @@
+//! Named limits (`PUT /v1/limits/{name}`): jobs stamped with limit keys at enqueue (through
+//! the engine's `LimitStamps`, as every server and the facade open their store) and claimed
+//! only while each key they hold has room.
+
+use std::sync::Arc;
+
+use conveyor_core::kinds::KindSettings;
+use conveyor_core::limits::named::KeyUsage;
+use conveyor_core::{Job, NewJob, QueueSettings, Store, StoreError};
+use conveyor_engine::LimitStamps;
+use serde_json::{json, Value};
+
+use crate::kit::{complete, fetch, fetch_params, job_in, lease_of, millis, Harness};
+
+async fn define(store: &dyn Store, name: &str, limit: Value) {
+    store
+        .config_put(conveyor_core::config::LIMITS, name, limit)
+        .await
+        .expect("define a limit");
+}
+
+fn customer_job(queue: &str, customer: &str) -> NewJob {
+    job_in(queue, "sync").with_payload(json!({"customer": {"id": customer}}))
+}
+
+trait WithPayload {
+    fn with_payload(self, payload: Value) -> Self;
+}
+
+impl WithPayload for NewJob {
+    fn with_payload(mut self, payload: Value) -> Self {
+        self.payload = payload;
+        self
+    }
+}
+
+fn customers(jobs: &[Job]) -> Vec<String> {
+    jobs.iter()
+        .map(|job| {
+            job.payload["customer"]["id"]
+                .as_str()
+                .unwrap_or("?")
+                .to_string()
+        })
+        .collect()
+}
+
+fn count_of(jobs: &[Job], customer: &str) -> usize {
+    customers(jobs).iter().filter(|c| *c == customer).count()
+}
+
+async fn queue_naming(store: &dyn Store, queue: &str, limits: &[&str]) {
+    let mut settings = QueueSettings::default();
+    settings.limits = limits.iter().map(|name| name.to_string()).collect();
+    store
+        .queue_settings_put(queue, settings)
+        .await
+        .expect("queue settings");
+}
+
+/// A limit keyed by a payload field holds each customer to its concurrency separately, and a
+/// second, unkeyed limit on the same jobs holds the total: both at once. Jobs of a full key
+/// are passed over, so the other customers' jobs behind them start; finishing one job gives
+/// its keys one place back.
+pub async fn several_named_limits_hold_at_once(h: &Harness) {
+    let store = LimitStamps::wrap(h.store.clone());
+    define(
+        &*store,
+        "per-customer",
+        json!({"concurrency": 2, "key": "payload.customer.id"}),
+    )
+    .await;
+    define(&*store, "vendor", json!({"concurrency": 5})).await;
+    queue_naming(&*store, "calls", &["per-customer", "vendor"]).await;
+    // A flood of one customer ahead of the others.
+    let mut jobs: Vec<NewJob> = (0..10).map(|_| customer_job("calls", "acme")).collect();
+    jobs.extend((0..3).map(|_| customer_job("calls", "globex")));
+    jobs.extend((0..3).map(|_| customer_job("calls", "initech")));
+    let inserted = store.jobs_insert_many(jobs).await.expect("insert");
+    assert_eq!(
+        inserted[0].job.limit_keys,
+        vec!["per-customer:acme".to_string(), "vendor:".to_string()],
+        "stamped at enqueue"
+    );
+    let first = store
+        .jobs_fetch(fetch_params(&["calls"], 20))
+        .await
+        .expect("fetch");
+    assert_eq!(first.len(), 5, "the total holds: {:?}", customers(&first));
+    assert_eq!(count_of(&first, "acme"), 2, "{:?}", customers(&first));
+    assert_eq!(count_of(&first, "globex"), 2, "{:?}", customers(&first));
+    assert_eq!(count_of(&first, "initech"), 1, "{:?}", customers(&first));
+    let none = store
+        .jobs_fetch(fetch_params(&["calls"], 20))
+        .await
+        .expect("fetch");
+    assert!(
+        none.is_empty(),
+        "every place is taken: {:?}",
+        customers(&none)
+    );
+    let usage = store
+        .limit_usage("per-customer", None)
+        .await
+        .expect("usage");
+    assert_eq!(
+        usage,
+        ["acme", "globex", "initech"]
+            .iter()
+            .zip([2, 2, 1])
+            .map(|(key, running)| KeyUsage {
+                key: key.to_string(),
+                running,
+                recent_starts: 0
+            })
+            .collect::<Vec<_>>()
+    );
+    let acme = first
+        .iter()
+        .find(|job| job.payload["customer"]["id"] == "acme")
+        .expect("an acme job");
+    complete(h, lease_of(acme), None).await;
+    let next = store
+        .jobs_fetch(fetch_params(&["calls"], 20))
+        .await
+        .expect("fetch");
+    assert_eq!(
+        customers(&next),
+        vec!["acme"],
+        "acme's place, and the total's one"
+    );
+}
+
+/// Limits come from the job itself, its queue and its kind; a job without a value for a limit's
+/// key is not subject to it; a job naming a limit that does not exist is refused naming the
+/// field, and nothing is stored.
+pub async fn limits_named_by_job_queue_and_kind_combine(h: &Harness) {
+    let store = LimitStamps::wrap(h.store.clone());
+    define(
+        &*store,
+        "per-tenant",
+        json!({"concurrency": 1, "key": "tenant"}),
+    )
+    .await;
+    define(&*store, "reports", json!({"concurrency": 1})).await;
+    define(&*store, "one-off", json!({"concurrency": 1})).await;
+    queue_naming(&*store, "work", &["per-tenant"]).await;
+    store
+        .kind_put(KindSettings {
+            kind: "report".to_string(),
+            schema: None,
+            version: None,
+            circuit_breaker: None,
+            limits: vec!["reports".to_string()],
+            updated_at: chrono::DateTime::UNIX_EPOCH,
+        })
+        .await
+        .expect("kind settings");
+    let mut tenanted = job_in("work", "mail");
+    tenanted.tenant = Some("acme".into());
+    let mut report = job_in("work", "report");
+    report.tenant = Some("globex".into());
+    let mut own = job_in("work", "mail");
+    own.limits = vec!["one-off".into()];
+    let inserted = store
+        .jobs_insert_many(vec![tenanted.clone(), report, own, job_in("work", "mail")])
+        .await
+        .expect("insert");
+    let keys: Vec<Vec<String>> = inserted.iter().map(|i| i.job.limit_keys.clone()).collect();
+    assert_eq!(
+        keys,
+        vec![
+            vec!["per-tenant:acme".to_string()],
+            vec!["per-tenant:globex".to_string(), "reports:".to_string()],
+            vec!["one-off:".to_string()],
+            vec![],
+        ]
+    );
+    let mut bad = job_in("work", "mail");
+    bad.limits = vec!["one-off".into(), "nope".into()];
+    match store.jobs_insert_many(vec![tenanted, bad]).await {
+        Err(StoreError::Invalid(error)) => assert_eq!(error.field, "limits[1]"),
+        other => panic!("a job naming an unknown limit is refused, got {other:?}"),
+    }
+    let mut params = conveyor_core::JobListParams::default();
+    params.queue = Some("work".into());
+    params.limit = 100;
+    let listed = store.jobs_list(params).await.expect("list");
+    assert_eq!(listed.len(), 4, "nothing of the refused batch was stored");
+}
+
+/// A rate on a keyed limit counts each key's starts within its period, including jobs that
+/// finished since; the next period gives the key its starts back.
+pub async fn a_named_rate_counts_starts_per_key_and_period(h: &Harness) {
+    let store = LimitStamps::wrap(h.store.clone());
+    define(
+        &*store,
+        "api",
+        json!({"rate": {"count": 2, "period_ms": 1000}, "key": "payload.customer.id"}),
+    )
+    .await;
+    queue_naming(&*store, "calls", &["api"]).await;
+    let mut jobs: Vec<NewJob> = (0..5).map(|_| customer_job("calls", "acme")).collect();
+    jobs.extend((0..5).map(|_| customer_job("calls", "globex")));
+    store.jobs_insert_many(jobs).await.expect("insert");
+    let first = store
+        .jobs_fetch(fetch_params(&["calls"], 10))
+        .await
+        .expect("fetch");
+    assert_eq!(count_of(&first, "acme"), 2, "{:?}", customers(&first));
+    assert_eq!(count_of(&first, "globex"), 2, "{:?}", customers(&first));
+    for job in &first {
+        complete(h, lease_of(job), None).await;
+    }
+    let usage = store.limit_usage("api", Some(1000)).await.expect("usage");
+    assert_eq!(
+        usage.iter().map(|u| u.recent_starts).collect::<Vec<_>>(),
+        vec![2, 2]
+    );
+    assert!(
+        fetch(h, &["calls"], 10).await.is_empty(),
+        "finished jobs' starts still count within the period"
+    );
+    h.advance(millis(1001));
+    let next = store
+        .jobs_fetch(fetch_params(&["calls"], 10))
+        .await
+        .expect("fetch");
+    assert_eq!(next.len(), 4, "a new period: {:?}", customers(&next));
+}
+
+/// A limit's values are read at each claim, so a change applies to the next one; a deleted
+/// limit holds nothing, though jobs still carry its key.
+pub async fn a_changed_or_deleted_limit_applies_at_the_next_claim(h: &Harness) {
+    let store: Arc<dyn Store> = LimitStamps::wrap(h.store.clone());
+    define(&*store, "gate", json!({"concurrency": 1})).await;
+    queue_naming(&*store, "q", &["gate"]).await;
+    store
+        .jobs_insert_many((0..6).map(|_| job_in("q", "k")).collect())
+        .await
+        .expect("insert");
+    assert_eq!(fetch(h, &["q"], 10).await.len(), 1);
+    define(&*store, "gate", json!({"concurrency": 3})).await;
+    assert_eq!(fetch(h, &["q"], 10).await.len(), 2, "raised to 3");
+    store
+        .config_delete(conveyor_core::config::LIMITS, "gate")
+        .await
+        .expect("delete");
+    assert_eq!(fetch(h, &["q"], 10).await.len(), 3, "deleted: no limit");
+}
