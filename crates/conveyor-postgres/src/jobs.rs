@@ -134,6 +134,11 @@ pub(crate) async fn store_exactly(
                 .map(|j| (!j.limit_keys.is_empty()).then_some(Json(&j.limit_keys)))
                 .collect::<Vec<_>>(),
         )
+        .bind(
+            jobs.iter()
+                .map(|j| conveyor_core::limits::named::fair_key(&j.limit_keys))
+                .collect::<Vec<_>>(),
+        )
         .fetch_all(&mut *conn)
         .await
         .map_err(db("import jobs"))?;

@@ -94,7 +94,9 @@ pub(crate) async fn claim_limited(
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let picked = queue_candidates(conn, ctx, queue, settings, ask, params, &full).await?;
+            let picked =
+                queue_candidates(conn, ctx, queue, settings, ask, params, &full, admission.as_ref())
+                    .await?;
             let candidates = picked.len();
             let claimed = claim.ids(conn, picked, admission.as_mut()).await?;
             plan.record(candidates, claimed.len());
@@ -104,7 +106,18 @@ pub(crate) async fn claim_limited(
     }
     let mut lists = Vec::with_capacity(queues.len());
     for (queue, settings) in &queues {
-        lists.push(queue_candidates(conn, ctx, queue, settings, params.max, params, &full).await?);
+        let found = queue_candidates(
+            conn,
+            ctx,
+            queue,
+            settings,
+            params.max,
+            params,
+            &full,
+            admission.as_ref(),
+        )
+        .await?;
+        lists.push(found);
     }
     let picked = limits::merge_in_claim_order(lists, params.max, |c| (c.priority, c.run_at, c.id));
     claim.ids(conn, picked, admission.as_mut()).await
@@ -306,13 +319,29 @@ impl Claim<'_, '_> {
             record_limit_starts(conn, self.ctx, admission, &jobs).await?;
         }
         for job in &jobs {
-            self.ctx
-                .sql
-                .limits
-                .set_cursor(&job.queue, job.tenant.clone());
+            let statements = &self.ctx.sql.limits;
+            statements.set_cursor(&job.queue, job.tenant.clone());
+            statements.set_cursor(
+                &fair_cursor(&job.queue),
+                named::fair_key(&job.limit_keys).map(str::to_string),
+            );
         }
         Ok(jobs)
     }
+}
+
+/// What a queue's available jobs take turns by: their tenant, or their first key of a keyed
+/// named limit (the `fair_key` column, see `named::fair_key`), whose room and weight the
+/// claim's admission gives.
+#[derive(Clone, Copy)]
+enum Grouping<'a> {
+    Tenant,
+    LimitKey(&'a Admission<'a>),
+}
+
+/// Where a queue's rotation by limit key is remembered (beside its tenant rotation).
+fn fair_cursor(queue: &str) -> String {
+    format!("{queue}\u{1f}limits")
 }
 
 /// The candidates (`ids`, in claim order) that the named limits let start, their starts counted
@@ -413,6 +442,7 @@ async fn queue_candidates(
     want: usize,
     params: &FetchParams,
     full: &[String],
+    admission: Option<&Admission<'_>>,
 ) -> StoreResult<Vec<Candidate>> {
     let statements = &ctx.sql.limits;
     let running = if settings.concurrency_limit.is_some() {
@@ -452,7 +482,26 @@ async fn queue_candidates(
         .fetch_one(&mut *conn)
         .await
         .map_err(db("look for tenanted jobs"))?;
-    if !tenanted {
+    // Jobs holding a keyed limit's key take turns by it, unless the queue holds tenants to
+    // per-tenant limits (those need the tenant round-robin's budgets).
+    let per_tenant =
+        settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
+    let fair = match admission {
+        Some(admission) if !per_tenant => {
+            let found: bool = sqlx::query_scalar(statements.has_fair_keyed.clone())
+                .bind(queue)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(db("look for jobs with a round-robin limit key"))?;
+            found.then_some(admission)
+        }
+        _ => None,
+    };
+    let grouping = match fair {
+        Some(admission) => Grouping::LimitKey(admission),
+        None => Grouping::Tenant,
+    };
+    if !tenanted && fair.is_none() {
         // With keys out of room, their jobs are passed over as candidates are read, so a flood
         // of one full key cannot hide the jobs behind it.
         let read = if full.is_empty() {
@@ -474,7 +523,8 @@ async fn queue_candidates(
             .map_err(db("read available jobs"))?;
         return candidates_of(&found);
     }
-    let (groups, candidates) = tenant_groups(conn, ctx, queue, settings, quota, params).await?;
+    let (groups, candidates) =
+        tenant_groups(conn, ctx, queue, settings, quota, params, grouping).await?;
     let picked = limits::round_robin(&groups, quota);
     Ok(picked
         .jobs
@@ -503,12 +553,18 @@ async fn recent_starts(
 async fn tenants(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
+    grouping: Grouping<'_>,
     queue: &str,
     after: Option<&str>,
     max: usize,
     params: &FetchParams,
 ) -> StoreResult<Vec<String>> {
-    sqlx::query_scalar(ctx.sql.limits.tenants.clone())
+    let statements = &ctx.sql.limits;
+    let read = match grouping {
+        Grouping::Tenant => &statements.tenants,
+        Grouping::LimitKey(_) => &statements.fair_keys,
+    };
+    sqlx::query_scalar(read.clone())
         .bind(queue)
         // Tenants are never empty (names are validated), so '' stands for "from the first".
         .bind(after.unwrap_or(""))
@@ -571,20 +627,34 @@ async fn tenant_groups(
     settings: &QueueSettings,
     quota: usize,
     params: &FetchParams,
+    grouping: Grouping<'_>,
 ) -> StoreResult<(Vec<Group>, HashMap<Uuid, Candidate>)> {
     let statements = &ctx.sql.limits;
-    let cursor = statements.cursor(queue);
+    let (cursor, ungrouped_read, group_read) = match grouping {
+        Grouping::Tenant => (
+            statements.cursor(queue),
+            &statements.untenanted,
+            &statements.tenant_jobs,
+        ),
+        Grouping::LimitKey(_) => (
+            statements.cursor(&fair_cursor(queue)),
+            &statements.unkeyed,
+            &statements.fair_key_jobs,
+        ),
+    };
     let after = match &cursor {
-        Some(Some(tenant)) => tenants(conn, ctx, queue, Some(tenant), quota, params).await?,
+        Some(Some(key)) => {
+            tenants(conn, ctx, grouping, queue, Some(key), quota, params).await?
+        }
         _ => Vec::new(),
     };
     let from_start = if after.len() < quota {
-        tenants(conn, ctx, queue, None, quota, params).await?
+        tenants(conn, ctx, grouping, queue, None, quota, params).await?
     } else {
         Vec::new()
     };
     let untenanted = candidates_of(
-        &sqlx::query(statements.untenanted.clone())
+        &sqlx::query(ungrouped_read.clone())
             .bind(queue)
             .bind(limit(limits::UNTENANTED_WINDOW))
             .bind(limit(quota))
@@ -602,10 +672,26 @@ async fn tenant_groups(
         quota,
     );
     let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
-    let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
+    let (budgets, weights): (Vec<usize>, Vec<u32>) = match grouping {
+        // A limit key's room and weight, as the claim's admission counts them.
+        Grouping::LimitKey(admission) => tenants
+            .iter()
+            .map(|key| {
+                (
+                    usize::try_from(admission.room(key)).unwrap_or(usize::MAX),
+                    admission.weight(key),
+                )
+            })
+            .unzip(),
+        Grouping::Tenant => {
+            let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
+            let weights = vec![1; budgets.len()];
+            (budgets, weights)
+        }
+    };
     // Every tenant's first jobs in one statement (a LATERAL read per tenant).
     let wanted: Vec<i64> = budgets.iter().map(|b| limit(reads.min(*b))).collect();
-    let found = sqlx::query(statements.tenant_jobs.clone())
+    let found = sqlx::query(group_read.clone())
         .bind(queue)
         .bind(&tenants)
         .bind(&wanted)
@@ -622,24 +708,26 @@ async fn tenant_groups(
     }
     let mut all: HashMap<Uuid, Candidate> = HashMap::new();
     let mut groups = Vec::with_capacity(order.len());
-    let mut budgets = budgets.into_iter();
+    let mut budgets = budgets.into_iter().zip(weights);
     for tenant in order {
         let Some(tenant) = tenant else {
             let jobs: Vec<Uuid> = untenanted.iter().take(reads).map(|c| c.id).collect();
             all.extend(untenanted.iter().map(|c| (c.id, *c)));
             groups.push(Group {
-                tenant: None,
+                key: None,
                 jobs,
                 budget: usize::MAX,
+                weight: 1,
             });
             continue;
         };
-        let budget = budgets.next().unwrap_or(0);
+        let (budget, weight) = budgets.next().unwrap_or((0, 1));
         let found = by_tenant.remove(&tenant).unwrap_or_default();
         groups.push(Group {
             jobs: found.iter().map(|c| c.id).collect(),
-            tenant: Some(tenant),
+            key: Some(tenant),
             budget,
+            weight,
         });
         all.extend(found.into_iter().map(|c| (c.id, c)));
     }

@@ -186,14 +186,14 @@ impl Sql {
             )),
             insert: stmt(insert_sql(&jobs, &settings, "")),
             // The fast path for queues without depth limits: the same insert, guarded by a
-            // one-time check that no queue of the batch (`$18`, distinct) has a limit. When one
+            // one-time check that no queue of the batch (`$19`, distinct) has a limit. When one
             // does, nothing is inserted and no row comes back, and the caller takes the locks,
             // counts, and uses `insert`.
             insert_unlimited: stmt(insert_sql(
                 &jobs,
                 &settings,
                 &format!(
-                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($18) \
+                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($19) \
                          AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
                 ),
             )),
@@ -510,7 +510,7 @@ impl Sql {
             // Jobs exactly as given, every column, skipping ids that exist (so an interrupted
             // copy resumes). Also how a flow's jobs are stored as their steps start.
             import: stmt(format!(
-                "INSERT INTO {jobs} ({COLUMNS}) \
+                "INSERT INTO {jobs} ({COLUMNS}, fair_key) \
                  SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, n.attempt, \
                      n.max_attempts, n.timeout_ms, n.idempotency_key, \
                      ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
@@ -518,7 +518,7 @@ impl Sql {
                      n.tenant, n.state, n.errors, n.lease_worker, n.lease_token, \
                      n.lease_expires_at, n.result, n.created_at, n.started_at, n.finished_at, \
                      n.unique_key, n.flow_id, n.flow_step, n.parents, n.progress, \
-                     n.expires_at, n.trace, n.limit_keys \
+                     n.expires_at, n.trace, n.limit_keys, n.fair_key \
                  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                              $6::timestamptz[], $7::int4[], $8::int4[], $9::int8[], \
                              $10::text[], $11::jsonb[], $12::text[], $13::text[], \
@@ -526,12 +526,12 @@ impl Sql {
                              $18::jsonb[], $19::timestamptz[], $20::timestamptz[], \
                              $21::timestamptz[], $22::text[], $23::uuid[], $24::text[], \
                              $25::jsonb[], $26::jsonb[], $27::timestamptz[], \
-                             $28::jsonb[], $29::jsonb[]) \
+                             $28::jsonb[], $29::jsonb[], $30::text[]) \
                      AS n(id, kind, queue, payload, priority, run_at, attempt, max_attempts, \
                           timeout_ms, idempotency_key, tags, tenant, state, errors, \
                           lease_worker, lease_token, lease_expires_at, result, created_at, \
                           started_at, finished_at, unique_key, flow_id, flow_step, parents, \
-                          progress, expires_at, trace, limit_keys) \
+                          progress, expires_at, trace, limit_keys, fair_key) \
                  ON CONFLICT (id) DO NOTHING \
                  RETURNING id, queue, state"
             )),
@@ -595,7 +595,7 @@ impl Sql {
     }
 }
 
-/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$18`. A `NewJob`
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$19`. A `NewJob`
 /// has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
 /// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
 /// `import`, which writes every column.
@@ -607,7 +607,7 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
     format!(
         "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
              max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-             created_at, unique_key, expires_at, trace, limit_keys) \
+             created_at, unique_key, expires_at, trace, limit_keys, fair_key) \
          SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
              n.max_attempts, n.timeout_ms, n.idempotency_key, \
              ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
@@ -616,14 +616,14 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
              COALESCE(n.expires_at, (SELECT GREATEST(n.run_at, $13) \
                  + s.default_ttl_ms * interval '1 millisecond' \
                  FROM {settings} s WHERE s.queue = n.queue)), \
-             n.trace, n.limit_keys \
+             n.trace, n.limit_keys, n.fair_key \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                      $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
                      $10::jsonb[], $11::text[], $12::text[], $14::text[], \
-                     $15::timestamptz[], $16::jsonb[], $17::jsonb[]) \
+                     $15::timestamptz[], $16::jsonb[], $17::jsonb[], $18::text[]) \
              AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
                   timeout_ms, idempotency_key, tags, tenant, state, unique_key, \
-                  expires_at, trace, limit_keys) \
+                  expires_at, trace, limit_keys, fair_key) \
          {condition} \
          RETURNING {COLUMNS}"
     )

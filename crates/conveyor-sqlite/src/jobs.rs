@@ -64,9 +64,9 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
     let changed = ctx
         .conn
         .prepare_cached(&format!(
-            "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
+            "INSERT INTO jobs ({COLUMNS}, fair_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
              ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, \
-             ?27, ?28, ?29) \
+             ?27, ?28, ?29, ?30) \
              ON CONFLICT (id) DO NOTHING"
         ))
         .and_then(|mut stmt| {
@@ -100,6 +100,7 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
                 job.expires_at.map(millis),
                 trace,
                 limit_keys,
+                conveyor_core::limits::named::fair_key(&job.limit_keys),
             ])
         })
         .map_err(backend)?;

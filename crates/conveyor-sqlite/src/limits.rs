@@ -58,8 +58,9 @@ pub(crate) fn tenant_candidates(
     settings: &QueueSettings,
     quota: usize,
     filter: &KindFilter,
+    grouping: Grouping<'_>,
 ) -> StoreResult<Vec<Job>> {
-    let groups = tenant_groups(ctx, queue, settings, quota, filter)?;
+    let groups = tenant_groups(ctx, queue, settings, quota, filter, grouping)?;
     let picked = limits::round_robin(&groups, quota);
     let mut jobs = Vec::with_capacity(picked.jobs.len());
     for id in picked.jobs {
@@ -68,6 +69,36 @@ pub(crate) fn tenant_candidates(
         }
     }
     Ok(jobs)
+}
+
+/// What a queue's available jobs take turns by: their tenant, or their first key of a keyed
+/// named limit ([`named::fair_key`], kept in the `fair_key` column), whose room and weight the
+/// claim's admission gives.
+#[derive(Clone, Copy)]
+pub(crate) enum Grouping<'a> {
+    Tenant,
+    LimitKey(&'a Admission<'a>),
+}
+
+impl Grouping<'_> {
+    fn column(self) -> &'static str {
+        match self {
+            Grouping::Tenant => "tenant",
+            Grouping::LimitKey(_) => "fair_key",
+        }
+    }
+
+    /// Where the queue's rotation by this grouping is remembered (`WriteCtx::cursors`).
+    fn cursor(self, queue: &str) -> String {
+        match self {
+            Grouping::Tenant => queue.to_string(),
+            Grouping::LimitKey(_) => fair_cursor(queue),
+        }
+    }
+}
+
+fn fair_cursor(queue: &str) -> String {
+    format!("{queue}\u{1f}limits")
 }
 
 /// The kinds a fetch takes, for the statements that read candidates by tenant: only the
@@ -129,10 +160,15 @@ pub(crate) fn record_claims(ctx: &mut WriteCtx<'_>, jobs: &[Job]) -> StoreResult
             }
         }
     }
-    // Jobs are in pick order per queue, so the last one of each queue sets its cursor.
+    // Jobs are in pick order per queue, so the last one of each queue sets its cursors.
     for job in jobs {
         if ctx.cursors.contains_key(&job.queue) || job.tenant.is_some() {
             ctx.cursors.insert(job.queue.clone(), job.tenant.clone());
+        }
+        let fair = named::fair_key(&job.limit_keys);
+        let cursor = fair_cursor(&job.queue);
+        if fair.is_some() || ctx.cursors.contains_key(&cursor) {
+            ctx.cursors.insert(cursor, fair.map(str::to_string));
         }
     }
     Ok(())
@@ -193,20 +229,22 @@ fn ids(rows: rusqlite::Result<Vec<String>>) -> StoreResult<Vec<Uuid>> {
 /// follows the number of tenants read, not the number of jobs they have.
 fn tenants(
     ctx: &WriteCtx<'_>,
+    grouping: Grouping<'_>,
     queue: &str,
     after: Option<&str>,
     limit: usize,
     filter: &KindFilter,
 ) -> StoreResult<Vec<String>> {
     let kind = KindFilter::sql(4);
+    let key = grouping.column();
     ctx.conn
         .prepare_cached(&format!(
             "WITH RECURSIVE t(tenant) AS ( \
-                 SELECT (SELECT MIN(tenant) FROM jobs WHERE state = 'available' AND queue = ?1 \
-                         AND tenant IS NOT NULL AND tenant > ?2 AND {kind}) \
+                 SELECT (SELECT MIN({key}) FROM jobs WHERE state = 'available' AND queue = ?1 \
+                         AND {key} IS NOT NULL AND {key} > ?2 AND {kind}) \
                  UNION ALL \
-                 SELECT (SELECT MIN(j.tenant) FROM jobs j WHERE j.state = 'available' \
-                         AND j.queue = ?1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant \
+                 SELECT (SELECT MIN(j.{key}) FROM jobs j WHERE j.state = 'available' \
+                         AND j.queue = ?1 AND j.{key} IS NOT NULL AND j.{key} > t.tenant \
                          AND {kind}) \
                  FROM t WHERE t.tenant IS NOT NULL) \
              SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT ?3"
@@ -232,18 +270,20 @@ fn tenants(
 /// [`limits::UNTENANTED_WINDOW`] available jobs.
 fn untenanted_ids(
     ctx: &WriteCtx<'_>,
+    grouping: Grouping<'_>,
     queue: &str,
     limit: usize,
     filter: &KindFilter,
 ) -> StoreResult<Vec<Uuid>> {
     let kind = KindFilter::sql(4);
+    let key = grouping.column();
     ids(ctx
         .conn
         .prepare_cached(&format!(
-            "SELECT id FROM (SELECT id, tenant, priority, run_at FROM jobs \
+            "SELECT id FROM (SELECT id, {key} AS k, priority, run_at FROM jobs \
                  WHERE state = 'available' AND queue = ?1 AND {kind} \
                  ORDER BY priority DESC, run_at, id LIMIT ?2) \
-             WHERE tenant IS NULL ORDER BY priority DESC, run_at, id LIMIT ?3"
+             WHERE k IS NULL ORDER BY priority DESC, run_at, id LIMIT ?3"
         ))
         .and_then(|mut stmt| {
             stmt.query_map(
@@ -262,17 +302,19 @@ fn untenanted_ids(
 
 fn tenant_ids(
     ctx: &WriteCtx<'_>,
+    grouping: Grouping<'_>,
     queue: &str,
     tenant: &str,
     limit: usize,
     filter: &KindFilter,
 ) -> StoreResult<Vec<Uuid>> {
     let kind = KindFilter::sql(4);
+    let key = grouping.column();
     ids(ctx
         .conn
         .prepare_cached(&format!(
-            "SELECT id FROM jobs WHERE state = 'available' AND queue = ?1 AND tenant = ?2 \
-             AND tenant IS NOT NULL AND {kind} ORDER BY priority DESC, run_at, id LIMIT ?3"
+            "SELECT id FROM jobs WHERE state = 'available' AND queue = ?1 AND {key} = ?2 \
+             AND {key} IS NOT NULL AND {kind} ORDER BY priority DESC, run_at, id LIMIT ?3"
         ))
         .and_then(|mut stmt| {
             stmt.query_map(
@@ -291,60 +333,69 @@ fn tenant_groups(
     settings: &QueueSettings,
     quota: usize,
     filter: &KindFilter,
+    grouping: Grouping<'_>,
 ) -> StoreResult<Vec<Group>> {
-    let cursor = ctx.cursors.get(queue).cloned();
+    let cursor = ctx.cursors.get(&grouping.cursor(queue)).cloned();
     let after = match &cursor {
-        Some(Some(tenant)) => tenants(ctx, queue, Some(tenant), quota, filter)?,
+        Some(Some(key)) => tenants(ctx, grouping, queue, Some(key), quota, filter)?,
         _ => Vec::new(),
     };
     let from_start = if after.len() < quota {
-        tenants(ctx, queue, None, quota, filter)?
+        tenants(ctx, grouping, queue, None, quota, filter)?
     } else {
         Vec::new()
     };
-    let untenanted = untenanted_ids(ctx, queue, quota, filter)?;
+    let ungrouped = untenanted_ids(ctx, grouping, queue, quota, filter)?;
     let (order, reads) = limits::tenant_pass(
         after,
         from_start,
-        !untenanted.is_empty(),
+        !ungrouped.is_empty(),
         cursor.as_ref().map(|served| served.as_deref()),
         quota,
     );
     let per_key =
         settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
     let mut groups = Vec::with_capacity(order.len());
-    for tenant in order {
-        let Some(tenant) = tenant else {
+    for key in order {
+        let Some(key) = key else {
             groups.push(Group {
-                tenant: None,
-                jobs: untenanted.iter().copied().take(reads).collect(),
+                key: None,
+                jobs: ungrouped.iter().copied().take(reads).collect(),
                 budget: usize::MAX,
+                weight: 1,
             });
             continue;
         };
-        let budget = if per_key {
-            let running = if settings.per_key_concurrency_limit.is_some() {
-                running_of_tenant(ctx, queue, &tenant)?
-            } else {
-                0
-            };
-            let recent = match settings.per_key_rate_limit {
-                Some(rate) => recent_starts(ctx, queue, &tenant, rate)?,
-                None => 0,
-            };
-            limits::key_budget(settings, running, recent)
-        } else {
-            usize::MAX
+        let (budget, weight) = match grouping {
+            // A limit key's room and weight, as the claim's admission counts them.
+            Grouping::LimitKey(admission) => (
+                usize::try_from(admission.room(&key)).unwrap_or(usize::MAX),
+                admission.weight(&key),
+            ),
+            Grouping::Tenant if per_key => {
+                let running = if settings.per_key_concurrency_limit.is_some() {
+                    running_of_tenant(ctx, queue, &key)?
+                } else {
+                    0
+                };
+                let recent = match settings.per_key_rate_limit {
+                    Some(rate) => recent_starts(ctx, queue, &key, rate)?,
+                    None => 0,
+                };
+                (limits::key_budget(settings, running, recent), 1)
+            }
+            Grouping::Tenant => (usize::MAX, 1),
         };
         let jobs = if budget == 0 {
             Vec::new()
         } else {
-            tenant_ids(ctx, queue, &tenant, reads.min(budget), filter)?
+            tenant_ids(ctx, grouping, queue, &key, reads.min(budget), filter)?
         };
         groups.push(Group {
-            tenant: Some(tenant),
+            key: Some(key),
             jobs,
             budget,
+            weight,
         });
     }
     Ok(groups)
@@ -520,5 +571,17 @@ pub(crate) fn first_available_with_room(
             )?
             .collect::<Result<Vec<Job>, _>>()
         })
+        .map_err(backend)
+}
+
+/// Whether `queue` has available jobs with a round-robin limit key. One probe of
+/// `jobs_fair_key`.
+pub(crate) fn has_fair_keyed(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool> {
+    ctx.conn
+        .prepare_cached(
+            "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'available' AND queue = ?1 \
+             AND fair_key IS NOT NULL)",
+        )
+        .and_then(|mut stmt| stmt.query_row(params![queue], |row| row.get(0)))
         .map_err(backend)
 }

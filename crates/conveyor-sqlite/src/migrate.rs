@@ -96,7 +96,11 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         // Version 15: operators' commands to workers (the history's table is new).
         add_missing_columns(conn, "workers", &[("command", "TEXT")])?;
         // Version 18: named limits.
-        add_missing_columns(conn, "jobs", &[("limit_keys", "TEXT")])?;
+        add_missing_columns(
+            conn,
+            "jobs",
+            &[("limit_keys", "TEXT"), ("fair_key", "TEXT")],
+        )?;
         add_missing_columns(conn, "queue_settings", &[("limits", "TEXT")])?;
         add_missing_columns(conn, "kinds", &[("limits", "TEXT")])?;
     }

@@ -30,7 +30,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     progress         TEXT,                  -- JSON: the handler's latest progress report
     expires_at       INTEGER,               -- version 13: not started by then, it expires
     trace            TEXT,                  -- version 13: JSON W3C trace context
-    limit_keys       TEXT                   -- version 18: JSON array of `limit:value` keys
+    limit_keys       TEXT,                  -- version 18: JSON array of `limit:value` keys
+    fair_key         TEXT                   -- version 18: the one of them it takes turns by
 ) WITHOUT ROWID;
 
 -- The fetch path: only available jobs, in claim order.
@@ -315,3 +316,7 @@ CREATE INDEX IF NOT EXISTS jobs_limited ON jobs (queue)
     WHERE state = 'available' AND limit_keys IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_running_limited ON jobs (queue)
     WHERE state = 'running' AND limit_keys IS NOT NULL;
+-- Fairness among a keyed limit's keys: each key's available jobs in claim order, and the
+-- distinct keys of a queue (read by skipping through it), as `jobs_fair` does for tenants.
+CREATE INDEX IF NOT EXISTS jobs_fair_key ON jobs (queue, fair_key, priority DESC, run_at, id)
+    WHERE state = 'available' AND fair_key IS NOT NULL;

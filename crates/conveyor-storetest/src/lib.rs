@@ -199,6 +199,7 @@ macro_rules! __conveyor_behaviours {
             limits_named_by_job_queue_and_kind_combine,
             a_named_rate_counts_starts_per_key_and_period,
             a_changed_or_deleted_limit_applies_at_the_next_claim,
+            a_keyed_limits_keys_take_turns_by_weight,
             // unique jobs
             unique_by_whole_payload_returns_the_existing_job,
             unique_by_args_ignores_other_fields,

@@ -52,14 +52,17 @@ pub fn key_budget(settings: &QueueSettings, running: u64, recent_starts: u64) ->
     usize::try_from(budget).unwrap_or(usize::MAX)
 }
 
-/// One group of a queue's available jobs: one tenant's, or (tenant `None`) those without one.
+/// One group of a queue's available jobs: those sharing a round-robin key (a tenant, or the
+/// first key of a keyed named limit), or (key `None`) those without one.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Group {
-    pub tenant: Option<String>,
+    pub key: Option<String>,
     /// The group's first available jobs, in claim order (priority, then run_at, then age).
     pub jobs: Vec<Uuid>,
     /// How many of them may start (per-key limits); `usize::MAX` when unlimited.
     pub budget: usize,
+    /// Picks per turn (a named limit's weight for the key; 1 otherwise).
+    pub weight: u32,
 }
 
 /// What [`round_robin`] picked.
@@ -72,10 +75,10 @@ pub struct Picked {
     pub last_group: Option<usize>,
 }
 
-/// Takes one job from each group in turn (in the order given: the stores rotate it to start
-/// after the group served last), skipping groups that are out of jobs or budget, until
-/// `quota` jobs are picked or no group can give more. A tenant with one job therefore waits
-/// at most one turn, however many jobs another tenant has queued.
+/// Takes jobs from each group in turn, `weight` of them per turn (in the order given: the
+/// stores rotate it to start after the group served last), skipping groups that are out of
+/// jobs or budget, until `quota` jobs are picked or no group can give more. A tenant with one
+/// job therefore waits at most one turn, however many jobs another tenant has queued.
 pub fn round_robin(groups: &[Group], quota: usize) -> Picked {
     let mut picked = Picked::default();
     let mut taken = vec![0usize; groups.len()];
@@ -85,8 +88,12 @@ pub fn round_robin(groups: &[Group], quota: usize) -> Picked {
             if picked.jobs.len() >= quota {
                 break;
             }
-            let next = taken[index];
-            if next < group.jobs.len() && next < group.budget {
+            for _ in 0..group.weight.max(1) {
+                let next = taken[index];
+                if picked.jobs.len() >= quota || next >= group.jobs.len() || next >= group.budget
+                {
+                    break;
+                }
                 picked.jobs.push(group.jobs[next]);
                 taken[index] += 1;
                 picked.last_group = Some(index);
@@ -419,14 +426,16 @@ mod tests {
         let single = ids(1);
         let groups = vec![
             Group {
-                tenant: Some("a".into()),
+                key: Some("a".into()),
                 jobs: flood.clone(),
                 budget: usize::MAX,
+                weight: 1,
             },
             Group {
-                tenant: Some("b".into()),
+                key: Some("b".into()),
                 jobs: single.clone(),
                 budget: usize::MAX,
+                weight: 1,
             },
         ];
         let picked = round_robin(&groups, 4);
@@ -440,20 +449,37 @@ mod tests {
         let b = ids(5);
         let groups = vec![
             Group {
-                tenant: Some("a".into()),
+                key: Some("a".into()),
                 jobs: a.clone(),
                 budget: 1,
+                weight: 1,
             },
             Group {
-                tenant: Some("b".into()),
+                key: Some("b".into()),
                 jobs: b.clone(),
                 budget: 2,
+                weight: 1,
             },
         ];
         let picked = round_robin(&groups, 10);
         assert_eq!(picked.jobs, vec![a[0], b[0], b[1]]);
         assert_eq!(picked.last_group, Some(1));
         assert_eq!(round_robin(&[], 5), Picked::default());
+    }
+
+    #[test]
+    fn round_robin_gives_a_weighted_key_its_weight_per_turn() {
+        let (a, b) = (ids(40), ids(40));
+        let group = |key: &str, jobs: &[Uuid], weight| Group {
+            key: Some(key.into()),
+            jobs: jobs.to_vec(),
+            budget: usize::MAX,
+            weight,
+        };
+        let picked = round_robin(&[group("a", &a, 3), group("b", &b, 1)], 40);
+        let from_a = picked.jobs.iter().filter(|id| a.contains(id)).count();
+        assert_eq!(from_a, 30, "3 of every 4 picks");
+        assert_eq!(&picked.jobs[..5], &[a[0], a[1], a[2], b[0], a[3]]);
     }
 
     #[test]

@@ -149,6 +149,10 @@ pub struct LimitSpec {
     pub rate: Option<RateLimit>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub key: Option<KeyExpr>,
+    /// Round-robin weights by key value: a key weighing 3 gets three starts per turn where
+    /// the others (weighing 1) get one. Only for a limit with a key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub weights: BTreeMap<String, u32>,
 }
 
 impl LimitSpec {
@@ -173,6 +177,20 @@ impl LimitSpec {
                 "concurrency",
                 "must be at least 1 (pause a queue to hold its jobs)",
             ));
+        }
+        if !self.weights.is_empty() && self.key.is_none() {
+            return Err(ValidationError::new(
+                "weights",
+                "weigh key values of a limit with a key",
+            ));
+        }
+        for (value, weight) in &self.weights {
+            if !(1..=MAX_WEIGHT).contains(weight) {
+                return Err(ValidationError::new(
+                    format!("weights.{value}"),
+                    format!("must be between 1 and {MAX_WEIGHT}"),
+                ));
+            }
         }
         if let Some(rate) = self.rate {
             if rate.count == 0 {
@@ -200,6 +218,18 @@ impl LimitSpec {
         }
         room
     }
+}
+
+/// The largest round-robin weight of a key value.
+pub const MAX_WEIGHT: u32 = 1000;
+
+/// The round-robin key of a job holding `keys`: its first key of a limit with a key (an
+/// unkeyed limit's key ends in ':'), so the jobs of each customer (or tenant, or whatever the
+/// first keyed limit names) take turns. `None`: the job holds no such key.
+pub fn fair_key(keys: &[String]) -> Option<&str> {
+    keys.iter()
+        .map(String::as_str)
+        .find(|key| !split_limit_key(key).1.is_empty())
 }
 
 /// A limit's name: a [`fields::name`] without ':', which separates the name from the value in
@@ -388,6 +418,24 @@ impl<'a> Admission<'a> {
         true
     }
 
+    /// How many more jobs holding `key` may start now.
+    pub fn room(&self, key: &str) -> u64 {
+        if let Some(room) = self.room.get(key) {
+            return *room;
+        }
+        let (name, _) = split_limit_key(key);
+        self.specs.get(name).map_or(u64::MAX, |spec| spec.room(0, 0))
+    }
+
+    /// The round-robin weight of `key` (1 unless its limit weighs its value).
+    pub fn weight(&self, key: &str) -> u32 {
+        let (name, value) = split_limit_key(key);
+        self.specs
+            .get(name)
+            .and_then(|spec| spec.weights.get(value).copied())
+            .unwrap_or(1)
+    }
+
     /// Candidates refused so far, by limit name.
     pub fn held_back(&self) -> &BTreeMap<String, u64> {
         &self.held_back
@@ -473,6 +521,11 @@ mod tests {
             "key"
         );
         assert_eq!(field("a:b", json!({"concurrency": 1})), "name");
+        assert_eq!(field("a", json!({"concurrency": 1, "weights": {"x": 2}})), "weights");
+        assert_eq!(
+            field("a", json!({"concurrency": 1, "key": "tenant", "weights": {"x": 0}})),
+            "weights.x"
+        );
         assert_eq!(field("a", json!({"concurrency": 1, "colour": 1})), "colour");
         let names = |list: Vec<&str>| {
             limit_names(
@@ -569,6 +622,11 @@ mod tests {
         assert!(!admission.admit(&t2));
         assert_eq!(admission.rated(&t2).collect::<Vec<_>>(), vec!["api:t2"]);
         assert_eq!(rate_scope_of("api:t2"), ("@api".to_string(), "t2"));
+        assert_eq!(admission.room("api:t3"), 2);
+        assert_eq!(admission.room("api:t1"), 0);
+        let keys = vec!["total:".to_string(), "api:t1".to_string(), "b:x".to_string()];
+        assert_eq!(fair_key(&keys), Some("api:t1"));
+        assert_eq!(fair_key(&keys[..1]), None);
         assert_eq!(limit_of_rate_scope("@api"), Some("api"));
     }
 }

@@ -33,6 +33,7 @@ pub(super) struct Columns {
     expires: Vec<Option<DateTime<Utc>>>,
     traces: Vec<Option<Json<conveyor_core::trace::TraceContext>>>,
     limit_keys: Vec<Option<Json<Vec<String>>>>,
+    fair_keys: Vec<Option<String>>,
 }
 
 /// The outcome of an insert: one result per job, and whether any job became available.
@@ -166,6 +167,9 @@ pub(crate) async fn insert_many(
         columns.unique_keys.push(unique_key);
         columns.expires.push(new.expires_at.map(truncate_to_millis));
         columns.traces.push(new.trace.map(Json));
+        columns.fair_keys.push(
+            conveyor_core::limits::named::fair_key(&new.limit_keys).map(str::to_string),
+        );
         columns
             .limit_keys
             .push((!new.limit_keys.is_empty()).then_some(Json(new.limit_keys)));
@@ -245,6 +249,7 @@ pub(super) fn bind_columns<'q>(
         .bind(&columns.expires)
         .bind(&columns.traces)
         .bind(&columns.limit_keys)
+        .bind(&columns.fair_keys)
 }
 
 /// Refuses the batch's new jobs (`columns`, in `queues`) with `QueueFull` when they would take a

@@ -19,10 +19,15 @@ pub(crate) struct LimitSql {
     pub(crate) tenants: SqlStr,
     pub(crate) untenanted: SqlStr,
     pub(crate) tenant_jobs: SqlStr,
+    /// The same three reads by the jobs' round-robin limit key (`fair_key`).
+    pub(crate) fair_keys: SqlStr,
+    pub(crate) unkeyed: SqlStr,
+    pub(crate) fair_key_jobs: SqlStr,
     pub(crate) key_counts: SqlStr,
     pub(crate) claim_ids: SqlStr,
     pub(crate) limit_specs: SqlStr,
     pub(crate) has_limited: SqlStr,
+    pub(crate) has_fair_keyed: SqlStr,
     pub(crate) running_by_key: SqlStr,
     pub(crate) starts_by_key: SqlStr,
     pub(crate) first_with_room: SqlStr,
@@ -40,7 +45,7 @@ impl LimitSql {
         let starts = format!("{}.rate_starts", quoted(schema));
         let config = format!("{}.config", quoted(schema));
         let order = "ORDER BY priority DESC, run_at, id";
-        let (kinds3, kinds4) = (kinds_at(3), kinds_at(4));
+        let kinds3 = kinds_at(3);
         Self {
             settings_for: stmt(format!(
                 "SELECT queue, {SETTINGS_COLUMNS} FROM {settings} WHERE queue = ANY($1)"
@@ -70,36 +75,12 @@ impl LimitSql {
                 "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
                  AND queue = $1 AND {kinds3} {order} LIMIT $2"
             )),
-            // Distinct tenants after `$2` ('' for from the first), one index seek each.
-            // Distinct tenants after `$2` ('' for from the first), one seek in `jobs_fair` each
-            // (the ORDER BY is that index's order, so no other index can serve it unsorted).
-            tenants: stmt(format!(
-                "WITH RECURSIVE t(tenant) AS ( \
-                     SELECT (SELECT tenant FROM {jobs} WHERE state = 'available' \
-                             AND queue = $1 AND tenant IS NOT NULL AND tenant > $2 \
-                             AND {kinds4} ORDER BY tenant, priority DESC, run_at, id LIMIT 1) \
-                     UNION ALL \
-                     SELECT (SELECT j.tenant FROM {jobs} j WHERE j.state = 'available' \
-                             AND j.queue = $1 AND j.tenant IS NOT NULL AND j.tenant > t.tenant \
-                             AND {kinds4} ORDER BY j.tenant, j.priority DESC, j.run_at, j.id LIMIT 1) \
-                     FROM t WHERE t.tenant IS NOT NULL) \
-                 SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT $3"
-            )),
-            untenanted: stmt(format!(
-                "SELECT id, priority, run_at FROM ( \
-                     SELECT id, tenant, priority, run_at FROM {jobs} \
-                     WHERE state = 'available' AND queue = $1 AND {kinds4} {order} LIMIT $2) w \
-                 WHERE tenant IS NULL {order} LIMIT $3"
-            )),
-            // Each tenant's first `n` available jobs (`$2`, `$3` side by side).
-            tenant_jobs: stmt(format!(
-                "SELECT t.tenant, j.id, j.priority, j.run_at \
-                 FROM unnest($2::text[], $3::int8[]) AS t(tenant, n) \
-                 CROSS JOIN LATERAL ( \
-                     SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
-                     AND queue = $1 AND tenant = t.tenant AND tenant IS NOT NULL \
-                     AND {kinds4} {order} LIMIT t.n) j"
-            )),
+            tenants: group_keys(&jobs, "tenant"),
+            untenanted: ungrouped(&jobs, "tenant"),
+            tenant_jobs: group_jobs(&jobs, "tenant"),
+            fair_keys: group_keys(&jobs, "fair_key"),
+            unkeyed: ungrouped(&jobs, "fair_key"),
+            fair_key_jobs: group_jobs(&jobs, "fair_key"),
             // Each tenant's running jobs and starts since `$3`, in the order of `$2`.
             key_counts: stmt(format!(
                 "SELECT \
@@ -125,6 +106,10 @@ impl LimitSql {
             has_limited: stmt(format!(
                 "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
                  AND limit_keys IS NOT NULL)"
+            )),
+            has_fair_keyed: stmt(format!(
+                "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
+                 AND fair_key IS NOT NULL)"
             )),
             // Running jobs per limit key (keys starting with `$1`, or all when NULL), bounded
             // by the running jobs that hold keys (`jobs_running_limited`).
@@ -165,6 +150,52 @@ impl LimitSql {
             }
         }
     }
+}
+
+/// Distinct values of `column` (tenants, or round-robin limit keys) among a queue's available
+/// jobs after `$2` ('' for from the first), up to `$3`: one seek each in the index on
+/// (queue, column, claim order) (`jobs_fair`, `jobs_fair_key`; the ORDER BY is that index's
+/// order, so no other index can serve it unsorted).
+fn group_keys(jobs: &str, column: &str) -> SqlStr {
+    let kinds4 = kinds_at(4);
+    stmt(format!(
+        "WITH RECURSIVE t(k) AS ( \
+             SELECT (SELECT {column} FROM {jobs} WHERE state = 'available' \
+                     AND queue = $1 AND {column} IS NOT NULL AND {column} > $2 \
+                     AND {kinds4} ORDER BY {column}, priority DESC, run_at, id LIMIT 1) \
+             UNION ALL \
+             SELECT (SELECT j.{column} FROM {jobs} j WHERE j.state = 'available' \
+                     AND j.queue = $1 AND j.{column} IS NOT NULL AND j.{column} > t.k \
+                     AND {kinds4} ORDER BY j.{column}, j.priority DESC, j.run_at, j.id LIMIT 1) \
+             FROM t WHERE t.k IS NOT NULL) \
+         SELECT k FROM t WHERE k IS NOT NULL LIMIT $3"
+    ))
+}
+
+/// Available jobs without a value in `column`, looked for among the queue's first `$2`.
+fn ungrouped(jobs: &str, column: &str) -> SqlStr {
+    let kinds4 = kinds_at(4);
+    let order = "ORDER BY priority DESC, run_at, id";
+    stmt(format!(
+        "SELECT id, priority, run_at FROM ( \
+             SELECT id, {column} AS k, priority, run_at FROM {jobs} \
+             WHERE state = 'available' AND queue = $1 AND {kinds4} {order} LIMIT $2) w \
+         WHERE k IS NULL {order} LIMIT $3"
+    ))
+}
+
+/// Each group's first `n` available jobs (`$2` values of `column`, `$3` counts side by side).
+fn group_jobs(jobs: &str, column: &str) -> SqlStr {
+    let kinds4 = kinds_at(4);
+    let order = "ORDER BY priority DESC, run_at, id";
+    stmt(format!(
+        "SELECT t.k AS tenant, j.id, j.priority, j.run_at \
+         FROM unnest($2::text[], $3::int8[]) AS t(k, n) \
+         CROSS JOIN LATERAL ( \
+             SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+             AND queue = $1 AND {column} = t.k AND {column} IS NOT NULL \
+             AND {kinds4} {order} LIMIT t.n) j"
+    ))
 }
 
 /// The condition that a job is of a kind the fetch takes: its kinds at `$n` (NULL: any), its

@@ -120,7 +120,8 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let found = queue_candidates(ctx, queue, settings, params, ask, &full)?;
+            let found =
+                queue_candidates(ctx, queue, settings, params, ask, &full, admission.as_ref())?;
             let candidates = found.len();
             let claimed = claim(ctx, params, found, admission.as_mut())?;
             plan.record(candidates, claimed.len());
@@ -131,7 +132,13 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
     let mut lists = Vec::with_capacity(queues.len());
     for (queue, settings) in &queues {
         lists.push(queue_candidates(
-            ctx, queue, settings, params, params.max, &full,
+            ctx,
+            queue,
+            settings,
+            params,
+            params.max,
+            &full,
+            admission.as_ref(),
         )?);
     }
     let candidates = conveyor_core::limits::merge_in_claim_order(lists, params.max, |job| {
@@ -149,19 +156,18 @@ pub(super) fn queue_candidates(
     params: &FetchParams,
     want: usize,
     full: &[String],
+    admission: Option<&Admission<'_>>,
 ) -> StoreResult<Vec<Job>> {
     let tenanted = limits::has_tenanted(ctx, queue)?;
-    if !full.is_empty()
-        && !settings.limits_starts()
-        && !tenanted
-        && limits::has_limited(ctx, queue)?
-    {
-        // Jobs holding a limit key with no room are passed over as candidates are read, so a
-        // flood of one full key cannot hide the jobs behind it. (Under the queue's own limits
-        // or tenant round-robin, the claim's admission still refuses them.)
-        return limits::first_available_with_room(ctx, queue, params, want, full);
-    }
-    if settings.limits_starts() || tenanted {
+    // Jobs holding a keyed limit's key take turns by it, unless the queue holds tenants to
+    // per-tenant limits (those need the tenant round-robin's budgets).
+    let per_tenant =
+        settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
+    let fair = match admission {
+        Some(admission) if !per_tenant && limits::has_fair_keyed(ctx, queue)? => Some(admission),
+        _ => None,
+    };
+    if settings.limits_starts() || tenanted || fair.is_some() {
         // The kinds filter applies as candidates are read, so jobs of other kinds ahead in
         // the queue take none of the quota.
         let filter = limits::KindFilter::new(params)?;
@@ -169,11 +175,21 @@ pub(super) fn queue_candidates(
         if quota == 0 {
             return Ok(Vec::new());
         }
-        if !tenanted {
-            // One group in claim order: the plain read, cut to the quota.
-            return first_available_for(ctx, queue, params, quota);
+        if let Some(admission) = fair {
+            let grouping = limits::Grouping::LimitKey(admission);
+            return limits::tenant_candidates(ctx, queue, settings, quota, &filter, grouping);
         }
-        return limits::tenant_candidates(ctx, queue, settings, quota, &filter);
+        if tenanted {
+            let grouping = limits::Grouping::Tenant;
+            return limits::tenant_candidates(ctx, queue, settings, quota, &filter, grouping);
+        }
+        // One group in claim order: the plain read, cut to the quota.
+        return first_available_for(ctx, queue, params, quota);
+    }
+    if !full.is_empty() && limits::has_limited(ctx, queue)? {
+        // Jobs holding a limit key with no room are passed over as candidates are read, so a
+        // flood of one full key cannot hide the jobs behind it.
+        return limits::first_available_with_room(ctx, queue, params, want, full);
     }
     first_available_for(ctx, queue, params, want)
 }
