@@ -48,7 +48,29 @@ export interface JobView {
         traceparent: string;
         tracestate?: string;
     };
+    /**
+     * Present only on jobs subject to named limits: the key the job holds under each, as
+     * `LIMIT:VALUE` (`LIMIT:` for a limit without `key`), stamped at enqueue.
+     */
+    limit_keys?: string[];
+    /**
+     * Only from `get`/`wait`, and only for an available job a named limit holds back now: each of
+     * its limit keys with no room left, and what uses it.
+     */
+    blocked_by?: BlockedBy[];
     [field: string]: unknown;
+}
+/** One limit key with no room left that holds an available job back (`JobView.blocked_by`). */
+export interface BlockedBy {
+    /** The limit's name. */
+    limit: string;
+    /** The key value (`''` for a limit without `key`). */
+    key: string;
+    running: number;
+    recent_starts: number;
+    /** The limit's, when it sets one. */
+    concurrency?: number;
+    rate?: LimitRate;
 }
 /** A running job's last progress report. */
 export interface Progress {
@@ -227,6 +249,49 @@ export interface BreakerView {
     changed_at: string | null;
     [field: string]: unknown;
 }
+/** At most `count` jobs of one key start within any `period_ms` (up to a day). */
+export interface LimitRate {
+    count: number;
+    period_ms: number;
+}
+/**
+ * What `putLimit` sends, in the server's field names (`PUT /v1/limits/{name}`): `concurrency`,
+ * `rate` or both.
+ */
+export interface LimitSettings {
+    /** At most this many jobs of one key run at once, across every worker and server. */
+    concurrency?: number;
+    /** At most `count` jobs of one key start within any `period_ms`. */
+    rate?: LimitRate;
+    /**
+     * Where a job's key is taken from: `tenant`, `kind`, `queue` or a payload path
+     * (`payload.customer.id`). Without it, every job subject to the limit shares one budget.
+     */
+    key?: string;
+    /** Starts per round-robin turn by key value (`{ acme: 3 }`; other keys get one). */
+    weights?: Record<string, number>;
+}
+/** A named limit as the server answers it; fields it does not set are absent. */
+export interface Limit extends LimitSettings {
+    name: string;
+    updated_at: string;
+    [field: string]: unknown;
+}
+/** What one key of a limit uses now. */
+export interface KeyUsage {
+    /** The key value (`''` for a limit without `key`). */
+    key: string;
+    running: number;
+    /** Starts within the limit's rate period (0 without a rate). */
+    recent_starts: number;
+}
+/** A named limit with what its keys use now (`getLimit`). */
+export interface LimitView extends Limit {
+    /** Running jobs under the limit, over all its keys. */
+    in_use: number;
+    /** Each key with running jobs or recent starts, by key. */
+    usage: KeyUsage[];
+}
 /** Whose circuit breaker: `{ queue: 'payments' }` or `{ kind: 'charge' }` (the kind in every queue). */
 export type BreakerTarget = {
     queue: string;
@@ -365,6 +430,27 @@ export declare class Client {
     closeCircuit(target: BreakerTarget, options?: CloseCircuitOptions): Promise<BreakerView>;
     /** Every circuit breaker, queues' and kinds', that is configured or has a stored state. */
     listBreakers(): Promise<BreakerView[]>;
+    /**
+     * Creates or replaces the named limit `name` (`PUT /v1/limits/{name}`; admin role): at most
+     * `concurrency` jobs of one key running at once, at most `rate.count` of them started within
+     * any `rate.period_ms`, or both, across every worker and server. `key` is where a job's key
+     * is taken from (`tenant`, `kind`, `queue` or `payload.customer.id`); without it, every job
+     * subject to the limit shares one budget. Jobs are subject to it when they name it
+     * (`enqueue(kind, payload, { limits: [name] })`) or their queue's or kind's settings do.
+     * Resolves with the limit as stored. Bad values reject with `InvalidRequest` naming the
+     * field (`rate.period_ms`, `key`, `name`).
+     */
+    putLimit(name: string, settings: LimitSettings): Promise<Limit>;
+    /** The limit with what each of its keys uses now (`in_use`, `usage`); `NotFound` when there is none. */
+    getLimit(name: string): Promise<LimitView>;
+    /** Every named limit, by name. */
+    listLimits(): Promise<Limit[]>;
+    /**
+     * Removes the limit; `NotFound` when there is none, `Conflict` (code `limit_in_use`) while a
+     * queue's or a kind's settings still name it. Jobs naming it themselves do not hold it back;
+     * from then on it limits nothing.
+     */
+    deleteLimit(name: string): Promise<void>;
     /**
      * The server's history (admin or viewer role): per-step counts (`series`), `totals` and a
      * summary per queue and kind (`kinds`), with run time and queue wait p50/p95/p99. Defaults to

@@ -1,5 +1,5 @@
 // The producer side: enqueue, enqueue many, read and cancel jobs; create, watch, signal and
-// cancel workflows; operators' calls for payload schemas and circuit breakers.
+// cancel workflows; operators' calls for payload schemas, circuit breakers and named limits.
 import { Transport, seg } from './http.js';
 import { NotFound } from './errors.js';
 import { flowBody } from './flows.js';
@@ -231,6 +231,42 @@ export class Client {
         const res = await this.transport.request('GET', '/v1/breakers');
         return res.body.breakers;
     }
+    // ---- named limits ---------------------------------------------------------------------------
+    /**
+     * Creates or replaces the named limit `name` (`PUT /v1/limits/{name}`; admin role): at most
+     * `concurrency` jobs of one key running at once, at most `rate.count` of them started within
+     * any `rate.period_ms`, or both, across every worker and server. `key` is where a job's key
+     * is taken from (`tenant`, `kind`, `queue` or `payload.customer.id`); without it, every job
+     * subject to the limit shares one budget. Jobs are subject to it when they name it
+     * (`enqueue(kind, payload, { limits: [name] })`) or their queue's or kind's settings do.
+     * Resolves with the limit as stored. Bad values reject with `InvalidRequest` naming the
+     * field (`rate.period_ms`, `key`, `name`).
+     */
+    async putLimit(name, settings) {
+        if (settings === null || typeof settings !== 'object' || Array.isArray(settings)) {
+            throw new TypeError('conveyor: putLimit settings must be an object ({ concurrency, rate, key, weights })');
+        }
+        const res = await this.transport.request('PUT', limitPath(name, 'putLimit'), settings);
+        return res.body;
+    }
+    /** The limit with what each of its keys uses now (`in_use`, `usage`); `NotFound` when there is none. */
+    async getLimit(name) {
+        const res = await this.transport.request('GET', limitPath(name, 'getLimit'));
+        return res.body;
+    }
+    /** Every named limit, by name. */
+    async listLimits() {
+        const res = await this.transport.request('GET', '/v1/limits');
+        return res.body.limits;
+    }
+    /**
+     * Removes the limit; `NotFound` when there is none, `Conflict` (code `limit_in_use`) while a
+     * queue's or a kind's settings still name it. Jobs naming it themselves do not hold it back;
+     * from then on it limits nothing.
+     */
+    async deleteLimit(name) {
+        await this.transport.request('DELETE', limitPath(name, 'deleteLimit'));
+    }
     /**
      * The server's history (admin or viewer role): per-step counts (`series`), `totals` and a
      * summary per queue and kind (`kinds`), with run time and queue wait p50/p95/p99. Defaults to
@@ -268,6 +304,11 @@ function breakerTarget(target) {
 function scopePath(scope, name, action) {
     const path = `/v1/${scope === 'queue' ? 'queues' : 'kinds'}/${seg(name)}`;
     return action ? `${path}/circuit/${action}` : path;
+}
+function limitPath(name, what) {
+    if (typeof name !== 'string' || name === '')
+        throw new TypeError(`conveyor: ${what} name must be a non-empty string`);
+    return `/v1/limits/${seg(name)}`;
 }
 function checkReason(reason, what) {
     if (typeof reason !== 'string')

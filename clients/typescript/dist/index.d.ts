@@ -1,5 +1,5 @@
 export { Client, flowFinished } from './client.js';
-export type { BreakerScope, BreakerSettings, BreakerState, BreakerTarget, BreakerView, ClientOptions, CloseCircuitOptions, CreatedFlow, EnqueueOptions, ErrorRecord, FlowPage, FlowView, JobSpec, JobState, JobView, KindSettings, KindStats, Latency, ListFlowsOptions, OpenCircuitOptions, Progress, SignalOutcome, StatsOptions, StatsPoint, StatsReport, SentEvent, StepView, UniqueOptions, } from './client.js';
+export type { BlockedBy, BreakerScope, BreakerSettings, BreakerState, BreakerTarget, BreakerView, ClientOptions, CloseCircuitOptions, CreatedFlow, EnqueueOptions, ErrorRecord, FlowPage, FlowView, JobSpec, JobState, JobView, KeyUsage, KindSettings, KindStats, Latency, Limit, LimitRate, LimitSettings, LimitView, ListFlowsOptions, OpenCircuitOptions, Progress, SignalOutcome, StatsOptions, StatsPoint, StatsReport, SentEvent, StepView, UniqueOptions, } from './client.js';
 export { Steps, chain, group, step, waitStep, flowBody } from './flows.js';
 export type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, JobStep, ParentFailurePolicy, StepLike, StepOptions, StepState, WaitStep, } from './flows.js';
 export { Worker, errorClass, LeaseLostError, JobTimeoutError, ShutdownError } from './worker.js';

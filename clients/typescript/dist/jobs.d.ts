@@ -40,6 +40,11 @@ export interface EnqueueOptions {
      */
     traceparent?: string;
     tracestate?: string;
+    /**
+     * Named limits (`client.putLimit`) the job is subject to besides its queue's and its kind's;
+     * a name no limit is defined for rejects with `InvalidRequest` naming `limits[i]`.
+     */
+    limits?: string[];
 }
 /** One job for `enqueueMany`. */
 export interface JobSpec extends EnqueueOptions {

@@ -37,6 +37,11 @@ export function enqueueBody(kind, payload, opts = {}, where = '') {
         body.timeout_ms = opts.timeoutMs;
     if (opts.tags !== undefined)
         body.tags = opts.tags;
+    if (opts.limits !== undefined) {
+        if (!Array.isArray(opts.limits))
+            throw new TypeError(`conveyor: ${where}limits must be an array of limit names`);
+        body.limits = opts.limits;
+    }
     if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
         throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
     }

@@ -1,5 +1,5 @@
 // The producer side: enqueue, enqueue many, read and cancel jobs; create, watch, signal and
-// cancel workflows; operators' calls for payload schemas and circuit breakers.
+// cancel workflows; operators' calls for payload schemas, circuit breakers and named limits.
 
 import type http from 'node:http';
 import { Transport, seg } from './http.js';
@@ -55,7 +55,30 @@ export interface JobView {
   expires_at?: string;
   /** Present when the producer gave a W3C trace context. */
   trace?: { traceparent: string; tracestate?: string };
+  /**
+   * Present only on jobs subject to named limits: the key the job holds under each, as
+   * `LIMIT:VALUE` (`LIMIT:` for a limit without `key`), stamped at enqueue.
+   */
+  limit_keys?: string[];
+  /**
+   * Only from `get`/`wait`, and only for an available job a named limit holds back now: each of
+   * its limit keys with no room left, and what uses it.
+   */
+  blocked_by?: BlockedBy[];
   [field: string]: unknown;
+}
+
+/** One limit key with no room left that holds an available job back (`JobView.blocked_by`). */
+export interface BlockedBy {
+  /** The limit's name. */
+  limit: string;
+  /** The key value (`''` for a limit without `key`). */
+  key: string;
+  running: number;
+  recent_starts: number;
+  /** The limit's, when it sets one. */
+  concurrency?: number;
+  rate?: LimitRate;
 }
 
 /** A running job's last progress report. */
@@ -247,6 +270,54 @@ export interface BreakerView {
   /** When it last changed state; null when it never has. */
   changed_at: string | null;
   [field: string]: unknown;
+}
+
+/** At most `count` jobs of one key start within any `period_ms` (up to a day). */
+export interface LimitRate {
+  count: number;
+  period_ms: number;
+}
+
+/**
+ * What `putLimit` sends, in the server's field names (`PUT /v1/limits/{name}`): `concurrency`,
+ * `rate` or both.
+ */
+export interface LimitSettings {
+  /** At most this many jobs of one key run at once, across every worker and server. */
+  concurrency?: number;
+  /** At most `count` jobs of one key start within any `period_ms`. */
+  rate?: LimitRate;
+  /**
+   * Where a job's key is taken from: `tenant`, `kind`, `queue` or a payload path
+   * (`payload.customer.id`). Without it, every job subject to the limit shares one budget.
+   */
+  key?: string;
+  /** Starts per round-robin turn by key value (`{ acme: 3 }`; other keys get one). */
+  weights?: Record<string, number>;
+}
+
+/** A named limit as the server answers it; fields it does not set are absent. */
+export interface Limit extends LimitSettings {
+  name: string;
+  updated_at: string;
+  [field: string]: unknown;
+}
+
+/** What one key of a limit uses now. */
+export interface KeyUsage {
+  /** The key value (`''` for a limit without `key`). */
+  key: string;
+  running: number;
+  /** Starts within the limit's rate period (0 without a rate). */
+  recent_starts: number;
+}
+
+/** A named limit with what its keys use now (`getLimit`). */
+export interface LimitView extends Limit {
+  /** Running jobs under the limit, over all its keys. */
+  in_use: number;
+  /** Each key with running jobs or recent starts, by key. */
+  usage: KeyUsage[];
 }
 
 /** Whose circuit breaker: `{ queue: 'payments' }` or `{ kind: 'charge' }` (the kind in every queue). */
@@ -523,6 +594,47 @@ export class Client {
     return res.body.breakers;
   }
 
+  // ---- named limits ---------------------------------------------------------------------------
+
+  /**
+   * Creates or replaces the named limit `name` (`PUT /v1/limits/{name}`; admin role): at most
+   * `concurrency` jobs of one key running at once, at most `rate.count` of them started within
+   * any `rate.period_ms`, or both, across every worker and server. `key` is where a job's key
+   * is taken from (`tenant`, `kind`, `queue` or `payload.customer.id`); without it, every job
+   * subject to the limit shares one budget. Jobs are subject to it when they name it
+   * (`enqueue(kind, payload, { limits: [name] })`) or their queue's or kind's settings do.
+   * Resolves with the limit as stored. Bad values reject with `InvalidRequest` naming the
+   * field (`rate.period_ms`, `key`, `name`).
+   */
+  async putLimit(name: string, settings: LimitSettings): Promise<Limit> {
+    if (settings === null || typeof settings !== 'object' || Array.isArray(settings)) {
+      throw new TypeError('conveyor: putLimit settings must be an object ({ concurrency, rate, key, weights })');
+    }
+    const res = await this.transport.request<Limit>('PUT', limitPath(name, 'putLimit'), settings);
+    return res.body;
+  }
+
+  /** The limit with what each of its keys uses now (`in_use`, `usage`); `NotFound` when there is none. */
+  async getLimit(name: string): Promise<LimitView> {
+    const res = await this.transport.request<LimitView>('GET', limitPath(name, 'getLimit'));
+    return res.body;
+  }
+
+  /** Every named limit, by name. */
+  async listLimits(): Promise<Limit[]> {
+    const res = await this.transport.request<{ limits: Limit[] }>('GET', '/v1/limits');
+    return res.body.limits;
+  }
+
+  /**
+   * Removes the limit; `NotFound` when there is none, `Conflict` (code `limit_in_use`) while a
+   * queue's or a kind's settings still name it. Jobs naming it themselves do not hold it back;
+   * from then on it limits nothing.
+   */
+  async deleteLimit(name: string): Promise<void> {
+    await this.transport.request<unknown>('DELETE', limitPath(name, 'deleteLimit'));
+  }
+
   /**
    * The server's history (admin or viewer role): per-step counts (`series`), `totals` and a
    * summary per queue and kind (`kinds`), with run time and queue wait p50/p95/p99. Defaults to
@@ -561,6 +673,11 @@ function breakerTarget(target: BreakerTarget): { scope: BreakerScope; name: stri
 function scopePath(scope: BreakerScope, name: string, action?: 'open' | 'close'): string {
   const path = `/v1/${scope === 'queue' ? 'queues' : 'kinds'}/${seg(name)}`;
   return action ? `${path}/circuit/${action}` : path;
+}
+
+function limitPath(name: string, what: string): string {
+  if (typeof name !== 'string' || name === '') throw new TypeError(`conveyor: ${what} name must be a non-empty string`);
+  return `/v1/limits/${seg(name)}`;
 }
 
 function checkReason(reason: unknown, what: string): string {

@@ -1,5 +1,6 @@
 export { Client, flowFinished } from './client.js';
 export type {
+  BlockedBy,
   BreakerScope,
   BreakerSettings,
   BreakerState,
@@ -15,9 +16,14 @@ export type {
   JobSpec,
   JobState,
   JobView,
+  KeyUsage,
   KindSettings,
   KindStats,
   Latency,
+  Limit,
+  LimitRate,
+  LimitSettings,
+  LimitView,
   ListFlowsOptions,
   OpenCircuitOptions,
   Progress,

@@ -47,6 +47,11 @@ export interface EnqueueOptions {
    */
   traceparent?: string;
   tracestate?: string;
+  /**
+   * Named limits (`client.putLimit`) the job is subject to besides its queue's and its kind's;
+   * a name no limit is defined for rejects with `InvalidRequest` naming `limits[i]`.
+   */
+  limits?: string[];
 }
 
 /** One job for `enqueueMany`. */
@@ -80,6 +85,10 @@ export function enqueueBody(kind: string, payload: unknown, opts: EnqueueOptions
   if (opts.tenant !== undefined) body.tenant = opts.tenant;
   if (opts.timeoutMs !== undefined) body.timeout_ms = opts.timeoutMs;
   if (opts.tags !== undefined) body.tags = opts.tags;
+  if (opts.limits !== undefined) {
+    if (!Array.isArray(opts.limits)) throw new TypeError(`conveyor: ${where}limits must be an array of limit names`);
+    body.limits = opts.limits;
+  }
   if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
     throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
   }

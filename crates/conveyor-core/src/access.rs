@@ -289,10 +289,14 @@ pub enum AuditAction {
     SubscriptionPut,
     #[serde(rename = "subscription.delete")]
     SubscriptionDelete,
+    #[serde(rename = "limit.put")]
+    LimitPut,
+    #[serde(rename = "limit.delete")]
+    LimitDelete,
 }
 
 impl AuditAction {
-    pub const ALL: [AuditAction; 27] = [
+    pub const ALL: [AuditAction; 29] = [
         AuditAction::JobEnqueue,
         AuditAction::JobCancel,
         AuditAction::DeadReplay,
@@ -320,6 +324,8 @@ impl AuditAction {
         AuditAction::HookDelete,
         AuditAction::SubscriptionPut,
         AuditAction::SubscriptionDelete,
+        AuditAction::LimitPut,
+        AuditAction::LimitDelete,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -343,6 +349,8 @@ impl AuditAction {
             AuditAction::HookDelete => "hook.delete",
             AuditAction::SubscriptionPut => "subscription.put",
             AuditAction::SubscriptionDelete => "subscription.delete",
+            AuditAction::LimitPut => "limit.put",
+            AuditAction::LimitDelete => "limit.delete",
             AuditAction::DeadReplay => "dead.replay",
             AuditAction::DeadDiscard => "dead.discard",
             AuditAction::QueueSettings => "queue.settings",

@@ -262,6 +262,13 @@ impl ValidFlow {
     /// Each step's job and compensation as (its place in the HTTP body, kind, payload):
     /// `("steps[2].job", ..)`, `("steps[2].compensate", ..)`.
     pub fn step_jobs(&self) -> impl Iterator<Item = (String, &str, &serde_json::Value)> + '_ {
+        self.step_new_jobs()
+            .map(|(path, job)| (path, job.kind.as_str(), &job.payload))
+    }
+
+    /// Each step's and compensation's job, with its place in the request (`steps[i].job`,
+    /// `steps[i].compensate`).
+    pub fn step_new_jobs(&self) -> impl Iterator<Item = (String, &NewJob)> + '_ {
         self.0.steps.iter().enumerate().flat_map(|(i, step)| {
             let job = match &step.action {
                 StepAction::Job(job) => Some((format!("steps[{i}].job"), job)),
@@ -271,9 +278,7 @@ impl ValidFlow {
                 .compensate
                 .as_ref()
                 .map(|job| (format!("steps[{i}].compensate"), job));
-            job.into_iter()
-                .chain(compensate)
-                .map(|(path, job)| (path, job.kind.as_str(), &job.payload))
+            job.into_iter().chain(compensate)
         })
     }
 

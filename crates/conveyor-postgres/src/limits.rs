@@ -77,7 +77,7 @@ pub(crate) async fn claim_limited(
         .map(|(queue, _)| concurrency_lock_key(ctx.schema, queue))
         .collect();
     lock_in_order(&mut *conn, ctx, lock_keys, "lock queue claims").await?;
-    let named = named_usage(conn, ctx, &queues).await?;
+    let named = named_usage(conn, ctx).await?;
     let mut admission = named
         .as_ref()
         .map(|(specs, usage)| Admission::new(specs, usage));
@@ -94,9 +94,17 @@ pub(crate) async fn claim_limited(
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let picked =
-                queue_candidates(conn, ctx, queue, settings, ask, params, &full, admission.as_ref())
-                    .await?;
+            let picked = queue_candidates(
+                conn,
+                ctx,
+                queue,
+                settings,
+                ask,
+                params,
+                &full,
+                admission.as_ref(),
+            )
+            .await?;
             let candidates = picked.len();
             let claimed = claim.ids(conn, picked, admission.as_mut()).await?;
             plan.record(candidates, claimed.len());
@@ -123,31 +131,16 @@ pub(crate) async fn claim_limited(
     claim.ids(conn, picked, admission.as_mut()).await
 }
 
-/// The named limits and what each of their keys uses now, when a queue of the fetch has
-/// available jobs holding limit keys (`None` otherwise, and when no limit is defined). Counted
-/// under the named-limits lock, taken after the queues' locks, so the counts include every
-/// claim that held it before, in any process.
+/// The named limits and what each of their keys uses now (`None` when no limit is defined).
+/// Counted under the named-limits lock, taken after the queues' locks, so the counts include
+/// every claim that held it before, in any process. Read whenever limits exist, not only when
+/// the fetch's queues held jobs with keys a moment ago: a job with keys committed since would
+/// otherwise be read as a candidate with nothing to admit it.
 async fn named_usage(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-    queues: &[(&str, QueueSettings)],
 ) -> StoreResult<Option<(BTreeMap<String, LimitSpec>, LimitUsage)>> {
     let statements = &ctx.sql.limits;
-    let mut limited = false;
-    for (queue, _) in queues {
-        let found: bool = sqlx::query_scalar(statements.has_limited.clone())
-            .bind(*queue)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(db("look for jobs with limit keys"))?;
-        if found {
-            limited = true;
-            break;
-        }
-    }
-    if !limited {
-        return Ok(None);
-    }
     let rows = sqlx::query(statements.limit_specs.clone())
         .fetch_all(&mut *conn)
         .await
@@ -643,9 +636,7 @@ async fn tenant_groups(
         ),
     };
     let after = match &cursor {
-        Some(Some(key)) => {
-            tenants(conn, ctx, grouping, queue, Some(key), quota, params).await?
-        }
+        Some(Some(key)) => tenants(conn, ctx, grouping, queue, Some(key), quota, params).await?,
         _ => Vec::new(),
     };
     let from_start = if after.len() < quota {

@@ -173,6 +173,11 @@ pub const RULES: &[(Method, &str, Access)] = &[
     (Method::GET, "/v1/subscriptions/{name}", ADMIN),
     (Method::PUT, "/v1/subscriptions/{name}", ADMIN),
     (Method::DELETE, "/v1/subscriptions/{name}", ADMIN),
+    // Named limits: operators set them (and viewers read them, with their usage).
+    (Method::GET, "/v1/limits", ADMIN),
+    (Method::GET, "/v1/limits/{name}", ADMIN),
+    (Method::PUT, "/v1/limits/{name}", ADMIN),
+    (Method::DELETE, "/v1/limits/{name}", ADMIN),
     // A provider's request: its signature, not a token, is its credential.
     (Method::POST, "/hooks/{name}", Access::Public),
     (Method::GET, "/v1/schedules", ADMIN),

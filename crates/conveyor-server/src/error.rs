@@ -44,6 +44,12 @@ pub enum ApiError {
     /// 404: no such subscription.
     #[error("subscription {0:?} not found")]
     SubscriptionNotFound(String),
+    /// 404: no such named limit.
+    #[error("limit {0:?} not found")]
+    LimitNotFound(String),
+    /// 409: a named limit that queue or kind settings still name, asked to be deleted.
+    #[error("{0}")]
+    LimitInUse(String),
     /// 401: a webhook request whose signature is missing, wrong or stale.
     #[error("{0}")]
     BadSignature(String),
@@ -126,6 +132,7 @@ impl ApiError {
             | ApiError::SourceNotFound(_)
             | ApiError::HookNotFound(_)
             | ApiError::SubscriptionNotFound(_)
+            | ApiError::LimitNotFound(_)
             | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)
@@ -134,7 +141,8 @@ impl ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::LeaseLost(_)
             | ApiError::Conflict(_)
-            | ApiError::SchemaRejectsQueued { .. } => StatusCode::CONFLICT,
+            | ApiError::SchemaRejectsQueued { .. }
+            | ApiError::LimitInUse(_) => StatusCode::CONFLICT,
             ApiError::QueueFull { .. } => StatusCode::TOO_MANY_REQUESTS,
             ApiError::StoreUnavailable(_) | ApiError::HookUnavailable(_) => {
                 StatusCode::SERVICE_UNAVAILABLE
@@ -155,6 +163,7 @@ impl ApiError {
             | ApiError::SourceNotFound(_)
             | ApiError::HookNotFound(_)
             | ApiError::SubscriptionNotFound(_)
+            | ApiError::LimitNotFound(_)
             | ApiError::WorkerNotFound(_)
             | ApiError::TokenNotFound(_)
             | ApiError::KindNotFound(_)
@@ -164,6 +173,7 @@ impl ApiError {
             ApiError::LeaseLost(_) => "lease_lost",
             ApiError::Conflict(_) => "conflict",
             ApiError::SchemaRejectsQueued { .. } => "schema_rejects_queued_jobs",
+            ApiError::LimitInUse(_) => "limit_in_use",
             ApiError::QueueFull { .. } => "queue_full",
             ApiError::StoreUnavailable(_) => "store_unavailable",
             ApiError::HookUnavailable(_) => "hook_unavailable",

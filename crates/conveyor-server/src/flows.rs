@@ -142,6 +142,12 @@ pub(crate) async fn create(
             |index| places.get(index).cloned().unwrap_or_default(),
         )
         .await?;
+    crate::limits::check_jobs_name_defined(
+        &state,
+        flow.step_new_jobs()
+            .map(|(place, job)| (place, job.limits.as_slice())),
+    )
+    .await?;
     let name = flow.flow().name.clone();
     let created = state.store.flow_create(flow).await?;
     let entry = caller

@@ -61,6 +61,10 @@ pub(crate) struct EnqueueRequest {
     traceparent: Option<String>,
     #[serde(default, deserialize_with = "wire::non_null")]
     tracestate: Option<String>,
+    /// Named limits the job is subject to besides its queue's and kind's (whether they exist
+    /// is checked where the job is stamped with their keys, in the engine).
+    #[serde(default, deserialize_with = "wire::non_null")]
+    limits: Option<Vec<String>>,
 }
 
 /// `unique` of an enqueue request: a [`UniqueSpec`] whose unset fields take its defaults. States
@@ -199,6 +203,7 @@ impl EnqueueRequest {
             job.tenant = self.tenant;
             job.unique = self.unique.map(UniqueRequest::into_spec).transpose()?;
             job.expires_at = expires_at;
+            job.limits = self.limits.unwrap_or_default();
             // Spans are on the wall clock, whatever clock the store runs on.
             job.trace = conveyor_core::trace::begin_enqueue(trace, chrono::Utc::now());
             job
@@ -333,6 +338,13 @@ pub(crate) async fn enqueue_batch(
             |index| format!("jobs[{index}]"),
         )
         .await?;
+    crate::limits::check_jobs_name_defined(
+        &state,
+        jobs.iter()
+            .enumerate()
+            .map(|(index, job)| (format!("jobs[{index}]"), job.job().limits.as_slice())),
+    )
+    .await?;
     let inserted = state.store.jobs_insert_valid(jobs).await?;
     if inserted.len() != count {
         return Err(ApiError::Internal(format!(
@@ -361,7 +373,7 @@ pub(crate) async fn get(
     caller: Caller,
     JobId(id): JobId,
     QueryPairs(pairs): QueryPairs,
-) -> ApiResult<Json<Job>> {
+) -> ApiResult<Json<Value>> {
     let wait = wait_param(&state, pairs)?;
     let job = wait_until(&state, wait, || async {
         let job = state
@@ -377,7 +389,13 @@ pub(crate) async fn get(
         Ok((job, finished))
     })
     .await?;
-    Ok(Json(state.config.redacted(job)))
+    let blocked_by = crate::limits::blocked_by(&state, &job).await?;
+    let mut answer = serde_json::to_value(state.config.redacted(job))
+        .map_err(|e| ApiError::from(conveyor_core::StoreError::backend(e.to_string())))?;
+    if !blocked_by.is_empty() {
+        answer["blocked_by"] = Value::Array(blocked_by);
+    }
+    Ok(Json(answer))
 }
 
 /// The `wait_ms` of a read that may long-poll (the only query parameter it takes), capped by

@@ -1,5 +1,6 @@
-//! `GET /v1/kinds`, `GET/PUT/DELETE /v1/kinds/{kind}`: settings per job kind, for now the
-//! payload schema every enqueue of the kind is checked against (see `conveyor_core::kinds`).
+//! `GET /v1/kinds`, `GET/PUT/DELETE /v1/kinds/{kind}`: settings per job kind: the payload
+//! schema every enqueue of the kind is checked against (see `conveyor_core::kinds`), its
+//! circuit breaker and the named limits its jobs are subject to.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -30,6 +31,9 @@ pub(crate) struct KindRequest {
     /// breaker alone), else absent and `null` both mean none.
     #[serde(default, deserialize_with = "crate::settings::present")]
     version: Option<Option<Value>>,
+    /// Named limits every job of the kind is subject to; `null` names none, absent keeps them.
+    #[serde(default, deserialize_with = "crate::settings::present")]
+    limits: Option<Option<Value>>,
     /// Set the schema even if queued jobs of the kind would not pass it.
     #[serde(default, deserialize_with = "wire::non_null")]
     force: Option<bool>,
@@ -88,6 +92,14 @@ pub(crate) async fn put(
         Some(None) => None,
         Some(Some(value)) => Some(BreakerSettings::from_json("circuit_breaker", &value)?),
     };
+    let limits = match &request.limits {
+        None => existing
+            .as_ref()
+            .map(|k| k.limits.clone())
+            .unwrap_or_default(),
+        Some(None) => Vec::new(),
+        Some(Some(value)) => crate::limits::defined_names(&state, "limits", value).await?,
+    };
     // A schema kept as it was is not checked against the queue again.
     let schema_changed = request.schema.is_some();
     let schema = match request.schema {
@@ -122,6 +134,7 @@ pub(crate) async fn put(
             schema,
             version,
             circuit_breaker: breaker,
+            limits,
             updated_at: state.clock.now(),
         })
         .await?;
@@ -131,6 +144,7 @@ pub(crate) async fn put(
         "schema": stored.schema.is_some(),
         "circuit_breaker": stored.circuit_breaker,
         "version": stored.version,
+        "limits": stored.limits,
         "forced": request.force == Some(true),
     });
     let entry = caller.audit(AuditAction::KindPut).target(kind);

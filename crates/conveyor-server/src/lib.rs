@@ -32,6 +32,7 @@ mod flows;
 pub mod hooks;
 mod jobs;
 mod kinds;
+mod limits;
 mod metrics;
 mod observe;
 mod schedules;
@@ -317,6 +318,11 @@ pub fn router_with_options(
             get(subscriptions::get)
                 .put(subscriptions::put)
                 .delete(subscriptions::delete),
+        )
+        .route("/v1/limits", get(limits::list))
+        .route(
+            "/v1/limits/{name}",
+            get(limits::get).put(limits::put).delete(limits::delete),
         )
         .route("/v1/sources/{name}/pause", post(sources::pause))
         .route("/v1/sources/{name}/resume", post(sources::resume))

@@ -7,10 +7,12 @@
 //!   given these metrics as their [`JobObserver`]. Each outcome is written by exactly one
 //!   process, so summing a counter over every server gives the cluster's total.
 //! - **Gauges** (`conveyor_queue_depth`, `conveyor_queue_oldest_age_seconds`, `conveyor_dead_jobs`, `conveyor_worker_utilization`,
-//!   `conveyor_workers_alive`, `conveyor_stuck_jobs`) describe the whole store, read at scrape time (cached for
-//!   [`SNAPSHOT_TTL`], so frequent scrapes cost one set of reads a second). Every server reports
+//!   `conveyor_workers_alive`, `conveyor_stuck_jobs`, `conveyor_limit_in_use`) describe the
+//!   whole store, read at scrape time (cached for [`SNAPSHOT_TTL`], so frequent scrapes cost
+//!   one set of reads a second). Every server reports
 //!   the same values: aggregate them with `max`, not `sum`.
 
+use conveyor_core::limits::LimitSpec;
 use conveyor_core::scaling::ThroughputMeter;
 use conveyor_core::{
     AttemptEvent, AttemptStatus, Clock, JobObserver, JobState, QueueStats, Store, StoreResult,
@@ -66,6 +68,8 @@ pub struct Snapshot {
     pub stuck: Vec<StuckJob>,
     /// Circuit breakers as stored (see `conveyor_core::breaker`).
     pub breakers: Vec<conveyor_core::StoredBreaker>,
+    /// Running jobs under each named limit, over all its keys, by limit name.
+    pub limits_in_use: BTreeMap<String, u64>,
 }
 
 impl Snapshot {
@@ -76,8 +80,25 @@ impl Snapshot {
             workers: store.workers_list().await?,
             stuck: store.jobs_stuck(stuck.clone()).await?,
             breakers: store.breakers_list().await?,
+            limits_in_use: limits_in_use(store).await?,
         })
     }
+}
+
+/// Running jobs under each named limit (see `conveyor_core::limits::named`). A stored limit
+/// that no longer reads as one is left out here; `GET /v1/limits/{name}` reports it.
+async fn limits_in_use(store: &dyn Store) -> StoreResult<BTreeMap<String, u64>> {
+    let mut in_use = BTreeMap::new();
+    for entry in store.config_list(conveyor_core::config::LIMITS).await? {
+        let Ok(spec) = LimitSpec::from_json(&entry.name, entry.document) else {
+            continue;
+        };
+        let usage = store
+            .limit_usage(&spec.name, spec.rate.map(|rate| rate.period_ms))
+            .await?;
+        in_use.insert(spec.name, crate::limits::in_use(&usage));
+    }
+    Ok(in_use)
 }
 
 /// The process's metrics. Cheap to share (`Arc`); implements [`JobObserver`] for in-process
@@ -98,6 +119,7 @@ pub struct Metrics {
     workers_alive: IntGauge,
     stuck_jobs: IntGaugeVec,
     breaker_state: IntGaugeVec,
+    limit_in_use: IntGaugeVec,
     enqueued: IntCounterVec,
     queue_wait: HistogramVec,
     pruned: IntCounterVec,
@@ -210,6 +232,15 @@ impl Metrics {
             &["scope", "name"],
         )?;
         registry.register(Box::new(breaker_state.clone()))?;
+        let limit_in_use = IntGaugeVec::new(
+            Opts::new(
+                "conveyor_limit_in_use",
+                "Running jobs under each named limit, over all its keys (store-wide; see GET \
+                 /v1/limits/{name} for each key)",
+            ),
+            &["limit"],
+        )?;
+        registry.register(Box::new(limit_in_use.clone()))?;
         let enqueued = IntCounterVec::new(
             Opts::new(
                 "conveyor_jobs_enqueued_total",
@@ -267,6 +298,7 @@ impl Metrics {
             workers_alive,
             stuck_jobs,
             breaker_state,
+            limit_in_use,
             refreshed: Mutex::new(None),
             history: Arc::new(StatsRecorder::new(clock)),
         })
@@ -365,6 +397,12 @@ impl Metrics {
             self.breaker_state
                 .with_label_values(&[breaker.scope.as_str(), breaker.name.as_str()])
                 .set(breaker.record.state.gauge());
+        }
+        self.limit_in_use.reset();
+        for (limit, running) in &snapshot.limits_in_use {
+            self.limit_in_use
+                .with_label_values(&[limit.as_str()])
+                .set(gauge_int(*running));
         }
         let alive: Vec<&WorkerInfo> = snapshot
             .workers

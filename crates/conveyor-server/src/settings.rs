@@ -1,5 +1,5 @@
 //! `GET/PUT /v1/queues/{name}`: per-queue settings (pause, back-pressure, concurrency and rate
-//! limits, weights).
+//! limits, weights, the named limits its jobs are subject to).
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -45,6 +45,9 @@ pub(crate) struct SettingsPatch {
     default_ttl_ms: Option<Option<Value>>,
     #[serde(default, deserialize_with = "present")]
     circuit_breaker: Option<Option<Value>>,
+    /// Named limits every job enqueued into the queue is subject to; `null` names none.
+    #[serde(default, deserialize_with = "present")]
+    limits: Option<Option<Value>>,
 }
 
 /// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`). Values
@@ -255,6 +258,13 @@ pub(crate) async fn put(
     patched(&mut settings.circuit_breaker, patch.circuit_breaker, |v| {
         Ok(BreakerSettings::from_json("circuit_breaker", v)?)
     })?;
+    match patch.limits {
+        None => {}
+        Some(None) => settings.limits = Vec::new(),
+        Some(Some(value)) => {
+            settings.limits = crate::limits::defined_names(&state, "limits", &value).await?;
+        }
+    }
     // The store checks the ranges again (and the Rust API relies on that).
     let settings = state.store.queue_settings_put(&name, settings).await?;
     state.breakers.invalidate();

@@ -63,6 +63,7 @@ static ASSETS: &[Asset] = &[
     asset!("views/schedules.js", JS),
     asset!("views/kinds.js", JS),
     asset!("views/sources.js", JS),
+    asset!("views/limits.js", JS),
     asset!("views/history.js", JS),
     asset!("views/flows.js", JS),
     asset!("api-docs.html", "text/html; charset=utf-8"),

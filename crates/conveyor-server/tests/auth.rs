@@ -134,6 +134,8 @@ fn expected(method: &Method, route: &str) -> Option<Expect> {
         ("POST", "/v1/jobs") | ("POST", "/v1/jobs/batch") | ("POST", "/v1/events") => PRODUCER,
         ("GET", "/v1/subscriptions" | "/v1/subscriptions/{name}") => ADMIN,
         ("PUT" | "DELETE", "/v1/subscriptions/{name}") => ADMIN,
+        ("GET", "/v1/limits" | "/v1/limits/{name}") => ADMIN,
+        ("PUT" | "DELETE", "/v1/limits/{name}") => ADMIN,
         ("GET", "/v1/jobs/{id}") => PRODUCER,
         ("GET", "/v1/jobs") => PRODUCER,
         ("POST", "/v1/fetch")

@@ -266,7 +266,10 @@ pub async fn a_keyed_limits_keys_take_turns_by_weight(h: &Harness) {
     // And jobs under no keyed limit take a turn of their own.
     jobs.extend((0..4).map(|_| job_in("calls", "plain")));
     store.jobs_insert_many(jobs).await.expect("insert");
-    let first = store.jobs_fetch(fetch_params(&["calls"], 14)).await.expect("fetch");
+    let first = store
+        .jobs_fetch(fetch_params(&["calls"], 14))
+        .await
+        .expect("fetch");
     // Turns in key order, the group without a key last: big ×3, s1, s2, s3, plain; twice.
     let expected: Vec<&str> = ["big", "big", "big", "s1", "s2", "s3", "?"].repeat(2);
     assert_eq!(customers(&first), expected);
@@ -274,7 +277,12 @@ pub async fn a_keyed_limits_keys_take_turns_by_weight(h: &Harness) {
     // long before the flood is done.
     let mut rest = Vec::new();
     for _ in 0..3 {
-        rest.extend(store.jobs_fetch(fetch_params(&["calls"], 7)).await.expect("fetch"));
+        rest.extend(
+            store
+                .jobs_fetch(fetch_params(&["calls"], 7))
+                .await
+                .expect("fetch"),
+        );
     }
     for small in ["s1", "s2", "s3"] {
         assert_eq!(count_of(&rest, small), 2, "{:?}", customers(&rest));

@@ -327,3 +327,196 @@ fn max_depth_refuses_the_101st_until_drained_on_sqlite() {
 fn max_depth_refuses_the_101st_until_drained_across_two_postgres_nodes() {
     max_depth_refuses_the_101st_until_drained(Backend::Postgres(Schema::fresh("flow_depth")));
 }
+
+fn put_limit(server: &str, name: &str, limit: Value) {
+    let response = http()
+        .put(format!("{server}/v1/limits/{name}"))
+        .json(&limit)
+        .send()
+        .expect("PUT limit");
+    assert_eq!(response.status(), 201, "{:?}", response.text());
+}
+
+/// The handler script for jobs whose payload names a `customer`: appends "start <customer>
+/// <ns>", runs for `seconds`, appends "end <customer> <ns>".
+fn customer_recording_exec(log: &Path, seconds: &str) -> String {
+    format!(
+        "c=$(sed 's/.*\"customer\": *\"\\([a-z0-9]*\\)\".*/\\1/'); \
+         echo \"start $c $(date +%s%N)\" >> {log}; sleep {seconds}; \
+         echo \"end $c $(date +%s%N)\" >> {log}",
+        log = log.display()
+    )
+}
+
+/// The most jobs the log shows running at once, per customer and in total.
+fn peaks(log: &Path) -> (std::collections::BTreeMap<String, i32>, i32) {
+    let mut events: Vec<(u128, i32, String)> = std::fs::read_to_string(log)
+        .expect("read log")
+        .lines()
+        .map(|line| {
+            let mut parts = line.split(' ');
+            let what = parts.next().expect("event");
+            let customer = parts.next().expect("customer").to_string();
+            let at = parts.next().expect("time").parse().expect("timestamp");
+            (at, if what == "start" { 1 } else { -1 }, customer)
+        })
+        .collect();
+    // Ends sort before starts at the same instant.
+    events.sort();
+    let mut running: std::collections::BTreeMap<String, i32> = Default::default();
+    let mut peaks: std::collections::BTreeMap<String, i32> = Default::default();
+    let (mut total, mut total_peak) = (0, 0);
+    for (_, delta, customer) in events {
+        let now = running.entry(customer.clone()).or_default();
+        *now += delta;
+        let peak = peaks.entry(customer).or_default();
+        *peak = (*peak).max(*now);
+        total += delta;
+        total_peak = total_peak.max(total);
+    }
+    (peaks, total_peak)
+}
+
+/// Two named limits on one queue, set through different servers on one PostgreSQL schema: at
+/// most 2 jobs per customer (a key from the payload) and 5 in total. Jobs enqueued through both
+/// servers, four worker processes with four slots each spread over both: the handlers' own
+/// records show each customer reaching 2 and never passing it, and the total never passing 5.
+#[test]
+fn named_limits_hold_per_key_and_in_total_across_two_postgres_nodes() {
+    let backend = Backend::Postgres(Schema::fresh("named_limits"));
+    let dir = temp_dir();
+    let servers = backend.servers();
+    put_limit(
+        &servers[0].url,
+        "per-customer",
+        json!({"concurrency": 2, "key": "payload.customer"}),
+    );
+    put_limit(&servers[1].url, "vendor", json!({"concurrency": 5}));
+    set_queue(
+        &servers[1].url,
+        "calls",
+        json!({"limits": ["per-customer", "vendor"]}),
+    );
+    for (n, server) in servers.iter().enumerate() {
+        let jobs: Vec<Value> = (0..12)
+            .map(|i| {
+                let customer = ["acme", "globex", "initech", "umbrella"][(i + n) % 4];
+                json!({"kind": "call", "queue": "calls", "payload": {"customer": customer}})
+            })
+            .collect();
+        enqueue_many(&server.url, jobs);
+    }
+    let log = path_in(&dir, "runs.log");
+    let exec = customer_recording_exec(&log, "0.3");
+    let _workers: Vec<Proc> = (0..4)
+        .map(|n| {
+            start_worker(
+                &servers[n % 2].url,
+                &exec,
+                &["--queues", "calls", "--concurrency", "4"],
+            )
+        })
+        .collect();
+    eventually_blocking_within("all 24 jobs to complete", Duration::from_secs(120), || {
+        (completed(&servers[0].url, "calls") == 24).then_some(())
+    });
+    let (per_customer, total) = peaks(&log);
+    assert_eq!(per_customer.len(), 4, "{per_customer:?}");
+    for (customer, peak) in &per_customer {
+        assert!(
+            *peak <= 2,
+            "{customer} ran {peak} at once: {per_customer:?}"
+        );
+    }
+    assert!(
+        per_customer.values().any(|peak| *peak == 2),
+        "the per-customer limit is reached: {per_customer:?}"
+    );
+    assert!(total <= 5, "{total} ran at once");
+    let usage: Value = http()
+        .get(format!("{}/v1/limits/per-customer", servers[1].url))
+        .send()
+        .expect("GET limit")
+        .json()
+        .expect("limit JSON");
+    assert_eq!(usage["concurrency"], 2, "{usage}");
+    assert_eq!(
+        usage["usage"].as_array().map(Vec::len),
+        Some(0),
+        "nothing runs any more: {usage}"
+    );
+}
+
+/// Fairness among a keyed limit's keys: 10,000 jobs of one customer enqueued first, then ten
+/// jobs each of nine others, under a per-customer limit too wide to hold anyone back. Worked two
+/// at a time, every one of the 90 small customers' jobs starts within the first 120 starts (a
+/// turn is one job per customer, so ten turns serve them all), not after the 10,000.
+fn keys_take_turns(backend: Backend) {
+    let dir = temp_dir();
+    let servers = backend.servers();
+    let first = &servers[0].url;
+    let last = &servers[servers.len() - 1].url;
+    put_limit(
+        first,
+        "per-customer",
+        json!({"concurrency": 1000, "key": "payload.customer"}),
+    );
+    set_queue(last, "fair", json!({"limits": ["per-customer"]}));
+    let flood: Vec<Value> = (0..10_000)
+        .map(|_| json!({"kind": "sync", "queue": "fair", "payload": {"customer": "big"}}))
+        .collect();
+    enqueue_many(first, flood);
+    let small: Vec<Value> = (1..=9)
+        .flat_map(|n| {
+            (0..10).map(move |_| {
+                json!({"kind": "sync", "queue": "fair", "payload": {"customer": format!("small{n}")}})
+            })
+        })
+        .collect();
+    enqueue_many(last, small);
+    let log = path_in(&dir, "order.log");
+    // The payload comes on stdin without a final newline, so the line is ended by echo.
+    let exec = format!(
+        "c=$(sed 's/.*\"customer\": *\"\\([a-z0-9]*\\)\".*/\\1/'); echo \"$c\" >> {}",
+        log.display()
+    );
+    let mut workers: Vec<Proc> = servers
+        .iter()
+        .map(|server| {
+            start_worker(
+                &server.url,
+                &exec,
+                &["--queues", "fair", "--concurrency", "1"],
+            )
+        })
+        .collect();
+    let order = eventually_blocking("the 90 small customers' jobs to start", || {
+        let order = std::fs::read_to_string(&log).unwrap_or_default();
+        let smalls = order.lines().filter(|c| c.starts_with("small")).count();
+        (smalls == 90).then_some(order)
+    });
+    for worker in &mut workers {
+        worker.kill_9();
+    }
+    let lines: Vec<&str> = order.lines().collect();
+    let last_small = lines
+        .iter()
+        .rposition(|c| c.starts_with("small"))
+        .expect("a small customer");
+    assert!(
+        last_small < 120,
+        "the last small customer's job started as number {} of {}",
+        last_small + 1,
+        lines.len()
+    );
+}
+
+#[test]
+fn keys_take_turns_on_sqlite() {
+    keys_take_turns(Backend::Sqlite(temp_dir()));
+}
+
+#[test]
+fn keys_take_turns_across_two_postgres_nodes() {
+    keys_take_turns(Backend::Postgres(Schema::fresh("named_fair")));
+}

@@ -57,6 +57,7 @@ from .errors import (
 )
 from .flows import Steps, chain, group, step, wait_step
 from .models import (
+    BlockedBy,
     BreakerSettings,
     BreakerView,
     CreatedFlow,
@@ -64,8 +65,12 @@ from .models import (
     FlowPage,
     FlowView,
     Job,
+    KeyUsage,
     Lease,
     LeasedJob,
+    Limit,
+    LimitRate,
+    LimitView,
     NewJob,
     Progress,
     StepError,
@@ -76,6 +81,7 @@ from .worker import Worker, error_class_name
 __all__ = [
     "__version__",
     "AsyncClient",
+    "BlockedBy",
     "BreakerSettings",
     "BreakerView",
     "Client",
@@ -88,9 +94,13 @@ __all__ = [
     "Forbidden",
     "InvalidRequest",
     "Job",
+    "KeyUsage",
     "Lease",
     "LeaseLost",
     "LeasedJob",
+    "Limit",
+    "LimitRate",
+    "LimitView",
     "NewJob",
     "NotFound",
     "PayloadTooLarge",

@@ -30,7 +30,7 @@ from ._async_http import AsyncTransport
 from ._sync_http import SyncTransport
 from .errors import ConveyorError, NotFound
 from .flows import flow_body
-from .models import BreakerSettings, BreakerView, CreatedFlow, FlowPage, FlowView, Job
+from .models import BreakerSettings, BreakerView, CreatedFlow, FlowPage, FlowView, Job, Limit, LimitView
 
 T = TypeVar("T")
 
@@ -240,6 +240,33 @@ def close_circuit(*, queue: Optional[str], kind: Optional[str], reason: Optional
 
 def list_breakers() -> Op[List[BreakerView]]:
     return cast(List[BreakerView], (yield Call("GET", "/v1/breakers"))["breakers"])
+
+
+# --- Named limits --------------------------------------------------------------------------
+
+
+def put_limit(
+    name: str,
+    *,
+    concurrency: Optional[int],
+    rate: Optional[Mapping[str, Any]],
+    key: Optional[str],
+    weights: Optional[Mapping[str, int]],
+) -> Op[Limit]:
+    body = _wire.limit_body(concurrency, rate, key, weights)
+    return cast(Limit, (yield Call("PUT", _wire.limit_path(name), body)))
+
+
+def get_limit(name: str) -> Op[LimitView]:
+    return cast(LimitView, (yield Call("GET", _wire.limit_path(name))))
+
+
+def list_limits() -> Op[List[Limit]]:
+    return cast(List[Limit], (yield Call("GET", "/v1/limits"))["limits"])
+
+
+def delete_limit(name: str) -> Op[None]:
+    yield Call("DELETE", _wire.limit_path(name))
 
 
 # --- Anything else --------------------------------------------------------------------------

@@ -150,6 +150,48 @@ def stored_breaker(answer: Any) -> Optional[BreakerSettings]:
     return cast(BreakerSettings, value) if isinstance(value, dict) else None
 
 
+def limit_names(limits: Iterable[str]) -> List[str]:
+    """A job's ``limits`` as sent: a list of names (a lone string is refused, not split into
+    letters). Whether each names a defined limit is the server's to say (``limits[i]``)."""
+    if isinstance(limits, (str, bytes)) or not isinstance(limits, Iterable):
+        raise TypeError("limits must be a list of limit names")
+    return list(limits)
+
+
+def limit_path(name: str) -> str:
+    if not isinstance(name, str) or not name:
+        raise TypeError("a limit's name must be a non-empty string")
+    return "/v1/limits/" + quote(name, safe="")
+
+
+def limit_body(
+    concurrency: Optional[int],
+    rate: Optional[Mapping[str, Any]],
+    key: Optional[str],
+    weights: Optional[Mapping[str, int]],
+) -> Dict[str, Any]:
+    """The body of ``PUT /v1/limits/{name}``: the fields given (the server checks the values
+    and names the one at fault, ``rate.period_ms``)."""
+    body: Dict[str, Any] = {}
+    if concurrency is not None:
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            raise TypeError("concurrency must be a whole number of jobs")
+        body["concurrency"] = concurrency
+    if rate is not None:
+        if not isinstance(rate, Mapping):
+            raise TypeError('rate must be a dict {"count": N, "period_ms": MS}')
+        body["rate"] = dict(rate)
+    if key is not None:
+        if not isinstance(key, str):
+            raise TypeError('key must be a string: "tenant", "kind", "queue" or "payload.a.b"')
+        body["key"] = key
+    if weights is not None:
+        if not isinstance(weights, Mapping):
+            raise TypeError("weights must be a dict of key value to weight")
+        body["weights"] = dict(weights)
+    return body
+
+
 def flow_path(flow_id: str, action: str = "") -> str:
     path = "/v1/flows/" + quote(str(flow_id), safe="")
     return path + "/" + action if action else path
@@ -207,6 +249,7 @@ _ENQUEUE_KEYS = (
     "expires_at",
     "traceparent",
     "tracestate",
+    "limits",
 )
 
 
@@ -228,6 +271,7 @@ def enqueue_body(
     expires_at: Optional[_dt.datetime] = None,
     traceparent: Optional[str] = None,
     tracestate: Optional[str] = None,
+    limits: Optional[Iterable[str]] = None,
     extra: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The JSON object of one job for ``POST /v1/jobs`` (or an element of a batch). Without a
@@ -263,6 +307,8 @@ def enqueue_body(
         body["timeout_ms"] = max(1, _milliseconds(timeout, "timeout"))
     if tags is not None:
         body["tags"] = list(tags)
+    if limits is not None:
+        body["limits"] = limit_names(limits)
     if ttl is not None and expires_at is not None:
         raise ValueError("give ttl or expires_at, not both")
     if ttl is not None:
@@ -352,6 +398,9 @@ __all__ = [
     "job_path",
     "job_spec_body",
     "kept_version",
+    "limit_body",
+    "limit_names",
+    "limit_path",
     "milliseconds",
     "query",
     "scope_path",

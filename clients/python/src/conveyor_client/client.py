@@ -1,5 +1,6 @@
 """Producers' API: enqueue jobs, read them back, cancel them; create, watch, signal and cancel
-workflows; operators' calls for payload schemas and circuit breakers (sync and asyncio)."""
+workflows; operators' calls for payload schemas, circuit breakers and named limits (sync and
+asyncio)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, TypeVar, Union
 from . import _ops, _wire
 from ._async_http import AsyncTransport
 from ._sync_http import SyncTransport
-from .models import BreakerSettings, BreakerView, CreatedFlow, FlowPage, FlowView, Job
+from .models import BreakerSettings, BreakerView, CreatedFlow, FlowPage, FlowView, Job, Limit, LimitView
 
 __all__ = ["Client", "AsyncClient"]
 
@@ -65,12 +66,15 @@ class Client:
         expires_at: Optional[_dt.datetime] = None,
         traceparent: Optional[str] = None,
         tracestate: Optional[str] = None,
+        limits: Optional[Iterable[str]] = None,
     ) -> str:
         """Enqueues one job; returns its id (the existing job's id when ``idempotency_key`` or
         ``unique`` matched one). ``delay``, ``timeout`` and ``ttl`` are seconds (or timedeltas);
         ``run_at`` and ``expires_at`` aware datetimes. A job not started within ``ttl`` (or by
         ``expires_at``) expires instead of running. ``traceparent``/``tracestate`` (W3C) go
-        with the job; by default, the active OpenTelemetry span's."""
+        with the job; by default, the active OpenTelemetry span's. ``limits`` names the named
+        limits (:meth:`put_limit`) the job is subject to besides its queue's and its kind's; a
+        name no limit is defined for raises ``InvalidRequest`` naming ``limits[i]``."""
         body = _wire.enqueue_body(
             kind,
             payload,
@@ -88,6 +92,7 @@ class Client:
             expires_at=expires_at,
             traceparent=traceparent,
             tracestate=tracestate,
+            limits=limits,
         )
         return self._run(_ops.enqueue(body))
 
@@ -251,6 +256,44 @@ class Client:
         (:class:`BreakerView` dicts: ``scope``, ``name``, ``state``, ``reason``, ...)."""
         return self._run(_ops.list_breakers())
 
+    # --- Named limits ---------------------------------------------------------------------
+
+    def put_limit(
+        self,
+        name: str,
+        *,
+        concurrency: Optional[int] = None,
+        rate: Optional[Mapping[str, Any]] = None,
+        key: Optional[str] = None,
+        weights: Optional[Mapping[str, int]] = None,
+    ) -> Limit:
+        """Creates or replaces the named limit ``name`` (``PUT /v1/limits/{name}``; admin
+        role): at most ``concurrency`` jobs of one key running at once, at most
+        ``rate["count"]`` of them started within any ``rate["period_ms"]``, or both, across
+        every worker and server. ``key`` is where a job's key is taken from (``"tenant"``,
+        ``"kind"``, ``"queue"`` or a payload path such as ``"payload.customer.id"``); without
+        it, every job subject to the limit shares one budget. ``weights`` gives key values more
+        starts per round-robin turn (``{"acme": 3}``). Jobs are subject to it when they name it
+        (``enqueue(..., limits=[name])``) or their queue's or kind's settings do. Returns the
+        limit as stored (:class:`Limit`). Bad values raise ``InvalidRequest`` naming the field
+        (``rate.period_ms``, ``key``, ``name``)."""
+        return self._run(_ops.put_limit(name, concurrency=concurrency, rate=rate, key=key, weights=weights))
+
+    def get_limit(self, name: str) -> LimitView:
+        """The limit with what each of its keys uses now (:class:`LimitView`: its fields,
+        ``in_use`` and ``usage``: ``[{key, running, recent_starts}]``); ``NotFound`` if none."""
+        return self._run(_ops.get_limit(name))
+
+    def list_limits(self) -> List[Limit]:
+        """Every named limit, by name."""
+        return self._run(_ops.list_limits())
+
+    def delete_limit(self, name: str) -> None:
+        """Removes the limit; ``NotFound`` if there is none, ``Conflict`` (code
+        ``limit_in_use``) while a queue's or a kind's settings still name it. Jobs naming it
+        themselves do not hold it back; from then on it limits nothing."""
+        self._run(_ops.delete_limit(name))
+
     def stats(
         self,
         from_: Optional[Union[str, _dt.datetime]] = None,
@@ -320,6 +363,7 @@ class AsyncClient:
         expires_at: Optional[_dt.datetime] = None,
         traceparent: Optional[str] = None,
         tracestate: Optional[str] = None,
+        limits: Optional[Iterable[str]] = None,
     ) -> str:
         body = _wire.enqueue_body(
             kind,
@@ -338,6 +382,7 @@ class AsyncClient:
             expires_at=expires_at,
             traceparent=traceparent,
             tracestate=tracestate,
+            limits=limits,
         )
         return await self._run(_ops.enqueue(body))
 
@@ -452,6 +497,33 @@ class AsyncClient:
 
     async def list_breakers(self) -> List[BreakerView]:
         return await self._run(_ops.list_breakers())
+
+    # --- Named limits ---------------------------------------------------------------------
+
+    async def put_limit(
+        self,
+        name: str,
+        *,
+        concurrency: Optional[int] = None,
+        rate: Optional[Mapping[str, Any]] = None,
+        key: Optional[str] = None,
+        weights: Optional[Mapping[str, int]] = None,
+    ) -> Limit:
+        """See :meth:`Client.put_limit`."""
+        return await self._run(
+            _ops.put_limit(name, concurrency=concurrency, rate=rate, key=key, weights=weights)
+        )
+
+    async def get_limit(self, name: str) -> LimitView:
+        """See :meth:`Client.get_limit`."""
+        return await self._run(_ops.get_limit(name))
+
+    async def list_limits(self) -> List[Limit]:
+        return await self._run(_ops.list_limits())
+
+    async def delete_limit(self, name: str) -> None:
+        """See :meth:`Client.delete_limit`."""
+        await self._run(_ops.delete_limit(name))
 
     async def stats(
         self,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import re
 from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, TypedDict, Union
+from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, TypedDict, Union, cast
 
 from . import _trace
 
@@ -24,6 +24,11 @@ __all__ = [
     "Progress",
     "BreakerSettings",
     "BreakerView",
+    "BlockedBy",
+    "KeyUsage",
+    "Limit",
+    "LimitRate",
+    "LimitView",
     "parse_time",
     "format_time",
 ]
@@ -94,7 +99,13 @@ class Lease:
 @dataclass(frozen=True)
 class Job:
     """A job as ``GET /v1/jobs/{id}`` shows it. ``raw`` is the JSON as answered (fields a newer
-    server adds are there too); ``job["state"]`` reads it as well."""
+    server adds are there too); ``job["state"]`` reads it as well.
+
+    ``limit_keys`` are the keys the job holds under the named limits it is subject to, as
+    ``LIMIT:VALUE`` (``LIMIT:`` for a limit without a key), stamped at enqueue (empty when it is
+    subject to none). ``blocked_by`` is, for an available job a named limit holds back now,
+    each of its limit keys with no room left and what uses it (:class:`BlockedBy` dicts; empty
+    otherwise)."""
 
     id: str
     kind: str
@@ -117,6 +128,8 @@ class Job:
     finished_at: Optional[_dt.datetime] = None
     unique_key: Optional[str] = None
     duplicate: Optional[bool] = None
+    limit_keys: List[str] = field(default_factory=list)
+    blocked_by: List["BlockedBy"] = field(default_factory=list)
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -150,6 +163,10 @@ class Job:
             finished_at=parse_time(data.get("finished_at")),
             unique_key=data.get("unique_key"),
             duplicate=data.get("duplicate"),
+            limit_keys=[str(k) for k in data.get("limit_keys") or []],
+            blocked_by=[
+                cast(BlockedBy, dict(b)) for b in data.get("blocked_by") or [] if isinstance(b, Mapping)
+            ],
             raw=dict(data),
         )
 
@@ -184,6 +201,7 @@ class NewJob:
     expires_at: Optional[_dt.datetime] = None
     traceparent: Optional[str] = None
     tracestate: Optional[str] = None
+    limits: Optional[List[str]] = None
 
 
 ProgressReporter = Callable[["LeasedJob", int, Optional[str]], Awaitable[None]]
@@ -534,3 +552,66 @@ class BreakerView(_BreakerViewFields, total=False):
     are RFC 3339 strings (``parse_time`` reads them)."""
 
     settings: BreakerSettings
+
+
+# --- Named limits --------------------------------------------------------------------------
+
+
+class LimitRate(TypedDict):
+    """At most ``count`` jobs of one key start within any ``period_ms`` (up to a day)."""
+
+    count: int
+    period_ms: int
+
+
+class _LimitFields(TypedDict):
+    name: str
+    updated_at: str
+
+
+class Limit(_LimitFields, total=False):
+    """A named limit as the server answers it (a plain dict; fields it does not set are
+    absent): ``name``, ``concurrency`` (at most this many jobs of one key running at once),
+    ``rate`` (:class:`LimitRate`), ``key`` (where a job's key is taken from: ``"tenant"``,
+    ``"kind"``, ``"queue"`` or ``"payload.a.b"``; without it every job shares one budget),
+    ``weights`` (starts per round-robin turn by key value) and ``updated_at`` (RFC 3339)."""
+
+    concurrency: int
+    rate: LimitRate
+    key: str
+    weights: Dict[str, int]
+
+
+class KeyUsage(TypedDict):
+    """What one key of a limit uses now: ``key`` (``""`` for a limit without ``key``), its
+    ``running`` jobs and its ``recent_starts`` within the rate's period (0 without a rate)."""
+
+    key: str
+    running: int
+    recent_starts: int
+
+
+class LimitView(Limit, total=False):
+    """A named limit with what its keys use now (``get_limit``): :class:`Limit`'s fields,
+    ``in_use`` (running jobs under it, over all its keys) and ``usage`` (:class:`KeyUsage` of
+    each key with running jobs or recent starts)."""
+
+    in_use: int
+    usage: List[KeyUsage]
+
+
+class _BlockedByFields(TypedDict):
+    limit: str
+    key: str
+    running: int
+    recent_starts: int
+
+
+class BlockedBy(_BlockedByFields, total=False):
+    """One limit key with no room left that holds an available job back (a job's
+    ``blocked_by``): the ``limit``'s name, the ``key`` value (``""`` for a limit without
+    ``key``), its ``running`` jobs and ``recent_starts``, and the limit's ``concurrency`` and
+    ``rate`` when it sets them."""
+
+    concurrency: int
+    rate: LimitRate

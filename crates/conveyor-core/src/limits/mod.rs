@@ -90,8 +90,7 @@ pub fn round_robin(groups: &[Group], quota: usize) -> Picked {
             }
             for _ in 0..group.weight.max(1) {
                 let next = taken[index];
-                if picked.jobs.len() >= quota || next >= group.jobs.len() || next >= group.budget
-                {
+                if picked.jobs.len() >= quota || next >= group.jobs.len() || next >= group.budget {
                     break;
                 }
                 picked.jobs.push(group.jobs[next]);

@@ -143,11 +143,23 @@ pub struct LimitSpec {
     /// Its name (the path names it).
     #[serde(default, skip_serializing)]
     pub name: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::wire::non_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub concurrency: Option<u64>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::wire::non_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub rate: Option<RateLimit>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        deserialize_with = "crate::wire::non_null",
+        skip_serializing_if = "Option::is_none"
+    )]
     pub key: Option<KeyExpr>,
     /// Round-robin weights by key value: a key weighing 3 gets three starts per turn where
     /// the others (weighing 1) get one. Only for a limit with a key.
@@ -171,6 +183,12 @@ impl LimitSpec {
                 "concurrency",
                 "a limit needs concurrency, rate or both",
             ));
+        }
+        if let Some(concurrency) = self.concurrency {
+            fields::stored_integer("concurrency", concurrency)?;
+        }
+        if let Some(rate) = self.rate {
+            fields::stored_integer("rate.count", rate.count)?;
         }
         if self.concurrency == Some(0) {
             return Err(ValidationError::new(
@@ -424,7 +442,9 @@ impl<'a> Admission<'a> {
             return *room;
         }
         let (name, _) = split_limit_key(key);
-        self.specs.get(name).map_or(u64::MAX, |spec| spec.room(0, 0))
+        self.specs
+            .get(name)
+            .map_or(u64::MAX, |spec| spec.room(0, 0))
     }
 
     /// The round-robin weight of `key` (1 unless its limit weighs its value).
@@ -521,12 +541,20 @@ mod tests {
             "key"
         );
         assert_eq!(field("a:b", json!({"concurrency": 1})), "name");
-        assert_eq!(field("a", json!({"concurrency": 1, "weights": {"x": 2}})), "weights");
         assert_eq!(
-            field("a", json!({"concurrency": 1, "key": "tenant", "weights": {"x": 0}})),
+            field("a", json!({"concurrency": 1, "weights": {"x": 2}})),
+            "weights"
+        );
+        assert_eq!(
+            field(
+                "a",
+                json!({"concurrency": 1, "key": "tenant", "weights": {"x": 0}})
+            ),
             "weights.x"
         );
         assert_eq!(field("a", json!({"concurrency": 1, "colour": 1})), "colour");
+        assert_eq!(field("a", json!({"concurrency": 1, "key": null})), "key");
+        assert_eq!(field("a", json!({"concurrency": u64::MAX})), "concurrency");
         let names = |list: Vec<&str>| {
             limit_names(
                 "limits",
@@ -624,7 +652,11 @@ mod tests {
         assert_eq!(rate_scope_of("api:t2"), ("@api".to_string(), "t2"));
         assert_eq!(admission.room("api:t3"), 2);
         assert_eq!(admission.room("api:t1"), 0);
-        let keys = vec!["total:".to_string(), "api:t1".to_string(), "b:x".to_string()];
+        let keys = vec![
+            "total:".to_string(),
+            "api:t1".to_string(),
+            "b:x".to_string(),
+        ];
         assert_eq!(fair_key(&keys), Some("api:t1"));
         assert_eq!(fair_key(&keys[..1]), None);
         assert_eq!(limit_of_rate_scope("@api"), Some("api"));

@@ -167,9 +167,9 @@ pub(crate) async fn insert_many(
         columns.unique_keys.push(unique_key);
         columns.expires.push(new.expires_at.map(truncate_to_millis));
         columns.traces.push(new.trace.map(Json));
-        columns.fair_keys.push(
-            conveyor_core::limits::named::fair_key(&new.limit_keys).map(str::to_string),
-        );
+        columns
+            .fair_keys
+            .push(conveyor_core::limits::named::fair_key(&new.limit_keys).map(str::to_string));
         columns
             .limit_keys
             .push((!new.limit_keys.is_empty()).then_some(Json(new.limit_keys)));

@@ -26,7 +26,6 @@ pub(crate) struct LimitSql {
     pub(crate) key_counts: SqlStr,
     pub(crate) claim_ids: SqlStr,
     pub(crate) limit_specs: SqlStr,
-    pub(crate) has_limited: SqlStr,
     pub(crate) has_fair_keyed: SqlStr,
     pub(crate) running_by_key: SqlStr,
     pub(crate) starts_by_key: SqlStr,
@@ -102,10 +101,6 @@ impl LimitSql {
             )),
             limit_specs: stmt(format!(
                 "SELECT name, document FROM {config} WHERE collection = 'limits'"
-            )),
-            has_limited: stmt(format!(
-                "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
-                 AND limit_keys IS NOT NULL)"
             )),
             has_fair_keyed: stmt(format!(
                 "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \

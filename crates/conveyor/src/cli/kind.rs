@@ -28,6 +28,10 @@ pub(crate) enum KindCommand {
         /// Your own version number of the schema, shown with it.
         #[arg(long)]
         version: Option<u32>,
+        /// Named limits every job of the kind is subject to, comma-separated (`conveyor limit
+        /// set`), or `none`.
+        #[arg(long, value_name = "NAME,...")]
+        limits: Option<crate::cli::limit::LimitNamesArg>,
         /// Set it even if queued jobs of the kind would not pass it.
         #[arg(long)]
         force: bool,
@@ -116,6 +120,7 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             schema,
             circuit_breaker,
             version,
+            limits,
             force,
             server,
         } => {
@@ -138,8 +143,13 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             if let Some(breaker) = circuit_breaker {
                 body["circuit_breaker"] = breaker.0;
             }
-            if schema.is_none() && body.get("circuit_breaker").is_none() {
-                anyhow::bail!("nothing to set: give --schema FILE and/or --circuit-breaker JSON");
+            if let Some(limits) = &limits {
+                body["limits"] = limits.to_json();
+            }
+            if schema.is_none() && body.get("circuit_breaker").is_none() && limits.is_none() {
+                anyhow::bail!(
+                    "nothing to set: give --schema FILE, --circuit-breaker JSON and/or --limits NAMES"
+                );
             }
             let client = server.client()?;
             let (_, answer) = client
@@ -154,7 +164,7 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             } else {
                 let stored: KindSettings = decode(&answer, "PUT /v1/kinds/{kind}")?;
                 println!(
-                    "kind {} set: schema {}, circuit breaker {}",
+                    "kind {} set: schema {}, circuit breaker {}, limits {}",
                     stored.kind,
                     if stored.schema.is_some() {
                         "set"
@@ -165,7 +175,8 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
                         "set"
                     } else {
                         "none"
-                    }
+                    },
+                    crate::cli::limit::names_text(&json!(stored.limits))
                 );
             }
         }
@@ -200,6 +211,9 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
                     println!("  version: {version}");
                 }
                 println!("  updated: {}", stamp(&stored.updated_at));
+                if !stored.limits.is_empty() {
+                    println!("  limits: {}", stored.limits.join(", "));
+                }
                 match &stored.schema {
                     Some(schema) => print_json(schema),
                     None => println!("  no schema"),

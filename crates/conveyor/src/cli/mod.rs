@@ -11,6 +11,7 @@ mod flow;
 mod http;
 mod jobs;
 mod kind;
+mod limit;
 mod observe;
 mod schedule;
 mod serve;
@@ -184,6 +185,12 @@ enum Command {
         #[command(subcommand)]
         command: event::SubscriptionCommand,
     },
+    /// Named limits (how many jobs sharing a key may run at once, or start per period):
+    /// set, list, show, delete.
+    Limit {
+        #[command(subcommand)]
+        command: limit::LimitCommand,
+    },
     /// Event sources (brokers whose messages become jobs): set, list, show, pause, resume,
     /// delete.
     Source {
@@ -332,6 +339,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Subscription { command } => event::run_subscription(command).await,
         Command::Flow { command } => flow::run(command).await,
         Command::Kind { command } => kind::run(command).await,
+        Command::Limit { command } => limit::run(command).await,
         Command::Jobs { command } => jobs::run(command).await,
         Command::Work(args) => work::run(args).await,
         #[cfg(feature = "bench")]

@@ -29,7 +29,7 @@ pub(crate) enum QueueCommand {
         #[command(flatten)]
         server: ServerArg,
     },
-    /// Change limits: a number sets one, `none` clears it.
+    /// Change limits: a number sets one, `none` clears it; `--limits` names named limits.
     Set {
         name: String,
         /// Refuse enqueues (HTTP 429) while this many jobs are unfinished.
@@ -69,6 +69,10 @@ pub(crate) enum QueueCommand {
         /// `none` to remove it.
         #[arg(long, value_name = "JSON")]
         circuit_breaker: Option<BreakerArg>,
+        /// Named limits every job enqueued into the queue is subject to, comma-separated
+        /// (`conveyor limit set`), or `none`.
+        #[arg(long, value_name = "NAME,...")]
+        limits: Option<crate::cli::limit::LimitNamesArg>,
         #[command(flatten)]
         server: ServerArg,
     },
@@ -187,8 +191,7 @@ pub(crate) fn breaker_summary(view: &Value) -> String {
 pub(crate) struct Rate(Option<(u64, u64)>);
 
 impl Rate {
-    /// The limit given, `None` for `none` (`conveyor bench --rate-limit`).
-    #[cfg_attr(not(feature = "bench"), allow(dead_code))]
+    /// The limit given, `None` for `none` (`conveyor bench --rate-limit`, `limit set --rate`).
     pub(crate) fn limit(self) -> Option<conveyor::RateLimit> {
         self.0
             .map(|(count, period_ms)| conveyor::RateLimit { count, period_ms })
@@ -272,9 +275,13 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             dead_retention_secs,
             default_ttl_ms,
             circuit_breaker,
+            limits,
             server,
         } => {
             let mut change = json!({});
+            if let Some(limits) = limits {
+                change["limits"] = limits.to_json();
+            }
             if let Some(Limit(limit)) = max_depth {
                 change["max_depth"] = json!(limit);
             }
@@ -316,7 +323,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
                     "nothing to set: give --max-depth, --max-depth-per-tenant, \
                      --concurrency-limit, --per-key-concurrency-limit, --rate-limit, \
                      --per-key-rate-limit, --weight, --completed-retention-secs, \
-                     --dead-retention-secs, --default-ttl-ms or --circuit-breaker"
+                     --dead-retention-secs, --default-ttl-ms, --circuit-breaker or --limits"
                 );
             }
             (name, server, Some(change))
@@ -340,7 +347,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
         println!(
             "{}: {}; max depth {}; max depth per tenant {}; concurrency limit {}; \
              per-tenant concurrency limit {}; rate limit {}; per-tenant rate limit {}; weight {}; \
-             desired workers {}; circuit breaker {}",
+             desired workers {}; circuit breaker {}; limits {}",
             name,
             if settings["paused"] == true {
                 "paused"
@@ -355,7 +362,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             rate(&settings["per_key_rate_limit"]),
             settings["weight"].as_u64().unwrap_or(1),
             limit(&settings["desired_workers"]),
-            breaker_summary(&settings["circuit"])
+            breaker_summary(&settings["circuit"]),
+            crate::cli::limit::names_text(&settings["limits"])
         );
     }
     Ok(ExitCode::SUCCESS)

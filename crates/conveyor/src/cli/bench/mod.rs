@@ -106,6 +106,14 @@ pub(crate) struct BenchArgs {
     /// ... and this rate limit (`COUNT/PERIOD`, e.g. `50000/1s`).
     #[arg(long)]
     rate_limit: Option<super::admin::Rate>,
+    /// Spread the jobs over this many customers (`payload.customer`) and put the queue under
+    /// a named limit keyed by it (`--key-concurrency` per customer), so fetches go through the
+    /// named limits' admission and take turns by customer. 0: no named limit.
+    #[arg(long, default_value_t = 0)]
+    limit_keys: usize,
+    /// With `--limit-keys`: the named limit's concurrency per customer.
+    #[arg(long, default_value_t = 10, requires = "limit_keys")]
+    key_concurrency: u64,
     #[command(flatten)]
     soak: soak::SoakArgs,
 }
@@ -117,7 +125,30 @@ impl BenchArgs {
         settings.concurrency_limit = self.concurrency_limit;
         settings.per_key_concurrency_limit = self.per_key_concurrency_limit;
         settings.rate_limit = self.rate_limit.and_then(|rate| rate.limit());
+        if self.limit_keys > 0 {
+            settings.limits = vec![BENCH_LIMIT.to_string()];
+        }
         settings
+    }
+}
+
+/// The named limit `--limit-keys` puts each workload's queue under.
+const BENCH_LIMIT: &str = "bench-per-customer";
+
+impl BenchArgs {
+    /// Defines the named limit `--limit-keys` asks for (nothing without it).
+    async fn define_limit(&self, store: &Arc<dyn Store>) -> anyhow::Result<()> {
+        if self.limit_keys == 0 {
+            return Ok(());
+        }
+        let limit = json!({"concurrency": self.key_concurrency, "key": "payload.customer"});
+        conveyor::limits::LimitSpec::from_json(BENCH_LIMIT, limit.clone())
+            .map_err(|e| anyhow::anyhow!("--key-concurrency: {e}"))?;
+        store
+            .config_put(conveyor::config::LIMITS, BENCH_LIMIT, limit)
+            .await
+            .context("defining the bench's named limit")?;
+        Ok(())
     }
 }
 
@@ -199,6 +230,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(url) = &args.http {
         if args.tenants > 0
+            || args.limit_keys > 0
             || args.queue_settings() != conveyor::QueueSettings::default()
             || args.durability != DurabilityArg::Durable
         {
@@ -249,6 +281,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let store = conveyor::open_store(&url, args.durability.open_options())
         .await
         .with_context(|| format!("cannot open store {url}"))?;
+    args.define_limit(&store).await?;
     // SQLite: our own fsync policy. PostgreSQL: the server's `synchronous_commit` decides.
     let postgres = url.starts_with("postgres://") || url.starts_with("postgresql://");
     if args.nodes.is_some() && !postgres {
@@ -361,6 +394,8 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
             "store": shown_url, "durable": durable, "durability": durability,
             "jobs": jobs, "concurrency": args.concurrency, "prefetch": args.prefetch,
             "tenants": args.tenants,
+            "limit_keys": args.limit_keys,
+            "key_concurrency": (args.limit_keys > 0).then_some(args.key_concurrency),
             "concurrency_limit": settings.concurrency_limit,
             "per_key_concurrency_limit": settings.per_key_concurrency_limit,
             "rate_limit": settings.rate_limit,
@@ -368,6 +403,7 @@ pub(crate) async fn run(args: BenchArgs) -> anyhow::Result<ExitCode> {
         let shape = Shape {
             queue: queue.clone(),
             tenants: args.tenants,
+            customers: args.limit_keys,
         };
         match workload {
             Workload::Enqueue => {
@@ -528,11 +564,18 @@ impl Drop for TempDir {
 struct Shape {
     queue: String,
     tenants: usize,
+    /// Spread over this many `payload.customer` values (0: no customer).
+    customers: usize,
 }
 
 impl Shape {
     fn job(&self, n: usize) -> NewJob {
-        let mut job = NewJob::new("bench.noop", json!({"n": n}));
+        let payload = if self.customers > 0 {
+            json!({"n": n, "customer": format!("c{}", n % self.customers)})
+        } else {
+            json!({"n": n})
+        };
+        let mut job = NewJob::new("bench.noop", payload);
         job.queue = self.queue.clone();
         if self.tenants > 0 {
             job.tenant = Some(format!("tenant-{}", n % self.tenants));
