@@ -81,7 +81,6 @@ pub(crate) async fn claim_limited(
     let mut admission = named
         .as_ref()
         .map(|(specs, usage)| Admission::new(specs, usage));
-    let full = admission.as_ref().map(Admission::full).unwrap_or_default();
 
     let claim = Claim {
         params,
@@ -94,17 +93,9 @@ pub(crate) async fn claim_limited(
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let picked = queue_candidates(
-                conn,
-                ctx,
-                queue,
-                settings,
-                ask,
-                params,
-                &full,
-                admission.as_ref(),
-            )
-            .await?;
+            let picked =
+                queue_candidates(conn, ctx, queue, settings, ask, params, admission.as_ref())
+                    .await?;
             let candidates = picked.len();
             let claimed = claim.ids(conn, picked, admission.as_mut()).await?;
             plan.record(candidates, claimed.len());
@@ -121,7 +112,6 @@ pub(crate) async fn claim_limited(
             settings,
             params.max,
             params,
-            &full,
             admission.as_ref(),
         )
         .await?;
@@ -434,10 +424,11 @@ async fn queue_candidates(
     settings: &QueueSettings,
     want: usize,
     params: &FetchParams,
-    full: &[String],
     admission: Option<&Admission<'_>>,
 ) -> StoreResult<Vec<Candidate>> {
     let statements = &ctx.sql.limits;
+    // Keys with no room: their jobs are not worth reading.
+    let full = admission.map(Admission::full).unwrap_or_default();
     let running = if settings.concurrency_limit.is_some() {
         let n: i64 = sqlx::query_scalar(statements.running.clone())
             .bind(queue)
@@ -508,7 +499,7 @@ async fn queue_candidates(
             .bind(params.kinds.as_deref())
             .bind(&params.excluded_kinds);
         if !full.is_empty() {
-            query = query.bind(full);
+            query = query.bind(&full);
         }
         let found = query
             .fetch_all(&mut *conn)

@@ -155,6 +155,17 @@ export const schedules = {
   trigger: (name) => api('POST', `/v1/schedules/${encodeURIComponent(name)}/trigger`, {}),
 };
 
+/**
+ * Named limits: `list` answers `{limits: [{name, concurrency?, rate?, key?, weights?, updated_at}]}`;
+ * `get` adds what each key uses now (`usage: [{key, running, recent_starts}]`) and `in_use`.
+ */
+export const limits = {
+  list: () => api('GET', '/v1/limits'),
+  get: (name) => api('GET', `/v1/limits/${encodeURIComponent(name)}`),
+  /** Refused (409 `limit_in_use`) while a queue's or a kind's settings name it. */
+  remove: (name) => api('DELETE', `/v1/limits/${encodeURIComponent(name)}`),
+};
+
 export const sources = {
   list: () => api('GET', '/v1/sources'),
   remove: (name) => api('DELETE', `/v1/sources/${encodeURIComponent(name)}`),

@@ -12,6 +12,7 @@ import workersView from './views/workers.js';
 import schedulesView from './views/schedules.js';
 import kindsView from './views/kinds.js';
 import sourcesView from './views/sources.js';
+import limitsView, { limitView } from './views/limits.js';
 import flowsView, { flowView } from './views/flows.js';
 
 // A CSP violation means some part of the page silently did not work; make it visible in the
@@ -31,6 +32,7 @@ const NAV = [
   { id: 'overview', label: 'Overview', href: '#/' },
   { id: 'jobs', label: 'Jobs', href: '#/jobs' },
   { id: 'kinds', label: 'Kinds', href: '#/kinds' },
+  { id: 'limits', label: 'Limits', href: '#/limits' },
   { id: 'dead', label: 'Dead letters', href: '#/dead' },
   { id: 'workers', label: 'Workers', href: '#/workers' },
   { id: 'schedules', label: 'Schedules', href: '#/schedules' },
@@ -153,6 +155,9 @@ function routeView(path) {
   if (path === '/kinds') return { def: kindsView, nav: 'kinds' };
   if (path === '/flows') return { def: flowsView, nav: 'flows' };
   if (path === '/sources') return { def: sourcesView, nav: 'sources' };
+  if (path === '/limits') return { def: limitsView, nav: 'limits' };
+  const limit = path.match(/^\/limits\/([^/]+)$/);
+  if (limit) return { def: limitView, nav: 'limits', arg: decodeURIComponent(limit[1]) };
   const flow = path.match(/^\/flows\/([^/]+)$/);
   if (flow) return { def: flowView, nav: 'flows', arg: decodeURIComponent(flow[1]) };
   return null;

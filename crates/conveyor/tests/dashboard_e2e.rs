@@ -5,12 +5,13 @@
 //! sees a queue's circuit breaker opened through the API and closes and reopens it from the
 //! page, reads the history charts (1 h, 24 h, Live) and the Kinds view, creates, pauses, runs
 //! and resumes a schedule, quiets and resumes a worker, sees a replay marked in a job's
-//! history, signs in again as a `viewer` (everything readable, every change disabled), and
-//! writes screenshots of the main pages to `docs/screenshots/`. Along the way every view (the
-//! sign-in page, each page with its data, the queue settings and schedule forms, the
-//! confirmation dialog, the API reference) is checked with axe-core in the light and the dark
-//! colour scheme: no serious or critical violation of its WCAG 2 A and AA rules, and no empty
-//! table header.
+//! history, reads named limits (the Limits page, one limit's keys, a job a full key holds
+//! back, a queue's limits in its settings), signs in again as a `viewer` (everything readable,
+//! every change disabled), and writes screenshots of the main pages to `docs/screenshots/`.
+//! Along the way every view (the sign-in page, each page with its data, the queue settings and
+//! schedule forms, the confirmation dialog, the limits, the API reference) is checked with
+//! axe-core in the light and the dark colour scheme: no serious or critical violation of its
+//! WCAG 2 A and AA rules, and no empty table header.
 //!
 //! Needs `chromium` and `chromedriver` on the PATH (Debian: `apt-get install chromium
 //! chromium-driver`; `.ci/run` installs them), or `CONVEYOR_CHROMIUM` / `CONVEYOR_CHROMEDRIVER`,
@@ -312,8 +313,8 @@ async fn listed(api: &Api, query: &str) -> anyhow::Result<Vec<(String, String)>>
 }
 
 /// A `viewer` signs in and reads what an admin reads (queues, the history, the Kinds view,
-/// schedules) while every button that would change something is disabled with the reason;
-/// then signs out.
+/// schedules, limits) while every button that would change something is disabled with the
+/// reason; then signs out.
 async fn viewer_reads_and_changes_nothing(client: &Client, api: &Api) -> anyhow::Result<()> {
     let created = api
         .send(
@@ -359,6 +360,14 @@ async fn viewer_reads_and_changes_nothing(client: &Client, api: &Api) -> anyhow:
     disabled("#schedule-new").await?;
     disabled("tr[data-schedule='nightly-report'] button[data-action='trigger-schedule']").await?;
     screenshot(client, "viewer-schedules").await?;
+    click(client, "a[data-nav='limits']").await?;
+    wait_text(
+        client,
+        "#limits-table tr[data-limit='per-customer'] td[data-col='in-use']",
+        "1 over 1 key",
+    )
+    .await?;
+    disabled("tr[data-limit='per-customer'] button[data-action='delete-limit']").await?;
     click(client, "#logout").await?;
     wait_present(client, "#token").await?;
     Ok(())
@@ -1418,9 +1427,12 @@ async fn drive(
     .await?;
     screenshot(client, "dead-letters").await?;
 
+    let held = limits_page(client, api).await?;
+
     // Accessibility: every view, with its data, passes axe-core's WCAG 2 A/AA rules in both
     // colour schemes (ending on the dead letters, where the test goes on).
     let doomed_page = format!("#/jobs/{}", ids.doomed);
+    let held_page = format!("#/jobs/{held}");
     let pages = [
         Page::new(
             "overview",
@@ -1465,6 +1477,28 @@ async fn drive(
             "sources",
             "#/sources",
             &["#sources-table tr[data-source='orders']"],
+        ),
+        Page::new(
+            "limits",
+            "#/limits",
+            &[
+                "#limits-table tr[data-limit='per-customer']",
+                "#limits-table tr[data-limit='vendor-api'] .usage-text",
+            ],
+        ),
+        Page::new(
+            "limit",
+            "#/limits/per-customer",
+            &["#limit-keys tr[data-key='acme']"],
+        ),
+        Page::new(
+            "held-back job",
+            held_page.as_str(),
+            &["#job-blocked", "#job-limits"],
+        ),
+        Page::new("queue settings with limits", "#/", &["#qs-limits a"]).opening(
+            "tr[data-queue='sync'] button[data-action='settings']",
+            Some("#qs-close"),
         ),
         Page::new(
             "flow",
@@ -1746,4 +1780,223 @@ async fn manage_sources(client: &Client, api: &Api) -> anyhow::Result<()> {
         }
     }
     result
+}
+
+/// Named limits: `per-customer` (one running job per customer, the key read from the payload)
+/// and `vendor-api` (100 at once, 600 starts a minute, one budget) are defined through the API
+/// and named by the `sync` queue, which no worker serves. Of two jobs of one customer the test
+/// takes one as a worker would (`POST /v1/fetch`), so the customer's key is full and the other
+/// job is held back. The Limits page lists both limits with their rules and what they use; a
+/// limit's page shows the key's running jobs against its bound (and the other limit its recent
+/// starts against its rate); the held-back job says which limit and key hold it and how full
+/// that key is; the queue's settings name its limits; deleting a limit the queue still names
+/// is refused with the server's reason. Returns the held-back job's id.
+async fn limits_page(client: &Client, api: &Api) -> anyhow::Result<String> {
+    api.send(
+        reqwest::Method::PUT,
+        "/v1/limits/per-customer",
+        json!({"concurrency": 1, "key": "payload.customer"}),
+    )
+    .await?;
+    api.send(
+        reqwest::Method::PUT,
+        "/v1/limits/vendor-api",
+        json!({"concurrency": 100, "rate": {"count": 600, "period_ms": 60_000}}),
+    )
+    .await?;
+    api.send(
+        reqwest::Method::PUT,
+        "/v1/queues/sync",
+        json!({"limits": ["per-customer", "vendor-api"]}),
+    )
+    .await?;
+    let mut ids = Vec::new();
+    for n in 0..2 {
+        let job = api
+            .send(
+                reqwest::Method::POST,
+                "/v1/jobs",
+                json!({"kind": "crm.sync", "queue": "sync", "payload": {"customer": "acme", "page": n}}),
+            )
+            .await?;
+        // This server stamps its next enqueue with the limits just named (the docs' "within a
+        // second" is for the other servers of a cluster).
+        ensure!(
+            job["limit_keys"] == json!(["per-customer:acme", "vendor-api:"]),
+            "the job is stamped with the queue's limits: {job}"
+        );
+        ids.push(
+            job["id"]
+                .as_str()
+                .ok_or_else(|| anyhow!("no id in {job}"))?
+                .to_string(),
+        );
+    }
+    // A worker of our own takes what the limits let it: one of acme's two jobs. Its lease
+    // outlasts the rest of the test.
+    let fetched = api
+        .send(
+            reqwest::Method::POST,
+            "/v1/fetch",
+            json!({"worker_id": "e2e-limits", "queues": ["sync"], "max": 2, "lease_ms": 1_800_000}),
+        )
+        .await?;
+    let running: Vec<&str> = fetched["jobs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|job| job["id"].as_str())
+        .collect();
+    ensure!(
+        running.len() == 1,
+        "the per-customer limit lets one of acme's jobs run: {fetched}"
+    );
+    let held = ids
+        .iter()
+        .find(|id| id.as_str() != running[0])
+        .ok_or_else(|| anyhow!("the fetched job {} is not one of {ids:?}", running[0]))?
+        .clone();
+
+    // The list: each limit's rule and what it uses now.
+    click(client, "a[data-nav='limits']").await?;
+    let customer_row = "#limits-table tr[data-limit='per-customer']";
+    let vendor_row = "#limits-table tr[data-limit='vendor-api']";
+    wait_present(client, customer_row).await?;
+    wait_text(
+        client,
+        &format!("{customer_row} td[data-col='key']"),
+        "payload.customer",
+    )
+    .await?;
+    wait_text(
+        client,
+        &format!("{customer_row} td[data-col='concurrency']"),
+        "1",
+    )
+    .await?;
+    wait_text(
+        client,
+        &format!("{customer_row} td[data-col='in-use']"),
+        "1 over 1 key",
+    )
+    .await?;
+    wait_text(client, &format!("{customer_row} td[data-col='full']"), "1").await?;
+    wait_text(
+        client,
+        &format!("{vendor_row} td[data-col='rate']"),
+        "600 per 1 m",
+    )
+    .await?;
+    wait_text(
+        client,
+        &format!("{vendor_row} td[data-col='in-use']"),
+        "1 / 100",
+    )
+    .await?;
+    screenshot(client, "limits").await?;
+
+    // Deleting a limit the queue still names: refused, and the page says why.
+    click(
+        client,
+        &format!("{customer_row} button[data-action='delete-limit']"),
+    )
+    .await?;
+    confirm(client).await?;
+    wait_text(client, "#limits-action-error", "still named by queue").await?;
+    ensure!(
+        count(client, customer_row).await? == 1,
+        "the refused limit is still listed"
+    );
+
+    // One limit's page: the customer's key, full.
+    click(client, &format!("{customer_row} a")).await?;
+    wait_present(client, "#view-limit[data-limit='per-customer']").await?;
+    wait_text(
+        client,
+        "#limit-rule",
+        "at most 1 running at once, per payload.customer",
+    )
+    .await?;
+    let acme = "#limit-keys tr[data-key='acme']";
+    wait_text(client, &format!("{acme} td[data-col='running']"), "1 / 1").await?;
+    ensure!(
+        count(client, &format!("{acme}[data-full='true']")).await? == 1,
+        "the key at its bound is marked full"
+    );
+    wait_text(client, "#limit-in-use", "1 over 1 key · 1 full").await?;
+    screenshot(client, "limit").await?;
+    // A limit without a key has one budget: its running jobs and starts in the last minute.
+    client
+        .execute(
+            "location.hash = '#/limits/vendor-api'; return true;",
+            vec![],
+        )
+        .await?;
+    wait_present(client, "#view-limit[data-limit='vendor-api']").await?;
+    let budget = "#limit-keys tr[data-key='']";
+    wait_text(
+        client,
+        &format!("{budget} td[data-col='running']"),
+        "1 / 100",
+    )
+    .await?;
+    wait_text(
+        client,
+        &format!("{budget} td[data-col='recent-starts']"),
+        "1 / 600",
+    )
+    .await?;
+
+    // The job still waiting says what holds it back; its limit keys link to their limits.
+    client
+        .execute(
+            "location.hash = arguments[0]; return true;",
+            vec![json!(format!("#/jobs/{held}"))],
+        )
+        .await?;
+    wait_present(client, &format!("#view-job[data-job='{held}']")).await?;
+    wait_text(client, "#job-state", "available").await?;
+    wait_text(
+        client,
+        "#job-blocked",
+        "Held back by limit per-customer, key acme: 1/1 running",
+    )
+    .await?;
+    ensure!(
+        !text(client, "#job-blocked")
+            .await?
+            .unwrap_or_default()
+            .contains("vendor-api"),
+        "a limit with room does not hold the job back"
+    );
+    wait_text(client, "#job-limits", "per-customer: acme").await?;
+    wait_present(client, "#job-limits a[href='#/limits/vendor-api']").await?;
+    screenshot(client, "job-held-back").await?;
+    // The job that runs holds the same keys, and nothing holds it back.
+    client
+        .execute(
+            "location.hash = arguments[0]; return true;",
+            vec![json!(format!("#/jobs/{}", running[0]))],
+        )
+        .await?;
+    wait_text(client, "#job-state", "running").await?;
+    wait_text(client, "#job-limits", "per-customer: acme").await?;
+    ensure!(
+        count(client, "#job-blocked").await? == 0,
+        "a running job is not held back"
+    );
+
+    // The queue's settings name its limits, each linking to its page.
+    click(client, "a[data-nav='overview']").await?;
+    click(
+        client,
+        "tr[data-queue='sync'] button[data-action='settings']",
+    )
+    .await?;
+    wait_text(client, "#qs-queue", "sync").await?;
+    wait_text(client, "#qs-limits", "per-customer").await?;
+    wait_text(client, "#qs-limits", "vendor-api").await?;
+    click(client, "#qs-limits a[href='#/limits/per-customer']").await?;
+    wait_present(client, "#view-limit[data-limit='per-customer']").await?;
+    Ok(held)
 }

@@ -4,6 +4,7 @@
 
 import { h, mount, update, stateBadge, when, localTime, prettyJson, emptyState, duration, routeHref } from '../dom.js';
 import * as api from '../api.js';
+import { limitHref } from './limits.js';
 
 const UNFINISHED = ['scheduled', 'available', 'running', 'retryable'];
 
@@ -79,6 +80,38 @@ function attempts(job, hosts = {}) {
       ? h('ol', { class: 'timeline', id: 'job-attempts' }, items)
       : emptyState('No attempts yet', job.state === 'scheduled' ? 'The job waits for its run time.' : 'The job waits for a worker.'),
   ];
+}
+
+/** The limit keys a job holds (`per-customer:acme`), each linking to its limit's page. */
+function limitKeys(keys) {
+  if (!keys || !keys.length) return null;
+  return h('span', { class: 'tags', id: 'job-limits' }, keys.map((key) => {
+    const at = key.indexOf(':');
+    const name = at < 0 ? key : key.slice(0, at);
+    const value = at < 0 ? '' : key.slice(at + 1);
+    return h('a', { class: 'tag mono', href: limitHref(name), title: value ? `limit ${name}, key ${value}` : `limit ${name} (no key)`, text: value ? `${name}: ${value}` : name });
+  }));
+}
+
+/**
+ * Why an available job waits (`blocked_by`): "Held back by limit per-customer, key acme:
+ * 3/3 running" for each of its keys with no room now.
+ */
+function blockedNote(blocked) {
+  if (!blocked || !blocked.length) return null;
+  return h('div', { class: 'alert alert-info limit-blocked', id: 'job-blocked', role: 'status' },
+    blocked.map((b) => {
+      const figures = [];
+      if (b.concurrency != null) figures.push(`${b.running}/${b.concurrency} running`);
+      if (b.rate) figures.push(`${b.recent_starts}/${b.rate.count} started in ${duration(b.rate.period_ms)}`);
+      if (!figures.length) figures.push(`${b.running} running`);
+      return h('p', { dataset: { limit: b.limit, key: b.key } },
+        'Held back by limit ', h('a', { href: limitHref(b.limit), text: b.limit }),
+        b.key ? `, key ${b.key}` : '', `: ${figures.join(' · ')}`);
+    }),
+    h('p', { class: 'small', text: blocked.some((b) => b.rate && b.recent_starts >= b.rate.count)
+      ? 'It starts once every key it holds has room again: when a running job under the limit ends, or older starts leave the rate\'s period.'
+      : 'It starts once every key it holds has room again: when a running job under the limit ends.' }));
 }
 
 /** A shell word, single-quoted. */
@@ -219,7 +252,7 @@ export default {
     function renderBody() {
       const started = job.started_at ? Date.parse(job.started_at) : null;
       const finished = job.finished_at ? Date.parse(job.finished_at) : null;
-      update(body, JSON.stringify([job, hosts]), () => h('div', { class: 'job-grid' },
+      update(body, JSON.stringify([job, hosts]), () => [blockedNote(job.blocked_by), h('div', { class: 'job-grid' },
         h('div', { class: 'panel' },
           h('h2', { text: 'Details' }),
           h('dl', { class: 'details' },
@@ -241,6 +274,7 @@ export default {
             detail('Took', started && finished && finished >= started ? duration(finished - started) : null),
             detail('Timeout', job.timeout_ms ? duration(job.timeout_ms) : null),
             detail('Tenant', job.tenant),
+            job.limit_keys && job.limit_keys.length ? detail('Limits', limitKeys(job.limit_keys)) : null,
             job.expires_at ? detail('Expires', localTime(job.expires_at)) : null,
             job.trace ? detail('Trace', job.trace.traceparent.split('-')[1]) : null,
             detail('Tags', job.tags && job.tags.length ? h('span', { class: 'tags' }, job.tags.map((t) => h('span', { class: 'tag', text: t }))) : null),
@@ -253,7 +287,7 @@ export default {
             ? h('div', { class: 'panel' }, h('h2', { text: 'Result' }), jsonBlock(job.result, 'job-result'))
             : null,
           h('div', { class: 'panel' }, h('h2', { text: 'Attempts and errors' }), attempts(job, hosts)),
-          h('div', { class: 'panel' }, h('h2', { text: 'From the shell' }), shellCommands(job)))));
+          h('div', { class: 'panel' }, h('h2', { text: 'From the shell' }), shellCommands(job))))]);
     }
 
     return {

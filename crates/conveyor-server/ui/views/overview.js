@@ -8,6 +8,7 @@
 import { h, mount, update, num, duration, emptyState, routeHref, when, localTime, actionsHeader } from '../dom.js';
 import { lineChart } from '../charts.js';
 import * as api from '../api.js';
+import { limitHref } from './limits.js';
 import { rangePicker, rangeOf, savedRange, saveRange, statsLoader, latencyText, rateText, perMinuteText } from './history.js';
 
 const LIVE = { id: 'live', label: 'Live' };
@@ -186,6 +187,21 @@ export default {
       });
     }
 
+    /**
+     * The named limits every job enqueued into the queue is subject to: shown here (each
+     * linking to its limit's page) and left as they are by "Save settings", which does not send
+     * them.
+     */
+    function limitsField(names) {
+      return h('div', { class: 'field', id: 'qs-limits', dataset: { field: 'limits' } },
+        h('span', { class: 'field-label', text: 'Named limits' }),
+        names.length
+          ? h('span', { class: 'tags' }, names.map((limit) => h('a', { class: 'tag mono', href: limitHref(limit), text: limit })))
+          : h('span', { class: 'muted small', text: 'none' }),
+        h('span', { class: 'muted small' }, 'Jobs enqueued into the queue start only while each of these has room. Set with ',
+          h('code', { text: 'conveyor queue set NAME --limits A,B' }), '.'));
+    }
+
     async function openSettings(name) {
       editing = name;
       settingsPanel.hidden = false;
@@ -298,6 +314,7 @@ export default {
           h('button', { class: 'btn btn-small', id: 'qs-close', type: 'button', text: 'Close', onclick: closeSettings })),
         h('form', { class: 'settings-form', id: 'queue-settings-form', novalidate: true, onsubmit: submit },
           h('div', { class: 'settings-grid' }, boxes),
+          limitsField(settings.limits || []),
           h('div', { class: 'field', dataset: { field: 'paused' } },
             h('label', { class: 'check-label', for: 'qs-paused' }, paused, ' Paused (workers get none of its jobs)'),
             pausedError),

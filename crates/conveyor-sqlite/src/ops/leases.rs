@@ -111,7 +111,6 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         limits::usage(ctx, &specs)?
     };
     let mut admission = (!specs.is_empty()).then(|| Admission::new(&specs, &usage));
-    let full = admission.as_ref().map(Admission::full).unwrap_or_default();
     if let Some(weights) =
         conveyor_core::limits::fetch_weights(queues.iter().map(|(_, s)| s.weight))
     {
@@ -120,8 +119,7 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
             let (queue, settings) = &queues[index];
-            let found =
-                queue_candidates(ctx, queue, settings, params, ask, &full, admission.as_ref())?;
+            let found = queue_candidates(ctx, queue, settings, params, ask, admission.as_ref())?;
             let candidates = found.len();
             let claimed = claim(ctx, params, found, admission.as_mut())?;
             plan.record(candidates, claimed.len());
@@ -137,7 +135,6 @@ pub(crate) fn fetch(ctx: &mut WriteCtx<'_>, params: &FetchParams) -> StoreResult
             settings,
             params,
             params.max,
-            &full,
             admission.as_ref(),
         )?);
     }
@@ -155,9 +152,10 @@ pub(super) fn queue_candidates(
     settings: &QueueSettings,
     params: &FetchParams,
     want: usize,
-    full: &[String],
     admission: Option<&Admission<'_>>,
 ) -> StoreResult<Vec<Job>> {
+    // Keys with no room: their jobs are not worth reading.
+    let full = admission.map(Admission::full).unwrap_or_default();
     let tenanted = limits::has_tenanted(ctx, queue)?;
     // Jobs holding a keyed limit's key take turns by it, unless the queue holds tenants to
     // per-tenant limits (those need the tenant round-robin's budgets).
@@ -189,7 +187,7 @@ pub(super) fn queue_candidates(
     if !full.is_empty() && limits::has_limited(ctx, queue)? {
         // Jobs holding a limit key with no room are passed over as candidates are read, so a
         // flood of one full key cannot hide the jobs behind it.
-        return limits::first_available_with_room(ctx, queue, params, want, full);
+        return limits::first_available_with_room(ctx, queue, params, want, &full);
     }
     first_available_for(ctx, queue, params, want)
 }
