@@ -192,13 +192,7 @@ async fn running_by_key(
         .fetch_all(&mut *conn)
         .await
         .map_err(db("count running jobs per limit key"))?;
-    rows.iter()
-        .map(|row| {
-            let read = |e: sqlx::Error| corrupt(e.to_string());
-            let n: i64 = row.try_get("n").map_err(read)?;
-            Ok((row.try_get("key").map_err(read)?, count_of(n)))
-        })
-        .collect()
+    counts_by(&rows, "key")
 }
 
 /// Starts per key value kept under `scope_queue` (a limit's rate rows) since `since`.
@@ -214,11 +208,19 @@ async fn starts_by_key(
         .fetch_all(&mut *conn)
         .await
         .map_err(db("count starts per limit key"))?;
+    counts_by(&rows, "scope")
+}
+
+/// Rows of `(column, n)` as (value, count) pairs.
+fn counts_by<C: FromIterator<(String, u64)>>(
+    rows: &[sqlx::postgres::PgRow],
+    column: &str,
+) -> StoreResult<C> {
     rows.iter()
         .map(|row| {
             let read = |e: sqlx::Error| corrupt(e.to_string());
             let n: i64 = row.try_get("n").map_err(read)?;
-            Ok((row.try_get("scope").map_err(read)?, count_of(n)))
+            Ok((row.try_get(column).map_err(read)?, count_of(n)))
         })
         .collect()
 }
@@ -230,31 +232,21 @@ pub(crate) async fn key_usage(
     name: &str,
     rate_period_ms: Option<u64>,
 ) -> StoreResult<Vec<KeyUsage>> {
-    let mut usage: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for (key, running) in running_by_key(conn, ctx, Some(name)).await? {
-        let (_, value) = named::split_limit_key(&key);
-        usage.entry(value.to_string()).or_default().0 = running;
-    }
-    if let Some(period_ms) = rate_period_ms {
-        let since = ctx.now
-            - RateLimit {
-                count: 1,
-                period_ms,
-            }
-            .period();
-        let (scope_queue, _) = named::rate_scope_of(&named::limit_key(name, None));
-        for (value, count) in starts_by_key(conn, ctx, &scope_queue, since).await? {
-            usage.entry(value).or_default().1 = count;
+    let running = running_by_key(conn, ctx, Some(name)).await?;
+    let starts = match rate_period_ms {
+        Some(period_ms) => {
+            let since = ctx.now
+                - RateLimit {
+                    count: 1,
+                    period_ms,
+                }
+                .period();
+            let (scope_queue, _) = named::rate_scope_of(&named::limit_key(name, None));
+            starts_by_key(conn, ctx, &scope_queue, since).await?
         }
-    }
-    Ok(usage
-        .into_iter()
-        .map(|(key, (running, recent_starts))| KeyUsage {
-            key,
-            running,
-            recent_starts,
-        })
-        .collect())
+        None => Vec::new(),
+    };
+    Ok(named::key_usage(running, starts))
 }
 
 struct Claim<'a, 'c> {

@@ -142,10 +142,10 @@ pub(crate) async fn create(
             |index| places.get(index).cloned().unwrap_or_default(),
         )
         .await?;
-    crate::limits::check_jobs_name_defined(
+    crate::limits::check_names_defined(
         &state,
         flow.step_new_jobs()
-            .map(|(place, job)| (place, job.limits.as_slice())),
+            .map(|(place, job)| (format!("{place}.limits"), job.limits.as_slice())),
     )
     .await?;
     let name = flow.flow().name.clone();

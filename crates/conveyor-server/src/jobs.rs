@@ -338,11 +338,11 @@ pub(crate) async fn enqueue_batch(
             |index| format!("jobs[{index}]"),
         )
         .await?;
-    crate::limits::check_jobs_name_defined(
+    crate::limits::check_names_defined(
         &state,
         jobs.iter()
             .enumerate()
-            .map(|(index, job)| (format!("jobs[{index}]"), job.job().limits.as_slice())),
+            .map(|(index, job)| (format!("jobs[{index}].limits"), job.job().limits.as_slice())),
     )
     .await?;
     let inserted = state.store.jobs_insert_valid(jobs).await?;

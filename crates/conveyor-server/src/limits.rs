@@ -220,33 +220,15 @@ pub(crate) async fn defined_names(
         names.push(name.to_string());
     }
     limit_names(field, &names)?;
-    if names.is_empty() {
-        return Ok(names);
-    }
-    let defined: BTreeSet<String> = state
-        .store
-        .config_list(LIMITS)
-        .await?
-        .into_iter()
-        .map(|entry| entry.name)
-        .collect();
-    if let Some((index, name)) = names
-        .iter()
-        .enumerate()
-        .find(|(_, name)| !defined.contains(name.as_str()))
-    {
-        return Err(ApiError::invalid(
-            format!("{field}[{index}]"),
-            format!("no limit named {name:?} is defined (PUT /v1/limits/{name} first)"),
-        ));
-    }
+    check_names_defined(state, [(field.to_string(), names.as_slice())]).await?;
     Ok(names)
 }
 
-/// Refuses jobs naming a limit that is not defined, naming the place (`jobs[1].limits[0]`,
-/// `steps[2].job.limits[0]`): the stamp refuses them too, but does not know where in the
-/// request a job was. `jobs` are (place, names); the limits are read only if some job names one.
-pub(crate) async fn check_jobs_name_defined<'a>(
+/// Refuses lists of limit names (a job's, a queue's or a kind's) naming a limit that is not
+/// defined, naming the place (`jobs[1].limits[0]`, `steps[2].job.limits[0]`): the stamp refuses
+/// such jobs too, but does not know where in the request a job was. `jobs` are (the list's
+/// field, names); the limits are read only if some list names one.
+pub(crate) async fn check_names_defined<'a>(
     state: &AppState,
     jobs: impl IntoIterator<Item = (String, &'a [String])>,
 ) -> ApiResult<()> {
@@ -270,11 +252,7 @@ pub(crate) async fn check_jobs_name_defined<'a>(
             .enumerate()
             .find(|(_, name)| !defined.contains(name.as_str()))
         {
-            let field = if place.is_empty() {
-                format!("limits[{index}]")
-            } else {
-                format!("{place}.limits[{index}]")
-            };
+            let field = format!("{place}[{index}]");
             return Err(ApiError::invalid(
                 field,
                 format!("no limit named {name:?} is defined (PUT /v1/limits/{name} first)"),

@@ -82,7 +82,8 @@ async fn max_depth_answers_429_with_retry_after_and_stores_nothing_until_drained
             "name": "mail", "paused": false, "max_depth": 3, "max_depth_per_tenant": null,
             "concurrency_limit": null, "per_key_concurrency_limit": null, "rate_limit": null,
             "per_key_rate_limit": null, "weight": null, "completed_retention_secs": null,
-            "dead_retention_secs": null, "default_ttl_ms": null, "circuit_breaker": null
+            "dead_retention_secs": null, "default_ttl_ms": null, "circuit_breaker": null,
+            "limits": []
         })
     );
     for _ in 0..3 {

@@ -18,13 +18,7 @@ use crate::writer::WriteCtx;
 /// Whether `queue` has available jobs with a tenant: such queues are claimed from
 /// round-robin by tenant. One probe of the `jobs_fair` index.
 pub(crate) fn has_tenanted(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool> {
-    ctx.conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'available' AND queue = ?1 \
-             AND tenant IS NOT NULL)",
-        )
-        .and_then(|mut stmt| stmt.query_row(params![queue], |row| row.get(0)))
-        .map_err(backend)
+    has_available_with(ctx, queue, "tenant")
 }
 
 /// How many jobs a fetch wanting `want` may claim from `queue` now: as many as the queue's
@@ -403,13 +397,7 @@ fn tenant_groups(
 
 /// Whether `queue` has available jobs stamped with limit keys. One probe of `jobs_limited`.
 pub(crate) fn has_limited(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool> {
-    ctx.conn
-        .prepare_cached(
-            "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'available' AND queue = ?1 \
-             AND limit_keys IS NOT NULL)",
-        )
-        .and_then(|mut stmt| stmt.query_row(params![queue], |row| row.get(0)))
-        .map_err(backend)
+    has_available_with(ctx, queue, "limit_keys")
 }
 
 /// The named limits as configured (the shared configuration's `limits` collection). A
@@ -499,25 +487,14 @@ pub(crate) fn key_usage(
     rate_period_ms: Option<u64>,
     now: chrono::DateTime<chrono::Utc>,
 ) -> StoreResult<Vec<KeyUsage>> {
-    let mut usage: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-    for (key, running) in running_by_key(conn, Some(name))? {
-        let (_, value) = named::split_limit_key(&key);
-        usage.entry(value.to_string()).or_default().0 = running;
-    }
-    if let Some(period_ms) = rate_period_ms {
-        let since = now - Duration::milliseconds(period_ms.min(i64::MAX as u64) as i64);
-        for (value, count) in starts_by_key(conn, name, since)? {
-            usage.entry(value).or_default().1 = count;
+    let starts = match rate_period_ms {
+        Some(period_ms) => {
+            let since = now - Duration::milliseconds(period_ms.min(i64::MAX as u64) as i64);
+            starts_by_key(conn, name, since)?
         }
-    }
-    Ok(usage
-        .into_iter()
-        .map(|(key, (running, recent_starts))| KeyUsage {
-            key,
-            running,
-            recent_starts,
-        })
-        .collect())
+        None => Vec::new(),
+    };
+    Ok(named::key_usage(running_by_key(conn, Some(name))?, starts))
 }
 
 /// After a claim: records the starts of claimed jobs under their limits' rates.
@@ -577,11 +554,17 @@ pub(crate) fn first_available_with_room(
 /// Whether `queue` has available jobs with a round-robin limit key. One probe of
 /// `jobs_fair_key`.
 pub(crate) fn has_fair_keyed(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool> {
+    has_available_with(ctx, queue, "fair_key")
+}
+
+/// Whether `queue` has available jobs with a value in `column`: one probe of the partial index
+/// that holds only those (`jobs_fair`, `jobs_limited`, `jobs_fair_key`).
+fn has_available_with(ctx: &WriteCtx<'_>, queue: &str, column: &str) -> StoreResult<bool> {
     ctx.conn
-        .prepare_cached(
+        .prepare_cached(&format!(
             "SELECT EXISTS (SELECT 1 FROM jobs WHERE state = 'available' AND queue = ?1 \
-             AND fair_key IS NOT NULL)",
-        )
+             AND {column} IS NOT NULL)"
+        ))
         .and_then(|mut stmt| stmt.query_row(params![queue], |row| row.get(0)))
         .map_err(backend)
 }

@@ -456,7 +456,8 @@ conveyor_core::delegate_store!(EncryptedStore => inner:
     QueueStore, AccessStore, WorkerStore, LeadershipStore, KindStore, BreakerStore, StatsStore, CopyStore);
 
 /// Shared configuration may hold secrets (a broker URL with its password): each document is
-/// sealed whole, like a payload.
+/// sealed whole, like a payload. Except named limits: numbers and a key expression, which the
+/// stores read themselves as they claim, so they are kept in the clear.
 #[async_trait]
 impl conveyor_core::ConfigStore for EncryptedStore {
     async fn config_put(
@@ -465,6 +466,9 @@ impl conveyor_core::ConfigStore for EncryptedStore {
         name: &str,
         document: Value,
     ) -> StoreResult<conveyor_core::ConfigEntry> {
+        if !sealed_collection(collection) {
+            return self.inner.config_put(collection, name, document).await;
+        }
         let sealed = self.seal_value("document", &document)?;
         let mut entry = self.inner.config_put(collection, name, sealed).await?;
         entry.document = document;
@@ -490,6 +494,11 @@ impl conveyor_core::ConfigStore for EncryptedStore {
     }
 }
 
+/// Whether the documents of a configuration collection are sealed: all but named limits.
+fn sealed_collection(collection: &str) -> bool {
+    collection != conveyor_core::config::LIMITS
+}
+
 impl EncryptedStore {
     /// Opens a configuration document. One that cannot be opened is an error, not a
     /// placeholder: a source run from a placeholder would read the wrong broker.
@@ -497,6 +506,9 @@ impl EncryptedStore {
         &self,
         mut entry: conveyor_core::ConfigEntry,
     ) -> StoreResult<conveyor_core::ConfigEntry> {
+        if !sealed_collection(&entry.collection) {
+            return Ok(entry);
+        }
         let stored = std::mem::take(&mut entry.document);
         entry.document = self.keys.open(stored).map_err(|error| {
             StoreError::backend(format!(

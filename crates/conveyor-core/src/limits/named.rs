@@ -366,6 +366,30 @@ pub struct KeyUsage {
     pub recent_starts: u64,
 }
 
+/// What each key of one limit uses, ordered by key value, from its running jobs by limit key
+/// (`name:value`) and its starts within the rate period by key value.
+pub fn key_usage(
+    running: impl IntoIterator<Item = (String, u64)>,
+    recent_starts: impl IntoIterator<Item = (String, u64)>,
+) -> Vec<KeyUsage> {
+    let mut usage: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for (key, count) in running {
+        let (_, value) = split_limit_key(&key);
+        usage.entry(value.to_string()).or_default().0 = count;
+    }
+    for (value, count) in recent_starts {
+        usage.entry(value).or_default().1 = count;
+    }
+    usage
+        .into_iter()
+        .map(|(key, (running, recent_starts))| KeyUsage {
+            key,
+            running,
+            recent_starts,
+        })
+        .collect()
+}
+
 /// The room each limit key has during one claim: a candidate is admitted only if every key it
 /// carries has room, and admitting it spends one from each. Built from the limits and their
 /// usage counted under the store's claim lock, so the counts include every earlier claim.
