@@ -182,8 +182,7 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
 /// [`MAX_RETENTION_SECS`], so that "now + delay" is a time every store can keep.
 pub const MAX_DELAY_MS: i64 = 100 * 365 * 24 * 3600 * 1000;
 
-/// Longest rate-limit period accepted: a day. Start records are kept this long at most.
-pub const MAX_RATE_PERIOD_MS: u64 = 24 * 3600 * 1000;
+pub use crate::limits::MAX_RATE_PERIOD_MS;
 /// Longest retention accepted for finished jobs: 100 years (keeps time arithmetic in range).
 pub const MAX_RETENTION_SECS: u64 = 100 * 365 * 24 * 3600;
 /// Most starts a rate limit may allow per period (each start is recorded while it counts).

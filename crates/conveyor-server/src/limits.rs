@@ -140,13 +140,18 @@ fn check_shape(body: &Value) -> ApiResult<()> {
 /// everywhere in the API; [`LimitSpec`] reads plain integers, so such numbers are rewritten as
 /// those first. Anything else is left for it to refuse, naming the field.
 fn whole_numbers(body: &mut Value) {
-    for pointer in ["/concurrency", "/rate/count", "/rate/period_ms"] {
-        let Some(slot) = body.pointer_mut(pointer) else {
-            continue;
-        };
+    let whole = |slot: &mut Value| {
         if let Some(whole) = wire::whole_number(slot).and_then(|n| u64::try_from(n).ok()) {
             *slot = json!(whole);
         }
+    };
+    for pointer in ["/concurrency", "/rate/count", "/rate/period_ms"] {
+        if let Some(slot) = body.pointer_mut(pointer) {
+            whole(slot);
+        }
+    }
+    if let Some(weights) = body.get_mut("weights").and_then(Value::as_object_mut) {
+        weights.values_mut().for_each(whole);
     }
 }
 

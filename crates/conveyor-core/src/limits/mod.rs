@@ -15,6 +15,10 @@ use crate::error::{StoreError, StoreResult};
 use crate::job::QueueSettings;
 use std::collections::BTreeMap;
 
+/// Longest rate-limit period accepted (a queue's or a named limit's): a day. Start records are
+/// kept this long at most.
+pub const MAX_RATE_PERIOD_MS: u64 = 24 * 3600 * 1000;
+
 /// Jobs without a tenant form one more group in the round-robin. They are looked for among
 /// this many of the queue's first available jobs in claim order, which bounds the read when
 /// a flood of tenanted jobs sits ahead of them (their turn comes as the flood drains).

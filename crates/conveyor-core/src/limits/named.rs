@@ -17,7 +17,7 @@ use sha2::{Digest, Sha256};
 use crate::error::ValidationError;
 use crate::fields;
 use crate::job::{NewJob, RateLimit};
-use crate::validate::MAX_RATE_PERIOD_MS;
+use super::MAX_RATE_PERIOD_MS;
 use crate::wire::read_body;
 
 /// At most this many limits named on one queue, kind or job.
@@ -203,6 +203,15 @@ impl LimitSpec {
             ));
         }
         for (value, weight) in &self.weights {
+            // A key value is never empty, and one longer than MAX_KEY_VALUE_LEN is kept as its
+            // hash: a weight for either would never apply.
+            if value.is_empty() || value.len() > MAX_KEY_VALUE_LEN {
+                return Err(ValidationError::new(
+                    "weights",
+                    format!("a key value weighed must be 1 to {MAX_KEY_VALUE_LEN} bytes"),
+                ));
+            }
+            fields::text_without_nul("weights", value)?;
             if !(1..=MAX_WEIGHT).contains(weight) {
                 return Err(ValidationError::new(
                     format!("weights.{value}"),
