@@ -14,10 +14,10 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
+use super::MAX_RATE_PERIOD_MS;
 use crate::error::ValidationError;
 use crate::fields;
 use crate::job::{NewJob, RateLimit};
-use super::MAX_RATE_PERIOD_MS;
 use crate::wire::read_body;
 
 /// At most this many limits named on one queue, kind or job.
