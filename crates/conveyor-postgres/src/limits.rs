@@ -360,17 +360,7 @@ async fn record_limit_starts(
             scopes.push(scope);
         }
     }
-    if queues.is_empty() {
-        return Ok(());
-    }
-    sqlx::query(ctx.sql.limits.record_starts.clone())
-        .bind(&queues)
-        .bind(&scopes)
-        .bind(ctx.now)
-        .execute(&mut *conn)
-        .await
-        .map_err(db("record job starts under named limits"))?;
-    Ok(())
+    insert_starts(conn, ctx, &queues, &scopes).await
 }
 
 /// Records the claimed jobs' starts for the rate limits of their queues.
@@ -395,12 +385,24 @@ async fn record_starts(
             scopes.push(tenant);
         }
     }
+    insert_starts(conn, ctx, &queues, &scopes).await
+}
+
+/// Records one start now for each (queue, scope) side by side: a queue's rate rows, or a named
+/// limit's (`named::rate_scope_of`).
+async fn insert_starts<Q: AsRef<str>>(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    queues: &[Q],
+    scopes: &[&str],
+) -> StoreResult<()> {
     if queues.is_empty() {
         return Ok(());
     }
+    let queues: Vec<&str> = queues.iter().map(AsRef::as_ref).collect();
     sqlx::query(ctx.sql.limits.record_starts.clone())
         .bind(&queues)
-        .bind(&scopes)
+        .bind(scopes)
         .bind(ctx.now)
         .execute(&mut *conn)
         .await
