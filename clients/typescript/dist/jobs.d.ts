@@ -1,4 +1,25 @@
-export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled' | 'expired';
+/** `blocked`: waits behind an earlier job of its sequence (never fetched until that one finishes). */
+export type JobState = 'blocked' | 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled' | 'expired';
+/**
+ * What a dead job of a sequence does to the jobs behind it: `block` holds them back until it is
+ * replayed, discarded or cancelled; `skip` lets the next one run.
+ */
+export type SequenceOnDead = 'block' | 'skip';
+/** A sequence as a queue's or a kind's settings answer it (in the server's field names). */
+export interface SequenceSettings {
+    /** The key expression: `tenant`, `kind`, `queue` or a payload path (`payload.account`). */
+    key: string;
+    on_dead: SequenceOnDead;
+}
+/** The `sequence` enqueue option's object form. */
+export interface SequenceOptions {
+    /** The key expression: `tenant`, `kind`, `queue` or a payload path (`payload.account`). */
+    key: string;
+    /** Default `block`. */
+    onDead?: SequenceOnDead;
+    /** The server's name for `onDead` (so `SequenceSettings` can be passed as they are). */
+    on_dead?: SequenceOnDead;
+}
 /** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
 export interface UniqueOptions {
     /** Top-level payload fields that make up the identity (default: the whole payload). */
@@ -45,6 +66,14 @@ export interface EnqueueOptions {
      * a name no limit is defined for rejects with `InvalidRequest` naming `limits[i]`.
      */
     limits?: string[];
+    /**
+     * Puts the job in a sequence: jobs with the same value at its key run strictly one after
+     * another, in enqueue order. A key expression (`tenant`, `kind`, `queue` or
+     * `payload.account`) or `{ key, onDead }`; overrides the queue's and the kind's sequence. A
+     * job enqueued behind an unfinished one of its key is stored `blocked` until that one
+     * finishes; an invalid expression rejects with `InvalidRequest` naming `sequence`.
+     */
+    sequence?: string | SequenceOptions;
 }
 /** One job for `enqueueMany`. */
 export interface JobSpec extends EnqueueOptions {

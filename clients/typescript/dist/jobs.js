@@ -42,6 +42,8 @@ export function enqueueBody(kind, payload, opts = {}, where = '') {
             throw new TypeError(`conveyor: ${where}limits must be an array of limit names`);
         body.limits = opts.limits;
     }
+    if (opts.sequence !== undefined)
+        body.sequence = sequenceBody(opts.sequence, where);
     if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
         throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
     }
@@ -74,5 +76,23 @@ export function enqueueBody(kind, payload, opts = {}, where = '') {
             unique.states = u.states;
         body.unique = unique;
     }
+    return body;
+}
+/** The `sequence` of a job's body: the key expression as it is, or `{ key, on_dead }`. */
+function sequenceBody(sequence, where) {
+    if (typeof sequence === 'string')
+        return sequence;
+    if (sequence === null || typeof sequence !== 'object' || Array.isArray(sequence)) {
+        throw new TypeError(`conveyor: ${where}sequence must be a key expression ('payload.account') or { key, onDead }`);
+    }
+    const { onDead, on_dead: onDeadWire, ...rest } = sequence;
+    if (onDead !== undefined && onDeadWire !== undefined && onDead !== onDeadWire) {
+        throw new TypeError(`conveyor: ${where}sequence: give onDead or on_dead, not both`);
+    }
+    // Fields the server does not know go as they are: it names them in a 400.
+    const body = { ...rest };
+    const policy = onDead ?? onDeadWire;
+    if (policy !== undefined)
+        body.on_dead = policy;
     return body;
 }

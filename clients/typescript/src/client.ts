@@ -7,8 +7,8 @@ import { NotFound } from './errors.js';
 import { flowBody } from './flows.js';
 import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
 import { enqueueBody } from './jobs.js';
-import type { EnqueueOptions, JobSpec, JobState } from './jobs.js';
-export type { EnqueueOptions, JobSpec, JobState, UniqueOptions } from './jobs.js';
+import type { EnqueueOptions, JobSpec, JobState, SequenceOnDead, SequenceSettings } from './jobs.js';
+export type { EnqueueOptions, JobSpec, JobState, SequenceOnDead, SequenceOptions, SequenceSettings, UniqueOptions } from './jobs.js';
 
 /** One failed attempt in a job's history. */
 export interface ErrorRecord {
@@ -61,11 +61,36 @@ export interface JobView {
    */
   limit_keys?: string[];
   /**
-   * Only from `get`/`wait`, and only for an available job a named limit holds back now: each of
-   * its limit keys with no room left, and what uses it.
+   * Only from `get`/`wait`: for an available job a named limit holds back now, each of its limit
+   * keys with no room left and what uses it (`BlockedBy`); for a `blocked` job, the sequence it
+   * waits in and the job in front (`SequenceBlockedBy`).
    */
-  blocked_by?: BlockedBy[];
+  blocked_by?: Array<BlockedBy | SequenceBlockedBy>;
+  /** Present only on a job of a sequence: its place in it, stamped at enqueue. */
+  sequence?: JobSequence;
   [field: string]: unknown;
+}
+
+/** A job's place in its sequence (`JobView.sequence`). */
+export interface JobSequence {
+  /** The sequence: the key expression and the job's value there (`payload.account=acme`). */
+  key: string;
+  /** Its number: 1 for the first job of the key, each later one more than the last still stored; the order they run in. */
+  no: number;
+  on_dead: SequenceOnDead;
+}
+
+/** What a `blocked` job waits for (`JobView.blocked_by`). */
+export interface SequenceBlockedBy {
+  /** The sequence (`payload.account=acme`). */
+  sequence: string;
+  /** The blocked job's own number in it. */
+  no: number;
+  /** The job in front that holds the sequence; absent when none is found (the blocked job is being released). */
+  job?: string;
+  state?: JobState;
+  /** The number of the job in front. */
+  holder_no?: number;
 }
 
 /** One limit key with no room left that holds an available job back (`JobView.blocked_by`). */
@@ -161,6 +186,8 @@ export interface KindSettings {
   version: number | null;
   /** The kind's circuit breaker (see `setCircuitBreaker`); absent when it has none. */
   circuit_breaker?: BreakerSettings;
+  /** The kind's sequence (set with `PUT /v1/kinds/{kind}` `{ sequence }`); absent when it has none. */
+  sequence?: SequenceSettings;
   updated_at: string;
 }
 

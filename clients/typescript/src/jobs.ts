@@ -3,7 +3,31 @@
 
 import { currentTraceContext } from './trace.js';
 
-export type JobState = 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled' | 'expired';
+/** `blocked`: waits behind an earlier job of its sequence (never fetched until that one finishes). */
+export type JobState = 'blocked' | 'scheduled' | 'available' | 'running' | 'retryable' | 'completed' | 'dead' | 'cancelled' | 'expired';
+
+/**
+ * What a dead job of a sequence does to the jobs behind it: `block` holds them back until it is
+ * replayed, discarded or cancelled; `skip` lets the next one run.
+ */
+export type SequenceOnDead = 'block' | 'skip';
+
+/** A sequence as a queue's or a kind's settings answer it (in the server's field names). */
+export interface SequenceSettings {
+  /** The key expression: `tenant`, `kind`, `queue` or a payload path (`payload.account`). */
+  key: string;
+  on_dead: SequenceOnDead;
+}
+
+/** The `sequence` enqueue option's object form. */
+export interface SequenceOptions {
+  /** The key expression: `tenant`, `kind`, `queue` or a payload path (`payload.account`). */
+  key: string;
+  /** Default `block`. */
+  onDead?: SequenceOnDead;
+  /** The server's name for `onDead` (so `SequenceSettings` can be passed as they are). */
+  on_dead?: SequenceOnDead;
+}
 
 /** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
 export interface UniqueOptions {
@@ -52,6 +76,14 @@ export interface EnqueueOptions {
    * a name no limit is defined for rejects with `InvalidRequest` naming `limits[i]`.
    */
   limits?: string[];
+  /**
+   * Puts the job in a sequence: jobs with the same value at its key run strictly one after
+   * another, in enqueue order. A key expression (`tenant`, `kind`, `queue` or
+   * `payload.account`) or `{ key, onDead }`; overrides the queue's and the kind's sequence. A
+   * job enqueued behind an unfinished one of its key is stored `blocked` until that one
+   * finishes; an invalid expression rejects with `InvalidRequest` naming `sequence`.
+   */
+  sequence?: string | SequenceOptions;
 }
 
 /** One job for `enqueueMany`. */
@@ -89,6 +121,7 @@ export function enqueueBody(kind: string, payload: unknown, opts: EnqueueOptions
     if (!Array.isArray(opts.limits)) throw new TypeError(`conveyor: ${where}limits must be an array of limit names`);
     body.limits = opts.limits;
   }
+  if (opts.sequence !== undefined) body.sequence = sequenceBody(opts.sequence, where);
   if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
     throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
   }
@@ -113,5 +146,22 @@ export function enqueueBody(kind: string, payload: unknown, opts: EnqueueOptions
     if (u.states !== undefined) unique.states = u.states;
     body.unique = unique;
   }
+  return body;
+}
+
+/** The `sequence` of a job's body: the key expression as it is, or `{ key, on_dead }`. */
+function sequenceBody(sequence: string | SequenceOptions, where: string): string | Record<string, unknown> {
+  if (typeof sequence === 'string') return sequence;
+  if (sequence === null || typeof sequence !== 'object' || Array.isArray(sequence)) {
+    throw new TypeError(`conveyor: ${where}sequence must be a key expression ('payload.account') or { key, onDead }`);
+  }
+  const { onDead, on_dead: onDeadWire, ...rest } = sequence;
+  if (onDead !== undefined && onDeadWire !== undefined && onDead !== onDeadWire) {
+    throw new TypeError(`conveyor: ${where}sequence: give onDead or on_dead, not both`);
+  }
+  // Fields the server does not know go as they are: it names them in a 400.
+  const body: Record<string, unknown> = { ...rest };
+  const policy = onDead ?? onDeadWire;
+  if (policy !== undefined) body.on_dead = policy;
   return body;
 }

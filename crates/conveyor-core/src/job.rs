@@ -36,7 +36,7 @@ impl FromStr for JobState {
                     "state",
                     format!(
                         "unknown state {s:?}; expected one of scheduled, available, running, \
-                         retryable, completed, dead, cancelled, expired"
+                         retryable, completed, dead, cancelled, expired, blocked"
                     ),
                 )
             })
@@ -207,6 +207,9 @@ pub struct Job {
     /// it only while each has room.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limit_keys: Vec<String>,
+    /// Its sequence and place in it, when it was enqueued into one (see [`crate::sequence`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<crate::sequence::JobSequence>,
 }
 
 impl Job {
@@ -318,6 +321,14 @@ pub struct NewJob {
     /// set by the engine, not by producers.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limit_keys: Vec<String>,
+    /// Runs after every earlier job with the same key and not beside them (see
+    /// [`crate::sequence`]); overrides its kind's and queue's sequence.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<crate::sequence::SequenceSpec>,
+    /// The sequence the job enters, stamped at enqueue from `sequence`, its kind's or its
+    /// queue's: set by the engine, not by producers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_key: Option<crate::sequence::SequenceKey>,
 }
 
 impl NewJob {
@@ -338,6 +349,8 @@ impl NewJob {
             trace: None,
             limits: Vec::new(),
             limit_keys: Vec::new(),
+            sequence: None,
+            sequence_key: None,
         }
     }
 
@@ -380,6 +393,12 @@ impl NewJob {
             expires_at: self.expires_at.map(crate::clock::truncate_to_millis),
             trace: self.trace,
             limit_keys: self.limit_keys,
+            // Numbered by the store as it inserts the job.
+            sequence: self.sequence_key.map(|stamp| crate::sequence::JobSequence {
+                key: stamp.key,
+                no: 0,
+                on_dead: stamp.on_dead,
+            }),
         }
     }
 
@@ -414,6 +433,9 @@ pub struct QueueStats {
     /// Jobs that were not started before their `expires_at`.
     #[serde(default)]
     pub expired: u64,
+    /// Jobs waiting behind an earlier job of their sequence.
+    #[serde(default)]
+    pub blocked: u64,
     /// Age of the oldest available job (time since its `run_at`), 0 when none waits.
     pub oldest_available_age_ms: u64,
     /// Whether fetching from the queue is paused.
@@ -432,6 +454,7 @@ impl QueueStats {
             JobState::Dead => self.dead += count,
             JobState::Cancelled => self.cancelled += count,
             JobState::Expired => self.expired += count,
+            JobState::Blocked => self.blocked += count,
         }
     }
 
@@ -446,6 +469,7 @@ impl QueueStats {
             JobState::Dead => self.dead,
             JobState::Cancelled => self.cancelled,
             JobState::Expired => self.expired,
+            JobState::Blocked => self.blocked,
         }
     }
 }
@@ -502,6 +526,10 @@ pub struct QueueSettings {
     /// [`crate::limits::named`]).
     #[serde(default)]
     pub limits: Vec<String>,
+    /// Jobs enqueued into the queue with the same key run one after another (see
+    /// [`crate::sequence`]), unless their kind or the job names another sequence.
+    #[serde(default)]
+    pub sequence: Option<crate::sequence::SequenceSpec>,
 }
 
 impl QueueSettings {
@@ -604,6 +632,7 @@ mod tests {
             expires_at: None,
             trace: None,
             limit_keys: Vec::new(),
+            sequence: None,
         };
         job.finished_at = finished_at;
         job

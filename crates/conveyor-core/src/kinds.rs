@@ -28,6 +28,10 @@ pub struct KindSettings {
     /// Named limits every job of the kind is subject to (see [`crate::limits::named`]).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub limits: Vec<String>,
+    /// Jobs of the kind with the same key run one after another (see [`crate::sequence`]),
+    /// unless the job names another sequence; overrides its queue's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<crate::sequence::SequenceSpec>,
     /// When the settings were last written (the store's clock).
     pub updated_at: DateTime<Utc>,
 }
@@ -36,6 +40,9 @@ pub struct KindSettings {
 pub fn validate_settings(settings: &KindSettings) -> Result<(), ValidationError> {
     crate::fields::name("kind", &settings.kind)?;
     crate::limits::named::limit_names("limits", &settings.limits)?;
+    if let Some(sequence) = &settings.sequence {
+        crate::limits::named::sequence("sequence", sequence)?;
+    }
     if let Some(schema) = &settings.schema {
         KindSchema::compile(schema)?;
     }

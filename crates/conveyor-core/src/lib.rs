@@ -29,6 +29,7 @@ pub mod redact;
 pub mod retry;
 pub mod scaling;
 pub mod schedule;
+pub mod sequence;
 pub mod sources;
 pub mod state;
 pub mod stats;

@@ -24,10 +24,13 @@ pub enum JobState {
     /// Not started before its `expires_at`: never run (or not run again), kept like dead jobs
     /// and replayable like them.
     Expired,
+    /// Waits behind an earlier job of its sequence (see [`crate::sequence`]): becomes scheduled
+    /// or available when every earlier job of the sequence has finished.
+    Blocked,
 }
 
 impl JobState {
-    pub const ALL: [JobState; 8] = [
+    pub const ALL: [JobState; 9] = [
         JobState::Scheduled,
         JobState::Available,
         JobState::Running,
@@ -36,6 +39,7 @@ impl JobState {
         JobState::Dead,
         JobState::Cancelled,
         JobState::Expired,
+        JobState::Blocked,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -48,6 +52,7 @@ impl JobState {
             JobState::Dead => "dead",
             JobState::Cancelled => "cancelled",
             JobState::Expired => "expired",
+            JobState::Blocked => "blocked",
         }
     }
 

@@ -38,6 +38,8 @@ pub struct JobListParams {
     /// Jobs carrying this tag.
     pub tag: Option<String>,
     pub tenant: Option<String>,
+    /// Jobs of this sequence (its stamped key, `expr=value`; see [`crate::sequence`]).
+    pub sequence: Option<String>,
     /// Created at or after / before this.
     pub created_after: Option<DateTime<Utc>>,
     pub created_before: Option<DateTime<Utc>>,

@@ -72,12 +72,13 @@ impl Default for UniqueSpec {
 }
 
 impl UniqueSpec {
-    /// The default `states`: unique while queued or running.
-    pub const UNFINISHED: [JobState; 4] = [
+    /// The default `states`: unique while queued (blocked behind its sequence too) or running.
+    pub const UNFINISHED: [JobState; 5] = [
         JobState::Scheduled,
         JobState::Available,
         JobState::Running,
         JobState::Retryable,
+        JobState::Blocked,
     ];
 
     /// Unique by kind, queue and the whole payload, while unfinished.

@@ -99,6 +99,12 @@ impl ValidJob {
         self
     }
 
+    /// The job stamped with the sequence it enters (computed like the limit keys).
+    pub fn with_sequence_key(mut self, key: Option<crate::sequence::SequenceKey>) -> Self {
+        self.0.sequence_key = key;
+        self
+    }
+
     /// The same job with `payload` and `unique` replaced by a decorator that transforms what is
     /// stored (encryption at rest). The caller vouches for them: they are derived from the
     /// validated ones, so they are not checked again.
@@ -175,6 +181,9 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
         trace.validate()?;
     }
     crate::limits::named::limit_names("limits", &job.limits)?;
+    if let Some(sequence) = &job.sequence {
+        crate::limits::named::sequence("sequence", sequence)?;
+    }
     Ok(())
 }
 
@@ -191,6 +200,9 @@ pub const MAX_RATE_COUNT: u64 = 1_000_000;
 /// Checks a queue's settings: every limit at least 1, rate periods from 1 ms to a day.
 pub fn queue_settings(settings: &crate::job::QueueSettings) -> Result<(), ValidationError> {
     crate::limits::named::limit_names("limits", &settings.limits)?;
+    if let Some(sequence) = &settings.sequence {
+        crate::limits::named::sequence("sequence", sequence)?;
+    }
     if let Some(breaker) = &settings.circuit_breaker {
         breaker.validate("circuit_breaker")?;
     }

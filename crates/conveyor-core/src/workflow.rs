@@ -422,6 +422,12 @@ fn step_job(prefix: &str, job: &NewJob) -> Result<(), ValidationError> {
             "not allowed on a flow's job; give the flow an idempotency_key",
         ));
     }
+    if job.sequence.is_some() {
+        return Err(ValidationError::new(
+            format!("{prefix}.sequence"),
+            "not allowed on a flow's job: a flow orders its own steps (after)",
+        ));
+    }
     if job.unique.is_some() {
         return Err(ValidationError::new(
             format!("{prefix}.unique"),

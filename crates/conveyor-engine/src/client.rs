@@ -64,6 +64,7 @@ impl Client {
             .as_ref()
             .map(|k| k.limits.clone())
             .unwrap_or_default();
+        let sequence = existing.as_ref().and_then(|k| k.sequence.clone());
         self.store
             .kind_put(conveyor_core::kinds::KindSettings {
                 kind: J::KIND.to_string(),
@@ -71,6 +72,7 @@ impl Client {
                 version,
                 circuit_breaker: existing.and_then(|k| k.circuit_breaker),
                 limits,
+                sequence,
                 updated_at: chrono::DateTime::UNIX_EPOCH,
             })
             .await?;

@@ -1,7 +1,7 @@
-//! Stamping jobs with their named-limit keys as they enter the store ([`LimitStamps`]), so every
-//! way in (HTTP, the Rust client, sources, hooks, events, flows) gets the same rule, computed
-//! once above the stores by `conveyor_core::limits::LimitBook::stamp` and before a payload is
-//! encrypted (the decorator sits outside encryption).
+//! Stamping jobs with their named-limit keys and their sequence as they enter the store
+//! ([`LimitStamps`]), so every way in (HTTP, the Rust client, sources, hooks, events, flows)
+//! gets the same rule, computed once above the stores by `conveyor_core::limits::LimitBook`
+//! and before a payload is encrypted (the decorator sits outside encryption).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -55,7 +55,8 @@ impl LimitStamps {
             .into());
         }
         let keys = book.stamp(job.job());
-        Ok(job.with_limit_keys(keys))
+        let sequence = book.sequence(job.job());
+        Ok(job.with_limit_keys(keys).with_sequence_key(sequence))
     }
 
     fn stamp_all(book: &LimitBook, jobs: Vec<ValidJob>) -> StoreResult<Vec<ValidJob>> {
@@ -70,6 +71,7 @@ impl LimitStamps {
                 return;
             }
             job.limit_keys = book.stamp(job);
+            // A flow orders its own steps: they enter no sequence.
         });
         match unknown {
             Some((index, name)) => Err(ValidationError::new(
@@ -82,8 +84,9 @@ impl LimitStamps {
     }
 }
 
-/// Reads the limits and which queues and kinds name them. A stored document that does not read
-/// as a limit is left out (the API checks what it stores).
+/// Reads the limits and which queues and kinds name them, and the queues' and kinds'
+/// sequences. A stored document that does not read as a limit is left out (the API checks what
+/// it stores).
 async fn load_book(store: &dyn Store) -> StoreResult<LimitBook> {
     let mut book = LimitBook::default();
     for entry in store.config_list(conveyor_core::config::LIMITS).await? {
@@ -92,16 +95,18 @@ async fn load_book(store: &dyn Store) -> StoreResult<LimitBook> {
             book.specs.insert(entry.name, spec);
         }
     }
-    if book.specs.is_empty() {
-        // Nothing to stamp with: the queues' and kinds' lists cannot name anything defined.
-        return Ok(book);
-    }
     for queue in store.queue_settings_list().await? {
+        if let Some(sequence) = queue.settings.sequence {
+            book.queue_sequences.insert(queue.name.clone(), sequence);
+        }
         if !queue.settings.limits.is_empty() {
             book.queues.insert(queue.name, queue.settings.limits);
         }
     }
     for kind in store.kinds_list().await? {
+        if let Some(sequence) = kind.sequence {
+            book.kind_sequences.insert(kind.kind.clone(), sequence);
+        }
         if !kind.limits.is_empty() {
             book.kinds.insert(kind.kind, kind.limits);
         }

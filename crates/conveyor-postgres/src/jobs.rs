@@ -3,6 +3,7 @@
 //! their jobs finish and the flows start jobs.
 
 use conveyor_core::clock::truncate_to_millis;
+use conveyor_core::sequence::OnDead;
 use conveyor_core::{Job, JobState, StoreResult, ValidationError};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
@@ -137,6 +138,29 @@ pub(crate) async fn store_exactly(
         .bind(
             jobs.iter()
                 .map(|j| conveyor_core::limits::named::fair_key(&j.limit_keys))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| j.sequence.as_ref().map(|s| s.key.as_str()))
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| {
+                    j.sequence
+                        .as_ref()
+                        .map(|s| i64::try_from(s.no).unwrap_or(i64::MAX))
+                })
+                .collect::<Vec<_>>(),
+        )
+        .bind(
+            jobs.iter()
+                .map(|j| {
+                    j.sequence
+                        .as_ref()
+                        .is_some_and(|s| s.on_dead == OnDead::Skip)
+                })
                 .collect::<Vec<_>>(),
         )
         .fetch_all(&mut *conn)

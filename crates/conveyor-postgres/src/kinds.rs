@@ -22,15 +22,16 @@ impl KindsSql {
         let kinds = format!("{}.kinds", quoted(schema));
         Self {
             put: stmt(format!(
-                "INSERT INTO {kinds} (kind, schema, version, updated_at, circuit_breaker, limits) \
-                 VALUES ($1, $2, $3, $4, $5, $6) \
+                "INSERT INTO {kinds} (kind, schema, version, updated_at, circuit_breaker, limits, \
+                 sequence) VALUES ($1, $2, $3, $4, $5, $6, $7) \
                  ON CONFLICT (kind) DO UPDATE SET schema = EXCLUDED.schema, \
                  version = EXCLUDED.version, updated_at = EXCLUDED.updated_at, \
-                 circuit_breaker = EXCLUDED.circuit_breaker, limits = EXCLUDED.limits"
+                 circuit_breaker = EXCLUDED.circuit_breaker, limits = EXCLUDED.limits, \
+                 sequence = EXCLUDED.sequence"
             )),
             list: stmt(format!(
-                "SELECT kind, schema, version, updated_at, circuit_breaker, limits FROM {kinds} \
-                 ORDER BY kind"
+                "SELECT kind, schema, version, updated_at, circuit_breaker, limits, sequence \
+                 FROM {kinds} ORDER BY kind"
             )),
             delete: stmt(format!("DELETE FROM {kinds} WHERE kind = $1")),
         }
@@ -54,6 +55,7 @@ pub(crate) async fn put(
         .bind(ctx.now)
         .bind(settings.circuit_breaker.map(Json))
         .bind(&settings.limits)
+        .bind(settings.sequence.as_ref().map(Json))
         .execute(conn)
         .await
         .map_err(db("set a kind's settings"))?;
@@ -83,6 +85,10 @@ pub(crate) async fn list(
                 version: version.and_then(|v| u32::try_from(v).ok()),
                 circuit_breaker: breaker.map(|Json(b)| b),
                 limits: row.try_get("limits").map_err(corrupt)?,
+                sequence: row
+                    .try_get::<Option<Json<conveyor_core::sequence::SequenceSpec>>, _>("sequence")
+                    .map_err(corrupt)?
+                    .map(|Json(spec)| spec),
                 updated_at: row.try_get("updated_at").map_err(corrupt)?,
             })
         })

@@ -10,9 +10,10 @@ use conveyor_core::{StoreError, StoreResult};
 use sqlx::{AssertSqlSafe, PgConnection, PgPool};
 
 use crate::errors::db;
-use crate::names::{migration_lock_key, quoted, validate_schema};
+use crate::names::{channel, migration_lock_key, quoted, validate_schema};
 
-/// One schema change. `sql` may hold several statements; `@schema@` stands for the schema.
+/// One schema change. `sql` may hold several statements; `@schema@` stands for the schema and
+/// `@channel@` for its NOTIFY channel.
 struct Migration {
     version: i32,
     name: &'static str,
@@ -126,10 +127,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "limits",
         sql: include_str!("migrations/0021_limits.sql"),
     },
+    Migration {
+        version: 22,
+        name: "sequences",
+        sql: include_str!("migrations/0022_sequences.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 21;
+pub const SCHEMA_VERSION: u32 = 22;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).
@@ -181,7 +187,10 @@ pub async fn migrate(pool: &PgPool, schema: &str) -> StoreResult<u32> {
         .iter()
         .filter(|m| i64::from(m.version) > i64::from(current))
     {
-        let sql = migration.sql.replace("@schema@", &quoted(schema));
+        let sql = migration
+            .sql
+            .replace("@schema@", &quoted(schema))
+            .replace("@channel@", &channel(schema));
         sqlx::raw_sql(AssertSqlSafe(sql))
             .execute(&mut *tx)
             .await
@@ -265,6 +274,23 @@ fn newer_than_code(schema: &str, found: u32) -> StoreError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_sequence_release_trigger_spells_cores_rule() {
+        let sql = include_str!("migrations/0022_sequences.sql");
+        for prefix in ["", "OLD.", "NEW."] {
+            let rule = conveyor_core::sequence::holds_sql(prefix);
+            assert!(sql.contains(&rule), "migration 22 lacks {rule}");
+        }
+        let open: Vec<String> = conveyor_core::sequence::OPEN_STATES
+            .iter()
+            .map(|state| format!("'{}'", state.as_str()))
+            .collect();
+        assert!(
+            sql.contains(&open.join(", ")),
+            "the open states as the index lists them"
+        );
+    }
 
     #[test]
     fn migrations_are_numbered_one_to_latest() {

@@ -1,6 +1,7 @@
 //! Mapping between rows and the model: jobs and queue settings.
 
 use chrono::{DateTime, Utc};
+use conveyor_core::sequence::{JobSequence, OnDead};
 use conveyor_core::workflow::FlowLink;
 use conveyor_core::{
     ErrorRecord, Job, JobState, Lease, Progress, QueueSettings, RateLimit, StoreResult,
@@ -79,7 +80,26 @@ pub(crate) fn job(row: &PgRow) -> StoreResult<Job> {
         limit_keys: column::<Option<Json<Vec<String>>>>(row, "limit_keys")?
             .map(|Json(keys)| keys)
             .unwrap_or_default(),
+        sequence: sequence(row)?,
     })
+}
+
+/// The job's sequence and place in it, when it runs in one (`sequence_key` set).
+fn sequence(row: &PgRow) -> StoreResult<Option<JobSequence>> {
+    let Some(key) = column::<Option<String>>(row, "sequence_key")? else {
+        return Ok(None);
+    };
+    let no = column::<Option<i64>>(row, "sequence_no")?.unwrap_or(0);
+    let on_dead = if column::<bool>(row, "sequence_skip_dead")? {
+        OnDead::Skip
+    } else {
+        OnDead::Block
+    };
+    Ok(Some(JobSequence {
+        key,
+        no: no.max(0) as u64,
+        on_dead,
+    }))
 }
 
 /// The job's flow, step and parents' results, when it belongs to a flow (`flow_id` set).
@@ -134,6 +154,9 @@ pub(crate) fn settings_of(row: &PgRow) -> StoreResult<QueueSettings> {
             row.try_get("circuit_breaker").map_err(read)?;
         settings.circuit_breaker = breaker.map(|Json(b)| b);
         settings.limits = row.try_get("limits").map_err(read)?;
+        let sequence: Option<Json<conveyor_core::sequence::SequenceSpec>> =
+            row.try_get("sequence").map_err(read)?;
+        settings.sequence = sequence.map(|Json(spec)| spec);
         settings
     })
 }

@@ -23,13 +23,18 @@ pub(crate) use workflow::HEAD_COLUMNS;
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
     lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, \
-    flow_id, flow_step, parents, progress, expires_at, trace, limit_keys";
+    flow_id, flow_step, parents, progress, expires_at, trace, limit_keys, sequence_key, \
+    sequence_no, sequence_skip_dead";
+
+/// A replayed job's state: available, or blocked behind its sequence (the release trigger of
+/// migration 22 lets it run at once when nothing holds the sequence).
+const REPLAYED_STATE: &str = "CASE WHEN sequence_key IS NULL THEN 'available' ELSE 'blocked' END";
 
 /// The columns of a queue settings row, as `rows::settings_of` reads them by name.
 pub(crate) const SETTINGS_COLUMNS: &str = "paused, max_depth, max_depth_per_tenant, \
     concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
     per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
-    dead_retention_secs, default_ttl_ms, circuit_breaker, limits";
+    dead_retention_secs, default_ttl_ms, circuit_breaker, limits, sequence";
 
 /// "This row is running", for statements that find their rows by id (and lease token).
 ///
@@ -67,6 +72,12 @@ pub(crate) struct Sql {
     pub get: SqlStr,
     pub lock_keys: SqlStr,
     pub idempotent_matches: SqlStr,
+    /// The advisory lock key of each sequence key (`$1`) in schema `$2`: computed by the
+    /// database, because its release trigger takes the same lock (migration 22).
+    pub sequence_lock_keys: SqlStr,
+    /// Per sequence key (`$1`): the last number, and whether a job of the key holds the
+    /// sequence or waits in it.
+    pub sequence_tails: SqlStr,
     pub unique_matches: SqlStr,
     pub insert: SqlStr,
     pub insert_unlimited: SqlStr,
@@ -158,6 +169,21 @@ impl Sql {
                 "SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) AS t(k)".to_string(),
             ),
             // The latest job holding each key; the caller applies the window rules.
+            sequence_lock_keys: stmt(
+                "SELECT hashtextextended('conveyor:sequence:' || $2 || ':' || k, 0) \
+                 FROM unnest($1::text[]) AS k"
+                    .to_string(),
+            ),
+            sequence_tails: stmt(format!(
+                "SELECT k AS key, \
+                     (SELECT max(sequence_no) FROM {jobs} WHERE sequence_key = k) AS last, \
+                     EXISTS (SELECT 1 FROM {jobs} WHERE sequence_key = k \
+                         AND state IN ('blocked', 'scheduled', 'available', 'running', \
+                             'retryable', 'dead') \
+                         AND {}) AS waits \
+                 FROM unnest($1::text[]) AS k",
+                conveyor_core::sequence::waits_sql("")
+            )),
             idempotent_matches: stmt(format!(
                 "SELECT DISTINCT ON (idempotency_key) {COLUMNS} FROM {jobs} \
                  WHERE idempotency_key = ANY($1) \
@@ -186,14 +212,14 @@ impl Sql {
             )),
             insert: stmt(insert_sql(&jobs, &settings, "")),
             // The fast path for queues without depth limits: the same insert, guarded by a
-            // one-time check that no queue of the batch (`$19`, distinct) has a limit. When one
+            // one-time check that no queue of the batch (`$22`, distinct) has a limit. When one
             // does, nothing is inserted and no row comes back, and the caller takes the locks,
             // counts, and uses `insert`.
             insert_unlimited: stmt(insert_sql(
                 &jobs,
                 &settings,
                 &format!(
-                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($19) \
+                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($22) \
                          AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
                 ),
             )),
@@ -445,7 +471,7 @@ impl Sql {
             )),
             replay_ids: stmt(format!(
                 "WITH changed AS ( \
-                     UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
+                     UPDATE {jobs} SET state = {REPLAYED_STATE}, attempt = 0, run_at = $1, \
                          finished_at = NULL, result = NULL, expires_at = NULL, \
                          errors = CASE WHEN jsonb_array_length(errors) > 0 \
                              THEN jsonb_set(errors, ARRAY[(jsonb_array_length(errors) - 1)::text, \
@@ -457,7 +483,7 @@ impl Sql {
             )),
             replay_filter: stmt(format!(
                 "WITH changed AS ( \
-                     UPDATE {jobs} SET state = 'available', attempt = 0, run_at = $1, \
+                     UPDATE {jobs} SET state = {REPLAYED_STATE}, attempt = 0, run_at = $1, \
                          finished_at = NULL, result = NULL, \
                          errors = CASE WHEN jsonb_array_length(errors) > 0 \
                              THEN jsonb_set(errors, ARRAY[(jsonb_array_length(errors) - 1)::text, \
@@ -518,7 +544,8 @@ impl Sql {
                      n.tenant, n.state, n.errors, n.lease_worker, n.lease_token, \
                      n.lease_expires_at, n.result, n.created_at, n.started_at, n.finished_at, \
                      n.unique_key, n.flow_id, n.flow_step, n.parents, n.progress, \
-                     n.expires_at, n.trace, n.limit_keys, n.fair_key \
+                     n.expires_at, n.trace, n.limit_keys, n.sequence_key, n.sequence_no, \
+                     n.sequence_skip_dead, n.fair_key \
                  FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                              $6::timestamptz[], $7::int4[], $8::int4[], $9::int8[], \
                              $10::text[], $11::jsonb[], $12::text[], $13::text[], \
@@ -526,12 +553,14 @@ impl Sql {
                              $18::jsonb[], $19::timestamptz[], $20::timestamptz[], \
                              $21::timestamptz[], $22::text[], $23::uuid[], $24::text[], \
                              $25::jsonb[], $26::jsonb[], $27::timestamptz[], \
-                             $28::jsonb[], $29::jsonb[], $30::text[]) \
+                             $28::jsonb[], $29::jsonb[], $30::text[], $31::text[], \
+                             $32::int8[], $33::bool[]) \
                      AS n(id, kind, queue, payload, priority, run_at, attempt, max_attempts, \
                           timeout_ms, idempotency_key, tags, tenant, state, errors, \
                           lease_worker, lease_token, lease_expires_at, result, created_at, \
                           started_at, finished_at, unique_key, flow_id, flow_step, parents, \
-                          progress, expires_at, trace, limit_keys, fair_key) \
+                          progress, expires_at, trace, limit_keys, fair_key, sequence_key, \
+                          sequence_no, sequence_skip_dead) \
                  ON CONFLICT (id) DO NOTHING \
                  RETURNING id, queue, state"
             )),
@@ -560,9 +589,9 @@ impl Sql {
                           updated_at, per_key_concurrency_limit, rate_count, rate_period_ms, \
                           per_key_rate_count, per_key_rate_period_ms, weight, \
                           completed_retention_secs, dead_retention_secs, default_ttl_ms, \
-                          circuit_breaker, limits) \
+                          circuit_breaker, limits, sequence) \
                      VALUES ($1, $2, $3, $4, $6, $5, $7, $8, $9, $10, $11, $12, $13, $14, \
-                         $15, $16, $17) \
+                         $15, $16, $17, $18) \
                      ON CONFLICT (queue) DO UPDATE SET paused = excluded.paused, \
                          max_depth = excluded.max_depth, \
                          max_depth_per_tenant = excluded.max_depth_per_tenant, \
@@ -578,6 +607,7 @@ impl Sql {
                          default_ttl_ms = excluded.default_ttl_ms, \
                          circuit_breaker = excluded.circuit_breaker, \
                          limits = excluded.limits, \
+                         sequence = excluded.sequence, \
                          updated_at = excluded.updated_at \
                      RETURNING {SETTINGS_COLUMNS}) \
                  SELECT stored.*, \
@@ -595,7 +625,7 @@ impl Sql {
     }
 }
 
-/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$19`. A `NewJob`
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$22`. A `NewJob`
 /// has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
 /// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
 /// `import`, which writes every column.
@@ -607,7 +637,8 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
     format!(
         "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
              max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-             created_at, unique_key, expires_at, trace, limit_keys, fair_key) \
+             created_at, unique_key, expires_at, trace, limit_keys, fair_key, sequence_key, \
+             sequence_no, sequence_skip_dead) \
          SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
              n.max_attempts, n.timeout_ms, n.idempotency_key, \
              ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
@@ -616,14 +647,17 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
              COALESCE(n.expires_at, (SELECT GREATEST(n.run_at, $13) \
                  + s.default_ttl_ms * interval '1 millisecond' \
                  FROM {settings} s WHERE s.queue = n.queue)), \
-             n.trace, n.limit_keys, n.fair_key \
+             n.trace, n.limit_keys, n.fair_key, n.sequence_key, n.sequence_no, \
+             n.sequence_skip_dead \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                      $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
                      $10::jsonb[], $11::text[], $12::text[], $14::text[], \
-                     $15::timestamptz[], $16::jsonb[], $17::jsonb[], $18::text[]) \
+                     $15::timestamptz[], $16::jsonb[], $17::jsonb[], $18::text[], \
+                     $19::text[], $20::int8[], $21::bool[]) \
              AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
                   timeout_ms, idempotency_key, tags, tenant, state, unique_key, \
-                  expires_at, trace, limit_keys, fair_key) \
+                  expires_at, trace, limit_keys, fair_key, sequence_key, sequence_no, \
+                  sequence_skip_dead) \
          {condition} \
          RETURNING {COLUMNS}"
     )

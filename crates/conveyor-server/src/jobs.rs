@@ -65,6 +65,10 @@ pub(crate) struct EnqueueRequest {
     /// is checked where the job is stamped with their keys, in the engine).
     #[serde(default, deserialize_with = "wire::non_null")]
     limits: Option<Vec<String>>,
+    /// Runs after every earlier job with the same key (`"<key expression>"` or `{"key",
+    /// "on_dead"}`); overrides the kind's and queue's sequence.
+    #[serde(default, deserialize_with = "wire::non_null")]
+    sequence: Option<Value>,
 }
 
 /// `unique` of an enqueue request: a [`UniqueSpec`] whose unset fields take its defaults. States
@@ -204,6 +208,10 @@ impl EnqueueRequest {
             job.unique = self.unique.map(UniqueRequest::into_spec).transpose()?;
             job.expires_at = expires_at;
             job.limits = self.limits.unwrap_or_default();
+            job.sequence = self
+                .sequence
+                .map(|value| crate::limits::sequence_of("sequence", &value))
+                .transpose()?;
             // Spans are on the wall clock, whatever clock the store runs on.
             job.trace = conveyor_core::trace::begin_enqueue(trace, chrono::Utc::now());
             job
@@ -503,6 +511,7 @@ pub(crate) fn list_params(
             "id_prefix" => params.id_prefix = Some(id_prefix(&value)?),
             "tag" => params.tag = Some(search_text("tag", value)?),
             "tenant" => params.tenant = Some(search_text("tenant", value)?),
+            "sequence" => params.sequence = Some(sequence_key(value)?),
             "created_after" => params.created_after = Some(rfc3339(&key, &value)?),
             "created_before" => params.created_before = Some(rfc3339(&key, &value)?),
             "payload" => params.payload = Some(payload_filter(&value)?),
@@ -540,6 +549,18 @@ fn id_prefix(raw: &str) -> ApiResult<String> {
 }
 
 /// A tag or tenant to search by.
+/// A sequence key to list the jobs of (`expr=value`, as jobs carry it): 1 to 1,000 characters.
+fn sequence_key(value: String) -> ApiResult<String> {
+    if value.is_empty() || value.chars().count() > 1000 {
+        return Err(ApiError::invalid(
+            "sequence",
+            "must be 1 to 1000 characters",
+        ));
+    }
+    validate::text_without_nul("sequence", &value)?;
+    Ok(value)
+}
+
 fn search_text(field: &str, value: String) -> ApiResult<String> {
     if value.is_empty() || value.chars().count() > 200 {
         return Err(ApiError::invalid(field, "must be 1 to 200 characters"));

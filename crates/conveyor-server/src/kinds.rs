@@ -34,6 +34,10 @@ pub(crate) struct KindRequest {
     /// Named limits every job of the kind is subject to; `null` names none, absent keeps them.
     #[serde(default, deserialize_with = "crate::settings::present")]
     limits: Option<Option<Value>>,
+    /// Jobs of the kind with the same key run one after another; `null` removes it, absent
+    /// keeps it.
+    #[serde(default, deserialize_with = "crate::settings::present")]
+    sequence: Option<Option<Value>>,
     /// Set the schema even if queued jobs of the kind would not pass it.
     #[serde(default, deserialize_with = "wire::non_null")]
     force: Option<bool>,
@@ -100,6 +104,11 @@ pub(crate) async fn put(
         Some(None) => Vec::new(),
         Some(Some(value)) => crate::limits::defined_names(&state, "limits", value).await?,
     };
+    let sequence = match &request.sequence {
+        None => existing.as_ref().and_then(|k| k.sequence.clone()),
+        Some(None) => None,
+        Some(Some(value)) => Some(crate::limits::sequence_of("sequence", value)?),
+    };
     // A schema kept as it was is not checked against the queue again.
     let schema_changed = request.schema.is_some();
     let schema = match request.schema {
@@ -135,6 +144,7 @@ pub(crate) async fn put(
             version,
             circuit_breaker: breaker,
             limits,
+            sequence,
             updated_at: state.clock.now(),
         })
         .await?;
@@ -145,6 +155,7 @@ pub(crate) async fn put(
         "circuit_breaker": stored.circuit_breaker,
         "version": stored.version,
         "limits": stored.limits,
+        "sequence": stored.sequence,
         "forced": request.force == Some(true),
     });
     let entry = caller.audit(AuditAction::KindPut).target(kind);

@@ -10,6 +10,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use conveyor_core::config::LIMITS;
 use conveyor_core::limits::named::{limit_name, limit_names, KeyUsage, LimitSpec};
+use conveyor_core::sequence::SequenceSpec;
 use conveyor_core::{wire, AuditAction, StoreError};
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -275,6 +276,12 @@ pub(crate) async fn blocked_by(
     job: &conveyor_core::Job,
 ) -> ApiResult<Vec<Value>> {
     let mut blocked = Vec::new();
+    if job.state == conveyor_core::JobState::Blocked {
+        if let Some(entry) = sequence_holder(state, job).await? {
+            blocked.push(entry);
+        }
+        return Ok(blocked);
+    }
     if job.state != conveyor_core::JobState::Available {
         return Ok(blocked);
     }
@@ -307,4 +314,51 @@ pub(crate) async fn blocked_by(
         }
     }
     Ok(blocked)
+}
+
+/// A sequence as a request gives it (`"<key expression>"` or `{"key", "on_dead"}`), refused
+/// naming `field` when it is not one.
+pub(crate) fn sequence_of(field: &str, value: &Value) -> ApiResult<SequenceSpec> {
+    let spec: SequenceSpec = serde_json::from_value(value.clone())
+        .map_err(|e| ApiError::invalid(field, e.to_string()))?;
+    conveyor_core::limits::named::sequence(field, &spec)?;
+    Ok(spec)
+}
+
+/// What a blocked job waits for: the earliest job of its sequence that holds it (its id and
+/// state), or the sequence alone when none is found (it is being released).
+async fn sequence_holder(state: &AppState, job: &conveyor_core::Job) -> ApiResult<Option<Value>> {
+    let Some(place) = &job.sequence else {
+        return Ok(None);
+    };
+    let mut holder: Option<conveyor_core::Job> = None;
+    for held in conveyor_core::sequence::OPEN_STATES {
+        let mut params = conveyor_core::JobListParams::default();
+        params.sequence = Some(place.key.clone());
+        params.state = Some(held);
+        params.limit = 1;
+        // Newest first: a state holds at most a few jobs of one sequence (one, unless dead
+        // jobs set aside with on_dead skip were replayed).
+        for found in state.store.jobs_list(params).await? {
+            let place_of = |j: &conveyor_core::Job| j.sequence.as_ref().map_or(u64::MAX, |s| s.no);
+            let holds = found
+                .sequence
+                .as_ref()
+                .is_some_and(|s| conveyor_core::sequence::holds(found.state, s.on_dead));
+            if holds
+                && holder
+                    .as_ref()
+                    .is_none_or(|h| place_of(&found) < place_of(h))
+            {
+                holder = Some(found);
+            }
+        }
+    }
+    let mut entry = json!({"sequence": place.key, "no": place.no});
+    if let Some(holder) = holder {
+        entry["job"] = json!(holder.id);
+        entry["state"] = json!(holder.state);
+        entry["holder_no"] = json!(holder.sequence.map(|s| s.no));
+    }
+    Ok(Some(entry))
 }

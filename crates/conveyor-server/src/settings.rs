@@ -48,6 +48,9 @@ pub(crate) struct SettingsPatch {
     /// Named limits every job enqueued into the queue is subject to; `null` names none.
     #[serde(default, deserialize_with = "present")]
     limits: Option<Option<Value>>,
+    /// Jobs of the queue with the same key run one after another; `null` removes it.
+    #[serde(default, deserialize_with = "present")]
+    sequence: Option<Option<Value>>,
 }
 
 /// Distinguishes a field given as `null` (`Some(None)`) from an absent one (`None`). Values
@@ -265,6 +268,9 @@ pub(crate) async fn put(
             settings.limits = crate::limits::defined_names(&state, "limits", &value).await?;
         }
     }
+    patched(&mut settings.sequence, patch.sequence, |v| {
+        crate::limits::sequence_of("sequence", v)
+    })?;
     // The store checks the ranges again (and the Rust API relies on that).
     let settings = state.store.queue_settings_put(&name, settings).await?;
     state.breakers.invalidate();

@@ -63,7 +63,7 @@ const state = {
 /** Successive `/v1/queues` answers, from which the overview computes rates client-side. */
 function recordSample(queues) {
   const now = Date.now();
-  const totals = { available: 0, scheduled: 0, running: 0, retryable: 0, dead: 0, completed: 0, cancelled: 0, expired: 0 };
+  const totals = { available: 0, scheduled: 0, running: 0, retryable: 0, dead: 0, completed: 0, cancelled: 0, expired: 0, blocked: 0 };
   const perQueue = {};
   for (const queue of queues) {
     for (const key of Object.keys(totals)) totals[key] += queue[key] || 0;

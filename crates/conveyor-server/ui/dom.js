@@ -53,7 +53,7 @@ export function update(slot, key, build) {
   return true;
 }
 
-const STATES = ['available', 'scheduled', 'running', 'retryable', 'dead', 'completed', 'cancelled', 'expired'];
+const STATES = ['available', 'scheduled', 'running', 'retryable', 'dead', 'completed', 'cancelled', 'expired', 'blocked'];
 export { STATES };
 
 export function stateBadge(state) {

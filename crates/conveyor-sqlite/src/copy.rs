@@ -553,11 +553,13 @@ impl CopyStore for SqliteStore {
                     .transpose()?;
                 let breaker = rows::breaker_settings_text(kind.circuit_breaker.as_ref())?;
                 let limits = rows::names_text(&kind.limits)?;
+                let sequence = rows::sequence_spec_text(kind.sequence.as_ref())?;
                 if inserted(
                     ctx.conn
                         .prepare_cached(
                             "INSERT OR IGNORE INTO kinds (kind, schema, version, updated_at, \
-                             circuit_breaker, limits) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+                             circuit_breaker, limits, sequence) \
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
                         )
                         .and_then(|mut stmt| {
                             stmt.execute(params![
@@ -566,7 +568,8 @@ impl CopyStore for SqliteStore {
                                 kind.version,
                                 to_millis(kind.updated_at),
                                 breaker,
-                                limits
+                                limits,
+                                sequence
                             ])
                         }),
                 )? {

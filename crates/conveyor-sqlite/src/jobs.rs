@@ -3,6 +3,7 @@
 //! finishes a job tells its flow, and a flow's effects start and cancel its steps' jobs, so
 //! these live below both rather than in either.
 
+use conveyor_core::sequence::OnDead;
 use conveyor_core::{Job, JobState, StoreResult};
 use rusqlite::{params, OptionalExtension};
 use uuid::Uuid;
@@ -35,6 +36,7 @@ pub(crate) fn cancel_unhooked(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<O
         .and_then(|mut stmt| stmt.query_row(params![millis(ctx.now), key], rows::job))
         .map_err(backend)?;
     ctx.count_move(&cancelled.queue, Some(before), Some(JobState::Cancelled));
+    crate::sequence::moved(ctx, &cancelled, before)?;
     Ok(Some(cancelled))
 }
 
@@ -58,6 +60,7 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
     let limit_keys = (!job.limit_keys.is_empty())
         .then(|| json_text(&job.limit_keys, "limit_keys"))
         .transpose()?;
+    let sequence = job.sequence.as_ref();
     let payload = json_text(&job.payload, "payload")?;
     let tags = json_text(&job.tags, "tags")?;
     let errors = json_text(&job.errors, "errors")?;
@@ -66,7 +69,7 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
         .prepare_cached(&format!(
             "INSERT INTO jobs ({COLUMNS}, fair_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
              ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, \
-             ?27, ?28, ?29, ?30) \
+             ?27, ?28, ?29, ?30, ?31, ?32, ?33) \
              ON CONFLICT (id) DO NOTHING"
         ))
         .and_then(|mut stmt| {
@@ -100,6 +103,9 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
                 job.expires_at.map(millis),
                 trace,
                 limit_keys,
+                sequence.map(|s| s.key.as_str()),
+                sequence.map(|s| i64::try_from(s.no).unwrap_or(i64::MAX)),
+                sequence.is_some_and(|s| s.on_dead == OnDead::Skip),
                 conveyor_core::limits::named::fair_key(&job.limit_keys),
             ])
         })

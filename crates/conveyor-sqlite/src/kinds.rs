@@ -22,13 +22,15 @@ pub(crate) fn put(ctx: &WriteCtx<'_>, settings: KindSettings) -> StoreResult<Kin
         .transpose()?;
     let breaker = rows::breaker_settings_text(settings.circuit_breaker.as_ref())?;
     let limits = rows::names_text(&settings.limits)?;
+    let sequence = rows::sequence_spec_text(settings.sequence.as_ref())?;
     ctx.conn
         .prepare_cached(
-            "INSERT INTO kinds (kind, schema, version, updated_at, circuit_breaker, limits) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (kind) DO UPDATE SET \
+            "INSERT INTO kinds (kind, schema, version, updated_at, circuit_breaker, limits, \
+             sequence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (kind) DO UPDATE SET \
              schema = excluded.schema, version = excluded.version, \
              updated_at = excluded.updated_at, \
-             circuit_breaker = excluded.circuit_breaker, limits = excluded.limits",
+             circuit_breaker = excluded.circuit_breaker, limits = excluded.limits, \
+             sequence = excluded.sequence",
         )
         .and_then(|mut stmt| {
             stmt.execute(rusqlite::params![
@@ -37,7 +39,8 @@ pub(crate) fn put(ctx: &WriteCtx<'_>, settings: KindSettings) -> StoreResult<Kin
                 settings.version,
                 rows::millis(ctx.now),
                 breaker,
-                limits
+                limits,
+                sequence
             ])
         })
         .map_err(backend)?;
@@ -66,11 +69,12 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
         i64,
         Option<String>,
         Option<String>,
+        Option<String>,
     );
     let rows: Vec<Row> = conn
         .prepare_cached(
-            "SELECT kind, schema, version, updated_at, circuit_breaker, limits FROM kinds \
-             ORDER BY kind",
+            "SELECT kind, schema, version, updated_at, circuit_breaker, limits, sequence \
+             FROM kinds ORDER BY kind",
         )
         .and_then(|mut stmt| {
             stmt.query_map([], |row| {
@@ -81,31 +85,35 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
                     row.get(3)?,
                     row.get(4)?,
                     row.get(5)?,
+                    row.get(6)?,
                 ))
             })?
             .collect()
         })
         .map_err(backend)?;
     rows.into_iter()
-        .map(|(kind, schema, version, updated_at, breaker, limits)| {
-            let schema = schema
-                .map(|text| {
-                    serde_json::from_str(&text).map_err(|e| {
-                        conveyor_core::StoreError::backend(format!(
-                            "stored schema of kind {kind:?}: {e}"
-                        ))
+        .map(
+            |(kind, schema, version, updated_at, breaker, limits, sequence)| {
+                let schema = schema
+                    .map(|text| {
+                        serde_json::from_str(&text).map_err(|e| {
+                            conveyor_core::StoreError::backend(format!(
+                                "stored schema of kind {kind:?}: {e}"
+                            ))
+                        })
                     })
+                    .transpose()?;
+                Ok(conveyor_core::kinds::KindSettings {
+                    kind,
+                    schema,
+                    version: version.and_then(|v| u32::try_from(v).ok()),
+                    circuit_breaker: crate::rows::breaker_settings(breaker).map_err(backend)?,
+                    limits: crate::rows::names(limits).map_err(backend)?,
+                    sequence: crate::rows::sequence_spec(sequence).map_err(backend)?,
+                    updated_at: from_millis(updated_at),
                 })
-                .transpose()?;
-            Ok(conveyor_core::kinds::KindSettings {
-                kind,
-                schema,
-                version: version.and_then(|v| u32::try_from(v).ok()),
-                circuit_breaker: crate::rows::breaker_settings(breaker).map_err(backend)?,
-                limits: crate::rows::names(limits).map_err(backend)?,
-                updated_at: from_millis(updated_at),
-            })
-        })
+            },
+        )
         .collect()
 }
 

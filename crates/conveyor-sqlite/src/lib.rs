@@ -17,6 +17,7 @@ mod ops;
 mod retention;
 mod rows;
 mod schedules;
+mod sequence;
 mod stats;
 mod traits;
 mod unique;

@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use crate::errors::backend;
 
 /// The schema version this code writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 18;
+pub(crate) const SCHEMA_VERSION: i64 = 19;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
@@ -103,6 +103,18 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         )?;
         add_missing_columns(conn, "queue_settings", &[("limits", "TEXT")])?;
         add_missing_columns(conn, "kinds", &[("limits", "TEXT")])?;
+        // Version 19: sequences.
+        add_missing_columns(
+            conn,
+            "jobs",
+            &[
+                ("sequence_key", "TEXT"),
+                ("sequence_no", "INTEGER"),
+                ("sequence_skip_dead", "INTEGER NOT NULL DEFAULT 0"),
+            ],
+        )?;
+        add_missing_columns(conn, "queue_settings", &[("sequence", "TEXT")])?;
+        add_missing_columns(conn, "kinds", &[("sequence", "TEXT")])?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

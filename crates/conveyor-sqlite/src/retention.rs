@@ -37,6 +37,8 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
         Option<String>,
         Option<String>,
         Option<i64>,
+        Option<String>,
+        bool,
     );
     let deleted: Vec<Deleted> = ctx
         .conn
@@ -50,7 +52,8 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
                       FROM queue_settings s WHERE s.queue = j.queue), \
                      CASE WHEN j.state IN ('dead', 'expired') THEN ?3 ELSE ?4 END) \
                  ORDER BY j.id LIMIT ?5) \
-             RETURNING queue, state, id, flow_id, flow_step, result, finished_at",
+             RETURNING queue, state, id, flow_id, flow_step, result, finished_at, \
+                 sequence_key, sequence_skip_dead",
         )
         .and_then(|mut stmt| {
             stmt.query_map(
@@ -67,7 +70,9 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
         })
         .map_err(backend)?;
     let mut report = PruneReport::default();
-    for (queue, state, id, flow_id, flow_step, result, finished_at) in deleted {
+    for (queue, state, id, flow_id, flow_step, result, finished_at, sequence_key, skip_dead) in
+        deleted
+    {
         let state = JobState::from_str(&state)?;
         // A flow step completed by this job may say so only through the job's row: the step's
         // row takes the deleted job's outcome in the same operation, so it never goes missing.
@@ -87,6 +92,8 @@ pub(crate) fn prune(ctx: &mut WriteCtx<'_>, params: &PruneParams) -> StoreResult
             _ => report.dead += 1,
         }
         ctx.count_move(&queue, Some(state), None);
+        // A dead job past its retention stops holding its sequence.
+        crate::sequence::deleted(ctx, sequence_key.as_deref(), skip_dead, state)?;
     }
     Ok(report)
 }

@@ -1,6 +1,7 @@
 //! Mapping between rows and the model: jobs, queue settings, circuit breaker settings.
 
 use conveyor_core::clock::{from_millis, to_millis};
+use conveyor_core::sequence::{JobSequence, OnDead};
 use conveyor_core::workflow::FlowLink;
 use conveyor_core::{
     ErrorRecord, Job, JobState, Lease, NamedQueueSettings, QueueSettings, RateLimit, StoreError,
@@ -16,7 +17,7 @@ use crate::errors::backend;
 pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, attempt, \
     max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, lease_worker, \
     lease_token, lease_expires_at, result, created_at, started_at, finished_at, unique_key, flow_id, flow_step, parents, progress, \
-    expires_at, trace, limit_keys";
+    expires_at, trace, limit_keys, sequence_key, sequence_no, sequence_skip_dead";
 
 fn conversion(
     column: usize,
@@ -81,7 +82,26 @@ pub(crate) fn job(row: &Row<'_>) -> rusqlite::Result<Job> {
         expires_at: row.get::<_, Option<i64>>(26)?.map(from_millis),
         trace: optional_json(row, 27)?,
         limit_keys: optional_json(row, 28)?.unwrap_or_default(),
+        sequence: sequence(row)?,
     })
+}
+
+/// Columns 29-31: the job's sequence and place in it, when it runs in one.
+fn sequence(row: &Row<'_>) -> rusqlite::Result<Option<JobSequence>> {
+    let Some(key) = row.get::<_, Option<String>>(29)? else {
+        return Ok(None);
+    };
+    let no: i64 = row.get::<_, Option<i64>>(30)?.unwrap_or(0);
+    let on_dead = if row.get::<_, bool>(31)? {
+        OnDead::Skip
+    } else {
+        OnDead::Block
+    };
+    Ok(Some(JobSequence {
+        key,
+        no: no.max(0) as u64,
+        on_dead,
+    }))
 }
 
 fn optional_json<T: serde::de::DeserializeOwned>(
@@ -115,7 +135,8 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
             "SELECT queue, paused, max_depth, max_depth_per_tenant, concurrency_limit, \
              per_key_concurrency_limit, rate_count, rate_period_ms, per_key_rate_count, \
              per_key_rate_period_ms, weight, completed_retention_secs, dead_retention_secs, \
-             default_ttl_ms, circuit_breaker, limits FROM queue_settings ORDER BY queue",
+             default_ttl_ms, circuit_breaker, limits, sequence FROM queue_settings \
+             ORDER BY queue",
         )
         .map_err(backend)?;
     let count = |row: &rusqlite::Row<'_>, index: usize| -> rusqlite::Result<Option<u64>> {
@@ -146,6 +167,7 @@ pub(crate) fn queue_settings(conn: &Connection) -> StoreResult<Vec<NamedQueueSet
                     settings.default_ttl_ms = count(row, 13)?;
                     settings.circuit_breaker = breaker_settings(row.get::<_, Option<String>>(14)?)?;
                     settings.limits = names(row.get::<_, Option<String>>(15)?)?;
+                    settings.sequence = sequence_spec(row.get::<_, Option<String>>(16)?)?;
                     settings
                 },
             })
@@ -196,4 +218,18 @@ pub(crate) fn breaker_settings_text(
 pub(crate) fn json_text<T: serde::Serialize>(value: &T, field: &str) -> StoreResult<String> {
     serde_json::to_string(value)
         .map_err(|e| StoreError::backend(format!("cannot serialize {field}: {e}")))
+}
+
+/// A queue's or kind's sequence, stored as JSON text (NULL: none).
+pub(crate) fn sequence_spec(
+    text: Option<String>,
+) -> rusqlite::Result<Option<conveyor_core::sequence::SequenceSpec>> {
+    text.map(|text| serde_json::from_str(&text).map_err(|e| conversion(0, e)))
+        .transpose()
+}
+
+pub(crate) fn sequence_spec_text(
+    spec: Option<&conveyor_core::sequence::SequenceSpec>,
+) -> StoreResult<Option<String>> {
+    spec.map(|spec| json_text(spec, "sequence")).transpose()
 }

@@ -31,7 +31,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     expires_at       INTEGER,               -- version 13: not started by then, it expires
     trace            TEXT,                  -- version 13: JSON W3C trace context
     limit_keys       TEXT,                  -- version 18: JSON array of `limit:value` keys
-    fair_key         TEXT                   -- version 18: the one of them it takes turns by
+    fair_key         TEXT,                  -- version 18: the one of them it takes turns by
+    sequence_key     TEXT,                  -- version 19: the sequence it runs in (`expr=value`)
+    sequence_no      INTEGER,               -- its place there
+    sequence_skip_dead INTEGER NOT NULL DEFAULT 0 -- 1: dead, it lets the next one run
 ) WITHOUT ROWID;
 
 -- The fetch path: only available jobs, in claim order.
@@ -89,7 +92,9 @@ CREATE TABLE IF NOT EXISTS queue_settings (
     -- Version 14: the queue's circuit breaker settings (JSON, `BreakerSettings`).
     circuit_breaker           TEXT,
     -- Version 18: the named limits its jobs are subject to (JSON array of names).
-    limits                    TEXT
+    limits                    TEXT,
+    -- Version 19: the sequence its jobs run in (JSON, `SequenceSpec`).
+    sequence                  TEXT
 ) WITHOUT ROWID;
 -- Version 13: waiting jobs by expiry, for the sweep that expires them.
 CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs (expires_at)
@@ -264,7 +269,9 @@ CREATE TABLE IF NOT EXISTS kinds (
     -- Version 14: the kind's circuit breaker settings (JSON, `BreakerSettings`).
     circuit_breaker TEXT,
     -- Version 18: the named limits its jobs are subject to (JSON array of names).
-    limits TEXT
+    limits TEXT,
+    -- Version 19: the sequence its jobs run in (JSON, `SequenceSpec`).
+    sequence TEXT
 ) WITHOUT ROWID;
 
 -- Version 14: circuit breakers' states (`conveyor_core::breaker`), one document each, changed
@@ -320,3 +327,13 @@ CREATE INDEX IF NOT EXISTS jobs_running_limited ON jobs (queue)
 -- distinct keys of a queue (read by skipping through it), as `jobs_fair` does for tenants.
 CREATE INDEX IF NOT EXISTS jobs_fair_key ON jobs (queue, fair_key, priority DESC, run_at, id)
     WHERE state = 'available' AND fair_key IS NOT NULL;
+
+-- Version 19: sequences (`conveyor_core::sequence`). A key's jobs by number: the last number
+-- for the next enqueue, and the unfinished ones (and dead ones, which may hold the sequence)
+-- for whether it must wait and which blocked job is released next. Jobs without a sequence are
+-- in neither index.
+CREATE INDEX IF NOT EXISTS jobs_sequence ON jobs (sequence_key, sequence_no)
+    WHERE sequence_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_sequence_open ON jobs (sequence_key, sequence_no)
+    WHERE sequence_key IS NOT NULL
+      AND state IN ('blocked', 'scheduled', 'available', 'running', 'retryable', 'dead');

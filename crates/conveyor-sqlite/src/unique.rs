@@ -18,8 +18,8 @@ use crate::writer::WriteCtx;
 
 /// The most states a spec can name (every state, once); the lookup binds one slot for each.
 const STATE_SLOTS: usize = JobState::ALL.len();
-// The lookup's SQL spells out slots ?2 to ?9: a new state must widen it.
-const _: () = assert!(STATE_SLOTS == 8);
+// The lookup's SQL spells out slots ?2 to ?10: a new state must widen it.
+const _: () = assert!(STATE_SLOTS == 9);
 
 /// The latest job holding `key` in one of `spec`'s states, created within its window.
 ///
@@ -45,7 +45,7 @@ pub(crate) fn existing(
     ctx.conn
         .prepare_cached(&format!(
             "SELECT {COLUMNS} FROM jobs WHERE unique_key = ?1 \
-             AND state IN (?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9) AND created_at > ?10 \
+             AND state IN (?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10) AND created_at > ?11 \
              ORDER BY created_at DESC, id DESC LIMIT 1"
         ))
         .and_then(|mut stmt| stmt.query_row(args.as_slice(), rows::job).optional())

@@ -496,6 +496,7 @@ pub async fn queue_stats_count_each_state_and_oldest_age(h: &Harness) {
             completed: 1,
             cancelled: 1,
             expired: 0,
+            blocked: 0,
             oldest_available_age_ms: 2_250,
             paused: false,
         },

@@ -137,6 +137,7 @@ pub async fn breaker_settings_round_trip_with_queue_and_kind_settings(h: &Harnes
         version: None,
         circuit_breaker: Some(breaker(2, 1)),
         limits: Vec::new(),
+        sequence: None,
         updated_at: chrono::DateTime::UNIX_EPOCH,
     };
     h.store.kind_put(kind).await.expect("kind put");
@@ -325,6 +326,7 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
             version: None,
             circuit_breaker: Some(breaker(1, 1)),
             limits: Vec::new(),
+            sequence: None,
             updated_at: chrono::DateTime::UNIX_EPOCH,
         })
         .await

@@ -17,6 +17,7 @@ fn settings(kind: &str, schema: Option<serde_json::Value>, version: Option<u32>)
         version,
         circuit_breaker: None,
         limits: Vec::new(),
+        sequence: None,
         updated_at: chrono::DateTime::UNIX_EPOCH,
     }
 }

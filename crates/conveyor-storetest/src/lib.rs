@@ -44,6 +44,7 @@ mod rescue;
 mod retention;
 mod schedules;
 mod search;
+mod sequences;
 mod settings;
 mod stats;
 mod unique;
@@ -68,6 +69,7 @@ pub use rescue::*;
 pub use retention::*;
 pub use schedules::*;
 pub use search::*;
+pub use sequences::*;
 pub use settings::*;
 pub use stats::*;
 pub use unique::*;
@@ -200,6 +202,13 @@ macro_rules! __conveyor_behaviours {
             a_named_rate_counts_starts_per_key_and_period,
             a_changed_or_deleted_limit_applies_at_the_next_claim,
             a_keyed_limits_keys_take_turns_by_weight,
+            // sequences
+            a_sequence_runs_one_at_a_time_in_enqueue_order,
+            a_retry_holds_back_its_successors,
+            a_dead_job_blocks_or_is_skipped,
+            a_replayed_dead_job_runs_before_its_successors,
+            cancelling_or_expiring_the_job_in_front_releases_the_next,
+            a_jobs_sequence_comes_from_itself_its_kind_or_its_queue,
             // unique jobs
             unique_by_whole_payload_returns_the_existing_job,
             unique_by_args_ignores_other_fields,

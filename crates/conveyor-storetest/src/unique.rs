@@ -40,7 +40,7 @@ async fn assert_new(h: &Harness, job: NewJob, why: &str) -> Job {
     fresh.job
 }
 
-fn every_state() -> [JobState; 8] {
+fn every_state() -> [JobState; 9] {
     JobState::ALL
 }
 

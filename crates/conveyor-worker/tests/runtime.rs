@@ -574,6 +574,7 @@ async fn a_retry_after_pauses_its_kind_until_then() {
                 ..conveyor_core::BreakerSettings::default()
             }),
             limits: Vec::new(),
+            sequence: None,
             updated_at: Utc::now(),
         })
         .await

@@ -10,56 +10,6 @@ use serde_json::{json, Value};
 use std::path::Path;
 use std::time::Duration;
 
-/// Where the test's servers keep their jobs: a SQLite file (one server) or a PostgreSQL
-/// schema shared by two servers.
-enum Backend {
-    Sqlite(tempfile::TempDir),
-    Postgres(Schema),
-}
-
-impl Backend {
-    fn servers(&self) -> Vec<Server> {
-        match self {
-            Backend::Sqlite(dir) => vec![start_server(&path_in(dir, "jobs.db"), &[])],
-            Backend::Postgres(schema) => {
-                let first = start_server_at(&schema.url(), &[]);
-                let second = start_server_at(&schema.url(), &["--no-migrate"]);
-                vec![first, second]
-            }
-        }
-    }
-}
-
-fn set_queue(server: &str, queue: &str, settings: Value) {
-    let response = http()
-        .put(format!("{server}/v1/queues/{queue}"))
-        .json(&settings)
-        .send()
-        .expect("PUT settings");
-    assert_eq!(response.status(), 200, "{:?}", response.text());
-}
-
-fn enqueue_many(server: &str, jobs: Vec<Value>) -> Vec<String> {
-    let mut ids = Vec::with_capacity(jobs.len());
-    for chunk in jobs.chunks(1000) {
-        let response = http()
-            .post(format!("{server}/v1/jobs/batch"))
-            .json(&json!({ "jobs": chunk }))
-            .send()
-            .expect("POST batch");
-        assert_eq!(response.status(), 201);
-        let body: Value = response.json().expect("batch JSON");
-        ids.extend(
-            body["ids"]
-                .as_array()
-                .expect("ids")
-                .iter()
-                .map(|id| id.as_str().expect("id").to_string()),
-        );
-    }
-    ids
-}
-
 fn completed(server: &str, queue: &str) -> u64 {
     let stats: Value = http()
         .get(format!("{server}/v1/queues"))

@@ -158,6 +158,20 @@ def limit_names(limits: Iterable[str]) -> List[str]:
     return list(limits)
 
 
+def sequence_spec(sequence: Union[str, Mapping[str, Any]]) -> Union[str, Dict[str, Any]]:
+    """A job's ``sequence`` as sent: a key expression (``"tenant"``, ``"kind"``, ``"queue"`` or
+    ``"payload.a.b"``) or a dict ``{"key": ..., "on_dead": "block"|"skip"}``. Whether the
+    expression is valid is the server's to say (``sequence``)."""
+    if isinstance(sequence, str):
+        return sequence
+    if not isinstance(sequence, Mapping):
+        raise TypeError(
+            'sequence must be a key expression ("payload.account") or a dict '
+            '{"key": ..., "on_dead": "block"|"skip"}'
+        )
+    return dict(sequence)
+
+
 def limit_path(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError("a limit's name must be a non-empty string")
@@ -250,6 +264,7 @@ _ENQUEUE_KEYS = (
     "traceparent",
     "tracestate",
     "limits",
+    "sequence",
 )
 
 
@@ -272,6 +287,7 @@ def enqueue_body(
     traceparent: Optional[str] = None,
     tracestate: Optional[str] = None,
     limits: Optional[Iterable[str]] = None,
+    sequence: Optional[Union[str, Mapping[str, Any]]] = None,
     extra: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The JSON object of one job for ``POST /v1/jobs`` (or an element of a batch). Without a
@@ -309,6 +325,8 @@ def enqueue_body(
         body["tags"] = list(tags)
     if limits is not None:
         body["limits"] = limit_names(limits)
+    if sequence is not None:
+        body["sequence"] = sequence_spec(sequence)
     if ttl is not None and expires_at is not None:
         raise ValueError("give ttl or expires_at, not both")
     if ttl is not None:
@@ -404,6 +422,7 @@ __all__ = [
     "milliseconds",
     "query",
     "scope_path",
+    "sequence_spec",
     "signal_body",
     "signal_outcome",
     "stored_breaker",

@@ -67,6 +67,7 @@ class Client:
         traceparent: Optional[str] = None,
         tracestate: Optional[str] = None,
         limits: Optional[Iterable[str]] = None,
+        sequence: Optional[Union[str, Mapping[str, Any]]] = None,
     ) -> str:
         """Enqueues one job; returns its id (the existing job's id when ``idempotency_key`` or
         ``unique`` matched one). ``delay``, ``timeout`` and ``ttl`` are seconds (or timedeltas);
@@ -74,7 +75,14 @@ class Client:
         ``expires_at``) expires instead of running. ``traceparent``/``tracestate`` (W3C) go
         with the job; by default, the active OpenTelemetry span's. ``limits`` names the named
         limits (:meth:`put_limit`) the job is subject to besides its queue's and its kind's; a
-        name no limit is defined for raises ``InvalidRequest`` naming ``limits[i]``."""
+        name no limit is defined for raises ``InvalidRequest`` naming ``limits[i]``.
+        ``sequence`` puts the job in a sequence: jobs with the same value at its key run strictly
+        one after another, in enqueue order. It is a key expression (``"tenant"``, ``"kind"``,
+        ``"queue"`` or ``"payload.account"``) or a dict ``{"key": ..., "on_dead": "block"|"skip"}``
+        (whether a dead job holds back the ones behind it: ``"block"``, the default, until it is
+        replayed, discarded or cancelled). It overrides the queue's and the kind's sequence; a job
+        enqueued behind an unfinished one of its key is stored ``blocked`` until that one
+        finishes. An invalid expression raises ``InvalidRequest`` naming ``sequence``."""
         body = _wire.enqueue_body(
             kind,
             payload,
@@ -93,6 +101,7 @@ class Client:
             traceparent=traceparent,
             tracestate=tracestate,
             limits=limits,
+            sequence=sequence,
         )
         return self._run(_ops.enqueue(body))
 
@@ -364,6 +373,7 @@ class AsyncClient:
         traceparent: Optional[str] = None,
         tracestate: Optional[str] = None,
         limits: Optional[Iterable[str]] = None,
+        sequence: Optional[Union[str, Mapping[str, Any]]] = None,
     ) -> str:
         body = _wire.enqueue_body(
             kind,
@@ -383,6 +393,7 @@ class AsyncClient:
             traceparent=traceparent,
             tracestate=tracestate,
             limits=limits,
+            sequence=sequence,
         )
         return await self._run(_ops.enqueue(body))
 

@@ -25,10 +25,12 @@ __all__ = [
     "BreakerSettings",
     "BreakerView",
     "BlockedBy",
+    "JobSequence",
     "KeyUsage",
     "Limit",
     "LimitRate",
     "LimitView",
+    "SequenceBlockedBy",
     "parse_time",
     "format_time",
 ]
@@ -104,8 +106,13 @@ class Job:
     ``limit_keys`` are the keys the job holds under the named limits it is subject to, as
     ``LIMIT:VALUE`` (``LIMIT:`` for a limit without a key), stamped at enqueue (empty when it is
     subject to none). ``blocked_by`` is, for an available job a named limit holds back now,
-    each of its limit keys with no room left and what uses it (:class:`BlockedBy` dicts; empty
-    otherwise)."""
+    each of its limit keys with no room left and what uses it (:class:`BlockedBy` dicts), and
+    for a ``blocked`` job, the sequence it waits in and the job in front
+    (:class:`SequenceBlockedBy`); empty otherwise.
+
+    ``sequence`` is the job's place in its sequence (:class:`JobSequence`: ``key``, ``no``,
+    ``on_dead``; ``None`` when it is in none). A job enqueued behind an unfinished one of its
+    sequence is ``blocked`` (never fetched) until the one in front finishes."""
 
     id: str
     kind: str
@@ -129,12 +136,14 @@ class Job:
     unique_key: Optional[str] = None
     duplicate: Optional[bool] = None
     limit_keys: List[str] = field(default_factory=list)
-    blocked_by: List["BlockedBy"] = field(default_factory=list)
+    blocked_by: List[Union["BlockedBy", "SequenceBlockedBy"]] = field(default_factory=list)
+    sequence: Optional["JobSequence"] = None
     raw: Dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> "Job":
         lease = data.get("lease")
+        sequence = data.get("sequence")
         return cls(
             id=str(data["id"]),
             kind=str(data.get("kind", "")),
@@ -165,8 +174,11 @@ class Job:
             duplicate=data.get("duplicate"),
             limit_keys=[str(k) for k in data.get("limit_keys") or []],
             blocked_by=[
-                cast(BlockedBy, dict(b)) for b in data.get("blocked_by") or [] if isinstance(b, Mapping)
+                cast(Union[BlockedBy, SequenceBlockedBy], dict(b))
+                for b in data.get("blocked_by") or []
+                if isinstance(b, Mapping)
             ],
+            sequence=cast(JobSequence, dict(sequence)) if isinstance(sequence, Mapping) else None,
             raw=dict(data),
         )
 
@@ -202,6 +214,7 @@ class NewJob:
     traceparent: Optional[str] = None
     tracestate: Optional[str] = None
     limits: Optional[List[str]] = None
+    sequence: Optional[Union[str, Dict[str, Any]]] = None
 
 
 ProgressReporter = Callable[["LeasedJob", int, Optional[str]], Awaitable[None]]
@@ -615,3 +628,34 @@ class BlockedBy(_BlockedByFields, total=False):
 
     concurrency: int
     rate: LimitRate
+
+
+# --- Sequences -----------------------------------------------------------------------------
+
+
+class JobSequence(TypedDict):
+    """A job's place in its sequence (a job's ``sequence``), stamped at enqueue: ``key``, the
+    sequence (the key expression and the job's value there, ``"payload.account=acme"``), ``no``,
+    its number in it (1 for the first job of the key, each later one more than the last still
+    stored: the order they run in), and ``on_dead`` (``"block"``: a dead job holds back the
+    ones behind it until it is replayed, discarded or cancelled; ``"skip"``: it does not)."""
+
+    key: str
+    no: int
+    on_dead: str
+
+
+class _SequenceBlockedByFields(TypedDict):
+    sequence: str
+    no: int
+
+
+class SequenceBlockedBy(_SequenceBlockedByFields, total=False):
+    """What a ``blocked`` job waits for (a job's ``blocked_by``): its ``sequence`` (the key,
+    ``"payload.account=acme"``) and its own number ``no`` in it, and the job in front that
+    holds the sequence: its id (``job``), ``state`` and number (``holder_no``), absent when
+    none is found (the blocked job is being released)."""
+
+    job: str
+    state: str
+    holder_no: int

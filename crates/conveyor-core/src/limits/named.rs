@@ -18,6 +18,7 @@ use super::MAX_RATE_PERIOD_MS;
 use crate::error::ValidationError;
 use crate::fields;
 use crate::job::{NewJob, RateLimit};
+use crate::sequence::{SequenceKey, SequenceSpec};
 use crate::wire::read_body;
 
 /// At most this many limits named on one queue, kind or job.
@@ -303,8 +304,18 @@ pub fn split_limit_key(key: &str) -> (&str, &str) {
     key.split_once(':').unwrap_or((key, ""))
 }
 
-/// Which limits exist and which queues and kinds name them: what a job is stamped from. The
-/// engine keeps one refreshed from the store about once a second.
+/// Checks a sequence as configured: its key must be a key expression (field `<field>.key`,
+/// or `<field>` for the short form).
+pub fn sequence(field: &str, spec: &SequenceSpec) -> Result<(), ValidationError> {
+    spec.key
+        .parse::<KeyExpr>()
+        .map(|_| ())
+        .map_err(|message| ValidationError::new(field, message))
+}
+
+/// Which limits exist and which queues and kinds name them, and the queues' and kinds'
+/// sequences: what a job is stamped from. The engine keeps one refreshed from the store about
+/// once a second.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LimitBook {
     pub specs: BTreeMap<String, LimitSpec>,
@@ -312,6 +323,10 @@ pub struct LimitBook {
     pub queues: BTreeMap<String, Vec<String>>,
     /// Limit names by kind, from the kinds' settings.
     pub kinds: BTreeMap<String, Vec<String>>,
+    /// Sequences by queue, from the queues' settings.
+    pub queue_sequences: BTreeMap<String, SequenceSpec>,
+    /// Sequences by kind, from the kinds' settings.
+    pub kind_sequences: BTreeMap<String, SequenceSpec>,
 }
 
 impl LimitBook {
@@ -354,6 +369,22 @@ impl LimitBook {
             keys.push(key);
         }
         keys
+    }
+
+    /// The sequence `job` enters: the one it names, else its kind's, else its queue's; none
+    /// when that sequence's key has no value in the job (or the key no longer parses).
+    pub fn sequence(&self, job: &NewJob) -> Option<SequenceKey> {
+        let spec = job
+            .sequence
+            .as_ref()
+            .or_else(|| self.kind_sequences.get(&job.kind))
+            .or_else(|| self.queue_sequences.get(&job.queue))?;
+        let expression: KeyExpr = spec.key.parse().ok()?;
+        let value = expression.value_of(job)?;
+        Some(SequenceKey {
+            key: crate::sequence::sequence_key(&expression.to_string(), &value),
+            on_dead: spec.on_dead,
+        })
     }
 }
 

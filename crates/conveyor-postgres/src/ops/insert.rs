@@ -34,6 +34,9 @@ pub(super) struct Columns {
     traces: Vec<Option<Json<conveyor_core::trace::TraceContext>>>,
     limit_keys: Vec<Option<Json<Vec<String>>>>,
     fair_keys: Vec<Option<String>>,
+    sequence_keys: Vec<Option<String>>,
+    sequence_nos: Vec<Option<i64>>,
+    sequence_skip_dead: Vec<bool>,
 }
 
 /// The outcome of an insert: one result per job, and whether any job became available.
@@ -63,10 +66,17 @@ pub(crate) async fn insert_many(
         .filter_map(|job| job.idempotency_key.as_deref())
         .collect();
     let unique_keys = unique::keys(&jobs);
+    let sequence_keys: BTreeSet<&str> = jobs
+        .iter()
+        .filter_map(|job| job.sequence_key.as_ref().map(|s| s.key.as_str()))
+        .collect();
+    let sequence_keys: Vec<&str> = sequence_keys.into_iter().collect();
+    let sequence_locks = sequence_lock_keys(&mut *conn, ctx, &sequence_keys).await?;
     let lock_keys: Vec<i64> = keys
         .iter()
         .map(|key| idempotency_lock_key(ctx.schema, key))
         .chain(unique::lock_keys(ctx.schema, &unique_keys))
+        .chain(sequence_locks)
         .collect();
     lock_in_order(
         &mut *conn,
@@ -98,6 +108,7 @@ pub(crate) async fn insert_many(
     }
 
     let stored_unique = unique::stored_matches(&mut *conn, ctx, &jobs, &unique_keys).await?;
+    let mut tails = sequence_tails(&mut *conn, ctx, &sequence_keys).await?;
 
     let mut slots = Vec::with_capacity(jobs.len());
     let mut batch_keys: HashMap<String, Uuid> = HashMap::new();
@@ -136,11 +147,22 @@ pub(crate) async fn insert_many(
         }
         // A past run_at is kept (it orders the job among others) but makes the job available.
         let run_at = truncate_to_millis(new.run_at.unwrap_or(ctx.now));
-        let state = if run_at > ctx.now {
+        let mut state = if run_at > ctx.now {
             JobState::Scheduled
         } else {
             JobState::Available
         };
+        let sequence = new.sequence_key.as_ref().map(|place| {
+            let tail = tails.entry(place.key.clone()).or_default();
+            tail.last += 1;
+            if tail.waits {
+                state = JobState::Blocked;
+            }
+            // Whatever state it starts in, it holds or waits in the sequence: later jobs of the
+            // batch wait behind it.
+            tail.waits = true;
+            (place.key.clone(), tail.last, place.on_dead == OnDead::Skip)
+        });
         columns.ids.push(id);
         columns.kinds.push(new.kind);
         columns.queues.push(new.queue);
@@ -173,6 +195,13 @@ pub(crate) async fn insert_many(
         columns
             .limit_keys
             .push((!new.limit_keys.is_empty()).then_some(Json(new.limit_keys)));
+        let (sequence_key, sequence_no, skip_dead) = match sequence {
+            Some((key, no, skip)) => (Some(key), Some(no), skip),
+            None => (None, None, false),
+        };
+        columns.sequence_keys.push(sequence_key);
+        columns.sequence_nos.push(sequence_no);
+        columns.sequence_skip_dead.push(skip_dead);
         slots.push(Slot::New(id));
     }
 
@@ -225,7 +254,7 @@ pub(crate) async fn insert_many(
     })
 }
 
-/// The insert statement `text` with the batch's columns bound as `$1` to `$14`.
+/// The insert statement `text` with the batch's columns bound as `$1` to `$21`.
 pub(super) fn bind_columns<'q>(
     text: sqlx::SqlStr,
     columns: &'q Columns,
@@ -250,6 +279,66 @@ pub(super) fn bind_columns<'q>(
         .bind(&columns.traces)
         .bind(&columns.limit_keys)
         .bind(&columns.fair_keys)
+        .bind(&columns.sequence_keys)
+        .bind(&columns.sequence_nos)
+        .bind(&columns.sequence_skip_dead)
+}
+
+/// The last number of a sequence key, and whether a job of it holds the sequence or waits in
+/// it (a new job must then wait too).
+#[derive(Default)]
+pub(super) struct Tail {
+    last: i64,
+    waits: bool,
+}
+
+/// The advisory lock keys of a batch's sequence keys (none for a batch without sequences,
+/// which pays no round trip).
+async fn sequence_lock_keys(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    keys: &[&str],
+) -> StoreResult<Vec<i64>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    sqlx::query_scalar(ctx.sql.sequence_lock_keys.clone())
+        .bind(keys)
+        .bind(ctx.schema)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("compute sequence lock keys"))
+}
+
+/// Each sequence key's [`Tail`], read after its lock is held.
+async fn sequence_tails(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    keys: &[&str],
+) -> StoreResult<HashMap<String, Tail>> {
+    let mut tails = HashMap::new();
+    if keys.is_empty() {
+        return Ok(tails);
+    }
+    let found = sqlx::query(ctx.sql.sequence_tails.clone())
+        .bind(keys)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read sequence tails"))?;
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let key: String = row.try_get("key").map_err(read)?;
+        let last: Option<i64> = row.try_get("last").map_err(read)?;
+        let waits: bool = row.try_get("waits").map_err(read)?;
+        tails.insert(
+            key,
+            Tail {
+                last: last.unwrap_or(0),
+                waits,
+            },
+        );
+    }
+    Ok(tails)
 }
 
 /// Refuses the batch's new jobs (`columns`, in `queues`) with `QueueFull` when they would take a

@@ -33,6 +33,7 @@ use crate::rows::{self, count_of, limit, settings_of};
 use crate::sql::{Sql, COLUMNS};
 use crate::unique;
 use crate::workflow;
+use conveyor_core::sequence::OnDead;
 use conveyor_core::workflow::FlowEvent;
 
 mod admin;

@@ -53,6 +53,7 @@ pub(crate) async fn queue_settings_put(
         .bind(settings.default_ttl_ms.map(stored_depth))
         .bind(settings.circuit_breaker.map(sqlx::types::Json))
         .bind(&settings.limits)
+        .bind(settings.sequence.as_ref().map(sqlx::types::Json))
         .fetch_one(&mut *conn)
         .await
         .map_err(db("store queue settings"))?;

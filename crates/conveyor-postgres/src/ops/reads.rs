@@ -45,6 +45,9 @@ pub(crate) async fn list(
     if let Some(tenant) = &params.tenant {
         query.add("tenant = $?", [Bind::Text(tenant)]);
     }
+    if let Some(sequence) = &params.sequence {
+        query.add("sequence_key = $?", [Bind::Text(sequence)]);
+    }
     if let Some(at) = params.created_after {
         query.add("created_at >= $?", [Bind::Time(at)]);
     }

@@ -99,6 +99,8 @@ function limitKeys(keys) {
  */
 function blockedNote(blocked) {
   if (!blocked || !blocked.length) return null;
+  const waiting = blocked.find((b) => b.sequence);
+  if (waiting) return sequenceNote(waiting);
   return h('div', { class: 'alert alert-info limit-blocked', id: 'job-blocked', role: 'status' },
     blocked.map((b) => {
       const figures = [];
@@ -112,6 +114,25 @@ function blockedNote(blocked) {
     h('p', { class: 'small', text: blocked.some((b) => b.rate && b.recent_starts >= b.rate.count)
       ? 'It starts once every key it holds has room again: when a running job under the limit ends, or older starts leave the rate\'s period.'
       : 'It starts once every key it holds has room again: when a running job under the limit ends.' }));
+}
+
+/** Where the jobs of sequence `key` are listed. */
+function sequenceHref(key) {
+  return routeHref('/jobs', { sequence: key });
+}
+
+/**
+ * Why a blocked job waits: "Waits in sequence payload.account=acme (no. 4) behind job 0193…
+ * (retryable, no. 3)", with links to that job and to the sequence's jobs.
+ */
+function sequenceNote(b) {
+  return h('div', { class: 'alert alert-info sequence-blocked', id: 'job-blocked', role: 'status' },
+    h('p', { dataset: { sequence: b.sequence } },
+      'Waits in sequence ', h('a', { href: sequenceHref(b.sequence), class: 'mono', text: b.sequence }),
+      ` (no. ${b.no})`,
+      b.job ? [' behind job ', h('a', { href: `#/jobs/${encodeURIComponent(b.job)}`, class: 'mono', id: 'job-blocked-by', text: `${b.job.slice(0, 8)}…` }),
+        ` (${b.state}${b.holder_no != null ? `, no. ${b.holder_no}` : ''})`] : ''),
+    h('p', { class: 'small', text: 'It becomes available when every earlier job of its sequence has finished: completed, cancelled, expired, or discarded from the dead-letter queue.' }));
 }
 
 /** A shell word, single-quoted. */
@@ -274,6 +295,9 @@ export default {
             detail('Took', started && finished && finished >= started ? duration(finished - started) : null),
             detail('Timeout', job.timeout_ms ? duration(job.timeout_ms) : null),
             detail('Tenant', job.tenant),
+            job.sequence ? detail('Sequence', h('span', { id: 'job-sequence' },
+              h('a', { href: sequenceHref(job.sequence.key), class: 'mono', text: job.sequence.key }),
+              ` · no. ${job.sequence.no}${job.sequence.on_dead === 'skip' ? ' · dead jobs skipped' : ''}`)) : null,
             job.limit_keys && job.limit_keys.length ? detail('Limits', limitKeys(job.limit_keys)) : null,
             job.expires_at ? detail('Expires', localTime(job.expires_at)) : null,
             job.trace ? detail('Trace', job.trace.traceparent.split('-')[1]) : null,

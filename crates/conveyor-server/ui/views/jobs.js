@@ -1,5 +1,5 @@
 // Job list: `GET /v1/jobs` filtered by queue, state and kind and searched by id prefix, tag,
-// tenant, creation time and payload, newest first, paged with the API's cursor, refreshed
+// tenant, sequence, creation time and payload, newest first, paged with the API's cursor, refreshed
 // live (the page shown stays the same page). Rows, or everything the search matches, can be
 // cancelled, retried or discarded at once through `POST /v1/jobs/bulk`, always after a
 // confirmation whose count comes from a dry run of exactly that request. While rows are
@@ -12,7 +12,7 @@ import { queueSelect, textFilter, field, checkedField, pager, liveToggle, lastEr
 const PAGE_SIZE = 25;
 
 /** Every search criterion, as named by the API (query parameters and bulk filter alike). */
-const CRITERIA = ['queue', 'state', 'kind', 'id_prefix', 'tag', 'tenant', 'created_after', 'created_before', 'payload'];
+const CRITERIA = ['queue', 'state', 'kind', 'id_prefix', 'tag', 'tenant', 'sequence', 'created_after', 'created_before', 'payload'];
 
 /** The bulk actions: what each applies to and how it is told. */
 const ACTIONS = {
@@ -141,6 +141,7 @@ export default {
     const idPrefix = text('id_prefix', 'filter-id', 'e.g. 0193a5f2');
     const tag = text('tag', 'filter-tag', 'e.g. vip');
     const tenant = text('tenant', 'filter-tenant', 'e.g. acme');
+    const sequence = text('sequence', 'filter-sequence', 'e.g. payload.account=acme');
     const payload = text('payload', 'filter-payload', '{"user_id": 7}', 'text');
     payload.classList.add('input-wide');
     const timeInput = (key, id) => {
@@ -159,6 +160,7 @@ export default {
       id_prefix: checkedField('Id prefix', idPrefix),
       tag: checkedField('Tag', tag),
       tenant: checkedField('Tenant', tenant),
+      sequence: checkedField('Sequence', sequence),
       created_after: checkedField('Created after', createdAfter),
       created_before: checkedField('Created before', createdBefore),
       payload: checkedField('Payload contains', payload),
@@ -324,7 +326,7 @@ export default {
       for (const key of CRITERIA) filters[key] = '';
       queue.el.value = '';
       stateSelect.value = '';
-      for (const input of [kind, idPrefix, tag, tenant, payload]) input.resetTo('');
+      for (const input of [kind, idPrefix, tag, tenant, sequence, payload]) input.resetTo('');
       createdAfter.value = '';
       createdBefore.value = '';
       clearFieldErrors();
@@ -343,6 +345,7 @@ export default {
         checked.id_prefix.el,
         checked.tag.el,
         checked.tenant.el,
+        checked.sequence.el,
         checked.created_after.el,
         checked.created_before.el,
         checked.payload.el,

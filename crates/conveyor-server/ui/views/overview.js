@@ -22,7 +22,7 @@ const CARD_STATES = [
   ['dead', 'Dead', 'out of attempts'],
   ['completed', 'Completed', 'finished'],
 ];
-const TABLE_STATES = ['available', 'running', 'scheduled', 'retryable', 'dead', 'completed', 'cancelled', 'expired'];
+const TABLE_STATES = ['available', 'running', 'scheduled', 'retryable', 'dead', 'completed', 'cancelled', 'expired', 'blocked'];
 const RATE_WINDOW_MS = 60 * 1000;
 
 /** Per-second rates of `pick(sample)` between successive samples; drops (replays, purges) count as 0. */

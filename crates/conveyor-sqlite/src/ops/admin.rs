@@ -17,11 +17,11 @@ pub(crate) fn cancel(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<Job> {
     Ok(cancelled)
 }
 
-/// A replayed job's queue, id and flow.
-type Replayed = (String, String, Option<String>);
+/// A replayed job's queue, id, flow and sequence.
+type Replayed = (String, String, Option<String>, Option<String>);
 
 fn replayed_row(row: &rusqlite::Row<'_>) -> rusqlite::Result<Replayed> {
-    Ok((row.get(0)?, row.get(1)?, row.get(2)?))
+    Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
 }
 
 /// Replays dead jobs (by ids or by queue/kind) and expired ones (by ids only: the dead-letter
@@ -42,7 +42,7 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
                      finished_at = NULL, result = NULL, expires_at = NULL, \
                      errors = CASE WHEN json_array_length(errors) > 0 \
                          THEN json_set(errors, '$[#-1].replayed_at', ?4) ELSE errors END \
-                     WHERE id = ?2 AND state = ?3 RETURNING queue, id, flow_id",
+                     WHERE id = ?2 AND state = ?3 RETURNING queue, id, flow_id, sequence_key",
                 )
                 .map_err(backend)?;
             for id in ids {
@@ -68,7 +68,7 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
                          THEN json_set(errors, '$[#-1].replayed_at', ?4) ELSE errors END \
                      WHERE state = 'dead' \
                      AND (?2 IS NULL OR queue = ?2) AND (?3 IS NULL OR kind = ?3) \
-                     RETURNING queue, id, flow_id",
+                     RETURNING queue, id, flow_id, sequence_key",
                 )
                 .and_then(|mut stmt| {
                     stmt.query_map(
@@ -81,8 +81,13 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
             found.extend(rows.into_iter().map(|row| (JobState::Dead, row)));
         }
     }
-    for (from, (queue, id, flow_id)) in &found {
+    let mut sequences = std::collections::BTreeSet::new();
+    for (from, (queue, id, flow_id, sequence_key)) in &found {
         ctx.count_move(queue, Some(*from), Some(JobState::Available));
+        if let Some(key) = sequence_key {
+            sequence::requeue(ctx, queue, id)?;
+            sequences.insert(key.clone());
+        }
         // A replayed step resumes its flow when the flow stopped at it.
         if let Some(flow_id) = flow_id {
             let flow_id = Uuid::parse_str(flow_id)
@@ -91,6 +96,11 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
                 .map_err(|e| StoreError::backend(format!("stored job id: {e}")))?;
             workflow::handle(ctx, flow_id, FlowEvent::JobReplayed { job_id })?;
         }
+    }
+    // Back in its sequence, a replayed job runs when no job of the key holds it, before the
+    // blocked ones (it has the lowest number).
+    for key in &sequences {
+        sequence::release(ctx, key)?;
     }
     let replayed = found.len() as u64;
     if replayed > 0 {
@@ -101,21 +111,25 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
 
 /// Deletes a dead or expired job.
 pub(crate) fn dead_discard(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<bool> {
-    let deleted: Option<(String, String)> = ctx
+    type Deleted = (String, String, Option<String>, bool);
+    let deleted: Option<Deleted> = ctx
         .conn
         .prepare_cached(
             "DELETE FROM jobs WHERE id = ?1 AND state IN ('dead', 'expired') \
-             RETURNING queue, state",
+             RETURNING queue, state, sequence_key, sequence_skip_dead",
         )
         .and_then(|mut stmt| {
             stmt.query_row(params![id.to_string()], |row| {
-                Ok((row.get(0)?, row.get(1)?))
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
             })
             .optional()
         })
         .map_err(backend)?;
-    if let Some((queue, state)) = &deleted {
-        ctx.count_move(queue, Some(state.parse::<JobState>()?), None);
+    if let Some((queue, state, sequence_key, skip_dead)) = &deleted {
+        let state = state.parse::<JobState>()?;
+        ctx.count_move(queue, Some(state), None);
+        // A dead job that held its sequence lets the next one run once discarded.
+        sequence::deleted(ctx, sequence_key.as_deref(), *skip_dead, state)?;
     }
     Ok(deleted.is_some())
 }

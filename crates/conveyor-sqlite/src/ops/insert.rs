@@ -55,7 +55,8 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
                 continue;
             }
         }
-        let job = new.into_stored(Uuid::now_v7(), ctx.now);
+        let mut job = new.into_stored(Uuid::now_v7(), ctx.now);
+        sequence::enter(ctx, &mut job)?;
         if job.state == JobState::Available {
             ctx.wake = true;
         }

@@ -72,6 +72,7 @@ pub(crate) fn expire_due(ctx: &mut WriteCtx<'_>) -> StoreResult<u64> {
             .map_err(backend)?;
         for job in &expired {
             ctx.count_move(&job.queue, Some(from), Some(JobState::Expired));
+            sequence::moved(ctx, job, from)?;
             workflow::job_finished(ctx, job)?;
         }
         count += expired.len() as u64;
@@ -371,13 +372,15 @@ pub(crate) fn complete_many(
             .as_ref()
             .map(|value| json_text(value, "result"))
             .transpose()?;
-        // The row's flow (NULL for plain jobs) tells whether a workflow must move on.
-        let changed: Option<Option<String>> = ctx
+        // The row's flow and sequence (NULL for plain jobs) tell whether a workflow must move
+        // on and whether a blocked job is released.
+        let changed: Option<(Option<String>, Option<String>)> = ctx
             .conn
             .prepare_cached(
                 "UPDATE jobs SET state = 'completed', result = ?1, finished_at = ?2, \
                  lease_token = NULL, lease_expires_at = NULL \
-                 WHERE id = ?3 AND state = 'running' AND lease_token = ?4 RETURNING flow_id",
+                 WHERE id = ?3 AND state = 'running' AND lease_token = ?4 \
+                 RETURNING flow_id, sequence_key",
             )
             .and_then(|mut stmt| {
                 stmt.query_row(
@@ -387,12 +390,16 @@ pub(crate) fn complete_many(
                         lease.id.to_string(),
                         lease.lease_token.to_string()
                     ],
-                    |row| row.get(0),
+                    |row| Ok((row.get(0)?, row.get(1)?)),
                 )
                 .optional()
             })
             .map_err(backend)?;
-        if let Some(flow_id) = changed {
+        if let Some((flow_id, sequence_key)) = changed {
+            if let Some(key) = sequence_key {
+                // Running held the sequence; completed never does.
+                sequence::release(ctx, &key)?;
+            }
             if let Some(flow_id) = flow_id {
                 let flow_id = Uuid::parse_str(&flow_id)
                     .map_err(|e| StoreError::backend(format!("stored flow id: {e}")))?;
@@ -486,6 +493,7 @@ pub(crate) fn record_failure(
         .map_err(backend)?;
     drop(stmt);
     ctx.count_move(&job.queue, Some(JobState::Running), Some(job.state));
+    sequence::moved(ctx, &job, JobState::Running)?;
     workflow::job_finished(ctx, &job)?;
     Ok(job)
 }

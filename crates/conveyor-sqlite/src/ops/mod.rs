@@ -21,6 +21,7 @@ use crate::errors::backend;
 use crate::jobs::{cancel_unhooked, insert_row, job_by_id};
 use crate::limits;
 use crate::rows::{self, json_text, millis, COLUMNS};
+use crate::sequence;
 use crate::unique;
 use crate::workflow;
 use crate::writer::WriteCtx;

@@ -24,13 +24,15 @@ pub(crate) fn queue_settings_put(
     let rate_period = |rate: Option<RateLimit>| as_sql(rate.map(|r| r.period_ms));
     let breaker = crate::rows::breaker_settings_text(settings.circuit_breaker.as_ref())?;
     let limits = crate::rows::names_text(&settings.limits)?;
+    let sequence = crate::rows::sequence_spec_text(settings.sequence.as_ref())?;
     ctx.conn
         .prepare_cached(
             "INSERT INTO queue_settings (queue, paused, max_depth, max_depth_per_tenant, \
              concurrency_limit, per_key_concurrency_limit, rate_count, rate_period_ms, \
              per_key_rate_count, per_key_rate_period_ms, weight, completed_retention_secs, \
-             dead_retention_secs, default_ttl_ms, circuit_breaker, limits) \
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16) \
+             dead_retention_secs, default_ttl_ms, circuit_breaker, limits, sequence) \
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, \
+             ?17) \
              ON CONFLICT (queue) DO UPDATE SET \
              paused = excluded.paused, max_depth = excluded.max_depth, \
              max_depth_per_tenant = excluded.max_depth_per_tenant, \
@@ -43,7 +45,8 @@ pub(crate) fn queue_settings_put(
              completed_retention_secs = excluded.completed_retention_secs, \
              dead_retention_secs = excluded.dead_retention_secs, \
              default_ttl_ms = excluded.default_ttl_ms, \
-             circuit_breaker = excluded.circuit_breaker, limits = excluded.limits",
+             circuit_breaker = excluded.circuit_breaker, limits = excluded.limits, \
+             sequence = excluded.sequence",
         )
         .and_then(|mut stmt| {
             stmt.execute(params![
@@ -63,6 +66,7 @@ pub(crate) fn queue_settings_put(
                 as_sql(settings.default_ttl_ms),
                 breaker,
                 limits,
+                sequence,
             ])
         })
         .map_err(backend)?;

@@ -58,6 +58,10 @@ pub(crate) fn jobs_list(conn: &Connection, params: &JobListParams) -> StoreResul
         args.push(SqlValue::Text(tenant.clone()));
         sql.push_str(&format!(" AND tenant = ?{}", args.len()));
     }
+    if let Some(sequence) = &params.sequence {
+        args.push(SqlValue::Text(sequence.clone()));
+        sql.push_str(&format!(" AND sequence_key = ?{}", args.len()));
+    }
     if let Some(at) = params.created_after {
         args.push(SqlValue::Integer(millis(at)));
         sql.push_str(&format!(" AND created_at >= ?{}", args.len()));

@@ -15,7 +15,8 @@ use crate::cli::ServerArg;
 pub(crate) struct Filter {
     #[arg(long)]
     queue: Option<String>,
-    /// scheduled, available, running, retryable, completed, dead, cancelled or expired.
+    /// scheduled, available, running, retryable, completed, dead, cancelled, expired or
+    /// blocked.
     #[arg(long)]
     state: Option<String>,
     #[arg(long)]
@@ -25,6 +26,9 @@ pub(crate) struct Filter {
     tag: Option<String>,
     #[arg(long)]
     tenant: Option<String>,
+    /// The jobs of one sequence, by the key jobs carry (e.g. `payload.account=acme`).
+    #[arg(long)]
+    sequence: Option<String>,
     /// The start of a job id (e.g. 0193a5f2).
     #[arg(long)]
     id_prefix: Option<String>,
@@ -48,6 +52,7 @@ impl Filter {
             ("kind", &self.kind),
             ("tag", &self.tag),
             ("tenant", &self.tenant),
+            ("sequence", &self.sequence),
             ("id_prefix", &self.id_prefix),
             ("created_after", &self.created_after),
             ("created_before", &self.created_before),

@@ -32,6 +32,11 @@ pub(crate) enum KindCommand {
         /// set`), or `none`.
         #[arg(long, value_name = "NAME,...")]
         limits: Option<crate::cli::limit::LimitNamesArg>,
+        /// Jobs of the kind with the same key run one after another, in enqueue order: a key
+        /// expression (`tenant`, `payload.account`), `EXPR:skip` to let a dead job's successors
+        /// run, or `none`.
+        #[arg(long, value_name = "EXPR[:skip]")]
+        sequence: Option<crate::cli::limit::SequenceArg>,
         /// Set it even if queued jobs of the kind would not pass it.
         #[arg(long)]
         force: bool,
@@ -121,6 +126,7 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             circuit_breaker,
             version,
             limits,
+            sequence,
             force,
             server,
         } => {
@@ -146,9 +152,17 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             if let Some(limits) = &limits {
                 body["limits"] = limits.to_json();
             }
-            if schema.is_none() && body.get("circuit_breaker").is_none() && limits.is_none() {
+            if let Some(sequence) = &sequence {
+                body["sequence"] = sequence.to_json();
+            }
+            if schema.is_none()
+                && body.get("circuit_breaker").is_none()
+                && limits.is_none()
+                && sequence.is_none()
+            {
                 anyhow::bail!(
-                    "nothing to set: give --schema FILE, --circuit-breaker JSON and/or --limits NAMES"
+                    "nothing to set: give --schema FILE, --circuit-breaker JSON, --limits NAMES \
+                     and/or --sequence EXPR"
                 );
             }
             let client = server.client()?;
@@ -164,7 +178,7 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             } else {
                 let stored: KindSettings = decode(&answer, "PUT /v1/kinds/{kind}")?;
                 println!(
-                    "kind {} set: schema {}, circuit breaker {}, limits {}",
+                    "kind {} set: schema {}, circuit breaker {}, limits {}, sequence {}",
                     stored.kind,
                     if stored.schema.is_some() {
                         "set"
@@ -176,7 +190,8 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
                     } else {
                         "none"
                     },
-                    crate::cli::limit::names_text(&json!(stored.limits))
+                    crate::cli::limit::names_text(&json!(stored.limits)),
+                    crate::cli::limit::sequence_text(&json!(stored.sequence))
                 );
             }
         }
@@ -213,6 +228,10 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
                 println!("  updated: {}", stamp(&stored.updated_at));
                 if !stored.limits.is_empty() {
                     println!("  limits: {}", stored.limits.join(", "));
+                }
+                if stored.sequence.is_some() {
+                    let sequence = crate::cli::limit::sequence_text(&json!(stored.sequence));
+                    println!("  sequence: {sequence}");
                 }
                 match &stored.schema {
                     Some(schema) => print_json(schema),

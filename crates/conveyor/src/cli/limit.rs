@@ -99,6 +99,54 @@ impl std::str::FromStr for LimitNamesArg {
     }
 }
 
+/// `--sequence EXPR[:skip]` of `queue set` and `kind set`: the key expression the queue's or
+/// the kind's jobs are sequenced by (`:skip` lets a dead job's successors run, `:block` is the
+/// default), or `none`.
+#[derive(Debug, Clone)]
+pub(crate) struct SequenceArg(Option<conveyor_core::sequence::SequenceSpec>);
+
+impl SequenceArg {
+    /// As the settings' `sequence` takes it: `null` for none.
+    pub(crate) fn to_json(&self) -> Value {
+        json!(self.0)
+    }
+}
+
+impl std::str::FromStr for SequenceArg {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        use conveyor_core::sequence::{OnDead, SequenceSpec};
+        let text = text.trim();
+        if text.eq_ignore_ascii_case("none") {
+            return Ok(SequenceArg(None));
+        }
+        let (key, on_dead) = match text.rsplit_once(':') {
+            Some((key, "skip")) => (key, OnDead::Skip),
+            Some((key, "block")) => (key, OnDead::Block),
+            Some((_, other)) => {
+                return Err(format!(
+                    "--sequence: {other:?} after ':' must be block or skip"
+                ))
+            }
+            None => (text, OnDead::Block),
+        };
+        let spec = SequenceSpec::key(key).on_dead(on_dead);
+        conveyor_core::limits::named::sequence("--sequence", &spec)
+            .map_err(|error| format!("{}: {}", error.field, error.message))?;
+        Ok(SequenceArg(Some(spec)))
+    }
+}
+
+/// A sequence as settings show it (`sequence`), `none` without one.
+pub(crate) fn sequence_text(sequence: &Value) -> String {
+    match (sequence["key"].as_str(), sequence["on_dead"].as_str()) {
+        (Some(key), Some("skip")) => format!("{key} (dead jobs skipped)"),
+        (Some(key), _) => key.to_string(),
+        _ => "none".to_string(),
+    }
+}
+
 /// Named limits as settings show them (`limits`), `none` without any.
 pub(crate) fn names_text(limits: &Value) -> String {
     let names: Vec<&str> = limits

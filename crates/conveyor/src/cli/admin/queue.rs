@@ -73,6 +73,11 @@ pub(crate) enum QueueCommand {
         /// (`conveyor limit set`), or `none`.
         #[arg(long, value_name = "NAME,...")]
         limits: Option<crate::cli::limit::LimitNamesArg>,
+        /// Jobs of the queue with the same key run one after another, in enqueue order: a key
+        /// expression (`tenant`, `kind`, `payload.account`), `EXPR:skip` to let a dead job's
+        /// successors run, or `none`.
+        #[arg(long, value_name = "EXPR[:skip]")]
+        sequence: Option<crate::cli::limit::SequenceArg>,
         #[command(flatten)]
         server: ServerArg,
     },
@@ -276,11 +281,15 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             default_ttl_ms,
             circuit_breaker,
             limits,
+            sequence,
             server,
         } => {
             let mut change = json!({});
             if let Some(limits) = limits {
                 change["limits"] = limits.to_json();
+            }
+            if let Some(sequence) = sequence {
+                change["sequence"] = sequence.to_json();
             }
             if let Some(Limit(limit)) = max_depth {
                 change["max_depth"] = json!(limit);
@@ -323,7 +332,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
                     "nothing to set: give --max-depth, --max-depth-per-tenant, \
                      --concurrency-limit, --per-key-concurrency-limit, --rate-limit, \
                      --per-key-rate-limit, --weight, --completed-retention-secs, \
-                     --dead-retention-secs, --default-ttl-ms, --circuit-breaker or --limits"
+                     --dead-retention-secs, --default-ttl-ms, --circuit-breaker, --limits or \
+                     --sequence"
                 );
             }
             (name, server, Some(change))
@@ -347,7 +357,7 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
         println!(
             "{}: {}; max depth {}; max depth per tenant {}; concurrency limit {}; \
              per-tenant concurrency limit {}; rate limit {}; per-tenant rate limit {}; weight {}; \
-             desired workers {}; circuit breaker {}; limits {}",
+             desired workers {}; circuit breaker {}; limits {}; sequence {}",
             name,
             if settings["paused"] == true {
                 "paused"
@@ -363,7 +373,8 @@ pub(crate) async fn queue(command: QueueCommand) -> anyhow::Result<ExitCode> {
             settings["weight"].as_u64().unwrap_or(1),
             limit(&settings["desired_workers"]),
             breaker_summary(&settings["circuit"]),
-            crate::cli::limit::names_text(&settings["limits"])
+            crate::cli::limit::names_text(&settings["limits"]),
+            crate::cli::limit::sequence_text(&settings["sequence"])
         );
     }
     Ok(ExitCode::SUCCESS)
