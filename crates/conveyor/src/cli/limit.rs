@@ -103,7 +103,8 @@ impl std::str::FromStr for LimitNamesArg {
 /// the kind's jobs are sequenced by (`:skip` lets a dead job's successors run, `:block` is the
 /// default), or `none`.
 #[derive(Debug, Clone)]
-pub(crate) struct SequenceArg(Option<conveyor_core::sequence::SequenceSpec>);
+// Boxed: `queue set` holds many options, and clippy weighs the command enum's largest variant.
+pub(crate) struct SequenceArg(Box<Option<conveyor_core::sequence::SequenceSpec>>);
 
 impl SequenceArg {
     /// As the settings' `sequence` takes it: `null` for none.
@@ -119,7 +120,7 @@ impl std::str::FromStr for SequenceArg {
         use conveyor_core::sequence::{OnDead, SequenceSpec};
         let text = text.trim();
         if text.eq_ignore_ascii_case("none") {
-            return Ok(SequenceArg(None));
+            return Ok(SequenceArg(Box::new(None)));
         }
         let (key, on_dead) = match text.rsplit_once(':') {
             Some((key, "skip")) => (key, OnDead::Skip),
@@ -134,7 +135,7 @@ impl std::str::FromStr for SequenceArg {
         let spec = SequenceSpec::key(key).on_dead(on_dead);
         conveyor_core::limits::named::sequence("--sequence", &spec)
             .map_err(|error| format!("{}: {}", error.field, error.message))?;
-        Ok(SequenceArg(Some(spec)))
+        Ok(SequenceArg(Box::new(Some(spec))))
     }
 }
 
