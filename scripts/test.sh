@@ -45,7 +45,9 @@ npm ci --prefix clients/typescript --no-audit --no-fund >/dev/null
 # axe-core (pinned) for the dashboard test's accessibility check (WCAG 2 A/AA, both schemes).
 npm ci --prefix crates/conveyor/tests/a11y --no-audit --no-fund >/dev/null
 
-# The client suites drive the real server binary.
+# The client suites drive the real server binary. The shipped binary (no `bench`) must build
+# too: it is what the README runs.
+cargo build -p conveyor
 cargo build -p conveyor --features bench
 # The facade's cargo features: an embedded build on SQLite alone (no server, PostgreSQL or CLI)
 # must keep compiling.

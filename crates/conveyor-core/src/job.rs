@@ -329,6 +329,17 @@ pub struct NewJob {
     /// queue's: set by the engine, not by producers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence_key: Option<crate::sequence::SequenceKey>,
+    /// Folds a burst of enqueues with the same key into one job (see [`crate::debounce`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounce: Option<crate::debounce::DebounceSpec>,
+    /// At most one job with the same key per period; the rest are dropped (see
+    /// [`crate::debounce`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub throttle: Option<crate::debounce::ThrottleSpec>,
+    /// The fold the job enters, stamped at enqueue from `debounce` or `throttle`: set by the
+    /// engine, not by producers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fold_key: Option<crate::debounce::FoldKey>,
 }
 
 impl NewJob {
@@ -351,6 +362,9 @@ impl NewJob {
             limit_keys: Vec::new(),
             sequence: None,
             sequence_key: None,
+            debounce: None,
+            throttle: None,
+            fold_key: None,
         }
     }
 
@@ -415,8 +429,41 @@ impl NewJob {
 pub struct Inserted {
     pub job: Job,
     /// True when an existing job with the same idempotency key, or the same unique key in one
-    /// of the spec's states, was returned instead.
+    /// of the spec's states, was returned instead (or the enqueue was debounced or throttled
+    /// into it).
     pub duplicate: bool,
+    /// Set when the enqueue was folded into the job that stands (debounce, throttle): its id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub debounced_into: Option<Uuid>,
+}
+
+impl Inserted {
+    /// A job stored by this insert.
+    pub fn new(job: Job) -> Self {
+        Self {
+            job,
+            duplicate: false,
+            debounced_into: None,
+        }
+    }
+
+    /// An existing job returned instead of a new one.
+    pub fn duplicate_of(job: Job) -> Self {
+        Self {
+            job,
+            duplicate: true,
+            debounced_into: None,
+        }
+    }
+
+    /// The job an enqueue was debounced or throttled into.
+    pub fn folded_into(job: Job) -> Self {
+        Self {
+            debounced_into: Some(job.id),
+            job,
+            duplicate: true,
+        }
+    }
 }
 
 /// Per-queue counts by state.

@@ -12,6 +12,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod copy;
+pub mod debounce;
 mod delegate;
 pub mod error;
 pub mod events;

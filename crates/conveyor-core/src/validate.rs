@@ -105,6 +105,12 @@ impl ValidJob {
         self
     }
 
+    /// The job stamped with the fold it enters (debounce, throttle).
+    pub fn with_fold_key(mut self, key: Option<crate::debounce::FoldKey>) -> Self {
+        self.0.fold_key = key;
+        self
+    }
+
     /// The same job with `payload` and `unique` replaced by a decorator that transforms what is
     /// stored (encryption at rest). The caller vouches for them: they are derived from the
     /// validated ones, so they are not checked again.
@@ -183,6 +189,57 @@ pub fn new_job(job: &NewJob) -> Result<(), ValidationError> {
     crate::limits::named::limit_names("limits", &job.limits)?;
     if let Some(sequence) = &job.sequence {
         crate::limits::named::sequence("sequence", sequence)?;
+    }
+    folds(job)?;
+    Ok(())
+}
+
+/// Checks a job's `debounce` or `throttle`: not both, not with `unique`, a trailing debounce
+/// without `run_at` (it decides when the job runs), a key expression, and periods from 1 ms to
+/// 100 years.
+fn folds(job: &NewJob) -> Result<(), ValidationError> {
+    let (field, key) = match (&job.debounce, &job.throttle) {
+        (Some(_), Some(_)) => {
+            return Err(ValidationError::new(
+                "throttle",
+                "give debounce or throttle, not both",
+            ))
+        }
+        (Some(spec), None) => ("debounce", &spec.key),
+        (None, Some(spec)) => ("throttle", &spec.key),
+        (None, None) => return Ok(()),
+    };
+    if job.unique.is_some() {
+        return Err(ValidationError::new(
+            field,
+            "not with unique: a debounced or throttled job is already one per key",
+        ));
+    }
+    key.parse::<crate::limits::KeyExpr>()
+        .map_err(|message| ValidationError::new(format!("{field}.key"), message))?;
+    let period = |name: &str, ms: u64| {
+        if ms == 0 || ms > MAX_DELAY_MS as u64 {
+            return Err(ValidationError::new(
+                format!("{field}.{name}"),
+                format!("must be 1 to {} (100 years)", MAX_DELAY_MS),
+            ));
+        }
+        Ok(())
+    };
+    if let Some(spec) = &job.debounce {
+        period("delay_ms", spec.delay_ms)?;
+        if let Some(max_wait) = spec.max_wait_ms {
+            period("max_wait_ms", max_wait)?;
+        }
+        if spec.mode == crate::debounce::DebounceMode::Trailing && job.run_at.is_some() {
+            return Err(ValidationError::new(
+                "run_at",
+                "not with a trailing debounce, which decides when the job runs",
+            ));
+        }
+    }
+    if let Some(spec) = &job.throttle {
+        period("period_ms", spec.period_ms)?;
     }
     Ok(())
 }

@@ -56,7 +56,11 @@ impl LimitStamps {
         }
         let keys = book.stamp(job.job());
         let sequence = book.sequence(job.job());
-        Ok(job.with_limit_keys(keys).with_sequence_key(sequence))
+        let fold = conveyor_core::limits::named::fold_key(job.job());
+        Ok(job
+            .with_limit_keys(keys)
+            .with_sequence_key(sequence)
+            .with_fold_key(fold))
     }
 
     fn stamp_all(book: &LimitBook, jobs: Vec<ValidJob>) -> StoreResult<Vec<ValidJob>> {

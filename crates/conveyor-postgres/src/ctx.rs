@@ -61,10 +61,7 @@ impl FlowStarted {
     }
 
     pub(crate) fn keep(&self, jobs: impl IntoIterator<Item = Job>) {
-        self.lock().extend(jobs.into_iter().map(|job| Inserted {
-            job,
-            duplicate: false,
-        }));
+        self.lock().extend(jobs.into_iter().map(Inserted::new));
     }
 
     fn take(&self) -> Vec<Inserted> {

@@ -68,6 +68,12 @@ pub(crate) fn idempotency_lock_key(schema: &str, key: &str) -> i64 {
     ]) as i64
 }
 
+/// The advisory lock key that serializes enqueues folded by debounce or throttle `key` in
+/// `schema`.
+pub(crate) fn fold_lock_key(schema: &str, key: &str) -> i64 {
+    fnv1a(&[b"conveyor:fold:", schema.as_bytes(), b"\0", key.as_bytes()]) as i64
+}
+
 /// The advisory lock key that serializes inserts of jobs with unique `key` (a hex digest) in
 /// `schema`. Its own prefix keeps it apart from an idempotency key spelled the same.
 pub(crate) fn unique_lock_key(schema: &str, key: &str) -> i64 {

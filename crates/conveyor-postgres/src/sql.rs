@@ -78,6 +78,13 @@ pub(crate) struct Sql {
     /// Per sequence key (`$1`): the last number, and whether a job of the key holds the
     /// sequence or waits in it.
     pub sequence_tails: SqlStr,
+    /// Per fold key (`$1`): its latest job, locked until the insert commits, so no claim or
+    /// promotion changes it while an enqueue folds into it.
+    pub fold_standing: SqlStr,
+    /// A trailing debounce's standing job takes the payload (`$2`) and run_at (`$3`).
+    pub fold_replace: SqlStr,
+    /// A leading debounce's standing job keeps dropping enqueues until `$2`.
+    pub fold_extend: SqlStr,
     pub unique_matches: SqlStr,
     pub insert: SqlStr,
     pub insert_unlimited: SqlStr,
@@ -184,6 +191,21 @@ impl Sql {
                  FROM unnest($1::text[]) AS k",
                 conveyor_core::sequence::waits_sql("")
             )),
+            fold_standing: stmt(format!(
+                "SELECT k AS key, s.id, s.state, s.created_at, s.fold_until \
+                 FROM unnest($1::text[]) AS k, LATERAL ( \
+                     SELECT id, state, created_at, fold_until FROM {jobs} \
+                     WHERE fold_key = k ORDER BY created_at DESC, id DESC LIMIT 1 \
+                     FOR UPDATE) s"
+            )),
+            fold_replace: stmt(format!(
+                "UPDATE {jobs} SET payload = $2, run_at = $3 \
+                 WHERE id = $1 AND state = 'scheduled' RETURNING {COLUMNS}"
+            )),
+            fold_extend: stmt(format!(
+                "UPDATE {jobs} SET fold_until = COALESCE($2, fold_until) WHERE id = $1 \
+                 RETURNING {COLUMNS}"
+            )),
             idempotent_matches: stmt(format!(
                 "SELECT DISTINCT ON (idempotency_key) {COLUMNS} FROM {jobs} \
                  WHERE idempotency_key = ANY($1) \
@@ -212,14 +234,14 @@ impl Sql {
             )),
             insert: stmt(insert_sql(&jobs, &settings, "")),
             // The fast path for queues without depth limits: the same insert, guarded by a
-            // one-time check that no queue of the batch (`$22`, distinct) has a limit. When one
+            // one-time check that no queue of the batch (`$24`, distinct) has a limit. When one
             // does, nothing is inserted and no row comes back, and the caller takes the locks,
             // counts, and uses `insert`.
             insert_unlimited: stmt(insert_sql(
                 &jobs,
                 &settings,
                 &format!(
-                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($22) \
+                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($24) \
                          AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
                 ),
             )),
@@ -625,7 +647,7 @@ impl Sql {
     }
 }
 
-/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$22`. A `NewJob`
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$24`. A `NewJob`
 /// has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
 /// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
 /// `import`, which writes every column.
@@ -638,7 +660,7 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
         "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
              max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
              created_at, unique_key, expires_at, trace, limit_keys, fair_key, sequence_key, \
-             sequence_no, sequence_skip_dead) \
+             sequence_no, sequence_skip_dead, fold_key, fold_until) \
          SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
              n.max_attempts, n.timeout_ms, n.idempotency_key, \
              ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
@@ -648,16 +670,17 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
                  + s.default_ttl_ms * interval '1 millisecond' \
                  FROM {settings} s WHERE s.queue = n.queue)), \
              n.trace, n.limit_keys, n.fair_key, n.sequence_key, n.sequence_no, \
-             n.sequence_skip_dead \
+             n.sequence_skip_dead, n.fold_key, n.fold_until \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                      $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
                      $10::jsonb[], $11::text[], $12::text[], $14::text[], \
                      $15::timestamptz[], $16::jsonb[], $17::jsonb[], $18::text[], \
-                     $19::text[], $20::int8[], $21::bool[]) \
+                     $19::text[], $20::int8[], $21::bool[], $22::text[], \
+                     $23::timestamptz[]) \
              AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
                   timeout_ms, idempotency_key, tags, tenant, state, unique_key, \
                   expires_at, trace, limit_keys, fair_key, sequence_key, sequence_no, \
-                  sequence_skip_dead) \
+                  sequence_skip_dead, fold_key, fold_until) \
          {condition} \
          RETURNING {COLUMNS}"
     )

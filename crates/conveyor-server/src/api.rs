@@ -42,10 +42,15 @@ pub enum EnqueuedJob {
         #[serde(flatten)]
         job: Box<Job>,
         duplicate: bool,
+        /// The job a debounced or throttled enqueue folded into (this one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        debounced_into: Option<Uuid>,
     },
     Foreign {
         id: Uuid,
         duplicate: bool,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        debounced_into: Option<Uuid>,
     },
 }
 
@@ -71,6 +76,10 @@ impl EnqueuedJob {
 pub struct BatchResponse {
     pub ids: Vec<Uuid>,
     pub duplicates: Vec<bool>,
+    /// Only when an enqueue of the batch was debounced or throttled: per job, the job it folded
+    /// into (its id in `ids`), else null.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub debounced_into: Vec<Option<Uuid>>,
 }
 
 /// `{jobs, next}` (`GET /v1/jobs`, `GET /v1/dead`): `next` is the cursor for the following page
@@ -333,10 +342,12 @@ mod tests {
         round_trip(EnqueuedJob::Readable {
             job: Box::new(job()),
             duplicate: true,
+            debounced_into: None,
         });
         round_trip(EnqueuedJob::Foreign {
             id: Uuid::now_v7(),
             duplicate: true,
+            debounced_into: Some(Uuid::now_v7()),
         });
         round_trip(JobPage {
             jobs: vec![job()],

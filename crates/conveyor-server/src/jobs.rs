@@ -69,6 +69,13 @@ pub(crate) struct EnqueueRequest {
     /// "on_dead"}`); overrides the kind's and queue's sequence.
     #[serde(default, deserialize_with = "wire::non_null")]
     sequence: Option<Value>,
+    /// `{"key", "delay_ms", "max_wait_ms"?, "mode": "trailing"|"leading"}`: a burst of
+    /// enqueues with the same key becomes one job.
+    #[serde(default, deserialize_with = "wire::non_null")]
+    debounce: Option<Value>,
+    /// `{"key", "period_ms"}`: at most one job with the same key per period.
+    #[serde(default, deserialize_with = "wire::non_null")]
+    throttle: Option<Value>,
 }
 
 /// `unique` of an enqueue request: a [`UniqueSpec`] whose unset fields take its defaults. States
@@ -212,6 +219,14 @@ impl EnqueueRequest {
                 .sequence
                 .map(|value| crate::limits::sequence_of("sequence", &value))
                 .transpose()?;
+            job.debounce = self
+                .debounce
+                .map(|value| crate::limits::spec_from("debounce", value))
+                .transpose()?;
+            job.throttle = self
+                .throttle
+                .map(|value| crate::limits::spec_from("throttle", value))
+                .transpose()?;
             // Spans are on the wall clock, whatever clock the store runs on.
             job.trace = conveyor_core::trace::begin_enqueue(trace, chrono::Utc::now());
             job
@@ -298,11 +313,13 @@ pub(crate) async fn enqueue(
         EnqueuedJob::Readable {
             job: Box::new(state.config.redacted(inserted.job)),
             duplicate: inserted.duplicate,
+            debounced_into: inserted.debounced_into,
         }
     } else {
         EnqueuedJob::Foreign {
             id: inserted.job.id,
             duplicate: inserted.duplicate,
+            debounced_into: inserted.debounced_into,
         }
     };
     Ok((status, Json(answer)))
@@ -366,11 +383,23 @@ pub(crate) async fn enqueue_batch(
     }
     crate::observe::count_enqueued(&state, &inserted);
     audit::record(&state, audit::enqueued(&caller, &inserted)).await;
+    let debounced_into = if inserted.iter().any(|i| i.debounced_into.is_some()) {
+        inserted.iter().map(|i| i.debounced_into).collect()
+    } else {
+        Vec::new()
+    };
     let (ids, duplicates) = inserted
         .into_iter()
         .map(|i| (i.job.id, i.duplicate))
         .unzip();
-    Ok((StatusCode::CREATED, Json(BatchResponse { ids, duplicates })))
+    Ok((
+        StatusCode::CREATED,
+        Json(BatchResponse {
+            ids,
+            duplicates,
+            debounced_into,
+        }),
+    ))
 }
 
 /// `GET /v1/jobs/{id}[?wait_ms=N]`: the job; with `wait_ms`, once it is finished (completed,

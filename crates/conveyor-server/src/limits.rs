@@ -316,6 +316,20 @@ pub(crate) async fn blocked_by(
     Ok(blocked)
 }
 
+/// A part of a request read as `T`, refused naming `field` (and the part's own field where
+/// serde names it) when it does not read.
+pub(crate) fn spec_from<T: serde::de::DeserializeOwned>(field: &str, value: Value) -> ApiResult<T> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let at = if path.is_empty() || path == "." {
+            field.to_string()
+        } else {
+            format!("{field}.{path}")
+        };
+        ApiError::invalid(at, e.into_inner().to_string())
+    })
+}
+
 /// A sequence as a request gives it (`"<key expression>"` or `{"key", "on_dead"}`), refused
 /// naming `field` when it is not one.
 pub(crate) fn sequence_of(field: &str, value: &Value) -> ApiResult<SequenceSpec> {

@@ -83,7 +83,7 @@ async fn max_depth_answers_429_with_retry_after_and_stores_nothing_until_drained
             "concurrency_limit": null, "per_key_concurrency_limit": null, "rate_limit": null,
             "per_key_rate_limit": null, "weight": null, "completed_retention_secs": null,
             "dead_retention_secs": null, "default_ttl_ms": null, "circuit_breaker": null,
-            "limits": []
+            "limits": [], "sequence": null
         })
     );
     for _ in 0..3 {

@@ -8,6 +8,7 @@ mod access;
 mod config;
 mod copy;
 mod errors;
+mod fold;
 mod jobs;
 mod kinds;
 mod limits;

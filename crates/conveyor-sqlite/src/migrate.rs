@@ -103,7 +103,7 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         )?;
         add_missing_columns(conn, "queue_settings", &[("limits", "TEXT")])?;
         add_missing_columns(conn, "kinds", &[("limits", "TEXT")])?;
-        // Version 19: sequences.
+        // Version 19: sequences, debounce and throttle.
         add_missing_columns(
             conn,
             "jobs",
@@ -111,6 +111,8 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
                 ("sequence_key", "TEXT"),
                 ("sequence_no", "INTEGER"),
                 ("sequence_skip_dead", "INTEGER NOT NULL DEFAULT 0"),
+                ("fold_key", "TEXT"),
+                ("fold_until", "INTEGER"),
             ],
         )?;
         add_missing_columns(conn, "queue_settings", &[("sequence", "TEXT")])?;

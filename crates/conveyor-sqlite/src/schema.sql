@@ -34,7 +34,9 @@ CREATE TABLE IF NOT EXISTS jobs (
     fair_key         TEXT,                  -- version 18: the one of them it takes turns by
     sequence_key     TEXT,                  -- version 19: the sequence it runs in (`expr=value`)
     sequence_no      INTEGER,               -- its place there
-    sequence_skip_dead INTEGER NOT NULL DEFAULT 0 -- 1: dead, it lets the next one run
+    sequence_skip_dead INTEGER NOT NULL DEFAULT 0, -- 1: dead, it lets the next one run
+    fold_key         TEXT,                  -- version 19: its debounce or throttle key
+    fold_until       INTEGER                -- enqueues of the key are dropped until then
 ) WITHOUT ROWID;
 
 -- The fetch path: only available jobs, in claim order.
@@ -337,3 +339,7 @@ CREATE INDEX IF NOT EXISTS jobs_sequence ON jobs (sequence_key, sequence_no)
 CREATE INDEX IF NOT EXISTS jobs_sequence_open ON jobs (sequence_key, sequence_no)
     WHERE sequence_key IS NOT NULL
       AND state IN ('blocked', 'scheduled', 'available', 'running', 'retryable', 'dead');
+-- Debounce and throttle (`conveyor_core::debounce`): a key's latest job, which a new enqueue
+-- of the key folds into.
+CREATE INDEX IF NOT EXISTS jobs_fold ON jobs (fold_key, created_at)
+    WHERE fold_key IS NOT NULL;

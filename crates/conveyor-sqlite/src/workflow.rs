@@ -569,10 +569,7 @@ fn insert_flow_job(
         ctx.count_move(&job.queue, None, Some(job.state));
         // Counted as enqueued once the round commits (see `conveyor_core::FlowStarts`).
         if ctx.flow_starts_observed {
-            ctx.flow_started.push(conveyor_core::Inserted {
-                job,
-                duplicate: false,
-            });
+            ctx.flow_started.push(conveyor_core::Inserted::new(job));
         }
     }
     Ok(())

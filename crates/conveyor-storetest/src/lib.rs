@@ -26,6 +26,7 @@ mod admin;
 mod breakers;
 mod config;
 mod copy;
+mod debounce;
 mod events;
 pub mod eventually;
 mod expiry;
@@ -56,6 +57,7 @@ pub use admin::*;
 pub use breakers::*;
 pub use config::*;
 pub use copy::*;
+pub use debounce::*;
 pub use events::*;
 pub use expiry::*;
 pub use fetch::*;
@@ -209,6 +211,11 @@ macro_rules! __conveyor_behaviours {
             a_replayed_dead_job_runs_before_its_successors,
             cancelling_or_expiring_the_job_in_front_releases_the_next,
             a_jobs_sequence_comes_from_itself_its_kind_or_its_queue,
+            // debounce and throttle
+            a_trailing_debounce_keeps_the_last_payload_and_moves_the_run,
+            a_trailing_debounce_runs_by_max_wait_however_long_the_burst,
+            a_leading_debounce_runs_the_first_and_drops_the_rest,
+            a_throttle_lets_one_job_per_key_through_each_period,
             // unique jobs
             unique_by_whole_payload_returns_the_existing_job,
             unique_by_args_ignores_other_fields,

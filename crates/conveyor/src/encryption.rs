@@ -598,7 +598,7 @@ impl conveyor_core::FlowStore for EncryptedStore {
                 .into_iter()
                 .map(|i| Inserted {
                     job: self.open_job(i.job),
-                    duplicate: i.duplicate,
+                    ..i
                 })
                 .collect(),
             flows: accepted.flows,
@@ -670,7 +670,7 @@ impl JobStore for EncryptedStore {
             .into_iter()
             .map(|i| Inserted {
                 job: self.open_job(i.job),
-                duplicate: i.duplicate,
+                ..i
             })
             .collect())
     }

@@ -15,6 +15,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::MAX_RATE_PERIOD_MS;
+use crate::debounce::{FoldKey, FoldRule};
 use crate::error::ValidationError;
 use crate::fields;
 use crate::job::{NewJob, RateLimit};
@@ -311,6 +312,22 @@ pub fn sequence(field: &str, spec: &SequenceSpec) -> Result<(), ValidationError>
         .parse::<KeyExpr>()
         .map(|_| ())
         .map_err(|message| ValidationError::new(field, message))
+}
+
+/// The fold `job` enters: its debounce's or throttle's key with the job's value there, within
+/// its kind and queue; none when the job has no value for the key.
+pub fn fold_key(job: &NewJob) -> Option<FoldKey> {
+    let (key, rule) = match (&job.debounce, &job.throttle) {
+        (Some(spec), _) => (&spec.key, FoldRule::of_debounce(spec)),
+        (None, Some(spec)) => (&spec.key, FoldRule::of_throttle(spec)),
+        (None, None) => return None,
+    };
+    let expression: KeyExpr = key.parse().ok()?;
+    let value = expression.value_of(job)?;
+    Some(FoldKey {
+        key: crate::debounce::fold_key(&job.kind, &job.queue, &expression.to_string(), &value),
+        rule,
+    })
 }
 
 /// Which limits exist and which queues and kinds name them, and the queues' and kinds'

@@ -1,4 +1,5 @@
--- Conveyor PostgreSQL store, migration 22: sequences (`conveyor_core::sequence`). A job of a
+-- Conveyor PostgreSQL store, migration 22: sequences (`conveyor_core::sequence`), debounce and
+-- throttle (`conveyor_core::debounce`). A job of a
 -- sequence carries its key (`expr=value`), its number within the key and what a dead job does
 -- to the jobs behind it; a job enqueued behind unfinished ones waits in the new state
 -- `blocked`, never fetched, until the one before it finishes. Queues and kinds may name a
@@ -6,7 +7,14 @@
 ALTER TABLE @schema@.jobs
     ADD COLUMN sequence_key       text,
     ADD COLUMN sequence_no        bigint,
-    ADD COLUMN sequence_skip_dead boolean NOT NULL DEFAULT false;
+    ADD COLUMN sequence_skip_dead boolean NOT NULL DEFAULT false,
+    -- Debounce and throttle (`conveyor_core::debounce`): the key enqueues fold by, and until
+    -- when later enqueues of the key are dropped.
+    ADD COLUMN fold_key           text,
+    ADD COLUMN fold_until         timestamptz;
+-- A key's latest job, which a new enqueue of the key folds into.
+CREATE INDEX jobs_fold ON @schema@.jobs (fold_key, created_at)
+    WHERE fold_key IS NOT NULL;
 ALTER TABLE @schema@.jobs DROP CONSTRAINT IF EXISTS jobs_state_check;
 ALTER TABLE @schema@.jobs ADD CONSTRAINT jobs_state_check CHECK (state IN (
     'scheduled', 'available', 'running', 'retryable', 'completed', 'dead', 'cancelled',

@@ -1,6 +1,8 @@
-//! Inserting jobs: idempotency and unique keys, queue-depth limits, one statement per batch.
+//! Inserting jobs: idempotency and unique keys, sequences, debounce and throttle, queue-depth
+//! limits, one statement per batch.
 
 use super::*;
+use conveyor_core::debounce::{self, Standing, Verdict};
 
 /// Where each job of a batch ends up.
 pub(super) enum Slot {
@@ -12,6 +14,10 @@ pub(super) enum Slot {
     Stored(String),
     /// A duplicate of the stored job holding the unique key of the batch's job at this position.
     StoredUnique(usize),
+    /// Debounced or throttled into a job this batch adds.
+    FoldedSameBatch(Uuid),
+    /// Debounced or throttled into this stored job (as it is after the fold).
+    Folded(Uuid),
 }
 
 /// The new jobs of a batch, column by column, for one `INSERT ... SELECT FROM unnest(...)`.
@@ -37,6 +43,8 @@ pub(super) struct Columns {
     sequence_keys: Vec<Option<String>>,
     sequence_nos: Vec<Option<i64>>,
     sequence_skip_dead: Vec<bool>,
+    fold_keys: Vec<Option<String>>,
+    fold_untils: Vec<Option<DateTime<Utc>>>,
 }
 
 /// The outcome of an insert: one result per job, and whether any job became available.
@@ -72,11 +80,17 @@ pub(crate) async fn insert_many(
         .collect();
     let sequence_keys: Vec<&str> = sequence_keys.into_iter().collect();
     let sequence_locks = sequence_lock_keys(&mut *conn, ctx, &sequence_keys).await?;
+    let fold_keys: BTreeSet<&str> = jobs
+        .iter()
+        .filter_map(|job| job.fold_key.as_ref().map(|f| f.key.as_str()))
+        .collect();
+    let fold_keys: Vec<&str> = fold_keys.into_iter().collect();
     let lock_keys: Vec<i64> = keys
         .iter()
         .map(|key| idempotency_lock_key(ctx.schema, key))
         .chain(unique::lock_keys(ctx.schema, &unique_keys))
         .chain(sequence_locks)
+        .chain(fold_keys.iter().map(|key| fold_lock_key(ctx.schema, key)))
         .collect();
     lock_in_order(
         &mut *conn,
@@ -109,13 +123,20 @@ pub(crate) async fn insert_many(
 
     let stored_unique = unique::stored_matches(&mut *conn, ctx, &jobs, &unique_keys).await?;
     let mut tails = sequence_tails(&mut *conn, ctx, &sequence_keys).await?;
+    // Each fold key's latest job: stored, then the one this batch adds, if any (with its place
+    // among the columns, so a later enqueue of the batch can fold into it).
+    let mut standing: HashMap<String, (Standing, Option<usize>)> =
+        fold_standing(&mut *conn, ctx, &fold_keys).await?;
+    // Folds into stored jobs, applied once the batch's own jobs are inserted.
+    let mut replaced: Vec<(Uuid, Value, DateTime<Utc>)> = Vec::new();
+    let mut extended: Vec<(Uuid, Option<DateTime<Utc>>)> = Vec::new();
 
     let mut slots = Vec::with_capacity(jobs.len());
     let mut batch_keys: HashMap<String, Uuid> = HashMap::new();
     // The jobs this batch adds, with their initial states, by unique key (latest last).
     let mut batch_unique: HashMap<String, Vec<(Uuid, JobState)>> = HashMap::new();
     let mut columns = Columns::default();
-    for (index, (new, unique_key)) in jobs.into_iter().zip(unique_keys).enumerate() {
+    for (index, (mut new, unique_key)) in jobs.into_iter().zip(unique_keys).enumerate() {
         if let Some(key) = &new.idempotency_key {
             if stored.contains_key(key) {
                 slots.push(Slot::Stored(key.clone()));
@@ -139,6 +160,49 @@ pub(crate) async fn insert_many(
             if stored_unique.contains_key(&index) {
                 slots.push(Slot::StoredUnique(index));
                 continue;
+            }
+        }
+        // A debounced or throttled enqueue may fold into the key's standing job instead.
+        let mut fold_until = None;
+        if let Some(fold) = &new.fold_key {
+            let found = standing.get(&fold.key).copied();
+            match debounce::verdict(fold.rule, found.map(|(job, _)| job), ctx.now) {
+                Verdict::Replace { id, run_at } => {
+                    let run_at = truncate_to_millis(run_at);
+                    match found.and_then(|(_, place)| place) {
+                        Some(place) => {
+                            columns.payloads[place] = Json(new.payload);
+                            columns.run_ats[place] = run_at;
+                            slots.push(Slot::FoldedSameBatch(id));
+                        }
+                        None => {
+                            replaced.push((id, new.payload, run_at));
+                            slots.push(Slot::Folded(id));
+                        }
+                    }
+                    continue;
+                }
+                Verdict::Drop { id, until } => {
+                    match found.and_then(|(_, place)| place) {
+                        Some(place) => {
+                            if let Some(until) = until {
+                                columns.fold_untils[place] = Some(until);
+                            }
+                            slots.push(Slot::FoldedSameBatch(id));
+                        }
+                        None => {
+                            extended.push((id, until));
+                            slots.push(Slot::Folded(id));
+                        }
+                    }
+                    continue;
+                }
+                Verdict::Insert { run_at, until } => {
+                    if run_at.is_some() {
+                        new.run_at = run_at;
+                    }
+                    fold_until = until;
+                }
             }
         }
         let id = Uuid::now_v7();
@@ -202,6 +266,19 @@ pub(crate) async fn insert_many(
         columns.sequence_keys.push(sequence_key);
         columns.sequence_nos.push(sequence_no);
         columns.sequence_skip_dead.push(skip_dead);
+        if let Some(fold) = new.fold_key {
+            let added = Standing {
+                id,
+                state,
+                created_at: ctx.now,
+                until: fold_until,
+            };
+            standing.insert(fold.key.clone(), (added, Some(columns.ids.len() - 1)));
+            columns.fold_keys.push(Some(fold.key));
+        } else {
+            columns.fold_keys.push(None);
+        }
+        columns.fold_untils.push(fold_until);
         slots.push(Slot::New(id));
     }
 
@@ -235,18 +312,21 @@ pub(crate) async fn insert_many(
     let woken: Vec<String> = woken.into_iter().collect();
     notify(conn, ctx.sql, &woken).await?;
 
+    let folded = fold_stored(&mut *conn, ctx, replaced, extended).await?;
     let mut inserted = Vec::with_capacity(slots.len());
     for slot in slots {
-        let (job, duplicate) = match slot {
-            Slot::Stored(key) => (stored.get(&key), true),
-            Slot::StoredUnique(index) => (stored_unique.get(&index), true),
-            Slot::New(id) => (created.get(&id), false),
-            Slot::SameBatch(id) => (created.get(&id), true),
+        let (job, answer): (_, fn(Job) -> Inserted) = match slot {
+            Slot::Stored(key) => (stored.get(&key), Inserted::duplicate_of),
+            Slot::StoredUnique(index) => (stored_unique.get(&index), Inserted::duplicate_of),
+            Slot::New(id) => (created.get(&id), Inserted::new),
+            Slot::SameBatch(id) => (created.get(&id), Inserted::duplicate_of),
+            Slot::FoldedSameBatch(id) => (created.get(&id), Inserted::folded_into),
+            Slot::Folded(id) => (folded.get(&id), Inserted::folded_into),
         };
         let job = job
             .cloned()
             .ok_or_else(|| StoreError::backend("postgres: an inserted job was not returned"))?;
-        inserted.push(Inserted { job, duplicate });
+        inserted.push(answer(job));
     }
     Ok(Insertion {
         inserted,
@@ -254,7 +334,7 @@ pub(crate) async fn insert_many(
     })
 }
 
-/// The insert statement `text` with the batch's columns bound as `$1` to `$21`.
+/// The insert statement `text` with the batch's columns bound as `$1` to `$23`.
 pub(super) fn bind_columns<'q>(
     text: sqlx::SqlStr,
     columns: &'q Columns,
@@ -282,6 +362,76 @@ pub(super) fn bind_columns<'q>(
         .bind(&columns.sequence_keys)
         .bind(&columns.sequence_nos)
         .bind(&columns.sequence_skip_dead)
+        .bind(&columns.fold_keys)
+        .bind(&columns.fold_untils)
+}
+
+/// Each fold key's latest stored job (none for a batch without debounce or throttle, which
+/// pays no round trip), locked until the transaction ends.
+async fn fold_standing(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    keys: &[&str],
+) -> StoreResult<HashMap<String, (Standing, Option<usize>)>> {
+    let mut standing = HashMap::new();
+    if keys.is_empty() {
+        return Ok(standing);
+    }
+    let found = sqlx::query(ctx.sql.fold_standing.clone())
+        .bind(keys)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read debounced jobs"))?;
+    for row in &found {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let key: String = row.try_get("key").map_err(read)?;
+        let state: String = row.try_get("state").map_err(read)?;
+        let job = Standing {
+            id: row.try_get("id").map_err(read)?,
+            state: JobState::from_str(&state)?,
+            created_at: row.try_get("created_at").map_err(read)?,
+            until: row.try_get("fold_until").map_err(read)?,
+        };
+        standing.insert(key, (job, None));
+    }
+    Ok(standing)
+}
+
+/// Applies the folds into stored jobs: a trailing debounce's new payload and run_at, a leading
+/// debounce's longer window. Returns the jobs as they now are, by id. The jobs were locked when
+/// read, so a trailing debounce's job is still waiting.
+async fn fold_stored(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    replaced: Vec<(Uuid, Value, DateTime<Utc>)>,
+    extended: Vec<(Uuid, Option<DateTime<Utc>>)>,
+) -> StoreResult<HashMap<Uuid, Job>> {
+    let mut folded = HashMap::new();
+    for (id, payload, run_at) in replaced {
+        let row = sqlx::query(ctx.sql.fold_replace.clone())
+            .bind(id)
+            .bind(Json(payload))
+            .bind(run_at)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db("fold an enqueue into a debounced job"))?
+            .ok_or_else(|| {
+                StoreError::backend("postgres: a locked debounced job stopped waiting")
+            })?;
+        let job = rows::job(&row)?;
+        folded.insert(job.id, job);
+    }
+    for (id, until) in extended {
+        let row = sqlx::query(ctx.sql.fold_extend.clone())
+            .bind(id)
+            .bind(until)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db("extend a debounce window"))?;
+        let job = rows::job(&row)?;
+        folded.insert(job.id, job);
+    }
+    Ok(folded)
 }
 
 /// The last number of a sequence key, and whether a job of it holds the sequence or waits in

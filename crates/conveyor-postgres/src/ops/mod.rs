@@ -28,7 +28,7 @@ use uuid::Uuid;
 use crate::ctx::{lock_in_order, notify, Ctx};
 use crate::errors::{corrupt, db};
 use crate::jobs::{store_exactly, to_i32};
-use crate::names::{depth_lock_key, idempotency_lock_key};
+use crate::names::{depth_lock_key, fold_lock_key, idempotency_lock_key};
 use crate::rows::{self, count_of, limit, settings_of};
 use crate::sql::{Sql, COLUMNS};
 use crate::unique;

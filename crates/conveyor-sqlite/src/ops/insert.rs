@@ -1,6 +1,7 @@
-//! Inserting jobs: idempotency and unique keys, queue-depth limits.
+//! Inserting jobs: idempotency and unique keys, debounce and throttle, queue-depth limits.
 
 use super::*;
+use conveyor_core::debounce::{self, Verdict};
 
 /// An existing job that an insert with `key` must return instead of creating a new one.
 pub(super) fn idempotent_match(ctx: &WriteCtx<'_>, key: &str) -> StoreResult<Option<Job>> {
@@ -34,10 +35,7 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
         }
         if let Some(key) = &new.idempotency_key {
             if let Some(existing) = idempotent_match(ctx, key)? {
-                inserted.push(Inserted {
-                    job: existing,
-                    duplicate: true,
-                });
+                inserted.push(Inserted::duplicate_of(existing));
                 continue;
             }
         }
@@ -48,11 +46,36 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
             let existing = unique::existing(ctx, key, spec)?
                 .filter(|existing| !existing.is_past_expiry(ctx.now));
             if let Some(existing) = existing {
-                inserted.push(Inserted {
-                    job: existing,
-                    duplicate: true,
-                });
+                inserted.push(Inserted::duplicate_of(existing));
                 continue;
+            }
+        }
+        // A debounced or throttled enqueue may fold into the key's standing job instead.
+        let mut fold_until = None;
+        let fold = new.fold_key.clone();
+        if let Some(fold) = &fold {
+            let standing = crate::fold::standing(ctx, &fold.key)?;
+            match debounce::verdict(fold.rule, standing, ctx.now) {
+                Verdict::Replace { id, run_at } => {
+                    if let Some(job) = crate::fold::replace(ctx, id, &new.payload, run_at)? {
+                        inserted.push(Inserted::folded_into(job));
+                        continue;
+                    }
+                    // No longer waiting (the writer's own round changed it): a new job.
+                    new.run_at = Some(run_at);
+                }
+                Verdict::Drop { id, until } => {
+                    if let Some(job) = crate::fold::extend(ctx, id, until)? {
+                        inserted.push(Inserted::folded_into(job));
+                        continue;
+                    }
+                }
+                Verdict::Insert { run_at, until } => {
+                    if run_at.is_some() {
+                        new.run_at = run_at;
+                    }
+                    fold_until = until;
+                }
             }
         }
         let mut job = new.into_stored(Uuid::now_v7(), ctx.now);
@@ -61,11 +84,11 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
             ctx.wake = true;
         }
         insert_row(ctx, &job)?;
+        if let Some(fold) = &fold {
+            crate::fold::mark(ctx, job.id, &fold.key, fold_until)?;
+        }
         ctx.count_move(&job.queue, None, Some(job.state));
-        inserted.push(Inserted {
-            job,
-            duplicate: false,
-        });
+        inserted.push(Inserted::new(job));
     }
     Ok(inserted)
 }

@@ -10,7 +10,6 @@ mod queues;
 pub(crate) use dead::{dead, DeadCommand};
 pub(crate) use enqueue::{enqueue, EnqueueArgs};
 pub(crate) use job::{job, JobCommand};
-#[cfg(feature = "bench")]
 pub(crate) use queue::Rate;
 pub(crate) use queue::{queue, QueueCommand};
 pub(crate) use queues::{queues, QueuesArgs};
