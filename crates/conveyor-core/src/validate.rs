@@ -412,3 +412,54 @@ impl Valid<crate::access::NewToken> {
         Ok(Self(token))
     }
 }
+
+#[cfg(test)]
+mod fold_tests {
+    use super::*;
+    use crate::debounce::{DebounceMode, DebounceSpec, ThrottleSpec};
+
+    fn debounced(mode: DebounceMode) -> NewJob {
+        let mut job = NewJob::new("k", serde_json::json!({"user": 1}));
+        job.debounce = Some(DebounceSpec {
+            key: "payload.user".into(),
+            delay_ms: 1000,
+            max_wait_ms: None,
+            mode,
+        });
+        job
+    }
+
+    fn field(job: &NewJob) -> String {
+        new_job(job).expect_err("refused").field
+    }
+
+    #[test]
+    fn debounce_and_throttle_are_checked_naming_the_field() {
+        assert!(new_job(&debounced(DebounceMode::Trailing)).is_ok());
+        let mut both = debounced(DebounceMode::Leading);
+        both.throttle = Some(ThrottleSpec {
+            key: "tenant".into(),
+            period_ms: 1,
+        });
+        assert_eq!(field(&both), "throttle");
+        let mut unique = debounced(DebounceMode::Leading);
+        unique.unique = Some(crate::UniqueSpec::default());
+        assert_eq!(field(&unique), "debounce");
+        let mut bad_key = debounced(DebounceMode::Leading);
+        if let Some(spec) = bad_key.debounce.as_mut() {
+            spec.key = "payload.".into();
+        }
+        assert_eq!(field(&bad_key), "debounce.key");
+        let mut zero = debounced(DebounceMode::Leading);
+        if let Some(spec) = zero.debounce.as_mut() {
+            spec.delay_ms = 0;
+        }
+        assert_eq!(field(&zero), "debounce.delay_ms");
+        let mut timed = debounced(DebounceMode::Trailing);
+        timed.run_at = Some(chrono::Utc::now());
+        assert_eq!(field(&timed), "run_at");
+        let mut leading_timed = debounced(DebounceMode::Leading);
+        leading_timed.run_at = Some(chrono::Utc::now());
+        assert!(new_job(&leading_timed).is_ok());
+    }
+}
