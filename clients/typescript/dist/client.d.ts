@@ -2,7 +2,7 @@ import type http from 'node:http';
 import { Transport } from './http.js';
 import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
 import type { EnqueueOptions, JobSpec, JobState, SequenceOnDead, SequenceSettings } from './jobs.js';
-export type { EnqueueOptions, JobSpec, JobState, SequenceOnDead, SequenceOptions, SequenceSettings, UniqueOptions } from './jobs.js';
+export type { DebounceMode, DebounceOptions, EnqueueOptions, JobSpec, JobState, SequenceOnDead, SequenceOptions, SequenceSettings, ThrottleOptions, UniqueOptions, } from './jobs.js';
 /** One failed attempt in a job's history. */
 export interface ErrorRecord {
     attempt: number;
@@ -367,9 +367,15 @@ export declare class Client {
     /** @internal */
     readonly transport: Transport;
     constructor(options: ClientOptions);
-    /** Enqueues one job; resolves with its id (the existing job's id for a duplicate). */
+    /**
+     * Enqueues one job; resolves with its id (the existing job's id for a duplicate, or the job a
+     * `debounce` or `throttle` folded the enqueue into).
+     */
     enqueue(kind: string, payload?: unknown, opts?: EnqueueOptions): Promise<string>;
-    /** Enqueues many jobs in one all-or-nothing request; resolves with their ids in order. */
+    /**
+     * Enqueues many jobs in one all-or-nothing request; resolves with their ids in order (for an
+     * enqueue a `debounce` or `throttle` folded, the id of the job that stands).
+     */
     enqueueMany(jobs: JobSpec[]): Promise<string[]>;
     /**
      * Sends an event: every subscription to `name` (`PUT /v1/subscriptions/{name}`) makes a job

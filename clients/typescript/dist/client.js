@@ -20,12 +20,18 @@ export class Client {
     constructor(options) {
         this.transport = new Transport(options);
     }
-    /** Enqueues one job; resolves with its id (the existing job's id for a duplicate). */
+    /**
+     * Enqueues one job; resolves with its id (the existing job's id for a duplicate, or the job a
+     * `debounce` or `throttle` folded the enqueue into).
+     */
     async enqueue(kind, payload, opts = {}) {
         const res = await this.transport.request('POST', '/v1/jobs', enqueueBody(kind, payload, opts));
         return res.body.id;
     }
-    /** Enqueues many jobs in one all-or-nothing request; resolves with their ids in order. */
+    /**
+     * Enqueues many jobs in one all-or-nothing request; resolves with their ids in order (for an
+     * enqueue a `debounce` or `throttle` folded, the id of the job that stands).
+     */
     async enqueueMany(jobs) {
         if (!Array.isArray(jobs))
             throw new TypeError('conveyor: enqueueMany takes an array of jobs');

@@ -20,6 +20,35 @@ export interface SequenceOptions {
     /** The server's name for `onDead` (so `SequenceSettings` can be passed as they are). */
     on_dead?: SequenceOnDead;
 }
+/**
+ * How a debounce folds a burst: `trailing` (the job runs `delayMs` after the last enqueue, with
+ * its payload) or `leading` (the first runs at once, the next are dropped).
+ */
+export type DebounceMode = 'trailing' | 'leading';
+/** The `debounce` enqueue option. */
+export interface DebounceOptions {
+    /** The key expression: `tenant`, `kind`, `queue` or a payload path (`payload.account`). */
+    key: string;
+    /** Trailing: run this long after the last enqueue of the burst; leading: drop enqueues less than this apart. */
+    delayMs?: number;
+    /** Trailing: never run later than this long after the first enqueue of the burst. */
+    maxWaitMs?: number;
+    /** Default `trailing`. */
+    mode?: DebounceMode;
+    /** The server's name for `delayMs`. */
+    delay_ms?: number;
+    /** The server's name for `maxWaitMs`. */
+    max_wait_ms?: number;
+}
+/** The `throttle` enqueue option. */
+export interface ThrottleOptions {
+    /** The key expression: `tenant`, `kind`, `queue` or a payload path (`payload.account`). */
+    key: string;
+    /** At most one job of a key per this many milliseconds; the rest are dropped. */
+    periodMs?: number;
+    /** The server's name for `periodMs`. */
+    period_ms?: number;
+}
 /** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
 export interface UniqueOptions {
     /** Top-level payload fields that make up the identity (default: the whole payload). */
@@ -74,6 +103,20 @@ export interface EnqueueOptions {
      * finishes; an invalid expression rejects with `InvalidRequest` naming `sequence`.
      */
     sequence?: string | SequenceOptions;
+    /**
+     * Folds a burst of enqueues with the same value at `key` (same kind and queue) into one job.
+     * Trailing (the default): the job runs `delayMs` after the last enqueue of the burst, with
+     * its payload, but never later than `maxWaitMs` after the first (not with a delay or
+     * `runAt`). Leading: the first runs at once and the next are dropped while they come less
+     * than `delayMs` apart. A folded enqueue resolves with the id of the job that stands; a job
+     * without a value at the key is enqueued as usual. Not with `throttle` or `unique`.
+     */
+    debounce?: DebounceOptions;
+    /**
+     * At most one job with the same value at `key` (same kind and queue) per `periodMs`; the
+     * rest are dropped, resolving with the id of the job that stands.
+     */
+    throttle?: ThrottleOptions;
 }
 /** One job for `enqueueMany`. */
 export interface JobSpec extends EnqueueOptions {

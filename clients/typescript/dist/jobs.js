@@ -44,6 +44,10 @@ export function enqueueBody(kind, payload, opts = {}, where = '') {
     }
     if (opts.sequence !== undefined)
         body.sequence = sequenceBody(opts.sequence, where);
+    if (opts.debounce !== undefined)
+        body.debounce = debounceBody(opts.debounce, where);
+    if (opts.throttle !== undefined)
+        body.throttle = throttleBody(opts.throttle, where);
     if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
         throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
     }
@@ -95,4 +99,34 @@ function sequenceBody(sequence, where) {
     if (policy !== undefined)
         body.on_dead = policy;
     return body;
+}
+/** The `debounce` of a job's body: `{ key, delay_ms, max_wait_ms?, mode? }`. */
+function debounceBody(debounce, where) {
+    if (debounce === null || typeof debounce !== 'object' || Array.isArray(debounce)) {
+        throw new TypeError(`conveyor: ${where}debounce must be { key, delayMs, maxWaitMs?, mode? }`);
+    }
+    const { delayMs, delay_ms: delayWire, maxWaitMs, max_wait_ms: maxWaitWire, ...rest } = debounce;
+    // Fields the server does not know go as they are: it names them in a 400.
+    const body = { ...rest };
+    aliased(body, 'delay_ms', delayMs, delayWire, `${where}debounce: give delayMs or delay_ms, not both`);
+    aliased(body, 'max_wait_ms', maxWaitMs, maxWaitWire, `${where}debounce: give maxWaitMs or max_wait_ms, not both`);
+    return body;
+}
+/** The `throttle` of a job's body: `{ key, period_ms }`. */
+function throttleBody(throttle, where) {
+    if (throttle === null || typeof throttle !== 'object' || Array.isArray(throttle)) {
+        throw new TypeError(`conveyor: ${where}throttle must be { key, periodMs }`);
+    }
+    const { periodMs, period_ms: periodWire, ...rest } = throttle;
+    const body = { ...rest };
+    aliased(body, 'period_ms', periodMs, periodWire, `${where}throttle: give periodMs or period_ms, not both`);
+    return body;
+}
+/** Sets `body[wire]` from an option given by its camelCase name or the server's (the same value if both). */
+function aliased(body, wire, camel, snake, conflict) {
+    if (camel !== undefined && snake !== undefined && camel !== snake)
+        throw new TypeError(`conveyor: ${conflict}`);
+    const value = camel ?? snake;
+    if (value !== undefined)
+        body[wire] = value;
 }

@@ -8,7 +8,18 @@ import { flowBody } from './flows.js';
 import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
 import { enqueueBody } from './jobs.js';
 import type { EnqueueOptions, JobSpec, JobState, SequenceOnDead, SequenceSettings } from './jobs.js';
-export type { EnqueueOptions, JobSpec, JobState, SequenceOnDead, SequenceOptions, SequenceSettings, UniqueOptions } from './jobs.js';
+export type {
+  DebounceMode,
+  DebounceOptions,
+  EnqueueOptions,
+  JobSpec,
+  JobState,
+  SequenceOnDead,
+  SequenceOptions,
+  SequenceSettings,
+  ThrottleOptions,
+  UniqueOptions,
+} from './jobs.js';
 
 /** One failed attempt in a job's history. */
 export interface ErrorRecord {
@@ -399,13 +410,19 @@ export class Client {
     this.transport = new Transport(options);
   }
 
-  /** Enqueues one job; resolves with its id (the existing job's id for a duplicate). */
+  /**
+   * Enqueues one job; resolves with its id (the existing job's id for a duplicate, or the job a
+   * `debounce` or `throttle` folded the enqueue into).
+   */
   async enqueue(kind: string, payload?: unknown, opts: EnqueueOptions = {}): Promise<string> {
     const res = await this.transport.request<{ id: string }>('POST', '/v1/jobs', enqueueBody(kind, payload, opts));
     return res.body.id;
   }
 
-  /** Enqueues many jobs in one all-or-nothing request; resolves with their ids in order. */
+  /**
+   * Enqueues many jobs in one all-or-nothing request; resolves with their ids in order (for an
+   * enqueue a `debounce` or `throttle` folded, the id of the job that stands).
+   */
   async enqueueMany(jobs: JobSpec[]): Promise<string[]> {
     if (!Array.isArray(jobs)) throw new TypeError('conveyor: enqueueMany takes an array of jobs');
     if (jobs.length === 0) return [];

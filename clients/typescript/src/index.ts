@@ -9,6 +9,8 @@ export type {
   ClientOptions,
   CloseCircuitOptions,
   CreatedFlow,
+  DebounceMode,
+  DebounceOptions,
   EnqueueOptions,
   ErrorRecord,
   FlowPage,
@@ -38,6 +40,7 @@ export type {
   StatsReport,
   SentEvent,
   StepView,
+  ThrottleOptions,
   UniqueOptions,
 } from './client.js';
 export { Steps, chain, group, step, waitStep, flowBody } from './flows.js';

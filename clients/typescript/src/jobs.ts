@@ -29,6 +29,38 @@ export interface SequenceOptions {
   on_dead?: SequenceOnDead;
 }
 
+/**
+ * How a debounce folds a burst: `trailing` (the job runs `delayMs` after the last enqueue, with
+ * its payload) or `leading` (the first runs at once, the next are dropped).
+ */
+export type DebounceMode = 'trailing' | 'leading';
+
+/** The `debounce` enqueue option. */
+export interface DebounceOptions {
+  /** The key expression: `tenant`, `kind`, `queue` or a payload path (`payload.account`). */
+  key: string;
+  /** Trailing: run this long after the last enqueue of the burst; leading: drop enqueues less than this apart. */
+  delayMs?: number;
+  /** Trailing: never run later than this long after the first enqueue of the burst. */
+  maxWaitMs?: number;
+  /** Default `trailing`. */
+  mode?: DebounceMode;
+  /** The server's name for `delayMs`. */
+  delay_ms?: number;
+  /** The server's name for `maxWaitMs`. */
+  max_wait_ms?: number;
+}
+
+/** The `throttle` enqueue option. */
+export interface ThrottleOptions {
+  /** The key expression: `tenant`, `kind`, `queue` or a payload path (`payload.account`). */
+  key: string;
+  /** At most one job of a key per this many milliseconds; the rest are dropped. */
+  periodMs?: number;
+  /** The server's name for `periodMs`. */
+  period_ms?: number;
+}
+
 /** Makes an enqueue unique (see `unique` in docs/openapi.yaml). `true` is `{}`: by the whole payload. */
 export interface UniqueOptions {
   /** Top-level payload fields that make up the identity (default: the whole payload). */
@@ -84,6 +116,20 @@ export interface EnqueueOptions {
    * finishes; an invalid expression rejects with `InvalidRequest` naming `sequence`.
    */
   sequence?: string | SequenceOptions;
+  /**
+   * Folds a burst of enqueues with the same value at `key` (same kind and queue) into one job.
+   * Trailing (the default): the job runs `delayMs` after the last enqueue of the burst, with
+   * its payload, but never later than `maxWaitMs` after the first (not with a delay or
+   * `runAt`). Leading: the first runs at once and the next are dropped while they come less
+   * than `delayMs` apart. A folded enqueue resolves with the id of the job that stands; a job
+   * without a value at the key is enqueued as usual. Not with `throttle` or `unique`.
+   */
+  debounce?: DebounceOptions;
+  /**
+   * At most one job with the same value at `key` (same kind and queue) per `periodMs`; the
+   * rest are dropped, resolving with the id of the job that stands.
+   */
+  throttle?: ThrottleOptions;
 }
 
 /** One job for `enqueueMany`. */
@@ -122,6 +168,8 @@ export function enqueueBody(kind: string, payload: unknown, opts: EnqueueOptions
     body.limits = opts.limits;
   }
   if (opts.sequence !== undefined) body.sequence = sequenceBody(opts.sequence, where);
+  if (opts.debounce !== undefined) body.debounce = debounceBody(opts.debounce, where);
+  if (opts.throttle !== undefined) body.throttle = throttleBody(opts.throttle, where);
   if (opts.ttlMs !== undefined && opts.expiresAt !== undefined) {
     throw new TypeError(`conveyor: ${where}give ttlMs or expiresAt, not both`);
   }
@@ -164,4 +212,35 @@ function sequenceBody(sequence: string | SequenceOptions, where: string): string
   const policy = onDead ?? onDeadWire;
   if (policy !== undefined) body.on_dead = policy;
   return body;
+}
+
+/** The `debounce` of a job's body: `{ key, delay_ms, max_wait_ms?, mode? }`. */
+function debounceBody(debounce: DebounceOptions, where: string): Record<string, unknown> {
+  if (debounce === null || typeof debounce !== 'object' || Array.isArray(debounce)) {
+    throw new TypeError(`conveyor: ${where}debounce must be { key, delayMs, maxWaitMs?, mode? }`);
+  }
+  const { delayMs, delay_ms: delayWire, maxWaitMs, max_wait_ms: maxWaitWire, ...rest } = debounce;
+  // Fields the server does not know go as they are: it names them in a 400.
+  const body: Record<string, unknown> = { ...rest };
+  aliased(body, 'delay_ms', delayMs, delayWire, `${where}debounce: give delayMs or delay_ms, not both`);
+  aliased(body, 'max_wait_ms', maxWaitMs, maxWaitWire, `${where}debounce: give maxWaitMs or max_wait_ms, not both`);
+  return body;
+}
+
+/** The `throttle` of a job's body: `{ key, period_ms }`. */
+function throttleBody(throttle: ThrottleOptions, where: string): Record<string, unknown> {
+  if (throttle === null || typeof throttle !== 'object' || Array.isArray(throttle)) {
+    throw new TypeError(`conveyor: ${where}throttle must be { key, periodMs }`);
+  }
+  const { periodMs, period_ms: periodWire, ...rest } = throttle;
+  const body: Record<string, unknown> = { ...rest };
+  aliased(body, 'period_ms', periodMs, periodWire, `${where}throttle: give periodMs or period_ms, not both`);
+  return body;
+}
+
+/** Sets `body[wire]` from an option given by its camelCase name or the server's (the same value if both). */
+function aliased(body: Record<string, unknown>, wire: string, camel: unknown, snake: unknown, conflict: string): void {
+  if (camel !== undefined && snake !== undefined && camel !== snake) throw new TypeError(`conveyor: ${conflict}`);
+  const value = camel ?? snake;
+  if (value !== undefined) body[wire] = value;
 }

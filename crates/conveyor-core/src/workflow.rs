@@ -428,6 +428,17 @@ fn step_job(prefix: &str, job: &NewJob) -> Result<(), ValidationError> {
             "not allowed on a flow's job: a flow orders its own steps (after)",
         ));
     }
+    for (field, given) in [
+        ("debounce", job.debounce.is_some()),
+        ("throttle", job.throttle.is_some()),
+    ] {
+        if given {
+            return Err(ValidationError::new(
+                format!("{prefix}.{field}"),
+                "not allowed on a flow's job: a flow runs each step once",
+            ));
+        }
+    }
     if job.unique.is_some() {
         return Err(ValidationError::new(
             format!("{prefix}.unique"),

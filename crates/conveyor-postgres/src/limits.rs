@@ -654,7 +654,7 @@ async fn tenant_groups(
             .iter()
             .map(|key| {
                 (
-                    usize::try_from(admission.room(key)).unwrap_or(usize::MAX),
+                    usize::try_from(admission.budget(key)).unwrap_or(usize::MAX),
                     admission.weight(key),
                 )
             })

@@ -120,6 +120,9 @@ pub struct Metrics {
     stuck_jobs: IntGaugeVec,
     breaker_state: IntGaugeVec,
     limit_in_use: IntGaugeVec,
+    limit_throttled: IntCounterVec,
+    /// The totals `limit_throttled` last caught up with (the counts live in core).
+    throttled_seen: std::sync::Mutex<BTreeMap<String, u64>>,
     enqueued: IntCounterVec,
     queue_wait: HistogramVec,
     pruned: IntCounterVec,
@@ -241,6 +244,15 @@ impl Metrics {
             &["limit"],
         )?;
         registry.register(Box::new(limit_in_use.clone()))?;
+        let limit_throttled = IntCounterVec::new(
+            Opts::new(
+                "conveyor_limit_throttled_total",
+                "Candidate jobs a named limit held back from a claim in this process (a job \
+                 passed over by several claims counts once per claim)",
+            ),
+            &["limit"],
+        )?;
+        registry.register(Box::new(limit_throttled.clone()))?;
         let enqueued = IntCounterVec::new(
             Opts::new(
                 "conveyor_jobs_enqueued_total",
@@ -299,6 +311,8 @@ impl Metrics {
             stuck_jobs,
             breaker_state,
             limit_in_use,
+            limit_throttled,
+            throttled_seen: std::sync::Mutex::new(BTreeMap::new()),
             refreshed: Mutex::new(None),
             history: Arc::new(StatsRecorder::new(clock)),
         })
@@ -404,6 +418,7 @@ impl Metrics {
                 .with_label_values(&[limit.as_str()])
                 .set(gauge_int(*running));
         }
+
         let alive: Vec<&WorkerInfo> = snapshot
             .workers
             .iter()
@@ -457,7 +472,21 @@ impl Metrics {
                 }
             }
         }
+        self.catch_up_throttled();
         (self.encode(), problem)
+    }
+
+    /// Brings `conveyor_limit_throttled_total` up to the counts this process's claims kept
+    /// (in core, `named::throttled_totals`): cheap and local, so at every scrape.
+    fn catch_up_throttled(&self) {
+        if let Ok(mut seen) = self.throttled_seen.lock() {
+            for (limit, total) in conveyor_core::limits::named::throttled_totals() {
+                let before = seen.insert(limit.clone(), total).unwrap_or(0);
+                self.limit_throttled
+                    .with_label_values(&[limit.as_str()])
+                    .inc_by(total.saturating_sub(before));
+            }
+        }
     }
 
     /// The exposition text of everything as it stands.

@@ -363,7 +363,7 @@ fn tenant_groups(
         let (budget, weight) = match grouping {
             // A limit key's room and weight, as the claim's admission counts them.
             Grouping::LimitKey(admission) => (
-                usize::try_from(admission.room(&key)).unwrap_or(usize::MAX),
+                usize::try_from(admission.budget(&key)).unwrap_or(usize::MAX),
                 admission.weight(&key),
             ),
             Grouping::Tenant if per_key => {

@@ -468,6 +468,29 @@ fn a_limit_shows_the_running_jobs_of_each_key() {
     );
     let (_, not_held) = send(Method::GET, &url(&format!("/v1/jobs/{free}")), None);
     assert!(not_held.get("blocked_by").is_none(), "{not_held}");
+    // A claim now takes zeta's job and holds acme's back: the limit counts it as throttled.
+    let (status, fetched) = send(
+        Method::POST,
+        &url("/v1/fetch"),
+        Some(json!({"worker_id": "w1", "queues": ["narrow"], "max": 5})),
+    );
+    assert_eq!(status, 200, "{fetched}");
+    assert_eq!(fetched["jobs"][0]["id"], free, "{fetched}");
+    assert_eq!(fetched["jobs"].as_array().map(Vec::len), Some(1));
+    let metrics = http()
+        .get(url("/metrics"))
+        .send()
+        .expect("metrics")
+        .text()
+        .expect("text");
+    let throttled: u64 = metrics
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix("conveyor_limit_throttled_total{limit=\"one-at-a-time\"} ")
+        })
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(throttled >= 1, "{metrics}");
 }
 
 #[test]

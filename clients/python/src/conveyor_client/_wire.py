@@ -172,6 +172,46 @@ def sequence_spec(sequence: Union[str, Mapping[str, Any]]) -> Union[str, Dict[st
     return dict(sequence)
 
 
+def debounce_spec(debounce: Mapping[str, Any]) -> Dict[str, Any]:
+    """A job's ``debounce`` as sent: a dict ``{"key": ..., "delay": seconds, "max_wait":
+    seconds, "mode": "trailing"|"leading"}``, durations as seconds (or timedeltas) or in the
+    server's names, ``delay_ms`` and ``max_wait_ms``. Everything else (a bad key expression, a
+    duration of 0, a field it does not know) is the server's to say (``debounce.key``,
+    ``debounce.delay_ms``, ...)."""
+    if not isinstance(debounce, Mapping):
+        raise TypeError(
+            'debounce must be a dict {"key": ..., "delay": seconds, "max_wait": seconds, '
+            '"mode": "trailing"|"leading"}'
+        )
+    body = dict(debounce)
+    _duration_field(body, "delay", "debounce")
+    _duration_field(body, "max_wait", "debounce")
+    return body
+
+
+def throttle_spec(throttle: Mapping[str, Any]) -> Dict[str, Any]:
+    """A job's ``throttle`` as sent: a dict ``{"key": ..., "period": seconds}`` (or
+    ``period_ms``, the server's name). The server checks the values (``throttle.key``,
+    ``throttle.period_ms``)."""
+    if not isinstance(throttle, Mapping):
+        raise TypeError('throttle must be a dict {"key": ..., "period": seconds}')
+    body = dict(throttle)
+    _duration_field(body, "period", "throttle")
+    return body
+
+
+def _duration_field(body: Dict[str, Any], name: str, where: str) -> None:
+    """``body[name]`` (seconds or a timedelta) as ``body[name + "_ms"]``; left out if ``None``."""
+    if name not in body:
+        return
+    value = body.pop(name)
+    wire = name + "_ms"
+    if wire in body:
+        raise ValueError(f"{where}: give {name} or {wire}, not both")
+    if value is not None:
+        body[wire] = _milliseconds(value, f"{where}.{name}")
+
+
 def limit_path(name: str) -> str:
     if not isinstance(name, str) or not name:
         raise TypeError("a limit's name must be a non-empty string")
@@ -265,6 +305,8 @@ _ENQUEUE_KEYS = (
     "tracestate",
     "limits",
     "sequence",
+    "debounce",
+    "throttle",
 )
 
 
@@ -288,6 +330,8 @@ def enqueue_body(
     tracestate: Optional[str] = None,
     limits: Optional[Iterable[str]] = None,
     sequence: Optional[Union[str, Mapping[str, Any]]] = None,
+    debounce: Optional[Mapping[str, Any]] = None,
+    throttle: Optional[Mapping[str, Any]] = None,
     extra: Optional[Mapping[str, Any]] = None,
 ) -> Dict[str, Any]:
     """The JSON object of one job for ``POST /v1/jobs`` (or an element of a batch). Without a
@@ -327,6 +371,10 @@ def enqueue_body(
         body["limits"] = limit_names(limits)
     if sequence is not None:
         body["sequence"] = sequence_spec(sequence)
+    if debounce is not None:
+        body["debounce"] = debounce_spec(debounce)
+    if throttle is not None:
+        body["throttle"] = throttle_spec(throttle)
     if ttl is not None and expires_at is not None:
         raise ValueError("give ttl or expires_at, not both")
     if ttl is not None:
@@ -406,6 +454,7 @@ __all__ = [
     "breaker_scope",
     "breaker_settings",
     "circuit_body",
+    "debounce_spec",
     "decode",
     "dumps",
     "encode",
@@ -426,6 +475,7 @@ __all__ = [
     "signal_body",
     "signal_outcome",
     "stored_breaker",
+    "throttle_spec",
 ]
 
 

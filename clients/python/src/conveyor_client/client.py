@@ -68,6 +68,8 @@ class Client:
         tracestate: Optional[str] = None,
         limits: Optional[Iterable[str]] = None,
         sequence: Optional[Union[str, Mapping[str, Any]]] = None,
+        debounce: Optional[Mapping[str, Any]] = None,
+        throttle: Optional[Mapping[str, Any]] = None,
     ) -> str:
         """Enqueues one job; returns its id (the existing job's id when ``idempotency_key`` or
         ``unique`` matched one). ``delay``, ``timeout`` and ``ttl`` are seconds (or timedeltas);
@@ -82,7 +84,21 @@ class Client:
         (whether a dead job holds back the ones behind it: ``"block"``, the default, until it is
         replayed, discarded or cancelled). It overrides the queue's and the kind's sequence; a job
         enqueued behind an unfinished one of its key is stored ``blocked`` until that one
-        finishes. An invalid expression raises ``InvalidRequest`` naming ``sequence``."""
+        finishes. An invalid expression raises ``InvalidRequest`` naming ``sequence``.
+
+        ``debounce`` folds a burst of enqueues with the same value at its key (same kind and
+        queue) into one job: a dict ``{"key": ..., "delay": seconds, "max_wait": seconds,
+        "mode": "trailing"|"leading"}`` (durations as seconds or timedeltas, or ``delay_ms`` /
+        ``max_wait_ms``). Trailing (the default): the job runs ``delay`` after the last enqueue
+        of the burst, with its payload, but never later than ``max_wait`` after the first (not
+        with the job's own ``delay`` or ``run_at``). Leading: the first runs at once and the
+        next are dropped while they come less than ``delay`` apart. ``throttle`` (``{"key":
+        ..., "period": seconds}`` or ``period_ms``) lets at most one job per key through per
+        period and drops the rest. A folded or dropped enqueue returns the id of the job that
+        stands (the server answers ``duplicate`` and ``debounced_into``). A job without a value
+        at the key is enqueued as usual. Not both, nor with ``unique``: ``InvalidRequest``
+        naming ``throttle`` (or ``debounce``); bad values name the field (``debounce.key``,
+        ``debounce.delay_ms``)."""
         body = _wire.enqueue_body(
             kind,
             payload,
@@ -102,14 +118,17 @@ class Client:
             tracestate=tracestate,
             limits=limits,
             sequence=sequence,
+            debounce=debounce,
+            throttle=throttle,
         )
         return self._run(_ops.enqueue(body))
 
     def enqueue_many(self, jobs: Iterable[Union[Mapping[str, Any], Any]]) -> List[str]:
         """Enqueues jobs all or nothing, in one request (at most the server's batch limit,
-        10,000 by default); returns their ids in order. Each job is a dict with ``enqueue``'s
-        keyword names (``kind`` required), a :class:`NewJob`, or an object with such
-        attributes."""
+        10,000 by default); returns their ids in order (for an enqueue a ``debounce`` or
+        ``throttle`` folded into another, that job's id, as :meth:`enqueue` does). Each job is
+        a dict with ``enqueue``'s keyword names (``kind`` required), a :class:`NewJob`, or an
+        object with such attributes."""
         return self._run(_ops.enqueue_many(jobs))
 
     def send_event(self, name: str, payload: Any = None, *, id: Optional[str] = None) -> Dict[str, Any]:
@@ -374,6 +393,8 @@ class AsyncClient:
         tracestate: Optional[str] = None,
         limits: Optional[Iterable[str]] = None,
         sequence: Optional[Union[str, Mapping[str, Any]]] = None,
+        debounce: Optional[Mapping[str, Any]] = None,
+        throttle: Optional[Mapping[str, Any]] = None,
     ) -> str:
         body = _wire.enqueue_body(
             kind,
@@ -394,6 +415,8 @@ class AsyncClient:
             tracestate=tracestate,
             limits=limits,
             sequence=sequence,
+            debounce=debounce,
+            throttle=throttle,
         )
         return await self._run(_ops.enqueue(body))
 

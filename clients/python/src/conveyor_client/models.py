@@ -112,7 +112,11 @@ class Job:
 
     ``sequence`` is the job's place in its sequence (:class:`JobSequence`: ``key``, ``no``,
     ``on_dead``; ``None`` when it is in none). A job enqueued behind an unfinished one of its
-    sequence is ``blocked`` (never fetched) until the one in front finishes."""
+    sequence is ``blocked`` (never fetched) until the one in front finishes.
+
+    ``duplicate`` and ``debounced_into`` are only in an enqueue's answer (``None`` when read
+    back): ``debounced_into`` is the id of the job a ``debounce`` or ``throttle`` folded the
+    enqueue into (this job; ``duplicate`` is then true)."""
 
     id: str
     kind: str
@@ -135,6 +139,7 @@ class Job:
     finished_at: Optional[_dt.datetime] = None
     unique_key: Optional[str] = None
     duplicate: Optional[bool] = None
+    debounced_into: Optional[str] = None
     limit_keys: List[str] = field(default_factory=list)
     blocked_by: List[Union["BlockedBy", "SequenceBlockedBy"]] = field(default_factory=list)
     sequence: Optional["JobSequence"] = None
@@ -172,6 +177,7 @@ class Job:
             finished_at=parse_time(data.get("finished_at")),
             unique_key=data.get("unique_key"),
             duplicate=data.get("duplicate"),
+            debounced_into=(str(data["debounced_into"]) if data.get("debounced_into") is not None else None),
             limit_keys=[str(k) for k in data.get("limit_keys") or []],
             blocked_by=[
                 cast(Union[BlockedBy, SequenceBlockedBy], dict(b))
@@ -215,6 +221,8 @@ class NewJob:
     tracestate: Optional[str] = None
     limits: Optional[List[str]] = None
     sequence: Optional[Union[str, Dict[str, Any]]] = None
+    debounce: Optional[Dict[str, Any]] = None
+    throttle: Optional[Dict[str, Any]] = None
 
 
 ProgressReporter = Callable[["LeasedJob", int, Optional[str]], Awaitable[None]]

@@ -447,16 +447,49 @@ pub fn key_usage(
         .collect()
 }
 
+/// Candidates held back by each limit in this process since it started (every claim's
+/// [`Admission`] adds its own when it ends): `conveyor_limit_throttled_total{limit}`.
+static THROTTLED: std::sync::Mutex<BTreeMap<String, u64>> = std::sync::Mutex::new(BTreeMap::new());
+
+/// How many candidates each limit has held back in this process (a candidate passed over by
+/// several claims counts once per claim).
+pub fn throttled_totals() -> BTreeMap<String, u64> {
+    THROTTLED
+        .lock()
+        .map(|totals| totals.clone())
+        .unwrap_or_default()
+}
+
 /// The room each limit key has during one claim: a candidate is admitted only if every key it
 /// carries has room, and admitting it spends one from each. Built from the limits and their
 /// usage counted under the store's claim lock, so the counts include every earlier claim.
-#[derive(Debug, Clone)]
+/// Dropped, it adds the candidates it held back to [`throttled_totals`].
+#[derive(Debug)]
 pub struct Admission<'a> {
     specs: &'a BTreeMap<String, LimitSpec>,
     /// Room of the keys looked at so far (keys with usage, and keys admitted).
     room: HashMap<String, u64>,
     /// Candidates refused for a full key, by limit name.
     held_back: BTreeMap<String, u64>,
+    /// Keys with waiting jobs passed over whole because they had no room (their jobs are never
+    /// read as candidates), by limit name: each counts as one held back.
+    passed_over: std::sync::Mutex<BTreeMap<String, u64>>,
+}
+
+impl Drop for Admission<'_> {
+    fn drop(&mut self) {
+        let Ok(passed_over) = self.passed_over.get_mut() else {
+            return;
+        };
+        if self.held_back.is_empty() && passed_over.is_empty() {
+            return;
+        }
+        if let Ok(mut totals) = THROTTLED.lock() {
+            for (limit, count) in self.held_back.iter().chain(passed_over.iter()) {
+                *totals.entry(limit.clone()).or_insert(0) += count;
+            }
+        }
+    }
 }
 
 impl<'a> Admission<'a> {
@@ -478,7 +511,21 @@ impl<'a> Admission<'a> {
             specs,
             room,
             held_back: BTreeMap::new(),
+            passed_over: std::sync::Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// How many jobs of `key`, a key some waiting job holds, a claim may start now; a key with
+    /// none is passed over, and counted as held back.
+    pub fn budget(&self, key: &str) -> u64 {
+        let room = self.room(key);
+        if room == 0 {
+            let (name, _) = split_limit_key(key);
+            if let Ok(mut passed_over) = self.passed_over.lock() {
+                *passed_over.entry(name.to_string()).or_insert(0) += 1;
+            }
+        }
+        room
     }
 
     /// Keys with no room left: candidates carrying one are not worth reading.
