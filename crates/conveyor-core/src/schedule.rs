@@ -833,6 +833,26 @@ pub struct FireRequest {
     pub revision: u64,
     pub ticks: Vec<PlannedTick>,
     pub due_after: DateTime<Utc>,
+    /// What the runs' jobs are stamped with (their queue's and kind's limit keys and sequence),
+    /// computed above the store from the schedule at `revision`.
+    pub stamp: RunStamp,
+}
+
+/// The stamp of a schedule's runs' jobs (see `conveyor_engine::LimitStamps`): the same for
+/// every run, since a run's job differs from the template only in its time, key and tag.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RunStamp {
+    pub limit_keys: Vec<String>,
+    pub sequence_key: Option<crate::sequence::SequenceKey>,
+}
+
+impl RunStamp {
+    /// `job` (a run's, from [`Schedule::job_for`]) stamped.
+    pub fn apply(&self, mut job: NewJob) -> NewJob {
+        job.limit_keys = self.limit_keys.clone();
+        job.sequence_key = self.sequence_key.clone();
+        job
+    }
 }
 
 impl FireRequest {
@@ -843,6 +863,7 @@ impl FireRequest {
             revision: view.revision,
             ticks: plan.fire.clone(),
             due_after: plan.due_after?,
+            stamp: RunStamp::default(),
         })
     }
 

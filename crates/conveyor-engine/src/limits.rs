@@ -10,11 +10,15 @@ use conveyor_core::async_trait::async_trait;
 use conveyor_core::kinds::KindSettings;
 use conveyor_core::limits::named::KeyUsage;
 use conveyor_core::limits::{LimitBook, LimitSpec};
+use conveyor_core::schedule::{
+    FireOutcome, FireRequest, RunStamp, Schedule, ScheduleRun, ScheduleView,
+};
 use conveyor_core::workflow::{CreatedFlow, FlowListParams, FlowView, SignalOutcome, ValidFlow};
 use conveyor_core::{
     Accepted, Clock, ConfigEntry, ConfigStore, FlowStarts, FlowStore, Inserted, Job, JobListParams,
     JobStore, KindStore, NamedQueueSettings, PruneParams, QueueSettings, QueueStats, QueueStore,
-    ReplaySelector, Store, StoreHealth, StoreResult, Valid, ValidJob, ValidationError,
+    ReplaySelector, ScheduleStore, Store, StoreHealth, StoreResult, Valid, ValidJob,
+    ValidationError,
 };
 use serde_json::Value;
 use uuid::Uuid;
@@ -119,8 +123,41 @@ async fn load_book(store: &dyn Store) -> StoreResult<LimitBook> {
 }
 
 conveyor_core::delegate_store!(LimitStamps => inner:
-    LeaseStore, ScheduleStore, AccessStore, WorkerStore, LeadershipStore, BreakerStore,
-    StatsStore, CopyStore);
+    LeaseStore, AccessStore, WorkerStore, LeadershipStore, BreakerStore, StatsStore, CopyStore);
+
+#[async_trait]
+impl ScheduleStore for LimitStamps {
+    async fn schedule_put(&self, schedule: Schedule) -> StoreResult<ScheduleView> {
+        self.inner.schedule_put(schedule).await
+    }
+    async fn schedule_get(&self, name: &str) -> StoreResult<Option<ScheduleView>> {
+        self.inner.schedule_get(name).await
+    }
+    async fn schedules_list(&self) -> StoreResult<Vec<ScheduleView>> {
+        self.inner.schedules_list().await
+    }
+    async fn schedule_delete(&self, name: &str) -> StoreResult<bool> {
+        self.inner.schedule_delete(name).await
+    }
+    /// The runs' jobs are stamped like any enqueue's, from the schedule as it is at the
+    /// request's revision (another revision will not fire: the store refuses it).
+    async fn schedule_fire(&self, mut request: FireRequest) -> StoreResult<FireOutcome> {
+        if let Some(view) = self.inner.schedule_get(&request.name).await? {
+            if view.revision == request.revision {
+                let book = self.book().await?;
+                let job = view.schedule.job_for(request.due_after);
+                request.stamp = RunStamp {
+                    limit_keys: book.stamp(&job),
+                    sequence_key: book.sequence(&job),
+                };
+            }
+        }
+        self.inner.schedule_fire(request).await
+    }
+    async fn schedule_runs(&self, name: &str, limit: usize) -> StoreResult<Vec<ScheduleRun>> {
+        self.inner.schedule_runs(name, limit).await
+    }
+}
 
 // Writes of what the stamp is read from, made through this process, mark the book stale, so
 // this process's next enqueue stamps with them (other processes within `REFRESH`).

@@ -290,7 +290,7 @@ pub(crate) fn fire(ctx: &mut WriteCtx<'_>, request: FireRequest) -> StoreResult<
             _ => None,
         };
         if !run.skipped_for_overlap(previous) {
-            let job = schedule.job_for(tick.at);
+            let job = request.stamp.apply(schedule.job_for(tick.at));
             match in_savepoint(ctx, |ctx| crate::ops::insert_many(ctx, vec![job])) {
                 Ok(inserted) => {
                     let inserted = inserted.into_iter().next().ok_or_else(|| {

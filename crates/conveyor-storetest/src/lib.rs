@@ -236,6 +236,7 @@ macro_rules! __conveyor_behaviours {
             schedule_catch_up_fires_at_most_the_maximum_of_missed_ticks,
             schedule_run_history_shows_a_dead_runs_state,
             schedule_refused_job_is_recorded_as_a_refused_run,
+            schedule_runs_enter_their_queues_sequence,
             schedule_dst_edges_fire_at_the_right_utc_instants,
             schedule_interval_ticks_from_its_anchor,
             // access control and audit

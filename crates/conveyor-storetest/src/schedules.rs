@@ -606,3 +606,45 @@ pub async fn schedule_interval_ticks_from_its_anchor(h: &Harness) {
     assert_eq!(second[0].status, RunStatus::SkippedOverlap);
     assert_eq!(second[0].tick - first[0].tick, Span::seconds(5));
 }
+
+/// A schedule's runs are stamped like any enqueue: in a queue with a sequence, each run waits
+/// behind the one before it (blocked) instead of running beside it.
+pub async fn schedule_runs_enter_their_queues_sequence(h: &Harness) {
+    let h = &Harness::new(
+        conveyor_engine::LimitStamps::wrap(h.store.clone()),
+        h.clock.clone(),
+    );
+    let mut settings = QueueSettings::default();
+    settings.sequence = Some(conveyor_core::sequence::SequenceSpec::key("kind"));
+    h.store
+        .queue_settings_put("nightly", settings)
+        .await
+        .expect("queue settings");
+    let mut every_second = spec("* * * * * *", "rollup");
+    every_second.job.queue = "nightly".into();
+    put(
+        h,
+        schedule("rollup", every_second.overlap(OverlapPolicy::Allow)),
+    )
+    .await;
+    h.advance(secs(1));
+    fire_due(h, "rollup", DEFAULT_MISFIRE_THRESHOLD).await;
+    h.advance(secs(1));
+    fire_due(h, "rollup", DEFAULT_MISFIRE_THRESHOLD).await;
+    let mut params = JobListParams::default();
+    params.queue = Some("nightly".into());
+    params.limit = 10;
+    let mut jobs = list(h, params).await;
+    jobs.sort_by_key(|job| job.sequence.as_ref().map(|s| s.no));
+    let seen: Vec<(Option<String>, JobState)> = jobs
+        .iter()
+        .map(|job| (job.sequence.as_ref().map(|s| s.key.clone()), job.state))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (Some("kind=rollup".to_string()), JobState::Available),
+            (Some("kind=rollup".to_string()), JobState::Blocked),
+        ]
+    );
+}

@@ -586,6 +586,7 @@ fn fire_requests_are_checked() {
         revision: 1,
         ticks,
         due_after: base + chrono::Duration::seconds(due),
+        stamp: RunStamp::default(),
     };
     assert!(request(vec![tick(1), tick(2)], 2).check(base).is_ok());
     assert!(request(vec![], 5).check(base).is_ok());
