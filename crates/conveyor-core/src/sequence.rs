@@ -115,6 +115,22 @@ pub struct JobSequence {
     pub on_dead: OnDead,
 }
 
+impl JobSequence {
+    /// A job's place as the stores keep it: the key, the number (never negative in a store
+    /// that wrote it) and whether a dead job lets the next one run.
+    pub fn stored(key: String, no: i64, skip_dead: bool) -> Self {
+        Self {
+            key,
+            no: u64::try_from(no).unwrap_or(0),
+            on_dead: if skip_dead {
+                OnDead::Skip
+            } else {
+                OnDead::Block
+            },
+        }
+    }
+}
+
 /// Whether a job of a sequence in `state` holds it: its successors may not start.
 pub fn holds(state: JobState, on_dead: OnDead) -> bool {
     match state {

@@ -1,7 +1,7 @@
 //! Mapping between rows and the model: jobs and queue settings.
 
 use chrono::{DateTime, Utc};
-use conveyor_core::sequence::{JobSequence, OnDead};
+use conveyor_core::sequence::JobSequence;
 use conveyor_core::workflow::FlowLink;
 use conveyor_core::{
     ErrorRecord, Job, JobState, Lease, Progress, QueueSettings, RateLimit, StoreResult,
@@ -90,16 +90,11 @@ fn sequence(row: &PgRow) -> StoreResult<Option<JobSequence>> {
         return Ok(None);
     };
     let no = column::<Option<i64>>(row, "sequence_no")?.unwrap_or(0);
-    let on_dead = if column::<bool>(row, "sequence_skip_dead")? {
-        OnDead::Skip
-    } else {
-        OnDead::Block
-    };
-    Ok(Some(JobSequence {
+    Ok(Some(JobSequence::stored(
         key,
-        no: no.max(0) as u64,
-        on_dead,
-    }))
+        no,
+        column(row, "sequence_skip_dead")?,
+    )))
 }
 
 /// The job's flow, step and parents' results, when it belongs to a flow (`flow_id` set).

@@ -1,7 +1,7 @@
 //! Mapping between rows and the model: jobs, queue settings, circuit breaker settings.
 
 use conveyor_core::clock::{from_millis, to_millis};
-use conveyor_core::sequence::{JobSequence, OnDead};
+use conveyor_core::sequence::JobSequence;
 use conveyor_core::workflow::FlowLink;
 use conveyor_core::{
     ErrorRecord, Job, JobState, Lease, NamedQueueSettings, QueueSettings, RateLimit, StoreError,
@@ -92,16 +92,7 @@ fn sequence(row: &Row<'_>) -> rusqlite::Result<Option<JobSequence>> {
         return Ok(None);
     };
     let no: i64 = row.get::<_, Option<i64>>(30)?.unwrap_or(0);
-    let on_dead = if row.get::<_, bool>(31)? {
-        OnDead::Skip
-    } else {
-        OnDead::Block
-    };
-    Ok(Some(JobSequence {
-        key,
-        no: no.max(0) as u64,
-        on_dead,
-    }))
+    Ok(Some(JobSequence::stored(key, no, row.get(31)?)))
 }
 
 fn optional_json<T: serde::de::DeserializeOwned>(

@@ -278,16 +278,21 @@ pub fn set_queue(server: &str, queue: &str, settings: Value) {
     assert_eq!(response.status(), 200, "{:?}", response.text());
 }
 
+/// `POST /v1/jobs/batch` of `jobs`, which must be stored (201): the answer.
+pub fn enqueue_batch(server: &str, jobs: &[Value]) -> Value {
+    let response = http()
+        .post(format!("{server}/v1/jobs/batch"))
+        .json(&json!({ "jobs": jobs }))
+        .send()
+        .expect("POST batch");
+    assert_eq!(response.status(), 201);
+    response.json().expect("batch JSON")
+}
+
 pub fn enqueue_many(server: &str, jobs: Vec<Value>) -> Vec<String> {
     let mut ids = Vec::with_capacity(jobs.len());
     for chunk in jobs.chunks(1000) {
-        let response = http()
-            .post(format!("{server}/v1/jobs/batch"))
-            .json(&json!({ "jobs": chunk }))
-            .send()
-            .expect("POST batch");
-        assert_eq!(response.status(), 201);
-        let body: Value = response.json().expect("batch JSON");
+        let body = enqueue_batch(server, chunk);
         ids.extend(
             body["ids"]
                 .as_array()

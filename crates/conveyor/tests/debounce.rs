@@ -25,14 +25,7 @@ fn debounce_storm(backend: Backend) {
         .collect();
     let mut folded = 0;
     for (index, chunk) in jobs.chunks(500).enumerate() {
-        let server = &servers[index % servers.len()].url;
-        let response = http()
-            .post(format!("{server}/v1/jobs/batch"))
-            .json(&json!({ "jobs": chunk }))
-            .send()
-            .expect("POST batch");
-        assert_eq!(response.status(), 201);
-        let body: Value = response.json().expect("batch JSON");
+        let body = enqueue_batch(&servers[index % servers.len()].url, chunk);
         folded += body["debounced_into"]
             .as_array()
             .map_or(0, |ids| ids.iter().filter(|id| !id.is_null()).count());

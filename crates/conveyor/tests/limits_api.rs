@@ -40,6 +40,15 @@ fn refusal(method: Method, url: &str, body: Value) -> (u16, String) {
     )
 }
 
+fn metrics_text(url: &str) -> String {
+    http()
+        .get(url)
+        .send()
+        .expect("metrics")
+        .text()
+        .expect("text")
+}
+
 fn stdout(output: &Output) -> String {
     String::from_utf8_lossy(&output.stdout).into_owned()
 }
@@ -422,12 +431,7 @@ fn a_limit_shows_the_running_jobs_of_each_key() {
         "{shown}"
     );
     assert_eq!(shown["in_use"], 2);
-    let metrics = http()
-        .get(url("/metrics"))
-        .send()
-        .expect("metrics")
-        .text()
-        .expect("text");
+    let metrics = metrics_text(&url("/metrics"));
     assert!(
         metrics.contains("conveyor_limit_in_use{limit=\"vendor\"} 2"),
         "{metrics}"
@@ -477,12 +481,7 @@ fn a_limit_shows_the_running_jobs_of_each_key() {
     assert_eq!(status, 200, "{fetched}");
     assert_eq!(fetched["jobs"][0]["id"], free, "{fetched}");
     assert_eq!(fetched["jobs"].as_array().map(Vec::len), Some(1));
-    let metrics = http()
-        .get(url("/metrics"))
-        .send()
-        .expect("metrics")
-        .text()
-        .expect("text");
+    let metrics = metrics_text(&url("/metrics"));
     let throttled: u64 = metrics
         .lines()
         .find_map(|line| {
