@@ -293,6 +293,20 @@ mod tests {
     }
 
     #[test]
+    fn enqueues_and_the_release_trigger_lock_a_sequence_key_alike() {
+        let trigger = include_str!("migrations/0022_sequences.sql");
+        let insert = crate::sql::sequence_lock_keys_sql();
+        let key = |schema: &str, key: &str| {
+            format!("'conveyor:sequence:' || {schema} || ':' || {key}, 0)")
+        };
+        assert!(trigger.contains(&key("TG_TABLE_SCHEMA", "OLD.sequence_key")));
+        assert!(
+            insert.contains(&format!("hashtextextended({}", key("$2", "k"))),
+            "{insert}"
+        );
+    }
+
+    #[test]
     fn migrations_are_numbered_one_to_latest() {
         for (i, migration) in MIGRATIONS.iter().enumerate() {
             assert_eq!(migration.version as usize, i + 1, "{}", migration.name);

@@ -26,6 +26,15 @@ pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, at
     flow_id, flow_step, parents, progress, expires_at, trace, limit_keys, sequence_key, \
     sequence_no, sequence_skip_dead";
 
+/// The advisory lock key of a sequence key, as the insert computes it: the same expression the
+/// release trigger of migration 22 locks with (its schema is `TG_TABLE_SCHEMA` there, `$2`
+/// here), so an enqueue and a release of one key serialize.
+pub(crate) fn sequence_lock_keys_sql() -> String {
+    "SELECT hashtextextended('conveyor:sequence:' || $2 || ':' || k, 0) \
+     FROM unnest($1::text[]) AS k"
+        .to_string()
+}
+
 /// A replayed job's state: available, or blocked behind its sequence (the release trigger of
 /// migration 22 lets it run at once when nothing holds the sequence).
 const REPLAYED_STATE: &str = "CASE WHEN sequence_key IS NULL THEN 'available' ELSE 'blocked' END";
@@ -175,12 +184,7 @@ impl Sql {
             lock_keys: stmt(
                 "SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) AS t(k)".to_string(),
             ),
-            // The latest job holding each key; the caller applies the window rules.
-            sequence_lock_keys: stmt(
-                "SELECT hashtextextended('conveyor:sequence:' || $2 || ':' || k, 0) \
-                 FROM unnest($1::text[]) AS k"
-                    .to_string(),
-            ),
+            sequence_lock_keys: stmt(sequence_lock_keys_sql()),
             sequence_tails: stmt(format!(
                 "SELECT k AS key, \
                      (SELECT max(sequence_no) FROM {jobs} WHERE sequence_key = k) AS last, \
@@ -206,6 +210,7 @@ impl Sql {
                 "UPDATE {jobs} SET fold_until = COALESCE($2, fold_until) WHERE id = $1 \
                  RETURNING {COLUMNS}"
             )),
+            // The latest job holding each key; the caller applies the window rules.
             idempotent_matches: stmt(format!(
                 "SELECT DISTINCT ON (idempotency_key) {COLUMNS} FROM {jobs} \
                  WHERE idempotency_key = ANY($1) \

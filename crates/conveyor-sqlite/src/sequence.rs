@@ -113,3 +113,26 @@ pub(crate) fn release(ctx: &mut WriteCtx<'_>, key: &str) -> StoreResult<()> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::OPEN;
+
+    #[test]
+    fn the_open_condition_lists_cores_open_states_as_the_index_does() {
+        let states: Vec<String> = conveyor_core::sequence::OPEN_STATES
+            .iter()
+            .map(|state| format!("'{}'", state.as_str()))
+            .collect();
+        let condition = format!("state IN ({})", states.join(", "));
+        assert_eq!(OPEN, condition);
+        let schema = include_str!("schema.sql")
+            .split_whitespace()
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(
+            schema.contains(&condition),
+            "jobs_sequence_open holds the same states"
+        );
+    }
+}
