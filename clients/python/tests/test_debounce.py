@@ -218,7 +218,10 @@ def test_the_server_errors_name_the_field(client, queue):
         client.enqueue(
             "sync", acme, queue=queue, debounce={"key": "payload.account", "delay": 1, "later": True}
         )
-    assert (caught.value.field or "").startswith("debounce"), caught.value.field
+    assert caught.value.field == "debounce.later", caught.value.field
+    with pytest.raises(InvalidRequest) as caught:
+        client.enqueue("sync", acme, queue=queue, throttle={"key": "payload.account"})
+    assert caught.value.field == "throttle.period_ms", caught.value.field
     with pytest.raises(InvalidRequest) as caught:
         client.enqueue_many(
             [

@@ -316,18 +316,13 @@ pub(crate) async fn blocked_by(
     Ok(blocked)
 }
 
-/// A part of a request read as `T`, refused naming `field` (and the part's own field where
-/// serde names it) when it does not read.
+/// A part of a request (an object at `field`, such as `debounce`) read as `T`; an error names
+/// the field at fault within it, as `wire::read_body` finds it (`debounce.delay_ms`).
 pub(crate) fn spec_from<T: serde::de::DeserializeOwned>(field: &str, value: Value) -> ApiResult<T> {
-    serde_path_to_error::deserialize(value).map_err(|e| {
-        let path = e.path().to_string();
-        let at = if path.is_empty() || path == "." {
-            field.to_string()
-        } else {
-            format!("{field}.{path}")
-        };
-        ApiError::invalid(at, e.into_inner().to_string())
-    })
+    if !value.is_object() {
+        return Err(ApiError::invalid(field, "must be a JSON object"));
+    }
+    wire::read_body(value, "mode").map_err(|e| ApiError::from(e.within(field)))
 }
 
 /// A sequence as a request gives it (`"<key expression>"` or `{"key", "on_dead"}`), refused
