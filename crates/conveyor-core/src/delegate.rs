@@ -249,6 +249,9 @@ macro_rules! delegate_store {
             async fn jobs_next_due(&self, queues: &[String]) -> $crate::StoreResult<Option<chrono::DateTime<chrono::Utc>>> {
                 $crate::LeaseStore::jobs_next_due(&*self.$field, queues).await
             }
+            async fn jobs_available_of_kind(&self, queue: &str, kind: &str, limit: usize) -> $crate::StoreResult<Vec<$crate::Job>> {
+                $crate::LeaseStore::jobs_available_of_kind(&*self.$field, queue, kind, limit).await
+            }
         }
     };
     (@part QueueStore, $decorator:ty, $field:ident) => {

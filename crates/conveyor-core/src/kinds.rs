@@ -32,6 +32,9 @@ pub struct KindSettings {
     /// unless the job names another sequence; overrides its queue's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sequence: Option<crate::sequence::SequenceSpec>,
+    /// The kind's jobs go out in batches, to fetches that ask for them (see [`crate::batch`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<crate::batch::BatchSpec>,
     /// When the settings were last written (the store's clock).
     pub updated_at: DateTime<Utc>,
 }
@@ -42,6 +45,9 @@ pub fn validate_settings(settings: &KindSettings) -> Result<(), ValidationError>
     crate::limits::named::limit_names("limits", &settings.limits)?;
     if let Some(sequence) = &settings.sequence {
         crate::limits::named::sequence("sequence", sequence)?;
+    }
+    if let Some(batch) = &settings.batch {
+        batch.validate("batch")?;
     }
     if let Some(schema) = &settings.schema {
         KindSchema::compile(schema)?;

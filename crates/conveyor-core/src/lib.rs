@@ -7,6 +7,7 @@
 //! registry, the history recorder, the typed client, the long-poll) live in `conveyor-engine`.
 
 pub mod access;
+pub mod batch;
 pub mod breaker;
 pub mod client;
 pub mod clock;

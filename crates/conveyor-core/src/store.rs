@@ -323,6 +323,16 @@ pub trait LeaseStore: Send + Sync {
     /// Earliest run_at among scheduled/retryable jobs in `queues`, so a waiting fetcher knows
     /// when to look again.
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>>;
+
+    /// The first `limit` available jobs of `kind` in `queue`, in claim order (priority, then
+    /// run_at, then id), read without claiming: what a batch fetch judges readiness by (see
+    /// [`crate::batch`]).
+    async fn jobs_available_of_kind(
+        &self,
+        queue: &str,
+        kind: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<Job>>;
 }
 
 /// Per-queue counts and settings (pause, limits, depth, retention).

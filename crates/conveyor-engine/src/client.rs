@@ -65,6 +65,7 @@ impl Client {
             .map(|k| k.limits.clone())
             .unwrap_or_default();
         let sequence = existing.as_ref().and_then(|k| k.sequence.clone());
+        let batch = existing.as_ref().and_then(|k| k.batch.clone());
         self.store
             .kind_put(conveyor_core::kinds::KindSettings {
                 kind: J::KIND.to_string(),
@@ -73,6 +74,7 @@ impl Client {
                 circuit_breaker: existing.and_then(|k| k.circuit_breaker),
                 limits,
                 sequence,
+                batch,
                 updated_at: chrono::DateTime::UNIX_EPOCH,
             })
             .await?;

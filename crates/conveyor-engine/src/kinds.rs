@@ -1,8 +1,8 @@
-//! The payload schemas a process enforces (see [`conveyor_core::kinds`]): compiled from the
-//! store and re-read when a second old, so a schema set through one node is enforced by every
-//! node within [`KindRegistry::REFRESH`].
+//! The kinds' settings a process acts on (see [`conveyor_core::kinds`]): payload schemas
+//! compiled from the store, and which kinds go out in batches; re-read when a second old, so a
+//! setting made through one node holds on every node within [`KindRegistry::REFRESH`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,14 +10,16 @@ use serde::Serialize;
 use serde_json::Value;
 
 use conveyor_core::error::{StoreError, StoreResult, ValidationError};
+use conveyor_core::batch::BatchSpec;
 use conveyor_core::job::JobState;
 use conveyor_core::kinds::KindSchema;
 use conveyor_core::store::{JobListParams, Store};
 
-/// Compiled schemas of every kind that has one.
+/// Compiled schemas of every kind that has one, and how batch kinds are batched.
 #[derive(Default)]
 struct Snapshot {
     schemas: HashMap<String, Arc<KindSchema>>,
+    batches: Arc<BTreeMap<String, BatchSpec>>,
 }
 
 /// The payload schemas a process enforces, read from its store and refreshed when stale.
@@ -47,7 +49,11 @@ impl KindRegistry {
         self.current
             .get(|| async {
                 let mut schemas = HashMap::new();
+                let mut batches = BTreeMap::new();
                 for settings in self.store.kinds_list().await? {
+                    if let Some(batch) = settings.batch {
+                        batches.insert(settings.kind.clone(), batch);
+                    }
                     let Some(schema) = settings.schema else {
                         continue;
                     };
@@ -62,7 +68,10 @@ impl KindRegistry {
                     })?;
                     schemas.insert(settings.kind, Arc::new(compiled));
                 }
-                Ok(Snapshot { schemas })
+                Ok(Snapshot {
+                    schemas,
+                    batches: Arc::new(batches),
+                })
             })
             .await
     }
@@ -71,6 +80,11 @@ impl KindRegistry {
     /// changed one).
     pub fn invalidate(&self) {
         self.current.invalidate();
+    }
+
+    /// The kinds whose jobs go out in batches, and how (see [`conveyor_core::batch`]).
+    pub async fn batches(&self) -> StoreResult<Arc<BTreeMap<String, BatchSpec>>> {
+        Ok(self.current().await?.batches.clone())
     }
 
     /// Checks one payload of `kind` against the kind's schema, if it has one.

@@ -9,6 +9,56 @@ use conveyor_core::store::{FetchParams, Store, StoreResult};
 use conveyor_core::validate::Valid;
 
 use crate::breakers::CircuitBreakers;
+use crate::kinds::KindRegistry;
+
+/// What a fetch claims through besides the store.
+#[derive(Clone, Copy, Default)]
+pub struct Gates<'a> {
+    /// Skips what open circuit breakers hold back (see [`conveyor_core::breaker`]).
+    pub breakers: Option<&'a CircuitBreakers>,
+    /// The kinds' settings: a plain fetch skips batch kinds, a batch fetch reads how each is
+    /// batched (see [`conveyor_core::batch`]). Without it, no kind is a batch kind.
+    pub kinds: Option<&'a KindRegistry>,
+    /// A batch fetch: one batch of one kind (see [`crate::batches::claim_batch`]).
+    pub batch: bool,
+}
+
+impl<'a> Gates<'a> {
+    /// Through `breakers` only (no kind is a batch kind).
+    pub fn breakers(breakers: Option<&'a CircuitBreakers>) -> Self {
+        Self {
+            breakers,
+            ..Self::default()
+        }
+    }
+
+    /// One look: the jobs claimed, and when a batch waiting to fill becomes ready.
+    async fn look(
+        &self,
+        store: &dyn Store,
+        params: &Valid<FetchParams>,
+    ) -> StoreResult<(Vec<Job>, Option<DateTime<Utc>>)> {
+        if params.claims_nothing() {
+            return Ok((Vec::new(), None));
+        }
+        let batches = match self.kinds {
+            Some(kinds) => kinds.batches().await?,
+            None => Default::default(),
+        };
+        if self.batch {
+            let look =
+                crate::batches::claim_batch(store, self.breakers, &batches, params).await?;
+            return Ok((look.jobs, look.ready_at));
+        }
+        let params = crate::batches::without_batch_kinds(params.clone(), &batches);
+        let jobs = match self.breakers {
+            _ if params.claims_nothing() => Vec::new(),
+            Some(breakers) => breakers.fetch(params).await?,
+            None => store.jobs_fetch_valid(params).await?,
+        };
+        Ok((jobs, None))
+    }
+}
 
 /// How far an idle long-poll's safety-net interval grows (see [`fetch_waiting`]).
 pub const IDLE_POLL_GROWTH: u32 = 16;
@@ -28,7 +78,8 @@ pub async fn fetch_waiting(
     poll: Duration,
     stop: impl std::future::Future<Output = ()>,
 ) -> StoreResult<Vec<Job>> {
-    fetch_waiting_with(store, breakers, params, wait, poll, None, stop).await
+    let gates = Gates::breakers(breakers);
+    fetch_waiting_with(store, gates, params, wait, poll, None, stop).await
 }
 
 /// The looks of every fetch waiting in this process, by what they fetch (queues and kinds): a
@@ -62,9 +113,9 @@ impl IdleLooks {
         self.skipped.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn shape(params: &FetchParams) -> String {
+    fn shape(params: &FetchParams, batch: bool) -> String {
         format!(
-            "{:?}|{:?}|{:?}",
+            "{:?}|{:?}|{:?}|{batch}",
             params.queues, params.kinds, params.excluded_kinds
         )
     }
@@ -117,11 +168,11 @@ impl IdleLooks {
     }
 }
 
-/// [`fetch_waiting`], sharing empty looks with the other fetches waiting in this process
-/// through `idle` (see [`IdleLooks`]).
+/// [`fetch_waiting`] through `gates` (breakers, batch kinds, a batch fetch), sharing empty
+/// looks with the other fetches waiting in this process through `idle` (see [`IdleLooks`]).
 pub async fn fetch_waiting_with(
     store: &dyn Store,
-    breakers: Option<&CircuitBreakers>,
+    gates: Gates<'_>,
     params: Valid<FetchParams>,
     wait: Duration,
     poll: Duration,
@@ -129,10 +180,12 @@ pub async fn fetch_waiting_with(
     stop: impl std::future::Future<Output = ()>,
 ) -> StoreResult<Vec<Job>> {
     let deadline = tokio::time::Instant::now() + wait;
-    let shape = idle.map(|_| IdleLooks::shape(&params));
+    let shape = idle.map(|_| IdleLooks::shape(&params, gates.batch));
     // A wake-up (or the first look) always looks; a safety-net poll may be skipped.
     let mut woken = true;
     let mut next_due: Option<DateTime<Utc>> = None;
+    // When a batch waiting to fill is next ready (batch fetches only).
+    let mut ready_at: Option<DateTime<Utc>> = None;
     let wakeup = store.wakeup();
     tokio::pin!(stop);
     // Wake-ups bring new work at once; the poll is only a safety net (another process's jobs
@@ -151,11 +204,8 @@ pub async fn fetch_waiting_with(
             _ => false,
         };
         if !shared_empty {
-            let jobs = match breakers {
-                _ if params.claims_nothing() => Vec::new(),
-                Some(breakers) => breakers.fetch(params.clone()).await?,
-                None => store.jobs_fetch_valid(params.clone()).await?,
-            };
+            let (jobs, ready) = gates.look(store, &params).await?;
+            ready_at = ready;
             if let (Some(idle), Some(shape)) = (idle, &shape) {
                 if jobs.is_empty() {
                     idle.found_nothing(shape, looked_at);
@@ -178,7 +228,11 @@ pub async fn fetch_waiting_with(
         }
         // A due job's time coming is a wake-up of its own: no other fetch's look counts for it.
         let mut due_wakes = false;
-        if let Some(due) = next_due {
+        let due = match (next_due, ready_at) {
+            (Some(due), Some(ready)) => Some(due.min(ready)),
+            (due, ready) => due.or(ready),
+        };
+        if let Some(due) = due {
             let in_ms = (due - store.clock().now()).num_milliseconds().max(0) as u64;
             let at = now + Duration::from_millis(in_ms);
             if at <= until {

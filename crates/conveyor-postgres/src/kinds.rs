@@ -23,15 +23,15 @@ impl KindsSql {
         Self {
             put: stmt(format!(
                 "INSERT INTO {kinds} (kind, schema, version, updated_at, circuit_breaker, limits, \
-                 sequence) VALUES ($1, $2, $3, $4, $5, $6, $7) \
+                 sequence, batch) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
                  ON CONFLICT (kind) DO UPDATE SET schema = EXCLUDED.schema, \
                  version = EXCLUDED.version, updated_at = EXCLUDED.updated_at, \
                  circuit_breaker = EXCLUDED.circuit_breaker, limits = EXCLUDED.limits, \
-                 sequence = EXCLUDED.sequence"
+                 sequence = EXCLUDED.sequence, batch = EXCLUDED.batch"
             )),
             list: stmt(format!(
-                "SELECT kind, schema, version, updated_at, circuit_breaker, limits, sequence \
-                 FROM {kinds} ORDER BY kind"
+                "SELECT kind, schema, version, updated_at, circuit_breaker, limits, sequence, \
+                 batch FROM {kinds} ORDER BY kind"
             )),
             delete: stmt(format!("DELETE FROM {kinds} WHERE kind = $1")),
         }
@@ -56,6 +56,7 @@ pub(crate) async fn put(
         .bind(settings.circuit_breaker.map(Json))
         .bind(&settings.limits)
         .bind(settings.sequence.as_ref().map(Json))
+        .bind(settings.batch.as_ref().map(Json))
         .execute(conn)
         .await
         .map_err(db("set a kind's settings"))?;
@@ -87,6 +88,10 @@ pub(crate) async fn list(
                 limits: row.try_get("limits").map_err(corrupt)?,
                 sequence: row
                     .try_get::<Option<Json<conveyor_core::sequence::SequenceSpec>>, _>("sequence")
+                    .map_err(corrupt)?
+                    .map(|Json(spec)| spec),
+                batch: row
+                    .try_get::<Option<Json<conveyor_core::batch::BatchSpec>>, _>("batch")
                     .map_err(corrupt)?
                     .map(|Json(spec)| spec),
                 updated_at: row.try_get("updated_at").map_err(corrupt)?,

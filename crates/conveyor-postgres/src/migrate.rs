@@ -132,10 +132,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "sequences",
         sql: include_str!("migrations/0022_sequences.sql"),
     },
+    Migration {
+        version: 23,
+        name: "batches",
+        sql: include_str!("migrations/0023_batches.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 22;
+pub const SCHEMA_VERSION: u32 = 23;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

@@ -135,6 +135,7 @@ pub(crate) struct Sql {
     pub discard: SqlStr,
     pub stats: SqlStr,
     pub next_due: SqlStr,
+    pub available_of_kind: SqlStr,
     pub import: SqlStr,
     pub leader_acquire: SqlStr,
     pub leader_release: SqlStr,
@@ -559,6 +560,12 @@ impl Sql {
                 "SELECT run_at FROM {jobs} \
                  WHERE state IN ('scheduled', 'retryable') AND queue = ANY($1) \
                  ORDER BY run_at LIMIT 1"
+            )),
+            // A batch fetch's look: a range of the claim index, other kinds skipped.
+            available_of_kind: stmt(format!(
+                "SELECT {COLUMNS} FROM {jobs} \
+                 WHERE state = 'available' AND queue = $1 AND kind = $2 \
+                 ORDER BY priority DESC, run_at, id LIMIT $3"
             )),
             // Jobs exactly as given, every column, skipping ids that exist (so an interrupted
             // copy resumes). Also how a flow's jobs are stored as their steps start.

@@ -196,6 +196,16 @@ impl LeaseStore for PgStore {
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
         ops::next_due(&mut *self.conn().await?, &self.inner.sql, queues).await
     }
+
+    async fn jobs_available_of_kind(
+        &self,
+        queue: &str,
+        kind: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<Job>> {
+        let mut conn = self.conn().await?;
+        ops::available_of_kind(&mut conn, &self.inner.sql, queue, kind, limit).await
+    }
 }
 
 /// Every flow event runs in one transaction that locks the flow first (see `workflow`).

@@ -1,6 +1,6 @@
 //! `GET /v1/kinds`, `GET/PUT/DELETE /v1/kinds/{kind}`: settings per job kind: the payload
 //! schema every enqueue of the kind is checked against (see `conveyor_core::kinds`), its
-//! circuit breaker and the named limits its jobs are subject to.
+//! circuit breaker, the named limits its jobs are subject to, their sequence and batches.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
@@ -38,6 +38,10 @@ pub(crate) struct KindRequest {
     /// keeps it.
     #[serde(default, deserialize_with = "crate::settings::present")]
     sequence: Option<Option<Value>>,
+    /// The kind's jobs go out in batches (`{"max_size", "max_wait_ms", "key"?}`, see
+    /// `conveyor_core::batch`); `null` removes it, absent keeps it.
+    #[serde(default, deserialize_with = "crate::settings::present")]
+    batch: Option<Option<Value>>,
     /// Set the schema even if queued jobs of the kind would not pass it.
     #[serde(default, deserialize_with = "wire::non_null")]
     force: Option<bool>,
@@ -109,6 +113,16 @@ pub(crate) async fn put(
         Some(None) => None,
         Some(Some(value)) => Some(crate::limits::sequence_of("sequence", value)?),
     };
+    let batch = match request.batch {
+        None => existing.as_ref().and_then(|k| k.batch.clone()),
+        Some(None) => None,
+        Some(Some(value)) => {
+            let spec: conveyor_core::batch::BatchSpec =
+                crate::limits::spec_from("batch", value)?;
+            spec.validate("batch")?;
+            Some(spec)
+        }
+    };
     // A schema kept as it was is not checked against the queue again.
     let schema_changed = request.schema.is_some();
     let schema = match request.schema {
@@ -145,6 +159,7 @@ pub(crate) async fn put(
             circuit_breaker: breaker,
             limits,
             sequence,
+            batch,
             updated_at: state.clock.now(),
         })
         .await?;
@@ -156,6 +171,7 @@ pub(crate) async fn put(
         "version": stored.version,
         "limits": stored.limits,
         "sequence": stored.sequence,
+        "batch": stored.batch,
         "forced": request.force == Some(true),
     });
     let entry = caller.audit(AuditAction::KindPut).target(kind);

@@ -23,14 +23,20 @@ pub(crate) fn put(ctx: &WriteCtx<'_>, settings: KindSettings) -> StoreResult<Kin
     let breaker = rows::breaker_settings_text(settings.circuit_breaker.as_ref())?;
     let limits = rows::names_text(&settings.limits)?;
     let sequence = rows::sequence_spec_text(settings.sequence.as_ref())?;
+    let batch = settings
+        .batch
+        .as_ref()
+        .map(|spec| rows::json_text(spec, "batch"))
+        .transpose()?;
     ctx.conn
         .prepare_cached(
             "INSERT INTO kinds (kind, schema, version, updated_at, circuit_breaker, limits, \
-             sequence) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (kind) DO UPDATE SET \
+             sequence, batch) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+             ON CONFLICT (kind) DO UPDATE SET \
              schema = excluded.schema, version = excluded.version, \
              updated_at = excluded.updated_at, \
              circuit_breaker = excluded.circuit_breaker, limits = excluded.limits, \
-             sequence = excluded.sequence",
+             sequence = excluded.sequence, batch = excluded.batch",
         )
         .and_then(|mut stmt| {
             stmt.execute(rusqlite::params![
@@ -40,7 +46,8 @@ pub(crate) fn put(ctx: &WriteCtx<'_>, settings: KindSettings) -> StoreResult<Kin
                 rows::millis(ctx.now),
                 breaker,
                 limits,
-                sequence
+                sequence,
+                batch
             ])
         })
         .map_err(backend)?;
@@ -70,10 +77,11 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
         Option<String>,
         Option<String>,
         Option<String>,
+        Option<String>,
     );
     let rows: Vec<Row> = conn
         .prepare_cached(
-            "SELECT kind, schema, version, updated_at, circuit_breaker, limits, sequence \
+            "SELECT kind, schema, version, updated_at, circuit_breaker, limits, sequence, batch \
              FROM kinds ORDER BY kind",
         )
         .and_then(|mut stmt| {
@@ -86,6 +94,7 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
                     row.get(4)?,
                     row.get(5)?,
                     row.get(6)?,
+                    row.get(7)?,
                 ))
             })?
             .collect()
@@ -93,7 +102,7 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
         .map_err(backend)?;
     rows.into_iter()
         .map(
-            |(kind, schema, version, updated_at, breaker, limits, sequence)| {
+            |(kind, schema, version, updated_at, breaker, limits, sequence, batch)| {
                 let schema = schema
                     .map(|text| {
                         serde_json::from_str(&text).map_err(|e| {
@@ -103,6 +112,14 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
                         })
                     })
                     .transpose()?;
+                let batch = batch
+                    .map(|text| serde_json::from_str(&text))
+                    .transpose()
+                    .map_err(|e| {
+                        conveyor_core::StoreError::backend(format!(
+                            "stored batch of kind {kind:?}: {e}"
+                        ))
+                    })?;
                 Ok(conveyor_core::kinds::KindSettings {
                     kind,
                     schema,
@@ -110,6 +127,7 @@ pub(crate) fn list(conn: &Connection) -> StoreResult<Vec<conveyor_core::kinds::K
                     circuit_breaker: crate::rows::breaker_settings(breaker).map_err(backend)?,
                     limits: crate::rows::names(limits).map_err(backend)?,
                     sequence: crate::rows::sequence_spec(sequence).map_err(backend)?,
+                    batch,
                     updated_at: from_millis(updated_at),
                 })
             },

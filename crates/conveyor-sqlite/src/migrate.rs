@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use crate::errors::backend;
 
 /// The schema version this code writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 19;
+pub(crate) const SCHEMA_VERSION: i64 = 20;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
@@ -117,6 +117,8 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         )?;
         add_missing_columns(conn, "queue_settings", &[("sequence", "TEXT")])?;
         add_missing_columns(conn, "kinds", &[("sequence", "TEXT")])?;
+        // Version 20: batches.
+        add_missing_columns(conn, "kinds", &[("batch", "TEXT")])?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

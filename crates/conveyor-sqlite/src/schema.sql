@@ -273,7 +273,9 @@ CREATE TABLE IF NOT EXISTS kinds (
     -- Version 18: the named limits its jobs are subject to (JSON array of names).
     limits TEXT,
     -- Version 19: the sequence its jobs run in (JSON, `SequenceSpec`).
-    sequence TEXT
+    sequence TEXT,
+    -- Version 20: how its jobs go out in batches (JSON, `BatchSpec`).
+    batch TEXT
 ) WITHOUT ROWID;
 
 -- Version 14: circuit breakers' states (`conveyor_core::breaker`), one document each, changed

@@ -158,6 +158,17 @@ impl LeaseStore for SqliteStore {
         self.read(move |conn, _| reads::next_due(conn, &queues))
             .await
     }
+
+    async fn jobs_available_of_kind(
+        &self,
+        queue: &str,
+        kind: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<Job>> {
+        let (queue, kind) = (queue.to_string(), kind.to_string());
+        self.read(move |conn, _| reads::available_of_kind(conn, &queue, &kind, limit))
+            .await
+    }
 }
 
 #[async_trait]

@@ -266,7 +266,7 @@ async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
                 tokio::spawn(async move {
                     conveyor_engine::fetch_waiting_with(
                         store.as_ref(),
-                        None,
+                        conveyor_engine::Gates::default(),
                         valid_fetch(),
                         wait,
                         Duration::from_millis(50),
@@ -311,7 +311,7 @@ async fn idle_long_polls_share_their_empty_looks_and_still_wake() {
             tokio::spawn(async move {
                 let jobs = conveyor_engine::fetch_waiting_with(
                     store.as_ref(),
-                    None,
+                    conveyor_engine::Gates::default(),
                     valid_fetch(),
                     Duration::from_secs(120),
                     Duration::from_secs(60),

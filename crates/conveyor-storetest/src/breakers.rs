@@ -138,6 +138,7 @@ pub async fn breaker_settings_round_trip_with_queue_and_kind_settings(h: &Harnes
         circuit_breaker: Some(breaker(2, 1)),
         limits: Vec::new(),
         sequence: None,
+        batch: None,
         updated_at: chrono::DateTime::UNIX_EPOCH,
     };
     h.store.kind_put(kind).await.expect("kind put");
@@ -327,6 +328,7 @@ pub async fn a_kind_breaker_holds_only_its_kind_and_obeys_operators(h: &Harness)
             circuit_breaker: Some(breaker(1, 1)),
             limits: Vec::new(),
             sequence: None,
+            batch: None,
             updated_at: chrono::DateTime::UNIX_EPOCH,
         })
         .await

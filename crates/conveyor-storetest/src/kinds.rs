@@ -18,6 +18,7 @@ fn settings(kind: &str, schema: Option<serde_json::Value>, version: Option<u32>)
         circuit_breaker: None,
         limits: Vec::new(),
         sequence: None,
+        batch: None,
         updated_at: chrono::DateTime::UNIX_EPOCH,
     }
 }

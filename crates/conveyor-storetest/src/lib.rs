@@ -26,6 +26,7 @@ mod admin;
 mod breakers;
 mod config;
 mod copy;
+mod batches;
 mod debounce;
 mod events;
 pub mod eventually;
@@ -57,6 +58,7 @@ pub use admin::*;
 pub use breakers::*;
 pub use config::*;
 pub use copy::*;
+pub use batches::*;
 pub use debounce::*;
 pub use events::*;
 pub use expiry::*;
@@ -216,6 +218,10 @@ macro_rules! __conveyor_behaviours {
             a_trailing_debounce_runs_by_max_wait_however_long_the_burst,
             a_leading_debounce_runs_the_first_and_drops_the_rest,
             a_throttle_lets_one_job_per_key_through_each_period,
+            // batches
+            a_batch_goes_out_full_or_when_its_oldest_has_waited,
+            a_keyed_batch_holds_one_key_and_gives_the_rest_back,
+            a_plain_fetch_never_claims_a_batch_kind,
             // unique jobs
             unique_by_whole_payload_returns_the_existing_job,
             unique_by_args_ignores_other_fields,

@@ -152,6 +152,7 @@ pub async fn limits_named_by_job_queue_and_kind_combine(h: &Harness) {
             circuit_breaker: None,
             limits: vec!["reports".to_string()],
             sequence: None,
+            batch: None,
             updated_at: chrono::DateTime::UNIX_EPOCH,
         })
         .await

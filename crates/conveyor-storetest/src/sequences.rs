@@ -283,6 +283,7 @@ pub async fn a_jobs_sequence_comes_from_itself_its_kind_or_its_queue(h: &Harness
             circuit_breaker: None,
             limits: Vec::new(),
             sequence: Some(sequence("tenant", OnDead::Skip)),
+            batch: None,
             updated_at: h.now(),
         })
         .await

@@ -184,6 +184,23 @@ impl RuntimeFailure {
 pub(crate) type HandlerFuture = BoxFuture<'static, Result<Outcome, RuntimeFailure>>;
 pub(crate) type ErasedHandler = Arc<dyn Fn(JobContext, Value) -> HandlerFuture + Send + Sync>;
 
+/// One job of a batch, as a batch handler receives it (see `WorkerBuilder::handle_batch`).
+#[derive(Debug, Clone)]
+pub struct BatchJob {
+    pub context: JobContext,
+    pub payload: Value,
+}
+
+pub(crate) type BatchFuture = BoxFuture<'static, Vec<Outcome>>;
+pub(crate) type ErasedBatchHandler = Arc<dyn Fn(Vec<BatchJob>) -> BatchFuture + Send + Sync>;
+
+#[derive(Clone)]
+pub(crate) struct RegisteredBatch {
+    pub handler: ErasedBatchHandler,
+    pub retry: RetryPolicy,
+    pub timeout: Option<Duration>,
+}
+
 #[derive(Clone)]
 pub(crate) struct Registered {
     pub handler: ErasedHandler,

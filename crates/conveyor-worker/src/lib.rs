@@ -15,7 +15,7 @@ mod maintenance;
 mod scheduler;
 mod worker;
 
-pub use handler::{JobContext, Outcome};
+pub use handler::{BatchJob, JobContext, Outcome};
 pub use maintenance::{
     Maintenance, MaintenancePass, DEFAULT_STATS_RETENTION, DEFAULT_WORKER_STALE_AFTER,
 };

@@ -575,6 +575,7 @@ async fn a_retry_after_pauses_its_kind_until_then() {
             }),
             limits: Vec::new(),
             sequence: None,
+            batch: None,
             updated_at: Utc::now(),
         })
         .await

@@ -813,6 +813,17 @@ impl LeaseStore for EncryptedStore {
     async fn jobs_next_due(&self, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
         self.inner.jobs_next_due(queues).await
     }
+
+    async fn jobs_available_of_kind(
+        &self,
+        queue: &str,
+        kind: &str,
+        limit: usize,
+    ) -> StoreResult<Vec<Job>> {
+        // Opened: a batch's key may be a payload field.
+        let jobs = self.inner.jobs_available_of_kind(queue, kind, limit).await?;
+        Ok(self.open_jobs(jobs))
+    }
 }
 
 /// Most jobs a payload search over encrypted payloads reads.

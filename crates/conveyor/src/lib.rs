@@ -26,7 +26,7 @@
 
 pub use conveyor_core::*;
 pub use conveyor_engine::{
-    fetch_waiting, fetch_waiting_with, queued_violations, CircuitBreakers, Client, IdleLooks,
+    fetch_waiting, fetch_waiting_with, queued_violations, CircuitBreakers, Client, Gates, IdleLooks,
     KindRegistry, QueuedViolations, StatsRecorder, WorkerCommands,
 };
 

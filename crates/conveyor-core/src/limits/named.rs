@@ -45,12 +45,27 @@ pub enum KeyExpr {
 impl KeyExpr {
     /// The key value of `job`, or `None` when the job is not subject.
     pub fn value_of(&self, job: &NewJob) -> Option<String> {
+        self.value_in(job.tenant.as_deref(), &job.kind, &job.queue, &job.payload)
+    }
+
+    /// The key value of a stored job (its payload in the clear), or `None`.
+    pub fn value_of_stored(&self, job: &crate::job::Job) -> Option<String> {
+        self.value_in(job.tenant.as_deref(), &job.kind, &job.queue, &job.payload)
+    }
+
+    fn value_in(
+        &self,
+        tenant: Option<&str>,
+        kind: &str,
+        queue: &str,
+        payload: &Value,
+    ) -> Option<String> {
         let value = match self {
-            KeyExpr::Tenant => job.tenant.clone()?,
-            KeyExpr::Kind => job.kind.clone(),
-            KeyExpr::Queue => job.queue.clone(),
+            KeyExpr::Tenant => tenant?.to_string(),
+            KeyExpr::Kind => kind.to_string(),
+            KeyExpr::Queue => queue.to_string(),
             KeyExpr::Payload(path) => {
-                let mut at = &job.payload;
+                let mut at = payload;
                 for segment in path {
                     at = match at {
                         Value::Object(map) => map.get(segment)?,

@@ -167,6 +167,24 @@ pub(crate) async fn queues_stats(
     Ok(by_queue.into_values().collect())
 }
 
+/// The first `limit` available jobs of `kind` in `queue` in claim order.
+pub(crate) async fn available_of_kind(
+    conn: &mut PgConnection,
+    sql: &Sql,
+    queue: &str,
+    kind: &str,
+    limit: usize,
+) -> StoreResult<Vec<Job>> {
+    let found = sqlx::query(sql.available_of_kind.clone())
+        .bind(queue)
+        .bind(kind)
+        .bind(i64::try_from(limit).unwrap_or(i64::MAX))
+        .fetch_all(conn)
+        .await
+        .map_err(db("read a kind's available jobs"))?;
+    rows::jobs(&found)
+}
+
 pub(crate) async fn next_due(
     conn: &mut PgConnection,
     sql: &Sql,

@@ -35,6 +35,11 @@ pub(crate) struct FetchRequest {
     /// Claim only jobs of these kinds (those the worker has handlers for).
     #[serde(default, deserialize_with = "wire::non_null")]
     kinds: Option<Vec<String>>,
+    /// One batch: up to `max` jobs of one kind (and one batch key) from one queue, waiting for
+    /// the kind's batch to fill (see `conveyor_core::batch`). `max` defaults to the most a
+    /// fetch may claim, so the kind's `max_size` decides.
+    #[serde(default, deserialize_with = "wire::non_null")]
+    batch: Option<bool>,
     /// Acknowledgements applied before claiming (as `POST /v1/ack`).
     #[serde(default)]
     complete: Vec<super::acks::AckComplete>,
@@ -92,7 +97,10 @@ pub(crate) async fn fetch(
     if request.queues.is_empty() {
         return Err(ApiError::invalid("queues", "must name at least one queue"));
     }
-    let max = request.max.unwrap_or(1);
+    let batch = request.batch == Some(true);
+    let max = request
+        .max
+        .unwrap_or(if batch { config.max_fetch_batch } else { 1 });
     if max == 0 || max > config.max_fetch_batch {
         return Err(ApiError::invalid(
             "max",
@@ -153,7 +161,7 @@ pub(crate) async fn fetch(
         }));
     }
     let fetch_started = chrono::Utc::now();
-    let jobs = fetch_released_if_abandoned(&state, params, wait).await?;
+    let jobs = fetch_released_if_abandoned(&state, params, wait, batch).await?;
     // Told while this long-poll waited: what it claimed goes back (available again, the
     // attempt not counted), so no job is handed out after the command is known here.
     if !jobs.is_empty() {
@@ -210,18 +218,25 @@ async fn fetch_released_if_abandoned(
     state: &AppState,
     params: Valid<FetchParams>,
     wait: Duration,
+    batch: bool,
 ) -> ApiResult<Vec<Job>> {
     let abandoned = state.shutdown.child_token();
     let _cancel_on_drop = abandoned.clone().drop_guard();
     let (answer, receive) = tokio::sync::oneshot::channel();
     let store = state.store.clone();
     let breakers = state.breakers.clone();
+    let kinds = state.kinds.clone();
     let poll = state.config.fetch_poll;
     let idle_looks = state.idle_looks.clone();
     tokio::spawn(async move {
+        let gates = conveyor_engine::Gates {
+            breakers: Some(breakers.as_ref()),
+            kinds: Some(kinds.as_ref()),
+            batch,
+        };
         let fetched = conveyor_engine::fetch_waiting_with(
             store.as_ref(),
-            Some(&breakers),
+            gates,
             params,
             wait,
             poll,

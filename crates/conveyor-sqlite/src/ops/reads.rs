@@ -155,6 +155,25 @@ pub(crate) fn queues_stats(conn: &Connection, now: DateTime<Utc>) -> StoreResult
     Ok(by_queue.into_values().collect())
 }
 
+/// The first `limit` available jobs of `kind` in `queue` in claim order (a range of the
+/// claim index `jobs_fetch`, other kinds skipped).
+pub(crate) fn available_of_kind(
+    conn: &Connection,
+    queue: &str,
+    kind: &str,
+    limit: usize,
+) -> StoreResult<Vec<Job>> {
+    conn.prepare_cached(&format!(
+        "SELECT {COLUMNS} FROM jobs WHERE state = 'available' AND queue = ?1 AND kind = ?2 \
+         ORDER BY priority DESC, run_at, id LIMIT ?3"
+    ))
+    .and_then(|mut stmt| {
+        stmt.query_map(params![queue, kind, limit as i64], rows::job)?
+            .collect::<Result<Vec<Job>, _>>()
+    })
+    .map_err(backend)
+}
+
 pub(crate) fn next_due(conn: &Connection, queues: &[String]) -> StoreResult<Option<DateTime<Utc>>> {
     if queues.is_empty() {
         return Ok(None);

@@ -7,6 +7,7 @@ pub struct WorkerBuilder {
     pub(super) id: String,
     pub(super) queues: Vec<(String, usize)>,
     pub(super) handlers: HashMap<String, Registered>,
+    pub(super) batch_handlers: HashMap<String, RegisteredBatch>,
     pub(super) lease: Duration,
     pub(super) drain_timeout: Duration,
     pub(super) poll: Duration,
@@ -61,6 +62,32 @@ impl WorkerBuilder {
         self.register(kind, erased, retry, None)
     }
 
+    /// Registers a handler that takes the jobs of `kind` in batches: up to the kind's
+    /// `max_size` at once (`PUT /v1/kinds/{kind}` `{"batch": {...}}`, see
+    /// `conveyor_core::batch`), all of one queue and one batch key. It answers one outcome per
+    /// job, in the order given: each job completes, retries or dies by its own, with its own
+    /// attempts and history; a job left without an outcome fails and retries. A batch holds
+    /// one of its queue's slots while it runs. A kind that is not a batch kind in the store
+    /// comes here as batches of whatever is waiting.
+    pub fn handle_batch<F, Fut>(mut self, kind: impl Into<String>, handler: F) -> Self
+    where
+        F: Fn(Vec<BatchJob>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Vec<Outcome>> + Send + 'static,
+    {
+        let handler: ErasedBatchHandler = Arc::new(move |jobs| handler(jobs).boxed());
+        let kind = kind.into();
+        self.handlers.remove(&kind);
+        self.batch_handlers.insert(
+            kind,
+            RegisteredBatch {
+                handler,
+                retry: self.default_retry,
+                timeout: None,
+            },
+        );
+        self
+    }
+
     fn register(
         mut self,
         kind: impl Into<String>,
@@ -68,8 +95,10 @@ impl WorkerBuilder {
         retry: RetryPolicy,
         timeout: Option<Duration>,
     ) -> Self {
+        let kind = kind.into();
+        self.batch_handlers.remove(&kind);
         self.handlers.insert(
-            kind.into(),
+            kind,
             Registered {
                 handler,
                 retry,
@@ -84,12 +113,18 @@ impl WorkerBuilder {
         if let Some(registered) = self.handlers.get_mut(kind) {
             registered.retry = retry;
         }
+        if let Some(registered) = self.batch_handlers.get_mut(kind) {
+            registered.retry = retry;
+        }
         self
     }
 
     /// Default timeout for `kind` when a job sets none.
     pub fn kind_timeout(mut self, kind: &str, timeout: Duration) -> Self {
         if let Some(registered) = self.handlers.get_mut(kind) {
+            registered.timeout = Some(timeout);
+        }
+        if let Some(registered) = self.batch_handlers.get_mut(kind) {
             registered.timeout = Some(timeout);
         }
         self
@@ -198,9 +233,11 @@ impl WorkerBuilder {
                     self.store.clone(),
                     self.clock.clone(),
                 ),
+                kinds: conveyor_engine::KindRegistry::new(self.store.clone()),
                 store: self.store,
                 id: self.id,
                 handlers: self.handlers,
+                batch_handlers: self.batch_handlers,
                 lease: self.lease,
                 default_retry: self.default_retry,
                 running: Mutex::new(HashMap::new()),

@@ -307,12 +307,13 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
         let asked = Instant::now();
         let fetched = contained(async {
             conveyor_core::faults::inject("worker_fetch")?;
-            fetch_waiting(
+            fetch_waiting_with(
                 lane.shared.store.as_ref(),
-                Some(&lane.shared.breakers),
+                lane.shared.gates(false),
                 conveyor_core::Valid::fetch(params)?,
                 wait,
                 poll,
+                None,
                 lane.stop.cancelled(),
             )
             .await
@@ -385,6 +386,75 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
         }
         // Slots may have freed up while the fetch was out.
         lane.start_buffered(&mut Vec::new());
+    }
+}
+
+/// One queue's batch loop (when the worker has batch handlers): takes a slot, fetches one
+/// batch of the batch-handled kinds (waiting for one to fill), and runs it on that slot.
+pub(super) async fn run_batch_fetcher(lane: Arc<Lane>, poll: Duration) {
+    let mut kinds: Vec<String> = lane.shared.batch_handlers.keys().cloned().collect();
+    kinds.sort();
+    let mut error_backoff = Duration::from_millis(100);
+    loop {
+        let permit = tokio::select! {
+            _ = lane.stop.cancelled() => return,
+            permit = lane.slots.clone().acquire_owned() => match permit {
+                Ok(permit) => permit,
+                Err(_) => return,
+            },
+        };
+        let params = FetchParams {
+            worker_id: lane.shared.id.clone(),
+            queues: vec![lane.queue.clone()],
+            max: conveyor_core::batch::MAX_BATCH_SIZE as usize,
+            lease: lane.shared.lease,
+            kinds: Some(kinds.clone()),
+            excluded_kinds: Vec::new(),
+        };
+        let fetched = contained(async {
+            conveyor_core::faults::inject("worker_fetch")?;
+            fetch_waiting_with(
+                lane.shared.store.as_ref(),
+                lane.shared.gates(true),
+                conveyor_core::Valid::fetch(params)?,
+                Duration::from_secs(30),
+                poll,
+                None,
+                lane.stop.cancelled(),
+            )
+            .await
+        })
+        .await;
+        let jobs = match fetched {
+            Ok(jobs) => {
+                error_backoff = Duration::from_millis(100);
+                jobs
+            }
+            Err(error) => {
+                tracing::error!(%error, queue = %lane.queue, retry_in = ?error_backoff, "batch fetch failed");
+                drop(permit);
+                tokio::select! {
+                    _ = lane.stop.cancelled() => return,
+                    _ = tokio::time::sleep(error_backoff) => {}
+                }
+                error_backoff = (error_backoff * 2).min(Duration::from_secs(10));
+                continue;
+            }
+        };
+        if jobs.is_empty() {
+            continue;
+        }
+        if lane.stop.is_cancelled() {
+            let leases = jobs.iter().filter_map(Job::lease_ref).collect();
+            lane.hand_back(leases, "shutdown").await;
+            return;
+        }
+        if let Some(observer) = &lane.shared.observer {
+            jobs.iter().for_each(|job| observer.attempt_started(job));
+        }
+        let mut executors = lane.executors.lock().unwrap_or_else(|p| p.into_inner());
+        executors.spawn(execute_batch(lane.clone(), jobs, Some(permit)));
+        while executors.try_join_next().is_some() {}
     }
 }
 

@@ -4,6 +4,7 @@ use super::*;
 use tracing::Instrument;
 
 /// How one attempt ended, from the runtime's point of view.
+#[derive(Clone)]
 enum Attempt {
     Handler(Outcome),
     Failed(RuntimeFailure),
@@ -13,6 +14,11 @@ enum Attempt {
 
 pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemaphorePermit>) {
     let shared = lane.shared.clone();
+    if !shared.handlers.contains_key(&job.kind) && shared.batch_handlers.contains_key(&job.kind) {
+        // A kind handled in batches that a plain fetch claimed (it is not a batch kind in the
+        // store): a batch of one.
+        return execute_batch(lane, vec![job], permit).await;
+    }
     let Some(lease) = job.lease.as_ref() else {
         tracing::error!(job_id = %job.id, "fetched job has no lease; skipping");
         lane.slot_freed(permit);
@@ -86,7 +92,21 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
     if let (Some(handler), Some(producer)) = (&handler_trace, &job.trace) {
         execute_span(&job, handler, producer, started_at, &attempt);
     }
+    settle(&lane, job, lease, attempt, retry, started, trace_id).await;
+}
 
+/// Writes how one attempt ended: the completion (through the completer), a snooze, or the
+/// failure with its retry plan.
+async fn settle(
+    lane: &Arc<Lane>,
+    job: Job,
+    lease: LeaseRef,
+    attempt: Attempt,
+    retry: RetryPolicy,
+    started: std::time::Instant,
+    trace_id: String,
+) {
+    let shared = &lane.shared;
     let meta = JobMeta {
         id: job.id,
         queue: job.queue,
@@ -190,6 +210,143 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
         }
         Err(error) => {
             tracing::warn!(job_id = %meta.id, trace_id = %meta.trace_id, %error, "failure not recorded")
+        }
+    }
+}
+
+/// Runs one batch through its kind's batch handler and settles each job by its own outcome
+/// (the outcome at the same place in the handler's answer; a job without one fails). The
+/// batch holds one slot; every job's lease is heartbeated while it runs.
+pub(super) async fn execute_batch(
+    lane: Arc<Lane>,
+    jobs: Vec<Job>,
+    permit: Option<OwnedSemaphorePermit>,
+) {
+    let shared = lane.shared.clone();
+    let Some(first) = jobs.first() else {
+        lane.slot_freed(permit);
+        return;
+    };
+    let Some(registered) = shared.batch_handlers.get(&first.kind).cloned() else {
+        tracing::error!(kind = %first.kind, "batch fetched for a kind without a batch handler");
+        lane.slot_freed(permit);
+        let leases = jobs.iter().filter_map(Job::lease_ref).collect();
+        lane.hand_back(leases, "no batch handler").await;
+        return;
+    };
+    let cancel = CancellationToken::new();
+    let mut items = Vec::with_capacity(jobs.len());
+    let mut leases = Vec::with_capacity(jobs.len());
+    for job in &jobs {
+        let Some(lease) = job.lease_ref() else {
+            continue;
+        };
+        shared.running().insert(
+            job.id,
+            RunningJob {
+                lease_token: lease.lease_token,
+                cancel: cancel.clone(),
+            },
+        );
+        let reporter = Some(ProgressReporter {
+            store: shared.store.clone(),
+            lease,
+        });
+        items.push(crate::handler::BatchJob {
+            context: JobContext::new(job, cancel.clone(), reporter),
+            payload: job.payload.clone(),
+        });
+        leases.push(lease);
+        tracing::info!(target: JOB_LOG_TARGET, job_id = %job.id, queue = %job.queue,
+            kind = %job.kind, attempt = job.attempt, worker_id = %shared.id, batch = jobs.len(),
+            "job started");
+    }
+    let started = std::time::Instant::now();
+    let timeout = jobs
+        .iter()
+        .filter_map(|job| job.timeout_ms)
+        .min()
+        .map(Duration::from_millis)
+        .or(registered.timeout);
+    let count = items.len();
+    let outcomes = run_batch_handler(&registered, items, timeout, &cancel).await;
+    for job in &jobs {
+        shared.running().remove(&job.id);
+    }
+    lane.slot_freed(permit);
+    let mut outcomes = match outcomes {
+        Ok(outcomes) => outcomes.into_iter().map(Attempt::Handler).collect::<Vec<_>>(),
+        Err(attempt) => (0..count).map(|_| attempt.clone()).collect(),
+    };
+    // A job the handler gave no outcome for failed: nothing says its work was done.
+    while outcomes.len() < count {
+        outcomes.push(Attempt::Failed(RuntimeFailure {
+            class: error_class::ERROR,
+            message: format!(
+                "the batch handler returned {} outcome(s) for a batch of {count}",
+                outcomes.len().min(count)
+            ),
+            backtrace: None,
+            retryable: true,
+        }));
+    }
+    let jobs = jobs.into_iter().filter(|job| job.lease.is_some());
+    for ((job, lease), attempt) in jobs.zip(leases).zip(outcomes) {
+        let trace_id = job
+            .trace
+            .as_ref()
+            .map(|t| t.trace_id().to_string())
+            .unwrap_or_default();
+        settle(&lane, job, lease, attempt, registered.retry, started, trace_id).await;
+    }
+}
+
+/// Runs a batch handler in a task of its own (a panic is contained) under `timeout`; `Err`
+/// carries what every job of the batch gets when the handler gave no outcomes.
+async fn run_batch_handler(
+    registered: &crate::handler::RegisteredBatch,
+    items: Vec<crate::handler::BatchJob>,
+    timeout: Option<Duration>,
+    cancel: &CancellationToken,
+) -> Result<Vec<Outcome>, Attempt> {
+    super::backtraces::install();
+    let mut task = tokio::spawn((registered.handler)(items));
+    let deadline = async {
+        match timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => {
+            if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
+                task.abort();
+                let _ = task.await;
+            }
+            Err(Attempt::Interrupted)
+        }
+        joined = &mut task => match joined {
+            Ok(outcomes) => Ok(outcomes),
+            Err(join_error) if join_error.is_panic() => {
+                let backtrace = super::backtraces::take(join_error.id());
+                Err(Attempt::Failed(RuntimeFailure {
+                    class: error_class::PANIC,
+                    message: panic_message(join_error.into_panic()),
+                    backtrace,
+                    retryable: true,
+                }))
+            }
+            Err(_) => Err(Attempt::Interrupted),
+        },
+        _ = deadline => {
+            task.abort();
+            Err(Attempt::Failed(RuntimeFailure {
+                class: error_class::TIMEOUT,
+                message: format!("batch handler exceeded its timeout of {} ms", timeout.map_or(0, |t| t.as_millis())),
+                backtrace: None,
+                retryable: true,
+            }))
         }
     }
 }

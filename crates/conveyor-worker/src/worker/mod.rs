@@ -10,8 +10,8 @@ mod job;
 pub(crate) use crate::contained::contained;
 use background::{run_completer, run_heartbeats, run_registry};
 pub use builder::WorkerBuilder;
-use fetch::{run_fetcher, Lane};
-use job::execute;
+use fetch::{run_batch_fetcher, run_fetcher, Lane};
+use job::{execute, execute_batch};
 
 use chrono::Utc;
 use conveyor_core::{
@@ -19,7 +19,7 @@ use conveyor_core::{
     HeartbeatParams, Job, JobObserver, LeaseOutcome, LeaseRef, RetryPlan, RetryPolicy,
     SnoozeParams, Store, TypedJob, WorkerHeartbeat,
 };
-use conveyor_engine::fetch_waiting;
+use conveyor_engine::{fetch_waiting_with, Gates};
 use futures::FutureExt;
 use serde_json::Value;
 use std::collections::{HashMap, VecDeque};
@@ -33,7 +33,8 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use crate::handler::{
-    ErasedHandler, JobContext, Outcome, ProgressReporter, Registered, RuntimeFailure,
+    BatchJob, ErasedBatchHandler, ErasedHandler, JobContext, Outcome, ProgressReporter, Registered,
+    RegisteredBatch, RuntimeFailure,
 };
 use crate::maintenance::Maintenance;
 
@@ -93,6 +94,10 @@ struct Shared {
     store: Arc<dyn Store>,
     id: String,
     handlers: HashMap<String, Registered>,
+    /// Kinds handled in batches (see `WorkerBuilder::handle_batch`).
+    batch_handlers: HashMap<String, RegisteredBatch>,
+    /// The kinds' settings: which kinds go out in batches.
+    kinds: conveyor_engine::KindRegistry,
     lease: Duration,
     default_retry: RetryPolicy,
     running: Mutex<HashMap<Uuid, RunningJob>>,
@@ -104,6 +109,15 @@ struct Shared {
 }
 
 impl Shared {
+    /// What this worker's fetches claim through: its breakers and the kinds' batch settings.
+    fn gates(&self, batch: bool) -> Gates<'_> {
+        Gates {
+            breakers: Some(self.breakers.as_ref()),
+            kinds: Some(&self.kinds),
+            batch,
+        }
+    }
+
     fn running(&self) -> std::sync::MutexGuard<'_, HashMap<Uuid, RunningJob>> {
         // The map holds plain data; a panic elsewhere while holding it leaves it usable.
         self.running
@@ -173,6 +187,7 @@ impl Worker {
             id: crate::default_worker_id(),
             queues: Vec::new(),
             handlers: HashMap::new(),
+            batch_handlers: HashMap::new(),
             lease: Duration::from_secs(30),
             drain_timeout: Duration::from_secs(30),
             poll: Duration::from_secs(1),
@@ -228,6 +243,9 @@ impl Worker {
                 executors: executors.clone(),
                 completions: completions.clone(),
             });
+            if !self.shared.batch_handlers.is_empty() {
+                fetchers.spawn(run_batch_fetcher(lane.clone(), self.poll));
+            }
             // The fetch loop hands back whatever it still holds prefetched when it stops.
             fetchers.spawn(run_fetcher(lane, self.poll));
         }

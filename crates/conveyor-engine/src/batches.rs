@@ -1,0 +1,130 @@
+//! Batch fetches (see [`conveyor_core::batch`]): a plain fetch never claims a batch kind's
+//! jobs, and a batch fetch claims the first ready group of one kind, one queue and one key.
+//!
+//! A batch is claimed through the ordinary fetch narrowed to its queue and kind, so limits,
+//! breakers, expiry and fairness hold for its jobs as for any. With a key, the claim takes jobs
+//! in claim order up to the group's last, and gives back (released, the attempt not counted)
+//! those of other keys claimed with them.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+use conveyor_core::batch::{readiness, BatchSpec, Readiness, MAX_BATCH_SIZE};
+use conveyor_core::job::Job;
+use conveyor_core::store::{FetchParams, Store, StoreResult};
+use conveyor_core::validate::Valid;
+
+use crate::breakers::CircuitBreakers;
+
+/// Most jobs a keyed batch's claim takes to reach its group's jobs (the rest go back).
+const MAX_KEYED_CLAIM: usize = 4 * MAX_BATCH_SIZE as usize;
+
+/// What one look of a batch fetch found.
+#[derive(Debug, Default)]
+pub struct BatchLook {
+    /// The batch claimed (empty when no group was ready, or another fetch took it first).
+    pub jobs: Vec<Job>,
+    /// When the earliest waiting group becomes ready, if some wait and none was ready.
+    pub ready_at: Option<DateTime<Utc>>,
+}
+
+/// A plain fetch, narrowed so that it claims no job of a batch kind.
+pub fn without_batch_kinds(
+    params: Valid<FetchParams>,
+    batches: &BTreeMap<String, BatchSpec>,
+) -> Valid<FetchParams> {
+    if batches.is_empty() {
+        return params;
+    }
+    params.narrowed(|plain| plain.excluded_kinds.extend(batches.keys().cloned()))
+}
+
+/// Claims one batch: among the kinds `params` names (every batch kind when it names none) and
+/// its queues, the ready group whose oldest job has waited longest. A kind the fetch names
+/// that is not a batch kind goes out as soon as any job waits, up to the fetch's `max`.
+pub async fn claim_batch(
+    store: &dyn Store,
+    breakers: Option<&CircuitBreakers>,
+    batches: &BTreeMap<String, BatchSpec>,
+    params: &Valid<FetchParams>,
+) -> StoreResult<BatchLook> {
+    let most = u32::try_from(params.max)
+        .unwrap_or(MAX_BATCH_SIZE)
+        .clamp(1, MAX_BATCH_SIZE);
+    let kinds: Vec<(String, BatchSpec)> = match &params.kinds {
+        Some(kinds) => kinds
+            .iter()
+            .map(|kind| {
+                let spec = batches
+                    .get(kind)
+                    .cloned()
+                    .unwrap_or_else(|| BatchSpec::of(most));
+                (kind.clone(), spec)
+            })
+            .collect(),
+        None => batches
+            .iter()
+            .filter(|(kind, _)| !params.excluded_kinds.contains(kind))
+            .map(|(kind, spec)| (kind.clone(), spec.clone()))
+            .collect(),
+    };
+    let now = store.clock().now();
+    let mut look = BatchLook::default();
+    // The ready group whose oldest job has waited longest: (group, its queue, its kind's place).
+    let mut chosen: Option<(conveyor_core::batch::Pick, &str, usize)> = None;
+    for (place, (kind, spec)) in kinds.iter().enumerate() {
+        for queue in &params.queues {
+            let waiting = store
+                .jobs_available_of_kind(queue, kind, spec.peek())
+                .await?;
+            match readiness(spec, &waiting, now) {
+                Readiness::Empty => {}
+                Readiness::NotBefore(at) => {
+                    look.ready_at = Some(look.ready_at.map_or(at, |was| was.min(at)));
+                }
+                Readiness::Ready(pick) => {
+                    if chosen.as_ref().is_none_or(|(was, ..)| pick.oldest < was.oldest) {
+                        chosen = Some((pick, queue.as_str(), place));
+                    }
+                }
+            }
+        }
+    }
+    let Some((pick, queue, place)) = chosen else {
+        return Ok(look);
+    };
+    let (kind, spec) = &kinds[place];
+    let size = spec.max_size.min(most) as usize;
+    let claim = match spec.key {
+        None => size,
+        Some(_) => pick.claim.clamp(size, MAX_KEYED_CLAIM),
+    };
+    let narrowed = params.clone().narrowed(|batch| {
+        batch.queues = vec![queue.to_string()];
+        batch.kinds = Some(vec![kind.clone()]);
+        batch.max = claim;
+    });
+    if narrowed.claims_nothing() {
+        return Ok(look);
+    }
+    let claimed = match breakers {
+        Some(breakers) => breakers.fetch(narrowed).await?,
+        None => store.jobs_fetch_valid(narrowed).await?,
+    };
+    let (mut batch, mut others): (Vec<Job>, Vec<Job>) = match spec.key {
+        None => (claimed, Vec::new()),
+        Some(_) => claimed
+            .into_iter()
+            .partition(|job| spec.key_of(job) == pick.key),
+    };
+    if batch.len() > size {
+        others.extend(batch.split_off(size));
+    }
+    if !others.is_empty() {
+        let leases = others.iter().filter_map(Job::lease_ref).collect();
+        store.jobs_release_many(leases).await?;
+    }
+    look.jobs = batch;
+    Ok(look)
+}

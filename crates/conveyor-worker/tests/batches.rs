@@ -1,0 +1,164 @@
+//! Batch handlers (`WorkerBuilder::handle_batch`) against a real SQLite store: a batch kind's
+//! jobs arrive together, each settles by its own outcome, and a failed one retries alone.
+
+mod common;
+
+use common::{env, spawn_worker, wait_for_state};
+use conveyor_core::batch::BatchSpec;
+use conveyor_core::kinds::KindSettings;
+use conveyor_core::{error_class, JobState, NewJob, RetryPolicy, Store};
+use conveyor_worker::{BatchJob, Maintenance, Outcome, Worker};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use uuid::Uuid;
+
+async fn batch_kind(store: &Arc<dyn Store>, kind: &str, spec: BatchSpec) {
+    store
+        .kind_put(KindSettings {
+            kind: kind.into(),
+            schema: None,
+            version: None,
+            circuit_breaker: None,
+            limits: Vec::new(),
+            sequence: None,
+            batch: Some(spec),
+            updated_at: chrono::Utc::now(),
+        })
+        .await
+        .expect("kind settings");
+}
+
+async fn enqueue_rows(store: &Arc<dyn Store>, count: u64) -> Vec<Uuid> {
+    let jobs = (1..=count)
+        .map(|n| {
+            let mut job = NewJob::new("rows.insert", json!({ "n": n }));
+            job.max_attempts = 5;
+            job
+        })
+        .collect();
+    store
+        .jobs_insert_many(jobs)
+        .await
+        .expect("insert")
+        .into_iter()
+        .map(|inserted| inserted.job.id)
+        .collect()
+}
+
+/// Five jobs go out as one batch; the handler fails #2 and #4. Three complete on their first
+/// attempt, the two failed ones retry (alone, as a batch of two) and complete on their
+/// second; each keeps its own attempts and error history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_partial_failure_retries_only_the_failed_jobs() {
+    let env = env();
+    // The five go out together because the batch is full; the two retried ones, by time.
+    batch_kind(
+        &env.store,
+        "rows.insert",
+        BatchSpec::of(5).max_wait_ms(300),
+    )
+    .await;
+    let ids = enqueue_rows(&env.store, 5).await;
+    let (batches_tx, mut batches) = mpsc::unbounded_channel::<Vec<u64>>();
+    let w = Worker::builder(env.store.clone())
+        .queue("default", 2)
+        .default_retry(RetryPolicy::fixed_exponential(
+            Duration::from_millis(10),
+            Duration::from_millis(10),
+        ))
+        .poll_interval(Duration::from_millis(20))
+        .with_maintenance(Maintenance::new(env.store.clone()).interval(Duration::from_millis(20)))
+        .handle_batch("rows.insert", move |jobs: Vec<BatchJob>| {
+            let batches_tx = batches_tx.clone();
+            async move {
+                let numbers: Vec<u64> = jobs
+                    .iter()
+                    .map(|job| job.payload["n"].as_u64().unwrap_or(0))
+                    .collect();
+                let _ = batches_tx.send(numbers);
+                jobs.iter()
+                    .map(|job| {
+                        let n = job.payload["n"].as_u64().unwrap_or(0);
+                        if job.context.attempt == 1 && (n == 2 || n == 4) {
+                            Outcome::retry(format!("row {n} violates a constraint"))
+                        } else {
+                            Outcome::complete_with(json!({ "row": n }))
+                        }
+                    })
+                    .collect()
+            }
+        })
+        .build()
+        .expect("worker");
+    let (stop, handle) = spawn_worker(w);
+    let mut first = batches.recv().await.expect("a first batch");
+    first.sort_unstable();
+    assert_eq!(first, vec![1, 2, 3, 4, 5], "one full batch");
+    let mut done = Vec::new();
+    for id in &ids {
+        done.push(wait_for_state(&env.store, *id, JobState::Completed).await);
+    }
+    let mut second = batches.recv().await.expect("a second batch");
+    second.sort_unstable();
+    stop.send(()).expect("stop");
+    handle.await.expect("worker ran");
+    // The retried two waited for max_wait or came as a full batch of what was left: either
+    // way, only they ran again.
+    assert_eq!(second, vec![2, 4], "only the failed jobs run again");
+    for job in &done {
+        let n = job.payload["n"].as_u64().expect("n");
+        assert_eq!(job.result, Some(json!({ "row": n })));
+        if n == 2 || n == 4 {
+            assert_eq!(job.attempt, 2, "job {n}: its own second attempt");
+            assert_eq!(job.errors.len(), 1);
+            assert_eq!(job.errors[0].class, error_class::ERROR);
+            assert_eq!(job.errors[0].message, format!("row {n} violates a constraint"));
+        } else {
+            assert_eq!(job.attempt, 1, "job {n}: completed on its first attempt");
+            assert!(job.errors.is_empty());
+        }
+    }
+}
+
+/// A batch handler that answers fewer outcomes than jobs, or panics, fails the jobs it gave
+/// no outcome for; nothing is completed that the handler did not say was done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_without_an_outcome_fail() {
+    let env = env();
+    batch_kind(&env.store, "rows.insert", BatchSpec::of(3).max_wait_ms(60_000)).await;
+    let ids = enqueue_rows(&env.store, 3).await;
+    let w = Worker::builder(env.store.clone())
+        .queue("default", 1)
+        .poll_interval(Duration::from_millis(20))
+        .handle_batch("rows.insert", |jobs: Vec<BatchJob>| async move {
+            // One outcome for a batch of three.
+            vec![Outcome::complete_with(json!({ "first": jobs[0].payload["n"] }))]
+        })
+        .build()
+        .expect("worker");
+    let (stop, handle) = spawn_worker(w);
+    let mut states = Vec::new();
+    for id in &ids {
+        let job = loop {
+            let job = env.store.job_get(*id).await.expect("get").expect("job");
+            if job.state != JobState::Available && job.state != JobState::Running {
+                break job;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        states.push(job);
+    }
+    stop.send(()).expect("stop");
+    handle.await.expect("worker ran");
+    let completed = states
+        .iter()
+        .filter(|job| job.state == JobState::Completed)
+        .count();
+    assert_eq!(completed, 1, "only the job with an outcome completed");
+    for job in states.iter().filter(|job| job.state != JobState::Completed) {
+        assert_eq!(job.state, JobState::Retryable);
+        assert!(job.errors[0].message.contains("1 outcome(s) for a batch of 3"));
+    }
+}
