@@ -158,7 +158,11 @@ async fn jobs_without_an_outcome_fail() {
         .count();
     assert_eq!(completed, 1, "only the job with an outcome completed");
     for job in states.iter().filter(|job| job.state != JobState::Completed) {
-        assert_eq!(job.state, JobState::Retryable);
-        assert!(job.errors[0].message.contains("1 outcome(s) for a batch of 3"));
+        assert_eq!(job.state, JobState::Retryable, "{job:?}");
+        assert!(
+            job.errors[0].message.contains("1 outcome(s) for a batch of 3"),
+            "{:?}",
+            job.errors
+        );
     }
 }

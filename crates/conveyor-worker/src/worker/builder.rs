@@ -66,9 +66,9 @@ impl WorkerBuilder {
     /// `max_size` at once (`PUT /v1/kinds/{kind}` `{"batch": {...}}`, see
     /// `conveyor_core::batch`), all of one queue and one batch key. It answers one outcome per
     /// job, in the order given: each job completes, retries or dies by its own, with its own
-    /// attempts and history; a job left without an outcome fails and retries. A batch holds
-    /// one of its queue's slots while it runs. A kind that is not a batch kind in the store
-    /// comes here as batches of whatever is waiting.
+    /// attempts and history; a job left without an outcome fails and retries. A queue runs up
+    /// to its concurrency in batches besides its plain jobs (each batch one slot). A kind that
+    /// is not a batch kind in the store comes here as batches of whatever is waiting.
     pub fn handle_batch<F, Fut>(mut self, kind: impl Into<String>, handler: F) -> Self
     where
         F: Fn(Vec<BatchJob>) -> Fut + Send + Sync + 'static,

@@ -23,6 +23,8 @@ pub(super) struct Lane {
     pub(super) shared: Arc<Shared>,
     pub(super) queue: String,
     pub(super) slots: Arc<Semaphore>,
+    /// The slots batches run on (see `run_batch_fetcher`).
+    pub(super) batch_slots: Arc<Semaphore>,
     pub(super) concurrency: usize,
     /// Most jobs `buffer` may hold.
     pub(super) prefetch: usize,
@@ -389,8 +391,9 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
     }
 }
 
-/// One queue's batch loop (when the worker has batch handlers): takes a slot, fetches one
-/// batch of the batch-handled kinds (waiting for one to fill), and runs it on that slot.
+/// One queue's batch loop (when the worker has batch handlers): takes a batch slot, fetches
+/// one batch of the batch-handled kinds (waiting for one to fill), and runs it on that slot.
+/// A queue runs up to its concurrency in jobs and, besides, as many batches.
 pub(super) async fn run_batch_fetcher(lane: Arc<Lane>, poll: Duration) {
     let mut kinds: Vec<String> = lane.shared.batch_handlers.keys().cloned().collect();
     kinds.sort();
@@ -398,7 +401,7 @@ pub(super) async fn run_batch_fetcher(lane: Arc<Lane>, poll: Duration) {
     loop {
         let permit = tokio::select! {
             _ = lane.stop.cancelled() => return,
-            permit = lane.slots.clone().acquire_owned() => match permit {
+            permit = lane.batch_slots.clone().acquire_owned() => match permit {
                 Ok(permit) => permit,
                 Err(_) => return,
             },
@@ -569,6 +572,7 @@ mod prefetch_tests {
             shared: worker.shared.clone(),
             queue: "default".to_string(),
             slots: Arc::new(Semaphore::new(1)),
+            batch_slots: Arc::new(Semaphore::new(1)),
             concurrency: 1,
             prefetch: 10,
             max_wait: Duration::from_millis(50),

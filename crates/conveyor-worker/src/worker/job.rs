@@ -279,12 +279,12 @@ pub(super) async fn execute_batch(
         Err(attempt) => (0..count).map(|_| attempt.clone()).collect(),
     };
     // A job the handler gave no outcome for failed: nothing says its work was done.
+    let answered = outcomes.len();
     while outcomes.len() < count {
         outcomes.push(Attempt::Failed(RuntimeFailure {
             class: error_class::ERROR,
             message: format!(
-                "the batch handler returned {} outcome(s) for a batch of {count}",
-                outcomes.len().min(count)
+                "the batch handler returned {answered} outcome(s) for a batch of {count}"
             ),
             backtrace: None,
             retryable: true,

@@ -224,15 +224,19 @@ impl Worker {
         &self,
         stop: &CancellationToken,
         slots: &[Arc<Semaphore>],
+        batch_slots: &[Arc<Semaphore>],
         executors: &Arc<Mutex<JoinSet<()>>>,
         completions: &mpsc::UnboundedSender<Completion>,
     ) -> JoinSet<()> {
         let mut fetchers = JoinSet::new();
-        for ((queue, concurrency), slots) in self.queues.iter().zip(slots) {
+        for (((queue, concurrency), slots), batch_slots) in
+            self.queues.iter().zip(slots).zip(batch_slots)
+        {
             let lane = Arc::new(Lane {
                 shared: self.shared.clone(),
                 queue: queue.clone(),
                 slots: slots.clone(),
+                batch_slots: batch_slots.clone(),
                 concurrency: *concurrency,
                 prefetch: self.prefetch,
                 max_wait: PREFETCH_MAX_WAIT.min(self.shared.lease / 3),
@@ -288,7 +292,15 @@ impl Worker {
             .iter()
             .map(|(_, concurrency)| Arc::new(Semaphore::new(*concurrency)))
             .collect();
-        let mut fetchers = self.start_fetchers(&fetching, &slots, &executors, &completions);
+        // Batches run on slots of their own (as many per queue as its concurrency): a plain
+        // fetch loop long-polls holding its free slots, which would leave a batch none.
+        let batch_slots: Vec<Arc<Semaphore>> = self
+            .queues
+            .iter()
+            .map(|(_, concurrency)| Arc::new(Semaphore::new(*concurrency)))
+            .collect();
+        let mut fetchers =
+            self.start_fetchers(&fetching, &slots, &batch_slots, &executors, &completions);
         tracing::info!(worker_id = %self.shared.id, queues = ?self.queues, "worker started");
 
         tokio::pin!(shutdown);
@@ -314,7 +326,13 @@ impl Worker {
                         tracing::info!(worker_id = %self.shared.id, "resumed: fetching again");
                         fetching = stop_fetching.child_token();
                         fetchers =
-                            self.start_fetchers(&fetching, &slots, &executors, &completions);
+                            self.start_fetchers(
+                                &fetching,
+                                &slots,
+                                &batch_slots,
+                                &executors,
+                                &completions,
+                            );
                     }
                 }
             }
