@@ -16,7 +16,7 @@ import {
   RetryAfter,
   Unauthorized,
 } from './errors.js';
-import { childTraceparent, parseTraceparent, withHandlerSpan } from './trace.js';
+import { childTraceparent, parseTraceparent, withBatchSpan, withHandlerSpan } from './trace.js';
 
 /** A fetched job, as a handler sees it. */
 export interface Job<P = any> {
@@ -69,6 +69,26 @@ export interface Job<P = any> {
 
 export type Handler<P = any, R = unknown> = (job: Job<P>) => R | Promise<R>;
 
+/**
+ * What a batch handler answers for one job of its batch: an `Error` (any instance, including
+ * `Retry`, `RetryAfter` and `Permanent`) fails that job as the same error thrown from a plain
+ * handler would; anything else is the job's result and completes it.
+ */
+export type BatchOutcome<R = unknown> = R | Error;
+
+/**
+ * What a batch handler resolves with: one outcome per job, in the order of the jobs it was
+ * given; or `undefined`/`null` to complete every job without a result.
+ */
+export type BatchResult<R = unknown> = ReadonlyArray<BatchOutcome<R>> | null | undefined | void;
+
+/**
+ * A handler for the jobs of a batch kind (`worker.handleBatch`): it gets the jobs of one batch
+ * (one kind, one queue, one batch key; each the same `Job` a plain handler gets) and answers one
+ * outcome per job. Throwing fails every job of the batch with that error.
+ */
+export type BatchHandler<P = any, R = unknown> = (jobs: Job<P>[]) => BatchResult<R> | Promise<BatchResult<R>>;
+
 /** Where the worker writes what it does; `console` fits. */
 export interface Logger {
   info(message: string): void;
@@ -83,7 +103,11 @@ export interface WorkerOptions {
   token?: string | null;
   /** Queues to take jobs from (default `["default"]`). */
   queues?: string[];
-  /** Handlers running at once (default 10). */
+  /**
+   * Handlers running at once (default 10). Batch handlers (`handleBatch`) have as many slots
+   * again of their own: up to this many batches run at once besides the plain jobs, each
+   * batch one slot whatever its size.
+   */
   concurrency?: number;
   /** Lease asked for each job, in ms (default 30 000); leases are renewed every leaseMs/3. */
   leaseMs?: number;
@@ -196,6 +220,17 @@ interface Held {
   /** Created when the handler first reads `job.signal` (most never do). */
   controller?: AbortController;
   abortReason?: Error;
+  /** The batch the job runs in (batch kinds only). */
+  batch?: RunningBatch;
+}
+
+/** A batch whose handler runs: one batch slot, however many jobs. */
+interface RunningBatch {
+  kind: string;
+  jobs: Held[];
+  /** The batch slot was given back before the handler settled (timeout). */
+  slotFreed: boolean;
+  timer: NodeJS.Timeout | undefined;
 }
 
 /** A first-in first-out queue with O(1) shift. */
@@ -399,6 +434,7 @@ function describe(err: unknown): string {
  * ```js
  * const worker = new Worker({ url, queues: ['mail'], concurrency: 10 });
  * worker.handle('send_email', async (job) => { await send(job.payload); return { sent: true }; });
+ * worker.handleBatch('rows.insert', async (jobs) => insertRows(jobs.map((j) => j.payload)));
  * await worker.run(); // until SIGTERM/SIGINT or worker.close()
  * ```
  */
@@ -414,6 +450,7 @@ export class Worker {
 
   private readonly transport: Transport;
   private readonly handlers = new Map<string, Handler>();
+  private readonly batchHandlers = new Map<string, BatchHandler>();
   private readonly log: Logger;
   private readonly handleSignals: boolean;
   private readonly backoffMinMs: number;
@@ -422,6 +459,8 @@ export class Worker {
   private readonly held = new Map<string, Held>();
   private readonly buffer = new Fifo<Held>();
   private running = 0;
+  /** Batches whose handlers run now (each holds one batch slot). */
+  private runningBatches = 0;
   private pending: Acks = { complete: [], fail: [] };
 
   private phase: 'idle' | 'running' | 'draining' | 'stopped' = 'idle';
@@ -459,6 +498,7 @@ export class Worker {
 
   private readonly loopWaiters = new Set<() => void>();
   private wakeBackoff: (() => void) | null = null;
+  private wakeBatchBackoff: (() => void) | null = null;
   private fetchBackingOff = false;
   private wakeDrain: (() => void) | null = null;
   private stopRequested: (() => void) | null = null;
@@ -483,22 +523,62 @@ export class Worker {
     this.backoffMaxMs = options.backoffMaxMs ?? 5_000;
   }
 
-  /** Registers the handler for a kind. Its return value is the job's result (JSON). */
+  /**
+   * Registers the handler for a kind. Its return value is the job's result (JSON). Replaces a
+   * batch handler of the kind.
+   */
   handle<P = any, R = unknown>(kind: string, handler: Handler<P, R>): this {
     if (typeof kind !== 'string' || kind === '') throw new TypeError('conveyor: handle(kind, handler): kind must be a non-empty string');
     if (typeof handler !== 'function') throw new TypeError('conveyor: handle(kind, handler): handler must be a function');
+    this.batchHandlers.delete(kind);
     this.handlers.set(kind, handler as Handler);
+    this.wakeLoops();
     return this;
   }
 
-  /** The kinds this worker has handlers for (sent as `kinds` on every fetch). */
+  /**
+   * Registers a batch handler for a kind (replacing a plain one): the kind's jobs are fetched
+   * in batches (`POST /v1/fetch` with `batch: true`), up to the kind's `max_size` at once, all
+   * of one queue and one batch key, once a batch is full or its oldest job has waited the
+   * kind's `max_wait_ms` (set with `client.setBatch`). A kind that is not a batch kind on the
+   * server comes as batches of whatever of it waits.
+   *
+   * The handler gets the batch's jobs and resolves with one outcome per job, in the same
+   * order: an `Error` fails that job (retried with backoff; `Retry`, `RetryAfter` and
+   * `Permanent` work as when thrown by a plain handler), anything else is its result. Resolving
+   * with `undefined` or `null` completes every job without a result; throwing fails every job
+   * with the error; jobs left without an outcome (a shorter array) fail. Each job keeps its
+   * own attempts, history and dead-letter path. Up to `concurrency` batches run at once,
+   * besides the plain jobs; the jobs' leases are renewed while the handler runs; the batch
+   * fails as a whole (class `timeout`) once the shortest `timeoutMs` among its jobs passes.
+   */
+  handleBatch<P = any, R = unknown>(kind: string, handler: BatchHandler<P, R>): this {
+    if (typeof kind !== 'string' || kind === '') throw new TypeError('conveyor: handleBatch(kind, handler): kind must be a non-empty string');
+    if (typeof handler !== 'function') throw new TypeError('conveyor: handleBatch(kind, handler): handler must be a function');
+    this.handlers.delete(kind);
+    this.batchHandlers.set(kind, handler as BatchHandler);
+    this.wakeLoops();
+    return this;
+  }
+
+  /** The kinds this worker has plain handlers for (sent as `kinds` on its plain fetches). */
   get kinds(): string[] {
     return [...this.handlers.keys()];
   }
 
-  /** Jobs whose handlers run now. */
+  /** The kinds this worker has batch handlers for (sent as `kinds` on its batch fetches). */
+  get batchKinds(): string[] {
+    return [...this.batchHandlers.keys()];
+  }
+
+  /** Jobs whose (plain) handlers run now. */
   get active(): number {
     return this.running;
+  }
+
+  /** Batches whose handlers run now. */
+  get activeBatches(): number {
+    return this.runningBatches;
   }
 
   /**
@@ -509,7 +589,9 @@ export class Worker {
    */
   run(): Promise<void> {
     if (this.runPromise) return Promise.reject(new Error('conveyor: this worker is already running (or has run)'));
-    if (this.handlers.size === 0) return Promise.reject(new Error('conveyor: no handlers: call worker.handle(kind, fn) before run()'));
+    if (this.handlers.size === 0 && this.batchHandlers.size === 0) {
+      return Promise.reject(new Error('conveyor: no handlers: call worker.handle(kind, fn) or worker.handleBatch(kind, fn) before run()'));
+    }
     this.runPromise = this.runInner();
     return this.runPromise;
   }
@@ -535,11 +617,12 @@ export class Worker {
     });
     if (this.closeRequested) this.requestStop();
     this.installSignals();
+    const batches = this.batchHandlers.size > 0 ? `, batch kinds [${this.batchKinds.join(', ')}]` : '';
     this.log.info(
-      `${this.workerId}: running kinds [${this.kinds.join(', ')}] from queues [${this.queues.join(', ')}] at ${this.transport.baseUrl.origin}, concurrency ${this.concurrency}`,
+      `${this.workerId}: running kinds [${this.kinds.join(', ')}]${batches} from queues [${this.queues.join(', ')}] at ${this.transport.baseUrl.origin}, concurrency ${this.concurrency}`,
     );
     this.scheduleHeartbeat(Math.max(50, Math.floor(this.leaseMs / 3)));
-    this.fetchDone = Promise.all([this.fetchLoop(0), this.fetchLoop(1)]);
+    this.fetchDone = Promise.all([this.fetchLoop(0), this.fetchLoop(1), this.batchLoop()]);
     try {
       await stopped;
       if (this.fatalError) throw this.fatalError;
@@ -565,6 +648,7 @@ export class Worker {
     this.stopping = true;
     this.wakeLoops();
     this.wakeBackoff?.();
+    this.wakeBatchBackoff?.();
     this.stopRequested?.();
   }
 
@@ -585,7 +669,8 @@ export class Worker {
     for (const sig of ['SIGTERM', 'SIGINT'] as NodeJS.Signals[]) {
       const listener = () => {
         if (!this.stopping) {
-          this.log.info(`${sig}: draining (up to ${this.graceMs} ms for ${this.running} running job(s))`);
+          const batches = this.runningBatches > 0 ? ` and ${this.runningBatches} running batch(es)` : '';
+          this.log.info(`${sig}: draining (up to ${this.graceMs} ms for ${this.running} running job(s)${batches})`);
           this.requestStop();
         } else if (!this.forceDrain) {
           this.log.info(`${sig} again: releasing running jobs now`);
@@ -641,7 +726,7 @@ export class Worker {
   }
 
   private canFetch(fetcher = 0): boolean {
-    if (this.stopping) return false;
+    if (this.stopping || this.handlers.size === 0) return false;
     // The second fetcher only works while the queue keeps every fetch full.
     if (fetcher > 0 && !this.saturated) return false;
     const capacity = this.capacity();
@@ -690,9 +775,9 @@ export class Worker {
         // shutdown must carry nothing that would have to be sent again.
         wait_ms: fetcher === 0 && !carriesAcks ? this.waitMs : 0,
         kinds: this.kinds,
-        concurrency: this.concurrency,
+        concurrency: this.slots(),
         // Handlers running now (prefetched jobs are held but take no slot).
-        busy: this.running,
+        busy: this.busySlots(),
         host: HOST,
         pid: process.pid,
         version: `conveyor-client-node/${VERSION}`,
@@ -1154,7 +1239,7 @@ export class Worker {
     this.scheduleFlush();
     // Running handlers get the grace period.
     const graceEnd = started + this.graceMs;
-    while (this.running > 0 && !this.forceDrain && !this.fatalError && Date.now() < graceEnd) {
+    while ((this.running > 0 || this.runningBatches > 0) && !this.forceDrain && !this.fatalError && Date.now() < graceEnd) {
       await this.waitDrain(graceEnd - Date.now());
     }
     // A long-poll still waiting is cut off (jobs it brings back now are released); a fetch
@@ -1163,6 +1248,7 @@ export class Worker {
     await this.fetchDone;
     const late = [...this.held.values()].filter((h) => h.state === 'buffered');
     this.buffer.takeAll();
+    // Jobs of a batch still running are among them (each job of a batch is held like any).
     const stillRunning = [...this.held.values()].filter((h) => h.state === 'running');
     if (stillRunning.length > 0) {
       this.log.warn(`grace period over: releasing ${stillRunning.length} running job(s)`);
@@ -1198,7 +1284,7 @@ export class Worker {
           host: os.hostname(),
           pid: process.pid,
           queues: this.queues,
-          concurrency: this.concurrency,
+          concurrency: this.slots(),
           busy: 0,
           version: `conveyor-client-node/${VERSION}`,
           started_at: this.startedAt.toISOString(),

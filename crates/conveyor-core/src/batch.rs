@@ -160,7 +160,10 @@ pub fn readiness(spec: &BatchSpec, waiting: &[Job], now: DateTime<Utc>) -> Readi
     let wait = Duration::milliseconds(i64::try_from(spec.max_wait_ms).unwrap_or(i64::MAX));
     let mut not_before: Option<DateTime<Utc>> = None;
     for group in groups {
-        let due = group.oldest.checked_add_signed(wait).unwrap_or(group.oldest);
+        let due = group
+            .oldest
+            .checked_add_signed(wait)
+            .unwrap_or(group.oldest);
         if group.at.len() >= size || due <= now {
             let last = group.at[group.at.len().min(size) - 1];
             return Readiness::Ready(Pick {
@@ -246,15 +249,24 @@ mod tests {
 
     #[test]
     fn specs_are_checked_field_by_field() {
-        assert_eq!(BatchSpec::of(0).validate("batch").unwrap_err().field, "batch.max_size");
+        assert_eq!(
+            BatchSpec::of(0).validate("batch").unwrap_err().field,
+            "batch.max_size"
+        );
         assert_eq!(
             BatchSpec::of(1001).validate("batch").unwrap_err().field,
             "batch.max_size"
         );
         let slow = BatchSpec::of(5).max_wait_ms(MAX_BATCH_WAIT_MS + 1);
-        assert_eq!(slow.validate("batch").unwrap_err().field, "batch.max_wait_ms");
+        assert_eq!(
+            slow.validate("batch").unwrap_err().field,
+            "batch.max_wait_ms"
+        );
         let bad_key = BatchSpec::of(5).key("customer");
         assert_eq!(bad_key.validate("batch").unwrap_err().field, "batch.key");
-        assert!(BatchSpec::of(5).key("payload.customer.id").validate("batch").is_ok());
+        assert!(BatchSpec::of(5)
+            .key("payload.customer.id")
+            .validate("batch")
+            .is_ok());
     }
 }

@@ -84,7 +84,10 @@ pub async fn claim_batch(
                     look.ready_at = Some(look.ready_at.map_or(at, |was| was.min(at)));
                 }
                 Readiness::Ready(pick) => {
-                    if chosen.as_ref().is_none_or(|(was, ..)| pick.oldest < was.oldest) {
+                    if chosen
+                        .as_ref()
+                        .is_none_or(|(was, ..)| pick.oldest < was.oldest)
+                    {
                         chosen = Some((pick, queue.as_str(), place));
                     }
                 }

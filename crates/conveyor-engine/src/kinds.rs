@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde::Serialize;
 use serde_json::Value;
 
-use conveyor_core::error::{StoreError, StoreResult, ValidationError};
 use conveyor_core::batch::BatchSpec;
+use conveyor_core::error::{StoreError, StoreResult, ValidationError};
 use conveyor_core::job::JobState;
 use conveyor_core::kinds::KindSchema;
 use conveyor_core::store::{JobListParams, Store};

@@ -46,8 +46,7 @@ impl<'a> Gates<'a> {
             None => Default::default(),
         };
         if self.batch {
-            let look =
-                crate::batches::claim_batch(store, self.breakers, &batches, params).await?;
+            let look = crate::batches::claim_batch(store, self.breakers, &batches, params).await?;
             return Ok((look.jobs, look.ready_at));
         }
         let params = crate::batches::without_batch_kinds(params.clone(), &batches);

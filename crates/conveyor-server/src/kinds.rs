@@ -117,8 +117,7 @@ pub(crate) async fn put(
         None => existing.as_ref().and_then(|k| k.batch.clone()),
         Some(None) => None,
         Some(Some(value)) => {
-            let spec: conveyor_core::batch::BatchSpec =
-                crate::limits::spec_from("batch", value)?;
+            let spec: conveyor_core::batch::BatchSpec = crate::limits::spec_from("batch", value)?;
             spec.validate("batch")?;
             Some(spec)
         }

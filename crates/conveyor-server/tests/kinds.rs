@@ -256,3 +256,100 @@ async fn a_breaker_alone_keeps_the_schema_and_its_version() {
     assert_eq!(status, StatusCode::BAD_REQUEST);
     assert_eq!(body["error"]["field"], "circuit_breaker.failure_ratio");
 }
+
+/// A kind's batch setting over HTTP: refused field by field, kept across a PUT of something
+/// else, removed by null; a plain fetch never gets the kind's jobs, a batch fetch gets them
+/// together once the batch is full, and each is acknowledged on its own.
+#[tokio::test]
+async fn a_batch_kind_goes_out_only_to_batch_fetches() {
+    let server = TestServer::start().await;
+    let http = &server.http;
+    let put = |body: Value| http.put(server.url("/v1/kinds/rows.insert")).json(&body);
+    for (body, field) in [
+        (json!({"batch": {"max_size": 0}}), "batch.max_size"),
+        (json!({"batch": {"max_size": 1001}}), "batch.max_size"),
+        (json!({"batch": {"max_size": "ten"}}), "batch.max_size"),
+        (
+            json!({"batch": {"max_size": 5, "max_wait_ms": 3_600_001}}),
+            "batch.max_wait_ms",
+        ),
+        (
+            json!({"batch": {"max_size": 5, "key": "account"}}),
+            "batch.key",
+        ),
+        (json!({"batch": {"max_size": 5, "size": 5}}), "batch.size"),
+        (json!({"batch": {}}), "batch.max_size"),
+        (json!({"batch": [5]}), "batch"),
+    ] {
+        let (status, answer) = send(put(body.clone())).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{body}: {answer}");
+        assert_eq!(answer["error"]["field"], field, "{body}: {answer}");
+    }
+    let spec = json!({"max_size": 3, "max_wait_ms": 60_000});
+    let (status, answer) = send(put(json!({"batch": spec}))).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    assert_eq!(answer["batch"], spec);
+    let (_, answer) = send(put(json!({"limits": null}))).await;
+    assert_eq!(answer["batch"], spec, "kept across a PUT of something else");
+
+    let jobs: Vec<Value> = (1..=4)
+        .map(|n| json!({"kind": "rows.insert", "payload": {"n": n}}))
+        .collect();
+    let (status, _) = send(
+        http.post(server.url("/v1/jobs/batch"))
+            .json(&json!({ "jobs": jobs })),
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let fetch = |extra: Value| {
+        let mut body = json!({"worker_id": "w1", "queues": ["default"], "max": 10});
+        for (key, value) in extra.as_object().into_iter().flatten() {
+            body[key] = value.clone();
+        }
+        http.post(server.url("/v1/fetch")).json(&body)
+    };
+    let (_, plain) = send(fetch(json!({}))).await;
+    assert_eq!(plain["jobs"], json!([]), "a plain fetch skips batch kinds");
+    let (_, named) = send(fetch(json!({"kinds": ["rows.insert"]}))).await;
+    assert_eq!(named["jobs"], json!([]), "even when it names the kind");
+    let (_, batch) = send(fetch(json!({"batch": true}))).await;
+    let claimed = batch["jobs"].as_array().expect("jobs");
+    let numbers: Vec<i64> = claimed
+        .iter()
+        .map(|job| job["payload"]["n"].as_i64().expect("n"))
+        .collect();
+    assert_eq!(
+        numbers,
+        vec![1, 2, 3],
+        "a full batch of three, in enqueue order"
+    );
+    // One completes, one fails: each by its own acknowledgement.
+    let ack = json!({
+        "complete": [{"id": claimed[0]["id"], "lease_token": claimed[0]["lease_token"]}],
+        "fail": [{"id": claimed[1]["id"], "lease_token": claimed[1]["lease_token"],
+                  "error": {"message": "row 2 refused"}}],
+    });
+    let (status, answer) = send(http.post(server.url("/v1/ack")).json(&ack)).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let state = |id: &Value| {
+        let url = server.url(&format!("/v1/jobs/{}", id.as_str().expect("id")));
+        async move { send(http.get(url)).await.1 }
+    };
+    assert_eq!(state(&claimed[0]["id"]).await["state"], "completed");
+    let failed = state(&claimed[1]["id"]).await;
+    assert_eq!(failed["state"], "retryable");
+    assert_eq!(failed["attempt"], 1);
+    assert_eq!(state(&claimed[2]["id"]).await["state"], "running");
+    // One left, short of a batch: a batch fetch waits for it (here not long enough).
+    let (_, rest) = send(fetch(json!({"batch": true, "wait_ms": 50}))).await;
+    assert_eq!(rest["jobs"], json!([]));
+    let (status, answer) = send(put(json!({"batch": null}))).await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(answer.get("batch").is_none(), "{answer}");
+    let (_, plain) = send(fetch(json!({}))).await;
+    assert_eq!(
+        plain["jobs"].as_array().map(Vec::len),
+        Some(1),
+        "no longer a batch kind"
+    );
+}

@@ -133,10 +133,17 @@ pub async fn a_keyed_batch_holds_one_key_and_gives_the_rest_back(h: &Harness) {
         .iter()
         .map(|job| job.payload["account"].as_str().expect("account"))
         .collect();
-    assert_eq!(accounts, vec!["b", "b"], "the first full key in claim order");
+    assert_eq!(
+        accounts,
+        vec!["b", "b"],
+        "the first full key in claim order"
+    );
     let given_back = get(h, inserted[1].id).await;
     assert_eq!(given_back.state, JobState::Available);
-    assert_eq!(given_back.attempt, 0, "a job given back has no attempt counted");
+    assert_eq!(
+        given_back.attempt, 0,
+        "a job given back has no attempt counted"
+    );
     let second = look(h, &kinds, fetch_params(&["rows"], 100), true).await;
     assert_eq!(numbers(&second), vec![1, 2]);
     assert!(look(h, &kinds, fetch_params(&["rows"], 100), true)

@@ -23,10 +23,10 @@
 
 mod access;
 mod admin;
+mod batches;
 mod breakers;
 mod config;
 mod copy;
-mod batches;
 mod debounce;
 mod events;
 pub mod eventually;
@@ -55,10 +55,10 @@ mod workflows;
 
 pub use access::*;
 pub use admin::*;
+pub use batches::*;
 pub use breakers::*;
 pub use config::*;
 pub use copy::*;
-pub use batches::*;
 pub use debounce::*;
 pub use events::*;
 pub use expiry::*;

@@ -54,12 +54,7 @@ async fn enqueue_rows(store: &Arc<dyn Store>, count: u64) -> Vec<Uuid> {
 async fn batch_partial_failure_retries_only_the_failed_jobs() {
     let env = env();
     // The five go out together because the batch is full; the two retried ones, by time.
-    batch_kind(
-        &env.store,
-        "rows.insert",
-        BatchSpec::of(5).max_wait_ms(300),
-    )
-    .await;
+    batch_kind(&env.store, "rows.insert", BatchSpec::of(5).max_wait_ms(300)).await;
     let ids = enqueue_rows(&env.store, 5).await;
     let (batches_tx, mut batches) = mpsc::unbounded_channel::<Vec<u64>>();
     let w = Worker::builder(env.store.clone())
@@ -114,7 +109,10 @@ async fn batch_partial_failure_retries_only_the_failed_jobs() {
             assert_eq!(job.attempt, 2, "job {n}: its own second attempt");
             assert_eq!(job.errors.len(), 1);
             assert_eq!(job.errors[0].class, error_class::ERROR);
-            assert_eq!(job.errors[0].message, format!("row {n} violates a constraint"));
+            assert_eq!(
+                job.errors[0].message,
+                format!("row {n} violates a constraint")
+            );
         } else {
             assert_eq!(job.attempt, 1, "job {n}: completed on its first attempt");
             assert!(job.errors.is_empty());
@@ -127,14 +125,21 @@ async fn batch_partial_failure_retries_only_the_failed_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_without_an_outcome_fail() {
     let env = env();
-    batch_kind(&env.store, "rows.insert", BatchSpec::of(3).max_wait_ms(60_000)).await;
+    batch_kind(
+        &env.store,
+        "rows.insert",
+        BatchSpec::of(3).max_wait_ms(60_000),
+    )
+    .await;
     let ids = enqueue_rows(&env.store, 3).await;
     let w = Worker::builder(env.store.clone())
         .queue("default", 1)
         .poll_interval(Duration::from_millis(20))
         .handle_batch("rows.insert", |jobs: Vec<BatchJob>| async move {
             // One outcome for a batch of three.
-            vec![Outcome::complete_with(json!({ "first": jobs[0].payload["n"] }))]
+            vec![Outcome::complete_with(
+                json!({ "first": jobs[0].payload["n"] }),
+            )]
         })
         .build()
         .expect("worker");
@@ -160,7 +165,9 @@ async fn jobs_without_an_outcome_fail() {
     for job in states.iter().filter(|job| job.state != JobState::Completed) {
         assert_eq!(job.state, JobState::Retryable, "{job:?}");
         assert!(
-            job.errors[0].message.contains("1 outcome(s) for a batch of 3"),
+            job.errors[0]
+                .message
+                .contains("1 outcome(s) for a batch of 3"),
             "{:?}",
             job.errors
         );

@@ -821,7 +821,10 @@ impl LeaseStore for EncryptedStore {
         limit: usize,
     ) -> StoreResult<Vec<Job>> {
         // Opened: a batch's key may be a payload field.
-        let jobs = self.inner.jobs_available_of_kind(queue, kind, limit).await?;
+        let jobs = self
+            .inner
+            .jobs_available_of_kind(queue, kind, limit)
+            .await?;
         Ok(self.open_jobs(jobs))
     }
 }

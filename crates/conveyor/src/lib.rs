@@ -26,8 +26,8 @@
 
 pub use conveyor_core::*;
 pub use conveyor_engine::{
-    fetch_waiting, fetch_waiting_with, queued_violations, CircuitBreakers, Client, Gates, IdleLooks,
-    KindRegistry, QueuedViolations, StatsRecorder, WorkerCommands,
+    fetch_waiting, fetch_waiting_with, queued_violations, CircuitBreakers, Client, Gates,
+    IdleLooks, KindRegistry, QueuedViolations, StatsRecorder, WorkerCommands,
 };
 
 // The modules where core's rules and the engine's services on them were one module before

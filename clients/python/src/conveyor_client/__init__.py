@@ -18,6 +18,15 @@ Workers::
 
     worker.run()
 
+Batches (a kind whose jobs are handed out up to 500 at a time, to one call)::
+
+    client.set_batch("rows.insert", max_size=500, max_wait=0.2)
+
+    @worker.batch_handler("rows.insert")
+    def insert_rows(jobs):
+        db.insert_many([job.payload for job in jobs])
+        return None                                    # or one result (or exception) per job
+
 Workflows::
 
     from conveyor_client import chain, group, step, wait_step
@@ -57,6 +66,7 @@ from .errors import (
 )
 from .flows import Steps, chain, group, step, wait_step
 from .models import (
+    BatchSettings,
     BlockedBy,
     BreakerSettings,
     BreakerView,
@@ -83,6 +93,7 @@ from .worker import Worker, error_class_name
 __all__ = [
     "__version__",
     "AsyncClient",
+    "BatchSettings",
     "BlockedBy",
     "BreakerSettings",
     "BreakerView",

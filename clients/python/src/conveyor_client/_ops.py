@@ -30,7 +30,17 @@ from ._async_http import AsyncTransport
 from ._sync_http import SyncTransport
 from .errors import ConveyorError, NotFound
 from .flows import flow_body
-from .models import BreakerSettings, BreakerView, CreatedFlow, FlowPage, FlowView, Job, Limit, LimitView
+from .models import (
+    BatchSettings,
+    BreakerSettings,
+    BreakerView,
+    CreatedFlow,
+    FlowPage,
+    FlowView,
+    Job,
+    Limit,
+    LimitView,
+)
 
 T = TypeVar("T")
 
@@ -199,6 +209,24 @@ def list_schemas() -> Op[List[Dict[str, Any]]]:
 
 def delete_schema(kind: str) -> Op[None]:
     yield Call("DELETE", _wire.kind_path(kind))
+
+
+# --- Batches --------------------------------------------------------------------------------
+
+
+def set_batch(kind: str, spec: Dict[str, Any]) -> Op[Optional[BatchSettings]]:
+    # The rest of the kind's settings (its schema and version too) stay as they are.
+    return _wire.stored_batch((yield Call("PUT", _wire.kind_path(kind), {"batch": spec})))
+
+
+def remove_batch(kind: str) -> Op[None]:
+    try:
+        existing = yield Call("GET", _wire.kind_path(kind))
+    except NotFound:
+        return None  # no settings, so no batch setting to remove
+    if _wire.stored_batch(existing) is not None:
+        yield Call("PUT", _wire.kind_path(kind), {"batch": None})
+    return None
 
 
 # --- Circuit breakers -----------------------------------------------------------------------

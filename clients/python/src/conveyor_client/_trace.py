@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import re
 import secrets
-from typing import Any, Dict, Iterator, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 _TRACEPARENT = re.compile(r"^00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})$")
 
@@ -78,5 +78,32 @@ def handler_span(kind: str, job_id: str, traceparent: Optional[str], tracestate:
         context=parent,
         kind=_otel_trace.SpanKind.CONSUMER,
         attributes={"messaging.system": "conveyor", "messaging.message.id": job_id},
+    ) as span:
+        yield span
+
+
+@contextlib.contextmanager
+def batch_span(kind: str, jobs: Sequence[Any]) -> Iterator[Any]:
+    """Runs a batch handler inside one ``CONSUMER`` span named ``conveyor <kind> batch``, linked
+    to each job's producer span (a batch has many parents, so none is its parent), if
+    OpenTelemetry is installed."""
+    if _otel_trace is None or _Propagator is None:
+        yield None
+        return
+    links = []
+    for job in jobs:
+        traceparent = getattr(job, "traceparent", None)
+        if not traceparent:
+            continue
+        carrier = {"traceparent": traceparent, "tracestate": getattr(job, "tracestate", None) or ""}
+        context = _otel_trace.get_current_span(_Propagator().extract(carrier)).get_span_context()
+        if context.is_valid:
+            links.append(_otel_trace.Link(context, {"messaging.message.id": str(job.id)}))
+    tracer = _otel_trace.get_tracer("conveyor_client")
+    with tracer.start_as_current_span(
+        f"conveyor {kind} batch",
+        kind=_otel_trace.SpanKind.CONSUMER,
+        links=links,
+        attributes={"messaging.system": "conveyor", "messaging.batch.message_count": len(jobs)},
     ) as span:
         yield span

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlsplit
 from . import _trace
 from ._version import __version__
 from .errors import ConveyorError, TransportError, error_from_response
-from .models import FLOW_FINISHED_STATES, BreakerSettings, format_time
+from .models import FLOW_FINISHED_STATES, BatchSettings, BreakerSettings, format_time
 
 USER_AGENT = f"conveyor-client-python/{__version__}"
 
@@ -198,6 +198,54 @@ def throttle_spec(throttle: Mapping[str, Any]) -> Dict[str, Any]:
     body = dict(throttle)
     _duration_field(body, "period", "throttle")
     return body
+
+
+def batch_spec(
+    batch: Optional[Mapping[str, Any]] = None,
+    *,
+    max_size: Optional[int] = None,
+    max_wait: Optional[Seconds] = None,
+    max_wait_ms: Optional[int] = None,
+    key: Optional[str] = None,
+) -> Dict[str, Any]:
+    """A kind's ``batch`` setting as sent (``PUT /v1/kinds/{kind}``): a dict ``{"max_size": N,
+    "max_wait": seconds, "key": ...}`` (``max_wait`` as seconds or a timedelta, or
+    ``max_wait_ms``, the server's name) or the same as keywords, not both. Everything else (a
+    size out of range, a bad key expression, a field it does not know) is the server's to say
+    (``batch.max_size``, ``batch.max_wait_ms``, ``batch.key``)."""
+    given = {
+        name: value
+        for name, value in (
+            ("max_size", max_size),
+            ("max_wait", max_wait),
+            ("max_wait_ms", max_wait_ms),
+            ("key", key),
+        )
+        if value is not None
+    }
+    if batch is not None:
+        if not isinstance(batch, Mapping):
+            raise TypeError(
+                'batch must be a dict {"max_size": N, "max_wait": seconds, "key": ...}, '
+                f"got {type(batch).__name__}"
+            )
+        if given:
+            raise ValueError("give the batch setting as a dict or as keywords, not both")
+        body = dict(batch)
+    elif given:
+        body = given
+    else:
+        raise ValueError("give the batch setting: max_size= (and max_wait=, key=), or a dict")
+    _duration_field(body, "max_wait", "batch")
+    return body
+
+
+def stored_batch(answer: Any) -> Optional[BatchSettings]:
+    """The ``batch`` of a kind's settings as answered (``None``: the kind is no batch kind)."""
+    if not isinstance(answer, dict):
+        raise TransportError("the server's settings answer is not an object")
+    value = answer.get("batch")
+    return cast(BatchSettings, value) if isinstance(value, dict) else None
 
 
 def _duration_field(body: Dict[str, Any], name: str, where: str) -> None:
@@ -451,6 +499,7 @@ __all__ = [
     "FLOW_FINISHED_STATES",
     "USER_AGENT",
     "batch_ids",
+    "batch_spec",
     "breaker_scope",
     "breaker_settings",
     "circuit_body",
@@ -474,6 +523,7 @@ __all__ = [
     "sequence_spec",
     "signal_body",
     "signal_outcome",
+    "stored_batch",
     "stored_breaker",
     "throttle_spec",
 ]

@@ -1,6 +1,6 @@
 """Producers' API: enqueue jobs, read them back, cancel them; create, watch, signal and cancel
-workflows; operators' calls for payload schemas, circuit breakers and named limits (sync and
-asyncio)."""
+workflows; operators' calls for payload schemas, batch kinds, circuit breakers and named limits (sync
+and asyncio)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,17 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, TypeVar, Union
 from . import _ops, _wire
 from ._async_http import AsyncTransport
 from ._sync_http import SyncTransport
-from .models import BreakerSettings, BreakerView, CreatedFlow, FlowPage, FlowView, Job, Limit, LimitView
+from .models import (
+    BatchSettings,
+    BreakerSettings,
+    BreakerView,
+    CreatedFlow,
+    FlowPage,
+    FlowView,
+    Job,
+    Limit,
+    LimitView,
+)
 
 __all__ = ["Client", "AsyncClient"]
 
@@ -226,8 +236,8 @@ class Client:
         return self._run(_ops.set_schema(kind, schema, version=version, force=force))
 
     def get_schema(self, kind: str) -> Dict[str, Any]:
-        """``kind``'s settings (``{kind, schema, version, updated_at}``, and ``circuit_breaker``
-        when it has one); ``NotFound`` if none."""
+        """``kind``'s settings (``{kind, schema, version, updated_at}``, and ``circuit_breaker``,
+        ``limits``, ``sequence`` or ``batch`` when it has them); ``NotFound`` if none."""
         return self._run(_ops.get_schema(kind))
 
     def list_schemas(self) -> List[Dict[str, Any]]:
@@ -237,6 +247,36 @@ class Client:
     def delete_schema(self, kind: str) -> None:
         """Removes ``kind``'s schema (its jobs stay); ``NotFound`` if it had none."""
         self._run(_ops.delete_schema(kind))
+
+    # --- Batches --------------------------------------------------------------------------
+
+    def set_batch(
+        self,
+        kind: str,
+        batch: Optional[Mapping[str, Any]] = None,
+        *,
+        max_size: Optional[int] = None,
+        max_wait: Optional[Seconds] = None,
+        max_wait_ms: Optional[int] = None,
+        key: Optional[str] = None,
+    ) -> Optional[BatchSettings]:
+        """Makes ``kind`` a batch kind (``PUT /v1/kinds/{kind}`` with ``batch``; admin role):
+        its jobs go out only to batch fetches (a worker's :meth:`Worker.batch_handler`), up to
+        ``max_size`` (1 to 1,000) at once, all of one queue and, with ``key`` (``"tenant"``,
+        ``"kind"``, ``"queue"`` or ``"payload.a.b"``), of one key value. A batch goes out when
+        it is full or its oldest job has waited ``max_wait`` seconds (or a timedelta; or
+        ``max_wait_ms``; default 0, at most an hour). The setting is a dict ``batch`` with the
+        same names, or the keywords, not both. The rest of the kind's settings (its schema and
+        version too) stay as they are. Returns the setting as stored (:class:`BatchSettings`);
+        bad values raise ``InvalidRequest`` naming the field (``batch.max_size``,
+        ``batch.max_wait_ms``, ``batch.key``)."""
+        spec = _wire.batch_spec(batch, max_size=max_size, max_wait=max_wait, max_wait_ms=max_wait_ms, key=key)
+        return self._run(_ops.set_batch(kind, spec))
+
+    def remove_batch(self, kind: str) -> None:
+        """Makes ``kind`` a plain kind again: its waiting jobs go out to plain fetches (a
+        worker's :meth:`Worker.handler`). Nothing to do when it is none."""
+        self._run(_ops.remove_batch(kind))
 
     # --- Circuit breakers -----------------------------------------------------------------
 
@@ -499,6 +539,26 @@ class AsyncClient:
 
     async def delete_schema(self, kind: str) -> None:
         await self._run(_ops.delete_schema(kind))
+
+    # --- Batches --------------------------------------------------------------------------
+
+    async def set_batch(
+        self,
+        kind: str,
+        batch: Optional[Mapping[str, Any]] = None,
+        *,
+        max_size: Optional[int] = None,
+        max_wait: Optional[Seconds] = None,
+        max_wait_ms: Optional[int] = None,
+        key: Optional[str] = None,
+    ) -> Optional[BatchSettings]:
+        """See :meth:`Client.set_batch`."""
+        spec = _wire.batch_spec(batch, max_size=max_size, max_wait=max_wait, max_wait_ms=max_wait_ms, key=key)
+        return await self._run(_ops.set_batch(kind, spec))
+
+    async def remove_batch(self, kind: str) -> None:
+        """See :meth:`Client.remove_batch`."""
+        await self._run(_ops.remove_batch(kind))
 
     # --- Circuit breakers -----------------------------------------------------------------
 

@@ -575,6 +575,24 @@ class BreakerView(_BreakerViewFields, total=False):
     settings: BreakerSettings
 
 
+# --- Batches -------------------------------------------------------------------------------
+
+
+class _BatchSettingsFields(TypedDict):
+    max_size: int
+    max_wait_ms: int
+
+
+class BatchSettings(_BatchSettingsFields, total=False):
+    """A kind's batch setting as the server answers it (a plain dict): its jobs go out only to
+    batch fetches (``@worker.batch_handler``), up to ``max_size`` (1 to 1,000) at once, all of
+    one queue (and, with ``key``, one key value: ``"tenant"``, ``"kind"``, ``"queue"`` or
+    ``"payload.a.b"``); a smaller batch goes out once its oldest job has waited
+    ``max_wait_ms`` (0, the default, to an hour)."""
+
+    key: str
+
+
 # --- Named limits --------------------------------------------------------------------------
 
 

@@ -7,10 +7,14 @@ One asyncio loop does all the talking to the server:
   last call;
 * the ack loop flushes acknowledgements with ``POST /v1/ack`` when no fetch takes them soon
   (e.g. while the fetch is long-polling an idle queue);
+* the batch fetch loop (with batch handlers only) long-polls ``POST /v1/fetch`` with
+  ``"batch": true`` and ``kinds`` = the kinds with a batch handler, for one batch at a time
+  while fewer than ``batch_concurrency`` batches run;
 * the heartbeat loop renews every held lease with ``POST /v1/heartbeat`` every ``lease / 3``.
 
 Async handlers run on the loop; sync handlers run in a pool of daemon threads (so a handler
-stuck past the grace period never keeps the process from exiting).
+stuck past the grace period never keeps the process from exiting); sync batch handlers in a
+pool of their own.
 """
 
 from __future__ import annotations
@@ -42,8 +46,10 @@ from typing import (
     Generator,
     Iterable,
     List,
+    Mapping,
     Optional,
     Sequence,
+    Set,
     Tuple,
     TypeVar,
     Union,
@@ -67,11 +73,14 @@ from .errors import (
 )
 from .models import LeasedJob, format_time
 
-__all__ = ["Worker", "Handler", "error_class_name"]
+__all__ = ["Worker", "Handler", "BatchHandler", "error_class_name"]
 
 log = logging.getLogger("conveyor_client.worker")
 
 Handler = Callable[[LeasedJob], Any]
+# Takes the jobs of one batch; returns None or one outcome per job, in order (see batch_handler).
+BatchHandler = Callable[[List[LeasedJob]], Any]
+Outcome = Tuple[str, Dict[str, Any]]
 F = TypeVar("F", bound=Callable[..., Any])
 Seconds = Union[int, float, _dt.timedelta]
 
@@ -100,6 +109,18 @@ def error_class_name(exc: BaseException) -> str:
     """An exception's class name as the server takes it: 1-128 of ``[A-Za-z0-9_.:-]``."""
     name = _CLASS_CHARS.sub("_", type(exc).__name__)[:128]
     return name or "error"
+
+
+def _check_handler(kind: str, fn: Any) -> None:
+    if not isinstance(kind, str) or not kind:
+        raise ValueError("kind must be a non-empty string")
+    if not callable(fn):
+        raise TypeError("a handler must be callable")
+
+
+def _is_async(fn: Any) -> bool:
+    # An object with an `async def __call__` counts too.
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__)
 
 
 def _ewma(average: Optional[float], sample: float, weight: float = 0.2) -> float:
@@ -196,6 +217,7 @@ class _Slot:
         "timer",
         "occupying",
         "started",
+        "batch",
     )
 
     def __init__(self, job: LeasedJob) -> None:
@@ -214,6 +236,7 @@ class _Slot:
         self.timer: Optional[asyncio.TimerHandle] = None
         self.occupying = False
         self.started = 0.0
+        self.batch: Optional[_Batch] = None
 
     @property
     def key(self) -> str:
@@ -221,6 +244,32 @@ class _Slot:
 
     def lease_json(self) -> Dict[str, str]:
         return {"id": self.job.id, "lease_token": self.job.lease_token}
+
+
+class _Batch:
+    """The jobs of one batch, run by one call of their kind's batch handler. Each job keeps its
+    own slot (lease, heartbeats, acknowledgement); the batch takes one ``batch_concurrency``
+    place from its start until every job has an outcome (or the handler is given up)."""
+
+    __slots__ = ("kind", "slots", "task", "timer", "timed_out", "timeout_ms", "abandoned", "finished")
+
+    def __init__(self, kind: str, slots: List[_Slot]) -> None:
+        self.kind = kind
+        self.slots = slots
+        self.task: Optional["asyncio.Task[None]"] = None
+        self.timer: Optional[asyncio.TimerHandle] = None
+        self.timed_out = False
+        self.timeout_ms = 0
+        self.abandoned = False
+        self.finished = False
+
+    @property
+    def jobs(self) -> List[LeasedJob]:
+        return [slot.job for slot in self.slots]
+
+    @property
+    def all_lost(self) -> bool:
+        return all(slot.lost for slot in self.slots)
 
 
 class Worker:
@@ -236,7 +285,8 @@ class Worker:
     jobs get none and no-op jobs up to 1,000), ``worker_id`` (shown in ``/v1/workers``), ``max_backoff``
     (longest pause between retries while the server is unreachable), ``ack_delay`` (how long a
     finished job's acknowledgement waits for a fetch to carry it before it is sent alone),
-    ``on_ready`` (called once the worker runs, before its first fetch).
+    ``on_ready`` (called once the worker runs, before its first fetch), ``batch_concurrency``
+    (batches running at once, default 1; see :meth:`batch_handler`).
     """
 
     def __init__(
@@ -255,6 +305,7 @@ class Worker:
         ack_delay: Seconds = 0.01,
         ssl_context: Optional[ssl.SSLContext] = None,
         on_ready: Optional[Callable[[], Any]] = None,
+        batch_concurrency: int = 1,
     ) -> None:
         if isinstance(queues, str):
             queues = [queues]
@@ -263,11 +314,14 @@ class Worker:
             raise ValueError("give at least one queue")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if isinstance(batch_concurrency, bool) or not isinstance(batch_concurrency, int) or batch_concurrency < 1:
+            raise ValueError("batch_concurrency must be an integer of at least 1")
         if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError('prefetch must be "auto" or an integer of at least 0')
         self.url = url
         self.token = token or None
         self.concurrency = int(concurrency)
+        self.batch_concurrency = batch_concurrency
         self.prefetch: Union[int, str] = prefetch
         self.lease = _seconds(lease, "lease")
         self.lease_ms = int(round(self.lease * 1000))
@@ -284,6 +338,8 @@ class Worker:
         self.worker_id = (worker_id or f"{host}-{os.getpid()}-{secrets.token_hex(3)}")[:256]
         self._handlers: Dict[str, Handler] = {}
         self._is_async: Dict[str, bool] = {}
+        self._batch_handlers: Dict[str, BatchHandler] = {}
+        self._batch_is_async: Dict[str, bool] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._loop_thread: Optional[int] = None
         self._stop_requested = False
@@ -304,19 +360,59 @@ class Worker:
         return register
 
     def add_handler(self, kind: str, fn: Handler) -> None:
-        if not isinstance(kind, str) or not kind:
-            raise ValueError("kind must be a non-empty string")
-        if not callable(fn):
-            raise TypeError("a handler must be callable")
+        _check_handler(kind, fn)
+        if kind in self._batch_handlers:
+            raise ValueError(f"kind {kind!r} already has a batch handler")
         self._handlers[kind] = fn
-        # An object with an `async def __call__` counts too.
-        self._is_async[kind] = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
-            type(fn).__call__
-        )
+        self._is_async[kind] = _is_async(fn)
+
+    def batch_handler(self, kind: str) -> Callable[[F], F]:
+        """Decorator: ``@worker.batch_handler("rows.insert")`` over a function (sync or ``async
+        def``) taking a list of jobs (the :class:`LeasedJob` objects a handler gets), all of
+        one kind and one queue (and one key value), for a kind whose jobs go out in batches
+        (``client.set_batch(kind, max_size=..., max_wait=..., key=...)``). It returns one
+        outcome per job, in the jobs' order: an exception instance fails that job (``Retry``,
+        ``RetryAfter`` and ``Permanent`` steer its retry as when a handler raises them; any
+        other retries with its class name), anything else is that job's result. ``None``
+        completes them all without a result. If the handler raises, every job of the batch
+        fails with that error; jobs it returns no outcome for fail (class
+        ``missing_outcome``); outcomes past the last job are ignored (and logged). Each job
+        keeps its own attempts, retries, errors and dead-letter path: a failed one comes back
+        alone, in a later batch.
+
+        Batch kinds are fetched by a loop of their own (``"batch": true``, ``kinds`` = the
+        batch handlers' kinds), one batch per fetch, while fewer than ``batch_concurrency``
+        (default 1) batches run; batches take none of the ``concurrency`` slots of plain
+        handlers, and sync batch handlers run in a thread pool of ``batch_concurrency``
+        threads of their own. Every job of a running batch is heartbeated; on stop a running
+        batch gets the grace period like a running job, then its unfinished jobs are released.
+        The batch times out at the shortest ``timeout`` of its jobs (every job without an
+        outcome fails with class ``timeout``); a job whose lease is lost while the batch runs
+        has ``lease_lost`` set and its outcome dropped (the handler is cancelled only when
+        every job's lease is lost)."""
+
+        def register(fn: F) -> F:
+            self.add_batch_handler(kind, fn)
+            return fn
+
+        return register
+
+    def add_batch_handler(self, kind: str, fn: BatchHandler) -> None:
+        _check_handler(kind, fn)
+        if kind in self._handlers:
+            raise ValueError(f"kind {kind!r} already has a handler (not a batch handler)")
+        self._batch_handlers[kind] = fn
+        self._batch_is_async[kind] = _is_async(fn)
 
     @property
     def kinds(self) -> List[str]:
+        """The kinds with a (plain) handler: what plain fetches ask for."""
         return sorted(self._handlers)
+
+    @property
+    def batch_kinds(self) -> List[str]:
+        """The kinds with a batch handler: what batch fetches ask for."""
+        return sorted(self._batch_handlers)
 
     # --- Running ----------------------------------------------------------------------------
 
@@ -344,7 +440,7 @@ class Worker:
     async def run_async(self, *, handle_signals: bool = True) -> None:
         """Runs the worker on the current event loop (see ``run``). With ``handle_signals``,
         SIGTERM and SIGINT start the graceful stop (a second one ends the grace at once)."""
-        if not self._handlers:
+        if not self._handlers and not self._batch_handlers:
             raise ValueError("register at least one handler before running the worker")
         if self._running:
             raise RuntimeError("this worker is already running")
@@ -358,18 +454,19 @@ class Worker:
                 task.add_done_callback(self._background_done)
                 background.append(task)
             log.info(
-                "worker %s: queues %s, kinds %s, concurrency %d, server %s",
+                "worker %s: queues %s, kinds %s, concurrency %d, batch kinds %s, server %s",
                 self.worker_id,
                 ",".join(self.queues),
-                ",".join(self.kinds),
+                ",".join(self.kinds) or "-",
                 self.concurrency,
+                ",".join(self.batch_kinds) or "-",
                 self._http.endpoint.url,
             )
             if self.on_ready is not None:
                 self.on_ready()
             if self._stop_requested:
                 self._begin_stop()
-            await self._fetch_loop()
+            await self._fetch_loops()
             await self._drain()
             if self._fatal is None:
                 await self._register(stopping=True)
@@ -384,7 +481,11 @@ class Worker:
             for slot in list(self._held.values()):
                 if slot.task is not None and not slot.task.done():
                     slot.task.cancel()
+            for batch in list(self._batches):
+                if batch.task is not None and not batch.task.done():
+                    batch.task.cancel()
             self._pool.shutdown()
+            self._batch_pool.shutdown()
             await self._http.close()
             self._running = False
             self._stop_requested = False
@@ -400,6 +501,9 @@ class Worker:
         self._running = True
         self._http = AsyncTransport(self.url, self.token, ssl_context=self.ssl_context)
         self._pool = _DaemonPool(self.concurrency, "conveyor-handler")
+        self._batch_pool = _DaemonPool(self.batch_concurrency, "conveyor-batch")
+        self._batches: Set[_Batch] = set()  # batches running (each one batch_concurrency place)
+        self._batch_room = asyncio.Event()
         self._held: Dict[str, _Slot] = {}
         self._buffer: Deque[_Slot] = collections.deque()
         self._active = 0  # slots occupying a concurrency place
@@ -418,7 +522,12 @@ class Worker:
         self._avg_handler: Optional[float] = None
         self._avg_round_trip: Optional[float] = None
         self._started_at = format_time(_dt.datetime.now(_dt.timezone.utc))
-        self._fetch_prefix = (
+        self._fetch_prefix = self._fetch_head(self.kinds)
+        # A batch fetch: no `max`, so the server's largest (the kind's max_size decides).
+        self._batch_fetch_prefix = self._fetch_head(self.batch_kinds) + ',"batch":true'
+
+    def _fetch_head(self, kinds: List[str]) -> str:
+        return (
             '{"worker_id":'
             + _wire.dumps(self.worker_id)
             + ',"queues":'
@@ -426,9 +535,9 @@ class Worker:
             + ',"lease_ms":'
             + str(self.lease_ms)
             + ',"kinds":'
-            + _wire.dumps(self.kinds)
+            + _wire.dumps(kinds)
             + ',"concurrency":'
-            + str(self.concurrency)
+            + str(self._capacity())
             + ',"host":'
             + _wire.dumps(self.host)
             + ',"pid":'
@@ -436,6 +545,15 @@ class Worker:
             + ',"version":'
             + _wire.dumps(f"conveyor-client-python/{__version__}")
         )
+
+    def _capacity(self) -> int:
+        """What the registry shows as the worker's concurrency: its slots, and its batch places
+        when it has batch handlers."""
+        return self.concurrency + (self.batch_concurrency if self._batch_handlers else 0)
+
+    def _busy(self) -> int:
+        """Slots and batch places in use (what the registry shows as busy)."""
+        return self._active + len(self._batches)
 
     def _install_signals(self, loop: asyncio.AbstractEventLoop) -> List[int]:
         installed: List[int] = []
@@ -472,6 +590,7 @@ class Worker:
         self._stopping = True
         self._stop_event.set()
         self._room.set()
+        self._batch_room.set()
         self._ack_event.set()
         self._changed.set()
 
@@ -579,7 +698,7 @@ class Worker:
                     + ',"wait_ms":'
                     + ("0" if acks else str(self.poll_wait_ms))
                     + ',"busy":'
-                    + str(self._active)
+                    + str(self._busy())
                     + ack_text
                     + "}"
                 ).encode("utf-8")
@@ -628,6 +747,79 @@ class Worker:
             if request is not None and not request.done():
                 request.cancel()
 
+    async def _fetch_loops(self) -> None:
+        """The plain fetch loop (with plain handlers) and the batch fetch loop (with batch
+        handlers), until both end (stopping, or a fatal error)."""
+        loops: List["asyncio.Task[None]"] = []
+        if self._handlers:
+            loops.append(asyncio.ensure_future(self._fetch_loop()))
+        if self._batch_handlers:
+            loops.append(asyncio.ensure_future(self._batch_fetch_loop()))
+        try:
+            await asyncio.gather(*loops)
+        except BaseException:
+            await _cancel_all(loops)
+            raise
+
+    async def _batch_fetch_loop(self) -> None:
+        """Fetches one batch at a time (``"batch": true``, long-polling until a batch of one of
+        the batch kinds is ready) while fewer than ``batch_concurrency`` batches run. Its
+        fetches carry no acknowledgements (the plain fetches and the ack loop send them)."""
+        backoff = _Backoff(0.1, self.max_backoff)
+        stop_wait = asyncio.ensure_future(self._stop_event.wait())
+        request: "Optional[asyncio.Future[Any]]" = None
+        try:
+            while not self._stopping:
+                if len(self._batches) >= self.batch_concurrency:
+                    self._batch_room.clear()
+                    await self._batch_room.wait()
+                    continue
+                body = (
+                    self._batch_fetch_prefix
+                    + ',"wait_ms":'
+                    + str(self.poll_wait_ms)
+                    + ',"busy":'
+                    + str(self._busy())
+                    + "}"
+                ).encode("utf-8")
+                request = asyncio.ensure_future(
+                    self._http.request_bytes("POST", "/v1/fetch", body, timeout=self.poll_wait_ms / 1000 + 30)
+                )
+                await asyncio.wait([request, stop_wait], return_when=asyncio.FIRST_COMPLETED)
+                if not request.done():
+                    # Stopping: as in the plain fetch loop, an idle long-poll is given up.
+                    await asyncio.wait([request], timeout=0.25)
+                    if not request.done():
+                        request.cancel()
+                        await asyncio.wait([request])
+                    if request.cancelled():
+                        break
+                try:
+                    answer = request.result()
+                except ConveyorError as exc:
+                    if self._judge(exc, [], "batch fetch") == "retry":
+                        await self._pause(backoff, exc)
+                        continue
+                    break
+                backoff.reset()
+                self._reachable()
+                self._last_contact = time.monotonic()
+                if not isinstance(answer, dict):
+                    continue
+                self._obey(answer.get("command"))
+                jobs = answer.get("jobs") or []
+                if jobs:
+                    slots = self._hold(jobs)
+                    if self._stopping:
+                        # Claimed as the stop began: back at once, never started.
+                        await self._release(slots)
+                        break
+                    self._start_batches(slots)
+        finally:
+            stop_wait.cancel()
+            if request is not None and not request.done():
+                request.cancel()
+
     async def _pause(self, backoff: _Backoff, exc: BaseException) -> None:
         delay = backoff.next_delay()
         if not self._unreachable:
@@ -661,12 +853,20 @@ class Worker:
 
     def _refused(self, what: str, exc: ConveyorError) -> ConveyorError:
         hint = ""
-        if exc.status in (400, 404):
+        if exc.status in (400, 404) and what == "batch fetch":
+            hint = " (is the server older than this client? batch handlers need batch fetches)"
+        elif exc.status in (400, 404):
             hint = " (is the server older than this client? it needs the batched lease protocol)"
         exc.message = f"the server refused the worker's {what} request: {exc.message}{hint}"
         return exc
 
     def _accept(self, jobs: List[Dict[str, Any]]) -> None:
+        self._buffer.extend(self._hold(jobs))
+        self._pump()
+
+    def _hold(self, jobs: List[Dict[str, Any]]) -> List[_Slot]:
+        """Slots for the jobs a fetch answered, held (heartbeated) from now on."""
+        slots: List[_Slot] = []
         for data in jobs:
             try:
                 job = LeasedJob(data)
@@ -676,8 +876,8 @@ class Worker:
             slot = _Slot(job)
             job._reporter = functools.partial(self._progress, slot)
             self._held[slot.key] = slot
-            self._buffer.append(slot)
-        self._pump()
+            slots.append(slot)
+        return slots
 
     def _pump(self) -> None:
         """Starts buffered jobs while there are free slots."""
@@ -895,6 +1095,198 @@ class Worker:
         self._ack_event.set()
         self._changed.set()
 
+    # --- Running batches --------------------------------------------------------------------
+
+    def _start_batches(self, slots: List[_Slot]) -> None:
+        """Starts the batch a batch fetch answered (the server answers one kind per batch; jobs
+        of several kinds, were it to send them, would run as one batch per kind)."""
+        by_kind: Dict[str, List[_Slot]] = {}
+        for slot in slots:
+            by_kind.setdefault(slot.job.kind, []).append(slot)
+        for kind, group in by_kind.items():
+            self._start_batch(_Batch(kind, group))
+
+    def _start_batch(self, batch: _Batch) -> None:
+        for slot in batch.slots:
+            slot.phase = _RUNNING
+            slot.batch = batch
+        self._batches.add(batch)
+        fn = self._batch_handlers.get(batch.kind)
+        if fn is None:
+            outcome: Outcome = (
+                "fail",
+                {
+                    "error": {
+                        "class": "unknown_kind",
+                        "message": f"worker {self.worker_id} has no batch handler for kind {batch.kind!r}",
+                    },
+                    "retry": "auto",
+                },
+            )
+            self._finish_batch(batch, [outcome] * len(batch.slots))
+            return
+        loop = self._loop
+        assert loop is not None
+        timeouts = [slot.job.timeout_ms for slot in batch.slots if slot.job.timeout_ms]
+        if timeouts:
+            batch.timeout_ms = min(timeouts)
+            batch.timer = loop.call_later(batch.timeout_ms / 1000, self._time_out_batch, batch)
+        if self._batch_is_async[batch.kind]:
+            batch.task = loop.create_task(self._run_async_batch(batch, fn))
+            batch.task.add_done_callback(functools.partial(self._batch_task_ended, batch))
+        else:
+            self._batch_pool.submit(lambda: self._run_sync_batch(batch, fn, loop))
+
+    async def _run_async_batch(self, batch: _Batch, fn: BatchHandler) -> None:
+        size = len(batch.slots)
+        try:
+            with _trace.batch_span(batch.kind, batch.jobs):
+                result = fn(batch.jobs)
+                if inspect.isawaitable(result):
+                    result = await result
+        except asyncio.CancelledError as exc:
+            if batch.timed_out:
+                self._finish_batch(batch, self._batch_timeout_outcomes(batch))
+            elif batch.abandoned or batch.all_lost:
+                self._finish_batch(batch, None)  # nothing to report
+            elif self._closing:
+                self._finish_batch(batch, None)
+                raise
+            else:
+                # Not our doing: a cancellation escaping the handler is every job's failure.
+                self._finish_batch(batch, [self._failure(exc)] * size)
+            return
+        except Exception as exc:  # noqa: BLE001 - a handler error is every job's failure
+            if batch.timed_out:
+                self._finish_batch(batch, self._batch_timeout_outcomes(batch))
+            else:
+                self._finish_batch(batch, [self._failure(exc)] * size)
+            return
+        if batch.timed_out:
+            self._finish_batch(batch, self._batch_timeout_outcomes(batch))
+        else:
+            self._finish_batch(batch, self._batch_outcomes(batch, result))
+
+    def _run_sync_batch(self, batch: _Batch, fn: BatchHandler, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            with _trace.batch_span(batch.kind, batch.jobs):
+                result = fn(batch.jobs)
+                if inspect.isawaitable(result):
+                    result = asyncio.run_coroutine_threadsafe(_await(result), loop).result()
+            outcomes = self._batch_outcomes(batch, result)
+        except BaseException as exc:  # noqa: BLE001 - SystemExit in a handler fails the jobs
+            outcomes = [self._failure(exc)] * len(batch.slots)
+        try:
+            loop.call_soon_threadsafe(self._finish_batch, batch, outcomes)
+        except RuntimeError:
+            pass  # the loop is gone: the worker stopped and released the jobs
+
+    def _batch_outcomes(self, batch: _Batch, result: Any) -> List[Outcome]:
+        """The handler's return value as one outcome per job of the batch, in order."""
+        size = len(batch.slots)
+        if result is None:
+            return [self._completion(None)] * size
+        items: Optional[List[Any]] = None
+        if not isinstance(result, (str, bytes, bytearray, Mapping)):
+            try:
+                items = list(result)
+            except TypeError:
+                items = None
+        if items is None:
+            invalid: Outcome = (
+                "fail",
+                {
+                    "error": {
+                        "class": "invalid_result",
+                        "message": "the batch handler must return a list of outcomes, one per job "
+                        f"(or None), not {type(result).__name__}",
+                    },
+                    "retry": "auto",
+                },
+            )
+            return [invalid] * size
+        if len(items) > size:
+            log.error(
+                "batch of %d job(s) of kind %s: the batch handler returned %d outcome(s); the %d "
+                "past the last job are ignored",
+                size,
+                batch.kind,
+                len(items),
+                len(items) - size,
+            )
+        outcomes: List[Outcome] = []
+        missing: Optional[Outcome] = None
+        for index in range(size):
+            if index < len(items):
+                item = items[index]
+                if isinstance(item, BaseException):
+                    outcomes.append(self._failure(item))
+                else:
+                    outcomes.append(self._completion(item))
+                continue
+            if missing is None:
+                missing = (
+                    "fail",
+                    {
+                        "error": {
+                            "class": "missing_outcome",
+                            "message": f"the batch handler returned {len(items)} outcome(s) for a "
+                            f"batch of {size}",
+                        },
+                        "retry": "auto",
+                    },
+                )
+            outcomes.append(missing)
+        return outcomes
+
+    def _batch_task_ended(self, batch: _Batch, _task: "asyncio.Task[None]") -> None:
+        """A task cancelled before it ever ran never reaches its own bookkeeping."""
+        if not batch.finished:
+            self._finish_batch(batch, self._batch_timeout_outcomes(batch) if batch.timed_out else None)
+
+    def _time_out_batch(self, batch: _Batch) -> None:
+        batch.timer = None
+        if batch.finished:
+            return
+        batch.timed_out = True
+        if batch.task is not None:
+            batch.task.cancel()
+        else:
+            # A thread cannot be stopped: report now, drop whatever it returns later.
+            for slot, outcome in zip(batch.slots, self._batch_timeout_outcomes(batch)):
+                if not slot.reported and not slot.lost and not slot.abandoned:
+                    self._report_outcome(slot, outcome)
+
+    @staticmethod
+    def _batch_timeout_outcomes(batch: _Batch) -> List[Outcome]:
+        outcome: Outcome = (
+            "fail",
+            {
+                "error": {
+                    "class": "timeout",
+                    "message": f"the batch handler ran longer than the batch's timeout of "
+                    f"{batch.timeout_ms} ms (the shortest of its jobs')",
+                },
+                "retry": "auto",
+            },
+        )
+        return [outcome] * len(batch.slots)
+
+    def _finish_batch(self, batch: _Batch, outcomes: Optional[List[Outcome]]) -> None:
+        """A batch handler ended (on the loop's thread): each job's outcome, as ``_finish``
+        reports a job's (dropped for a job whose lease was lost or that was released)."""
+        if batch.finished:
+            return
+        batch.finished = True
+        if batch.timer is not None:
+            batch.timer.cancel()
+            batch.timer = None
+        self._batches.discard(batch)
+        for index, slot in enumerate(batch.slots):
+            self._finish(slot, outcomes[index] if outcomes is not None else None)
+        self._changed.set()
+        self._batch_room.set()
+
     # --- Progress ---------------------------------------------------------------------------
 
     def _progress(
@@ -1059,8 +1451,8 @@ class Worker:
             "host": self.host[:256],
             "pid": os.getpid(),
             "queues": self.queues,
-            "concurrency": self.concurrency,
-            "busy": self._active,
+            "concurrency": self._capacity(),
+            "busy": self._busy(),
             "version": f"conveyor-client-python/{__version__}",
             "started_at": self._started_at,
             "stopping": stopping,
@@ -1088,7 +1480,7 @@ class Worker:
                     "leases": [s.lease_json() for s in chunk],
                     "lease_ms": self.lease_ms,
                     "worker_id": self.worker_id,
-                    "busy": self._active,
+                    "busy": self._busy(),
                 }
                 try:
                     answer = await self._http.request(
@@ -1136,6 +1528,21 @@ class Worker:
             )
             self._room.set()
             return
+        if slot.batch is not None:
+            batch = slot.batch
+            log.warning(
+                "job %s (%s): heartbeat answered %s (cancelled, or rescued after its lease "
+                "expired); %s, its outcome will be dropped",
+                slot.job.id,
+                slot.job.kind,
+                status,
+                "its batch handler is cancelled (every job of the batch is lost)"
+                if batch.all_lost and batch.task is not None
+                else "its batch handler runs on",
+            )
+            if batch.all_lost and batch.task is not None and not batch.task.done():
+                batch.task.cancel()
+            return
         log.warning(
             "job %s (%s): heartbeat answered %s (cancelled, or rescued after its lease expired); "
             "%s, its result will be dropped",
@@ -1180,6 +1587,10 @@ class Worker:
             slot.abandoned = True
             if slot.task is not None and not slot.task.done():
                 slot.task.cancel()
+        for batch in list(self._batches):
+            batch.abandoned = True
+            if batch.task is not None and not batch.task.done():
+                batch.task.cancel()
         if left:
             log.warning(
                 "grace period over: releasing %d unfinished job(s): %s",

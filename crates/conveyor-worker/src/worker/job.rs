@@ -275,7 +275,10 @@ pub(super) async fn execute_batch(
     }
     lane.slot_freed(permit);
     let mut outcomes = match outcomes {
-        Ok(outcomes) => outcomes.into_iter().map(Attempt::Handler).collect::<Vec<_>>(),
+        Ok(outcomes) => outcomes
+            .into_iter()
+            .map(Attempt::Handler)
+            .collect::<Vec<_>>(),
         Err(attempt) => (0..count).map(|_| attempt.clone()).collect(),
     };
     // A job the handler gave no outcome for failed: nothing says its work was done.
@@ -297,7 +300,16 @@ pub(super) async fn execute_batch(
             .as_ref()
             .map(|t| t.trace_id().to_string())
             .unwrap_or_default();
-        settle(&lane, job, lease, attempt, registered.retry, started, trace_id).await;
+        settle(
+            &lane,
+            job,
+            lease,
+            attempt,
+            registered.retry,
+            started,
+            trace_id,
+        )
+        .await;
     }
 }
 

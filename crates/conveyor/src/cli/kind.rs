@@ -37,6 +37,11 @@ pub(crate) enum KindCommand {
         /// run, or `none`.
         #[arg(long, value_name = "EXPR[:skip]")]
         sequence: Option<crate::cli::limit::SequenceArg>,
+        /// The kind's jobs go out in batches, to handlers that take them so (`handle_batch`):
+        /// `{"max_size": 100, "max_wait_ms": 2000, "key": "payload.account"}` (`max_wait_ms`
+        /// and `key` optional), or `none`.
+        #[arg(long, value_name = "JSON")]
+        batch: Option<BatchArg>,
         /// Set it even if queued jobs of the kind would not pass it.
         #[arg(long)]
         force: bool,
@@ -89,6 +94,39 @@ pub(crate) fn print_json(value: &Value) {
     );
 }
 
+/// `--batch`: a kind's batch setting as JSON, checked here as the server would, or `none`.
+#[derive(Debug, Clone)]
+pub(crate) struct BatchArg(Value);
+
+impl std::str::FromStr for BatchArg {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("none") {
+            return Ok(BatchArg(Value::Null));
+        }
+        let spec: conveyor::batch::BatchSpec = serde_json::from_str(s).map_err(|e| {
+            format!("{s:?} is not a batch ({e}); e.g. '{{\"max_size\": 100, \"max_wait_ms\": 2000}}' or `none`")
+        })?;
+        spec.validate("batch")
+            .map_err(|e| format!("{}: {}", e.field, e.message))?;
+        Ok(BatchArg(json!(spec)))
+    }
+}
+
+/// A batch setting in a line: `100 jobs, up to 2000 ms, by payload.account`.
+fn batch_text(batch: Option<&conveyor::batch::BatchSpec>) -> String {
+    match batch {
+        None => "none".to_string(),
+        Some(spec) => {
+            let mut text = format!("{} jobs, up to {} ms", spec.max_size, spec.max_wait_ms);
+            if let Some(key) = &spec.key {
+                text.push_str(&format!(", by {key}"));
+            }
+            text
+        }
+    }
+}
+
 /// A kind's row: name, schema version and size, and when it last changed.
 fn summary(kind: &KindSettings) -> [String; 4] {
     let version = kind
@@ -127,6 +165,7 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             version,
             limits,
             sequence,
+            batch,
             force,
             server,
         } => {
@@ -155,14 +194,18 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             if let Some(sequence) = &sequence {
                 body["sequence"] = sequence.to_json();
             }
+            if let Some(batch) = batch {
+                body["batch"] = batch.0;
+            }
             if schema.is_none()
                 && body.get("circuit_breaker").is_none()
                 && limits.is_none()
                 && sequence.is_none()
+                && body.get("batch").is_none()
             {
                 anyhow::bail!(
-                    "nothing to set: give --schema FILE, --circuit-breaker JSON, --limits NAMES \
-                     and/or --sequence EXPR"
+                    "nothing to set: give --schema FILE, --circuit-breaker JSON, --limits NAMES, \
+                     --sequence EXPR and/or --batch JSON"
                 );
             }
             let client = server.client()?;
@@ -178,7 +221,7 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
             } else {
                 let stored: KindSettings = decode(&answer, "PUT /v1/kinds/{kind}")?;
                 println!(
-                    "kind {} set: schema {}, circuit breaker {}, limits {}, sequence {}",
+                    "kind {} set: schema {}, circuit breaker {}, limits {}, sequence {}, batch {}",
                     stored.kind,
                     if stored.schema.is_some() {
                         "set"
@@ -191,7 +234,8 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
                         "none"
                     },
                     crate::cli::limit::names_text(&json!(stored.limits)),
-                    crate::cli::limit::sequence_text(&json!(stored.sequence))
+                    crate::cli::limit::sequence_text(&json!(stored.sequence)),
+                    batch_text(stored.batch.as_ref())
                 );
             }
         }
@@ -232,6 +276,9 @@ pub(crate) async fn run(command: KindCommand) -> anyhow::Result<ExitCode> {
                 if stored.sequence.is_some() {
                     let sequence = crate::cli::limit::sequence_text(&json!(stored.sequence));
                     println!("  sequence: {sequence}");
+                }
+                if stored.batch.is_some() {
+                    println!("  batch: {}", batch_text(stored.batch.as_ref()));
                 }
                 match &stored.schema {
                     Some(schema) => print_json(schema),
