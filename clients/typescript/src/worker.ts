@@ -428,6 +428,21 @@ function describe(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
 }
 
+/** A short description of a value that is not what was expected. */
+function describeValue(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value === 'object' ? `an object (${Object.prototype.toString.call(value)})` : `a ${typeof value}`;
+}
+
+/** The failure of a job whose kind has no handler here. */
+function unknownKind(kind: string, workerId: string): Failure {
+  return {
+    error: { class: 'unknown_kind', message: `no handler for kind ${JSON.stringify(kind)} in worker ${workerId}` },
+    retry: 'auto',
+  };
+}
+
 /**
  * Runs handlers for jobs fetched from Conveyor over HTTP.
  *
@@ -849,20 +864,23 @@ export class Worker {
     }
   }
 
+  /** A fetched job, held from now on (its lease renewed by the heartbeats). */
+  private hold(raw: FetchedJob): Held {
+    const h = {
+      state: 'buffered',
+      lost: false,
+      released: false,
+      slotFreed: false,
+      timer: undefined,
+      startedAt: 0,
+    } as unknown as Held;
+    h.job = new RunningJob(raw, this.workerId, h, this.reportProgress);
+    this.held.set(raw.id, h);
+    return h;
+  }
+
   private dispatch(jobs: FetchedJob[]): void {
-    for (const raw of jobs) {
-      const h = {
-        state: 'buffered',
-        lost: false,
-        released: false,
-        slotFreed: false,
-        timer: undefined,
-        startedAt: 0,
-      } as unknown as Held;
-      h.job = new RunningJob(raw, this.workerId, h, this.reportProgress);
-      this.held.set(raw.id, h);
-      this.buffer.push(h);
-    }
+    for (const raw of jobs) this.buffer.push(this.hold(raw));
     this.pump();
   }
 
@@ -871,7 +889,7 @@ export class Worker {
     while (!this.stopping && this.running < this.concurrency && this.buffer.length > 0) {
       this.start(this.buffer.shift()!);
     }
-    if (this.loopWaiters.size > 0 && (this.canFetch(0) || this.canFetch(1))) this.wakeLoops();
+    if (this.loopWaiters.size > 0 && (this.canFetch(0) || this.canFetch(1) || this.canFetchBatch())) this.wakeLoops();
   }
 
   private start(h: Held): void {
@@ -882,10 +900,7 @@ export class Worker {
     this.running++;
     if (!handler) {
       // Only a server that ignores `kinds` hands out a kind without a handler.
-      this.settle(h, 'fail', {
-        error: { class: 'unknown_kind', message: `no handler for kind ${JSON.stringify(job.kind)} in worker ${this.workerId}` },
-        retry: 'auto',
-      });
+      this.settle(h, 'fail', unknownKind(job.kind, this.workerId));
       return;
     }
     if (job.timeoutMs != null && job.timeoutMs > 0) {
@@ -948,14 +963,18 @@ export class Worker {
     if (h.state !== 'running') {
       // Already failed by its timeout, or released at shutdown.
       if (h.released) this.log.warn(`job ${h.job.id} (${h.job.kind}) finished after it was released at shutdown: result dropped`);
-      this.afterSlotFreed();
-      return;
+    } else {
+      this.finish(h, outcome, value);
     }
+    this.afterSlotFreed();
+  }
+
+  /** Acknowledges how a running job's attempt ended (its result dropped if the lease was lost). */
+  private finish(h: Held, outcome: 'complete' | 'fail', value: unknown): void {
     if (h.lost) {
       this.log.warn(`job ${h.job.id} (${h.job.kind}) attempt ${h.job.attempt}: lease lost while it ran, result dropped`);
       h.state = 'done';
       this.held.delete(h.job.id);
-      this.afterSlotFreed();
       return;
     }
     if (outcome === 'complete') {
@@ -967,19 +986,250 @@ export class Worker {
           error: { class: 'invalid_result', message: `the handler's result is not JSON: ${describe(e)}` },
           retry: 'auto',
         });
-        this.afterSlotFreed();
         return;
       }
       this.queueAck(h, 'complete', json === undefined ? undefined : value);
     } else {
       this.queueAck(h, 'fail', value as Failure);
     }
-    this.afterSlotFreed();
   }
 
   private afterSlotFreed(): void {
     this.pump();
-    if (this.stopping && this.running === 0) this.wakeDrain?.();
+    if (this.stopping && this.running === 0 && this.runningBatches === 0) this.wakeDrain?.();
+  }
+
+  // ---- batches --------------------------------------------------------------------------------
+
+  /** Whether the batch loop may fetch another batch now: a batch slot is free. */
+  private canFetchBatch(): boolean {
+    return !this.stopping && this.batchHandlers.size > 0 && this.runningBatches < this.concurrency;
+  }
+
+  /** Slots as the registry shows them: the plain ones, and as many again for batches. */
+  private slots(): number {
+    return this.batchHandlers.size > 0 ? this.concurrency * 2 : this.concurrency;
+  }
+
+  /** Slots busy now: jobs running in plain slots, and batches running. */
+  private busySlots(): number {
+    return this.running + this.runningBatches;
+  }
+
+  /**
+   * The batch fetcher (while the worker has batch handlers): whenever a batch slot is free,
+   * one long-poll `POST /v1/fetch` with `batch: true` and the batch handlers' kinds, which
+   * answers one batch (one kind, one queue, one batch key) once one is ready; the batch starts
+   * at once on that slot. Batches are never claimed ahead of a free slot. Acknowledgements go
+   * out with the plain fetches or `/v1/ack`, never with a batch fetch (it waits for a batch).
+   */
+  private async batchLoop(): Promise<void> {
+    let failures = 0;
+    while (!this.stopping) {
+      if (!this.canFetchBatch()) {
+        await new Promise<void>((resolve) => {
+          const wake = () => {
+            this.loopWaiters.delete(wake);
+            resolve();
+          };
+          this.loopWaiters.add(wake);
+        });
+        continue;
+      }
+      const body: Record<string, unknown> = {
+        worker_id: this.workerId,
+        queues: this.queues,
+        batch: true,
+        // No `max`: the server's largest, so the kind's `max_size` decides.
+        lease_ms: this.leaseMs,
+        wait_ms: this.waitMs,
+        kinds: this.batchKinds,
+        concurrency: this.slots(),
+        busy: this.busySlots(),
+        host: HOST,
+        pid: process.pid,
+        version: `conveyor-client-node/${VERSION}`,
+      };
+      const abort = new AbortController();
+      this.longPolls.add(abort);
+      this.fetchAborts.add(abort);
+      this.lastFetchAt = Date.now();
+      let answer: { jobs?: FetchedJob[]; command?: string } | undefined;
+      let delay: number | null = null;
+      try {
+        answer = (
+          await this.transport.request<{ jobs?: FetchedJob[]; command?: string }>('POST', '/v1/fetch', body, {
+            timeoutMs: this.waitMs + 30_000,
+            signal: abort.signal,
+          })
+        ).body;
+      } catch (e) {
+        if (isFatal(e)) {
+          this.fail(e);
+          return;
+        }
+        if (abort.signal.aborted || this.stopping) break;
+        if (!isTransient(e)) {
+          if (e instanceof InvalidRequest && e.field === 'batch') {
+            e.message = `${e.message} (a batch fetch: does this server support batch kinds?)`;
+          }
+          this.fail(e);
+          return;
+        }
+        failures++;
+        delay = this.backoff(failures);
+        if (failures === 1 || failures % 20 === 0) {
+          this.log.warn(`batch fetch failed (${failures} in a row), retrying in ${delay} ms: ${describe(e)}`);
+        }
+      } finally {
+        this.fetchAborts.delete(abort);
+        this.longPolls.delete(abort);
+      }
+      if (delay !== null) {
+        await this.pauseBatches(delay);
+        continue;
+      }
+      if (!answer) continue;
+      if (failures > 0) this.log.info(`batch fetch works again after ${failures} failure(s)`);
+      failures = 0;
+      if (answer.command === 'stop' && !this.stopping) {
+        this.log.info(`${this.workerId}: told to stop by an operator: draining`);
+        this.requestStop();
+      }
+      const jobs = answer.jobs ?? [];
+      if (jobs.length === 0) continue;
+      const held = jobs.map((raw) => this.hold(raw));
+      if (this.stopping) {
+        // Came back as the worker stopped: handed back at once, not started.
+        await this.releaseAll(held);
+        break;
+      }
+      // One answer is one batch of one kind; grouped all the same in case a server mixes kinds.
+      const byKind = new Map<string, Held[]>();
+      for (const h of held) {
+        const group = byKind.get(h.job.kind);
+        if (group) group.push(h);
+        else byKind.set(h.job.kind, [h]);
+      }
+      for (const [kind, group] of byKind) this.startBatch(kind, group);
+    }
+  }
+
+  /** The batch loop's backoff: sleeps `ms`, or less if the worker stops. */
+  private pauseBatches(ms: number): Promise<void> {
+    return new Promise((resolve) => {
+      const timer = setTimeout(done, ms);
+      const self = this;
+      function done() {
+        clearTimeout(timer);
+        if (self.wakeBatchBackoff === done) self.wakeBatchBackoff = null;
+        resolve();
+      }
+      this.wakeBatchBackoff = done;
+    });
+  }
+
+  private startBatch(kind: string, jobs: Held[]): void {
+    const batch: RunningBatch = { kind, jobs, slotFreed: false, timer: undefined };
+    for (const h of jobs) {
+      h.state = 'running';
+      h.batch = batch;
+      // Batch jobs take no plain slot (and stay out of the plain handlers' measured pace).
+      h.slotFreed = true;
+    }
+    this.runningBatches++;
+    const handler = this.batchHandlers.get(kind);
+    if (!handler) {
+      // Only a server that ignores `kinds` hands out a kind without a batch handler.
+      this.settleBatch(batch, { failure: unknownKind(kind, this.workerId) });
+      return;
+    }
+    // The batch runs under the shortest timeout among its jobs.
+    const timeouts = jobs.map((h) => h.job.timeoutMs).filter((t): t is number => t != null && t > 0);
+    if (timeouts.length > 0) {
+      const ms = Math.min(...timeouts);
+      batch.timer = setTimeout(() => this.batchTimeout(batch, ms), ms);
+    }
+    const list = jobs.map((h) => h.job);
+    let result: Promise<unknown>;
+    try {
+      result = Promise.resolve(withBatchSpan(kind, list, () => handler(list)));
+    } catch (e) {
+      result = Promise.reject(e);
+    }
+    result.then(
+      (outcomes) => this.settleBatch(batch, { outcomes }),
+      (err) => this.settleBatch(batch, { failure: this.failureOf(err) }),
+    );
+  }
+
+  private batchTimeout(batch: RunningBatch, ms: number): void {
+    if (batch.slotFreed) return;
+    // The slot is given back now: a handler that ignores its jobs' signals cannot hold it forever.
+    batch.slotFreed = true;
+    this.runningBatches--;
+    const failure: Failure = {
+      error: { class: 'timeout', message: `the batch handler ran past the timeout of ${ms} ms (the shortest of its ${batch.jobs.length} job(s))` },
+      retry: 'auto',
+    };
+    for (const h of batch.jobs) {
+      abortHeld(h, new JobTimeoutError(`job ${h.job.id}: its batch ran past the timeout of ${ms} ms`));
+      if (h.state === 'running') this.finish(h, 'fail', failure);
+    }
+    this.afterSlotFreed();
+  }
+
+  /** A batch handler settled (or could not start): one acknowledgement per job. */
+  private settleBatch(batch: RunningBatch, settled: { outcomes: unknown } | { failure: Failure }): void {
+    if (batch.timer) clearTimeout(batch.timer);
+    if (!batch.slotFreed) {
+      batch.slotFreed = true;
+      this.runningBatches--;
+    }
+    const count = batch.jobs.length;
+    let outcomes: unknown[] | null = null;
+    let all: Failure | null = null;
+    if ('failure' in settled) {
+      all = settled.failure;
+    } else if (settled.outcomes === undefined || settled.outcomes === null) {
+      outcomes = new Array<unknown>(count).fill(undefined);
+    } else if (Array.isArray(settled.outcomes)) {
+      outcomes = settled.outcomes;
+      if (outcomes.length > count) {
+        this.log.warn(`batch of ${count} ${batch.kind} job(s): the handler returned ${outcomes.length} outcomes, the extra ones are ignored`);
+      }
+    } else if (settled.outcomes instanceof Error) {
+      all = this.failureOf(settled.outcomes);
+    } else {
+      all = {
+        error: {
+          class: 'invalid_outcomes',
+          message: `the batch handler must return an array of outcomes (one per job), or nothing; it returned ${describeValue(settled.outcomes)}`,
+        },
+        retry: 'auto',
+      };
+    }
+    const short: Failure = {
+      error: { class: 'missing_outcome', message: `the batch handler returned ${outcomes?.length ?? 0} outcome(s) for a batch of ${count}` },
+      retry: 'auto',
+    };
+    let dropped = 0;
+    batch.jobs.forEach((h, i) => {
+      if (h.state !== 'running') {
+        // Already failed by the batch's timeout, or released at shutdown.
+        if (h.released) dropped++;
+        return;
+      }
+      if (all) return this.finish(h, 'fail', all);
+      if (i >= outcomes!.length) return this.finish(h, 'fail', short);
+      const outcome = outcomes![i];
+      if (outcome instanceof Error) this.finish(h, 'fail', this.failureOf(outcome));
+      else this.finish(h, 'complete', outcome);
+    });
+    if (dropped > 0) {
+      this.log.warn(`a batch of ${count} ${batch.kind} job(s) finished after ${dropped} of them were released at shutdown: their outcomes were dropped`);
+    }
+    this.afterSlotFreed();
   }
 
   // ---- progress -------------------------------------------------------------------------------
