@@ -166,6 +166,11 @@ export const limits = {
   remove: (name) => api('DELETE', `/v1/limits/${encodeURIComponent(name)}`),
 };
 
+/** Every kind's settings (`{kinds: [{kind, schema, version, batch?, sequence?, limits?, ...}]}`). */
+export const kinds = {
+  list: () => api('GET', '/v1/kinds'),
+};
+
 export const sources = {
   list: () => api('GET', '/v1/sources'),
   remove: (name) => api('DELETE', `/v1/sources/${encodeURIComponent(name)}`),
