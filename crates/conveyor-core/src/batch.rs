@@ -121,19 +121,18 @@ pub struct Pick {
 }
 
 /// What a batch fetch finds among the waiting jobs of one kind in one queue.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Readiness {
-    /// No job waits.
-    Empty,
-    /// Jobs wait, but no group is full or old enough until this time.
-    NotBefore(DateTime<Utc>),
-    /// This group goes out now.
-    Ready(Pick),
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Readiness {
+    /// The groups that may go out now, in claim order of their first job.
+    pub ready: Vec<Pick>,
+    /// When the first of the others becomes ready (none when no other group waits).
+    pub not_before: Option<DateTime<Utc>>,
 }
 
 /// Judges the waiting jobs `waiting` (available, one kind, one queue, in claim order: the
-/// first [`BatchSpec::peek`] of them) at `now`: the first group in claim order that holds
-/// `max_size` jobs or whose oldest job became available `max_wait_ms` ago goes out.
+/// first [`BatchSpec::peek`] of them) at `now`: a group that holds `max_size` jobs, or whose
+/// oldest job became available `max_wait_ms` ago, may go out. The first ready group goes
+/// first; the others are there for when a limit holds its jobs back.
 pub fn readiness(spec: &BatchSpec, waiting: &[Job], now: DateTime<Utc>) -> Readiness {
     struct Group {
         key: Option<String>,
@@ -158,7 +157,7 @@ pub fn readiness(spec: &BatchSpec, waiting: &[Job], now: DateTime<Utc>) -> Readi
     }
     let size = spec.max_size as usize;
     let wait = Duration::milliseconds(i64::try_from(spec.max_wait_ms).unwrap_or(i64::MAX));
-    let mut not_before: Option<DateTime<Utc>> = None;
+    let mut readiness = Readiness::default();
     for group in groups {
         let due = group
             .oldest
@@ -166,18 +165,16 @@ pub fn readiness(spec: &BatchSpec, waiting: &[Job], now: DateTime<Utc>) -> Readi
             .unwrap_or(group.oldest);
         if group.at.len() >= size || due <= now {
             let last = group.at[group.at.len().min(size) - 1];
-            return Readiness::Ready(Pick {
+            readiness.ready.push(Pick {
                 key: group.key,
                 claim: last + 1,
                 oldest: group.oldest,
             });
+        } else {
+            readiness.not_before = Some(readiness.not_before.map_or(due, |at| at.min(due)));
         }
-        not_before = Some(not_before.map_or(due, |at| at.min(due)));
     }
-    match not_before {
-        Some(at) => Readiness::NotBefore(at),
-        None => Readiness::Empty,
-    }
+    readiness
 }
 
 #[cfg(test)]
@@ -203,8 +200,9 @@ mod tests {
         let now = Utc::now();
         let spec = BatchSpec::of(3).max_wait_ms(60_000);
         let jobs = waiting(&[(json!({}), 0), (json!({}), 0), (json!({}), 0)], now);
-        let Readiness::Ready(pick) = readiness(&spec, &jobs, now) else {
-            panic!("three of three is a full batch");
+        let found = readiness(&spec, &jobs, now);
+        let [pick] = found.ready.as_slice() else {
+            panic!("three of three is a full batch: {found:?}");
         };
         assert_eq!(pick.claim, 3);
         assert_eq!(pick.key, None);
@@ -217,14 +215,18 @@ mod tests {
         let jobs = waiting(&[(json!({}), 400), (json!({}), 100)], now);
         assert_eq!(
             readiness(&spec, &jobs, now),
-            Readiness::NotBefore(now + Duration::milliseconds(600))
+            Readiness {
+                ready: Vec::new(),
+                not_before: Some(now + Duration::milliseconds(600))
+            }
         );
         let later = now + Duration::milliseconds(600);
-        let Readiness::Ready(pick) = readiness(&spec, &jobs, later) else {
-            panic!("the oldest has waited a second");
+        let found = readiness(&spec, &jobs, later);
+        let [pick] = found.ready.as_slice() else {
+            panic!("the oldest has waited a second: {found:?}");
         };
         assert_eq!(pick.claim, 2);
-        assert_eq!(readiness(&spec, &[], now), Readiness::Empty);
+        assert_eq!(readiness(&spec, &[], now), Readiness::default());
     }
 
     #[test]
@@ -240,11 +242,19 @@ mod tests {
             ],
             now,
         );
-        let Readiness::Ready(pick) = readiness(&spec, &jobs, now) else {
-            panic!("both keys are full; the first in claim order goes");
+        let found = readiness(&spec, &jobs, now);
+        let [first, second] = found.ready.as_slice() else {
+            panic!("both keys are full: {found:?}");
         };
-        assert_eq!(pick.key.as_deref(), Some("a"));
-        assert_eq!(pick.claim, 4);
+        assert_eq!(
+            first.key.as_deref(),
+            Some("a"),
+            "the first in claim order first"
+        );
+        assert_eq!(first.claim, 4);
+        assert_eq!(second.key.as_deref(), Some("b"));
+        assert_eq!(second.claim, 3);
+        assert_eq!(found.not_before, None);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 
-use conveyor_core::batch::{readiness, BatchSpec, Readiness, MAX_BATCH_SIZE};
+use conveyor_core::batch::{readiness, BatchSpec, Pick, MAX_BATCH_SIZE};
 use conveyor_core::job::Job;
 use conveyor_core::store::{FetchParams, Store, StoreResult};
 use conveyor_core::validate::Valid;
@@ -20,13 +20,20 @@ use crate::breakers::CircuitBreakers;
 /// Most jobs a keyed batch's claim takes to reach its group's jobs (the rest go back).
 const MAX_KEYED_CLAIM: usize = 4 * MAX_BATCH_SIZE as usize;
 
-/// What one look of a batch fetch found.
+/// Most ready groups one look tries to claim (the first ones may be held by limits).
+const MAX_GROUPS_TRIED: usize = 8;
+
+/// What one look of a fetch found (a plain fetch fills in `jobs` only).
 #[derive(Debug, Default)]
-pub struct BatchLook {
+pub struct Look {
     /// The batch claimed (empty when no group was ready, or another fetch took it first).
     pub jobs: Vec<Job>,
-    /// When the earliest waiting group becomes ready, if some wait and none was ready.
+    /// When the earliest waiting group that was not ready becomes ready.
     pub ready_at: Option<DateTime<Utc>>,
+    /// Jobs of other keys claimed on the way to a keyed batch and given back. Giving back
+    /// wakes waiting fetches, this one too: a look that gave back and found nothing should
+    /// not look again at that wake-up.
+    pub gave_back: usize,
 }
 
 /// A plain fetch, narrowed so that it claims no job of a batch kind.
@@ -48,7 +55,7 @@ pub async fn claim_batch(
     breakers: Option<&CircuitBreakers>,
     batches: &BTreeMap<String, BatchSpec>,
     params: &Valid<FetchParams>,
-) -> StoreResult<BatchLook> {
+) -> StoreResult<Look> {
     let most = u32::try_from(params.max)
         .unwrap_or(MAX_BATCH_SIZE)
         .clamp(1, MAX_BATCH_SIZE);
@@ -70,64 +77,66 @@ pub async fn claim_batch(
             .collect(),
     };
     let now = store.clock().now();
-    let mut look = BatchLook::default();
-    // The ready group whose oldest job has waited longest: (group, its queue, its kind's place).
-    let mut chosen: Option<(conveyor_core::batch::Pick, &str, usize)> = None;
+    let mut look = Look::default();
+    // Every ready group: (group, its queue, its kind's place in `kinds`).
+    let mut ready: Vec<(Pick, &str, usize)> = Vec::new();
     for (place, (kind, spec)) in kinds.iter().enumerate() {
         for queue in &params.queues {
             let waiting = store
                 .jobs_available_of_kind(queue, kind, spec.peek())
                 .await?;
-            match readiness(spec, &waiting, now) {
-                Readiness::Empty => {}
-                Readiness::NotBefore(at) => {
-                    look.ready_at = Some(look.ready_at.map_or(at, |was| was.min(at)));
-                }
-                Readiness::Ready(pick) => {
-                    if chosen
-                        .as_ref()
-                        .is_none_or(|(was, ..)| pick.oldest < was.oldest)
-                    {
-                        chosen = Some((pick, queue.as_str(), place));
-                    }
-                }
+            let found = readiness(spec, &waiting, now);
+            if let Some(at) = found.not_before {
+                look.ready_at = Some(look.ready_at.map_or(at, |was| was.min(at)));
             }
+            ready.extend(
+                found
+                    .ready
+                    .into_iter()
+                    .map(|pick| (pick, queue.as_str(), place)),
+            );
         }
     }
-    let Some((pick, queue, place)) = chosen else {
-        return Ok(look);
-    };
-    let (kind, spec) = &kinds[place];
-    let size = spec.max_size.min(most) as usize;
-    let claim = match spec.key {
-        None => size,
-        Some(_) => pick.claim.clamp(size, MAX_KEYED_CLAIM),
-    };
-    let narrowed = params.clone().narrowed(|batch| {
-        batch.queues = vec![queue.to_string()];
-        batch.kinds = Some(vec![kind.clone()]);
-        batch.max = claim;
-    });
-    if narrowed.claims_nothing() {
-        return Ok(look);
+    // The group whose oldest job has waited longest goes first. When a limit or a breaker
+    // holds its jobs back, the next one is tried, so one held group does not hold every other.
+    ready.sort_by_key(|(pick, ..)| pick.oldest);
+    for (pick, queue, place) in ready.into_iter().take(MAX_GROUPS_TRIED) {
+        let (kind, spec) = &kinds[place];
+        let size = spec.max_size.min(most) as usize;
+        let claim = match spec.key {
+            None => size,
+            Some(_) => pick.claim.clamp(size, MAX_KEYED_CLAIM),
+        };
+        let narrowed = params.clone().narrowed(|batch| {
+            batch.queues = vec![queue.to_string()];
+            batch.kinds = Some(vec![kind.clone()]);
+            batch.max = claim;
+        });
+        if narrowed.claims_nothing() {
+            continue;
+        }
+        let claimed = match breakers {
+            Some(breakers) => breakers.fetch(narrowed).await?,
+            None => store.jobs_fetch_valid(narrowed).await?,
+        };
+        let (mut batch, mut others): (Vec<Job>, Vec<Job>) = match spec.key {
+            None => (claimed, Vec::new()),
+            Some(_) => claimed
+                .into_iter()
+                .partition(|job| spec.key_of(job) == pick.key),
+        };
+        if batch.len() > size {
+            others.extend(batch.split_off(size));
+        }
+        if !others.is_empty() {
+            look.gave_back += others.len();
+            let leases = others.iter().filter_map(Job::lease_ref).collect();
+            store.jobs_release_many(leases).await?;
+        }
+        if !batch.is_empty() {
+            look.jobs = batch;
+            return Ok(look);
+        }
     }
-    let claimed = match breakers {
-        Some(breakers) => breakers.fetch(narrowed).await?,
-        None => store.jobs_fetch_valid(narrowed).await?,
-    };
-    let (mut batch, mut others): (Vec<Job>, Vec<Job>) = match spec.key {
-        None => (claimed, Vec::new()),
-        Some(_) => claimed
-            .into_iter()
-            .partition(|job| spec.key_of(job) == pick.key),
-    };
-    if batch.len() > size {
-        others.extend(batch.split_off(size));
-    }
-    if !others.is_empty() {
-        let leases = others.iter().filter_map(Job::lease_ref).collect();
-        store.jobs_release_many(leases).await?;
-    }
-    look.jobs = batch;
     Ok(look)
 }

@@ -8,6 +8,7 @@ use conveyor_core::job::Job;
 use conveyor_core::store::{FetchParams, Store, StoreResult};
 use conveyor_core::validate::Valid;
 
+use crate::batches::Look;
 use crate::breakers::CircuitBreakers;
 use crate::kinds::KindRegistry;
 
@@ -32,22 +33,18 @@ impl<'a> Gates<'a> {
         }
     }
 
-    /// One look: the jobs claimed, and when a batch waiting to fill becomes ready.
-    async fn look(
-        &self,
-        store: &dyn Store,
-        params: &Valid<FetchParams>,
-    ) -> StoreResult<(Vec<Job>, Option<DateTime<Utc>>)> {
+    /// One look: the jobs claimed, and for a batch fetch, when a batch waiting to fill
+    /// becomes ready and how many jobs it gave back.
+    async fn look(&self, store: &dyn Store, params: &Valid<FetchParams>) -> StoreResult<Look> {
         if params.claims_nothing() {
-            return Ok((Vec::new(), None));
+            return Ok(Look::default());
         }
         let batches = match self.kinds {
             Some(kinds) => kinds.batches().await?,
             None => Default::default(),
         };
         if self.batch {
-            let look = crate::batches::claim_batch(store, self.breakers, &batches, params).await?;
-            return Ok((look.jobs, look.ready_at));
+            return crate::batches::claim_batch(store, self.breakers, &batches, params).await;
         }
         let params = crate::batches::without_batch_kinds(params.clone(), &batches);
         let jobs = match self.breakers {
@@ -55,7 +52,10 @@ impl<'a> Gates<'a> {
             Some(breakers) => breakers.fetch(params).await?,
             None => store.jobs_fetch_valid(params).await?,
         };
-        Ok((jobs, None))
+        Ok(Look {
+            jobs,
+            ..Look::default()
+        })
     }
 }
 
@@ -202,9 +202,14 @@ pub async fn fetch_waiting_with(
             (Some(idle), Some(shape)) if !woken => !idle.claim(shape, looked_at, poll),
             _ => false,
         };
+        // A look that gave jobs back (a keyed batch's others) and found nothing woke this
+        // fetch itself: it waits for the poll or the next due time, not for that wake-up.
+        let mut gave_back = false;
         if !shared_empty {
-            let (jobs, ready) = gates.look(store, &params).await?;
-            ready_at = ready;
+            let look = gates.look(store, &params).await?;
+            ready_at = look.ready_at;
+            gave_back = look.gave_back > 0;
+            let jobs = look.jobs;
             if let (Some(idle), Some(shape)) = (idle, &shape) {
                 if jobs.is_empty() {
                     idle.found_nothing(shape, looked_at);
@@ -243,7 +248,7 @@ pub async fn fetch_waiting_with(
         tokio::select! {
             biased;
             _ = &mut stop => return Ok(Vec::new()),
-            _ = &mut notified => {
+            _ = &mut notified, if !gave_back => {
                 idle_poll = poll;
                 woken = true;
             }

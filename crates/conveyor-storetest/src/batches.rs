@@ -9,7 +9,7 @@ use conveyor_core::batch::BatchSpec;
 use conveyor_core::kinds::KindSettings;
 use conveyor_core::{FetchParams, Job, JobState, NewJob, Valid};
 use conveyor_engine::batches::claim_batch;
-use conveyor_engine::{fetch_waiting_with, Gates, KindRegistry};
+use conveyor_engine::{fetch_waiting_with, Gates, KindRegistry, LimitStamps};
 use serde_json::json;
 
 use crate::kit::{fetch_params, get, insert, job_in, millis, span, Harness};
@@ -153,6 +153,42 @@ pub async fn a_keyed_batch_holds_one_key_and_gives_the_rest_back(h: &Harness) {
     let last = look(h, &kinds, fetch_params(&["rows"], 100), true).await;
     assert_eq!(numbers(&last), vec![4]);
     assert_eq!(last[0].payload["account"], "c");
+}
+
+/// A limit holds a keyed batch's jobs as any: while one account is at its limit, the batch
+/// of another that is ready goes out instead, and nothing claimed on the way stays claimed.
+pub async fn a_limit_holds_a_batch_and_the_next_ready_one_goes(h: &Harness) {
+    let h = &Harness::new(LimitStamps::wrap(h.store.clone()), h.clock.clone());
+    h.store
+        .config_put(
+            conveyor_core::config::LIMITS,
+            "per-account",
+            json!({"concurrency": 1, "key": "payload.account"}),
+        )
+        .await
+        .expect("define a limit");
+    let mut settings = conveyor_core::QueueSettings::default();
+    settings.limits = vec!["per-account".into()];
+    h.store
+        .queue_settings_put("rows", settings)
+        .await
+        .expect("queue settings");
+    let kinds = batch_kind(h, "rows.insert", BatchSpec::of(1).key("payload.account")).await;
+    insert(h, row("rows", "a", 0)).await;
+    let running = look(h, &kinds, fetch_params(&["rows"], 10), true).await;
+    assert_eq!(numbers(&running), vec![0], "account a's first job runs");
+    let held = insert(h, row("rows", "a", 1)).await;
+    h.advance(millis(1));
+    let other = insert(h, row("rows", "b", 2)).await;
+    let next = look(h, &kinds, fetch_params(&["rows"], 10), true).await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(
+        next[0].id, other.id,
+        "account b's batch goes while a is held"
+    );
+    let still = get(h, held.id).await;
+    assert_eq!(still.state, JobState::Available);
+    assert_eq!(still.attempt, 0);
 }
 
 /// A plain fetch never claims a batch kind's jobs, whether it names kinds or not; a batch

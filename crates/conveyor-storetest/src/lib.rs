@@ -221,6 +221,7 @@ macro_rules! __conveyor_behaviours {
             // batches
             a_batch_goes_out_full_or_when_its_oldest_has_waited,
             a_keyed_batch_holds_one_key_and_gives_the_rest_back,
+            a_limit_holds_a_batch_and_the_next_ready_one_goes,
             a_plain_fetch_never_claims_a_batch_kind,
             // unique jobs
             unique_by_whole_payload_returns_the_existing_job,
