@@ -314,7 +314,9 @@ class Worker:
             raise ValueError("give at least one queue")
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
-        if isinstance(batch_concurrency, bool) or not isinstance(batch_concurrency, int) or batch_concurrency < 1:
+        if isinstance(batch_concurrency, bool) or not isinstance(batch_concurrency, int):
+            raise ValueError("batch_concurrency must be an integer of at least 1")
+        if batch_concurrency < 1:
             raise ValueError("batch_concurrency must be an integer of at least 1")
         if prefetch != "auto" and (not isinstance(prefetch, int) or prefetch < 0):
             raise ValueError('prefetch must be "auto" or an integer of at least 0')
