@@ -173,7 +173,38 @@ export interface KindSettings {
     circuit_breaker?: BreakerSettings;
     /** The kind's sequence (set with `PUT /v1/kinds/{kind}` `{ sequence }`); absent when it has none. */
     sequence?: SequenceSettings;
+    /** How the kind's jobs are batched (see `setBatch`); absent when it is not a batch kind. */
+    batch?: BatchSettings;
     updated_at: string;
+}
+/**
+ * A batch kind's settings as the server answers them (`KindSettings.batch`): its jobs go out
+ * only to batch fetches (`worker.handleBatch`), up to `max_size` at once, all of one queue and
+ * one value of `key`, once that many wait or the oldest has waited `max_wait_ms`.
+ */
+export interface BatchSettings {
+    /** Most jobs in one batch: 1 to 1,000. */
+    max_size: number;
+    /** How long the oldest waiting job may wait for its batch to fill, in ms (0 to an hour; 0: at once). */
+    max_wait_ms: number;
+    /** The key expression batches are split by; absent when batches hold any jobs of the kind. */
+    key?: string;
+}
+/** What `setBatch` takes (camelCase; the server's names are taken too, so `BatchSettings` can be sent back as they are). */
+export interface BatchOptions {
+    /** Most jobs in one batch: 1 to 1,000. */
+    maxSize?: number;
+    /** How long the oldest waiting job may wait for its batch to fill, in ms: 0 (default: a batch goes out as soon as any job waits) to 3,600,000. */
+    maxWaitMs?: number;
+    /**
+     * A key expression (`tenant`, `kind`, `queue` or a payload path such as `payload.account`):
+     * a batch holds jobs of one value there only (jobs without one are batched together).
+     */
+    key?: string;
+    /** The server's name for `maxSize`. */
+    max_size?: number;
+    /** The server's name for `maxWaitMs`. */
+    max_wait_ms?: number;
 }
 /**
  * A circuit breaker's settings, in the server's field names (as `BreakerView.settings` shows
@@ -442,6 +473,17 @@ export declare class Client {
     /** Removes `kind`'s schema (its jobs stay); `NotFound` when it had none. */
     deleteSchema(kind: string): Promise<void>;
     /**
+     * Makes `kind` a batch kind (`PUT /v1/kinds/{kind}` `{ batch }`; admin role), or with `null`
+     * an ordinary kind again: its jobs are then handed out only to batch fetches (a worker's
+     * `handleBatch`), up to `maxSize` at once, all of one queue and one value of `key`, once
+     * `maxSize` of them wait or the oldest has waited `maxWaitMs`. A worker with only
+     * `handle(kind)` never receives them. The kind's other settings (schema and version, circuit
+     * breaker, limits, sequence) stay as they are. Resolves with the batch settings as stored
+     * (`null` once removed). Bad values reject with `InvalidRequest` naming the field
+     * (`batch.max_size`, `batch.max_wait_ms`, `batch.key`).
+     */
+    setBatch(kind: string, settings: BatchOptions | null): Promise<BatchSettings | null>;
+    /**
      * Sets the circuit breaker of `{ queue }` or of `{ kind }` (in every queue; admin role):
      * `settings` holds any of `BreakerSettings`' fields (the rest take the server's defaults), or
      * is `null` to remove the breaker. The queue's or kind's other settings stay as they are (a
@@ -491,3 +533,5 @@ export declare class Client {
     /** Closes idle keep-alive connections. The client stays usable (a new request reconnects). */
     close(): void;
 }
+/** The `batch` of a kind's settings: `{ max_size, max_wait_ms?, key? }`, or null. */
+export declare function batchBody(settings: BatchOptions | null): Record<string, unknown> | null;

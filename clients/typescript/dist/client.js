@@ -3,7 +3,7 @@
 import { Transport, seg } from './http.js';
 import { NotFound } from './errors.js';
 import { flowBody } from './flows.js';
-import { enqueueBody } from './jobs.js';
+import { aliased, enqueueBody } from './jobs.js';
 /** A job in one of these states never runs again unless replayed. */
 const FINISHED_STATES = new Set(['completed', 'dead', 'cancelled']);
 /** The longest one long-poll asks the server for (it caps it at its --max-fetch-wait-ms). */
@@ -170,6 +170,25 @@ export class Client {
     async deleteSchema(kind) {
         await this.transport.request('DELETE', `/v1/kinds/${seg(kind)}`);
     }
+    /**
+     * Makes `kind` a batch kind (`PUT /v1/kinds/{kind}` `{ batch }`; admin role), or with `null`
+     * an ordinary kind again: its jobs are then handed out only to batch fetches (a worker's
+     * `handleBatch`), up to `maxSize` at once, all of one queue and one value of `key`, once
+     * `maxSize` of them wait or the oldest has waited `maxWaitMs`. A worker with only
+     * `handle(kind)` never receives them. The kind's other settings (schema and version, circuit
+     * breaker, limits, sequence) stay as they are. Resolves with the batch settings as stored
+     * (`null` once removed). Bad values reject with `InvalidRequest` naming the field
+     * (`batch.max_size`, `batch.max_wait_ms`, `batch.key`).
+     */
+    async setBatch(kind, settings) {
+        if (typeof kind !== 'string' || kind === '')
+            throw new TypeError('conveyor: setBatch kind must be a non-empty string');
+        if (settings === undefined || (settings !== null && (typeof settings !== 'object' || Array.isArray(settings)))) {
+            throw new TypeError('conveyor: setBatch settings must be { maxSize, maxWaitMs?, key? }, or null to remove them');
+        }
+        const res = await this.transport.request('PUT', `/v1/kinds/${seg(kind)}`, { batch: batchBody(settings) });
+        return res.body.batch ?? null;
+    }
     // ---- circuit breakers -----------------------------------------------------------------------
     /**
      * Sets the circuit breaker of `{ queue }` or of `{ kind }` (in every queue; admin role):
@@ -310,6 +329,17 @@ function breakerTarget(target) {
 function scopePath(scope, name, action) {
     const path = `/v1/${scope === 'queue' ? 'queues' : 'kinds'}/${seg(name)}`;
     return action ? `${path}/circuit/${action}` : path;
+}
+/** The `batch` of a kind's settings: `{ max_size, max_wait_ms?, key? }`, or null. */
+export function batchBody(settings) {
+    if (settings === null)
+        return null;
+    const { maxSize, max_size: maxSizeWire, maxWaitMs, max_wait_ms: maxWaitWire, ...rest } = settings;
+    // Fields the server does not know go as they are: it names them in a 400.
+    const body = { ...rest };
+    aliased(body, 'max_size', maxSize, maxSizeWire, 'setBatch: give maxSize or max_size, not both');
+    aliased(body, 'max_wait_ms', maxWaitMs, maxWaitWire, 'setBatch: give maxWaitMs or max_wait_ms, not both');
+    return body;
 }
 function limitPath(name, what) {
     if (typeof name !== 'string' || name === '')

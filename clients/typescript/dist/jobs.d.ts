@@ -125,3 +125,5 @@ export interface JobSpec extends EnqueueOptions {
 }
 /** The request body of one job (`POST /v1/jobs`), from `kind`, `payload` and options. */
 export declare function enqueueBody(kind: string, payload: unknown, opts?: EnqueueOptions, where?: string): Record<string, unknown>;
+/** Sets `body[wire]` from an option given by its camelCase name or the server's (the same value if both). */
+export declare function aliased(body: Record<string, unknown>, wire: string, camel: unknown, snake: unknown, conflict: string): void;

@@ -123,7 +123,7 @@ function throttleBody(throttle, where) {
     return body;
 }
 /** Sets `body[wire]` from an option given by its camelCase name or the server's (the same value if both). */
-function aliased(body, wire, camel, snake, conflict) {
+export function aliased(body, wire, camel, snake, conflict) {
     if (camel !== undefined && snake !== undefined && camel !== snake)
         throw new TypeError(`conveyor: ${conflict}`);
     const value = camel ?? snake;

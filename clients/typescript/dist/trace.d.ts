@@ -12,3 +12,13 @@ export declare function currentTraceContext(): {
  * the job has a context), if OpenTelemetry is installed; else just runs it.
  */
 export declare function withHandlerSpan<T>(kind: string, jobId: string, traceparent: string | null, tracestate: string | null, fn: () => T): T;
+/**
+ * Runs a batch handler's `fn` inside one CONSUMER span `conveyor <kind>` (a batch has many
+ * producers: the span links to each job's producer span instead of having one as its parent),
+ * if OpenTelemetry is installed; else just runs it.
+ */
+export declare function withBatchSpan<T>(kind: string, jobs: ReadonlyArray<{
+    id: string;
+    traceparent: string | null;
+    tracestate: string | null;
+}>, fn: () => T): T;

@@ -72,25 +72,59 @@ export function withHandlerSpan(kind, jobId, traceparent, tracestate, fn) {
         })
         : api.context.active();
     const tracer = api.trace.getTracer('conveyor-client');
-    return tracer.startActiveSpan(`conveyor ${kind}`, { kind: api.SpanKind.CONSUMER, attributes: { 'messaging.system': 'conveyor', 'messaging.message.id': jobId } }, parent, (span) => {
-        let result;
-        try {
-            result = fn();
-        }
-        catch (e) {
+    return tracer.startActiveSpan(`conveyor ${kind}`, { kind: api.SpanKind.CONSUMER, attributes: { 'messaging.system': 'conveyor', 'messaging.message.id': jobId } }, parent, (span) => endWith(api, span, fn));
+}
+/**
+ * Runs a batch handler's `fn` inside one CONSUMER span `conveyor <kind>` (a batch has many
+ * producers: the span links to each job's producer span instead of having one as its parent),
+ * if OpenTelemetry is installed; else just runs it.
+ */
+export function withBatchSpan(kind, jobs, fn) {
+    if (!otel)
+        return fn();
+    const api = otel;
+    const links = [];
+    for (const job of jobs) {
+        const parsed = parseTraceparent(job.traceparent);
+        if (!parsed)
+            continue;
+        links.push({
+            context: {
+                traceId: parsed[0],
+                spanId: parsed[1],
+                traceFlags: parseInt(parsed[2], 16),
+                isRemote: true,
+                ...(job.tracestate ? { traceState: api.createTraceState(job.tracestate) } : {}),
+            },
+            attributes: { 'messaging.message.id': job.id },
+        });
+    }
+    const tracer = api.trace.getTracer('conveyor-client');
+    return tracer.startActiveSpan(`conveyor ${kind}`, {
+        kind: api.SpanKind.CONSUMER,
+        attributes: { 'messaging.system': 'conveyor', 'messaging.batch.message_count': jobs.length },
+        links,
+    }, (span) => endWith(api, span, fn));
+}
+/** Runs `fn` in `span` and ends the span when `fn` (or the promise it returns) settles. */
+function endWith(api, span, fn) {
+    let result;
+    try {
+        result = fn();
+    }
+    catch (e) {
+        span.setStatus({ code: api.SpanStatusCode.ERROR });
+        span.end();
+        throw e;
+    }
+    if (result && typeof result.then === 'function') {
+        result.then(() => span.end(), () => {
             span.setStatus({ code: api.SpanStatusCode.ERROR });
             span.end();
-            throw e;
-        }
-        if (result && typeof result.then === 'function') {
-            result.then(() => span.end(), () => {
-                span.setStatus({ code: api.SpanStatusCode.ERROR });
-                span.end();
-            });
-        }
-        else {
-            span.end();
-        }
-        return result;
-    });
+        });
+    }
+    else {
+        span.end();
+    }
+    return result;
 }

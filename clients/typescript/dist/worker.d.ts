@@ -48,6 +48,25 @@ export interface Job<P = any> {
     progress(percent: number, message?: string): Promise<void>;
 }
 export type Handler<P = any, R = unknown> = (job: Job<P>) => R | Promise<R>;
+/**
+ * What a batch handler answers for one job of its batch: an `Error` (any instance, including
+ * `Retry`, `RetryAfter` and `Permanent`) fails that job as the same error thrown from a plain
+ * handler would; anything else is the job's result and completes it.
+ */
+export type BatchOutcome<R = unknown> = R | Error;
+/**
+ * What a batch handler resolves with: one outcome per job, in the order of the jobs it was
+ * given (an item may be a promise of one, e.g. from `jobs.map(async (job) => ...)`: it is
+ * awaited, and its rejection fails that job); or `undefined`/`null` to complete every job
+ * without a result.
+ */
+export type BatchResult<R = unknown> = ReadonlyArray<BatchOutcome<R> | PromiseLike<BatchOutcome<R>>> | null | undefined | void;
+/**
+ * A handler for the jobs of a batch kind (`worker.handleBatch`): it gets the jobs of one batch
+ * (one kind, one queue, one batch key; each the same `Job` a plain handler gets) and answers one
+ * outcome per job. Throwing fails every job of the batch with that error.
+ */
+export type BatchHandler<P = any, R = unknown> = (jobs: Job<P>[]) => BatchResult<R> | Promise<BatchResult<R>>;
 /** Where the worker writes what it does; `console` fits. */
 export interface Logger {
     info(message: string): void;
@@ -61,7 +80,11 @@ export interface WorkerOptions {
     token?: string | null;
     /** Queues to take jobs from (default `["default"]`). */
     queues?: string[];
-    /** Handlers running at once (default 10). */
+    /**
+     * Handlers running at once (default 10). Batch handlers (`handleBatch`) have as many slots
+     * again of their own: up to this many batches run at once besides the plain jobs, each
+     * batch one slot whatever its size.
+     */
     concurrency?: number;
     /** Lease asked for each job, in ms (default 30 000); leases are renewed every leaseMs/3. */
     leaseMs?: number;
@@ -110,6 +133,7 @@ export declare function errorClass(err: unknown): string;
  * ```js
  * const worker = new Worker({ url, queues: ['mail'], concurrency: 10 });
  * worker.handle('send_email', async (job) => { await send(job.payload); return { sent: true }; });
+ * worker.handleBatch('rows.insert', async (jobs) => insertRows(jobs.map((j) => j.payload)));
  * await worker.run(); // until SIGTERM/SIGINT or worker.close()
  * ```
  */
@@ -124,6 +148,7 @@ export declare class Worker {
     readonly waitMs: number;
     private readonly transport;
     private readonly handlers;
+    private readonly batchHandlers;
     private readonly log;
     private readonly handleSignals;
     private readonly backoffMinMs;
@@ -131,6 +156,8 @@ export declare class Worker {
     private readonly held;
     private readonly buffer;
     private running;
+    /** Batches whose handlers run now (each holds one batch slot). */
+    private runningBatches;
     private pending;
     private phase;
     private stopping;
@@ -165,18 +192,43 @@ export declare class Worker {
     private heartbeatFailures;
     private readonly loopWaiters;
     private wakeBackoff;
+    private wakeBatchBackoff;
     private fetchBackingOff;
     private wakeDrain;
     private stopRequested;
     private runPromise;
     private signalListeners;
     constructor(options: WorkerOptions);
-    /** Registers the handler for a kind. Its return value is the job's result (JSON). */
+    /**
+     * Registers the handler for a kind. Its return value is the job's result (JSON). Replaces a
+     * batch handler of the kind.
+     */
     handle<P = any, R = unknown>(kind: string, handler: Handler<P, R>): this;
-    /** The kinds this worker has handlers for (sent as `kinds` on every fetch). */
+    /**
+     * Registers a batch handler for a kind (replacing a plain one): the kind's jobs are fetched
+     * in batches (`POST /v1/fetch` with `batch: true`), up to the kind's `max_size` at once, all
+     * of one queue and one batch key, once a batch is full or its oldest job has waited the
+     * kind's `max_wait_ms` (set with `client.setBatch`). A kind that is not a batch kind on the
+     * server comes as batches of whatever of it waits.
+     *
+     * The handler gets the batch's jobs and resolves with one outcome per job, in the same
+     * order: an `Error` fails that job (retried with backoff; `Retry`, `RetryAfter` and
+     * `Permanent` work as when thrown by a plain handler), anything else is its result. Resolving
+     * with `undefined` or `null` completes every job without a result; throwing fails every job
+     * with the error; jobs left without an outcome (a shorter array) fail. Each job keeps its
+     * own attempts, history and dead-letter path. Up to `concurrency` batches run at once,
+     * besides the plain jobs; the jobs' leases are renewed while the handler runs; the batch
+     * fails as a whole (class `timeout`) once the shortest `timeoutMs` among its jobs passes.
+     */
+    handleBatch<P = any, R = unknown>(kind: string, handler: BatchHandler<P, R>): this;
+    /** The kinds this worker has plain handlers for (sent as `kinds` on its plain fetches). */
     get kinds(): string[];
-    /** Jobs whose handlers run now. */
+    /** The kinds this worker has batch handlers for (sent as `kinds` on its batch fetches). */
+    get batchKinds(): string[];
+    /** Jobs whose (plain) handlers run now. */
     get active(): number;
+    /** Batches whose handlers run now. */
+    get activeBatches(): number;
     /**
      * Fetches and runs jobs until `close()` or SIGTERM/SIGINT, then drains: stops fetching,
      * lets running handlers finish for up to `graceMs`, acknowledges them, releases the rest,
@@ -205,6 +257,8 @@ export declare class Worker {
      * while fetches come back full, so two fetches share the server's commits.
      */
     private fetchLoop;
+    /** A fetched job, held from now on (its lease renewed by the heartbeats). */
+    private hold;
     private dispatch;
     /** Starts buffered jobs while slots are free. */
     private pump;
@@ -213,7 +267,29 @@ export declare class Worker {
     private failureOf;
     /** A handler settled (or could not start). */
     private settle;
+    /** Acknowledges how a running job's attempt ended (its result dropped if the lease was lost). */
+    private finish;
     private afterSlotFreed;
+    /** Whether the batch loop may fetch another batch now: a batch slot is free. */
+    private canFetchBatch;
+    /** Slots as the registry shows them: the plain ones, and as many again for batches. */
+    private slots;
+    /** Slots busy now: jobs running in plain slots, and batches running. */
+    private busySlots;
+    /**
+     * The batch fetcher (while the worker has batch handlers): whenever a batch slot is free,
+     * one long-poll `POST /v1/fetch` with `batch: true` and the batch handlers' kinds, which
+     * answers one batch (one kind, one queue, one batch key) once one is ready; the batch starts
+     * at once on that slot. Batches are never claimed ahead of a free slot. Acknowledgements go
+     * out with the plain fetches or `/v1/ack`, never with a batch fetch (it waits for a batch).
+     */
+    private batchLoop;
+    /** The batch loop's backoff: sleeps `ms`, or less if the worker stops. */
+    private pauseBatches;
+    private startBatch;
+    private batchTimeout;
+    /** A batch handler settled (or could not start): one acknowledgement per job. */
+    private settleBatch;
     /** `job.progress()`: one `POST /v1/jobs/{id}/progress` under the job's lease. */
     private readonly reportProgress;
     private queueAck;

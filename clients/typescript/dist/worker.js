@@ -4,7 +4,7 @@ import os from 'node:os';
 import { randomBytes } from 'node:crypto';
 import { Transport, VERSION, seg } from './http.js';
 import { ConveyorError, Forbidden, InvalidRequest, LeaseLost, NotFound, Permanent, Retry, RetryAfter, Unauthorized, } from './errors.js';
-import { childTraceparent, parseTraceparent, withHandlerSpan } from './trace.js';
+import { childTraceparent, parseTraceparent, withBatchSpan, withHandlerSpan } from './trace.js';
 /** `signal.reason` when a job's lease was lost. */
 export class LeaseLostError extends Error {
     get name() {
@@ -203,12 +203,45 @@ function isTransient(err) {
 function describe(err) {
     return err instanceof Error ? err.message : String(err);
 }
+/** An outcome promise of a batch handler's that rejected: its job fails with `reason`. */
+class Rejected {
+    reason;
+    constructor(reason) {
+        this.reason = reason;
+    }
+}
+function isThenable(value) {
+    return value !== null && (typeof value === 'object' || typeof value === 'function') && typeof value.then === 'function';
+}
+/** A batch handler's answer with the promises among its outcomes settled (a rejection as `Rejected`). */
+async function settledOutcomes(outcomes) {
+    if (!Array.isArray(outcomes) || !outcomes.some(isThenable))
+        return outcomes;
+    const settled = await Promise.allSettled(outcomes);
+    return settled.map((s) => (s.status === 'fulfilled' ? s.value : new Rejected(s.reason)));
+}
+/** A short description of a value that is not what was expected. */
+function describeValue(value) {
+    if (value === null)
+        return 'null';
+    if (Array.isArray(value))
+        return 'an array';
+    return typeof value === 'object' ? `an object (${Object.prototype.toString.call(value)})` : `a ${typeof value}`;
+}
+/** The failure of a job whose kind has no handler here. */
+function unknownKind(kind, workerId) {
+    return {
+        error: { class: 'unknown_kind', message: `no handler for kind ${JSON.stringify(kind)} in worker ${workerId}` },
+        retry: 'auto',
+    };
+}
 /**
  * Runs handlers for jobs fetched from Conveyor over HTTP.
  *
  * ```js
  * const worker = new Worker({ url, queues: ['mail'], concurrency: 10 });
  * worker.handle('send_email', async (job) => { await send(job.payload); return { sent: true }; });
+ * worker.handleBatch('rows.insert', async (jobs) => insertRows(jobs.map((j) => j.payload)));
  * await worker.run(); // until SIGTERM/SIGINT or worker.close()
  * ```
  */
@@ -223,6 +256,7 @@ export class Worker {
     waitMs;
     transport;
     handlers = new Map();
+    batchHandlers = new Map();
     log;
     handleSignals;
     backoffMinMs;
@@ -230,6 +264,8 @@ export class Worker {
     held = new Map();
     buffer = new Fifo();
     running = 0;
+    /** Batches whose handlers run now (each holds one batch slot). */
+    runningBatches = 0;
     pending = { complete: [], fail: [] };
     phase = 'idle';
     stopping = false;
@@ -264,6 +300,7 @@ export class Worker {
     heartbeatFailures = 0;
     loopWaiters = new Set();
     wakeBackoff = null;
+    wakeBatchBackoff = null;
     fetchBackingOff = false;
     wakeDrain = null;
     stopRequested = null;
@@ -288,22 +325,61 @@ export class Worker {
         this.backoffMinMs = options.backoffMinMs ?? 100;
         this.backoffMaxMs = options.backoffMaxMs ?? 5_000;
     }
-    /** Registers the handler for a kind. Its return value is the job's result (JSON). */
+    /**
+     * Registers the handler for a kind. Its return value is the job's result (JSON). Replaces a
+     * batch handler of the kind.
+     */
     handle(kind, handler) {
         if (typeof kind !== 'string' || kind === '')
             throw new TypeError('conveyor: handle(kind, handler): kind must be a non-empty string');
         if (typeof handler !== 'function')
             throw new TypeError('conveyor: handle(kind, handler): handler must be a function');
+        this.batchHandlers.delete(kind);
         this.handlers.set(kind, handler);
+        this.wakeLoops();
         return this;
     }
-    /** The kinds this worker has handlers for (sent as `kinds` on every fetch). */
+    /**
+     * Registers a batch handler for a kind (replacing a plain one): the kind's jobs are fetched
+     * in batches (`POST /v1/fetch` with `batch: true`), up to the kind's `max_size` at once, all
+     * of one queue and one batch key, once a batch is full or its oldest job has waited the
+     * kind's `max_wait_ms` (set with `client.setBatch`). A kind that is not a batch kind on the
+     * server comes as batches of whatever of it waits.
+     *
+     * The handler gets the batch's jobs and resolves with one outcome per job, in the same
+     * order: an `Error` fails that job (retried with backoff; `Retry`, `RetryAfter` and
+     * `Permanent` work as when thrown by a plain handler), anything else is its result. Resolving
+     * with `undefined` or `null` completes every job without a result; throwing fails every job
+     * with the error; jobs left without an outcome (a shorter array) fail. Each job keeps its
+     * own attempts, history and dead-letter path. Up to `concurrency` batches run at once,
+     * besides the plain jobs; the jobs' leases are renewed while the handler runs; the batch
+     * fails as a whole (class `timeout`) once the shortest `timeoutMs` among its jobs passes.
+     */
+    handleBatch(kind, handler) {
+        if (typeof kind !== 'string' || kind === '')
+            throw new TypeError('conveyor: handleBatch(kind, handler): kind must be a non-empty string');
+        if (typeof handler !== 'function')
+            throw new TypeError('conveyor: handleBatch(kind, handler): handler must be a function');
+        this.handlers.delete(kind);
+        this.batchHandlers.set(kind, handler);
+        this.wakeLoops();
+        return this;
+    }
+    /** The kinds this worker has plain handlers for (sent as `kinds` on its plain fetches). */
     get kinds() {
         return [...this.handlers.keys()];
     }
-    /** Jobs whose handlers run now. */
+    /** The kinds this worker has batch handlers for (sent as `kinds` on its batch fetches). */
+    get batchKinds() {
+        return [...this.batchHandlers.keys()];
+    }
+    /** Jobs whose (plain) handlers run now. */
     get active() {
         return this.running;
+    }
+    /** Batches whose handlers run now. */
+    get activeBatches() {
+        return this.runningBatches;
     }
     /**
      * Fetches and runs jobs until `close()` or SIGTERM/SIGINT, then drains: stops fetching,
@@ -314,8 +390,9 @@ export class Worker {
     run() {
         if (this.runPromise)
             return Promise.reject(new Error('conveyor: this worker is already running (or has run)'));
-        if (this.handlers.size === 0)
-            return Promise.reject(new Error('conveyor: no handlers: call worker.handle(kind, fn) before run()'));
+        if (this.handlers.size === 0 && this.batchHandlers.size === 0) {
+            return Promise.reject(new Error('conveyor: no handlers: call worker.handle(kind, fn) or worker.handleBatch(kind, fn) before run()'));
+        }
         this.runPromise = this.runInner();
         return this.runPromise;
     }
@@ -341,9 +418,10 @@ export class Worker {
         if (this.closeRequested)
             this.requestStop();
         this.installSignals();
-        this.log.info(`${this.workerId}: running kinds [${this.kinds.join(', ')}] from queues [${this.queues.join(', ')}] at ${this.transport.baseUrl.origin}, concurrency ${this.concurrency}`);
+        const batches = this.batchHandlers.size > 0 ? `, batch kinds [${this.batchKinds.join(', ')}]` : '';
+        this.log.info(`${this.workerId}: running kinds [${this.kinds.join(', ')}]${batches} from queues [${this.queues.join(', ')}] at ${this.transport.baseUrl.origin}, concurrency ${this.concurrency}`);
         this.scheduleHeartbeat(Math.max(50, Math.floor(this.leaseMs / 3)));
-        this.fetchDone = Promise.all([this.fetchLoop(0), this.fetchLoop(1)]);
+        this.fetchDone = Promise.all([this.fetchLoop(0), this.fetchLoop(1), this.batchLoop()]);
         try {
             await stopped;
             if (this.fatalError)
@@ -374,6 +452,7 @@ export class Worker {
         this.stopping = true;
         this.wakeLoops();
         this.wakeBackoff?.();
+        this.wakeBatchBackoff?.();
         this.stopRequested?.();
     }
     fail(err) {
@@ -394,7 +473,8 @@ export class Worker {
         for (const sig of ['SIGTERM', 'SIGINT']) {
             const listener = () => {
                 if (!this.stopping) {
-                    this.log.info(`${sig}: draining (up to ${this.graceMs} ms for ${this.running} running job(s))`);
+                    const batches = this.runningBatches > 0 ? ` and ${this.runningBatches} running batch(es)` : '';
+                    this.log.info(`${sig}: draining (up to ${this.graceMs} ms for ${this.running} running job(s)${batches})`);
                     this.requestStop();
                 }
                 else if (!this.forceDrain) {
@@ -448,7 +528,7 @@ export class Worker {
         return this.concurrency + this.prefetchLimit() - this.running - this.buffer.length - this.requested;
     }
     canFetch(fetcher = 0) {
-        if (this.stopping)
+        if (this.stopping || this.handlers.size === 0)
             return false;
         // The second fetcher only works while the queue keeps every fetch full.
         if (fetcher > 0 && !this.saturated)
@@ -502,9 +582,9 @@ export class Worker {
                 // shutdown must carry nothing that would have to be sent again.
                 wait_ms: fetcher === 0 && !carriesAcks ? this.waitMs : 0,
                 kinds: this.kinds,
-                concurrency: this.concurrency,
+                concurrency: this.slots(),
                 // Handlers running now (prefetched jobs are held but take no slot).
-                busy: this.running,
+                busy: this.busySlots(),
                 host: HOST,
                 pid: process.pid,
                 version: `conveyor-client-node/${VERSION}`,
@@ -583,20 +663,23 @@ export class Worker {
             }
         }
     }
+    /** A fetched job, held from now on (its lease renewed by the heartbeats). */
+    hold(raw) {
+        const h = {
+            state: 'buffered',
+            lost: false,
+            released: false,
+            slotFreed: false,
+            timer: undefined,
+            startedAt: 0,
+        };
+        h.job = new RunningJob(raw, this.workerId, h, this.reportProgress);
+        this.held.set(raw.id, h);
+        return h;
+    }
     dispatch(jobs) {
-        for (const raw of jobs) {
-            const h = {
-                state: 'buffered',
-                lost: false,
-                released: false,
-                slotFreed: false,
-                timer: undefined,
-                startedAt: 0,
-            };
-            h.job = new RunningJob(raw, this.workerId, h, this.reportProgress);
-            this.held.set(raw.id, h);
-            this.buffer.push(h);
-        }
+        for (const raw of jobs)
+            this.buffer.push(this.hold(raw));
         this.pump();
     }
     /** Starts buffered jobs while slots are free. */
@@ -604,7 +687,7 @@ export class Worker {
         while (!this.stopping && this.running < this.concurrency && this.buffer.length > 0) {
             this.start(this.buffer.shift());
         }
-        if (this.loopWaiters.size > 0 && (this.canFetch(0) || this.canFetch(1)))
+        if (this.loopWaiters.size > 0 && (this.canFetch(0) || this.canFetch(1) || this.canFetchBatch()))
             this.wakeLoops();
     }
     start(h) {
@@ -615,10 +698,7 @@ export class Worker {
         this.running++;
         if (!handler) {
             // Only a server that ignores `kinds` hands out a kind without a handler.
-            this.settle(h, 'fail', {
-                error: { class: 'unknown_kind', message: `no handler for kind ${JSON.stringify(job.kind)} in worker ${this.workerId}` },
-                retry: 'auto',
-            });
+            this.settle(h, 'fail', unknownKind(job.kind, this.workerId));
             return;
         }
         if (job.timeoutMs != null && job.timeoutMs > 0) {
@@ -678,14 +758,18 @@ export class Worker {
             // Already failed by its timeout, or released at shutdown.
             if (h.released)
                 this.log.warn(`job ${h.job.id} (${h.job.kind}) finished after it was released at shutdown: result dropped`);
-            this.afterSlotFreed();
-            return;
         }
+        else {
+            this.finish(h, outcome, value);
+        }
+        this.afterSlotFreed();
+    }
+    /** Acknowledges how a running job's attempt ended (its result dropped if the lease was lost). */
+    finish(h, outcome, value) {
         if (h.lost) {
             this.log.warn(`job ${h.job.id} (${h.job.kind}) attempt ${h.job.attempt}: lease lost while it ran, result dropped`);
             h.state = 'done';
             this.held.delete(h.job.id);
-            this.afterSlotFreed();
             return;
         }
         if (outcome === 'complete') {
@@ -698,7 +782,6 @@ export class Worker {
                     error: { class: 'invalid_result', message: `the handler's result is not JSON: ${describe(e)}` },
                     retry: 'auto',
                 });
-                this.afterSlotFreed();
                 return;
             }
             this.queueAck(h, 'complete', json === undefined ? undefined : value);
@@ -706,12 +789,255 @@ export class Worker {
         else {
             this.queueAck(h, 'fail', value);
         }
-        this.afterSlotFreed();
     }
     afterSlotFreed() {
         this.pump();
-        if (this.stopping && this.running === 0)
+        if (this.stopping && this.running === 0 && this.runningBatches === 0)
             this.wakeDrain?.();
+    }
+    // ---- batches --------------------------------------------------------------------------------
+    /** Whether the batch loop may fetch another batch now: a batch slot is free. */
+    canFetchBatch() {
+        return !this.stopping && this.batchHandlers.size > 0 && this.runningBatches < this.concurrency;
+    }
+    /** Slots as the registry shows them: the plain ones, and as many again for batches. */
+    slots() {
+        return this.batchHandlers.size > 0 ? this.concurrency * 2 : this.concurrency;
+    }
+    /** Slots busy now: jobs running in plain slots, and batches running. */
+    busySlots() {
+        return this.running + this.runningBatches;
+    }
+    /**
+     * The batch fetcher (while the worker has batch handlers): whenever a batch slot is free,
+     * one long-poll `POST /v1/fetch` with `batch: true` and the batch handlers' kinds, which
+     * answers one batch (one kind, one queue, one batch key) once one is ready; the batch starts
+     * at once on that slot. Batches are never claimed ahead of a free slot. Acknowledgements go
+     * out with the plain fetches or `/v1/ack`, never with a batch fetch (it waits for a batch).
+     */
+    async batchLoop() {
+        let failures = 0;
+        while (!this.stopping) {
+            if (!this.canFetchBatch()) {
+                await new Promise((resolve) => {
+                    const wake = () => {
+                        this.loopWaiters.delete(wake);
+                        resolve();
+                    };
+                    this.loopWaiters.add(wake);
+                });
+                continue;
+            }
+            const body = {
+                worker_id: this.workerId,
+                queues: this.queues,
+                batch: true,
+                // No `max`: the server's largest, so the kind's `max_size` decides.
+                lease_ms: this.leaseMs,
+                wait_ms: this.waitMs,
+                kinds: this.batchKinds,
+                concurrency: this.slots(),
+                busy: this.busySlots(),
+                host: HOST,
+                pid: process.pid,
+                version: `conveyor-client-node/${VERSION}`,
+            };
+            const abort = new AbortController();
+            this.longPolls.add(abort);
+            this.fetchAborts.add(abort);
+            this.lastFetchAt = Date.now();
+            let answer;
+            let delay = null;
+            try {
+                answer = (await this.transport.request('POST', '/v1/fetch', body, {
+                    timeoutMs: this.waitMs + 30_000,
+                    signal: abort.signal,
+                })).body;
+            }
+            catch (e) {
+                if (isFatal(e)) {
+                    this.fail(e);
+                    return;
+                }
+                if (abort.signal.aborted || this.stopping)
+                    break;
+                if (!isTransient(e)) {
+                    if (e instanceof InvalidRequest && e.field === 'batch') {
+                        e.message = `${e.message} (a batch fetch: does this server support batch kinds?)`;
+                    }
+                    this.fail(e);
+                    return;
+                }
+                failures++;
+                delay = this.backoff(failures);
+                if (failures === 1 || failures % 20 === 0) {
+                    this.log.warn(`batch fetch failed (${failures} in a row), retrying in ${delay} ms: ${describe(e)}`);
+                }
+            }
+            finally {
+                this.fetchAborts.delete(abort);
+                this.longPolls.delete(abort);
+            }
+            if (delay !== null) {
+                await this.pauseBatches(delay);
+                continue;
+            }
+            if (!answer)
+                continue;
+            if (failures > 0)
+                this.log.info(`batch fetch works again after ${failures} failure(s)`);
+            failures = 0;
+            if (answer.command === 'stop' && !this.stopping) {
+                this.log.info(`${this.workerId}: told to stop by an operator: draining`);
+                this.requestStop();
+            }
+            const jobs = answer.jobs ?? [];
+            if (jobs.length === 0)
+                continue;
+            const held = jobs.map((raw) => this.hold(raw));
+            if (this.stopping) {
+                // Came back as the worker stopped: handed back at once, not started.
+                await this.releaseAll(held);
+                break;
+            }
+            // One answer is one batch of one kind; grouped all the same in case a server mixes kinds.
+            const byKind = new Map();
+            for (const h of held) {
+                const group = byKind.get(h.job.kind);
+                if (group)
+                    group.push(h);
+                else
+                    byKind.set(h.job.kind, [h]);
+            }
+            for (const [kind, group] of byKind)
+                this.startBatch(kind, group);
+        }
+    }
+    /** The batch loop's backoff: sleeps `ms`, or less if the worker stops. */
+    pauseBatches(ms) {
+        return new Promise((resolve) => {
+            const timer = setTimeout(done, ms);
+            const self = this;
+            function done() {
+                clearTimeout(timer);
+                if (self.wakeBatchBackoff === done)
+                    self.wakeBatchBackoff = null;
+                resolve();
+            }
+            this.wakeBatchBackoff = done;
+        });
+    }
+    startBatch(kind, jobs) {
+        const batch = { kind, jobs, slotFreed: false, timer: undefined };
+        for (const h of jobs) {
+            h.state = 'running';
+            h.batch = batch;
+            // Batch jobs take no plain slot (and stay out of the plain handlers' measured pace).
+            h.slotFreed = true;
+        }
+        this.runningBatches++;
+        const handler = this.batchHandlers.get(kind);
+        if (!handler) {
+            // Only a server that ignores `kinds` hands out a kind without a batch handler.
+            this.settleBatch(batch, { failure: unknownKind(kind, this.workerId) });
+            return;
+        }
+        // The batch runs under the shortest timeout among its jobs.
+        const timeouts = jobs.map((h) => h.job.timeoutMs).filter((t) => t != null && t > 0);
+        if (timeouts.length > 0) {
+            const ms = Math.min(...timeouts);
+            batch.timer = setTimeout(() => this.batchTimeout(batch, ms), ms);
+        }
+        const list = jobs.map((h) => h.job);
+        let result;
+        try {
+            result = Promise.resolve(withBatchSpan(kind, list, () => handler(list)));
+        }
+        catch (e) {
+            result = Promise.reject(e);
+        }
+        result.then(settledOutcomes).then((outcomes) => this.settleBatch(batch, { outcomes }), (err) => this.settleBatch(batch, { failure: this.failureOf(err) }));
+    }
+    batchTimeout(batch, ms) {
+        if (batch.slotFreed)
+            return;
+        // The slot is given back now: a handler that ignores its jobs' signals cannot hold it forever.
+        batch.slotFreed = true;
+        this.runningBatches--;
+        const failure = {
+            error: { class: 'timeout', message: `the batch handler ran past the timeout of ${ms} ms (the shortest of its ${batch.jobs.length} job(s))` },
+            retry: 'auto',
+        };
+        for (const h of batch.jobs) {
+            abortHeld(h, new JobTimeoutError(`job ${h.job.id}: its batch ran past the timeout of ${ms} ms`));
+            if (h.state === 'running')
+                this.finish(h, 'fail', failure);
+        }
+        this.afterSlotFreed();
+    }
+    /** A batch handler settled (or could not start): one acknowledgement per job. */
+    settleBatch(batch, settled) {
+        if (batch.timer)
+            clearTimeout(batch.timer);
+        if (!batch.slotFreed) {
+            batch.slotFreed = true;
+            this.runningBatches--;
+        }
+        const count = batch.jobs.length;
+        let outcomes = null;
+        let all = null;
+        if ('failure' in settled) {
+            all = settled.failure;
+        }
+        else if (settled.outcomes === undefined || settled.outcomes === null) {
+            outcomes = new Array(count).fill(undefined);
+        }
+        else if (Array.isArray(settled.outcomes)) {
+            outcomes = settled.outcomes;
+            if (outcomes.length > count) {
+                this.log.warn(`batch of ${count} ${batch.kind} job(s): the handler returned ${outcomes.length} outcomes, the extra ones are ignored`);
+            }
+        }
+        else if (settled.outcomes instanceof Error) {
+            all = this.failureOf(settled.outcomes);
+        }
+        else {
+            all = {
+                error: {
+                    class: 'invalid_outcomes',
+                    message: `the batch handler must return an array of outcomes (one per job), or nothing; it returned ${describeValue(settled.outcomes)}`,
+                },
+                retry: 'auto',
+            };
+        }
+        const short = {
+            error: { class: 'missing_outcome', message: `the batch handler returned ${outcomes?.length ?? 0} outcome(s) for a batch of ${count}` },
+            retry: 'auto',
+        };
+        let dropped = 0;
+        batch.jobs.forEach((h, i) => {
+            if (h.state !== 'running') {
+                // Already failed by the batch's timeout, or released at shutdown.
+                if (h.released)
+                    dropped++;
+                return;
+            }
+            if (all)
+                return this.finish(h, 'fail', all);
+            if (i >= outcomes.length)
+                return this.finish(h, 'fail', short);
+            const outcome = outcomes[i];
+            if (outcome instanceof Error)
+                this.finish(h, 'fail', this.failureOf(outcome));
+            else if (outcome instanceof Rejected)
+                this.finish(h, 'fail', this.failureOf(outcome.reason));
+            else
+                this.finish(h, 'complete', outcome);
+        });
+        if (dropped > 0) {
+            this.log.warn(`a batch of ${count} ${batch.kind} job(s) finished after ${dropped} of them were released at shutdown: their outcomes were dropped`);
+        }
+        this.afterSlotFreed();
     }
     // ---- progress -------------------------------------------------------------------------------
     /** `job.progress()`: one `POST /v1/jobs/{id}/progress` under the job's lease. */
@@ -984,7 +1310,7 @@ export class Worker {
         this.scheduleFlush();
         // Running handlers get the grace period.
         const graceEnd = started + this.graceMs;
-        while (this.running > 0 && !this.forceDrain && !this.fatalError && Date.now() < graceEnd) {
+        while ((this.running > 0 || this.runningBatches > 0) && !this.forceDrain && !this.fatalError && Date.now() < graceEnd) {
             await this.waitDrain(graceEnd - Date.now());
         }
         // A long-poll still waiting is cut off (jobs it brings back now are released); a fetch
@@ -994,6 +1320,7 @@ export class Worker {
         await this.fetchDone;
         const late = [...this.held.values()].filter((h) => h.state === 'buffered');
         this.buffer.takeAll();
+        // Jobs of a batch still running are among them (each job of a batch is held like any).
         const stillRunning = [...this.held.values()].filter((h) => h.state === 'running');
         if (stillRunning.length > 0) {
             this.log.warn(`grace period over: releasing ${stillRunning.length} running job(s)`);
@@ -1026,7 +1353,7 @@ export class Worker {
                 host: os.hostname(),
                 pid: process.pid,
                 queues: this.queues,
-                concurrency: this.concurrency,
+                concurrency: this.slots(),
                 busy: 0,
                 version: `conveyor-client-node/${VERSION}`,
                 started_at: this.startedAt.toISOString(),

@@ -6,7 +6,7 @@ import { Transport, seg } from './http.js';
 import { NotFound } from './errors.js';
 import { flowBody } from './flows.js';
 import type { FlowFailurePolicy, FlowOptions, FlowSpec, FlowState, FlowStep, ParentFailurePolicy, StepState, Steps } from './flows.js';
-import { enqueueBody } from './jobs.js';
+import { aliased, enqueueBody } from './jobs.js';
 import type { EnqueueOptions, JobSpec, JobState, SequenceOnDead, SequenceSettings } from './jobs.js';
 export type {
   DebounceMode,
@@ -199,7 +199,40 @@ export interface KindSettings {
   circuit_breaker?: BreakerSettings;
   /** The kind's sequence (set with `PUT /v1/kinds/{kind}` `{ sequence }`); absent when it has none. */
   sequence?: SequenceSettings;
+  /** How the kind's jobs are batched (see `setBatch`); absent when it is not a batch kind. */
+  batch?: BatchSettings;
   updated_at: string;
+}
+
+/**
+ * A batch kind's settings as the server answers them (`KindSettings.batch`): its jobs go out
+ * only to batch fetches (`worker.handleBatch`), up to `max_size` at once, all of one queue and
+ * one value of `key`, once that many wait or the oldest has waited `max_wait_ms`.
+ */
+export interface BatchSettings {
+  /** Most jobs in one batch: 1 to 1,000. */
+  max_size: number;
+  /** How long the oldest waiting job may wait for its batch to fill, in ms (0 to an hour; 0: at once). */
+  max_wait_ms: number;
+  /** The key expression batches are split by; absent when batches hold any jobs of the kind. */
+  key?: string;
+}
+
+/** What `setBatch` takes (camelCase; the server's names are taken too, so `BatchSettings` can be sent back as they are). */
+export interface BatchOptions {
+  /** Most jobs in one batch: 1 to 1,000. */
+  maxSize?: number;
+  /** How long the oldest waiting job may wait for its batch to fill, in ms: 0 (default: a batch goes out as soon as any job waits) to 3,600,000. */
+  maxWaitMs?: number;
+  /**
+   * A key expression (`tenant`, `kind`, `queue` or a payload path such as `payload.account`):
+   * a batch holds jobs of one value there only (jobs without one are batched together).
+   */
+  key?: string;
+  /** The server's name for `maxSize`. */
+  max_size?: number;
+  /** The server's name for `maxWaitMs`. */
+  max_wait_ms?: number;
 }
 
 /**
@@ -572,6 +605,25 @@ export class Client {
     await this.transport.request<unknown>('DELETE', `/v1/kinds/${seg(kind)}`);
   }
 
+  /**
+   * Makes `kind` a batch kind (`PUT /v1/kinds/{kind}` `{ batch }`; admin role), or with `null`
+   * an ordinary kind again: its jobs are then handed out only to batch fetches (a worker's
+   * `handleBatch`), up to `maxSize` at once, all of one queue and one value of `key`, once
+   * `maxSize` of them wait or the oldest has waited `maxWaitMs`. A worker with only
+   * `handle(kind)` never receives them. The kind's other settings (schema and version, circuit
+   * breaker, limits, sequence) stay as they are. Resolves with the batch settings as stored
+   * (`null` once removed). Bad values reject with `InvalidRequest` naming the field
+   * (`batch.max_size`, `batch.max_wait_ms`, `batch.key`).
+   */
+  async setBatch(kind: string, settings: BatchOptions | null): Promise<BatchSettings | null> {
+    if (typeof kind !== 'string' || kind === '') throw new TypeError('conveyor: setBatch kind must be a non-empty string');
+    if (settings === undefined || (settings !== null && (typeof settings !== 'object' || Array.isArray(settings)))) {
+      throw new TypeError('conveyor: setBatch settings must be { maxSize, maxWaitMs?, key? }, or null to remove them');
+    }
+    const res = await this.transport.request<KindSettings>('PUT', `/v1/kinds/${seg(kind)}`, { batch: batchBody(settings) });
+    return res.body.batch ?? null;
+  }
+
   // ---- circuit breakers -----------------------------------------------------------------------
 
   /**
@@ -717,6 +769,17 @@ function breakerTarget(target: BreakerTarget): { scope: BreakerScope; name: stri
 function scopePath(scope: BreakerScope, name: string, action?: 'open' | 'close'): string {
   const path = `/v1/${scope === 'queue' ? 'queues' : 'kinds'}/${seg(name)}`;
   return action ? `${path}/circuit/${action}` : path;
+}
+
+/** The `batch` of a kind's settings: `{ max_size, max_wait_ms?, key? }`, or null. */
+export function batchBody(settings: BatchOptions | null): Record<string, unknown> | null {
+  if (settings === null) return null;
+  const { maxSize, max_size: maxSizeWire, maxWaitMs, max_wait_ms: maxWaitWire, ...rest } = settings;
+  // Fields the server does not know go as they are: it names them in a 400.
+  const body: Record<string, unknown> = { ...rest };
+  aliased(body, 'max_size', maxSize, maxSizeWire, 'setBatch: give maxSize or max_size, not both');
+  aliased(body, 'max_wait_ms', maxWaitMs, maxWaitWire, 'setBatch: give maxWaitMs or max_wait_ms, not both');
+  return body;
 }
 
 function limitPath(name: string, what: string): string {

@@ -1,5 +1,7 @@
 export { Client, flowFinished } from './client.js';
 export type {
+  BatchOptions,
+  BatchSettings,
   BlockedBy,
   BreakerScope,
   BreakerSettings,
@@ -58,7 +60,7 @@ export type {
   WaitStep,
 } from './flows.js';
 export { Worker, errorClass, LeaseLostError, JobTimeoutError, ShutdownError } from './worker.js';
-export type { Handler, Job, Logger, WorkerOptions } from './worker.js';
+export type { BatchHandler, BatchOutcome, BatchResult, Handler, Job, Logger, WorkerOptions } from './worker.js';
 export {
   ConveyorError,
   Unauthorized,

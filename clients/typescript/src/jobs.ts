@@ -239,7 +239,7 @@ function throttleBody(throttle: ThrottleOptions, where: string): Record<string, 
 }
 
 /** Sets `body[wire]` from an option given by its camelCase name or the server's (the same value if both). */
-function aliased(body: Record<string, unknown>, wire: string, camel: unknown, snake: unknown, conflict: string): void {
+export function aliased(body: Record<string, unknown>, wire: string, camel: unknown, snake: unknown, conflict: string): void {
   if (camel !== undefined && snake !== undefined && camel !== snake) throw new TypeError(`conveyor: ${conflict}`);
   const value = camel ?? snake;
   if (value !== undefined) body[wire] = value;

@@ -78,9 +78,11 @@ export type BatchOutcome<R = unknown> = R | Error;
 
 /**
  * What a batch handler resolves with: one outcome per job, in the order of the jobs it was
- * given; or `undefined`/`null` to complete every job without a result.
+ * given (an item may be a promise of one, e.g. from `jobs.map(async (job) => ...)`: it is
+ * awaited, and its rejection fails that job); or `undefined`/`null` to complete every job
+ * without a result.
  */
-export type BatchResult<R = unknown> = ReadonlyArray<BatchOutcome<R>> | null | undefined | void;
+export type BatchResult<R = unknown> = ReadonlyArray<BatchOutcome<R> | PromiseLike<BatchOutcome<R>>> | null | undefined | void;
 
 /**
  * A handler for the jobs of a batch kind (`worker.handleBatch`): it gets the jobs of one batch
@@ -426,6 +428,22 @@ function isTransient(err: unknown): boolean {
 
 function describe(err: unknown): string {
   return err instanceof Error ? err.message : String(err);
+}
+
+/** An outcome promise of a batch handler's that rejected: its job fails with `reason`. */
+class Rejected {
+  constructor(readonly reason: unknown) {}
+}
+
+function isThenable(value: unknown): value is PromiseLike<unknown> {
+  return value !== null && (typeof value === 'object' || typeof value === 'function') && typeof (value as { then?: unknown }).then === 'function';
+}
+
+/** A batch handler's answer with the promises among its outcomes settled (a rejection as `Rejected`). */
+async function settledOutcomes(outcomes: unknown): Promise<unknown> {
+  if (!Array.isArray(outcomes) || !outcomes.some(isThenable)) return outcomes;
+  const settled = await Promise.allSettled(outcomes);
+  return settled.map((s) => (s.status === 'fulfilled' ? s.value : new Rejected(s.reason)));
 }
 
 /** A short description of a value that is not what was expected. */
@@ -1157,7 +1175,7 @@ export class Worker {
     } catch (e) {
       result = Promise.reject(e);
     }
-    result.then(
+    result.then(settledOutcomes).then(
       (outcomes) => this.settleBatch(batch, { outcomes }),
       (err) => this.settleBatch(batch, { failure: this.failureOf(err) }),
     );
@@ -1224,6 +1242,7 @@ export class Worker {
       if (i >= outcomes!.length) return this.finish(h, 'fail', short);
       const outcome = outcomes![i];
       if (outcome instanceof Error) this.finish(h, 'fail', this.failureOf(outcome));
+      else if (outcome instanceof Rejected) this.finish(h, 'fail', this.failureOf(outcome.reason));
       else this.finish(h, 'complete', outcome);
     });
     if (dropped > 0) {
