@@ -140,22 +140,31 @@ pub fn readiness(spec: &BatchSpec, waiting: &[Job], now: DateTime<Utc>) -> Readi
         at: Vec<usize>,
         oldest: DateTime<Utc>,
     }
+    let expression = spec.key_expr();
     let mut groups: Vec<Group> = Vec::new();
+    // Where each key's group is in `groups` (kept in claim order of first jobs).
+    let mut places: std::collections::HashMap<Option<String>, usize> = Default::default();
     for (position, job) in waiting.iter().enumerate() {
-        let key = spec.key_of(job);
-        match groups.iter_mut().find(|group| group.key == key) {
-            Some(group) => {
+        let key = expression
+            .as_ref()
+            .and_then(|expression| expression.value_of_stored(job));
+        match places.get(&key) {
+            Some(&place) => {
+                let group = &mut groups[place];
                 group.at.push(position);
                 group.oldest = group.oldest.min(job.run_at);
             }
-            None => groups.push(Group {
-                key,
-                at: vec![position],
-                oldest: job.run_at,
-            }),
+            None => {
+                places.insert(key.clone(), groups.len());
+                groups.push(Group {
+                    key,
+                    at: vec![position],
+                    oldest: job.run_at,
+                });
+            }
         }
     }
-    let size = spec.max_size as usize;
+    let size = (spec.max_size as usize).max(1);
     let wait = Duration::milliseconds(i64::try_from(spec.max_wait_ms).unwrap_or(i64::MAX));
     let mut readiness = Readiness::default();
     for group in groups {

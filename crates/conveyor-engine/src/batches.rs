@@ -23,6 +23,9 @@ const MAX_KEYED_CLAIM: usize = 4 * MAX_BATCH_SIZE as usize;
 /// Most ready groups one look tries to claim (the first ones may be held by limits).
 const MAX_GROUPS_TRIED: usize = 8;
 
+/// Most (kind, queue) pairs one look reads: a fetch may name 256 of each.
+const MAX_GROUPS_READ: usize = 256;
+
 /// What one look of a fetch found (a plain fetch fills in `jobs` only).
 #[derive(Debug, Default)]
 pub struct Look {
@@ -34,6 +37,22 @@ pub struct Look {
     /// wakes waiting fetches, this one too: a look that gave back and found nothing should
     /// not look again at that wake-up.
     pub gave_back: usize,
+}
+
+/// Makes due scheduled and retryable jobs available when any of `queues` has one: what a
+/// fetch's claim does first, for a look that may not claim (a batch not ready yet, a plain
+/// fetch left with no kind to take). Without it, a due job nobody promotes would keep the
+/// long-poll waking at once.
+pub async fn promote_if_due(store: &dyn Store, queues: &[String]) -> StoreResult<()> {
+    let now = store.clock().now();
+    if store
+        .jobs_next_due(queues)
+        .await?
+        .is_some_and(|due| due <= now)
+    {
+        store.jobs_promote_due().await?;
+    }
+    Ok(())
 }
 
 /// A plain fetch, narrowed so that it claims no job of a batch kind.
@@ -76,26 +95,31 @@ pub async fn claim_batch(
             .map(|(kind, spec)| (kind.clone(), spec.clone()))
             .collect(),
     };
+    // A batch look claims only when a group is ready, so it promotes due jobs itself: a
+    // retried batch job waits for nothing else.
+    promote_if_due(store, &params.queues).await?;
     let now = store.clock().now();
     let mut look = Look::default();
     // Every ready group: (group, its queue, its kind's place in `kinds`).
     let mut ready: Vec<(Pick, &str, usize)> = Vec::new();
+    // Collected first: the reads below await, and a borrowing iterator held across them
+    // would not be `Send`.
+    let mut pairs: Vec<(usize, &str, &BatchSpec, &str)> = Vec::new();
     for (place, (kind, spec)) in kinds.iter().enumerate() {
         for queue in &params.queues {
-            let waiting = store
-                .jobs_available_of_kind(queue, kind, spec.peek())
-                .await?;
-            let found = readiness(spec, &waiting, now);
-            if let Some(at) = found.not_before {
-                look.ready_at = Some(look.ready_at.map_or(at, |was| was.min(at)));
-            }
-            ready.extend(
-                found
-                    .ready
-                    .into_iter()
-                    .map(|pick| (pick, queue.as_str(), place)),
-            );
+            pairs.push((place, kind.as_str(), spec, queue.as_str()));
         }
+    }
+    pairs.truncate(MAX_GROUPS_READ);
+    for (place, kind, spec, queue) in pairs {
+        let waiting = store
+            .jobs_available_of_kind(queue, kind, spec.peek())
+            .await?;
+        let found = readiness(spec, &waiting, now);
+        if let Some(at) = found.not_before {
+            look.ready_at = Some(look.ready_at.map_or(at, |was| was.min(at)));
+        }
+        ready.extend(found.ready.into_iter().map(|pick| (pick, queue, place)));
     }
     // The group whose oldest job has waited longest goes first. When a limit or a breaker
     // holds its jobs back, the next one is tried, so one held group does not hold every other.
@@ -131,7 +155,12 @@ pub async fn claim_batch(
         if !others.is_empty() {
             look.gave_back += others.len();
             let leases = others.iter().filter_map(Job::lease_ref).collect();
-            store.jobs_release_many(leases).await?;
+            // The batch is claimed: it goes out even if giving the others back fails (their
+            // leases then expire and they are rescued).
+            if let Err(error) = store.jobs_release_many(leases).await {
+                tracing::warn!(%error, jobs = others.len(),
+                    "jobs of other keys claimed for a batch could not be given back");
+            }
         }
         if !batch.is_empty() {
             look.jobs = batch;

@@ -358,7 +358,11 @@ impl CircuitBreakers {
             }
             let relevant = match key.0 {
                 BreakerScope::Queue => params.queues.contains(&key.1),
-                BreakerScope::Kind => params.kinds.as_ref().is_none_or(|k| k.contains(&key.1)),
+                // A kind the fetch excludes (a batch kind, for a plain fetch) gets no probe.
+                BreakerScope::Kind => params.kinds.as_ref().map_or_else(
+                    || !params.excluded_kinds.contains(&key.1),
+                    |k| k.contains(&key.1),
+                ),
             };
             if !relevant {
                 continue;

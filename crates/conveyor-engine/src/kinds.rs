@@ -18,7 +18,9 @@ use conveyor_core::store::{JobListParams, Store};
 /// Compiled schemas of every kind that has one, and how batch kinds are batched.
 #[derive(Default)]
 struct Snapshot {
-    schemas: HashMap<String, Arc<KindSchema>>,
+    /// A stored schema this build cannot compile is kept as its error: reported on every
+    /// enqueue of its kind, and only there (fetches and other kinds go on).
+    schemas: HashMap<String, Result<Arc<KindSchema>, String>>,
     batches: Arc<BTreeMap<String, BatchSpec>>,
 }
 
@@ -60,13 +62,13 @@ impl KindRegistry {
                     // A stored schema was compiled when it was set; one this build cannot
                     // compile is reported on every enqueue of its kind rather than silently
                     // not enforced.
-                    let compiled = KindSchema::compile(&schema).map_err(|e| {
-                        StoreError::backend(format!(
+                    let compiled = KindSchema::compile(&schema).map(Arc::new).map_err(|e| {
+                        format!(
                             "the stored schema of kind {:?} does not compile: {}",
                             settings.kind, e.message
-                        ))
-                    })?;
-                    schemas.insert(settings.kind, Arc::new(compiled));
+                        )
+                    });
+                    schemas.insert(settings.kind, compiled);
                 }
                 Ok(Snapshot {
                     schemas,
@@ -91,7 +93,7 @@ impl KindRegistry {
     pub async fn check(&self, kind: &str, payload: &Value) -> StoreResult<()> {
         let snapshot = self.current().await?;
         if let Some(schema) = snapshot.schemas.get(kind) {
-            schema.check(payload)?;
+            compiled(schema)?.check(payload)?;
         }
         Ok(())
     }
@@ -108,13 +110,20 @@ impl KindRegistry {
         }
         for (index, (kind, payload)) in jobs.into_iter().enumerate() {
             if let Some(schema) = snapshot.schemas.get(kind) {
-                schema.check(payload).map_err(|e| {
+                compiled(schema)?.check(payload).map_err(|e| {
                     ValidationError::new(format!("{}.{}", prefix(index), e.field), e.message)
                 })?;
             }
         }
         Ok(())
     }
+}
+
+/// A kind's compiled schema, or the error its stored schema gave.
+fn compiled(schema: &Result<Arc<KindSchema>, String>) -> StoreResult<&KindSchema> {
+    schema
+        .as_deref()
+        .map_err(|message| StoreError::backend(message.clone()))
 }
 
 /// The states of jobs that are queued: not yet started, so a new schema would apply to them.

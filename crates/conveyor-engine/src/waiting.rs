@@ -48,7 +48,11 @@ impl<'a> Gates<'a> {
         }
         let params = crate::batches::without_batch_kinds(params.clone(), &batches);
         let jobs = match self.breakers {
-            _ if params.claims_nothing() => Vec::new(),
+            _ if params.claims_nothing() => {
+                // It named batch kinds only: it claims nothing, but due jobs still come due.
+                crate::batches::promote_if_due(store, &params.queues).await?;
+                Vec::new()
+            }
             Some(breakers) => breakers.fetch(params).await?,
             None => store.jobs_fetch_valid(params).await?,
         };
@@ -68,7 +72,8 @@ pub const IDLE_POLL_GROWTH: u32 = 16;
 /// process is seen, and the next due run_at shortens it for scheduled jobs. `stop` only
 /// interrupts the waiting, never a fetch in flight, so no claimed job is dropped on the floor.
 /// With `breakers`, fetches skip what their circuit breakers hold back (see
-/// [`conveyor_core::breaker`]).
+/// [`conveyor_core::breaker`]). Without the kinds' settings no kind is a batch kind: servers
+/// and workers call [`fetch_waiting_with`] with [`Gates::kinds`].
 pub async fn fetch_waiting(
     store: &dyn Store,
     breakers: Option<&CircuitBreakers>,
@@ -209,6 +214,11 @@ pub async fn fetch_waiting_with(
             let look = gates.look(store, &params).await?;
             ready_at = look.ready_at;
             gave_back = look.gave_back > 0;
+            if gave_back {
+                // Its own giving back notified the wake-up: listen afresh from here.
+                notified.set(wakeup.notified());
+                notified.as_mut().enable();
+            }
             let jobs = look.jobs;
             if let (Some(idle), Some(shape)) = (idle, &shape) {
                 if jobs.is_empty() {
@@ -226,7 +236,9 @@ pub async fn fetch_waiting_with(
             return Ok(Vec::new());
         }
         let mut until = deadline.min(now + idle_poll);
-        idle_poll = (idle_poll * 2).min(poll.saturating_mul(IDLE_POLL_GROWTH));
+        if !gave_back {
+            idle_poll = (idle_poll * 2).min(poll.saturating_mul(IDLE_POLL_GROWTH));
+        }
         if !shared_empty {
             next_due = store.jobs_next_due(&params.queues).await?;
         }
@@ -248,7 +260,7 @@ pub async fn fetch_waiting_with(
         tokio::select! {
             biased;
             _ = &mut stop => return Ok(Vec::new()),
-            _ = &mut notified, if !gave_back => {
+            _ = &mut notified => {
                 idle_poll = poll;
                 woken = true;
             }

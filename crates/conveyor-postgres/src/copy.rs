@@ -198,7 +198,7 @@ impl CopyStore for PgStore {
     async fn import_kinds(&self, records: Vec<KindSettings>) -> StoreResult<u64> {
         let text = stmt(format!(
             "INSERT INTO {} (kind, schema, version, updated_at, circuit_breaker, limits, \
-             sequence) VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT DO NOTHING",
+             sequence, batch) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) ON CONFLICT DO NOTHING",
             self.table("kinds")
         ));
         let mut tx = self.begin().await?;
@@ -211,7 +211,8 @@ impl CopyStore for PgStore {
                 .bind(kind.updated_at)
                 .bind(kind.circuit_breaker.as_ref().map(Json))
                 .bind(&kind.limits)
-                .bind(kind.sequence.as_ref().map(Json));
+                .bind(kind.sequence.as_ref().map(Json))
+                .bind(kind.batch.as_ref().map(Json));
             stored += u64::from(inserted(&mut tx, query).await?);
         }
         commit(tx).await?;

@@ -554,12 +554,17 @@ impl CopyStore for SqliteStore {
                 let breaker = rows::breaker_settings_text(kind.circuit_breaker.as_ref())?;
                 let limits = rows::names_text(&kind.limits)?;
                 let sequence = rows::sequence_spec_text(kind.sequence.as_ref())?;
+                let batch = kind
+                    .batch
+                    .as_ref()
+                    .map(|spec| rows::json_text(spec, "batch"))
+                    .transpose()?;
                 if inserted(
                     ctx.conn
                         .prepare_cached(
                             "INSERT OR IGNORE INTO kinds (kind, schema, version, updated_at, \
-                             circuit_breaker, limits, sequence) \
-                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                             circuit_breaker, limits, sequence, batch) \
+                             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                         )
                         .and_then(|mut stmt| {
                             stmt.execute(params![
@@ -569,7 +574,8 @@ impl CopyStore for SqliteStore {
                                 to_millis(kind.updated_at),
                                 breaker,
                                 limits,
-                                sequence
+                                sequence,
+                                batch
                             ])
                         }),
                 )? {

@@ -173,3 +173,46 @@ async fn jobs_without_an_outcome_fail() {
         );
     }
 }
+
+/// A job of a running batch that loses its lease (cancelled by an operator) drops only its
+/// own outcome: the others complete, and the cancelled one stays cancelled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lease_drops_only_that_jobs_outcome() {
+    let env = env();
+    batch_kind(
+        &env.store,
+        "rows.insert",
+        BatchSpec::of(3).max_wait_ms(60_000),
+    )
+    .await;
+    let ids = enqueue_rows(&env.store, 3).await;
+    let (started_tx, mut started) = mpsc::unbounded_channel::<Uuid>();
+    let w = Worker::builder(env.store.clone())
+        .queue("default", 1)
+        // Heartbeats every 100 ms notice the cancelled job's lost lease.
+        .lease(Duration::from_millis(300))
+        .poll_interval(Duration::from_millis(20))
+        .handle_batch("rows.insert", move |jobs: Vec<BatchJob>| {
+            let started_tx = started_tx.clone();
+            async move {
+                let first = jobs[0].context.clone();
+                let _ = started_tx.send(first.id);
+                // Held until the first job's lease is lost; the others' leases are renewed.
+                first.cancelled().await;
+                jobs.iter().map(|_| Outcome::ok()).collect()
+            }
+        })
+        .build()
+        .expect("worker");
+    let (stop, handle) = spawn_worker(w);
+    let first = started.recv().await.expect("the batch started");
+    env.store.job_cancel(first).await.expect("cancel");
+    for id in ids.iter().filter(|id| **id != first) {
+        let job = wait_for_state(&env.store, *id, JobState::Completed).await;
+        assert_eq!(job.attempt, 1);
+    }
+    stop.send(()).expect("stop");
+    handle.await.expect("worker ran");
+    let cancelled = env.store.job_get(first).await.expect("get").expect("job");
+    assert_eq!(cancelled.state, JobState::Cancelled);
+}

@@ -114,6 +114,10 @@ fn populate(store: &str) -> Flows {
         "/v1/kinds/order.validate",
         json!({"schema": {"type": "object", "required": ["order"]}, "version": 2}),
     );
+    api.put(
+        "/v1/kinds/order.export",
+        json!({"batch": {"max_size": 200, "max_wait_ms": 5000, "key": "payload.account"}}),
+    );
     api.post(
         "/v1/kinds/legacy.fax/circuit/open",
         json!({"reason": "vendor outage"}),

@@ -234,13 +234,17 @@ pub(super) async fn execute_batch(
         lane.hand_back(leases, "no batch handler").await;
         return;
     };
-    let cancel = CancellationToken::new();
+    // A token per job: a lost lease (the job cancelled, rescued) drops that job's outcome
+    // only; the handler stops when every job's token is cancelled (shutdown past the drain).
+    let mut tokens = Vec::with_capacity(jobs.len());
     let mut items = Vec::with_capacity(jobs.len());
     let mut leases = Vec::with_capacity(jobs.len());
     for job in &jobs {
         let Some(lease) = job.lease_ref() else {
             continue;
         };
+        let cancel = CancellationToken::new();
+        tokens.push(cancel.clone());
         shared.running().insert(
             job.id,
             RunningJob {
@@ -269,7 +273,7 @@ pub(super) async fn execute_batch(
         .map(Duration::from_millis)
         .or(registered.timeout);
     let count = items.len();
-    let outcomes = run_batch_handler(&registered, items, timeout, &cancel).await;
+    let outcomes = run_batch_handler(&registered, items, timeout, &tokens).await;
     for job in &jobs {
         shared.running().remove(&job.id);
     }
@@ -281,6 +285,7 @@ pub(super) async fn execute_batch(
             .collect::<Vec<_>>(),
         Err(attempt) => (0..count).map(|_| attempt.clone()).collect(),
     };
+    outcomes.truncate(count);
     // A job the handler gave no outcome for failed: nothing says its work was done.
     let answered = outcomes.len();
     while outcomes.len() < count {
@@ -292,6 +297,12 @@ pub(super) async fn execute_batch(
             backtrace: None,
             retryable: true,
         }));
+    }
+    // A job whose lease was lost meanwhile is someone else's to settle.
+    for (attempt, token) in outcomes.iter_mut().zip(&tokens) {
+        if token.is_cancelled() {
+            *attempt = Attempt::Interrupted;
+        }
     }
     let jobs = jobs.into_iter().filter(|job| job.lease.is_some());
     for ((job, lease), attempt) in jobs.zip(leases).zip(outcomes) {
@@ -319,10 +330,15 @@ async fn run_batch_handler(
     registered: &crate::handler::RegisteredBatch,
     items: Vec<crate::handler::BatchJob>,
     timeout: Option<Duration>,
-    cancel: &CancellationToken,
+    tokens: &[CancellationToken],
 ) -> Result<Vec<Outcome>, Attempt> {
     super::backtraces::install();
     let mut task = tokio::spawn((registered.handler)(items));
+    let every_one_cancelled = async {
+        for token in tokens {
+            token.cancelled().await;
+        }
+    };
     let deadline = async {
         match timeout {
             Some(t) => tokio::time::sleep(t).await,
@@ -331,7 +347,7 @@ async fn run_batch_handler(
     };
     tokio::select! {
         biased;
-        _ = cancel.cancelled() => {
+        _ = every_one_cancelled => {
             if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
                 task.abort();
                 let _ = task.await;
