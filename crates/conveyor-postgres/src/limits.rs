@@ -10,7 +10,7 @@
 
 use chrono::{DateTime, Utc};
 use conveyor_core::limits::named::{self as named, KeyUsage};
-use conveyor_core::limits::{self, Admission, Group, LimitSpec, LimitUsage};
+use conveyor_core::limits::{self, Admission, Group, LimitSpec, LimitUsage, Reads};
 use conveyor_core::{FetchParams, Job, QueueSettings, RateLimit, StoreResult};
 use sqlx::types::Json;
 use sqlx::{PgConnection, Row};
@@ -501,9 +501,33 @@ async fn queue_candidates(
             .map_err(db("read available jobs"))?;
         return candidates_of(&found);
     }
-    let (groups, candidates) =
-        tenant_groups(conn, ctx, queue, settings, quota, params, grouping).await?;
-    let picked = limits::round_robin(&groups, quota);
+    let (groups, mut candidates, share) = tenant_groups(
+        conn,
+        ctx,
+        queue,
+        settings,
+        quota,
+        params,
+        grouping,
+        Reads::Share,
+    )
+    .await?;
+    let mut picked = limits::round_robin(&groups, quota);
+    if limits::read_more(&groups, &picked, quota, share) {
+        let (groups, more, _) = tenant_groups(
+            conn,
+            ctx,
+            queue,
+            settings,
+            quota,
+            params,
+            grouping,
+            Reads::Full,
+        )
+        .await?;
+        candidates = more;
+        picked = limits::round_robin(&groups, quota);
+    }
     Ok(picked
         .jobs
         .iter()
@@ -606,7 +630,8 @@ async fn tenant_groups(
     quota: usize,
     params: &FetchParams,
     grouping: Grouping<'_>,
-) -> StoreResult<(Vec<Group>, HashMap<Uuid, Candidate>)> {
+    reads: Reads,
+) -> StoreResult<(Vec<Group>, HashMap<Uuid, Candidate>, usize)> {
     let statements = &ctx.sql.limits;
     let (cursor, ungrouped_read, group_read) = match grouping {
         Grouping::Tenant => (
@@ -646,6 +671,7 @@ async fn tenant_groups(
         !untenanted.is_empty(),
         cursor.as_ref().map(|served| served.as_deref()),
         quota,
+        reads,
     );
     let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
     let (budgets, weights): (Vec<usize>, Vec<u32>) = match grouping {
@@ -666,7 +692,11 @@ async fn tenant_groups(
         }
     };
     // Every tenant's first jobs in one statement (a LATERAL read per tenant).
-    let wanted: Vec<i64> = budgets.iter().map(|b| limit(reads.min(*b))).collect();
+    let wanted: Vec<i64> = budgets
+        .iter()
+        .zip(&weights)
+        .map(|(budget, weight)| limit(limits::weighted_reads(reads, *weight, quota).min(*budget)))
+        .collect();
     let found = sqlx::query(group_read.clone())
         .bind(queue)
         .bind(&tenants)
@@ -707,5 +737,5 @@ async fn tenant_groups(
         });
         all.extend(found.into_iter().map(|c| (c.id, c)));
     }
-    Ok((groups, all))
+    Ok((groups, all, reads))
 }

@@ -4,7 +4,7 @@
 
 use chrono::Duration;
 use conveyor_core::limits::named::{self as named, KeyUsage};
-use conveyor_core::limits::{self, Admission, Group, LimitSpec, LimitUsage};
+use conveyor_core::limits::{self, Admission, Group, LimitSpec, LimitUsage, Reads};
 use conveyor_core::{FetchParams, Job, JobState, QueueSettings, RateLimit, StoreResult};
 use rusqlite::{params, Connection};
 use std::collections::{BTreeMap, HashMap};
@@ -54,8 +54,14 @@ pub(crate) fn tenant_candidates(
     filter: &KindFilter,
     grouping: Grouping<'_>,
 ) -> StoreResult<Vec<Job>> {
-    let groups = tenant_groups(ctx, queue, settings, quota, filter, grouping)?;
-    let picked = limits::round_robin(&groups, quota);
+    let (groups, share) =
+        tenant_groups(ctx, queue, settings, quota, filter, grouping, Reads::Share)?;
+    let mut picked = limits::round_robin(&groups, quota);
+    if limits::read_more(&groups, &picked, quota, share) {
+        let (groups, _) =
+            tenant_groups(ctx, queue, settings, quota, filter, grouping, Reads::Full)?;
+        picked = limits::round_robin(&groups, quota);
+    }
     let mut jobs = Vec::with_capacity(picked.jobs.len());
     for id in picked.jobs {
         if let Some(job) = job_by_id(ctx, &id.to_string())? {
@@ -116,9 +122,14 @@ impl KindFilter {
         })
     }
 
-    /// The condition on `kind`, its arrays at parameters `?{first}` and `?{first + 1}`.
-    fn sql(first: usize) -> String {
+    /// The condition on `kind`, its arrays at parameters `?{first}` and `?{first + 1}`. A
+    /// filter that keeps every kind still names both parameters but never reads `kind`, so a
+    /// read by an index without the column stays within the index (no row lookups).
+    fn sql(&self, first: usize) -> String {
         let (only, excluded) = (first, first + 1);
+        if self.only.is_none() && self.excluded == "[]" {
+            return format!("(?{only} IS NULL AND ?{excluded} = '[]')");
+        }
         format!(
             "(?{only} IS NULL OR kind IN (SELECT value FROM json_each(?{only}))) \
              AND kind NOT IN (SELECT value FROM json_each(?{excluded}))"
@@ -219,8 +230,10 @@ fn ids(rows: rusqlite::Result<Vec<String>>) -> StoreResult<Vec<Uuid>> {
 }
 
 /// Up to `limit` distinct tenants with available jobs in `queue`, in ascending order, after
-/// `after` (from the first when `None`). Each step is one seek in `jobs_fair`, so the cost
-/// follows the number of tenants read, not the number of jobs they have.
+/// `after` (from the first when `None`), each with its first job in claim order. Each step is
+/// one seek in `jobs_fair` (or `jobs_fair_key`) and one more for the first job, so the cost
+/// follows the number of tenants read, not the number of jobs they have; and a pass over many
+/// tenants, which takes one job from each, needs no read per tenant after it.
 fn tenants(
     ctx: &WriteCtx<'_>,
     grouping: Grouping<'_>,
@@ -228,8 +241,8 @@ fn tenants(
     after: Option<&str>,
     limit: usize,
     filter: &KindFilter,
-) -> StoreResult<Vec<String>> {
-    let kind = KindFilter::sql(4);
+) -> StoreResult<Vec<(String, Uuid)>> {
+    let kind = filter.sql(4);
     let key = grouping.column();
     ctx.conn
         .prepare_cached(&format!(
@@ -241,7 +254,10 @@ fn tenants(
                          AND j.queue = ?1 AND j.{key} IS NOT NULL AND j.{key} > t.tenant \
                          AND {kind}) \
                  FROM t WHERE t.tenant IS NOT NULL) \
-             SELECT tenant FROM t WHERE tenant IS NOT NULL LIMIT ?3"
+             SELECT tenant, (SELECT j.id FROM jobs j WHERE j.state = 'available' \
+                     AND j.queue = ?1 AND j.{key} = t.tenant AND j.{key} IS NOT NULL \
+                     AND {kind} ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) \
+             FROM t WHERE tenant IS NOT NULL LIMIT ?3"
         ))
         .and_then(|mut stmt| {
             // Tenants are never empty (names are validated), so '' stands for "from the first".
@@ -253,11 +269,20 @@ fn tenants(
                     filter.only,
                     filter.excluded
                 ],
-                |row| row.get(0),
+                |row| Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?)),
             )?
-            .collect()
+            .collect::<rusqlite::Result<Vec<_>>>()
         })
-        .map_err(backend)
+        .map_err(backend)?
+        .into_iter()
+        // A tenant's first job was there when its tenant was found (same statement).
+        .filter_map(|(tenant, first)| Some((tenant, first?)))
+        .map(|(tenant, first)| {
+            Uuid::parse_str(&first).map(|id| (tenant, id)).map_err(|e| {
+                conveyor_core::StoreError::backend(format!("bad job id {first:?}: {e}"))
+            })
+        })
+        .collect()
 }
 
 /// Available jobs without a tenant, looked for among the queue's first
@@ -269,7 +294,7 @@ fn untenanted_ids(
     limit: usize,
     filter: &KindFilter,
 ) -> StoreResult<Vec<Uuid>> {
-    let kind = KindFilter::sql(4);
+    let kind = filter.sql(4);
     let key = grouping.column();
     ids(ctx
         .conn
@@ -302,7 +327,7 @@ fn tenant_ids(
     limit: usize,
     filter: &KindFilter,
 ) -> StoreResult<Vec<Uuid>> {
-    let kind = KindFilter::sql(4);
+    let kind = filter.sql(4);
     let key = grouping.column();
     ids(ctx
         .conn
@@ -328,7 +353,8 @@ fn tenant_groups(
     quota: usize,
     filter: &KindFilter,
     grouping: Grouping<'_>,
-) -> StoreResult<Vec<Group>> {
+    reads: Reads,
+) -> StoreResult<(Vec<Group>, usize)> {
     let cursor = ctx.cursors.get(&grouping.cursor(queue)).cloned();
     let after = match &cursor {
         Some(Some(key)) => tenants(ctx, grouping, queue, Some(key), quota, filter)?,
@@ -340,12 +366,15 @@ fn tenant_groups(
         Vec::new()
     };
     let ungrouped = untenanted_ids(ctx, grouping, queue, quota, filter)?;
+    let firsts: HashMap<String, Uuid> = after.iter().chain(&from_start).cloned().collect();
+    let names = |found: Vec<(String, Uuid)>| found.into_iter().map(|(name, _)| name).collect();
     let (order, reads) = limits::tenant_pass(
-        after,
-        from_start,
+        names(after),
+        names(from_start),
         !ungrouped.is_empty(),
         cursor.as_ref().map(|served| served.as_deref()),
         quota,
+        reads,
     );
     let per_key =
         settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
@@ -380,10 +409,12 @@ fn tenant_groups(
             }
             Grouping::Tenant => (usize::MAX, 1),
         };
-        let jobs = if budget == 0 {
-            Vec::new()
-        } else {
-            tenant_ids(ctx, grouping, queue, &key, reads.min(budget), filter)?
+        let wanted = limits::weighted_reads(reads, weight, quota).min(budget);
+        let jobs = match (wanted, firsts.get(&key)) {
+            (0, _) => Vec::new(),
+            // Read with the tenant.
+            (1, Some(first)) => vec![*first],
+            _ => tenant_ids(ctx, grouping, queue, &key, wanted, filter)?,
         };
         groups.push(Group {
             key: Some(key),
@@ -392,7 +423,7 @@ fn tenant_groups(
             weight,
         });
     }
-    Ok(groups)
+    Ok((groups, reads))
 }
 
 /// Whether `queue` has available jobs stamped with limit keys. One probe of `jobs_limited`.
@@ -529,7 +560,7 @@ pub(crate) fn first_available_with_room(
     full: &[String],
 ) -> StoreResult<Vec<Job>> {
     let filter = KindFilter::new(params)?;
-    let kind = KindFilter::sql(4);
+    let kind = filter.sql(4);
     let full = serde_json::to_string(full).map_err(|e| {
         conveyor_core::StoreError::backend(format!("cannot serialize limit keys: {e}"))
     })?;

@@ -317,6 +317,7 @@ pub fn tenant_pass(
     untenanted: bool,
     cursor: Option<Option<&str>>,
     quota: usize,
+    reads: Reads,
 ) -> (Vec<Option<String>>, usize) {
     let mut order = rotation(
         after,
@@ -325,8 +326,43 @@ pub fn tenant_pass(
         !matches!(cursor, Some(Some(_))),
     );
     order.truncate(quota);
-    let reads = group_reads(quota, order.len());
+    let reads = match reads {
+        Reads::Share => per_group_reads(quota, order.len()),
+        Reads::Full => group_reads(quota, order.len()),
+    };
     (order, reads)
+}
+
+/// How many jobs a round-robin pass reads per group. A pass first reads an even share of the
+/// quota from each group: with many keys each gives one or two, and reading the whole quota
+/// from every one (a read per key of jobs never taken) was most of a fetch's cost. Only when
+/// that pass comes out short while a group gave all it was asked for ([`read_more`]) is it
+/// read again with the whole quota per group, as a pass over few groups needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    Share,
+    Full,
+}
+
+/// How many jobs to read from a group of `weight` when a pass reads `reads` per group: a
+/// weighted group takes `weight` picks a turn, so it is read as many times over (never more
+/// than the quota).
+pub fn weighted_reads(reads: usize, weight: u32, quota: usize) -> usize {
+    reads
+        .saturating_mul(usize::try_from(weight.max(1)).unwrap_or(usize::MAX))
+        .min(quota)
+}
+
+/// Whether a pass read with [`Reads::Share`] (`share` jobs per group, times its weight) should
+/// be read again in full: it picked fewer than `quota` while some group gave all it was asked
+/// for and may start more.
+pub fn read_more(groups: &[Group], picked: &Picked, quota: usize, share: usize) -> bool {
+    picked.jobs.len() < quota
+        && share < quota
+        && groups.iter().any(|group| {
+            group.jobs.len() >= weighted_reads(share, group.weight, quota)
+                && group.budget > group.jobs.len()
+        })
 }
 
 pub fn rotation(
@@ -543,12 +579,42 @@ mod tests {
             true,
             Some(Some("b")),
             3,
+            Reads::Full,
         );
         assert_eq!(order, vec![Some("c".into()), Some("d".into()), None]);
         assert_eq!(reads, 3);
         // No fetch yet: from the first tenant.
-        let (order, _) = tenant_pass(Vec::new(), names(&["a", "b"]), false, None, 10);
+        let (order, reads) = tenant_pass(
+            Vec::new(),
+            names(&["a", "b"]),
+            false,
+            None,
+            10,
+            Reads::Share,
+        );
         assert_eq!(order, vec![Some("a".into()), Some("b".into())]);
+        assert_eq!(reads, 5, "an even share of the quota");
+    }
+
+    #[test]
+    fn a_short_pass_over_even_shares_is_read_again_in_full() {
+        let group = |key: &str, jobs: usize, budget: usize| Group {
+            key: Some(key.into()),
+            jobs: ids(jobs),
+            budget,
+            weight: 1,
+        };
+        // Two keys, a quota of 10, five read from each: one had only two.
+        let groups = vec![group("a", 5, usize::MAX), group("b", 2, usize::MAX)];
+        let picked = round_robin(&groups, 10);
+        assert_eq!(picked.jobs.len(), 7);
+        assert!(read_more(&groups, &picked, 10, 5), "a may hold more");
+        // The same, but a may start no more than it gave.
+        let groups = vec![group("a", 5, 5), group("b", 2, usize::MAX)];
+        assert!(!read_more(&groups, &round_robin(&groups, 10), 10, 5));
+        // Full: nothing to read again.
+        let groups = vec![group("a", 5, usize::MAX), group("b", 5, usize::MAX)];
+        assert!(!read_more(&groups, &round_robin(&groups, 10), 10, 5));
     }
 
     #[test]
