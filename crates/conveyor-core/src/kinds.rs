@@ -39,6 +39,22 @@ pub struct KindSettings {
     pub updated_at: DateTime<Utc>,
 }
 
+impl KindSettings {
+    /// A kind with no settings yet (set the fields wanted with struct update syntax).
+    pub fn new(kind: impl Into<String>) -> Self {
+        Self {
+            kind: kind.into(),
+            schema: None,
+            version: None,
+            circuit_breaker: None,
+            limits: Vec::new(),
+            sequence: None,
+            batch: None,
+            updated_at: DateTime::UNIX_EPOCH,
+        }
+    }
+}
+
 /// Checks settings before a store keeps them: the kind's name, and a schema that compiles.
 pub fn validate_settings(settings: &KindSettings) -> Result<(), ValidationError> {
     crate::fields::name("kind", &settings.kind)?;

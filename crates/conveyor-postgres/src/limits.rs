@@ -622,6 +622,10 @@ async fn key_budgets(
 
 /// The queue's groups in round-robin order (starting after the group served last), each with
 /// its first jobs and per-key budget, and every candidate read by id.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the claim's context, the queue's pass and how much to read; grouping them would only rename them"
+)]
 async fn tenant_groups(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,

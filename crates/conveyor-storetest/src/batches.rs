@@ -17,14 +17,8 @@ use crate::kit::{fetch_params, get, insert, job_in, millis, span, Harness};
 async fn batch_kind(h: &Harness, kind: &str, spec: BatchSpec) -> KindRegistry {
     h.store
         .kind_put(KindSettings {
-            kind: kind.into(),
-            schema: None,
-            version: None,
-            circuit_breaker: None,
-            limits: Vec::new(),
-            sequence: None,
             batch: Some(spec),
-            updated_at: chrono::DateTime::UNIX_EPOCH,
+            ..KindSettings::new(kind)
         })
         .await
         .expect("kind settings");

@@ -17,14 +17,8 @@ use uuid::Uuid;
 async fn batch_kind(store: &Arc<dyn Store>, kind: &str, spec: BatchSpec) {
     store
         .kind_put(KindSettings {
-            kind: kind.into(),
-            schema: None,
-            version: None,
-            circuit_breaker: None,
-            limits: Vec::new(),
-            sequence: None,
             batch: Some(spec),
-            updated_at: chrono::Utc::now(),
+            ..KindSettings::new(kind)
         })
         .await
         .expect("kind settings");

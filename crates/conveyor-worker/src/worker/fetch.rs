@@ -126,6 +126,31 @@ impl Lane {
         taken
     }
 
+    /// One long-poll of this lane (a batch fetch with `batch`), until jobs come, `wait` passes
+    /// or the lane stops; a panic in it is contained and reported as an error.
+    pub(super) async fn fetch(
+        &self,
+        params: FetchParams,
+        batch: bool,
+        wait: Duration,
+        poll: Duration,
+    ) -> conveyor_core::StoreResult<Vec<Job>> {
+        contained(async {
+            conveyor_core::faults::inject("worker_fetch")?;
+            fetch_waiting_with(
+                self.shared.store.as_ref(),
+                self.shared.gates(batch),
+                conveyor_core::Valid::fetch(params)?,
+                wait,
+                poll,
+                None,
+                self.stop.cancelled(),
+            )
+            .await
+        })
+        .await
+    }
+
     /// Hands claimed jobs that never started back to the queue (available at once, the
     /// attempt not counted).
     pub(super) async fn hand_back(&self, leases: Vec<LeaseRef>, why: &str) {
@@ -307,20 +332,7 @@ async fn fetch_loop(lane: &Arc<Lane>, poll: Duration) {
             Duration::from_secs(30)
         };
         let asked = Instant::now();
-        let fetched = contained(async {
-            conveyor_core::faults::inject("worker_fetch")?;
-            fetch_waiting_with(
-                lane.shared.store.as_ref(),
-                lane.shared.gates(false),
-                conveyor_core::Valid::fetch(params)?,
-                wait,
-                poll,
-                None,
-                lane.stop.cancelled(),
-            )
-            .await
-        })
-        .await;
+        let fetched = lane.fetch(params, false, wait, poll).await;
         let jobs = match fetched {
             Ok(jobs) => {
                 error_backoff = Duration::from_millis(100);
@@ -414,20 +426,9 @@ pub(super) async fn run_batch_fetcher(lane: Arc<Lane>, poll: Duration) {
             kinds: Some(kinds.clone()),
             excluded_kinds: Vec::new(),
         };
-        let fetched = contained(async {
-            conveyor_core::faults::inject("worker_fetch")?;
-            fetch_waiting_with(
-                lane.shared.store.as_ref(),
-                lane.shared.gates(true),
-                conveyor_core::Valid::fetch(params)?,
-                Duration::from_secs(30),
-                poll,
-                None,
-                lane.stop.cancelled(),
-            )
-            .await
-        })
-        .await;
+        let fetched = lane
+            .fetch(params, true, Duration::from_secs(30), poll)
+            .await;
         let jobs = match fetched {
             Ok(jobs) => {
                 error_backoff = Duration::from_millis(100);

@@ -324,30 +324,65 @@ pub(super) async fn execute_batch(
     }
 }
 
-/// Runs a batch handler in a task of its own (a panic is contained) under `timeout`; `Err`
-/// carries what every job of the batch gets when the handler gave no outcomes.
+/// Runs a batch handler in a task of its own (see [`supervise`]) until it answers or every
+/// job's token is cancelled; `Err` carries what every job of the batch gets when the handler
+/// gave no outcomes.
 async fn run_batch_handler(
     registered: &crate::handler::RegisteredBatch,
     items: Vec<crate::handler::BatchJob>,
     timeout: Option<Duration>,
     tokens: &[CancellationToken],
 ) -> Result<Vec<Outcome>, Attempt> {
-    super::backtraces::install();
-    let mut task = tokio::spawn((registered.handler)(items));
     let every_one_cancelled = async {
         for token in tokens {
             token.cancelled().await;
         }
     };
+    let task = tokio::spawn((registered.handler)(items));
+    supervise(task, timeout, every_one_cancelled, "batch handler").await
+}
+
+async fn run_handler(
+    registered: &Registered,
+    ctx: JobContext,
+    payload: Value,
+    timeout: Option<Duration>,
+    cancel: &CancellationToken,
+) -> Attempt {
+    let task = tokio::spawn((registered.handler)(ctx, payload));
+    match supervise(task, timeout, cancel.cancelled(), "handler").await {
+        Ok(Ok(outcome)) => Attempt::Handler(outcome),
+        Ok(Err(failure)) => Attempt::Failed(failure),
+        Err(attempt) => attempt,
+    }
+}
+
+/// Waits for a handler's task (spawned, so a panic is contained and reported with its
+/// backtrace, not propagated) under `timeout`, or until `cancelled` resolves. `Err` is how the
+/// attempt ended without an answer: interrupted, panicked or timed out (`what` names the
+/// handler in the timeout's message).
+async fn supervise<T: Send + 'static>(
+    mut task: tokio::task::JoinHandle<T>,
+    timeout: Option<Duration>,
+    cancelled: impl std::future::Future<Output = ()>,
+    what: &str,
+) -> Result<T, Attempt> {
+    super::backtraces::install();
     let deadline = async {
         match timeout {
             Some(t) => tokio::time::sleep(t).await,
             None => std::future::pending().await,
         }
     };
+    // Cancellation is checked first: a handler that awaits `ctx.cancelled()` and then returns
+    // finishes in the same instant as the cancellation, and an unbiased select would then take
+    // its outcome half of the time, completing a job that shutdown means to release (and
+    // reporting it drained). Once cancelled, the attempt is interrupted, whatever it returns.
     tokio::select! {
         biased;
-        _ = every_one_cancelled => {
+        _ = cancelled => {
+            // Give a cooperative handler (one awaiting `ctx.cancelled()`) a moment to stop
+            // cleanly before it is dropped.
             if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
                 task.abort();
                 let _ = task.await;
@@ -355,7 +390,7 @@ async fn run_batch_handler(
             Err(Attempt::Interrupted)
         }
         joined = &mut task => match joined {
-            Ok(outcomes) => Ok(outcomes),
+            Ok(answer) => Ok(answer),
             Err(join_error) if join_error.is_panic() => {
                 let backtrace = super::backtraces::take(join_error.id());
                 Err(Attempt::Failed(RuntimeFailure {
@@ -371,68 +406,13 @@ async fn run_batch_handler(
             task.abort();
             Err(Attempt::Failed(RuntimeFailure {
                 class: error_class::TIMEOUT,
-                message: format!("batch handler exceeded its timeout of {} ms", timeout.map_or(0, |t| t.as_millis())),
+                message: format!(
+                    "{what} exceeded its timeout of {} ms",
+                    timeout.map_or(0, |t| t.as_millis())
+                ),
                 backtrace: None,
                 retryable: true,
             }))
-        }
-    }
-}
-
-async fn run_handler(
-    registered: &Registered,
-    ctx: JobContext,
-    payload: Value,
-    timeout: Option<Duration>,
-    cancel: &CancellationToken,
-) -> Attempt {
-    // The handler runs in its own task so a panic is contained and reported, not propagated
-    // (with its backtrace).
-    super::backtraces::install();
-    let mut task = tokio::spawn((registered.handler)(ctx, payload));
-    let deadline = async {
-        match timeout {
-            Some(t) => tokio::time::sleep(t).await,
-            None => std::future::pending().await,
-        }
-    };
-    // Cancellation is checked first: a handler that awaits `ctx.cancelled()` and then returns
-    // finishes in the same instant as the cancellation, and an unbiased select would then take
-    // its outcome half of the time, completing a job that shutdown means to release (and
-    // reporting it drained). Once cancelled, the attempt is interrupted, whatever it returns.
-    tokio::select! {
-        biased;
-        _ = cancel.cancelled() => {
-            // Give a cooperative handler (one awaiting `ctx.cancelled()`) a moment to stop
-            // cleanly before it is dropped.
-            if tokio::time::timeout(CANCEL_GRACE, &mut task).await.is_err() {
-                task.abort();
-                let _ = task.await;
-            }
-            Attempt::Interrupted
-        }
-        joined = &mut task => match joined {
-            Ok(Ok(outcome)) => Attempt::Handler(outcome),
-            Ok(Err(failure)) => Attempt::Failed(failure),
-            Err(join_error) if join_error.is_panic() => {
-                let backtrace = super::backtraces::take(join_error.id());
-                Attempt::Failed(RuntimeFailure {
-                    class: error_class::PANIC,
-                    message: panic_message(join_error.into_panic()),
-                    backtrace,
-                    retryable: true,
-                })
-            }
-            Err(_) => Attempt::Interrupted,
-        },
-        _ = deadline => {
-            task.abort();
-            Attempt::Failed(RuntimeFailure {
-                class: error_class::TIMEOUT,
-                message: format!("handler exceeded its timeout of {} ms", timeout.map_or(0, |t| t.as_millis())),
-                backtrace: None,
-                retryable: true,
-            })
         }
     }
 }
