@@ -29,13 +29,14 @@ const MAX_GROUPS_READ: usize = 256;
 /// What one look of a fetch found (a plain fetch fills in `jobs` only).
 #[derive(Debug, Default)]
 pub struct Look {
-    /// The batch claimed (empty when no group was ready, or another fetch took it first).
+    /// The jobs claimed: for a batch fetch one batch, empty when no group was ready (or
+    /// another fetch took it first).
     pub jobs: Vec<Job>,
     /// When the earliest waiting group that was not ready becomes ready.
     pub ready_at: Option<DateTime<Utc>>,
     /// Jobs of other keys claimed on the way to a keyed batch and given back. Giving back
-    /// wakes waiting fetches, this one too: a look that gave back and found nothing should
-    /// not look again at that wake-up.
+    /// wakes waiting fetches, this one too: the long-poll listens afresh after such a look,
+    /// so it does not look again for its own wake-up.
     pub gave_back: usize,
 }
 
