@@ -80,6 +80,9 @@ pub mod error_class {
     /// The handler succeeded but its result cannot be stored (a NUL character in a string):
     /// retrying would produce the same result, so the job goes to the dead-letter queue.
     pub const INVALID_RESULT: &str = "invalid_result";
+    /// A batch handler answered no outcome for the job (fewer outcomes than jobs): nothing
+    /// says its work was done, so it retries.
+    pub const MISSING_OUTCOME: &str = "missing_outcome";
 }
 
 /// One failed attempt in a job's history.

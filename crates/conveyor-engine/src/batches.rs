@@ -40,22 +40,6 @@ pub struct Look {
     pub gave_back: usize,
 }
 
-/// Makes due scheduled and retryable jobs available when any of `queues` has one: what a
-/// fetch's claim does first, for a look that may not claim (a batch not ready yet, a plain
-/// fetch left with no kind to take). Without it, a due job nobody promotes would keep the
-/// long-poll waking at once.
-pub async fn promote_if_due(store: &dyn Store, queues: &[String]) -> StoreResult<()> {
-    let now = store.clock().now();
-    if store
-        .jobs_next_due(queues)
-        .await?
-        .is_some_and(|due| due <= now)
-    {
-        store.jobs_promote_due().await?;
-    }
-    Ok(())
-}
-
 /// A plain fetch, narrowed so that it claims no job of a batch kind.
 pub fn without_batch_kinds(
     params: Valid<FetchParams>,
@@ -96,9 +80,6 @@ pub async fn claim_batch(
             .map(|(kind, spec)| (kind.clone(), spec.clone()))
             .collect(),
     };
-    // A batch look claims only when a group is ready, so it promotes due jobs itself: a
-    // retried batch job waits for nothing else.
-    promote_if_due(store, &params.queues).await?;
     let now = store.clock().now();
     let mut look = Look::default();
     // Every ready group: (group, its queue, its kind's place in `kinds`).

@@ -21,6 +21,9 @@ struct Snapshot {
     /// A stored schema this build cannot compile is kept as its error: reported on every
     /// enqueue of its kind, and only there (fetches and other kinds go on).
     schemas: HashMap<String, Result<Arc<KindSchema>, String>>,
+    /// Each kind's schema as stored, so a refresh compiles only what changed (fetches refresh
+    /// the snapshot every second, for the batch kinds).
+    sources: HashMap<String, Value>,
     batches: Arc<BTreeMap<String, BatchSpec>>,
 }
 
@@ -50,7 +53,9 @@ impl KindRegistry {
     async fn current(&self) -> StoreResult<Arc<Snapshot>> {
         self.current
             .get(|| async {
+                let last = self.current.last();
                 let mut schemas = HashMap::new();
+                let mut sources = HashMap::new();
                 let mut batches = BTreeMap::new();
                 for settings in self.store.kinds_list().await? {
                     if let Some(batch) = settings.batch {
@@ -59,6 +64,13 @@ impl KindRegistry {
                     let Some(schema) = settings.schema else {
                         continue;
                     };
+                    if last.sources.get(&settings.kind) == Some(&schema) {
+                        if let Some(compiled) = last.schemas.get(&settings.kind) {
+                            schemas.insert(settings.kind.clone(), compiled.clone());
+                            sources.insert(settings.kind, schema);
+                            continue;
+                        }
+                    }
                     // A stored schema was compiled when it was set; one this build cannot
                     // compile is reported on every enqueue of its kind rather than silently
                     // not enforced.
@@ -68,10 +80,12 @@ impl KindRegistry {
                             settings.kind, e.message
                         )
                     });
-                    schemas.insert(settings.kind, compiled);
+                    schemas.insert(settings.kind.clone(), compiled);
+                    sources.insert(settings.kind, schema);
                 }
                 Ok(Snapshot {
                     schemas,
+                    sources,
                     batches: Arc::new(batches),
                 })
             })

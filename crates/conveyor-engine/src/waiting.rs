@@ -48,11 +48,8 @@ impl<'a> Gates<'a> {
         }
         let params = crate::batches::without_batch_kinds(params.clone(), &batches);
         let jobs = match self.breakers {
-            _ if params.claims_nothing() => {
-                // It named batch kinds only: it claims nothing, but due jobs still come due.
-                crate::batches::promote_if_due(store, &params.queues).await?;
-                Vec::new()
-            }
+            // It named batch kinds only.
+            _ if params.claims_nothing() => Vec::new(),
             Some(breakers) => breakers.fetch(params).await?,
             None => store.jobs_fetch_valid(params).await?,
         };
@@ -241,6 +238,16 @@ pub async fn fetch_waiting_with(
         }
         if !shared_empty {
             next_due = store.jobs_next_due(&params.queues).await?;
+            // Due already, yet not made available: only a claim promotes, and this look may
+            // not have claimed (a batch not ready yet, a plain fetch left with no kind to
+            // take). Promoted here, or its due time would wake this loop at once, again and
+            // again, until someone else's claim or the maintenance promoted it.
+            if next_due.is_some_and(|due| due <= store.clock().now())
+                && store.jobs_promote_due().await? > 0
+            {
+                woken = true;
+                continue;
+            }
         }
         // A due job's time coming is a wake-up of its own: no other fetch's look counts for it.
         let mut due_wakes = false;

@@ -138,26 +138,20 @@ async fn jobs_without_an_outcome_fail() {
         .build()
         .expect("worker");
     let (stop, handle) = spawn_worker(w);
-    let mut states = Vec::new();
-    for id in &ids {
-        let job = loop {
-            let job = env.store.job_get(*id).await.expect("get").expect("job");
-            if job.state != JobState::Available && job.state != JobState::Running {
-                break job;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        };
-        states.push(job);
+    // The one outcome is the first job's (claim order is enqueue order here).
+    let mut states = vec![wait_for_state(&env.store, ids[0], JobState::Completed).await];
+    for id in &ids[1..] {
+        states.push(wait_for_state(&env.store, *id, JobState::Retryable).await);
     }
     stop.send(()).expect("stop");
     handle.await.expect("worker ran");
-    let completed = states
-        .iter()
-        .filter(|job| job.state == JobState::Completed)
-        .count();
-    assert_eq!(completed, 1, "only the job with an outcome completed");
-    for job in states.iter().filter(|job| job.state != JobState::Completed) {
-        assert_eq!(job.state, JobState::Retryable, "{job:?}");
+    assert!(
+        states[0].errors.is_empty(),
+        "the job with an outcome completed as answered"
+    );
+    for job in &states[1..] {
+        assert_eq!(job.errors.len(), 1);
+        assert_eq!(job.errors[0].class, error_class::MISSING_OUTCOME);
         assert!(
             job.errors[0]
                 .message

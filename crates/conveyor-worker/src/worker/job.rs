@@ -290,7 +290,7 @@ pub(super) async fn execute_batch(
     let answered = outcomes.len();
     while outcomes.len() < count {
         outcomes.push(Attempt::Failed(RuntimeFailure {
-            class: error_class::ERROR,
+            class: error_class::MISSING_OUTCOME,
             message: format!(
                 "the batch handler returned {answered} outcome(s) for a batch of {count}"
             ),
