@@ -658,25 +658,37 @@ async fn tenant_groups(
     } else {
         Vec::new()
     };
-    let untenanted = candidates_of(
-        &sqlx::query(ungrouped_read.clone())
-            .bind(queue)
-            .bind(limit(limits::UNTENANTED_WINDOW))
-            .bind(limit(quota))
-            .bind(params.kinds.as_deref())
-            .bind(&params.excluded_kinds)
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db("read jobs without a tenant"))?,
-    )?;
-    let (order, reads) = limits::tenant_pass(
-        after,
-        from_start,
-        !untenanted.is_empty(),
-        cursor.as_ref().map(|served| served.as_deref()),
-        quota,
-        reads,
-    );
+    let pass = |ungrouped: bool| {
+        limits::tenant_pass(
+            after.clone(),
+            from_start.clone(),
+            ungrouped,
+            cursor.as_ref().map(|served| served.as_deref()),
+            quota,
+            reads,
+        )
+    };
+    // Jobs without a key are read (a window of the queue) only when this pass reaches their
+    // turn (`limits::ungrouped_turn`).
+    let (mut order, mut reads) = pass(true);
+    let untenanted = if limits::ungrouped_turn(&order) {
+        candidates_of(
+            &sqlx::query(ungrouped_read.clone())
+                .bind(queue)
+                .bind(limit(limits::UNTENANTED_WINDOW))
+                .bind(limit(quota))
+                .bind(params.kinds.as_deref())
+                .bind(&params.excluded_kinds)
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(db("read jobs without a tenant"))?,
+        )?
+    } else {
+        Vec::new()
+    };
+    if untenanted.is_empty() && limits::ungrouped_turn(&order) {
+        (order, reads) = pass(false);
+    }
     let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
     let (budgets, weights): (Vec<usize>, Vec<u32>) = match grouping {
         // A limit key's room and weight, as the claim's admission counts them.

@@ -365,17 +365,29 @@ fn tenant_groups(
     } else {
         Vec::new()
     };
-    let ungrouped = untenanted_ids(ctx, grouping, queue, quota, filter)?;
     let firsts: HashMap<String, Uuid> = after.iter().chain(&from_start).cloned().collect();
-    let names = |found: Vec<(String, Uuid)>| found.into_iter().map(|(name, _)| name).collect();
-    let (order, reads) = limits::tenant_pass(
-        names(after),
-        names(from_start),
-        !ungrouped.is_empty(),
-        cursor.as_ref().map(|served| served.as_deref()),
-        quota,
-        reads,
-    );
+    let names = |found: &[(String, Uuid)]| found.iter().map(|(name, _)| name.clone()).collect();
+    let pass = |ungrouped: bool| {
+        limits::tenant_pass(
+            names(&after),
+            names(&from_start),
+            ungrouped,
+            cursor.as_ref().map(|served| served.as_deref()),
+            quota,
+            reads,
+        )
+    };
+    // Jobs without a key are read (a window of the queue) only when this pass reaches their
+    // turn (`limits::ungrouped_turn`).
+    let (mut order, mut reads) = pass(true);
+    let ungrouped = if limits::ungrouped_turn(&order) {
+        untenanted_ids(ctx, grouping, queue, quota, filter)?
+    } else {
+        Vec::new()
+    };
+    if ungrouped.is_empty() && limits::ungrouped_turn(&order) {
+        (order, reads) = pass(false);
+    }
     let per_key =
         settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
     let mut groups = Vec::with_capacity(order.len());

@@ -360,8 +360,16 @@ pub(crate) fn integrity_check(conn: &Connection) -> Result<(), String> {
     }
 }
 
+/// Statements the writer keeps prepared: more than the fixed set it runs.
+const WRITER_STATEMENTS: usize = 256;
+
 pub(crate) fn configure_writer(conn: &Connection, durability: Durability) -> rusqlite::Result<()> {
     conn.busy_timeout(std::time::Duration::from_secs(10))?;
+    // The writer runs every statement through the statement cache. rusqlite keeps 16, fewer
+    // than a round's statements once a fetch goes through limits (promotions, expiries, the
+    // claim, the key reads, savepoints): least recently used, so every round prepared several
+    // again (perf: 5-8 % of the writer in a drain). The statements are a fixed set.
+    conn.set_prepared_statement_cache_capacity(WRITER_STATEMENTS);
     let mode: String = conn.query_row("PRAGMA journal_mode=WAL", [], |row| row.get(0))?;
     if !mode.eq_ignore_ascii_case("wal") {
         return Err(rusqlite::Error::InvalidParameterName(format!(
@@ -374,16 +382,21 @@ pub(crate) fn configure_writer(conn: &Connection, durability: Durability) -> rus
         Durability::RelaxedLosesRecentJobsOnPowerLoss => ("NORMAL", 1000),
     };
     // Each operation runs in a savepoint (see writer.rs), and every statement that may abort in
-    // it in a statement savepoint, both journalled in the sub-journal. temp_store=MEMORY would
-    // keep that journal as a list of 1 KiB chunks that each statement's release walks from the
-    // start to truncate it (perf: 9 % of the writer in a flow benchmark, growing with the
-    // operation); the default keeps one 64 KiB chunk and spills past it to an unsynced temp
-    // file, truncated at once. Flow steps +5-12 %, plain drain unchanged (docs/benchmarks.md).
+    // it in a statement savepoint, both journalled in the sub-journal (the first change of each
+    // page copies the page there). temp_store=MEMORY keeps that journal in memory; SQLite's
+    // default keeps 64 KiB (16 pages) there and spills the rest to a temporary file created
+    // for the round, which any claim or enqueue spread over the table exceeds. Measured both
+    // ways twice (2026-12-01 and 2026-12-05, docs/benchmarks.md): the file won when flow steps
+    // rewrote wide rows, and lost 12-19 % of the writer to the file's writes once claims took
+    // turns across keys and rows grew (plain drain +15-35 %, keyed drain +14 %, flow steps
+    // +10-24 % with memory). Raising SQLite's spill threshold instead
+    // (SQLITE_CONFIG_STMTJRNL_SPILL, 256 KiB) failed the keyed drain: the journal's later spill
+    // to its file came out short and SQLite answered SQLITE_FULL.
     // The WAL file is reused, never shrunk, unless a limit says so: the soak saw it creep from
     // 8 to 15 MiB over 20 minutes. Past 64 MiB it is truncated back after a checkpoint.
     conn.execute_batch(&format!(
         "PRAGMA synchronous={synchronous}; PRAGMA wal_autocheckpoint={autocheckpoint}; \
-         PRAGMA cache_size=-65536; \
+         PRAGMA cache_size=-65536; PRAGMA temp_store=MEMORY; \
          PRAGMA journal_size_limit=67108864;"
     ))?;
     Ok(())

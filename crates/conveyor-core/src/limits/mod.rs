@@ -333,6 +333,15 @@ pub fn tenant_pass(
     (order, reads)
 }
 
+/// Whether a pass (a [`tenant_pass`] order made as if jobs without a group were waiting)
+/// reaches the group without one. That group takes its turn after the last key, so a pass over
+/// many keys seldom does: the stores read its window of the queue (up to
+/// [`UNTENANTED_WINDOW`] rows, most of a keyed fetch's reads when every job has a key) only
+/// then, and make the pass again without it when the window holds none.
+pub fn ungrouped_turn(order: &[Option<String>]) -> bool {
+    order.iter().any(Option::is_none)
+}
+
 /// How many jobs a round-robin pass reads per group. A pass first reads an even share of the
 /// quota from each group: with many keys each gives one or two, and reading the whole quota
 /// from every one (a read per key of jobs never taken) was most of a fetch's cost. Only when
