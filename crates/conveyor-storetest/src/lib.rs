@@ -197,6 +197,7 @@ macro_rules! __conveyor_behaviours {
             tenants_are_served_round_robin,
             kinds_filter_applies_before_limits_pick,
             untenanted_jobs_take_a_turn_among_tenants,
+            untenanted_jobs_get_their_turn_after_many_tenants,
             fairness_keeps_priority_within_a_tenant,
             weighted_queues_share_a_fetch,
             invalid_flow_settings_are_refused,

@@ -151,6 +151,31 @@ pub async fn untenanted_jobs_take_a_turn_among_tenants(h: &Harness) {
     assert_eq!(tenants(&first), vec![Some("big"), None]);
 }
 
+/// With more tenants than a fetch takes, the group without a tenant still gets its turn when
+/// the rotation reaches it after the last tenant (the stores read that group only then), and
+/// a pass that reaches it while none wait goes on to the first tenant.
+pub async fn untenanted_jobs_get_their_turn_after_many_tenants(h: &Harness) {
+    let names = ["t1", "t2", "t3", "t4", "t5"];
+    let jobs = names
+        .iter()
+        .flat_map(|tenant| [tenant_job("wide", tenant), tenant_job("wide", tenant)]);
+    insert_all(h, jobs.collect()).await;
+    insert(h, job_in("wide", "k")).await;
+    let mut served = Vec::new();
+    for _ in 0..3 {
+        let two = fetch(h, &["wide"], 2).await;
+        served.extend(
+            tenants(&two)
+                .into_iter()
+                .map(|t| t.unwrap_or("-").to_string()),
+        );
+    }
+    assert_eq!(served, ["t1", "t2", "t3", "t4", "t5", "-"]);
+    // No job without a tenant waits now: the next pass starts again at the first tenant.
+    let next = fetch(h, &["wide"], 2).await;
+    assert_eq!(tenants(&next), vec![Some("t1"), Some("t2")]);
+}
+
 /// Within a tenant, priority still decides.
 pub async fn fairness_keeps_priority_within_a_tenant(h: &Harness) {
     let mut jobs: Vec<NewJob> = (0..3).map(|_| tenant_job("prio", "acme")).collect();
