@@ -97,14 +97,10 @@ impl BatchSpec {
         }
     }
 
-    fn key_expr(&self) -> Option<KeyExpr> {
+    /// The spec's key, parsed (`None` without one). A job's batch key is its value there
+    /// ([`KeyExpr::value_of_stored`]; `None` when the job has no value).
+    pub fn key_expr(&self) -> Option<KeyExpr> {
         self.key.as_deref().and_then(|key| key.parse().ok())
-    }
-
-    /// The batch key of a stored job: its value of the spec's key (`None` without a key, or
-    /// when the job has no value there).
-    pub fn key_of(&self, job: &Job) -> Option<String> {
-        self.key_expr()?.value_of_stored(job)
     }
 }
 

@@ -125,11 +125,11 @@ pub async fn claim_batch(
             Some(breakers) => breakers.fetch(narrowed).await?,
             None => store.jobs_fetch_valid(narrowed).await?,
         };
-        let (mut batch, mut others): (Vec<Job>, Vec<Job>) = match spec.key {
+        let (mut batch, mut others): (Vec<Job>, Vec<Job>) = match spec.key_expr() {
             None => (claimed, Vec::new()),
-            Some(_) => claimed
+            Some(key) => claimed
                 .into_iter()
-                .partition(|job| spec.key_of(job) == pick.key),
+                .partition(|job| key.value_of_stored(job) == pick.key),
         };
         if batch.len() > size {
             others.extend(batch.split_off(size));

@@ -671,23 +671,21 @@ async fn tenant_groups(
     // Jobs without a key are read (a window of the queue) only when this pass reaches their
     // turn (`limits::ungrouped_turn`).
     let (mut order, mut reads) = pass(true);
-    let untenanted = if limits::ungrouped_turn(&order) {
-        candidates_of(
-            &sqlx::query(ungrouped_read.clone())
-                .bind(queue)
-                .bind(limit(limits::UNTENANTED_WINDOW))
-                .bind(limit(quota))
-                .bind(params.kinds.as_deref())
-                .bind(&params.excluded_kinds)
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(db("read jobs without a tenant"))?,
-        )?
-    } else {
-        Vec::new()
-    };
-    if untenanted.is_empty() && limits::ungrouped_turn(&order) {
-        (order, reads) = pass(false);
+    let mut untenanted = Vec::new();
+    if limits::ungrouped_turn(&order) {
+        let found = sqlx::query(ungrouped_read.clone())
+            .bind(queue)
+            .bind(limit(limits::UNTENANTED_WINDOW))
+            .bind(limit(quota))
+            .bind(params.kinds.as_deref())
+            .bind(&params.excluded_kinds)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("read jobs without a tenant"))?;
+        untenanted = candidates_of(&found)?;
+        if untenanted.is_empty() {
+            (order, reads) = pass(false);
+        }
     }
     let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
     let (budgets, weights): (Vec<usize>, Vec<u32>) = match grouping {

@@ -380,13 +380,12 @@ fn tenant_groups(
     // Jobs without a key are read (a window of the queue) only when this pass reaches their
     // turn (`limits::ungrouped_turn`).
     let (mut order, mut reads) = pass(true);
-    let ungrouped = if limits::ungrouped_turn(&order) {
-        untenanted_ids(ctx, grouping, queue, quota, filter)?
-    } else {
-        Vec::new()
-    };
-    if ungrouped.is_empty() && limits::ungrouped_turn(&order) {
-        (order, reads) = pass(false);
+    let mut ungrouped = Vec::new();
+    if limits::ungrouped_turn(&order) {
+        ungrouped = untenanted_ids(ctx, grouping, queue, quota, filter)?;
+        if ungrouped.is_empty() {
+            (order, reads) = pass(false);
+        }
     }
     let per_key =
         settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();

@@ -14,17 +14,17 @@ use std::time::Duration;
 use tokio::sync::mpsc;
 use uuid::Uuid;
 
-async fn batch_kind(store: &Arc<dyn Store>, kind: &str, spec: BatchSpec) {
+/// Makes `rows.insert` a batch kind of `count` jobs (going out after `max_wait_ms` if fewer
+/// wait) and enqueues `count` rows, numbered from 1: one full batch.
+async fn one_batch_of_rows(store: &Arc<dyn Store>, count: u64, max_wait_ms: u64) -> Vec<Uuid> {
+    let spec = BatchSpec::of(u32::try_from(count).expect("a batch size")).max_wait_ms(max_wait_ms);
     store
         .kind_put(KindSettings {
             batch: Some(spec),
-            ..KindSettings::new(kind)
+            ..KindSettings::new("rows.insert")
         })
         .await
         .expect("kind settings");
-}
-
-async fn enqueue_rows(store: &Arc<dyn Store>, count: u64) -> Vec<Uuid> {
     let jobs = (1..=count)
         .map(|n| {
             let mut job = NewJob::new("rows.insert", json!({ "n": n }));
@@ -48,8 +48,7 @@ async fn enqueue_rows(store: &Arc<dyn Store>, count: u64) -> Vec<Uuid> {
 async fn batch_partial_failure_retries_only_the_failed_jobs() {
     let env = env();
     // The five go out together because the batch is full; the two retried ones, by time.
-    batch_kind(&env.store, "rows.insert", BatchSpec::of(5).max_wait_ms(300)).await;
-    let ids = enqueue_rows(&env.store, 5).await;
+    let ids = one_batch_of_rows(&env.store, 5, 300).await;
     let (batches_tx, mut batches) = mpsc::unbounded_channel::<Vec<u64>>();
     let w = Worker::builder(env.store.clone())
         .queue("default", 2)
@@ -119,13 +118,7 @@ async fn batch_partial_failure_retries_only_the_failed_jobs() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_without_an_outcome_fail() {
     let env = env();
-    batch_kind(
-        &env.store,
-        "rows.insert",
-        BatchSpec::of(3).max_wait_ms(60_000),
-    )
-    .await;
-    let ids = enqueue_rows(&env.store, 3).await;
+    let ids = one_batch_of_rows(&env.store, 3, 60_000).await;
     let w = Worker::builder(env.store.clone())
         .queue("default", 1)
         .poll_interval(Duration::from_millis(20))
@@ -167,13 +160,7 @@ async fn jobs_without_an_outcome_fail() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_lease_drops_only_that_jobs_outcome() {
     let env = env();
-    batch_kind(
-        &env.store,
-        "rows.insert",
-        BatchSpec::of(3).max_wait_ms(60_000),
-    )
-    .await;
-    let ids = enqueue_rows(&env.store, 3).await;
+    let ids = one_batch_of_rows(&env.store, 3, 60_000).await;
     let (started_tx, mut started) = mpsc::unbounded_channel::<Uuid>();
     let w = Worker::builder(env.store.clone())
         .queue("default", 1)
