@@ -13,88 +13,176 @@ use conveyor_core::limits::named::{self as named, KeyUsage};
 use conveyor_core::limits::{self, Admission, Group, LimitSpec, LimitUsage, Reads};
 use conveyor_core::{FetchParams, Job, QueueSettings, RateLimit, StoreResult};
 use sqlx::types::Json;
-use sqlx::{PgConnection, Row};
+use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
 use std::collections::{BTreeMap, HashMap};
 use uuid::Uuid;
 
-use crate::ctx::{lock_in_order, Ctx};
+use crate::ctx::Ctx;
 use crate::errors::{corrupt, db};
 use crate::names::{concurrency_lock_key, named_limits_lock_key};
 use crate::rows::{self, count_of, limit, settings_of};
 
-/// A job a fetch may claim, with what the claim order needs.
-#[derive(Debug, Clone, Copy)]
+/// A job a fetch may claim, with what the claim order and the named limits' admission need.
+#[derive(Debug, Clone)]
 struct Candidate {
     id: Uuid,
     priority: i32,
     run_at: DateTime<Utc>,
+    /// The named-limit keys it holds (`None`: none).
+    limit_keys: Option<Vec<String>>,
 }
 
 fn candidates_of(rows: &[sqlx::postgres::PgRow]) -> StoreResult<Vec<Candidate>> {
     rows.iter()
         .map(|row| {
             let read = |e: sqlx::Error| corrupt(e.to_string());
+            let keys: Option<Json<Vec<String>>> = row.try_get("limit_keys").map_err(read)?;
             Ok(Candidate {
                 id: row.try_get("id").map_err(read)?,
                 priority: row.try_get("priority").map_err(read)?,
                 run_at: row.try_get("run_at").map_err(read)?,
+                limit_keys: keys.map(|Json(keys)| keys),
             })
         })
         .collect()
 }
 
-/// Claims for a fetch that the gate sent here. Must run in a transaction.
+/// A queue of the fetch as the prelude read it: its settings, and whether it holds available
+/// jobs with a tenant or with a round-robin limit key.
+struct QueueRead<'a> {
+    name: &'a str,
+    settings: QueueSettings,
+    tenanted: bool,
+    fair_keyed: bool,
+}
+
+/// Claims for a fetch that the gate sent here, in a transaction of its own.
+///
+/// Round trips are what this claim costs (a fetch of keyed jobs spends most of its time
+/// waiting on them, and the locks are held across those after them): one statement reads
+/// everything that needs no lock (`prelude`), one opens the transaction and takes the locks,
+/// and the rest run under them.
 pub(crate) async fn claim_limited(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
     params: &FetchParams,
     expires_at: DateTime<Utc>,
 ) -> StoreResult<Vec<Job>> {
-    let statements = &ctx.sql.limits;
     let mut names: Vec<&str> = params.queues.iter().map(String::as_str).collect();
     names.sort_unstable();
     names.dedup();
-    let found = sqlx::query(statements.settings_for.clone())
+    let found = sqlx::query(ctx.sql.limits.prelude.clone())
         .bind(&names)
         .fetch_all(&mut *conn)
         .await
         .map_err(db("read queue settings"))?;
-    let mut stored: BTreeMap<String, QueueSettings> = BTreeMap::new();
+    let mut read: BTreeMap<String, QueueRead<'_>> = BTreeMap::new();
+    let mut specs = BTreeMap::new();
     for row in &found {
-        let queue: String = row.try_get("queue").map_err(|e| corrupt(e.to_string()))?;
-        stored.insert(queue, settings_of(row)?);
-    }
-    // The fetch's queues in the order given, without paused ones.
-    let mut queues: Vec<(&str, QueueSettings)> = Vec::with_capacity(names.len());
-    for queue in &params.queues {
-        let settings = stored.get(queue).cloned().unwrap_or_default();
-        if !settings.paused && !queues.iter().any(|(q, _)| q == queue) {
-            queues.push((queue, settings));
+        let get = |e: sqlx::Error| corrupt(e.to_string());
+        let queue: String = row.try_get("queue").map_err(get)?;
+        let stored: bool = row.try_get("stored").map_err(get)?;
+        let Some(name) = names.iter().find(|name| **name == queue) else {
+            continue;
+        };
+        read.insert(
+            queue,
+            QueueRead {
+                name,
+                settings: if stored {
+                    settings_of(row)?
+                } else {
+                    QueueSettings::default()
+                },
+                tenanted: row.try_get("tenanted").map_err(get)?,
+                fair_keyed: row.try_get("fair_keyed").map_err(get)?,
+            },
+        );
+        if specs.is_empty() {
+            let documents: Option<Json<Vec<(String, serde_json::Value)>>> =
+                row.try_get("limit_specs").map_err(get)?;
+            specs = limit_specs(documents.map(|Json(documents)| documents));
         }
     }
-    let lock_keys: Vec<i64> = queues
+    // The fetch's queues in the order given, without paused ones.
+    let mut queues: Vec<QueueRead<'_>> = Vec::with_capacity(names.len());
+    for queue in &params.queues {
+        if let Some(found) = read.remove(queue) {
+            if !found.settings.paused {
+                queues.push(found);
+            }
+        }
+    }
+    // The queues' claim locks in ascending order, then the named limits' (every claim takes
+    // them in this order, so none waits for another that waits for it).
+    let mut lock_keys: Vec<i64> = queues
         .iter()
-        .map(|(queue, _)| concurrency_lock_key(ctx.schema, queue))
+        .map(|queue| concurrency_lock_key(ctx.schema, queue.name))
         .collect();
-    lock_in_order(&mut *conn, ctx, lock_keys, "lock queue claims").await?;
-    let named = named_usage(conn, ctx).await?;
-    let mut admission = named
-        .as_ref()
-        .map(|(specs, usage)| Admission::new(specs, usage));
+    lock_keys.sort_unstable();
+    lock_keys.dedup();
+    if !specs.is_empty() {
+        lock_keys.push(named_limits_lock_key(ctx.schema));
+    }
+    let mut tx = conn
+        .begin_with(begin_locked(&lock_keys))
+        .await
+        .map_err(db("begin limited claim"))?;
+    let jobs = claim_locked(&mut tx, ctx, params, expires_at, &queues, &specs).await?;
+    tx.commit().await.map_err(db("commit limited claim"))?;
+    Ok(jobs)
+}
 
+/// `BEGIN` and one advisory lock per key, in the order given, as one simple query: the locks
+/// cost no round trip of their own. The keys are numbers, so the text needs no quoting.
+fn begin_locked(keys: &[i64]) -> AssertSqlSafe<String> {
+    let mut text = String::from("BEGIN");
+    for key in keys {
+        text.push_str(&format!("; SELECT pg_advisory_xact_lock({key})"));
+    }
+    AssertSqlSafe(text)
+}
+
+/// The named limits from their stored documents (name, document). A document that does not
+/// read as a limit holds nothing (the API checks what it stores).
+fn limit_specs(documents: Option<Vec<(String, serde_json::Value)>>) -> BTreeMap<String, LimitSpec> {
+    let mut specs = BTreeMap::new();
+    for (name, document) in documents.unwrap_or_default() {
+        if let Ok(mut spec) = serde_json::from_value::<LimitSpec>(document) {
+            spec.name = name.clone();
+            specs.insert(name, spec);
+        }
+    }
+    specs
+}
+
+/// The limited claim under its locks (`claim_limited`).
+async fn claim_locked(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    params: &FetchParams,
+    expires_at: DateTime<Utc>,
+    queues: &[QueueRead<'_>],
+    specs: &BTreeMap<String, LimitSpec>,
+) -> StoreResult<Vec<Job>> {
+    let usage = if specs.is_empty() {
+        None
+    } else {
+        Some(named_usage(conn, ctx, specs).await?)
+    };
+    let mut admission = usage.as_ref().map(|usage| Admission::new(specs, usage));
     let claim = Claim {
         params,
         expires_at,
         ctx,
-        queues: &queues,
+        queues,
     };
-    if let Some(weights) = limits::fetch_weights(queues.iter().map(|(_, s)| s.weight)) {
+    if let Some(weights) = limits::fetch_weights(queues.iter().map(|q| q.settings.weight)) {
         let mut plan = limits::WeightedFetch::new(&weights, params.max, &mut rand::rng());
         let mut jobs = Vec::with_capacity(params.max);
         while let Some((index, ask)) = plan.next_ask() {
-            let (queue, settings) = &queues[index];
             let picked =
-                queue_candidates(conn, ctx, queue, settings, ask, params, admission.as_ref())
+                queue_candidates(conn, ctx, &queues[index], ask, params, admission.as_ref())
                     .await?;
             let candidates = picked.len();
             let claimed = claim.ids(conn, picked, admission.as_mut()).await?;
@@ -104,64 +192,31 @@ pub(crate) async fn claim_limited(
         return Ok(jobs);
     }
     let mut lists = Vec::with_capacity(queues.len());
-    for (queue, settings) in &queues {
-        let found = queue_candidates(
-            conn,
-            ctx,
-            queue,
-            settings,
-            params.max,
-            params,
-            admission.as_ref(),
-        )
-        .await?;
+    for queue in queues {
+        let found =
+            queue_candidates(conn, ctx, queue, params.max, params, admission.as_ref()).await?;
         lists.push(found);
     }
     let picked = limits::merge_in_claim_order(lists, params.max, |c| (c.priority, c.run_at, c.id));
     claim.ids(conn, picked, admission.as_mut()).await
 }
 
-/// The named limits and what each of their keys uses now (`None` when no limit is defined).
-/// Counted under the named-limits lock, taken after the queues' locks, so the counts include
-/// every claim that held it before, in any process. Read whenever limits exist, not only when
-/// the fetch's queues held jobs with keys a moment ago: a job with keys committed since would
-/// otherwise be read as a candidate with nothing to admit it.
+/// What each key of the named limits uses now. Counted under the named-limits lock, taken
+/// after the queues' locks, so the counts include every claim that held it before, in any
+/// process. Read whenever limits exist, not only when the fetch's queues held jobs with keys a
+/// moment ago: a job with keys committed since would otherwise be read as a candidate with
+/// nothing to admit it.
 async fn named_usage(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-) -> StoreResult<Option<(BTreeMap<String, LimitSpec>, LimitUsage)>> {
+    specs: &BTreeMap<String, LimitSpec>,
+) -> StoreResult<LimitUsage> {
     let statements = &ctx.sql.limits;
-    let rows = sqlx::query(statements.limit_specs.clone())
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db("read named limits"))?;
-    let mut specs = BTreeMap::new();
-    for row in &rows {
-        let name: String = row.try_get("name").map_err(|e| corrupt(e.to_string()))?;
-        let Json(document): Json<serde_json::Value> = row
-            .try_get("document")
-            .map_err(|e| corrupt(e.to_string()))?;
-        // A document that does not read as a limit holds nothing (the API checks what it stores).
-        if let Ok(mut spec) = serde_json::from_value::<LimitSpec>(document) {
-            spec.name = name.clone();
-            specs.insert(name, spec);
-        }
-    }
-    if specs.is_empty() {
-        return Ok(None);
-    }
-    lock_in_order(
-        &mut *conn,
-        ctx,
-        vec![named_limits_lock_key(ctx.schema)],
-        "lock named limits",
-    )
-    .await?;
     let mut usage = LimitUsage {
         running: running_by_key(conn, ctx, None).await?,
         ..LimitUsage::default()
     };
-    for (name, spec) in &specs {
+    for (name, spec) in specs {
         let Some(rate) = spec.rate else { continue };
         let (scope_queue, _) = named::rate_scope_of(&named::limit_key(name, None));
         sqlx::query(statements.prune_starts.clone())
@@ -178,7 +233,7 @@ async fn named_usage(
                 .insert(named::limit_key(name, Some(&value)), count);
         }
     }
-    Ok(Some((specs, usage)))
+    Ok(usage)
 }
 
 /// Running jobs per limit key: every key, or only those of the limit `only`.
@@ -254,7 +309,7 @@ struct Claim<'a, 'c> {
     expires_at: DateTime<Utc>,
     ctx: &'a Ctx<'c>,
     /// The fetch's queues with their settings.
-    queues: &'a [(&'a str, QueueSettings)],
+    queues: &'a [QueueRead<'a>],
 }
 
 impl Claim<'_, '_> {
@@ -269,10 +324,10 @@ impl Claim<'_, '_> {
         if picked.is_empty() {
             return Ok(Vec::new());
         }
-        let mut ids: Vec<Uuid> = picked.iter().map(|c| c.id).collect();
-        if let Some(admission) = admission.as_deref_mut() {
-            ids = admitted(conn, self.ctx, ids, admission).await?;
-        }
+        let ids: Vec<Uuid> = match admission.as_deref_mut() {
+            Some(admission) => admitted(picked, admission),
+            None => picked.iter().map(|c| c.id).collect(),
+        };
         let found = sqlx::query(self.ctx.sql.limits.claim_ids.clone())
             .bind(&ids)
             .bind(&self.params.worker_id)
@@ -319,29 +374,14 @@ fn fair_cursor(queue: &str) -> String {
     format!("{queue}\u{1f}limits")
 }
 
-/// The candidates (`ids`, in claim order) that the named limits let start, their starts counted
-/// in `admission`. Their keys are read in one statement.
-async fn admitted(
-    conn: &mut PgConnection,
-    ctx: &Ctx<'_>,
-    ids: Vec<Uuid>,
-    admission: &mut Admission<'_>,
-) -> StoreResult<Vec<Uuid>> {
-    let rows = sqlx::query(ctx.sql.limits.keys_of.clone())
-        .bind(&ids)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db("read candidates' limit keys"))?;
-    let mut keys: HashMap<Uuid, Vec<String>> = HashMap::with_capacity(rows.len());
-    for row in &rows {
-        let read = |e: sqlx::Error| corrupt(e.to_string());
-        let Json(found): Json<Vec<String>> = row.try_get("limit_keys").map_err(read)?;
-        keys.insert(row.try_get("id").map_err(read)?, found);
-    }
-    Ok(ids
+/// The candidates (in claim order) that the named limits let start, their starts counted in
+/// `admission`.
+fn admitted(picked: Vec<Candidate>, admission: &mut Admission<'_>) -> Vec<Uuid> {
+    picked
         .into_iter()
-        .filter(|id| admission.admit(keys.get(id).map_or(&[][..], Vec::as_slice)))
-        .collect())
+        .filter(|c| admission.admit(c.limit_keys.as_deref().unwrap_or_default()))
+        .map(|c| c.id)
+        .collect()
 }
 
 /// Records the claimed jobs' starts under the rates of the named limits they hold.
@@ -367,13 +407,17 @@ async fn record_limit_starts(
 async fn record_starts(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-    settings: &[(&str, QueueSettings)],
+    read: &[QueueRead<'_>],
     jobs: &[Job],
 ) -> StoreResult<()> {
     let mut queues: Vec<&str> = Vec::new();
     let mut scopes: Vec<&str> = Vec::new();
     for job in jobs {
-        let Some((_, queue_settings)) = settings.iter().find(|(q, _)| *q == job.queue) else {
+        let Some(queue_settings) = read
+            .iter()
+            .find(|q| q.name == job.queue)
+            .map(|q| &q.settings)
+        else {
             continue;
         };
         if queue_settings.rate_limit.is_some() {
@@ -414,13 +458,13 @@ async fn insert_starts<Q: AsRef<str>>(
 async fn queue_candidates(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-    queue: &str,
-    settings: &QueueSettings,
+    read: &QueueRead<'_>,
     want: usize,
     params: &FetchParams,
     admission: Option<&Admission<'_>>,
 ) -> StoreResult<Vec<Candidate>> {
     let statements = &ctx.sql.limits;
+    let (queue, settings) = (read.name, &read.settings);
     // Keys with no room: their jobs are not worth reading.
     let full = admission.map(Admission::full).unwrap_or_default();
     let running = if settings.concurrency_limit.is_some() {
@@ -455,24 +499,15 @@ async fn queue_candidates(
     if quota == 0 {
         return Ok(Vec::new());
     }
-    let tenanted: bool = sqlx::query_scalar(statements.has_tenanted.clone())
-        .bind(queue)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db("look for tenanted jobs"))?;
     // Jobs holding a keyed limit's key take turns by it, unless the queue holds tenants to
     // per-tenant limits (those need the tenant round-robin's budgets).
     let per_tenant =
         settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
+    // The probes were read before the locks: a queue with per-tenant limits takes the tenant
+    // pass even when none was seen, so a tenanted job committed since is held to its budget.
+    let tenanted = read.tenanted || per_tenant;
     let fair = match admission {
-        Some(admission) if !per_tenant => {
-            let found: bool = sqlx::query_scalar(statements.has_fair_keyed.clone())
-                .bind(queue)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(db("look for jobs with a round-robin limit key"))?;
-            found.then_some(admission)
-        }
+        Some(admission) if !per_tenant && read.fair_keyed => Some(admission),
         _ => None,
     };
     let grouping = match fair {
@@ -531,7 +566,7 @@ async fn queue_candidates(
     Ok(picked
         .jobs
         .iter()
-        .filter_map(|id| candidates.get(id).copied())
+        .filter_map(|id| candidates.remove(id))
         .collect())
 }
 
@@ -732,7 +767,7 @@ async fn tenant_groups(
     for tenant in order {
         let Some(tenant) = tenant else {
             let jobs: Vec<Uuid> = untenanted.iter().take(reads).map(|c| c.id).collect();
-            all.extend(untenanted.iter().map(|c| (c.id, *c)));
+            all.extend(untenanted.drain(..).map(|c| (c.id, c)));
             groups.push(Group {
                 key: None,
                 jobs,

@@ -74,7 +74,8 @@ pub(crate) struct Fetched {
 ///
 /// Queues without limits are claimed from in one statement. That statement refuses
 /// (claiming nothing) when a queue of the fetch has limits or tenanted jobs waiting; only then
-/// does the fetch take the limited claim (`limits::claim_limited`).
+/// does the fetch take the limited claim (`limits::claim_limited`), and so do the fetches of
+/// those queues in the second after (`LimitSql::limited_lately`).
 pub(crate) async fn fetch(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -82,6 +83,10 @@ pub(crate) async fn fetch(
 ) -> StoreResult<Fetched> {
     let expires_at = after(ctx.now, params.lease, "lease")?;
     let promoted = promote_due(&mut *conn, ctx, PROMOTE_BATCH).await?;
+    if ctx.sql.limits.limited_lately(&params.queues) {
+        let jobs = crate::limits::claim_limited(&mut *conn, ctx, params, expires_at).await?;
+        return Ok(Fetched { jobs, promoted });
+    }
     // A fetch of every kind takes the statement without a kind filter (`sql::KindFilter`).
     // Kinds whose circuit breaker is open; only a fetch of any kind still has them
     // (`validate::fetch` folds them into a fetch's own kinds).
@@ -126,9 +131,8 @@ pub(crate) async fn fetch(
             .await
             .map_err(db("check the limits gate"))?;
         if limited {
-            let mut tx = conn.begin().await.map_err(db("begin limited claim"))?;
-            jobs = crate::limits::claim_limited(&mut tx, ctx, params, expires_at).await?;
-            tx.commit().await.map_err(db("commit limited claim"))?;
+            ctx.sql.limits.set_limited(&params.queues);
+            jobs = crate::limits::claim_limited(&mut *conn, ctx, params, expires_at).await?;
         }
     } else {
         // RETURNING has no order; callers get jobs in the order they were claimed by.

@@ -3,18 +3,25 @@
 use sqlx::SqlStr;
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use super::{stmt, COLUMNS, SETTINGS_COLUMNS};
 use crate::names::quoted;
 
+/// What the claim order and the named limits' admission need of a candidate
+/// (`limits::Candidate`).
+const CANDIDATE: &str = "id, priority, run_at, limit_keys";
+
 /// The statements of the limited claim for one schema, and the round-robin cursors.
 pub(crate) struct LimitSql {
-    pub(crate) settings_for: SqlStr,
+    /// What the claim reads before it locks anything, in one statement: each queue's
+    /// settings, whether it has available jobs with a tenant or a round-robin limit key, and
+    /// the named limits.
+    pub(crate) prelude: SqlStr,
     pub(crate) running: SqlStr,
     pub(crate) prune_starts: SqlStr,
     pub(crate) recent_starts: SqlStr,
     pub(crate) record_starts: SqlStr,
-    pub(crate) has_tenanted: SqlStr,
     pub(crate) first: SqlStr,
     pub(crate) tenants: SqlStr,
     pub(crate) untenanted: SqlStr,
@@ -25,17 +32,22 @@ pub(crate) struct LimitSql {
     pub(crate) fair_key_jobs: SqlStr,
     pub(crate) key_counts: SqlStr,
     pub(crate) claim_ids: SqlStr,
-    pub(crate) limit_specs: SqlStr,
-    pub(crate) has_fair_keyed: SqlStr,
     pub(crate) running_by_key: SqlStr,
     pub(crate) starts_by_key: SqlStr,
     pub(crate) first_with_room: SqlStr,
-    pub(crate) keys_of: SqlStr,
     /// Per queue, the tenant group this process served last (`None`: jobs without a tenant),
     /// so its next fetch continues the rotation. Kept per process: with several nodes each
     /// rotates on its own, which still serves every tenant in turn.
     cursors: Mutex<HashMap<String, Option<String>>>,
+    /// When the gate last sent a fetch of these queues (joined) to the limited claim: for a
+    /// second after, their fetches go straight there (`limited_lately`).
+    limited: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a gate's "limited" answer sends a queue's fetches straight to the limited claim.
+/// The limited claim is right for any queue, only slower than the plain one: a queue whose
+/// limits went away takes it at most this long more.
+const LIMITED_HINT: Duration = Duration::from_secs(1);
 
 impl LimitSql {
     pub(crate) fn new(schema: &str) -> Self {
@@ -45,9 +57,24 @@ impl LimitSql {
         let config = format!("{}.config", quoted(schema));
         let order = "ORDER BY priority DESC, run_at, id";
         let kinds3 = kinds_at(3);
+        let settings_columns = SETTINGS_COLUMNS
+            .split(", ")
+            .map(|column| format!("s.{column}"))
+            .collect::<Vec<_>>()
+            .join(", ");
         Self {
-            settings_for: stmt(format!(
-                "SELECT queue, {SETTINGS_COLUMNS} FROM {settings} WHERE queue = ANY($1)"
+            // Read before the claim's locks: settings and named limits change rarely (a change
+            // holds within a second, as documented), and the probes only choose how candidates
+            // are read; the counts that limits hold by are read under the locks.
+            prelude: stmt(format!(
+                "SELECT q.queue, s.queue IS NOT NULL AS stored, {settings_columns}, \
+                     EXISTS (SELECT 1 FROM {jobs} t WHERE t.state = 'available' \
+                         AND t.queue = q.queue AND t.tenant IS NOT NULL) AS tenanted, \
+                     EXISTS (SELECT 1 FROM {jobs} t WHERE t.state = 'available' \
+                         AND t.queue = q.queue AND t.fair_key IS NOT NULL) AS fair_keyed, \
+                     (SELECT jsonb_agg(jsonb_build_array(c.name, c.document)) FROM {config} c \
+                         WHERE c.collection = 'limits') AS limit_specs \
+                 FROM unnest($1::text[]) AS q(queue) LEFT JOIN {settings} s ON s.queue = q.queue"
             )),
             running: stmt(format!(
                 "SELECT count(*) FROM {jobs} WHERE state = 'running' AND queue = $1"
@@ -63,15 +90,11 @@ impl LimitSql {
                 "INSERT INTO {starts} (queue, scope, started_at) \
                  SELECT s.queue, s.scope, $3 FROM unnest($1::text[], $2::text[]) AS s(queue, scope)"
             )),
-            has_tenanted: stmt(format!(
-                "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
-                 AND tenant IS NOT NULL)"
-            )),
             // Every candidate read below takes only the fetch's kinds (`$k::text[]`, NULL for
             // any) and none of its excluded kinds: filtered after the claim instead, jobs of
             // other kinds ahead in the queue would take the whole quota.
             first: stmt(format!(
-                "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+                "SELECT {CANDIDATE} FROM {jobs} WHERE state = 'available' \
                  AND queue = $1 AND {kinds3} {order} LIMIT $2"
             )),
             tenants: group_keys(&jobs, "tenant"),
@@ -99,13 +122,6 @@ impl LimitSql {
                  AND (expires_at IS NULL OR expires_at > $4) \
                  RETURNING {COLUMNS}"
             )),
-            limit_specs: stmt(format!(
-                "SELECT name, document FROM {config} WHERE collection = 'limits'"
-            )),
-            has_fair_keyed: stmt(format!(
-                "SELECT EXISTS (SELECT 1 FROM {jobs} WHERE state = 'available' AND queue = $1 \
-                 AND fair_key IS NOT NULL)"
-            )),
             // Running jobs per limit key (keys starting with `$1`, or all when NULL), bounded
             // by the running jobs that hold keys (`jobs_running_limited`).
             running_by_key: stmt(format!(
@@ -120,14 +136,34 @@ impl LimitSql {
             )),
             // Like `first`, passing over jobs that hold any of the full keys `$5`.
             first_with_room: stmt(format!(
-                "SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+                "SELECT {CANDIDATE} FROM {jobs} WHERE state = 'available' \
                  AND queue = $1 AND {kinds3} \
                  AND NOT (COALESCE(limit_keys, '[]'::jsonb) ?| $5::text[]) {order} LIMIT $2"
             )),
-            keys_of: stmt(format!(
-                "SELECT id, limit_keys FROM {jobs} WHERE id = ANY($1) AND limit_keys IS NOT NULL"
-            )),
             cursors: Mutex::new(HashMap::new()),
+            limited: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether the gate sent a fetch of `queues` to the limited claim within the last
+    /// `LIMITED_HINT`: then the fetch goes there at once, without the plain claim that would
+    /// claim nothing and the gate that would say so again (four round trips).
+    pub(crate) fn limited_lately(&self, queues: &[String]) -> bool {
+        let key = queues.join("\u{1f}");
+        self.limited
+            .lock()
+            .map(|limited| {
+                limited
+                    .get(&key)
+                    .is_some_and(|at| at.elapsed() < LIMITED_HINT)
+            })
+            .unwrap_or(false)
+    }
+
+    /// Remembers that the gate sent a fetch of `queues` to the limited claim.
+    pub(crate) fn set_limited(&self, queues: &[String]) {
+        if let Ok(mut limited) = self.limited.lock() {
+            limited.insert(queues.join("\u{1f}"), Instant::now());
         }
     }
 
@@ -172,8 +208,8 @@ fn ungrouped(jobs: &str, column: &str) -> SqlStr {
     let kinds4 = kinds_at(4);
     let order = "ORDER BY priority DESC, run_at, id";
     stmt(format!(
-        "SELECT id, priority, run_at FROM ( \
-             SELECT id, {column} AS k, priority, run_at FROM {jobs} \
+        "SELECT {CANDIDATE} FROM ( \
+             SELECT {CANDIDATE}, {column} AS k FROM {jobs} \
              WHERE state = 'available' AND queue = $1 AND {kinds4} {order} LIMIT $2) w \
          WHERE k IS NULL {order} LIMIT $3"
     ))
@@ -184,10 +220,10 @@ fn group_jobs(jobs: &str, column: &str) -> SqlStr {
     let kinds4 = kinds_at(4);
     let order = "ORDER BY priority DESC, run_at, id";
     stmt(format!(
-        "SELECT t.k AS tenant, j.id, j.priority, j.run_at \
+        "SELECT t.k AS tenant, j.id, j.priority, j.run_at, j.limit_keys \
          FROM unnest($2::text[], $3::int8[]) AS t(k, n) \
          CROSS JOIN LATERAL ( \
-             SELECT id, priority, run_at FROM {jobs} WHERE state = 'available' \
+             SELECT {CANDIDATE} FROM {jobs} WHERE state = 'available' \
              AND queue = $1 AND {column} = t.k AND {column} IS NOT NULL \
              AND {kinds4} {order} LIMIT t.n) j"
     ))
