@@ -30,6 +30,8 @@ struct Candidate {
     run_at: DateTime<Utc>,
     /// The named-limit keys it holds (`None`: none).
     limit_keys: Option<Vec<String>>,
+    /// Where its row was read (`ctid`), which the claim finds it by.
+    tid: String,
 }
 
 fn candidates_of(rows: &[sqlx::postgres::PgRow]) -> StoreResult<Vec<Candidate>> {
@@ -42,6 +44,7 @@ fn candidates_of(rows: &[sqlx::postgres::PgRow]) -> StoreResult<Vec<Candidate>> 
                 priority: row.try_get("priority").map_err(read)?,
                 run_at: row.try_get("run_at").map_err(read)?,
                 limit_keys: keys.map(|Json(keys)| keys),
+                tid: row.try_get("tid").map_err(read)?,
             })
         })
         .collect()
@@ -324,10 +327,12 @@ impl Claim<'_, '_> {
         if picked.is_empty() {
             return Ok(Vec::new());
         }
-        let ids: Vec<Uuid> = match admission.as_deref_mut() {
+        let picked: Vec<Candidate> = match admission.as_deref_mut() {
             Some(admission) => admitted(picked, admission),
-            None => picked.iter().map(|c| c.id).collect(),
+            None => picked,
         };
+        let ids: Vec<Uuid> = picked.iter().map(|c| c.id).collect();
+        let tids: Vec<&str> = picked.iter().map(|c| c.tid.as_str()).collect();
         let found = sqlx::query(self.ctx.sql.limits.claim_ids.clone())
             .bind(&ids)
             .bind(&self.params.worker_id)
@@ -336,6 +341,7 @@ impl Claim<'_, '_> {
             // Candidates were read of these kinds already; checked again as they are claimed.
             .bind(self.params.kinds.as_deref())
             .bind(&self.params.excluded_kinds)
+            .bind(&tids)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("claim jobs"))?;
@@ -376,11 +382,10 @@ fn fair_cursor(queue: &str) -> String {
 
 /// The candidates (in claim order) that the named limits let start, their starts counted in
 /// `admission`.
-fn admitted(picked: Vec<Candidate>, admission: &mut Admission<'_>) -> Vec<Uuid> {
+fn admitted(picked: Vec<Candidate>, admission: &mut Admission<'_>) -> Vec<Candidate> {
     picked
         .into_iter()
         .filter(|c| admission.admit(c.limit_keys.as_deref().unwrap_or_default()))
-        .map(|c| c.id)
         .collect()
 }
 
@@ -587,6 +592,8 @@ async fn recent_starts(
     Ok(count_of(n))
 }
 
+/// A queue's groups after `after` (from the first when `None`), up to `max`, each with its
+/// first job in claim order.
 async fn tenants(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -595,13 +602,13 @@ async fn tenants(
     after: Option<&str>,
     max: usize,
     params: &FetchParams,
-) -> StoreResult<Vec<String>> {
+) -> StoreResult<Vec<(String, Candidate)>> {
     let statements = &ctx.sql.limits;
     let read = match grouping {
         Grouping::Tenant => &statements.tenants,
         Grouping::LimitKey(_) => &statements.fair_keys,
     };
-    sqlx::query_scalar(read.clone())
+    let found = sqlx::query(read.clone())
         .bind(queue)
         // Tenants are never empty (names are validated), so '' stands for "from the first".
         .bind(after.unwrap_or(""))
@@ -610,7 +617,16 @@ async fn tenants(
         .bind(&params.excluded_kinds)
         .fetch_all(&mut *conn)
         .await
-        .map_err(db("read tenants"))
+        .map_err(db("read tenants"))?;
+    let firsts = candidates_of(&found)?;
+    found
+        .iter()
+        .zip(firsts)
+        .map(|(row, first)| {
+            let key: String = row.try_get("k").map_err(|e| corrupt(e.to_string()))?;
+            Ok((key, first))
+        })
+        .collect()
 }
 
 /// Each tenant's per-key budget (in the order given), from its running jobs and recent starts
@@ -693,6 +709,16 @@ async fn tenant_groups(
     } else {
         Vec::new()
     };
+    // Each group's first job, as its key was read.
+    let mut firsts: HashMap<String, Candidate> = after
+        .iter()
+        .chain(&from_start)
+        .map(|(key, first)| (key.clone(), first.clone()))
+        .collect();
+    let keys = |groups: &[(String, Candidate)]| -> Vec<String> {
+        groups.iter().map(|(key, _)| key.clone()).collect()
+    };
+    let (after, from_start) = (keys(&after), keys(&from_start));
     let pass = |ungrouped: bool| {
         limits::tenant_pass(
             after.clone(),
@@ -740,26 +766,42 @@ async fn tenant_groups(
             (budgets, weights)
         }
     };
-    // Every tenant's first jobs in one statement (a LATERAL read per tenant).
-    let wanted: Vec<i64> = budgets
+    // How many jobs to read from each group: its first job came with its key, so only groups
+    // to read more of are read again, all in one statement (a LATERAL read per group).
+    let wanted: Vec<usize> = budgets
         .iter()
         .zip(&weights)
-        .map(|(budget, weight)| limit(limits::weighted_reads(reads, *weight, quota).min(*budget)))
+        .map(|(budget, weight)| limits::weighted_reads(reads, *weight, quota).min(*budget))
         .collect();
-    let found = sqlx::query(group_read.clone())
-        .bind(queue)
-        .bind(&tenants)
-        .bind(&wanted)
-        .bind(params.kinds.as_deref())
-        .bind(&params.excluded_kinds)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db("read tenants' jobs"))?;
     let mut by_tenant: HashMap<String, Vec<Candidate>> = HashMap::new();
-    for row in &found {
-        let tenant: String = row.try_get("tenant").map_err(|e| corrupt(e.to_string()))?;
-        let candidate = candidates_of(std::slice::from_ref(row))?;
-        by_tenant.entry(tenant).or_default().extend(candidate);
+    let (more, more_wanted): (Vec<&str>, Vec<i64>) = tenants
+        .iter()
+        .zip(&wanted)
+        .filter(|(_, wanted)| **wanted > 1)
+        .map(|(tenant, wanted)| (*tenant, limit(*wanted)))
+        .unzip();
+    for (tenant, wanted) in tenants.iter().zip(&wanted) {
+        if *wanted == 1 {
+            if let Some(first) = firsts.remove(*tenant) {
+                by_tenant.insert(tenant.to_string(), vec![first]);
+            }
+        }
+    }
+    if !more.is_empty() {
+        let found = sqlx::query(group_read.clone())
+            .bind(queue)
+            .bind(&more)
+            .bind(&more_wanted)
+            .bind(params.kinds.as_deref())
+            .bind(&params.excluded_kinds)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("read tenants' jobs"))?;
+        for row in &found {
+            let tenant: String = row.try_get("tenant").map_err(|e| corrupt(e.to_string()))?;
+            let candidate = candidates_of(std::slice::from_ref(row))?;
+            by_tenant.entry(tenant).or_default().extend(candidate);
+        }
     }
     let mut all: HashMap<Uuid, Candidate> = HashMap::new();
     let mut groups = Vec::with_capacity(order.len());
