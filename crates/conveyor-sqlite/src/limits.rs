@@ -231,12 +231,9 @@ fn ids(rows: rusqlite::Result<Vec<String>>) -> StoreResult<Vec<Uuid>> {
 
 /// Up to `limit` distinct tenants with available jobs in `queue`, in ascending order, after
 /// `after` (from the first when `None`), each with its first job in claim order. Each step is
-/// one seek in `jobs_fair` (or `jobs_fair_key`), whose order (tenant, then claim order) makes
-/// the first row after the last tenant both the next tenant and its first job; so the cost
-/// follows the number of tenants read, not the number of jobs they have, and a pass over many
-/// tenants, which takes one job from each, needs no read per tenant after it. A step carries
-/// the two as one value, the tenant then a space and the id (36 characters, so the tenant is
-/// all but the last 37, whatever it holds): a scalar subquery returns one column.
+/// one seek in `jobs_fair` (or `jobs_fair_key`) and one more for the first job, so the cost
+/// follows the number of tenants read, not the number of jobs they have; and a pass over many
+/// tenants, which takes one job from each, needs no read per tenant after it.
 fn tenants(
     ctx: &WriteCtx<'_>,
     grouping: Grouping<'_>,
@@ -247,22 +244,20 @@ fn tenants(
 ) -> StoreResult<Vec<(String, Uuid)>> {
     let kind = filter.sql(4);
     let key = grouping.column();
-    let next = |after: &str| {
-        format!(
-            "(SELECT j.{key} || ' ' || j.id FROM jobs j WHERE j.state = 'available' \
-                 AND j.queue = ?1 AND j.{key} IS NOT NULL AND j.{key} > {after} AND {kind} \
-                 ORDER BY j.{key}, j.priority DESC, j.run_at, j.id LIMIT 1)"
-        )
-    };
-    let (first, following) = (next("?2"), next("substr(t.v, 1, length(t.v) - 37)"));
     ctx.conn
         .prepare_cached(&format!(
-            "WITH RECURSIVE t(v) AS ( \
-                 SELECT {first} \
+            "WITH RECURSIVE t(tenant) AS ( \
+                 SELECT (SELECT MIN({key}) FROM jobs WHERE state = 'available' AND queue = ?1 \
+                         AND {key} IS NOT NULL AND {key} > ?2 AND {kind}) \
                  UNION ALL \
-                 SELECT {following} FROM t WHERE t.v IS NOT NULL) \
-             SELECT substr(v, 1, length(v) - 37), substr(v, length(v) - 35) \
-             FROM t WHERE v IS NOT NULL LIMIT ?3"
+                 SELECT (SELECT MIN(j.{key}) FROM jobs j WHERE j.state = 'available' \
+                         AND j.queue = ?1 AND j.{key} IS NOT NULL AND j.{key} > t.tenant \
+                         AND {kind}) \
+                 FROM t WHERE t.tenant IS NOT NULL) \
+             SELECT tenant, (SELECT j.id FROM jobs j WHERE j.state = 'available' \
+                     AND j.queue = ?1 AND j.{key} = t.tenant AND j.{key} IS NOT NULL \
+                     AND {kind} ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) \
+             FROM t WHERE tenant IS NOT NULL LIMIT ?3"
         ))
         .and_then(|mut stmt| {
             // Tenants are never empty (names are validated), so '' stands for "from the first".
@@ -274,12 +269,14 @@ fn tenants(
                     filter.only,
                     filter.excluded
                 ],
-                |row| Ok((row.get::<_, String>(0)?, row.get::<_, String>(1)?)),
+                |row| Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?)),
             )?
             .collect::<rusqlite::Result<Vec<_>>>()
         })
         .map_err(backend)?
         .into_iter()
+        // A tenant's first job was there when its tenant was found (same statement).
+        .filter_map(|(tenant, first)| Some((tenant, first?)))
         .map(|(tenant, first)| {
             Uuid::parse_str(&first).map(|id| (tenant, id)).map_err(|e| {
                 conveyor_core::StoreError::backend(format!("bad job id {first:?}: {e}"))
