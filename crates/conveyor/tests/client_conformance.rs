@@ -745,9 +745,11 @@ fn sigterm_drains_then_releases(client: Client) {
     // Enqueued while the worker drains: never run (at most claimed and handed back). Only once
     // the worker says it drains: a signal is handled in the worker's own time, and a job
     // fetched before that is rightly run (seen: a long-poll answered with it first).
-    eventually_blocking_within("the worker to say it drains", Duration::from_secs(10), || {
-        worker.stderr().contains("draining").then_some(())
-    });
+    eventually_blocking_within(
+        "the worker to say it drains",
+        Duration::from_secs(10),
+        || worker.stderr().contains("draining").then_some(()),
+    );
     let late = enqueue(url, None, "ok", json!({}), json!({}));
     let status = worker.wait_exit(20);
     let took = signalled.elapsed();
