@@ -79,41 +79,30 @@ pub(crate) async fn claim_limited(
         .fetch_all(&mut *conn)
         .await
         .map_err(db("read queue settings"))?;
-    let mut read: BTreeMap<String, QueueRead<'_>> = BTreeMap::new();
-    let mut specs = BTreeMap::new();
+    // The named limits are the same on every row.
+    let specs = match found.first() {
+        Some(row) => {
+            let documents: Option<Json<Vec<(String, serde_json::Value)>>> = row
+                .try_get("limit_specs")
+                .map_err(|e| corrupt(e.to_string()))?;
+            limit_specs(documents.map(|Json(documents)| documents))
+        }
+        None => BTreeMap::new(),
+    };
+    let mut rows: HashMap<String, &sqlx::postgres::PgRow> = HashMap::with_capacity(found.len());
     for row in &found {
-        let get = |e: sqlx::Error| corrupt(e.to_string());
-        let queue: String = row.try_get("queue").map_err(get)?;
-        let stored: bool = row.try_get("stored").map_err(get)?;
-        let Some(name) = names.iter().find(|name| **name == queue) else {
+        let queue: String = row.try_get("queue").map_err(|e| corrupt(e.to_string()))?;
+        rows.insert(queue, row);
+    }
+    // The fetch's queues in the order given, each once, without paused ones.
+    let mut queues: Vec<QueueRead<'_>> = Vec::with_capacity(rows.len());
+    for name in &params.queues {
+        let Some(row) = rows.remove(name) else {
             continue;
         };
-        read.insert(
-            queue,
-            QueueRead {
-                name,
-                settings: if stored {
-                    settings_of(row)?
-                } else {
-                    QueueSettings::default()
-                },
-                tenanted: row.try_get("tenanted").map_err(get)?,
-                fair_keyed: row.try_get("fair_keyed").map_err(get)?,
-            },
-        );
-        if specs.is_empty() {
-            let documents: Option<Json<Vec<(String, serde_json::Value)>>> =
-                row.try_get("limit_specs").map_err(get)?;
-            specs = limit_specs(documents.map(|Json(documents)| documents));
-        }
-    }
-    // The fetch's queues in the order given, without paused ones.
-    let mut queues: Vec<QueueRead<'_>> = Vec::with_capacity(names.len());
-    for queue in &params.queues {
-        if let Some(found) = read.remove(queue) {
-            if !found.settings.paused {
-                queues.push(found);
-            }
+        let read = queue_read(name, row)?;
+        if !read.settings.paused {
+            queues.push(read);
         }
     }
     // The queues' claim locks in ascending order, then the named limits' (every claim takes
@@ -134,6 +123,22 @@ pub(crate) async fn claim_limited(
     let jobs = claim_locked(&mut tx, ctx, params, expires_at, &queues, &specs).await?;
     tx.commit().await.map_err(db("commit limited claim"))?;
     Ok(jobs)
+}
+
+/// A queue as the prelude read it (`settings_of` when it has a settings row).
+fn queue_read<'a>(name: &'a str, row: &sqlx::postgres::PgRow) -> StoreResult<QueueRead<'a>> {
+    let get = |e: sqlx::Error| corrupt(e.to_string());
+    let stored: bool = row.try_get("stored").map_err(get)?;
+    Ok(QueueRead {
+        name,
+        settings: if stored {
+            settings_of(row)?
+        } else {
+            QueueSettings::default()
+        },
+        tenanted: row.try_get("tenanted").map_err(get)?,
+        fair_keyed: row.try_get("fair_keyed").map_err(get)?,
+    })
 }
 
 /// `BEGIN` and one advisory lock per key, in the order given, as one simple query: the locks
@@ -710,15 +715,17 @@ async fn tenant_groups(
         Vec::new()
     };
     // Each group's first job, as its key was read.
-    let mut firsts: HashMap<String, Candidate> = after
-        .iter()
-        .chain(&from_start)
-        .map(|(key, first)| (key.clone(), first.clone()))
-        .collect();
-    let keys = |groups: &[(String, Candidate)]| -> Vec<String> {
-        groups.iter().map(|(key, _)| key.clone()).collect()
+    let mut firsts: HashMap<String, Candidate> = HashMap::new();
+    let mut keys = |groups: Vec<(String, Candidate)>| -> Vec<String> {
+        groups
+            .into_iter()
+            .map(|(key, first)| {
+                firsts.insert(key.clone(), first);
+                key
+            })
+            .collect()
     };
-    let (after, from_start) = (keys(&after), keys(&from_start));
+    let (after, from_start) = (keys(after), keys(from_start));
     let pass = |ungrouped: bool| {
         limits::tenant_pass(
             after.clone(),

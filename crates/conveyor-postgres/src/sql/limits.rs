@@ -160,16 +160,15 @@ impl LimitSql {
     /// Whether the gate sent a fetch of `queues` to the limited claim within the last
     /// `LIMITED_HINT`: then the fetch goes there at once, without the plain claim that would
     /// claim nothing and the gate that would say so again (four round trips).
+    /// Asked on every fetch: without limited queues the map is empty, and nothing is built.
     pub(crate) fn limited_lately(&self, queues: &[String]) -> bool {
-        let key = queues.join("\u{1f}");
-        self.limited
-            .lock()
-            .map(|limited| {
-                limited
-                    .get(&key)
-                    .is_some_and(|at| at.elapsed() < LIMITED_HINT)
-            })
-            .unwrap_or(false)
+        let Ok(limited) = self.limited.lock() else {
+            return false;
+        };
+        !limited.is_empty()
+            && limited
+                .get(&queues.join("\u{1f}"))
+                .is_some_and(|at| at.elapsed() < LIMITED_HINT)
     }
 
     /// Remembers that the gate sent a fetch of `queues` to the limited claim.
