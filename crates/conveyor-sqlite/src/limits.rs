@@ -54,19 +54,23 @@ pub(crate) fn tenant_candidates(
     filter: &KindFilter,
     grouping: Grouping<'_>,
 ) -> StoreResult<Vec<Job>> {
-    let (groups, share) =
+    let (groups, share, mut firsts) =
         tenant_groups(ctx, queue, settings, quota, filter, grouping, Reads::Share)?;
     let mut picked = limits::round_robin(&groups, quota);
     if limits::read_more(&groups, &picked, quota, share) {
-        let (groups, _) =
+        let (groups, _, again) =
             tenant_groups(ctx, queue, settings, quota, filter, grouping, Reads::Full)?;
         picked = limits::round_robin(&groups, quota);
+        firsts = again;
     }
     let mut jobs = Vec::with_capacity(picked.jobs.len());
     for id in picked.jobs {
-        if let Some(job) = job_by_id(ctx, &id.to_string())? {
-            jobs.push(job);
-        }
+        // Each group's first job came whole with its key; the others are read now.
+        let job = match firsts.remove(&id) {
+            Some(job) => Some(job),
+            None => job_by_id(ctx, &id.to_string())?,
+        };
+        jobs.extend(job);
     }
     Ok(jobs)
 }
@@ -230,10 +234,11 @@ fn ids(rows: rusqlite::Result<Vec<String>>) -> StoreResult<Vec<Uuid>> {
 }
 
 /// Up to `limit` distinct tenants with available jobs in `queue`, in ascending order, after
-/// `after` (from the first when `None`), each with its first job in claim order. Each step is
-/// one seek in `jobs_fair` (or `jobs_fair_key`) and one more for the first job, so the cost
-/// follows the number of tenants read, not the number of jobs they have; and a pass over many
-/// tenants, which takes one job from each, needs no read per tenant after it.
+/// `after` (from the first when `None`), each with its first job in claim order, read whole.
+/// Each step is one seek in `jobs_fair` (or `jobs_fair_key`), one more for the first job and
+/// its row by primary key, so the cost follows the number of tenants read, not the number of
+/// jobs they have; and a pass over many tenants, which takes one job from each, needs no
+/// statement per tenant after it.
 fn tenants(
     ctx: &WriteCtx<'_>,
     grouping: Grouping<'_>,
@@ -241,23 +246,28 @@ fn tenants(
     after: Option<&str>,
     limit: usize,
     filter: &KindFilter,
-) -> StoreResult<Vec<(String, Uuid)>> {
+) -> StoreResult<Vec<(String, Job)>> {
     let kind = filter.sql(4);
     let key = grouping.column();
-    ctx.conn
+    let mut found = ctx
+        .conn
         .prepare_cached(&format!(
-            "WITH RECURSIVE t(tenant) AS ( \
+            // `grp`, not `tenant`: the outer select reads the jobs' own `tenant` column.
+            "WITH RECURSIVE t(grp) AS ( \
                  SELECT (SELECT MIN({key}) FROM jobs WHERE state = 'available' AND queue = ?1 \
                          AND {key} IS NOT NULL AND {key} > ?2 AND {kind}) \
                  UNION ALL \
                  SELECT (SELECT MIN(j.{key}) FROM jobs j WHERE j.state = 'available' \
-                         AND j.queue = ?1 AND j.{key} IS NOT NULL AND j.{key} > t.tenant \
+                         AND j.queue = ?1 AND j.{key} IS NOT NULL AND j.{key} > t.grp \
                          AND {kind}) \
-                 FROM t WHERE t.tenant IS NOT NULL) \
-             SELECT tenant, (SELECT j.id FROM jobs j WHERE j.state = 'available' \
-                     AND j.queue = ?1 AND j.{key} = t.tenant AND j.{key} IS NOT NULL \
-                     AND {kind} ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) \
-             FROM t WHERE tenant IS NOT NULL LIMIT ?3"
+                 FROM t WHERE t.grp IS NOT NULL), \
+             firsts(grp, first) AS ( \
+                 SELECT grp, (SELECT j.id FROM jobs j WHERE j.state = 'available' \
+                         AND j.queue = ?1 AND j.{key} = t.grp AND j.{key} IS NOT NULL \
+                         AND {kind} ORDER BY j.priority DESC, j.run_at, j.id LIMIT 1) \
+                 FROM t WHERE grp IS NOT NULL LIMIT ?3) \
+             SELECT {columns}, firsts.grp FROM firsts JOIN jobs ON jobs.id = firsts.first",
+            columns = crate::rows::COLUMNS
         ))
         .and_then(|mut stmt| {
             // Tenants are never empty (names are validated), so '' stands for "from the first".
@@ -269,20 +279,18 @@ fn tenants(
                     filter.only,
                     filter.excluded
                 ],
-                |row| Ok((row.get::<_, String>(0)?, row.get::<_, Option<String>>(1)?)),
+                |row| {
+                    // The key is the last column, after the job's own.
+                    let key = row.as_ref().column_count().saturating_sub(1);
+                    Ok((row.get::<_, String>(key)?, crate::rows::job(row)?))
+                },
             )?
             .collect::<rusqlite::Result<Vec<_>>>()
         })
-        .map_err(backend)?
-        .into_iter()
-        // A tenant's first job was there when its tenant was found (same statement).
-        .filter_map(|(tenant, first)| Some((tenant, first?)))
-        .map(|(tenant, first)| {
-            Uuid::parse_str(&first).map(|id| (tenant, id)).map_err(|e| {
-                conveyor_core::StoreError::backend(format!("bad job id {first:?}: {e}"))
-            })
-        })
-        .collect()
+        .map_err(backend)?;
+    // The join need not keep the keys' order.
+    found.sort_by(|a, b| a.0.cmp(&b.0));
+    Ok(found)
 }
 
 /// Available jobs without a tenant, looked for among the queue's first
@@ -354,7 +362,7 @@ fn tenant_groups(
     filter: &KindFilter,
     grouping: Grouping<'_>,
     reads: Reads,
-) -> StoreResult<(Vec<Group>, usize)> {
+) -> StoreResult<(Vec<Group>, usize, HashMap<Uuid, Job>)> {
     let cursor = ctx.cursors.get(&grouping.cursor(queue)).cloned();
     let after = match &cursor {
         Some(Some(key)) => tenants(ctx, grouping, queue, Some(key), quota, filter)?,
@@ -365,8 +373,7 @@ fn tenant_groups(
     } else {
         Vec::new()
     };
-    let firsts: HashMap<String, Uuid> = after.iter().chain(&from_start).cloned().collect();
-    let names = |found: &[(String, Uuid)]| found.iter().map(|(name, _)| name.clone()).collect();
+    let names = |found: &[(String, Job)]| found.iter().map(|(name, _)| name.clone()).collect();
     let pass = |ungrouped: bool| {
         limits::tenant_pass(
             names(&after),
@@ -387,6 +394,8 @@ fn tenant_groups(
             (order, reads) = pass(false);
         }
     }
+    let mut by_key: HashMap<String, Job> = after.into_iter().chain(from_start).collect();
+    let mut firsts = HashMap::with_capacity(order.len());
     let per_key =
         settings.per_key_concurrency_limit.is_some() || settings.per_key_rate_limit.is_some();
     let mut groups = Vec::with_capacity(order.len());
@@ -421,10 +430,14 @@ fn tenant_groups(
             Grouping::Tenant => (usize::MAX, 1),
         };
         let wanted = limits::weighted_reads(reads, weight, quota).min(budget);
-        let jobs = match (wanted, firsts.get(&key)) {
+        let jobs = match (wanted, by_key.remove(&key)) {
             (0, _) => Vec::new(),
             // Read with the tenant.
-            (1, Some(first)) => vec![*first],
+            (1, Some(first)) => {
+                let id = first.id;
+                firsts.insert(id, first);
+                vec![id]
+            }
             _ => tenant_ids(ctx, grouping, queue, &key, wanted, filter)?,
         };
         groups.push(Group {
@@ -434,7 +447,7 @@ fn tenant_groups(
             weight,
         });
     }
-    Ok((groups, reads))
+    Ok((groups, reads, firsts))
 }
 
 /// Whether `queue` has available jobs stamped with limit keys. One probe of `jobs_limited`.
