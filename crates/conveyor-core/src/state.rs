@@ -64,6 +64,17 @@ impl JobState {
         )
     }
 
+    /// States of a job that has not finished: waiting (blocked behind its sequence too) or
+    /// running. A queue's depth (`max_depth`, `max_depth_per_tenant`) counts these, and unique
+    /// jobs are unique among them by default.
+    pub const UNFINISHED: [JobState; 5] = [
+        JobState::Scheduled,
+        JobState::Available,
+        JobState::Running,
+        JobState::Retryable,
+        JobState::Blocked,
+    ];
+
     /// States a job waits in before it (next) starts: the ones that expire.
     pub const WAITING: [JobState; 3] = [
         JobState::Scheduled,

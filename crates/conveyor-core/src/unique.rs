@@ -73,13 +73,7 @@ impl Default for UniqueSpec {
 
 impl UniqueSpec {
     /// The default `states`: unique while queued (blocked behind its sequence too) or running.
-    pub const UNFINISHED: [JobState; 5] = [
-        JobState::Scheduled,
-        JobState::Available,
-        JobState::Running,
-        JobState::Retryable,
-        JobState::Blocked,
-    ];
+    pub const UNFINISHED: [JobState; 5] = JobState::UNFINISHED;
 
     /// Unique by kind, queue and the whole payload, while unfinished.
     pub fn whole_payload() -> Self {

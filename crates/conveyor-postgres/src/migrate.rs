@@ -137,10 +137,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "batches",
         sql: include_str!("migrations/0023_batches.sql"),
     },
+    Migration {
+        version: 24,
+        name: "blocked_depth",
+        sql: include_str!("migrations/0024_blocked_depth.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 23;
+pub const SCHEMA_VERSION: u32 = 24;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

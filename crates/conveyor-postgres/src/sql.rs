@@ -259,8 +259,8 @@ impl Sql {
             // Unfinished jobs of each (queue, tenant) pair, in the order given; a NULL tenant
             // asks for the whole queue. The queue's count is the sum over the partial indexes
             // that together cover the unfinished states (`jobs_fetch`, `jobs_lease`,
-            // `jobs_waiting`), the tenant's likewise (`jobs_fair`, `jobs_running_tenant`,
-            // `jobs_waiting_tenant`; migration 7).
+            // `jobs_waiting`, `jobs_blocked`), the tenant's likewise (`jobs_fair`,
+            // `jobs_running_tenant`, `jobs_waiting_tenant`, `jobs_blocked`; migrations 7, 24).
             depths: stmt(format!(
                 "SELECT CASE WHEN d.tenant IS NULL THEN \
                          (SELECT count(*) FROM {jobs} j \
@@ -269,6 +269,8 @@ impl Sql {
                             WHERE j.queue = d.queue AND j.state = 'running') \
                          + (SELECT count(*) FROM {jobs} j \
                             WHERE j.queue = d.queue AND j.state IN ('scheduled', 'retryable')) \
+                         + (SELECT count(*) FROM {jobs} j \
+                            WHERE j.queue = d.queue AND j.state = 'blocked') \
                      ELSE \
                          (SELECT count(*) FROM {jobs} j \
                           WHERE j.queue = d.queue AND j.tenant = d.tenant \
@@ -280,6 +282,9 @@ impl Sql {
                             WHERE j.queue = d.queue AND j.tenant = d.tenant \
                                 AND j.tenant IS NOT NULL \
                                 AND j.state IN ('scheduled', 'retryable')) \
+                         + (SELECT count(*) FROM {jobs} j \
+                            WHERE j.queue = d.queue AND j.tenant = d.tenant \
+                                AND j.state = 'blocked') \
                      END AS depth \
                  FROM unnest($1::text[], $2::text[]) WITH ORDINALITY AS d(queue, tenant, pos) \
                  ORDER BY d.pos"

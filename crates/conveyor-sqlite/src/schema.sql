@@ -101,9 +101,12 @@ CREATE TABLE IF NOT EXISTS queue_settings (
 -- Version 13: waiting jobs by expiry, for the sweep that expires them.
 CREATE INDEX IF NOT EXISTS jobs_expiry ON jobs (expires_at)
     WHERE expires_at IS NOT NULL AND state IN ('scheduled', 'available', 'retryable');
--- Unfinished jobs per tenant, for the per-tenant depth limit (jobs without a tenant cost nothing).
-CREATE INDEX IF NOT EXISTS jobs_tenant_unfinished ON jobs (queue, tenant)
-    WHERE tenant IS NOT NULL AND state IN ('scheduled', 'available', 'running', 'retryable');
+-- Unfinished jobs per tenant, for the per-tenant depth limit (jobs without a tenant cost
+-- nothing). Version 21: blocked jobs count too (`jobs_tenant_unfinished` before).
+DROP INDEX IF EXISTS jobs_tenant_unfinished;
+CREATE INDEX IF NOT EXISTS jobs_tenant_queued ON jobs (queue, tenant)
+    WHERE tenant IS NOT NULL
+      AND state IN ('scheduled', 'available', 'running', 'retryable', 'blocked');
 
 -- Version 4: concurrency_limit (added above for new databases; this upgrades version 3 ones).
 

@@ -214,6 +214,7 @@ macro_rules! __conveyor_behaviours {
             a_replayed_dead_job_runs_before_its_successors,
             cancelling_or_expiring_the_job_in_front_releases_the_next,
             a_jobs_sequence_comes_from_itself_its_kind_or_its_queue,
+            blocked_jobs_count_towards_the_queue_depth,
             // debounce and throttle
             a_trailing_debounce_keeps_the_last_payload_and_moves_the_run,
             a_trailing_debounce_runs_by_max_wait_however_long_the_burst,

@@ -329,3 +329,58 @@ pub async fn a_jobs_sequence_comes_from_itself_its_kind_or_its_queue(h: &Harness
     complete(h, lease_of(by_queue_job), None).await;
     assert_eq!(state_of(h, inserted[4].id).await, JobState::Available);
 }
+
+/// Jobs blocked behind their sequence are queued work: they count towards the queue's depth
+/// and their tenant's, so a sequence cannot grow a queue past `max_depth`.
+pub async fn blocked_jobs_count_towards_the_queue_depth(h: &Harness) {
+    let h = &stamped(h);
+    let mut settings = QueueSettings::default();
+    settings.sequence = Some(sequence("payload.account", OnDead::Block));
+    settings.max_depth = Some(3);
+    settings.max_depth_per_tenant = Some(2);
+    h.store
+        .queue_settings_put("seq-depth", settings)
+        .await
+        .expect("queue settings");
+    let of_tenant = |tenant: &str, n: u32| {
+        let mut job = account_job("seq-depth", "acme", n);
+        job.tenant = Some(tenant.to_string());
+        job
+    };
+    let inserted = insert_all(h, vec![of_tenant("t1", 1), of_tenant("t1", 2)]).await;
+    let states: Vec<JobState> = inserted.iter().map(|job| job.state).collect();
+    assert_eq!(states, [JobState::Available, JobState::Blocked]);
+    let full_tenant = h
+        .store
+        .jobs_insert_many(vec![of_tenant("t1", 3)])
+        .await
+        .expect_err("t1 holds two jobs, one of them blocked");
+    assert!(
+        matches!(&full_tenant, conveyor_core::StoreError::QueueFull { tenant: Some(t), depth: 2, limit: 2, .. } if t == "t1"),
+        "{full_tenant:?}"
+    );
+    let third = insert_all(h, vec![of_tenant("t2", 3)]).await;
+    assert_eq!(third[0].state, JobState::Blocked);
+    let full_queue = h
+        .store
+        .jobs_insert_many(vec![of_tenant("t3", 4)])
+        .await
+        .expect_err("the queue holds three jobs, two of them blocked");
+    assert!(
+        matches!(
+            &full_queue,
+            conveyor_core::StoreError::QueueFull {
+                tenant: None,
+                depth: 3,
+                limit: 3,
+                ..
+            }
+        ),
+        "{full_queue:?}"
+    );
+    // Completing the one in front releases the next and frees a place.
+    let running = fetch(h, &["seq-depth"], 10).await;
+    assert_eq!(running.len(), 1);
+    complete(h, lease_of(&running[0]), None).await;
+    insert_all(h, vec![of_tenant("t3", 4)]).await;
+}

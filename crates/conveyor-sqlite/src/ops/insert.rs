@@ -127,7 +127,7 @@ pub(super) fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreRe
                 .prepare_cached(
                     "SELECT COUNT(*) FROM jobs WHERE queue = ?1 AND tenant = ?2 \
                      AND tenant IS NOT NULL \
-                     AND state IN ('scheduled', 'available', 'running', 'retryable')",
+                     AND state IN ('scheduled', 'available', 'running', 'retryable', 'blocked')",
                 )
                 .and_then(|mut stmt| stmt.query_row(params![queue, tenant], |row| row.get(0)))
                 .map_err(backend)?;

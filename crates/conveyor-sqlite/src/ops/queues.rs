@@ -2,16 +2,9 @@
 
 use super::*;
 
-pub(super) const UNFINISHED: [JobState; 4] = [
-    JobState::Scheduled,
-    JobState::Available,
-    JobState::Running,
-    JobState::Retryable,
-];
-
-/// Unfinished jobs in `queue`.
+/// Unfinished jobs in `queue` ([`JobState::UNFINISHED`], blocked ones included).
 pub(super) fn queue_depth(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<u64> {
-    ctx.queue_count(queue, &UNFINISHED)
+    ctx.queue_count(queue, &JobState::UNFINISHED)
 }
 
 pub(crate) fn queue_settings_put(
