@@ -350,33 +350,31 @@ pub async fn blocked_jobs_count_towards_the_queue_depth(h: &Harness) {
     let inserted = insert_all(h, vec![of_tenant("t1", 1), of_tenant("t1", 2)]).await;
     let states: Vec<JobState> = inserted.iter().map(|job| job.state).collect();
     assert_eq!(states, [JobState::Available, JobState::Blocked]);
-    let full_tenant = h
-        .store
-        .jobs_insert_many(vec![of_tenant("t1", 3)])
-        .await
-        .expect_err("t1 holds two jobs, one of them blocked");
-    assert!(
-        matches!(&full_tenant, conveyor_core::StoreError::QueueFull { tenant: Some(t), depth: 2, limit: 2, .. } if t == "t1"),
-        "{full_tenant:?}"
+    // What refused a job: (tenant, depth, limit) of the full queue or tenant.
+    let refused = |job: NewJob, why: &'static str| async move {
+        match h.store.jobs_insert_many(vec![job]).await.expect_err(why) {
+            conveyor_core::StoreError::QueueFull {
+                tenant,
+                depth,
+                limit,
+                ..
+            } => (tenant, depth, limit),
+            other => panic!("{why}: expected QueueFull, got {other:?}"),
+        }
+    };
+    assert_eq!(
+        refused(of_tenant("t1", 3), "t1 holds two jobs, one of them blocked").await,
+        (Some("t1".to_string()), 2, 2)
     );
     let third = insert_all(h, vec![of_tenant("t2", 3)]).await;
     assert_eq!(third[0].state, JobState::Blocked);
-    let full_queue = h
-        .store
-        .jobs_insert_many(vec![of_tenant("t3", 4)])
-        .await
-        .expect_err("the queue holds three jobs, two of them blocked");
-    assert!(
-        matches!(
-            &full_queue,
-            conveyor_core::StoreError::QueueFull {
-                tenant: None,
-                depth: 3,
-                limit: 3,
-                ..
-            }
-        ),
-        "{full_queue:?}"
+    assert_eq!(
+        refused(
+            of_tenant("t3", 4),
+            "the queue holds three jobs, two of them blocked"
+        )
+        .await,
+        (None, 3, 3)
     );
     // Completing the one in front releases the next and frees a place.
     let running = fetch(h, &["seq-depth"], 10).await;
