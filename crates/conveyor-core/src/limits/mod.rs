@@ -4,6 +4,7 @@
 //! what these functions pick; nothing here does I/O.
 
 pub mod named;
+pub mod turns;
 
 pub use named::{Admission, KeyExpr, LimitBook, LimitSpec, LimitUsage};
 
