@@ -207,6 +207,8 @@ macro_rules! __conveyor_behaviours {
             a_named_rate_counts_starts_per_key_and_period,
             a_changed_or_deleted_limit_applies_at_the_next_claim,
             a_keyed_limits_keys_take_turns_by_weight,
+            a_key_that_arrives_late_waits_at_most_one_turn,
+            a_burst_that_comes_due_takes_one_turn_at_a_time,
             // sequences
             a_sequence_runs_one_at_a_time_in_enqueue_order,
             a_retry_holds_back_its_successors,

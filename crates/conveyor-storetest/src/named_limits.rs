@@ -10,7 +10,7 @@ use conveyor_core::{Job, NewJob, QueueSettings, Store, StoreError};
 use conveyor_engine::LimitStamps;
 use serde_json::{json, Value};
 
-use crate::kit::{complete, fetch, fetch_params, job_in, lease_of, millis, Harness};
+use crate::kit::{complete, fetch, fetch_params, job_in, lease_of, millis, secs, span, Harness};
 
 async fn define(store: &dyn Store, name: &str, limit: Value) {
     store
@@ -290,4 +290,77 @@ pub async fn a_keyed_limits_keys_take_turns_by_weight(h: &Harness) {
         assert_eq!(count_of(&rest, small), 2, "{:?}", customers(&rest));
     }
     assert_eq!(rest.iter().filter(|job| job.kind == "plain").count(), 2);
+}
+
+/// The harness's store behind the stamps, with `queue` under a limit keyed by customer that
+/// never holds a job back: what is left to see is the order keys take their turns in.
+async fn taking_turns(h: &Harness, queue: &str) -> Arc<dyn Store> {
+    let store = LimitStamps::wrap(h.store.clone());
+    define(
+        &*store,
+        "per-customer",
+        json!({"concurrency": 1000, "key": "payload.customer.id"}),
+    )
+    .await;
+    queue_naming(&*store, queue, &["per-customer"]).await;
+    store
+}
+
+/// `each` jobs of every customer in `names`, customer by customer.
+fn jobs_of(queue: &str, names: &[&str], each: usize) -> Vec<NewJob> {
+    names
+        .iter()
+        .flat_map(|customer| (0..each).map(move |_| customer_job(queue, customer)))
+        .collect()
+}
+
+/// A fetch of up to `max` jobs of `queue`.
+async fn take(store: &dyn Store, queue: &str, max: usize) -> Vec<Job> {
+    store
+        .jobs_fetch(fetch_params(&[queue], max))
+        .await
+        .expect("fetch")
+}
+
+/// A key whose first jobs arrive while the others are being served waits at most one turn,
+/// wherever its name sorts: it joins the turn being served, not the start of the line (where
+/// it would wait behind every turn the others have queued) nor ahead of the others' next turn.
+pub async fn a_key_that_arrives_late_waits_at_most_one_turn(h: &Harness) {
+    let store = taking_turns(h, "late").await;
+    let early = jobs_of("late", &["b", "c", "d"], 20);
+    store.jobs_insert_many(early).await.expect("insert");
+    // Three turns of three keys.
+    assert_eq!(take(&*store, "late", 9).await.len(), 9);
+    // A customer whose name sorts first and one whose name sorts last arrive, with a few jobs.
+    let late = jobs_of("late", &["a", "e"], 3);
+    store.jobs_insert_many(late).await.expect("insert late");
+    let mut turn = customers(&take(&*store, "late", 5).await);
+    turn.sort();
+    assert_eq!(turn, ["a", "b", "c", "d", "e"], "one turn, each key once");
+}
+
+/// Jobs of one key that become available together later (delayed, then due) take their turns
+/// one at a time among the keys waiting then, not all at once ahead of them.
+pub async fn a_burst_that_comes_due_takes_one_turn_at_a_time(h: &Harness) {
+    let store = taking_turns(h, "due").await;
+    let later = h.now() + span(secs(3600));
+    let mut jobs = jobs_of("due", &["burst"], 20);
+    for job in &mut jobs {
+        job.run_at = Some(later);
+    }
+    jobs.extend(jobs_of("due", &["b", "c"], 20));
+    store.jobs_insert_many(jobs).await.expect("insert");
+    let before = take(&*store, "due", 10).await;
+    assert_eq!(count_of(&before, "burst"), 0, "not due yet");
+    h.advance(secs(3601));
+    let after = take(&*store, "due", 6).await;
+    assert_eq!(after.len(), 6);
+    for customer in ["burst", "b", "c"] {
+        assert_eq!(
+            count_of(&after, customer),
+            2,
+            "two turns of three keys: {:?}",
+            customers(&after)
+        );
+    }
 }
