@@ -253,14 +253,12 @@ pub async fn a_changed_or_deleted_limit_applies_at_the_next_claim(h: &Harness) {
 /// Jobs take turns by their first keyed limit's key, so a flood of one key enqueued first does
 /// not hold back the others, and a key weighing 3 gets three starts per turn.
 pub async fn a_keyed_limits_keys_take_turns_by_weight(h: &Harness) {
-    let store = LimitStamps::wrap(h.store.clone());
-    define(
-        &*store,
-        "per-customer",
+    let store = under_per_customer(
+        h,
+        "calls",
         json!({"concurrency": 1000, "key": "payload.customer.id", "weights": {"big": 3}}),
     )
     .await;
-    queue_naming(&*store, "calls", &["per-customer"]).await;
     let mut jobs: Vec<NewJob> = (0..200).map(|_| customer_job("calls", "big")).collect();
     for small in ["s1", "s2", "s3"] {
         jobs.extend((0..4).map(|_| customer_job("calls", small)));
@@ -292,18 +290,20 @@ pub async fn a_keyed_limits_keys_take_turns_by_weight(h: &Harness) {
     assert_eq!(rest.iter().filter(|job| job.kind == "plain").count(), 2);
 }
 
-/// The harness's store behind the stamps, with `queue` under a limit keyed by customer that
-/// never holds a job back: what is left to see is the order keys take their turns in.
-async fn taking_turns(h: &Harness, queue: &str) -> Arc<dyn Store> {
+/// The harness's store behind the stamps, with `queue` under the limit `per-customer`
+/// defined as `limit`.
+async fn under_per_customer(h: &Harness, queue: &str, limit: Value) -> Arc<dyn Store> {
     let store = LimitStamps::wrap(h.store.clone());
-    define(
-        &*store,
-        "per-customer",
-        json!({"concurrency": 1000, "key": "payload.customer.id"}),
-    )
-    .await;
+    define(&*store, "per-customer", limit).await;
     queue_naming(&*store, queue, &["per-customer"]).await;
     store
+}
+
+/// `queue` under a limit keyed by customer that never holds a job back: what is left to see
+/// is the order keys take their turns in.
+async fn taking_turns(h: &Harness, queue: &str) -> Arc<dyn Store> {
+    let limit = json!({"concurrency": 1000, "key": "payload.customer.id"});
+    under_per_customer(h, queue, limit).await
 }
 
 /// `each` jobs of every customer in `names`, customer by customer.

@@ -93,6 +93,13 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
     Ok(inserted)
 }
 
+/// A tenant's unfinished jobs in a queue ([`JobState::UNFINISHED`]), counted in
+/// `jobs_tenant_queued`, whose condition the statement repeats so SQLite uses it (a test keeps
+/// both lists equal to the states').
+const TENANT_DEPTH: &str = "SELECT COUNT(*) FROM jobs WHERE queue = ?1 AND tenant = ?2 \
+     AND tenant IS NOT NULL \
+     AND state IN ('scheduled', 'available', 'running', 'retryable', 'blocked')";
+
 /// Refuses the whole batch when it would take a queue, or a tenant's share of one, past its
 /// configured maximum depth. Queues without limits cost one in-memory lookup.
 pub(super) fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreResult<()> {
@@ -124,14 +131,42 @@ pub(super) fn check_depth_limits(ctx: &WriteCtx<'_>, jobs: &[NewJob]) -> StoreRe
         Some(tenant) => {
             let depth: i64 = ctx
                 .conn
-                .prepare_cached(
-                    "SELECT COUNT(*) FROM jobs WHERE queue = ?1 AND tenant = ?2 \
-                     AND tenant IS NOT NULL \
-                     AND state IN ('scheduled', 'available', 'running', 'retryable', 'blocked')",
-                )
+                .prepare_cached(TENANT_DEPTH)
                 .and_then(|mut stmt| stmt.query_row(params![queue, tenant], |row| row.get(0)))
                 .map_err(backend)?;
             Ok(depth.max(0) as u64)
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The states named in the `state IN (...)` list that follows `after` in `text`.
+    fn states_after(text: &str, after: &str) -> Vec<String> {
+        let from = text.find(after).expect("the statement or index") + after.len();
+        let list = &text[from..];
+        let list = &list[list.find("state IN (").expect("a state list") + 10..];
+        list[..list.find(')').expect("the list's end")]
+            .split(',')
+            .map(|state| state.trim().trim_matches('\'').to_string())
+            .collect()
+    }
+
+    #[test]
+    fn a_tenants_depth_counts_every_unfinished_state_from_its_index() {
+        let mut unfinished: Vec<String> = JobState::UNFINISHED
+            .iter()
+            .map(|state| state.as_str().to_string())
+            .collect();
+        unfinished.sort();
+        let mut counted = states_after(TENANT_DEPTH, "SELECT");
+        counted.sort();
+        let schema = include_str!("../schema.sql");
+        let mut indexed = states_after(schema, "CREATE INDEX IF NOT EXISTS jobs_tenant_queued");
+        indexed.sort();
+        assert_eq!(counted, unfinished);
+        assert_eq!(indexed, unfinished);
+    }
 }
