@@ -64,12 +64,13 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
     let payload = json_text(&job.payload, "payload")?;
     let tags = json_text(&job.tags, "tags")?;
     let errors = json_text(&job.errors, "errors")?;
+    let turn = crate::turns::of_new(ctx, job)?;
     let changed = ctx
         .conn
         .prepare_cached(&format!(
-            "INSERT INTO jobs ({COLUMNS}, fair_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, \
-             ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, \
-             ?27, ?28, ?29, ?30, ?31, ?32, ?33) \
+            "INSERT INTO jobs ({COLUMNS}, fair_key, fair_turn) VALUES (?1, ?2, ?3, ?4, ?5, ?6, \
+             ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, \
+             ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33, ?34) \
              ON CONFLICT (id) DO NOTHING"
         ))
         .and_then(|mut stmt| {
@@ -107,6 +108,7 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
                 sequence.map(|s| i64::try_from(s.no).unwrap_or(i64::MAX)),
                 sequence.is_some_and(|s| s.on_dead == OnDead::Skip),
                 conveyor_core::limits::named::fair_key(&job.limit_keys),
+                turn,
             ])
         })
         .map_err(backend)?;

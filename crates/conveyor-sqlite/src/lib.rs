@@ -21,6 +21,7 @@ mod schedules;
 mod sequence;
 mod stats;
 mod traits;
+mod turns;
 mod unique;
 mod workers;
 mod workflow;

@@ -52,14 +52,12 @@ pub(crate) fn tenant_candidates(
     settings: &QueueSettings,
     quota: usize,
     filter: &KindFilter,
-    grouping: Grouping<'_>,
 ) -> StoreResult<Vec<Job>> {
     let (groups, share, mut firsts) =
-        tenant_groups(ctx, queue, settings, quota, filter, grouping, Reads::Share)?;
+        tenant_groups(ctx, queue, settings, quota, filter, Reads::Share)?;
     let mut picked = limits::round_robin(&groups, quota);
     if limits::read_more(&groups, &picked, quota, share) {
-        let (groups, _, again) =
-            tenant_groups(ctx, queue, settings, quota, filter, grouping, Reads::Full)?;
+        let (groups, _, again) = tenant_groups(ctx, queue, settings, quota, filter, Reads::Full)?;
         picked = limits::round_robin(&groups, quota);
         firsts = again;
     }
@@ -75,42 +73,12 @@ pub(crate) fn tenant_candidates(
     Ok(jobs)
 }
 
-/// What a queue's available jobs take turns by: their tenant, or their first key of a keyed
-/// named limit ([`named::fair_key`], kept in the `fair_key` column), whose room and weight the
-/// claim's admission gives.
-#[derive(Clone, Copy)]
-pub(crate) enum Grouping<'a> {
-    Tenant,
-    LimitKey(&'a Admission<'a>),
-}
-
-impl Grouping<'_> {
-    fn column(self) -> &'static str {
-        match self {
-            Grouping::Tenant => "tenant",
-            Grouping::LimitKey(_) => "fair_key",
-        }
-    }
-
-    /// Where the queue's rotation by this grouping is remembered (`WriteCtx::cursors`).
-    fn cursor(self, queue: &str) -> String {
-        match self {
-            Grouping::Tenant => queue.to_string(),
-            Grouping::LimitKey(_) => fair_cursor(queue),
-        }
-    }
-}
-
-fn fair_cursor(queue: &str) -> String {
-    format!("{queue}\u{1f}limits")
-}
-
 /// The kinds a fetch takes, for the statements that read candidates by tenant: only the
 /// fetch's `kinds` when it names some, never its excluded kinds (open breakers). Bound as two
 /// JSON arrays to a statement's last two parameters ([`KindFilter::sql`]).
 pub(crate) struct KindFilter {
-    only: Option<String>,
-    excluded: String,
+    pub(crate) only: Option<String>,
+    pub(crate) excluded: String,
 }
 
 impl KindFilter {
@@ -129,7 +97,7 @@ impl KindFilter {
     /// The condition on `kind`, its arrays at parameters `?{first}` and `?{first + 1}`. A
     /// filter that keeps every kind still names both parameters but never reads `kind`, so a
     /// read by an index without the column stays within the index (no row lookups).
-    fn sql(&self, first: usize) -> String {
+    pub(crate) fn sql(&self, first: usize) -> String {
         let (only, excluded) = (first, first + 1);
         if self.only.is_none() && self.excluded == "[]" {
             return format!("(?{only} IS NULL AND ?{excluded} = '[]')");
@@ -141,8 +109,9 @@ impl KindFilter {
     }
 }
 
-/// After a claim: records the claimed jobs' starts for the rate limits of their queues and
-/// moves each queue's round-robin cursor to the group of its last claimed job.
+/// After a claim: records the claimed jobs' starts for the rate limits of their queues, moves
+/// each queue's tenant round-robin cursor to the tenant of its last claimed job, and the turn
+/// served by key ([`crate::turns::serve`]).
 pub(crate) fn record_claims(ctx: &mut WriteCtx<'_>, jobs: &[Job]) -> StoreResult<()> {
     for job in jobs {
         let Some(settings) = ctx.settings.get(&job.queue) else {
@@ -174,13 +143,8 @@ pub(crate) fn record_claims(ctx: &mut WriteCtx<'_>, jobs: &[Job]) -> StoreResult
         if ctx.cursors.contains_key(&job.queue) || job.tenant.is_some() {
             ctx.cursors.insert(job.queue.clone(), job.tenant.clone());
         }
-        let fair = named::fair_key(&job.limit_keys);
-        let cursor = fair_cursor(&job.queue);
-        if fair.is_some() || ctx.cursors.contains_key(&cursor) {
-            ctx.cursors.insert(cursor, fair.map(str::to_string));
-        }
     }
-    Ok(())
+    crate::turns::serve(ctx, jobs)
 }
 
 fn prune_starts(ctx: &WriteCtx<'_>, queue: &str, period_ms: u64) -> StoreResult<()> {
@@ -235,20 +199,19 @@ fn ids(rows: rusqlite::Result<Vec<String>>) -> StoreResult<Vec<Uuid>> {
 
 /// Up to `limit` distinct tenants with available jobs in `queue`, in ascending order, after
 /// `after` (from the first when `None`), each with its first job in claim order, read whole.
-/// Each step is one seek in `jobs_fair` (or `jobs_fair_key`), one more for the first job and
+/// Each step is one seek in `jobs_fair`, one more for the first job and
 /// its row by primary key, so the cost follows the number of tenants read, not the number of
 /// jobs they have; and a pass over many tenants, which takes one job from each, needs no
 /// statement per tenant after it.
 fn tenants(
     ctx: &WriteCtx<'_>,
-    grouping: Grouping<'_>,
     queue: &str,
     after: Option<&str>,
     limit: usize,
     filter: &KindFilter,
 ) -> StoreResult<Vec<(String, Job)>> {
     let kind = filter.sql(4);
-    let key = grouping.column();
+    let key = "tenant";
     let mut found = ctx
         .conn
         .prepare_cached(&format!(
@@ -293,17 +256,16 @@ fn tenants(
     Ok(found)
 }
 
-/// Available jobs without a tenant, looked for among the queue's first
-/// [`limits::UNTENANTED_WINDOW`] available jobs.
+/// Available jobs without a value in `key` (a tenant, a round-robin limit key), looked for
+/// among the queue's first [`limits::UNTENANTED_WINDOW`] available jobs.
 fn untenanted_ids(
     ctx: &WriteCtx<'_>,
-    grouping: Grouping<'_>,
+    key: &str,
     queue: &str,
     limit: usize,
     filter: &KindFilter,
 ) -> StoreResult<Vec<Uuid>> {
     let kind = filter.sql(4);
-    let key = grouping.column();
     ids(ctx
         .conn
         .prepare_cached(&format!(
@@ -327,16 +289,30 @@ fn untenanted_ids(
         }))
 }
 
+/// Up to `limit` of `queue`'s available jobs without a round-robin limit key, in claim
+/// order, read whole (they take a turn among the keys, `crate::turns::candidates`).
+pub(crate) fn unkeyed(
+    ctx: &WriteCtx<'_>,
+    queue: &str,
+    limit: usize,
+    filter: &KindFilter,
+) -> StoreResult<Vec<Job>> {
+    let mut jobs = Vec::new();
+    for id in untenanted_ids(ctx, "fair_key", queue, limit, filter)? {
+        jobs.extend(job_by_id(ctx, &id.to_string())?);
+    }
+    Ok(jobs)
+}
+
 fn tenant_ids(
     ctx: &WriteCtx<'_>,
-    grouping: Grouping<'_>,
     queue: &str,
     tenant: &str,
     limit: usize,
     filter: &KindFilter,
 ) -> StoreResult<Vec<Uuid>> {
     let kind = filter.sql(4);
-    let key = grouping.column();
+    let key = "tenant";
     ids(ctx
         .conn
         .prepare_cached(&format!(
@@ -360,16 +336,15 @@ fn tenant_groups(
     settings: &QueueSettings,
     quota: usize,
     filter: &KindFilter,
-    grouping: Grouping<'_>,
     reads: Reads,
 ) -> StoreResult<(Vec<Group>, usize, HashMap<Uuid, Job>)> {
-    let cursor = ctx.cursors.get(&grouping.cursor(queue)).cloned();
+    let cursor = ctx.cursors.get(queue).cloned();
     let after = match &cursor {
-        Some(Some(key)) => tenants(ctx, grouping, queue, Some(key), quota, filter)?,
+        Some(Some(key)) => tenants(ctx, queue, Some(key), quota, filter)?,
         _ => Vec::new(),
     };
     let from_start = if after.len() < quota {
-        tenants(ctx, grouping, queue, None, quota, filter)?
+        tenants(ctx, queue, None, quota, filter)?
     } else {
         Vec::new()
     };
@@ -389,7 +364,7 @@ fn tenant_groups(
     let (mut order, mut reads) = pass(true);
     let mut ungrouped = Vec::new();
     if limits::ungrouped_turn(&order) {
-        ungrouped = untenanted_ids(ctx, grouping, queue, quota, filter)?;
+        ungrouped = untenanted_ids(ctx, "tenant", queue, quota, filter)?;
         if ungrouped.is_empty() {
             (order, reads) = pass(false);
         }
@@ -409,27 +384,21 @@ fn tenant_groups(
             });
             continue;
         };
-        let (budget, weight) = match grouping {
-            // A limit key's room and weight, as the claim's admission counts them.
-            Grouping::LimitKey(admission) => (
-                usize::try_from(admission.budget(&key)).unwrap_or(usize::MAX),
-                admission.weight(&key),
-            ),
-            Grouping::Tenant if per_key => {
-                let running = if settings.per_key_concurrency_limit.is_some() {
-                    running_of_tenant(ctx, queue, &key)?
-                } else {
-                    0
-                };
-                let recent = match settings.per_key_rate_limit {
-                    Some(rate) => recent_starts(ctx, queue, &key, rate)?,
-                    None => 0,
-                };
-                (limits::key_budget(settings, running, recent), 1)
-            }
-            Grouping::Tenant => (usize::MAX, 1),
+        let budget = if per_key {
+            let running = if settings.per_key_concurrency_limit.is_some() {
+                running_of_tenant(ctx, queue, &key)?
+            } else {
+                0
+            };
+            let recent = match settings.per_key_rate_limit {
+                Some(rate) => recent_starts(ctx, queue, &key, rate)?,
+                None => 0,
+            };
+            limits::key_budget(settings, running, recent)
+        } else {
+            usize::MAX
         };
-        let wanted = limits::weighted_reads(reads, weight, quota).min(budget);
+        let wanted = limits::weighted_reads(reads, 1, quota).min(budget);
         let jobs = match (wanted, by_key.remove(&key)) {
             (0, _) => Vec::new(),
             // Read with the tenant.
@@ -438,13 +407,13 @@ fn tenant_groups(
                 firsts.insert(id, first);
                 vec![id]
             }
-            _ => tenant_ids(ctx, grouping, queue, &key, wanted, filter)?,
+            _ => tenant_ids(ctx, queue, &key, wanted, filter)?,
         };
         groups.push(Group {
             key: Some(key),
             jobs,
             budget,
-            weight,
+            weight: 1,
         });
     }
     Ok((groups, reads, firsts))
@@ -607,13 +576,13 @@ pub(crate) fn first_available_with_room(
 }
 
 /// Whether `queue` has available jobs with a round-robin limit key. One probe of
-/// `jobs_fair_key`.
+/// `jobs_fair_turn`.
 pub(crate) fn has_fair_keyed(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<bool> {
     has_available_with(ctx, queue, "fair_key")
 }
 
 /// Whether `queue` has available jobs with a value in `column`: one probe of the partial index
-/// that holds only those (`jobs_fair`, `jobs_limited`, `jobs_fair_key`).
+/// that holds only those (`jobs_fair`, `jobs_limited`, `jobs_fair_turn`).
 fn has_available_with(ctx: &WriteCtx<'_>, queue: &str, column: &str) -> StoreResult<bool> {
     ctx.conn
         .prepare_cached(&format!(

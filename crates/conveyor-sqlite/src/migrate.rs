@@ -8,7 +8,7 @@ use rusqlite::Connection;
 use crate::errors::backend;
 
 /// The schema version this code writes (`PRAGMA user_version`).
-pub(crate) const SCHEMA_VERSION: i64 = 21;
+pub(crate) const SCHEMA_VERSION: i64 = 22;
 const SCHEMA: &str = include_str!("schema.sql");
 
 /// Adds each of `columns` that `table` lacks; nothing when the table does not exist yet (the
@@ -119,6 +119,8 @@ pub(crate) fn migrate(conn: &Connection) -> StoreResult<()> {
         add_missing_columns(conn, "kinds", &[("sequence", "TEXT")])?;
         // Version 20: batches.
         add_missing_columns(conn, "kinds", &[("batch", "TEXT")])?;
+        // Version 22: turns by key.
+        add_missing_columns(conn, "jobs", &[("fair_turn", "INTEGER")])?;
     }
     if version < SCHEMA_VERSION {
         conn.execute_batch(&format!(

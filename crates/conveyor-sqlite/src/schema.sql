@@ -36,7 +36,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     sequence_no      INTEGER,               -- its place there
     sequence_skip_dead INTEGER NOT NULL DEFAULT 0, -- 1: dead, it lets the next one run
     fold_key         TEXT,                  -- version 19: its debounce or throttle key
-    fold_until       INTEGER                -- enqueues of the key are dropped until then
+    fold_until       INTEGER,               -- enqueues of the key are dropped until then
+    fair_turn        INTEGER                -- version 22: its turn by fair_key while available
 ) WITHOUT ROWID;
 
 -- The fetch path: only available jobs, in claim order.
@@ -330,10 +331,32 @@ CREATE INDEX IF NOT EXISTS jobs_limited ON jobs (queue)
     WHERE state = 'available' AND limit_keys IS NOT NULL;
 CREATE INDEX IF NOT EXISTS jobs_running_limited ON jobs (queue)
     WHERE state = 'running' AND limit_keys IS NOT NULL;
--- Fairness among a keyed limit's keys: each key's available jobs in claim order, and the
--- distinct keys of a queue (read by skipping through it), as `jobs_fair` does for tenants.
-CREATE INDEX IF NOT EXISTS jobs_fair_key ON jobs (queue, fair_key, priority DESC, run_at, id)
+-- Fairness among a keyed limit's keys. Version 22: by turns (`turns.rs`) instead of a
+-- rotation over `jobs_fair_key` (ordered by key, which made a claim or an enqueue over many
+-- keys write a page per key). Jobs waiting for their turn (it is given at the next keyed claim)
+-- sort first and are found by `jobs_unturned`.
+DROP INDEX IF EXISTS jobs_fair_key;
+CREATE INDEX IF NOT EXISTS jobs_fair_turn ON jobs (queue, priority DESC, fair_turn, fair_key, id)
     WHERE state = 'available' AND fair_key IS NOT NULL;
+CREATE INDEX IF NOT EXISTS jobs_unturned ON jobs (queue, run_at, id)
+    WHERE state = 'available' AND fair_key IS NOT NULL AND fair_turn IS NULL;
+-- Per queue, priority and key: the turn the key's next job gets and how many jobs already have
+-- it (`conveyor_core::limits::turns::KeyTurns`). Rows behind the turn served are deleted.
+CREATE TABLE IF NOT EXISTS fair_turns (
+    queue      TEXT NOT NULL,
+    priority   INTEGER NOT NULL,
+    key        TEXT NOT NULL,
+    next_turn  INTEGER NOT NULL,
+    given      INTEGER NOT NULL,
+    PRIMARY KEY (queue, priority, key)
+) WITHOUT ROWID;
+-- Per queue and priority: the highest turn claimed (`turns::served`); a key arriving joins it.
+CREATE TABLE IF NOT EXISTS fair_served (
+    queue     TEXT NOT NULL,
+    priority  INTEGER NOT NULL,
+    turn      INTEGER NOT NULL,
+    PRIMARY KEY (queue, priority)
+) WITHOUT ROWID;
 
 -- Version 19: sequences (`conveyor_core::sequence`). A key's jobs by number: the last number
 -- for the next enqueue, and the unfinished ones (and dead ones, which may hold the sequence)

@@ -89,7 +89,7 @@ pub(crate) fn release(ctx: &mut WriteCtx<'_>, key: &str) -> StoreResult<()> {
     let released: Option<(String, String)> = ctx
         .conn
         .prepare_cached(&format!(
-            "UPDATE jobs SET state = {} \
+            "UPDATE jobs SET state = {}, fair_turn = NULL \
              WHERE id = ( \
                  SELECT id FROM jobs WHERE sequence_key = ?1 AND {OPEN} \
                  AND state = 'blocked' ORDER BY sequence_no LIMIT 1) \

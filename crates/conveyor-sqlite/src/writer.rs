@@ -51,6 +51,12 @@ pub(crate) struct WriteCtx<'c> {
     pub flow_starts_observed: bool,
     /// The jobs flows started in this round, told once it has committed.
     pub flow_started: Vec<conveyor_core::Inserted>,
+    /// The named limits, read at most once per round (`turns`).
+    pub limit_specs: std::cell::OnceCell<
+        std::collections::BTreeMap<String, conveyor_core::limits::named::LimitSpec>,
+    >,
+    /// The turns of the keyed candidates of the claim being made, for `turns::serve`.
+    pub turns_read: HashMap<Uuid, u64>,
 }
 
 /// Per queue, the tenant group served last by a limited fetch (`None`: the group of
@@ -443,6 +449,8 @@ pub(crate) fn run_writer(
             reload_settings: false,
             flow_starts_observed: signals.flow_starts.observed(),
             flow_started: Vec::new(),
+            limit_specs: std::cell::OnceCell::new(),
+            turns_read: HashMap::new(),
         };
         let begin = sync
             .set_full(&conn, needs_fsync)

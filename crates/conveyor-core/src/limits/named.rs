@@ -264,6 +264,16 @@ impl LimitSpec {
     }
 }
 
+/// The round-robin weight of limit key `key` under `specs`: its value's weight in its limit's
+/// `weights`, 1 when the limit weighs it not (or is gone).
+pub fn weight(specs: &BTreeMap<String, LimitSpec>, key: &str) -> u32 {
+    let (name, value) = split_limit_key(key);
+    specs
+        .get(name)
+        .and_then(|spec| spec.weights.get(value).copied())
+        .unwrap_or(1)
+}
+
 /// The largest round-robin weight of a key value.
 pub const MAX_WEIGHT: u32 = 1000;
 
@@ -592,11 +602,7 @@ impl<'a> Admission<'a> {
 
     /// The round-robin weight of `key` (1 unless its limit weighs its value).
     pub fn weight(&self, key: &str) -> u32 {
-        let (name, value) = split_limit_key(key);
-        self.specs
-            .get(name)
-            .and_then(|spec| spec.weights.get(value).copied())
-            .unwrap_or(1)
+        weight(self.specs, key)
     }
 
     /// Candidates refused so far, by limit name.

@@ -1,15 +1,15 @@
 //! Turns by key: the order in which the keys of a keyed limit take their turns, given to each
 //! job as a number when it becomes available, so that a store can keep its fair index in that
 //! order and read a pass over many keys as one range instead of a seek per key
-//! (docs/plans/flow-control-by-key.md, "Turns instead of a rotation"; the stores do not use it
-//! yet).
+//! (docs/plans/flow-control-by-key.md, "Turns instead of a rotation").
 //!
-//! A key's jobs get turns 0, 1, 2, ... in the order they become available, `weight` jobs per
-//! turn. A key that arrives late, or comes back after running dry, joins the turn being served
-//! (`current`, the highest turn claimed so far in the queue) instead of starting from its own
-//! old numbers, which would put it ahead of every other key until it caught up. Reading the
-//! available jobs in (turn, key) order then serves each key once per turn, as a rotation over
-//! the keys does, and a key with one job waits at most one turn.
+//! A key's jobs get consecutive turns in the order they become available, `weight` jobs per
+//! turn. A key that arrives late, or comes back after running dry, joins the first turn not yet
+//! started (the one after `served`, the highest turn claimed so far in the queue) instead of
+//! starting from its own old numbers, which would put it ahead of every other key until it
+//! caught up, or at the turn being served, which the keys served in it already had. Reading
+//! the available jobs in (turn, key) order then serves each key once per turn, as a rotation
+//! over the keys does, and a key with one job waits at most one turn.
 
 use serde::{Deserialize, Serialize};
 
@@ -22,23 +22,24 @@ pub struct KeyTurns {
 }
 
 impl KeyTurns {
-    /// Whether the key's record says nothing that `current` does not: a key whose next turn
-    /// is behind the one being served is given `current` anyway, so its record can be dropped.
-    pub fn stale(&self, current: u64) -> bool {
-        self.next < current
+    /// Whether the key's record says nothing that `served` does not: a key whose next turn
+    /// has been served is given the one after `served` anyway, so its record can be dropped.
+    pub fn stale(&self, served: u64) -> bool {
+        self.next <= served
     }
 }
 
 /// The turn of a key's next job, and what the key has been given after it. `key` is the key's
-/// record (`None` for a key never seen, or dropped as [`KeyTurns::stale`]), `current` the turn
-/// being served in its queue, `weight` the key's jobs per turn (at least one).
-pub fn next_turn(current: u64, key: Option<KeyTurns>, weight: u32) -> (u64, KeyTurns) {
+/// record (`None` for a key never seen, or dropped as [`KeyTurns::stale`]), `served` the
+/// highest turn claimed in its queue (0 before any), `weight` the key's jobs per turn (at
+/// least one).
+pub fn next_turn(served: u64, key: Option<KeyTurns>, weight: u32) -> (u64, KeyTurns) {
     let weight = weight.max(1);
     let key = match key {
-        Some(key) if key.next >= current => key,
-        // Joins the turn being served, with none of it used.
+        Some(key) if !key.stale(served) => key,
+        // Joins the first turn not started, with none of it used.
         _ => KeyTurns {
-            next: current,
+            next: served.saturating_add(1),
             given: 0,
         },
     };
@@ -55,9 +56,9 @@ pub fn next_turn(current: u64, key: Option<KeyTurns>, weight: u32) -> (u64, KeyT
     (turn, after)
 }
 
-/// The turn being served in a queue after a claim: the highest of what it was and the turns of
-/// the jobs just claimed. It only moves forward, so a late key never joins behind a turn
-/// already served.
+/// The turn served in a queue after a claim: the highest of what it was and the turns of the
+/// jobs just claimed. It only moves forward, so a late key never joins behind a turn already
+/// started.
 pub fn served(current: u64, claimed: impl IntoIterator<Item = u64>) -> u64 {
     claimed.into_iter().fold(current, u64::max)
 }
@@ -69,13 +70,13 @@ mod tests {
 
     /// Gives turns to `jobs` (their keys, in the order they become available) and returns the
     /// keys in (turn, key, arrival) order: the order a pass reads them in.
-    fn order(jobs: &[&'static str], current: u64, weights: &[(&str, u32)]) -> Vec<&'static str> {
+    fn order(jobs: &[&'static str], served: u64, weights: &[(&str, u32)]) -> Vec<&'static str> {
         let weights: BTreeMap<&str, u32> = weights.iter().copied().collect();
         let mut keys: BTreeMap<&str, KeyTurns> = BTreeMap::new();
         let mut turned: Vec<(u64, &str, usize)> = Vec::new();
         for (arrival, key) in jobs.iter().enumerate() {
             let weight = weights.get(key).copied().unwrap_or(1);
-            let (turn, after) = next_turn(current, keys.get(key).copied(), weight);
+            let (turn, after) = next_turn(served, keys.get(key).copied(), weight);
             keys.insert(key, after);
             turned.push((turn, key, arrival));
         }
@@ -108,24 +109,28 @@ mod tests {
     }
 
     #[test]
-    fn a_late_key_joins_the_turn_being_served() {
-        // "a" was given turns 0..=99 earlier; turns up to 40 have been served.
+    fn a_late_key_joins_the_first_turn_not_started() {
+        // "a" was given turns 1..=100 earlier; turns up to 40 have been claimed.
         let mut a = None;
         for _ in 0..100 {
             a = Some(next_turn(0, a, 1).1);
         }
         let (late, _) = next_turn(40, None, 1);
-        assert_eq!(late, 40, "not 0, which would go ahead of every waiting key");
+        assert_eq!(
+            late, 41,
+            "not 1, ahead of every waiting key, nor 40, which the others had"
+        );
         let (back, after) = next_turn(40, a, 1);
-        assert_eq!((back, after.next), (100, 101), "a key keeps its own line");
+        assert_eq!((back, after.next), (101, 102), "a key keeps its own line");
     }
 
     #[test]
-    fn a_key_back_after_running_dry_starts_at_the_current_turn() {
+    fn a_key_back_after_running_dry_starts_after_the_turn_served() {
         let old = KeyTurns { next: 5, given: 0 };
         assert!(old.stale(40));
-        assert!(!old.stale(5));
-        assert_eq!(next_turn(40, Some(old), 1).0, 40);
+        assert!(old.stale(5));
+        assert!(!old.stale(4));
+        assert_eq!(next_turn(40, Some(old), 1).0, 41);
     }
 
     #[test]
@@ -143,6 +148,7 @@ mod tests {
         };
         let (turn, after) = next_turn(0, Some(full), 1);
         assert_eq!((turn, after.next), (u64::MAX, u64::MAX));
-        assert_eq!(next_turn(0, None, 0).1.next, 1, "a weight of 0 counts as 1");
+        assert_eq!(next_turn(u64::MAX, None, 1).0, u64::MAX);
+        assert_eq!(next_turn(0, None, 0).1.next, 2, "a weight of 0 counts as 1");
     }
 }

@@ -38,7 +38,7 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
             let mut stmt = ctx
                 .conn
                 .prepare_cached(
-                    "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
+                    "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, fair_turn = NULL, \
                      finished_at = NULL, result = NULL, expires_at = NULL, \
                      errors = CASE WHEN json_array_length(errors) > 0 \
                          THEN json_set(errors, '$[#-1].replayed_at', ?4) ELSE errors END \
@@ -62,7 +62,7 @@ pub(crate) fn dead_replay(ctx: &mut WriteCtx<'_>, selector: &ReplaySelector) -> 
             let rows: Vec<Replayed> = ctx
                 .conn
                 .prepare_cached(
-                    "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, \
+                    "UPDATE jobs SET state = 'available', attempt = 0, run_at = ?1, fair_turn = NULL, \
                      finished_at = NULL, result = NULL, \
                      errors = CASE WHEN json_array_length(errors) > 0 \
                          THEN json_set(errors, '$[#-1].replayed_at', ?4) ELSE errors END \

@@ -198,12 +198,10 @@ pub(super) fn queue_candidates(
             return Ok(Vec::new());
         }
         if let Some(admission) = fair {
-            let grouping = limits::Grouping::LimitKey(admission);
-            return limits::tenant_candidates(ctx, queue, settings, quota, &filter, grouping);
+            return crate::turns::candidates(ctx, queue, quota, &filter, admission);
         }
         if tenanted {
-            let grouping = limits::Grouping::Tenant;
-            return limits::tenant_candidates(ctx, queue, settings, quota, &filter, grouping);
+            return limits::tenant_candidates(ctx, queue, settings, quota, &filter);
         }
         // One group in claim order: the plain read, cut to the quota.
         return first_available_for(ctx, queue, params, quota);
@@ -294,7 +292,7 @@ pub(super) fn claim(
         .conn
         .prepare_cached(
             "UPDATE jobs SET state = 'running', attempt = attempt + 1, lease_worker = ?1, \
-             lease_token = ?2, lease_expires_at = ?3, started_at = ?4 \
+             lease_token = ?2, lease_expires_at = ?3, started_at = ?4, fair_turn = NULL \
              WHERE id = ?5 AND state = 'available'",
         )
         .map_err(backend)?;
