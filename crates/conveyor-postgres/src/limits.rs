@@ -14,7 +14,7 @@ use conveyor_core::limits::{self, Admission, Group, LimitSpec, LimitUsage, Reads
 use conveyor_core::{FetchParams, Job, QueueSettings, RateLimit, StoreResult};
 use sqlx::types::Json;
 use sqlx::{AssertSqlSafe, Connection, PgConnection, Row};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use uuid::Uuid;
 
 use crate::ctx::Ctx;
@@ -32,6 +32,8 @@ struct Candidate {
     limit_keys: Option<Vec<String>>,
     /// Where its row was read (`ctid`), which the claim finds it by.
     tid: String,
+    /// Its turn by key, when it was read in turn order (`by_turn`).
+    turn: Option<u64>,
 }
 
 fn candidates_of(rows: &[sqlx::postgres::PgRow]) -> StoreResult<Vec<Candidate>> {
@@ -45,6 +47,12 @@ fn candidates_of(rows: &[sqlx::postgres::PgRow]) -> StoreResult<Vec<Candidate>> 
                 run_at: row.try_get("run_at").map_err(read)?,
                 limit_keys: keys.map(|Json(keys)| keys),
                 tid: row.try_get("tid").map_err(read)?,
+                // Only the read in turn order has the column.
+                turn: row
+                    .try_get::<Option<i64>, _>("fair_turn")
+                    .ok()
+                    .flatten()
+                    .map(|turn| u64::try_from(turn).unwrap_or(0)),
             })
         })
         .collect()
@@ -57,6 +65,9 @@ struct QueueRead<'a> {
     settings: QueueSettings,
     tenanted: bool,
     fair_keyed: bool,
+    /// Whether it holds available keyed jobs without a turn yet (they became available other
+    /// than by enqueue), given theirs before the claim reads by turn.
+    unturned: bool,
 }
 
 /// Claims for a fetch that the gate sent here, in a transaction of its own.
@@ -138,6 +149,7 @@ fn queue_read<'a>(name: &'a str, row: &sqlx::postgres::PgRow) -> StoreResult<Que
         },
         tenanted: row.try_get("tenanted").map_err(get)?,
         fair_keyed: row.try_get("fair_keyed").map_err(get)?,
+        unturned: row.try_get("unturned").map_err(get)?,
     })
 }
 
@@ -360,29 +372,56 @@ impl Claim<'_, '_> {
             record_limit_starts(conn, self.ctx, admission, &jobs).await?;
         }
         for job in &jobs {
-            let statements = &self.ctx.sql.limits;
-            statements.set_cursor(&job.queue, job.tenant.clone());
-            statements.set_cursor(
-                &fair_cursor(&job.queue),
-                named::fair_key(&job.limit_keys).map(str::to_string),
-            );
+            self.ctx
+                .sql
+                .limits
+                .set_cursor(&job.queue, job.tenant.clone());
         }
+        serve(conn, self.ctx, &picked, &jobs).await?;
         Ok(jobs)
     }
 }
 
-/// What a queue's available jobs take turns by: their tenant, or their first key of a keyed
-/// named limit (the `fair_key` column, see `named::fair_key`), whose room and weight the
-/// claim's admission gives.
-#[derive(Clone, Copy)]
-enum Grouping<'a> {
-    Tenant,
-    LimitKey(&'a Admission<'a>),
-}
-
-/// Where a queue's rotation by limit key is remembered (beside its tenant rotation).
-fn fair_cursor(queue: &str) -> String {
-    format!("{queue}\u{1f}limits")
+/// After a claim: the turn served in each queue and priority moves up to the highest turn
+/// claimed there (`turns::served`, as an upsert that only moves it forward), and keys whose
+/// next turn it reached are forgotten.
+async fn serve(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    picked: &[Candidate],
+    claimed: &[Job],
+) -> StoreResult<()> {
+    let turns: HashMap<Uuid, u64> = picked
+        .iter()
+        .filter_map(|c| c.turn.map(|turn| (c.id, turn)))
+        .collect();
+    if turns.is_empty() {
+        return Ok(());
+    }
+    let mut highest: BTreeMap<(&str, i32), u64> = BTreeMap::new();
+    for job in claimed {
+        if let Some(turn) = turns.get(&job.id) {
+            let entry = highest.entry((&job.queue, job.priority)).or_insert(0);
+            *entry = limits::turns::served(*entry, [*turn]);
+        }
+    }
+    if highest.is_empty() {
+        return Ok(());
+    }
+    let queues: Vec<&str> = highest.keys().map(|(queue, _)| *queue).collect();
+    let priorities: Vec<i32> = highest.keys().map(|(_, priority)| *priority).collect();
+    let served: Vec<i64> = highest
+        .values()
+        .map(|turn| i64::try_from(*turn).unwrap_or(i64::MAX))
+        .collect();
+    sqlx::query(ctx.sql.limits.serve.clone())
+        .bind(&queues)
+        .bind(&priorities)
+        .bind(&served)
+        .execute(&mut *conn)
+        .await
+        .map_err(db("record the turns served"))?;
+    Ok(())
 }
 
 /// The candidates (in claim order) that the named limits let start, their starts counted in
@@ -520,11 +559,10 @@ async fn queue_candidates(
         Some(admission) if !per_tenant && read.fair_keyed => Some(admission),
         _ => None,
     };
-    let grouping = match fair {
-        Some(admission) => Grouping::LimitKey(admission),
-        None => Grouping::Tenant,
-    };
-    if !tenanted && fair.is_none() {
+    if let Some(admission) = fair {
+        return by_turn(conn, ctx, read, quota, params, admission).await;
+    }
+    if !tenanted {
         // With keys out of room, their jobs are passed over as candidates are read, so a flood
         // of one full key cannot hide the jobs behind it.
         let read = if full.is_empty() {
@@ -546,30 +584,12 @@ async fn queue_candidates(
             .map_err(db("read available jobs"))?;
         return candidates_of(&found);
     }
-    let (groups, mut candidates, share) = tenant_groups(
-        conn,
-        ctx,
-        queue,
-        settings,
-        quota,
-        params,
-        grouping,
-        Reads::Share,
-    )
-    .await?;
+    let (groups, mut candidates, share) =
+        tenant_groups(conn, ctx, queue, settings, quota, params, Reads::Share).await?;
     let mut picked = limits::round_robin(&groups, quota);
     if limits::read_more(&groups, &picked, quota, share) {
-        let (groups, more, _) = tenant_groups(
-            conn,
-            ctx,
-            queue,
-            settings,
-            quota,
-            params,
-            grouping,
-            Reads::Full,
-        )
-        .await?;
+        let (groups, more, _) =
+            tenant_groups(conn, ctx, queue, settings, quota, params, Reads::Full).await?;
         candidates = more;
         picked = limits::round_robin(&groups, quota);
     }
@@ -602,18 +622,12 @@ async fn recent_starts(
 async fn tenants(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
-    grouping: Grouping<'_>,
     queue: &str,
     after: Option<&str>,
     max: usize,
     params: &FetchParams,
 ) -> StoreResult<Vec<(String, Candidate)>> {
-    let statements = &ctx.sql.limits;
-    let read = match grouping {
-        Grouping::Tenant => &statements.tenants,
-        Grouping::LimitKey(_) => &statements.fair_keys,
-    };
-    let found = sqlx::query(read.clone())
+    let found = sqlx::query(ctx.sql.limits.tenants.clone())
         .bind(queue)
         // Tenants are never empty (names are validated), so '' stands for "from the first".
         .bind(after.unwrap_or(""))
@@ -678,10 +692,6 @@ async fn key_budgets(
 
 /// The queue's groups in round-robin order (starting after the group served last), each with
 /// its first jobs and per-key budget, and every candidate read by id.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "the claim's context, the queue's pass and how much to read; grouping them would only rename them"
-)]
 async fn tenant_groups(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
@@ -689,28 +699,16 @@ async fn tenant_groups(
     settings: &QueueSettings,
     quota: usize,
     params: &FetchParams,
-    grouping: Grouping<'_>,
     reads: Reads,
 ) -> StoreResult<(Vec<Group>, HashMap<Uuid, Candidate>, usize)> {
     let statements = &ctx.sql.limits;
-    let (cursor, ungrouped_read, group_read) = match grouping {
-        Grouping::Tenant => (
-            statements.cursor(queue),
-            &statements.untenanted,
-            &statements.tenant_jobs,
-        ),
-        Grouping::LimitKey(_) => (
-            statements.cursor(&fair_cursor(queue)),
-            &statements.unkeyed,
-            &statements.fair_key_jobs,
-        ),
-    };
+    let cursor = statements.cursor(queue);
     let after = match &cursor {
-        Some(Some(key)) => tenants(conn, ctx, grouping, queue, Some(key), quota, params).await?,
+        Some(Some(key)) => tenants(conn, ctx, queue, Some(key), quota, params).await?,
         _ => Vec::new(),
     };
     let from_start = if after.len() < quota {
-        tenants(conn, ctx, grouping, queue, None, quota, params).await?
+        tenants(conn, ctx, queue, None, quota, params).await?
     } else {
         Vec::new()
     };
@@ -741,7 +739,7 @@ async fn tenant_groups(
     let (mut order, mut reads) = pass(true);
     let mut untenanted = Vec::new();
     if limits::ungrouped_turn(&order) {
-        let found = sqlx::query(ungrouped_read.clone())
+        let found = sqlx::query(statements.untenanted.clone())
             .bind(queue)
             .bind(limit(limits::UNTENANTED_WINDOW))
             .bind(limit(quota))
@@ -756,23 +754,8 @@ async fn tenant_groups(
         }
     }
     let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
-    let (budgets, weights): (Vec<usize>, Vec<u32>) = match grouping {
-        // A limit key's room and weight, as the claim's admission counts them.
-        Grouping::LimitKey(admission) => tenants
-            .iter()
-            .map(|key| {
-                (
-                    usize::try_from(admission.budget(key)).unwrap_or(usize::MAX),
-                    admission.weight(key),
-                )
-            })
-            .unzip(),
-        Grouping::Tenant => {
-            let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
-            let weights = vec![1; budgets.len()];
-            (budgets, weights)
-        }
-    };
+    let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
+    let weights = vec![1; budgets.len()];
     // How many jobs to read from each group: its first job came with its key, so only groups
     // to read more of are read again, all in one statement (a LATERAL read per group).
     let wanted: Vec<usize> = budgets
@@ -795,7 +778,7 @@ async fn tenant_groups(
         }
     }
     if !more.is_empty() {
-        let found = sqlx::query(group_read.clone())
+        let found = sqlx::query(statements.tenant_jobs.clone())
             .bind(queue)
             .bind(&more)
             .bind(&more_wanted)
@@ -836,4 +819,88 @@ async fn tenant_groups(
         all.extend(found.into_iter().map(|c| (c.id, c)));
     }
     Ok((groups, all, reads))
+}
+
+/// Up to `quota` of the queue's available keyed jobs in turn order (`by_turn`, one range of
+/// `jobs_fair_turn`), passing over jobs whose keys have no room under `admission`
+/// (`turns::Picking`; read again without the keys used up when many are passed over), with
+/// the queue's jobs without a key taking their turn among them (`turns::with_unkeyed`). Jobs
+/// made available since their enqueue are given their turns first (`give_waiting`), under the
+/// queue's claim lock.
+async fn by_turn(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    read: &QueueRead<'_>,
+    quota: usize,
+    params: &FetchParams,
+    admission: &Admission<'_>,
+) -> StoreResult<Vec<Candidate>> {
+    let statements = &ctx.sql.limits;
+    let queue = read.name;
+    if read.unturned {
+        sqlx::query(statements.give_waiting.clone())
+            .bind(queue)
+            .execute(&mut *conn)
+            .await
+            .map_err(db("give turns to jobs made available"))?;
+    }
+    let mut full: BTreeSet<String> = admission.full().into_iter().collect();
+    let mut picking = limits::turns::Picking::new(admission, quota);
+    let mut keyed: Vec<(Candidate, (i32, u64))> = Vec::new();
+    let mut seen: HashSet<Uuid> = HashSet::new();
+    // A few more than the quota: jobs of keys out of room are passed over. A read again reads
+    // past the jobs picked before it too.
+    let more = quota.saturating_add(limits::turns::SKIPS_BEFORE_REREAD);
+    let mut window = more;
+    'reads: while !picking.done() {
+        let full_keys: Vec<&str> = full.iter().map(String::as_str).collect();
+        let found = sqlx::query(statements.by_turn.clone())
+            .bind(queue)
+            .bind(limit(window))
+            .bind(params.kinds.as_deref())
+            .bind(&params.excluded_kinds)
+            .bind(&full_keys)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("read jobs by turn"))?;
+        let ended = found.len() < window;
+        for candidate in candidates_of(&found)? {
+            if picking.done() {
+                break 'reads;
+            }
+            if !seen.insert(candidate.id) {
+                continue; // Picked before a re-read.
+            }
+            if !picking.offer(candidate.limit_keys.as_deref().unwrap_or_default()) {
+                if picking.reread(&mut full) {
+                    window = keyed.len().saturating_add(more);
+                    continue 'reads;
+                }
+                continue;
+            }
+            let place = (candidate.priority, candidate.turn.unwrap_or(0));
+            keyed.push((candidate, place));
+        }
+        if ended {
+            break;
+        }
+        // Every job of the window was looked at: read further.
+        window = window.saturating_add(more);
+    }
+    let places: Vec<(i32, u64)> = keyed.iter().map(|(_, place)| *place).collect();
+    let share = limits::turns::unkeyed_share(&places, quota);
+    let found = sqlx::query(statements.unkeyed.clone())
+        .bind(queue)
+        .bind(limit(limits::UNTENANTED_WINDOW))
+        .bind(limit(share))
+        .bind(params.kinds.as_deref())
+        .bind(&params.excluded_kinds)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("read jobs without a limit key"))?;
+    Ok(limits::turns::with_unkeyed(
+        keyed,
+        candidates_of(&found)?,
+        quota,
+    ))
 }

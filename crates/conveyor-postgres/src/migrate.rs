@@ -142,10 +142,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "blocked_depth",
         sql: include_str!("migrations/0024_blocked_depth.sql"),
     },
+    Migration {
+        version: 25,
+        name: "turns",
+        sql: include_str!("migrations/0025_turns.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 24;
+pub const SCHEMA_VERSION: u32 = 25;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).

@@ -10,7 +10,7 @@
 //! every move back to `available` clear it). Turns count per queue and priority: each priority
 //! is its own line, so a late key joins the turn being served at its priority.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use conveyor_core::limits::named::{self as named, Admission, LimitSpec};
 use conveyor_core::limits::turns::{self, KeyTurns};
@@ -22,10 +22,6 @@ use crate::errors::backend;
 use crate::limits::KindFilter;
 use crate::rows::COLUMNS;
 use crate::writer::WriteCtx;
-
-/// Jobs a claim passes over (their keys out of room) before it reads the range again with
-/// those keys left out, so a key with many jobs and little room costs a bounded read.
-const SKIPS_BEFORE_REREAD: usize = 32;
 
 /// The turn `job`, about to be stored, gets: `None` unless it is available and holds a
 /// round-robin key.
@@ -84,7 +80,10 @@ fn served(ctx: &WriteCtx<'_>, queue: &str, priority: i32) -> StoreResult<u64> {
     let turn: Option<i64> = ctx
         .conn
         .prepare_cached("SELECT turn FROM fair_served WHERE queue = ?1 AND priority = ?2")
-        .and_then(|mut stmt| stmt.query_row(params![queue, priority], |row| row.get(0)).optional())
+        .and_then(|mut stmt| {
+            stmt.query_row(params![queue, priority], |row| row.get(0))
+                .optional()
+        })
         .map_err(backend)?;
     Ok(turn.map_or(0, from_sql))
 }
@@ -130,10 +129,9 @@ fn give_waiting(ctx: &WriteCtx<'_>, queue: &str) -> StoreResult<()> {
 }
 
 /// Up to `quota` of `queue`'s available keyed jobs in turn order, passing over jobs whose keys
-/// have no room under `admission`, then the queue's jobs without a key: as many as the turns
-/// the keyed ones span (one job per turn, as one more key would take), or the whole quota when
-/// no keyed job can run. Each keyed candidate's turn is kept in `ctx.turns_read` for
-/// [`serve`].
+/// have no room under `admission` ([`turns::Picking`]), with the queue's jobs without a key
+/// taking their turn among them ([`turns::with_unkeyed`]). Each keyed candidate's turn is kept
+/// in `ctx.turns_read` for [`serve`].
 pub(crate) fn candidates(
     ctx: &mut WriteCtx<'_>,
     queue: &str,
@@ -143,9 +141,9 @@ pub(crate) fn candidates(
 ) -> StoreResult<Vec<Job>> {
     give_waiting(ctx, queue)?;
     let mut full: BTreeSet<String> = admission.full().into_iter().collect();
-    let mut taken: HashMap<String, u64> = HashMap::new();
-    let mut picked: Vec<Job> = Vec::new();
-    let mut read: HashMap<Uuid, u64> = HashMap::new();
+    let mut picking = turns::Picking::new(admission, quota);
+    let mut keyed: Vec<(Job, (i32, u64))> = Vec::new();
+    let mut read: HashSet<Uuid> = HashSet::new();
     let conn = ctx.conn;
     let kind = filter.sql(4);
     let mut stmt = conn
@@ -158,7 +156,7 @@ pub(crate) fn candidates(
              ORDER BY priority DESC, fair_turn, fair_key, id"
         ))
         .map_err(backend)?;
-    'reads: loop {
+    'reads: while !picking.done() {
         let full_json = serde_json::to_string(&full)
             .map_err(|e| StoreError::backend(format!("cannot serialize limit keys: {e}")))?;
         let mut rows = stmt
@@ -170,75 +168,36 @@ pub(crate) fn candidates(
                 filter.excluded
             ])
             .map_err(backend)?;
-        let mut skipped = 0;
-        while picked.len() < quota {
+        while !picking.done() {
             let Some(row) = rows.next().map_err(backend)? else {
                 break 'reads;
             };
             let job = crate::rows::job(row).map_err(backend)?;
-            if read.contains_key(&job.id) {
+            if read.contains(&job.id) {
                 continue; // Picked before a re-read.
             }
-            let fits = job.limit_keys.iter().all(|key| {
-                taken.get(key).copied().unwrap_or(0) < admission.room(key)
-            });
-            if !fits {
-                skipped += 1;
-                if skipped >= SKIPS_BEFORE_REREAD {
-                    let before = full.len();
-                    full.extend(
-                        (taken.iter())
-                            .filter(|(key, taken)| **taken >= admission.room(key))
-                            .map(|(key, _)| key.clone()),
-                    );
-                    if full.len() > before {
-                        continue 'reads;
-                    }
+            if !picking.offer(&job.limit_keys) {
+                if picking.reread(&mut full) {
+                    continue 'reads;
                 }
                 continue;
             }
             // The turn is the last column, after the job's own.
             let last = row.as_ref().column_count().saturating_sub(1);
             let turn: i64 = row.get(last).map_err(backend)?;
-            for key in &job.limit_keys {
-                *taken.entry(key.clone()).or_insert(0) += 1;
-            }
-            read.insert(job.id, from_sql(turn));
-            picked.push(job);
+            read.insert(job.id);
+            let place = (job.priority, from_sql(turn));
+            keyed.push((job, place));
         }
-        break;
     }
     drop(stmt);
-    // Jobs without a key take one turn among the keys: one at the end of each turn the keyed
-    // candidates reach, or the rest of the quota when there are not enough keyed ones.
-    let turn_of = |job: &Job| (job.priority, read.get(&job.id).copied().unwrap_or(0));
-    let spanned: HashSet<(i32, u64)> = picked.iter().map(turn_of).collect();
-    let share = if picked.len() < quota {
-        quota
-    } else {
-        spanned.len()
-    };
-    let mut unkeyed = crate::limits::unkeyed(ctx, queue, share, filter)?.into_iter();
-    let mut merged = Vec::with_capacity(quota);
-    let mut previous = None;
-    let keyed_short = picked.len() < quota;
-    for job in picked {
-        let turn = turn_of(&job);
-        if previous.is_some_and(|previous| previous != turn) {
-            merged.extend(unkeyed.next());
-        }
-        if merged.len() >= quota {
-            break;
-        }
-        merged.push(job);
-        previous = Some(turn);
+    let places: Vec<(i32, u64)> = keyed.iter().map(|(_, place)| *place).collect();
+    let share = turns::unkeyed_share(&places, quota);
+    let unkeyed = crate::limits::unkeyed(ctx, queue, share, filter)?;
+    for (job, (_, turn)) in &keyed {
+        ctx.turns_read.insert(job.id, *turn);
     }
-    if keyed_short {
-        merged.extend(unkeyed.take(quota.saturating_sub(merged.len())));
-    }
-    let picked = merged;
-    ctx.turns_read.extend(read);
-    Ok(picked)
+    Ok(turns::with_unkeyed(keyed, unkeyed, quota))
 }
 
 /// After a claim: the turn served in each queue and priority moves up to the highest turn

@@ -12,6 +12,9 @@
 //! over the keys does, and a key with one job waits at most one turn.
 
 use serde::{Deserialize, Serialize};
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use super::named::Admission;
 
 /// What a key has been given: the turn its next job gets, and how many jobs already have that
 /// turn (fewer than the key's weight).
@@ -61,6 +64,108 @@ pub fn next_turn(served: u64, key: Option<KeyTurns>, weight: u32) -> (u64, KeyTu
 /// started.
 pub fn served(current: u64, claimed: impl IntoIterator<Item = u64>) -> u64 {
     claimed.into_iter().fold(current, u64::max)
+}
+
+/// How many jobs a claim passes over (their keys out of room) before it reads the range again
+/// with those keys left out ([`Picking::reread`]), so a key with many jobs and little room
+/// costs a bounded read.
+pub const SKIPS_BEFORE_REREAD: usize = 32;
+
+/// A claim's pick from the keyed jobs read in turn order: a job is taken when every key it
+/// holds has room left under the claim's admission, counting the jobs taken before it.
+#[derive(Debug)]
+pub struct Picking<'p, 'a> {
+    admission: &'p Admission<'a>,
+    quota: usize,
+    taken: HashMap<String, u64>,
+    picked: usize,
+    skipped: usize,
+}
+
+impl<'p, 'a> Picking<'p, 'a> {
+    pub fn new(admission: &'p Admission<'a>, quota: usize) -> Self {
+        Self {
+            admission,
+            quota,
+            taken: HashMap::new(),
+            picked: 0,
+            skipped: 0,
+        }
+    }
+
+    /// Whether the pick has its quota.
+    pub fn done(&self) -> bool {
+        self.picked >= self.quota
+    }
+
+    /// Takes a job holding `keys` if they all have room, counting it against each.
+    pub fn offer(&mut self, keys: &[String]) -> bool {
+        let fits = keys
+            .iter()
+            .all(|key| self.taken.get(key).copied().unwrap_or(0) < self.admission.room(key));
+        if !fits {
+            self.skipped += 1;
+            return false;
+        }
+        for key in keys {
+            *self.taken.entry(key.clone()).or_insert(0) += 1;
+        }
+        self.picked += 1;
+        true
+    }
+
+    /// After [`SKIPS_BEFORE_REREAD`] jobs passed over since the last read: the keys this pick
+    /// used up that `full` (the keys the read leaves out) lacks, added to it, so the caller
+    /// reads again; `false` when there are none (read on).
+    pub fn reread(&mut self, full: &mut BTreeSet<String>) -> bool {
+        if self.skipped < SKIPS_BEFORE_REREAD {
+            return false;
+        }
+        self.skipped = 0;
+        let before = full.len();
+        let admission = self.admission;
+        full.extend(
+            (self.taken.iter())
+                .filter(|(key, taken)| **taken >= admission.room(key))
+                .map(|(key, _)| key.clone()),
+        );
+        full.len() > before
+    }
+}
+
+/// How many jobs without a key a keyed claim reads: one per turn its keyed candidates span (the
+/// turn those jobs take among the keys), or the whole quota when the keyed ones fall short.
+/// `turns` are the keyed candidates' (priority, turn), in pick order.
+pub fn unkeyed_share(turns: &[(i32, u64)], quota: usize) -> usize {
+    if turns.len() < quota {
+        return quota;
+    }
+    turns.iter().collect::<HashSet<_>>().len()
+}
+
+/// The keyed candidates (`keyed`, each with its (priority, turn), in turn order) with the jobs
+/// without a key between their turns, one at the end of each turn, cut to `quota`; when the
+/// keyed ones fall short of the quota, the unkeyed ones fill it.
+pub fn with_unkeyed<T>(keyed: Vec<(T, (i32, u64))>, unkeyed: Vec<T>, quota: usize) -> Vec<T> {
+    let short = keyed.len() < quota;
+    let mut unkeyed = unkeyed.into_iter();
+    let mut merged = Vec::with_capacity(quota);
+    let mut previous = None;
+    for (job, turn) in keyed {
+        if previous.is_some_and(|previous| previous != turn) {
+            merged.extend(unkeyed.next());
+        }
+        if merged.len() >= quota {
+            break;
+        }
+        merged.push(job);
+        previous = Some(turn);
+    }
+    if short {
+        merged.extend(unkeyed.take(quota.saturating_sub(merged.len())));
+    }
+    merged.truncate(quota);
+    merged
 }
 
 #[cfg(test)]
@@ -138,6 +243,50 @@ mod tests {
         assert_eq!(served(10, [3, 12, 7]), 12);
         assert_eq!(served(10, [3, 7]), 10);
         assert_eq!(served(10, []), 10);
+    }
+
+    #[test]
+    fn jobs_without_a_key_take_a_turn_at_the_end_of_each() {
+        let keyed = vec![("a", (0, 1)), ("b", (0, 1)), ("a", (0, 2)), ("b", (0, 2))];
+        assert_eq!(unkeyed_share(&[(0, 1), (0, 1), (0, 2), (0, 2)], 4), 2);
+        let merged = with_unkeyed(keyed.clone(), vec!["-", "-"], 4);
+        assert_eq!(merged, ["a", "b", "-", "a"], "cut to the quota");
+        let merged = with_unkeyed(keyed, vec!["-", "-", "-"], 10);
+        assert_eq!(
+            merged,
+            ["a", "b", "-", "a", "b", "-", "-"],
+            "short: the rest"
+        );
+        assert_eq!(unkeyed_share(&[], 5), 5);
+        assert_eq!(with_unkeyed(Vec::new(), vec!["-"; 9], 5).len(), 5);
+    }
+
+    #[test]
+    fn a_pick_takes_what_has_room_and_rereads_without_used_up_keys() {
+        use crate::limits::named::{LimitSpec, LimitUsage};
+        use std::collections::BTreeMap;
+        let mut spec: LimitSpec =
+            serde_json::from_value(serde_json::json!({"concurrency": 2})).expect("spec");
+        spec.name = "c".into();
+        let specs = BTreeMap::from([("c".to_string(), spec)]);
+        let usage = LimitUsage::default();
+        let admission = Admission::new(&specs, &usage);
+        let mut picking = Picking::new(&admission, 5);
+        let a = vec!["c:a".to_string()];
+        let b = vec!["c:b".to_string()];
+        assert!(picking.offer(&a) && picking.offer(&a));
+        assert!(!picking.offer(&a), "room for two");
+        assert!(picking.offer(&b));
+        let mut full = BTreeSet::new();
+        assert!(!picking.reread(&mut full), "not after one skip");
+        for _ in 1..SKIPS_BEFORE_REREAD {
+            picking.offer(&a);
+        }
+        assert!(picking.reread(&mut full));
+        assert_eq!(full.into_iter().collect::<Vec<_>>(), ["c:a"]);
+        assert!(picking.offer(&b), "b has room for a second");
+        assert!(!picking.offer(&b));
+        assert!(!picking.done(), "three of five");
     }
 
     #[test]

@@ -27,10 +27,14 @@ pub(crate) struct LimitSql {
     pub(crate) tenants: SqlStr,
     pub(crate) untenanted: SqlStr,
     pub(crate) tenant_jobs: SqlStr,
-    /// The same three reads by the jobs' round-robin limit key (`fair_key`).
-    pub(crate) fair_keys: SqlStr,
+    /// Jobs without a round-robin limit key (`fair_key`), beside those taking turns by it.
     pub(crate) unkeyed: SqlStr,
-    pub(crate) fair_key_jobs: SqlStr,
+    /// Keyed jobs in turn order, passing over full keys (`crate::limits`, turns).
+    pub(crate) by_turn: SqlStr,
+    /// Gives turns to a queue's available keyed jobs that have none.
+    pub(crate) give_waiting: SqlStr,
+    /// Moves the turns served up after a claim and forgets keys behind them.
+    pub(crate) serve: SqlStr,
     pub(crate) key_counts: SqlStr,
     pub(crate) claim_ids: SqlStr,
     pub(crate) running_by_key: SqlStr,
@@ -56,6 +60,7 @@ impl LimitSql {
         let settings = format!("{}.queue_settings", quoted(schema));
         let starts = format!("{}.rate_starts", quoted(schema));
         let config = format!("{}.config", quoted(schema));
+        let turns = Turns::new(schema);
         let order = "ORDER BY priority DESC, run_at, id";
         let kinds3 = kinds_at(3);
         let settings_columns = SETTINGS_COLUMNS
@@ -67,7 +72,7 @@ impl LimitSql {
             // Read before the claim's locks: settings and named limits change rarely (a change
             // holds within a second, as documented), and the probes only choose how candidates
             // are read; the counts that limits hold by are read under the locks. Each probe is
-            // a subquery ordered as its index (`jobs_fair`, `jobs_fair_key`), not an EXISTS
+            // a subquery ordered as its index (`jobs_fair`, `jobs_fair_turn`), not an EXISTS
             // (whose ORDER BY PostgreSQL drops): where every available job has a key, the
             // planner chose to scan the table from its start, through every job a drain had
             // already claimed (1.4 ms a claim late in a 20,000-job drain).
@@ -78,7 +83,11 @@ impl LimitSql {
                          ORDER BY t.queue, t.tenant LIMIT 1), false) AS tenanted, \
                      COALESCE((SELECT true FROM {jobs} t WHERE t.state = 'available' \
                          AND t.queue = q.queue AND t.fair_key IS NOT NULL \
-                         ORDER BY t.queue, t.fair_key LIMIT 1), false) AS fair_keyed, \
+                         ORDER BY t.queue, t.priority DESC LIMIT 1), false) AS fair_keyed, \
+                     COALESCE((SELECT true FROM {jobs} t WHERE t.state = 'available' \
+                         AND t.queue = q.queue AND t.fair_key IS NOT NULL \
+                         AND t.fair_turn IS NULL ORDER BY t.queue, t.run_at LIMIT 1), false) \
+                         AS unturned, \
                      (SELECT jsonb_agg(jsonb_build_array(c.name, c.document)) FROM {config} c \
                          WHERE c.collection = 'limits') AS limit_specs \
                  FROM unnest($1::text[]) AS q(queue) LEFT JOIN {settings} s ON s.queue = q.queue"
@@ -107,9 +116,49 @@ impl LimitSql {
             tenants: group_keys(&jobs, "tenant"),
             untenanted: ungrouped(&jobs, "tenant"),
             tenant_jobs: group_jobs(&jobs, "tenant"),
-            fair_keys: group_keys(&jobs, "fair_key"),
             unkeyed: ungrouped(&jobs, "fair_key"),
-            fair_key_jobs: group_jobs(&jobs, "fair_key"),
+            // `$5` the full keys: left out by the index's own column first, and by every key a
+            // job holds when there are any (`?|` reads the row).
+            by_turn: stmt(format!(
+                "SELECT {CANDIDATE}, fair_turn FROM {jobs} WHERE state = 'available' \
+                 AND queue = $1 AND fair_key IS NOT NULL AND fair_turn IS NOT NULL \
+                 AND {kinds3} AND fair_key <> ALL($5::text[]) \
+                 AND (cardinality($5::text[]) = 0 \
+                      OR NOT (COALESCE(limit_keys, '[]'::jsonb) ?| $5::text[])) \
+                 ORDER BY priority DESC, fair_turn, fair_key, id LIMIT $2"
+            )),
+            // In the order they came due, as `jobs_unturned` holds them.
+            give_waiting: stmt(format!(
+                "WITH waiting AS ( \
+                     SELECT id, queue, priority, fair_key AS key, row_number() OVER ( \
+                         PARTITION BY priority, fair_key ORDER BY run_at, id) AS rank \
+                     FROM {jobs} WHERE state = 'available' AND queue = $1 \
+                     AND fair_key IS NOT NULL AND fair_turn IS NULL), \
+                 counts AS (SELECT queue, priority, key, count(*) AS n FROM waiting \
+                     GROUP BY queue, priority, key), \
+                 {giving} \
+                 UPDATE {jobs} j SET fair_turn = (f.start + w.rank - 1) / f.weight \
+                 FROM waiting w JOIN fair f \
+                     ON (f.queue, f.priority, f.key) = (w.queue, w.priority, w.key) \
+                 WHERE j.id = w.id AND j.state = 'available'",
+                giving = turns.giving()
+            )),
+            // `$1`..`$3` the highest turn claimed per queue and priority. A key's record is
+            // deleted only if no enqueue holds it (SKIP LOCKED): a claim never waits on one.
+            serve: stmt(format!(
+                "WITH moved AS ( \
+                     INSERT INTO {served} AS s (queue, priority, turn) \
+                     SELECT * FROM unnest($1::text[], $2::int4[], $3::int8[]) \
+                     ON CONFLICT (queue, priority) DO UPDATE SET turn = excluded.turn \
+                         WHERE s.turn < excluded.turn \
+                     RETURNING queue, priority, turn) \
+                 DELETE FROM {fair_turns} WHERE ctid = ANY(ARRAY( \
+                     SELECT t.ctid FROM {fair_turns} t JOIN moved m \
+                         ON (t.queue, t.priority) = (m.queue, m.priority) \
+                     WHERE t.next_turn <= m.turn FOR UPDATE OF t SKIP LOCKED))",
+                served = turns.served,
+                fair_turns = turns.turns,
+            )),
             // Each tenant's running jobs and starts since `$3`, in the order of `$2`.
             key_counts: stmt(format!(
                 "SELECT \
@@ -128,7 +177,7 @@ impl LimitSql {
             claim_ids: stmt(format!(
                 "UPDATE {jobs} SET state = 'running', attempt = attempt + 1, \
                      lease_worker = $2, lease_token = gen_random_uuid(), \
-                     lease_expires_at = $3, started_at = $4 \
+                     lease_expires_at = $3, started_at = $4, fair_turn = NULL \
                  WHERE ctid = ANY($7::text[]::tid[]) AND id = ANY($1) AND state = 'available' \
                  AND ($5::text[] IS NULL OR kind = ANY($5)) AND kind <> ALL($6) \
                  AND (expires_at IS NULL OR expires_at > $4) \
@@ -194,11 +243,11 @@ impl LimitSql {
     }
 }
 
-/// Distinct values of `column` (tenants, or round-robin limit keys) among a queue's available
-/// jobs after `$2` ('' for from the first), up to `$3`, each with its first job in claim order
-/// (what a pass that takes one job per group needs, so it reads no more): one seek each in the
-/// index on (queue, column, claim order) (`jobs_fair`, `jobs_fair_key`; the ORDER BY is that
-/// index's order, so no other index can serve it unsorted).
+/// Distinct values of `column` (tenants) among a queue's available jobs after `$2` ('' for
+/// from the first), up to `$3`, each with its first job in claim order (what a pass that takes
+/// one job per group needs, so it reads no more): one seek each in the index on (queue,
+/// column, claim order) (`jobs_fair`; the ORDER BY is that index's order, so no other index can
+/// serve it unsorted).
 fn group_keys(jobs: &str, column: &str) -> SqlStr {
     let kinds4 = kinds_at(4);
     let first = |after: &str| {
@@ -251,4 +300,67 @@ fn group_jobs(jobs: &str, column: &str) -> SqlStr {
 fn kinds_at(n: usize) -> String {
     let excluded = n + 1;
     format!("(${n}::text[] IS NULL OR kind = ANY(${n})) AND kind <> ALL(${excluded}::text[])")
+}
+
+/// The tables of turns by key (`conveyor_core::limits::turns`) in one schema, and the statement
+/// parts that give them.
+pub(crate) struct Turns {
+    turns: String,
+    served: String,
+    config: String,
+}
+
+impl Turns {
+    pub(crate) fn new(schema: &str) -> Self {
+        Self {
+            turns: format!("{}.fair_turns", quoted(schema)),
+            served: format!("{}.fair_served", quoted(schema)),
+            config: format!("{}.config", quoted(schema)),
+        }
+    }
+
+    /// Common table expressions that give turns ([`conveyor_core::limits::turns::next_turn`]
+    /// for `n` jobs at once) to the keys of a CTE `counts(queue, priority, key, n)` defined
+    /// before them, and record what each key was given. They define `fair(queue, priority, key,
+    /// weight, start)`: the k-th of a key's `n` jobs (from 1) gets turn `(start + k - 1) /
+    /// weight`. `start` counts the key's places (turn times weight, plus those given of it);
+    /// a key whose next turn has been served, or that has no record, starts after the turn
+    /// served. A key's record is locked first (in key order, as every giver locks them), so
+    /// two enqueues of one key take consecutive turns, not the same ones.
+    pub(crate) fn giving(&self) -> String {
+        let Self {
+            turns,
+            served,
+            config,
+        } = self;
+        format!(
+            "locked AS ( \
+                 SELECT t.queue, t.priority, t.key, t.next_turn, t.given FROM {turns} t \
+                 JOIN counts c ON (t.queue, t.priority, t.key) = (c.queue, c.priority, c.key) \
+                 ORDER BY t.queue, t.priority, t.key FOR UPDATE OF t), \
+             fair AS ( \
+                 SELECT c.queue, c.priority, c.key, c.n, w.weight, \
+                     CASE WHEN l.next_turn > COALESCE(s.turn, 0) \
+                         THEN l.next_turn * w.weight + l.given \
+                         ELSE (COALESCE(s.turn, 0) + 1) * w.weight END AS start \
+                 FROM counts c \
+                 CROSS JOIN LATERAL (SELECT substr(c.key, strpos(c.key, ':') + 1) AS value) v \
+                 CROSS JOIN LATERAL (SELECT GREATEST(1, LEAST({max_weight}, COALESCE(( \
+                     SELECT CASE WHEN jsonb_typeof(d.document -> 'weights' -> v.value) = 'number' \
+                         THEN (d.document -> 'weights' ->> v.value)::numeric END \
+                     FROM {config} d \
+                     WHERE d.collection = 'limits' AND d.name = split_part(c.key, ':', 1)), \
+                     1)))::int8 AS weight) w \
+                 LEFT JOIN locked l \
+                     ON (l.queue, l.priority, l.key) = (c.queue, c.priority, c.key) \
+                 LEFT JOIN {served} s ON (s.queue, s.priority) = (c.queue, c.priority)), \
+             recorded AS ( \
+                 INSERT INTO {turns} AS t (queue, priority, key, next_turn, given) \
+                 SELECT queue, priority, key, (start + n) / weight, ((start + n) % weight)::int4 \
+                 FROM fair ORDER BY queue, priority, key \
+                 ON CONFLICT (queue, priority, key) DO UPDATE \
+                     SET next_turn = excluded.next_turn, given = excluded.given)",
+            max_weight = conveyor_core::limits::named::MAX_WEIGHT
+        )
+    }
 }
