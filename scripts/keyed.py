@@ -3,11 +3,12 @@
 alternately on each binary given, and the keyed drain as a share of the plain one.
 
     scripts/keyed.py BINARY [BINARY ...] [--rounds 3] [--store sqlite|postgres|both]
-        [--jobs 100000] [--pg-jobs 20000]
+        [--jobs 100000] [--pg-jobs 20000] [--workload drain|enqueue] [--keys 1000]
 
 Each round runs, for each binary in turn, a plain drain and then a keyed drain
 (`--limit-keys 1000 --key-concurrency 10`: every job names a customer, and a limit allows 10
-running per customer). SQLite uses a fresh temporary database; PostgreSQL (127.0.0.1:5432,
+running per customer). `--workload enqueue` times the enqueue instead (four producers, batches
+of 1,000); `--keys 1` puts every job under one customer (a one-key flood). SQLite uses a fresh temporary database; PostgreSQL (127.0.0.1:5432,
 database `test`) a fresh schema, dropped after. The load average is printed at the start and
 the end: figures from a busy machine are not comparable.
 """
@@ -18,17 +19,14 @@ import statistics
 import subprocess
 
 PG = "postgres://postgres@127.0.0.1:5432/test"
-KEYED = ["--limit-keys", "1000", "--key-concurrency", "10"]
-
-
-def drain(binary, jobs, store, keyed, round_no):
-    args = [binary, "bench", "--json", "--workload", "drain", "--jobs", str(jobs)]
+def run(binary, jobs, store, keys, round_no, workload):
+    args = [binary, "bench", "--json", "--workload", workload, "--jobs", str(jobs)]
     schema = None
     if store == "postgres":
         schema = f"bench_keyed_{os.getpid()}_{round_no}"
         args += ["--store", f"{PG}?schema={schema}"]
-    if keyed:
-        args += KEYED
+    if keys:
+        args += ["--limit-keys", str(keys), "--key-concurrency", "10"]
     try:
         out = subprocess.run(
             args,
@@ -46,7 +44,7 @@ def drain(binary, jobs, store, keyed, round_no):
                 capture_output=True,
             )
     lines = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
-    return next(line["jobs_per_s"] for line in lines if line["workload"] == "drain")
+    return next(line["jobs_per_s"] for line in lines if line["workload"] == workload)
 
 
 def main():
@@ -56,6 +54,8 @@ def main():
     parser.add_argument("--store", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--jobs", type=int, default=100_000)
     parser.add_argument("--pg-jobs", type=int, default=20_000)
+    parser.add_argument("--workload", choices=["drain", "enqueue"], default="drain")
+    parser.add_argument("--keys", type=int, default=1000)
     args = parser.parse_args()
     stores = ["sqlite", "postgres"] if args.store == "both" else [args.store]
     print(f"load at start: {os.getloadavg()}")
@@ -64,14 +64,16 @@ def main():
         for store in stores:
             jobs = args.jobs if store == "sqlite" else args.pg_jobs
             for binary in args.binaries:
-                plain = drain(binary, jobs, store, False, round_no)
-                keyed = drain(binary, jobs, store, True, round_no)
+                plain = run(binary, jobs, store, 0, round_no, args.workload)
+                keyed = run(binary, jobs, store, args.keys, round_no, args.workload)
                 results.setdefault((store, binary), []).append((plain, keyed))
                 print(f"round {round_no + 1} {store:8} {binary}: plain {plain:,.0f} "
                       f"keyed {keyed:,.0f} jobs/s ({keyed / plain:.2f})", flush=True)
     print(f"load at end: {os.getloadavg()}")
     print()
-    print("| Store | Binary | Plain drain (jobs/s) | Keyed drain (jobs/s) | Keyed / plain (median) |")
+    what = args.workload
+    print(f"| Store | Binary | Plain {what} (jobs/s) | Keyed {what}, {args.keys} keys (jobs/s) "
+          "| Keyed / plain (median) |")
     print("|---|---|---|---|---|")
     for (store, binary), runs in results.items():
         plain = [p for p, _ in runs]

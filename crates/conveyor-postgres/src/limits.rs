@@ -904,3 +904,81 @@ async fn by_turn(
         quota,
     ))
 }
+
+/// Turns reserved for a batch about to be inserted ([`reserve_turns`]): per queue, priority and
+/// key, the next place, the key's weight and how many places are left.
+#[derive(Debug, Default)]
+pub(crate) struct Reserved(HashMap<(String, i32, String), (u64, u64, u64)>);
+
+impl Reserved {
+    /// The turn of the next available job of `key` in `queue` at `priority`, while the
+    /// reservation lasts.
+    pub(crate) fn take(&mut self, queue: &str, priority: i32, key: &str) -> Option<i64> {
+        let (place, weight, left) =
+            self.0
+                .get_mut(&(queue.to_string(), priority, key.to_string()))?;
+        if *left == 0 {
+            return None;
+        }
+        let turn = *place / (*weight).max(1);
+        *place += 1;
+        *left -= 1;
+        i64::try_from(turn).ok()
+    }
+}
+
+/// Reserves turns by key for the jobs of a batch that will be available when inserted (no
+/// later `run_at`, no sequence), in a statement of its own on `conn`, outside the insert's
+/// transaction: a key's row is locked only while the statement runs, so enqueues of the same
+/// keys do not wait for each other's commits. A batch that then fails, or whose job turns out
+/// a duplicate or folds into another, leaves its turns unused: its key's later jobs come a
+/// turn later, nothing else.
+pub(crate) async fn reserve_turns(
+    conn: &mut PgConnection,
+    ctx: &Ctx<'_>,
+    jobs: &[conveyor_core::NewJob],
+) -> StoreResult<Reserved> {
+    let mut counts: BTreeMap<(&str, i32, &str), i64> = BTreeMap::new();
+    for job in jobs {
+        let Some(key) = named::fair_key(&job.limit_keys) else {
+            continue;
+        };
+        let available = job.run_at.is_none_or(|at| at <= ctx.now) && job.sequence_key.is_none();
+        if available {
+            *counts.entry((&job.queue, job.priority, key)).or_insert(0) += 1;
+        }
+    }
+    if counts.is_empty() {
+        return Ok(Reserved::default());
+    }
+    let queues: Vec<&str> = counts.keys().map(|(queue, _, _)| *queue).collect();
+    let priorities: Vec<i32> = counts.keys().map(|(_, priority, _)| *priority).collect();
+    let keys: Vec<&str> = counts.keys().map(|(_, _, key)| *key).collect();
+    let ns: Vec<i64> = counts.values().copied().collect();
+    let rows = sqlx::query(ctx.sql.limits.reserve_turns.clone())
+        .bind(&queues)
+        .bind(&priorities)
+        .bind(&keys)
+        .bind(&ns)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db("reserve turns"))?;
+    let mut reserved = Reserved::default();
+    for row in &rows {
+        let read = |e: sqlx::Error| corrupt(e.to_string());
+        let queue: String = row.try_get("queue").map_err(read)?;
+        let priority: i32 = row.try_get("priority").map_err(read)?;
+        let key: String = row.try_get("key").map_err(read)?;
+        let weight: i64 = row.try_get("weight").map_err(read)?;
+        let start: i64 = row.try_get("start").map_err(read)?;
+        let n = counts
+            .get(&(queue.as_str(), priority, key.as_str()))
+            .copied()
+            .unwrap_or(0);
+        reserved.0.insert(
+            (queue, priority, key),
+            (count_of(start), count_of(weight), count_of(n)),
+        );
+    }
+    Ok(reserved)
+}

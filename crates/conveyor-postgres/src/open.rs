@@ -251,7 +251,12 @@ impl PgStore {
         }
         let ctx = self.ctx();
         // No local wake-up here: this commit is the caller's, so the listener delivers it.
-        Ok(ops::insert_many(tx, &ctx, jobs).await?.inserted)
+        // Turns are not reserved here: the caller's transaction could hold a key's row until
+        // it commits. Its keyed jobs get theirs at the next keyed claim.
+        let mut unreserved = crate::limits::Reserved::default();
+        Ok(ops::insert_many(tx, &ctx, jobs, &mut unreserved)
+            .await?
+            .inserted)
     }
 
     /// Completes a running job inside the handler's own transaction: it is completed if and
@@ -307,6 +312,21 @@ impl PgStore {
             .acquire()
             .await
             .map_err(db("acquire a connection"))
+    }
+
+    /// Reserves turns by key for `jobs` (`limits::reserve_turns`) on a connection of its own,
+    /// returned to the pool before the insert's transaction takes one. Nothing when no job
+    /// holds a limit key.
+    pub(crate) async fn reserve_turns(
+        &self,
+        ctx: &Ctx<'_>,
+        jobs: &[NewJob],
+    ) -> StoreResult<crate::limits::Reserved> {
+        if jobs.iter().all(|job| job.limit_keys.is_empty()) {
+            return Ok(crate::limits::Reserved::default());
+        }
+        let mut conn = self.conn().await?;
+        crate::limits::reserve_turns(&mut conn, ctx, jobs).await
     }
 
     pub(crate) async fn begin(&self) -> StoreResult<Transaction<'static, Postgres>> {

@@ -347,10 +347,12 @@ pub(crate) async fn fire(
         if !run.skipped_for_overlap(previous) {
             // A savepoint of its own: a refused job (a full queue) must not abort the firing.
             let mut savepoint = conn.begin().await.map_err(db("begin schedule job"))?;
+            // No turn reserved inside the firing's transaction: the next keyed claim gives it.
             let inserted = ops::insert_many(
                 &mut savepoint,
                 ctx,
                 vec![request.stamp.apply(schedule.job_for(tick.at))],
+                &mut crate::limits::Reserved::default(),
             )
             .await;
             match inserted {

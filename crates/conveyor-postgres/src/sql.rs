@@ -156,7 +156,6 @@ impl Sql {
         let leadership = format!("{}.leadership", quoted(schema));
         let settings = format!("{}.queue_settings", quoted(schema));
         let j_columns = columns_of_j();
-        let turns = limits::Turns::new(schema);
         let many_gate = flow_gate(
             &jobs,
             &settings,
@@ -239,17 +238,16 @@ impl Sql {
                          ORDER BY j.created_at DESC, j.id DESC LIMIT 1) x \
                      ORDER BY x.created_at DESC, x.id DESC LIMIT 1) m"
             )),
-            insert: stmt(insert_sql(&jobs, &settings, &turns, "true")),
+            insert: stmt(insert_sql(&jobs, &settings, "")),
             // The fast path for queues without depth limits: the same insert, guarded by a
-            // one-time check that no queue of the batch (`$24`, distinct) has a limit. When one
+            // one-time check that no queue of the batch (`$25`, distinct) has a limit. When one
             // does, nothing is inserted and no row comes back, and the caller takes the locks,
             // counts, and uses `insert`.
             insert_unlimited: stmt(insert_sql(
                 &jobs,
                 &settings,
-                &turns,
                 &format!(
-                    "NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($24) \
+                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($25) \
                          AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
                 ),
             )),
@@ -666,27 +664,19 @@ impl Sql {
     }
 }
 
-/// The batch insert; `condition` (a condition, `true` for none) may refer to `$24`. A `NewJob`
+/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$25`. `$24` holds
+/// each job's turn by key, reserved before the insert's transaction (`turns::reserve`), or
+/// NULL (the next keyed claim of its queue gives it one). A `NewJob`
 /// has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
 /// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
 /// `import`, which writes every column.
-fn insert_sql(jobs: &str, settings: &str, turns: &limits::Turns, condition: &str) -> String {
+fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
     // One statement for the whole batch. Tags travel as one JSON array per job because a SQL
     // array of arrays must be rectangular; they are unpacked in order. A job without an expiry
     // takes its queue's default (`QueueSettings::default_expiry`: `default_ttl_ms` after its
-    // run_at or now, whichever is later), read by key from the settings. An available job
-    // holding a round-robin limit key gets its turn (`limits::Turns::giving`), the batch's
-    // jobs of one key consecutive ones in the batch's order; `counts` repeats the condition,
-    // as a data-modifying CTE runs whether or not the insert does.
+    // run_at or now, whichever is later), read by key from the settings.
     format!(
-        "WITH counts AS ( \
-             SELECT u.queue, u.priority, u.key, count(*) AS n \
-             FROM unnest($3::text[], $5::int4[], $12::text[], $18::text[]) \
-                 AS u(queue, priority, state, key) \
-             WHERE u.state = 'available' AND u.key IS NOT NULL AND {condition} \
-             GROUP BY u.queue, u.priority, u.key), \
-         {giving} \
-         INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
+        "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
              max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
              created_at, unique_key, expires_at, trace, limit_keys, fair_key, sequence_key, \
              sequence_no, sequence_skip_dead, fold_key, fold_until, fair_turn) \
@@ -699,24 +689,19 @@ fn insert_sql(jobs: &str, settings: &str, turns: &limits::Turns, condition: &str
                  + s.default_ttl_ms * interval '1 millisecond' \
                  FROM {settings} s WHERE s.queue = n.queue)), \
              n.trace, n.limit_keys, n.fair_key, n.sequence_key, n.sequence_no, \
-             n.sequence_skip_dead, n.fold_key, n.fold_until, \
-             (f.start + row_number() OVER (PARTITION BY n.queue, n.priority, n.fair_key, \
-                 f.start IS NULL ORDER BY n.ord) - 1) / f.weight \
+             n.sequence_skip_dead, n.fold_key, n.fold_until, n.fair_turn \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                      $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
                      $10::jsonb[], $11::text[], $12::text[], $14::text[], \
                      $15::timestamptz[], $16::jsonb[], $17::jsonb[], $18::text[], \
                      $19::text[], $20::int8[], $21::bool[], $22::text[], \
-                     $23::timestamptz[]) WITH ORDINALITY \
+                     $23::timestamptz[], $24::int8[]) \
              AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
                   timeout_ms, idempotency_key, tags, tenant, state, unique_key, \
                   expires_at, trace, limit_keys, fair_key, sequence_key, sequence_no, \
-                  sequence_skip_dead, fold_key, fold_until, ord) \
-         LEFT JOIN fair f ON n.state = 'available' \
-             AND (f.queue, f.priority, f.key) = (n.queue, n.priority, n.fair_key) \
-         WHERE {condition} \
-         RETURNING {COLUMNS}",
-        giving = turns.giving()
+                  sequence_skip_dead, fold_key, fold_until, fair_turn) \
+         {condition} \
+         RETURNING {COLUMNS}"
     )
 }
 

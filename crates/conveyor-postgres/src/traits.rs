@@ -57,8 +57,10 @@ impl JobStore for PgStore {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
+        let ctx = self.ctx();
+        let mut reserved = self.reserve_turns(&ctx, &jobs).await?;
         let mut tx = self.begin().await?;
-        let insertion = ops::insert_many(&mut tx, &self.ctx(), jobs).await?;
+        let insertion = ops::insert_many(&mut tx, &ctx, jobs, &mut reserved).await?;
         conveyor_core::faults::inject("insert")?;
         commit(tx).await?;
         self.wake_local(insertion.made_available);
@@ -227,6 +229,7 @@ impl FlowStore for PgStore {
     ) -> StoreResult<conveyor_core::Accepted> {
         let jobs: Vec<NewJob> = jobs.into_iter().map(ValidJob::into_job).collect();
         let ctx = self.flow_ctx();
+        let mut reserved = self.reserve_turns(&ctx, &jobs).await?;
         let mut tx = self.begin().await?;
         // Flows first, then jobs: each flow's key and each job's key belong to one event and
         // subscription, so two of these transactions contend only for the same event's, in
@@ -238,7 +241,7 @@ impl FlowStore for PgStore {
         let (inserted, made_available) = if jobs.is_empty() {
             (Vec::new(), false)
         } else {
-            let insertion = ops::insert_many(&mut tx, &ctx, jobs).await?;
+            let insertion = ops::insert_many(&mut tx, &ctx, jobs, &mut reserved).await?;
             conveyor_core::faults::inject("insert")?;
             (insertion.inserted, insertion.made_available)
         };

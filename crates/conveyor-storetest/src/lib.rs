@@ -209,6 +209,8 @@ macro_rules! __conveyor_behaviours {
             a_keyed_limits_keys_take_turns_by_weight,
             a_key_that_arrives_late_waits_at_most_one_turn,
             a_burst_that_comes_due_takes_one_turn_at_a_time,
+            priority_leads_across_keys_and_within_a_key,
+            racing_enqueues_of_one_key_take_consecutive_turns,
             // sequences
             a_sequence_runs_one_at_a_time_in_enqueue_order,
             a_retry_holds_back_its_successors,

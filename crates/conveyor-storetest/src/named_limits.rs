@@ -364,3 +364,55 @@ pub async fn a_burst_that_comes_due_takes_one_turn_at_a_time(h: &Harness) {
         );
     }
 }
+
+/// Priority leads across keys: a higher-priority job runs before every lower-priority one
+/// whatever its key, keys take turns within each priority, and within a key priority decides
+/// too.
+pub async fn priority_leads_across_keys_and_within_a_key(h: &Harness) {
+    let store = taking_turns(h, "urgent").await;
+    store
+        .jobs_insert_many(jobs_of("urgent", &["a", "b"], 3))
+        .await
+        .expect("insert");
+    let mut urgent = jobs_of("urgent", &["b", "c", "c"], 1);
+    for job in &mut urgent {
+        job.priority = 10;
+    }
+    store.jobs_insert_many(urgent).await.expect("insert urgent");
+    let first = take(&*store, "urgent", 4).await;
+    let priorities: Vec<i32> = first.iter().map(|job| job.priority).collect();
+    assert_eq!(priorities, [10, 10, 10, 0], "{:?}", customers(&first));
+    assert_eq!(
+        customers(&first),
+        ["b", "c", "c", "a"],
+        "the urgent ones, keys in turn (b, c, then c's second), then the others' first turn"
+    );
+}
+
+/// Enqueues of one key racing each other take consecutive turns, not the same ones, so a key
+/// that arrives after them still alternates with the flood.
+pub async fn racing_enqueues_of_one_key_take_consecutive_turns(h: &Harness) {
+    let store = taking_turns(h, "race").await;
+    // The flood's key record exists before the race, as it would once the key is in use.
+    store
+        .jobs_insert_many(jobs_of("race", &["flood"], 1))
+        .await
+        .expect("insert");
+    let batches = (0..4).map(|_| {
+        let store = store.clone();
+        async move {
+            store
+                .jobs_insert_many(jobs_of("race", &["flood"], 25))
+                .await
+                .expect("insert racing")
+        }
+    });
+    futures::future::join_all(batches).await;
+    store
+        .jobs_insert_many(jobs_of("race", &["late"], 2))
+        .await
+        .expect("insert late");
+    // Two enqueues given the same turns would put two of the flood's jobs in its second turn.
+    let first = take(&*store, "race", 4).await;
+    assert_eq!(customers(&first), ["flood", "late", "flood", "late"]);
+}

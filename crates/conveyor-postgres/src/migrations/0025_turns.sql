@@ -1,5 +1,5 @@
 -- Conveyor PostgreSQL store, migration 25: keyed jobs take turns by numbers given as they
--- become available (`conveyor_core::limits::turns`; docs/plans/flow-control-by-key.md, "Turns
+-- become available (reserved just before an enqueue's transaction, or by the next keyed claim) (`conveyor_core::limits::turns`; docs/plans/flow-control-by-key.md, "Turns
 -- instead of a rotation"), so a claim over many keys reads one range of `jobs_fair_turn` instead
 -- of seeking once per key in `jobs_fair_key`. A job holds a turn only while available: the
 -- claim clears it, and a job made available other than by insert (due, retried, replayed,
@@ -11,13 +11,17 @@ CREATE INDEX jobs_fair_turn ON @schema@.jobs (queue, priority DESC, fair_turn, f
 CREATE INDEX jobs_unturned ON @schema@.jobs (queue, run_at, id)
     WHERE state = 'available' AND fair_key IS NOT NULL AND fair_turn IS NULL;
 -- Per queue, priority and key: the turn its next job gets and how many jobs have it already
--- (`KeyTurns`). Rows whose next turn has been served say nothing and are deleted by claims.
+-- (`KeyTurns`), and the weight and number of jobs of the last batch given turns (from which
+-- that batch's first place is read back: `limits::Turns::giving`). Rows whose next turn has
+-- been served say nothing and are deleted by claims.
 CREATE TABLE @schema@.fair_turns (
     queue      text NOT NULL,
     priority   int4 NOT NULL,
     key        text NOT NULL,
     next_turn  int8 NOT NULL,
     given      int4 NOT NULL,
+    weight     int4 NOT NULL,
+    added      int4 NOT NULL,
     PRIMARY KEY (queue, priority, key)
 );
 -- Per queue and priority: the highest turn claimed (`turns::served`); a key arriving joins the

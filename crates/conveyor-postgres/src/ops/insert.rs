@@ -2,6 +2,7 @@
 //! limits, one statement per batch.
 
 use super::*;
+use crate::limits::Reserved;
 use conveyor_core::debounce::{self, Standing, Verdict};
 
 /// Where each job of a batch ends up.
@@ -45,6 +46,9 @@ pub(super) struct Columns {
     sequence_skip_dead: Vec<bool>,
     fold_keys: Vec<Option<String>>,
     fold_untils: Vec<Option<DateTime<Utc>>>,
+    /// Each job's turn by key, from the batch's reservation (`None`: the next keyed claim
+    /// gives it one).
+    fair_turns: Vec<Option<i64>>,
 }
 
 /// The outcome of an insert: one result per job, and whether any job became available.
@@ -64,10 +68,14 @@ pub(crate) struct Insertion {
 ///
 /// Depth limits count only the jobs the batch really adds: duplicates of stored jobs do not
 /// take up room, so resubmitting an accepted job succeeds even when its queue is full.
+///
+/// Available jobs holding a round-robin limit key take their turns from `reserved` (see
+/// `limits::reserve_turns`), or are left without one for the next keyed claim to give.
 pub(crate) async fn insert_many(
     conn: &mut PgConnection,
     ctx: &Ctx<'_>,
     jobs: Vec<NewJob>,
+    reserved: &mut Reserved,
 ) -> StoreResult<Insertion> {
     let keys: BTreeSet<&str> = jobs
         .iter()
@@ -227,6 +235,14 @@ pub(crate) async fn insert_many(
             tail.waits = true;
             (place.key.clone(), tail.last, place.on_dead == OnDead::Skip)
         });
+        let fair_key = conveyor_core::limits::named::fair_key(&new.limit_keys);
+        let turn = match fair_key {
+            Some(key) if state == JobState::Available => {
+                reserved.take(&new.queue, new.priority, key)
+            }
+            _ => None,
+        };
+        columns.fair_turns.push(turn);
         columns.ids.push(id);
         columns.kinds.push(new.kind);
         columns.queues.push(new.queue);
@@ -253,9 +269,7 @@ pub(crate) async fn insert_many(
         columns.unique_keys.push(unique_key);
         columns.expires.push(new.expires_at.map(truncate_to_millis));
         columns.traces.push(new.trace.map(Json));
-        columns
-            .fair_keys
-            .push(conveyor_core::limits::named::fair_key(&new.limit_keys).map(str::to_string));
+        columns.fair_keys.push(fair_key.map(str::to_string));
         columns
             .limit_keys
             .push((!new.limit_keys.is_empty()).then_some(Json(new.limit_keys)));
@@ -334,7 +348,7 @@ pub(crate) async fn insert_many(
     })
 }
 
-/// The insert statement `text` with the batch's columns bound as `$1` to `$23`.
+/// The insert statement `text` with the batch's columns bound as `$1` to `$24`.
 pub(super) fn bind_columns<'q>(
     text: sqlx::SqlStr,
     columns: &'q Columns,
@@ -364,6 +378,7 @@ pub(super) fn bind_columns<'q>(
         .bind(&columns.sequence_skip_dead)
         .bind(&columns.fold_keys)
         .bind(&columns.fold_untils)
+        .bind(&columns.fair_turns)
 }
 
 /// Each fold key's latest stored job (none for a batch without debounce or throttle, which

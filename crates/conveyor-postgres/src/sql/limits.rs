@@ -33,6 +33,8 @@ pub(crate) struct LimitSql {
     pub(crate) by_turn: SqlStr,
     /// Gives turns to a queue's available keyed jobs that have none.
     pub(crate) give_waiting: SqlStr,
+    /// Reserves turns for the keyed jobs of a batch about to be inserted.
+    pub(crate) reserve_turns: SqlStr,
     /// Moves the turns served up after a claim and forgets keys behind them.
     pub(crate) serve: SqlStr,
     pub(crate) key_counts: SqlStr,
@@ -143,6 +145,7 @@ impl LimitSql {
                  WHERE j.id = w.id AND j.state = 'available'",
                 giving = turns.giving()
             )),
+            reserve_turns: stmt(turns.reserve()),
             // `$1`..`$3` the highest turn claimed per queue and priority. A key's record is
             // deleted only if no enqueue holds it (SKIP LOCKED): a claim never waits on one.
             serve: stmt(format!(
@@ -323,26 +326,28 @@ impl Turns {
     /// for `n` jobs at once) to the keys of a CTE `counts(queue, priority, key, n)` defined
     /// before them, and record what each key was given. They define `fair(queue, priority, key,
     /// weight, start)`: the k-th of a key's `n` jobs (from 1) gets turn `(start + k - 1) /
-    /// weight`. `start` counts the key's places (turn times weight, plus those given of it);
-    /// a key whose next turn has been served, or that has no record, starts after the turn
-    /// served. A key's record is locked first (in key order, as every giver locks them), so
-    /// two enqueues of one key take consecutive turns, not the same ones.
+    /// weight`, `start` counting the key's places (turn times weight, plus those given of it).
+    /// One upsert per key does it, so the key's row is locked only as long as the statement's
+    /// transaction: a key whose next turn has been served, or that has no row, starts after the
+    /// turn served (the row keeps the batch's `weight` and `added`, from which the place the
+    /// batch started at is read back).
     pub(crate) fn giving(&self) -> String {
         let Self {
             turns,
             served,
             config,
         } = self;
+        // The place after the turn served, and the key's own next place, in this batch's weight.
+        let fresh = "(excluded.next_turn * excluded.weight + excluded.given - excluded.added)";
+        let own = "(t.next_turn * excluded.weight + t.given)";
+        let after = format!(
+            "(CASE WHEN t.next_turn * excluded.weight >= {fresh} THEN {own} ELSE {fresh} END \
+              + excluded.added)"
+        );
         format!(
-            "locked AS ( \
-                 SELECT t.queue, t.priority, t.key, t.next_turn, t.given FROM {turns} t \
-                 JOIN counts c ON (t.queue, t.priority, t.key) = (c.queue, c.priority, c.key) \
-                 ORDER BY t.queue, t.priority, t.key FOR UPDATE OF t), \
-             fair AS ( \
+            "weighed AS ( \
                  SELECT c.queue, c.priority, c.key, c.n, w.weight, \
-                     CASE WHEN l.next_turn > COALESCE(s.turn, 0) \
-                         THEN l.next_turn * w.weight + l.given \
-                         ELSE (COALESCE(s.turn, 0) + 1) * w.weight END AS start \
+                     COALESCE(s.turn, 0) AS served \
                  FROM counts c \
                  CROSS JOIN LATERAL (SELECT substr(c.key, strpos(c.key, ':') + 1) AS value) v \
                  CROSS JOIN LATERAL (SELECT GREATEST(1, LEAST({max_weight}, COALESCE(( \
@@ -351,16 +356,32 @@ impl Turns {
                      FROM {config} d \
                      WHERE d.collection = 'limits' AND d.name = split_part(c.key, ':', 1)), \
                      1)))::int8 AS weight) w \
-                 LEFT JOIN locked l \
-                     ON (l.queue, l.priority, l.key) = (c.queue, c.priority, c.key) \
                  LEFT JOIN {served} s ON (s.queue, s.priority) = (c.queue, c.priority)), \
-             recorded AS ( \
-                 INSERT INTO {turns} AS t (queue, priority, key, next_turn, given) \
-                 SELECT queue, priority, key, (start + n) / weight, ((start + n) % weight)::int4 \
-                 FROM fair ORDER BY queue, priority, key \
+             fair AS ( \
+                 INSERT INTO {turns} AS t (queue, priority, key, next_turn, given, weight, added) \
+                 SELECT queue, priority, key, ((served + 1) * weight + n) / weight, \
+                     (((served + 1) * weight + n) % weight)::int4, weight::int4, n::int4 \
+                 FROM weighed ORDER BY queue, priority, key \
                  ON CONFLICT (queue, priority, key) DO UPDATE \
-                     SET next_turn = excluded.next_turn, given = excluded.given)",
+                     SET next_turn = {after} / excluded.weight, \
+                         given = ({after} % excluded.weight)::int4, \
+                         weight = excluded.weight, added = excluded.added \
+                 RETURNING queue, priority, key, weight::int8 AS weight, \
+                     next_turn * weight + given - added AS start)",
             max_weight = conveyor_core::limits::named::MAX_WEIGHT
+        )
+    }
+
+    /// Reserves turns for a batch about to be inserted (`$1`..`$4`: queue, priority, key and
+    /// how many jobs, side by side), in a transaction of its own (`turns::reserve`).
+    pub(crate) fn reserve(&self) -> String {
+        format!(
+            "WITH counts AS ( \
+                 SELECT * FROM unnest($1::text[], $2::int4[], $3::text[], $4::int8[]) \
+                     AS c(queue, priority, key, n)), \
+             {giving} \
+             SELECT queue, priority, key, weight, start FROM fair",
+            giving = self.giving()
         )
     }
 }
