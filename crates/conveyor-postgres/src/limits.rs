@@ -889,20 +889,21 @@ async fn by_turn(
     }
     let places: Vec<(i32, u64)> = keyed.iter().map(|(_, place)| *place).collect();
     let share = limits::turns::unkeyed_share(&places, quota);
-    let found = sqlx::query(statements.unkeyed.clone())
-        .bind(queue)
-        .bind(limit(limits::UNTENANTED_WINDOW))
-        .bind(limit(share))
-        .bind(params.kinds.as_deref())
-        .bind(&params.excluded_kinds)
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db("read jobs without a limit key"))?;
-    Ok(limits::turns::with_unkeyed(
-        keyed,
-        candidates_of(&found)?,
-        quota,
-    ))
+    let unkeyed = if share == 0 {
+        Vec::new()
+    } else {
+        let found = sqlx::query(statements.unkeyed.clone())
+            .bind(queue)
+            .bind(limit(limits::UNTENANTED_WINDOW))
+            .bind(limit(share))
+            .bind(params.kinds.as_deref())
+            .bind(&params.excluded_kinds)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db("read jobs without a limit key"))?;
+        candidates_of(&found)?
+    };
+    Ok(limits::turns::with_unkeyed(keyed, unkeyed, quota))
 }
 
 /// Turns reserved for a batch about to be inserted ([`reserve_turns`]): per queue, priority and

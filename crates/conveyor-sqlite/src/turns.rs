@@ -193,7 +193,11 @@ pub(crate) fn candidates(
     drop(stmt);
     let places: Vec<(i32, u64)> = keyed.iter().map(|(_, place)| *place).collect();
     let share = turns::unkeyed_share(&places, quota);
-    let unkeyed = crate::limits::unkeyed(ctx, queue, share, filter)?;
+    let unkeyed = if share == 0 {
+        Vec::new()
+    } else {
+        crate::limits::unkeyed(ctx, queue, share, filter)?
+    };
     for (job, (_, turn)) in &keyed {
         ctx.turns_read.insert(job.id, *turn);
     }

@@ -133,14 +133,15 @@ impl<'p, 'a> Picking<'p, 'a> {
     }
 }
 
-/// How many jobs without a key a keyed claim reads: one per turn its keyed candidates span (the
-/// turn those jobs take among the keys), or the whole quota when the keyed ones fall short.
-/// `turns` are the keyed candidates' (priority, turn), in pick order.
+/// How many jobs without a key a keyed claim reads: one for each turn its keyed candidates
+/// finish (the turn those jobs take among the keys, at its end), or the whole quota when the
+/// keyed ones fall short. `turns` are the keyed candidates' (priority, turn), in pick order.
+/// A claim within one turn reads none: over many keys most claims are.
 pub fn unkeyed_share(turns: &[(i32, u64)], quota: usize) -> usize {
     if turns.len() < quota {
         return quota;
     }
-    turns.iter().collect::<HashSet<_>>().len()
+    turns.iter().collect::<HashSet<_>>().len().saturating_sub(1)
 }
 
 /// The keyed candidates (`keyed`, each with its (priority, turn), in turn order) with the jobs
@@ -248,8 +249,10 @@ mod tests {
     #[test]
     fn jobs_without_a_key_take_a_turn_at_the_end_of_each() {
         let keyed = vec![("a", (0, 1)), ("b", (0, 1)), ("a", (0, 2)), ("b", (0, 2))];
-        assert_eq!(unkeyed_share(&[(0, 1), (0, 1), (0, 2), (0, 2)], 4), 2);
-        let merged = with_unkeyed(keyed.clone(), vec!["-", "-"], 4);
+        let turns = [(0, 1), (0, 1), (0, 2), (0, 2)];
+        assert_eq!(unkeyed_share(&turns, 4), 1, "the first turn ends, the second may not");
+        assert_eq!(unkeyed_share(&turns[..2], 2), 0, "within one turn: none");
+        let merged = with_unkeyed(keyed.clone(), vec!["-"], 4);
         assert_eq!(merged, ["a", "b", "-", "a"], "cut to the quota");
         let merged = with_unkeyed(keyed, vec!["-", "-", "-"], 10);
         assert_eq!(

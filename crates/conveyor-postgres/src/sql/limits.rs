@@ -345,17 +345,17 @@ impl Turns {
               + excluded.added)"
         );
         format!(
-            "weighed AS ( \
-                 SELECT c.queue, c.priority, c.key, c.n, w.weight, \
+            "weights AS MATERIALIZED ( \
+                 SELECT d.name, d.document -> 'weights' AS weights FROM {config} d \
+                 WHERE d.collection = 'limits' AND jsonb_typeof(d.document -> 'weights') = 'object'), \
+             weighed AS ( \
+                 SELECT c.queue, c.priority, c.key, c.n, COALESCE(( \
+                     SELECT GREATEST(1, LEAST({max_weight}, (w.weights ->> v.value)::numeric)) \
+                     FROM weights w WHERE w.name = split_part(c.key, ':', 1) \
+                     AND jsonb_typeof(w.weights -> v.value) = 'number'), 1)::int8 AS weight, \
                      COALESCE(s.turn, 0) AS served \
                  FROM counts c \
                  CROSS JOIN LATERAL (SELECT substr(c.key, strpos(c.key, ':') + 1) AS value) v \
-                 CROSS JOIN LATERAL (SELECT GREATEST(1, LEAST({max_weight}, COALESCE(( \
-                     SELECT CASE WHEN jsonb_typeof(d.document -> 'weights' -> v.value) = 'number' \
-                         THEN (d.document -> 'weights' ->> v.value)::numeric END \
-                     FROM {config} d \
-                     WHERE d.collection = 'limits' AND d.name = split_part(c.key, ':', 1)), \
-                     1)))::int8 AS weight) w \
                  LEFT JOIN {served} s ON (s.queue, s.priority) = (c.queue, c.priority)), \
              fair AS ( \
                  INSERT INTO {turns} AS t (queue, priority, key, next_turn, given, weight, added) \
