@@ -38,24 +38,30 @@ pub(crate) fn of_new(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<Option<i64>> 
 /// Gives the next turn of `key` in `queue` at `priority` and records what the key was given.
 fn give(ctx: &WriteCtx<'_>, queue: &str, priority: i32, key: &str) -> StoreResult<i64> {
     let current = served(ctx, queue, priority)?;
-    let before: Option<KeyTurns> = ctx
-        .conn
-        .prepare_cached(
-            "SELECT next_turn, given FROM fair_turns \
-             WHERE queue = ?1 AND priority = ?2 AND key = ?3",
-        )
-        .and_then(|mut stmt| {
-            stmt.query_row(params![queue, priority, key], |row| {
-                Ok(KeyTurns {
-                    next: from_sql(row.get(0)?),
-                    given: u32::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+    let place = (queue.to_string(), priority, key.to_string());
+    let cached = ctx.turns_given.borrow().get(&place).copied();
+    let before = match cached {
+        Some(before) => Some(before),
+        None => ctx
+            .conn
+            .prepare_cached(
+                "SELECT next_turn, given FROM fair_turns \
+                 WHERE queue = ?1 AND priority = ?2 AND key = ?3",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row(params![queue, priority, key], |row| {
+                    Ok(KeyTurns {
+                        next: from_sql(row.get(0)?),
+                        given: u32::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+                    })
                 })
+                .optional()
             })
-            .optional()
-        })
-        .map_err(backend)?;
+            .map_err(backend)?,
+    };
     let weight = named::weight(specs(ctx)?, key);
     let (turn, after) = turns::next_turn(current, before, weight);
+    ctx.turns_given.borrow_mut().insert(place, after);
     ctx.conn
         .prepare_cached(
             "INSERT INTO fair_turns (queue, priority, key, next_turn, given) \
@@ -77,6 +83,10 @@ fn give(ctx: &WriteCtx<'_>, queue: &str, priority: i32, key: &str) -> StoreResul
 
 /// The highest turn claimed in `queue` at `priority` (0 before any claim).
 fn served(ctx: &WriteCtx<'_>, queue: &str, priority: i32) -> StoreResult<u64> {
+    let line = (queue.to_string(), priority);
+    if let Some(turn) = ctx.turns_served.borrow().get(&line) {
+        return Ok(*turn);
+    }
     let turn: Option<i64> = ctx
         .conn
         .prepare_cached("SELECT turn FROM fair_served WHERE queue = ?1 AND priority = ?2")
@@ -85,7 +95,9 @@ fn served(ctx: &WriteCtx<'_>, queue: &str, priority: i32) -> StoreResult<u64> {
                 .optional()
         })
         .map_err(backend)?;
-    Ok(turn.map_or(0, from_sql))
+    let turn = turn.map_or(0, from_sql);
+    ctx.turns_served.borrow_mut().insert(line, turn);
+    Ok(turn)
 }
 
 /// The named limits, read once per writer round (weights only shape turns, so a change made
@@ -224,6 +236,9 @@ pub(crate) fn serve(ctx: &mut WriteCtx<'_>, claimed: &[Job]) -> StoreResult<()> 
         if now_served == current {
             continue;
         }
+        ctx.turns_served
+            .borrow_mut()
+            .insert((queue.to_string(), priority), now_served);
         ctx.conn
             .prepare_cached(
                 "INSERT INTO fair_served (queue, priority, turn) VALUES (?1, ?2, ?3) \

@@ -7,6 +7,7 @@
 //! grows with load while every acknowledgement still follows the commit.
 
 use chrono::{DateTime, Utc};
+use conveyor_core::limits::turns::KeyTurns;
 use conveyor_core::workflow::FlowGraph;
 use conveyor_core::{Clock, JobState, QueueSettings, StoreError, StoreOptions, StoreResult};
 use rusqlite::{params, Connection, OptionalExtension};
@@ -57,6 +58,11 @@ pub(crate) struct WriteCtx<'c> {
     >,
     /// The turns of the keyed candidates of the claim being made, for `turns::serve`.
     pub turns_read: HashMap<Uuid, u64>,
+    /// What each key (queue, priority, key) was given and the turn served in each (queue,
+    /// priority) this round, as written: reads saved for a batch's later jobs. An operation
+    /// rolled back may leave a key ahead of what is stored; its later jobs then skip a turn.
+    pub turns_given: std::cell::RefCell<HashMap<(String, i32, String), KeyTurns>>,
+    pub turns_served: std::cell::RefCell<HashMap<(String, i32), u64>>,
 }
 
 /// Per queue, the tenant group served last by a limited fetch (`None`: the group of
@@ -451,6 +457,8 @@ pub(crate) fn run_writer(
             flow_started: Vec::new(),
             limit_specs: std::cell::OnceCell::new(),
             turns_read: HashMap::new(),
+            turns_given: Default::default(),
+            turns_served: Default::default(),
         };
         let begin = sync
             .set_full(&conn, needs_fsync)

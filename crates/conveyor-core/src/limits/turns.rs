@@ -250,7 +250,11 @@ mod tests {
     fn jobs_without_a_key_take_a_turn_at_the_end_of_each() {
         let keyed = vec![("a", (0, 1)), ("b", (0, 1)), ("a", (0, 2)), ("b", (0, 2))];
         let turns = [(0, 1), (0, 1), (0, 2), (0, 2)];
-        assert_eq!(unkeyed_share(&turns, 4), 1, "the first turn ends, the second may not");
+        assert_eq!(
+            unkeyed_share(&turns, 4),
+            1,
+            "the first turn ends, the second may not"
+        );
         assert_eq!(unkeyed_share(&turns[..2], 2), 0, "within one turn: none");
         let merged = with_unkeyed(keyed.clone(), vec!["-"], 4);
         assert_eq!(merged, ["a", "b", "-", "a"], "cut to the quota");

@@ -23,7 +23,7 @@ CREATE TABLE @schema@.fair_turns (
     weight     int4 NOT NULL,
     added      int4 NOT NULL,
     PRIMARY KEY (queue, priority, key)
-);
+) WITH (fillfactor = 50);  -- room on each page for an updated row beside the old (HOT updates)
 -- Per queue and priority: the highest turn claimed (`turns::served`); a key arriving joins the
 -- turn after it.
 CREATE TABLE @schema@.fair_served (
