@@ -40,8 +40,9 @@ pub(crate) fn cancel_unhooked(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<O
     Ok(Some(cancelled))
 }
 
-/// Stores `job` exactly as given, every column; false when its id already exists.
-pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
+/// Stores `job` exactly as given, every column, with its turn by key (`turns::of_new`, which
+/// the callers ask: turns sit above single jobs); false when its id already exists.
+pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job, turn: Option<i64>) -> StoreResult<bool> {
     let lease = job.lease.as_ref();
     let result = job
         .result
@@ -64,7 +65,6 @@ pub(crate) fn insert_row(ctx: &WriteCtx<'_>, job: &Job) -> StoreResult<bool> {
     let payload = json_text(&job.payload, "payload")?;
     let tags = json_text(&job.tags, "tags")?;
     let errors = json_text(&job.errors, "errors")?;
-    let turn = crate::turns::of_new(ctx, job)?;
     let changed = ctx
         .conn
         .prepare_cached(&format!(

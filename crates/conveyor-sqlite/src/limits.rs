@@ -109,9 +109,8 @@ impl KindFilter {
     }
 }
 
-/// After a claim: records the claimed jobs' starts for the rate limits of their queues, moves
-/// each queue's tenant round-robin cursor to the tenant of its last claimed job, and the turn
-/// served by key ([`crate::turns::serve`]).
+/// After a claim: records the claimed jobs' starts for the rate limits of their queues and
+/// moves each queue's tenant round-robin cursor to the tenant of its last claimed job.
 pub(crate) fn record_claims(ctx: &mut WriteCtx<'_>, jobs: &[Job]) -> StoreResult<()> {
     for job in jobs {
         let Some(settings) = ctx.settings.get(&job.queue) else {
@@ -144,7 +143,7 @@ pub(crate) fn record_claims(ctx: &mut WriteCtx<'_>, jobs: &[Job]) -> StoreResult
             ctx.cursors.insert(job.queue.clone(), job.tenant.clone());
         }
     }
-    crate::turns::serve(ctx, jobs)
+    Ok(())
 }
 
 fn prune_starts(ctx: &WriteCtx<'_>, queue: &str, period_ms: u64) -> StoreResult<()> {

@@ -565,7 +565,8 @@ fn insert_flow_job(
     if job.state == JobState::Available {
         ctx.wake = true;
     }
-    if jobs::insert_row(ctx, &job)? {
+    let turn = crate::turns::of_new(ctx, &job)?;
+    if jobs::insert_row(ctx, &job, turn)? {
         ctx.count_move(&job.queue, None, Some(job.state));
         // Counted as enqueued once the round commits (see `conveyor_core::FlowStarts`).
         if ctx.flow_starts_observed {

@@ -72,12 +72,16 @@ pub fn served(current: u64, claimed: impl IntoIterator<Item = u64>) -> u64 {
 pub const SKIPS_BEFORE_REREAD: usize = 32;
 
 /// A claim's pick from the keyed jobs read in turn order: a job is taken when every key it
-/// holds has room left under the claim's admission, counting the jobs taken before it.
+/// holds has room left under the claim's admission, counting the jobs taken before it. A key
+/// found with no room at all counts once as held back (`Admission::budget`), as the
+/// `conveyor_limit_throttled_total` metric says.
 #[derive(Debug)]
 pub struct Picking<'p, 'a> {
     admission: &'p Admission<'a>,
     quota: usize,
     taken: HashMap<String, u64>,
+    /// Keys found with no room before this claim took any.
+    passed: HashSet<String>,
     picked: usize,
     skipped: usize,
 }
@@ -88,6 +92,7 @@ impl<'p, 'a> Picking<'p, 'a> {
             admission,
             quota,
             taken: HashMap::new(),
+            passed: HashSet::new(),
             picked: 0,
             skipped: 0,
         }
@@ -105,6 +110,11 @@ impl<'p, 'a> Picking<'p, 'a> {
             .all(|key| self.taken.get(key).copied().unwrap_or(0) < self.admission.room(key));
         if !fits {
             self.skipped += 1;
+            for key in keys {
+                if self.admission.room(key) == 0 && self.passed.insert(key.clone()) {
+                    self.admission.budget(key);
+                }
+            }
             return false;
         }
         for key in keys {
@@ -115,8 +125,8 @@ impl<'p, 'a> Picking<'p, 'a> {
     }
 
     /// After [`SKIPS_BEFORE_REREAD`] jobs passed over since the last read: the keys this pick
-    /// used up that `full` (the keys the read leaves out) lacks, added to it, so the caller
-    /// reads again; `false` when there are none (read on).
+    /// used up or found without room that `full` (the keys the read leaves out) lacks, added
+    /// to it, so the caller reads again; `false` when there are none (read on).
     pub fn reread(&mut self, full: &mut BTreeSet<String>) -> bool {
         if self.skipped < SKIPS_BEFORE_REREAD {
             return false;
@@ -127,7 +137,8 @@ impl<'p, 'a> Picking<'p, 'a> {
         full.extend(
             (self.taken.iter())
                 .filter(|(key, taken)| **taken >= admission.room(key))
-                .map(|(key, _)| key.clone()),
+                .map(|(key, _)| key.clone())
+                .chain(self.passed.iter().cloned()),
         );
         full.len() > before
     }

@@ -137,7 +137,8 @@ pub(crate) fn dead_discard(ctx: &mut WriteCtx<'_>, id: Uuid) -> StoreResult<bool
 pub(crate) fn import(ctx: &mut WriteCtx<'_>, jobs: Vec<Job>) -> StoreResult<u64> {
     let mut imported = 0;
     for job in jobs {
-        if insert_row(ctx, &job)? {
+        let turn = crate::turns::of_new(ctx, &job)?;
+        if insert_row(ctx, &job, turn)? {
             ctx.count_move(&job.queue, None, Some(job.state));
             if matches!(job.state, JobState::Available) {
                 ctx.wake = true;

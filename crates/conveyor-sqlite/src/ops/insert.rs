@@ -83,7 +83,8 @@ pub(crate) fn insert_many(ctx: &mut WriteCtx<'_>, jobs: Vec<NewJob>) -> StoreRes
         if job.state == JobState::Available {
             ctx.wake = true;
         }
-        insert_row(ctx, &job)?;
+        let turn = crate::turns::of_new(ctx, &job)?;
+        insert_row(ctx, &job, turn)?;
         if let Some(fold) = &fold {
             crate::fold::mark(ctx, job.id, &fold.key, fold_until)?;
         }

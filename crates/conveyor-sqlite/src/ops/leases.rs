@@ -339,6 +339,7 @@ pub(super) fn claim(
         ctx.claimed_queues.insert(job.id, job.queue.clone());
     }
     limits::record_claims(ctx, &jobs)?;
+    crate::turns::serve(ctx, &jobs)?;
     if let Some(admission) = admission {
         limits::record_limit_starts(ctx, admission, &jobs)?;
     }
