@@ -6,9 +6,10 @@
 //!
 //! A job gets its turn when it becomes available: at insert, or, when it becomes available any
 //! other way (due, released from its sequence, replayed), at the next keyed claim of its queue,
-//! which turns such jobs first. A job holds no turn while it is not available (the claim and
-//! every move back to `available` clear it). Turns count per queue and priority: each priority
-//! is its own line, so a late key joins the turn being served at its priority.
+//! which turns such jobs first. A job holds no turn once claimed (the claim clears it, and so
+//! do a replay and a sequence's release, which can find a job that was available before).
+//! Turns count per queue and priority: each priority is its own line, so a late key joins the
+//! first turn not yet started at its priority.
 
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
