@@ -755,13 +755,12 @@ async fn tenant_groups(
     }
     let tenants: Vec<&str> = order.iter().flatten().map(String::as_str).collect();
     let budgets = key_budgets(conn, ctx, queue, settings, &tenants).await?;
-    let weights = vec![1; budgets.len()];
     // How many jobs to read from each group: its first job came with its key, so only groups
-    // to read more of are read again, all in one statement (a LATERAL read per group).
+    // to read more of are read again, all in one statement (a LATERAL read per group). Tenants
+    // all weigh one.
     let wanted: Vec<usize> = budgets
         .iter()
-        .zip(&weights)
-        .map(|(budget, weight)| limits::weighted_reads(reads, *weight, quota).min(*budget))
+        .map(|budget| limits::weighted_reads(reads, 1, quota).min(*budget))
         .collect();
     let mut by_tenant: HashMap<String, Vec<Candidate>> = HashMap::new();
     let (more, more_wanted): (Vec<&str>, Vec<i64>) = tenants
@@ -795,7 +794,7 @@ async fn tenant_groups(
     }
     let mut all: HashMap<Uuid, Candidate> = HashMap::new();
     let mut groups = Vec::with_capacity(order.len());
-    let mut budgets = budgets.into_iter().zip(weights);
+    let mut budgets = budgets.into_iter();
     for tenant in order {
         let Some(tenant) = tenant else {
             let jobs: Vec<Uuid> = untenanted.iter().take(reads).map(|c| c.id).collect();
@@ -808,13 +807,13 @@ async fn tenant_groups(
             });
             continue;
         };
-        let (budget, weight) = budgets.next().unwrap_or((0, 1));
+        let budget = budgets.next().unwrap_or(0);
         let found = by_tenant.remove(&tenant).unwrap_or_default();
         groups.push(Group {
             jobs: found.iter().map(|c| c.id).collect(),
             key: Some(tenant),
             budget,
-            weight,
+            weight: 1,
         });
         all.extend(found.into_iter().map(|c| (c.id, c)));
     }

@@ -600,11 +600,6 @@ impl<'a> Admission<'a> {
             .map_or(u64::MAX, |spec| spec.room(0, 0))
     }
 
-    /// The round-robin weight of `key` (1 unless its limit weighs its value).
-    pub fn weight(&self, key: &str) -> u32 {
-        weight(self.specs, key)
-    }
-
     /// Candidates refused so far, by limit name.
     pub fn held_back(&self) -> &BTreeMap<String, u64> {
         &self.held_back
