@@ -29,6 +29,12 @@ pub(crate) async fn store_exactly(
     if jobs.is_empty() {
         return Ok((Vec::new(), Vec::new()));
     }
+    if jobs.iter().any(|job| job.sequence.is_some()) {
+        sqlx::query(sql.sequence_release_arm.clone())
+            .execute(&mut *conn)
+            .await
+            .map_err(db("arm the sequence release"))?;
+    }
     let ms = truncate_to_millis;
     fn lease(job: &Job) -> Option<&conveyor_core::Lease> {
         job.lease.as_ref()

@@ -147,10 +147,15 @@ const MIGRATIONS: &[Migration] = &[
         name: "turns",
         sql: include_str!("migrations/0025_turns.sql"),
     },
+    Migration {
+        version: 26,
+        name: "common_path",
+        sql: include_str!("migrations/0026_common_path.sql"),
+    },
 ];
 
 /// The migration version this code expects a schema to be at.
-pub const SCHEMA_VERSION: u32 = 25;
+pub const SCHEMA_VERSION: u32 = 26;
 
 /// Applies pending migrations to `schema` (creating the schema if it does not exist) and returns
 /// how many were applied (0 when it was already up to date).
@@ -290,6 +295,29 @@ fn newer_than_code(schema: &str, found: u32) -> StoreError {
 mod tests {
     use super::*;
 
+    /// The release triggers as migration 22 created them and as migration 26 arms them again:
+    /// the same text but for comments and layout.
+    #[test]
+    fn the_armed_release_triggers_are_migration_22s() {
+        let triggers = |sql: &str| -> String {
+            let start = sql.find("CREATE TRIGGER jobs_sequence_release_on_update");
+            let end = sql.rfind("EXECUTE FUNCTION @schema@.sequence_release('@channel@');");
+            let (Some(start), Some(end)) = (start, end) else {
+                panic!("no release triggers in {sql}");
+            };
+            sql[start..end]
+                .lines()
+                .map(|line| line.split("--").next().unwrap_or("").trim())
+                .filter(|line| !line.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        assert_eq!(
+            triggers(include_str!("migrations/0022_sequences.sql")),
+            triggers(include_str!("migrations/0026_common_path.sql"))
+        );
+    }
+
     #[test]
     fn the_sequence_release_trigger_spells_cores_rule() {
         let sql = include_str!("migrations/0022_sequences.sql");
@@ -310,7 +338,7 @@ mod tests {
     #[test]
     fn enqueues_and_the_release_trigger_lock_a_sequence_key_alike() {
         let trigger = include_str!("migrations/0022_sequences.sql");
-        let insert = crate::sql::sequence_lock_keys_sql();
+        let insert = crate::sql::sequence_lock_keys_sql("conveyor");
         let key = |schema: &str, key: &str| {
             format!("'conveyor:sequence:' || {schema} || ':' || {key}, 0)")
         };

@@ -28,11 +28,16 @@ pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, at
 
 /// The advisory lock key of a sequence key, as the insert computes it: the same expression the
 /// release trigger of migration 22 locks with (its schema is `TG_TABLE_SCHEMA` there, `$2`
-/// here), so an enqueue and a release of one key serialize.
-pub(crate) fn sequence_lock_keys_sql() -> String {
-    "SELECT hashtextextended('conveyor:sequence:' || $2 || ':' || k, 0) \
-     FROM unnest($1::text[]) AS k"
-        .to_string()
+/// here), so an enqueue and a release of one key serialize. The same round trip first arms the
+/// release triggers if no job of a sequence has yet (migration 26), before the insert reads
+/// its sequences' tails.
+pub(crate) fn sequence_lock_keys_sql(schema: &str) -> String {
+    format!(
+        "WITH armed AS MATERIALIZED (SELECT {}.sequence_release_arm()) \
+         SELECT hashtextextended('conveyor:sequence:' || $2 || ':' || k, 0) \
+         FROM armed, unnest($1::text[]) AS k",
+        quoted(schema)
+    )
 }
 
 /// A replayed job's state: available, or blocked behind its sequence (the release trigger of
@@ -84,6 +89,9 @@ pub(crate) struct Sql {
     /// The advisory lock key of each sequence key (`$1`) in schema `$2`: computed by the
     /// database, because its release trigger takes the same lock (migration 22).
     pub sequence_lock_keys: SqlStr,
+    /// Arms the sequence release triggers unless they are (migration 26): before storing jobs
+    /// of a sequence other than by insert (a copy's import).
+    pub sequence_release_arm: SqlStr,
     /// Per sequence key (`$1`): the last number, and whether a job of the key holds the
     /// sequence or waits in it.
     pub sequence_tails: SqlStr,
@@ -97,6 +105,9 @@ pub(crate) struct Sql {
     pub unique_matches: SqlStr,
     pub insert: SqlStr,
     pub insert_unlimited: SqlStr,
+    /// `insert` and `insert_unlimited` for a batch of plain jobs (`InsertShape::Plain`).
+    pub insert_plain: SqlStr,
+    pub insert_plain_unlimited: SqlStr,
     pub depth_limits: SqlStr,
     pub depths: SqlStr,
     pub notify: SqlStr,
@@ -185,7 +196,11 @@ impl Sql {
             lock_keys: stmt(
                 "SELECT pg_advisory_xact_lock(k) FROM unnest($1::int8[]) AS t(k)".to_string(),
             ),
-            sequence_lock_keys: stmt(sequence_lock_keys_sql()),
+            sequence_lock_keys: stmt(sequence_lock_keys_sql(schema)),
+            sequence_release_arm: stmt(format!(
+                "SELECT {}.sequence_release_arm()",
+                quoted(schema)
+            )),
             sequence_tails: stmt(format!(
                 "SELECT k AS key, \
                      (SELECT max(sequence_no) FROM {jobs} WHERE sequence_key = k) AS last, \
@@ -238,19 +253,10 @@ impl Sql {
                          ORDER BY j.created_at DESC, j.id DESC LIMIT 1) x \
                      ORDER BY x.created_at DESC, x.id DESC LIMIT 1) m"
             )),
-            insert: stmt(insert_sql(&jobs, &settings, "")),
-            // The fast path for queues without depth limits: the same insert, guarded by a
-            // one-time check that no queue of the batch (`$25`, distinct) has a limit. When one
-            // does, nothing is inserted and no row comes back, and the caller takes the locks,
-            // counts, and uses `insert`.
-            insert_unlimited: stmt(insert_sql(
-                &jobs,
-                &settings,
-                &format!(
-                    "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY($25) \
-                         AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
-                ),
-            )),
+            insert: stmt(insert_sql(&jobs, &settings, InsertShape::Featured, false)),
+            insert_unlimited: stmt(insert_sql(&jobs, &settings, InsertShape::Featured, true)),
+            insert_plain: stmt(insert_sql(&jobs, &settings, InsertShape::Plain, false)),
+            insert_plain_unlimited: stmt(insert_sql(&jobs, &settings, InsertShape::Plain, true)),
             depth_limits: stmt(format!(
                 "SELECT queue, max_depth, max_depth_per_tenant FROM {settings} \
                  WHERE queue = ANY($1) \
@@ -260,7 +266,7 @@ impl Sql {
             // asks for the whole queue. The queue's count is the sum over the partial indexes
             // that together cover the unfinished states (`jobs_fetch`, `jobs_lease`,
             // `jobs_waiting`, `jobs_blocked`), the tenant's likewise (`jobs_fair`,
-            // `jobs_running_tenant`, `jobs_waiting_tenant`, `jobs_blocked`; migrations 7, 24).
+            // `jobs_running_keyed`, `jobs_waiting_tenant`, `jobs_blocked`; migrations 7, 24, 26).
             depths: stmt(format!(
                 "SELECT CASE WHEN d.tenant IS NULL THEN \
                          (SELECT count(*) FROM {jobs} j \
@@ -664,13 +670,38 @@ impl Sql {
     }
 }
 
-/// The batch insert; `condition` (a `WHERE` clause or nothing) may refer to `$25`. `$24` holds
-/// each job's turn by key, reserved before the insert's transaction (`turns::reserve`), or
-/// NULL (the next keyed claim of its queue gives it one). A `NewJob`
-/// has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
+/// The batch insert, of `shape`, guarded by the depth limits' check when `unlimited`. `$24`
+/// holds each job's turn by key, reserved before the insert's transaction (`turns::reserve`),
+/// or NULL (the next keyed claim of its queue gives it one). A `NewJob` has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
 /// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
 /// `import`, which writes every column.
-fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
+fn insert_sql(jobs: &str, settings: &str, shape: InsertShape, unlimited: bool) -> String {
+    // The columns of issue 31's features (limit keys, sequences, debounce, turns), `$17` to
+    // `$24`: a batch holding none of them leaves them out, so it binds and unpacks eight
+    // arrays fewer and the rows take the columns' defaults.
+    let (features, feature_arrays, queues) = match shape {
+        InsertShape::Plain => ("", "", 17),
+        InsertShape::Featured => (
+            ", limit_keys, fair_key, sequence_key, sequence_no, sequence_skip_dead, fold_key, \
+             fold_until, fair_turn",
+            ", $17::jsonb[], $18::text[], $19::text[], $20::int8[], $21::bool[], $22::text[], \
+             $23::timestamptz[], $24::int8[]",
+            25,
+        ),
+    };
+    let selected = features.replace(", ", ", n.");
+    // The fast path for queues without depth limits: guarded by a one-time check that no
+    // queue of the batch (`$17` or `$25`, distinct) has a limit. When one does, nothing is
+    // inserted and no row comes back, and the caller takes the locks, counts, and inserts
+    // without the guard.
+    let condition = if unlimited {
+        format!(
+            "WHERE NOT EXISTS (SELECT 1 FROM {settings} s WHERE s.queue = ANY(${queues}) \
+                 AND (s.max_depth IS NOT NULL OR s.max_depth_per_tenant IS NOT NULL))"
+        )
+    } else {
+        String::new()
+    };
     // One statement for the whole batch. Tags travel as one JSON array per job because a SQL
     // array of arrays must be rectangular; they are unpacked in order. A job without an expiry
     // takes its queue's default (`QueueSettings::default_expiry`: `default_ttl_ms` after its
@@ -678,8 +709,7 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
     format!(
         "INSERT INTO {jobs} (id, kind, queue, payload, priority, run_at, attempt, \
              max_attempts, timeout_ms, idempotency_key, tags, tenant, state, errors, \
-             created_at, unique_key, expires_at, trace, limit_keys, fair_key, sequence_key, \
-             sequence_no, sequence_skip_dead, fold_key, fold_until, fair_turn) \
+             created_at, unique_key, expires_at, trace{features}) \
          SELECT n.id, n.kind, n.queue, n.payload, n.priority, n.run_at, 0, \
              n.max_attempts, n.timeout_ms, n.idempotency_key, \
              ARRAY(SELECT t.tag FROM jsonb_array_elements_text(n.tags) \
@@ -688,21 +718,25 @@ fn insert_sql(jobs: &str, settings: &str, condition: &str) -> String {
              COALESCE(n.expires_at, (SELECT GREATEST(n.run_at, $13) \
                  + s.default_ttl_ms * interval '1 millisecond' \
                  FROM {settings} s WHERE s.queue = n.queue)), \
-             n.trace, n.limit_keys, n.fair_key, n.sequence_key, n.sequence_no, \
-             n.sequence_skip_dead, n.fold_key, n.fold_until, n.fair_turn \
+             n.trace{selected} \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::jsonb[], $5::int4[], \
                      $6::timestamptz[], $7::int4[], $8::int8[], $9::text[], \
                      $10::jsonb[], $11::text[], $12::text[], $14::text[], \
-                     $15::timestamptz[], $16::jsonb[], $17::jsonb[], $18::text[], \
-                     $19::text[], $20::int8[], $21::bool[], $22::text[], \
-                     $23::timestamptz[], $24::int8[]) \
+                     $15::timestamptz[], $16::jsonb[]{feature_arrays}) \
              AS n(id, kind, queue, payload, priority, run_at, max_attempts, \
                   timeout_ms, idempotency_key, tags, tenant, state, unique_key, \
-                  expires_at, trace, limit_keys, fair_key, sequence_key, sequence_no, \
-                  sequence_skip_dead, fold_key, fold_until, fair_turn) \
+                  expires_at, trace{features}) \
          {condition} \
          RETURNING {COLUMNS}"
     )
+}
+
+/// Which columns a batch insert writes: [`InsertShape::Plain`] when no job of the batch holds
+/// a limit key, a sequence, a fold or a turn.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum InsertShape {
+    Plain,
+    Featured,
 }
 
 /// The single-queue claim condition: the queue, unless it is paused (a one-time check).

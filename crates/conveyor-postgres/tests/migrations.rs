@@ -373,3 +373,85 @@ async fn a_populated_version_11_schema_upgrades_without_losing_a_job() {
         .sum();
     assert_eq!(counted, 100_000, "{stats:?}");
 }
+
+/// The names of the sequence release triggers on the schema's jobs table.
+async fn release_triggers(store: &PgStore) -> Vec<String> {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT tgname::text FROM pg_trigger \
+         WHERE tgrelid = '\"{}\".jobs'::regclass AND tgname LIKE 'jobs_sequence_release%' \
+         ORDER BY tgname",
+        store.schema()
+    )))
+    .fetch_all(store.pool())
+    .await
+    .expect("read the jobs table's triggers")
+}
+
+/// Plain jobs pay for no sequence release trigger (migration 26): the first job of a sequence
+/// arms it, and a job blocked behind the first is released when it completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_job_of_a_sequence_arms_its_release() {
+    let schema = common::fresh_schema();
+    let _guard = common::DropSchema::new(&schema);
+    let clock = Arc::new(ManualClock::default());
+    let store = PgStore::connect(&common::database_url(), common::options(&schema, clock))
+        .await
+        .expect("store starts");
+    store
+        .jobs_insert_many(vec![NewJob::new("plain", json!({}))])
+        .await
+        .expect("insert a plain job");
+    assert!(
+        release_triggers(&store).await.is_empty(),
+        "no trigger before a job of a sequence"
+    );
+
+    let in_sequence = || {
+        let mut job = NewJob::new("ordered", json!({}));
+        job.queue = "ordered".to_string();
+        job.sequence_key = Some(conveyor_core::sequence::SequenceKey {
+            key: "payload.account=acme".to_string(),
+            on_dead: conveyor_core::sequence::OnDead::Block,
+        });
+        job
+    };
+    let inserted = store
+        .jobs_insert_many(vec![in_sequence(), in_sequence()])
+        .await
+        .expect("insert two jobs of one sequence");
+    assert_eq!(
+        release_triggers(&store).await,
+        [
+            "jobs_sequence_release_on_delete",
+            "jobs_sequence_release_on_update"
+        ]
+    );
+    assert_eq!(inserted[1].job.state, conveyor_core::JobState::Blocked);
+
+    let claimed = store
+        .jobs_fetch(conveyor_core::FetchParams {
+            worker_id: "w".into(),
+            queues: vec!["ordered".into()],
+            max: 10,
+            lease: std::time::Duration::from_secs(60),
+            kinds: None,
+            excluded_kinds: Vec::new(),
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1, "the second waits behind the first");
+    let lease = claimed[0].lease_ref().expect("a claimed job has a lease");
+    store
+        .jobs_complete_many(vec![conveyor_core::CompleteParams {
+            lease,
+            result: None,
+        }])
+        .await
+        .expect("complete the first");
+    let second = store
+        .job_get(inserted[1].job.id)
+        .await
+        .expect("read the second")
+        .expect("the second exists");
+    assert_eq!(second.state, conveyor_core::JobState::Available);
+}

@@ -3,6 +3,7 @@
 
 use super::*;
 use crate::limits::Reserved;
+use crate::sql::InsertShape;
 use conveyor_core::debounce::{self, Standing, Verdict};
 
 /// Where each job of a batch ends up.
@@ -302,14 +303,18 @@ pub(crate) async fn insert_many(
         // and inserts nothing when one has. Only then are limits read, locked and counted.
         let queues: BTreeSet<&str> = columns.queues.iter().map(String::as_str).collect();
         let queues: Vec<&str> = queues.into_iter().collect();
-        let mut found = bind_columns(ctx.sql.insert_unlimited.clone(), &columns, ctx.now)
+        let (unlimited, limited) = match columns.shape() {
+            InsertShape::Plain => (&ctx.sql.insert_plain_unlimited, &ctx.sql.insert_plain),
+            InsertShape::Featured => (&ctx.sql.insert_unlimited, &ctx.sql.insert),
+        };
+        let mut found = bind_columns(unlimited.clone(), &columns, ctx.now)
             .bind(&queues)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("insert jobs"))?;
         if found.is_empty() {
             check_depth_limits(&mut *conn, ctx, &columns, &queues).await?;
-            found = bind_columns(ctx.sql.insert.clone(), &columns, ctx.now)
+            found = bind_columns(limited.clone(), &columns, ctx.now)
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(db("insert jobs"))?;
@@ -348,13 +353,14 @@ pub(crate) async fn insert_many(
     })
 }
 
-/// The insert statement `text` with the batch's columns bound as `$1` to `$24`.
+/// The insert statement `text` with the batch's columns bound as `$1` to `$16`, and `$17` to
+/// `$24` unless the batch is plain ([`Columns::shape`]).
 pub(super) fn bind_columns<'q>(
     text: sqlx::SqlStr,
     columns: &'q Columns,
     now: DateTime<Utc>,
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
-    sqlx::query(text)
+    let query = sqlx::query(text)
         .bind(&columns.ids)
         .bind(&columns.kinds)
         .bind(&columns.queues)
@@ -370,7 +376,11 @@ pub(super) fn bind_columns<'q>(
         .bind(now)
         .bind(&columns.unique_keys)
         .bind(&columns.expires)
-        .bind(&columns.traces)
+        .bind(&columns.traces);
+    if columns.shape() == InsertShape::Plain {
+        return query;
+    }
+    query
         .bind(&columns.limit_keys)
         .bind(&columns.fair_keys)
         .bind(&columns.sequence_keys)
@@ -379,6 +389,26 @@ pub(super) fn bind_columns<'q>(
         .bind(&columns.fold_keys)
         .bind(&columns.fold_untils)
         .bind(&columns.fair_turns)
+}
+
+impl Columns {
+    /// Plain when no job of the batch holds a limit key, a sequence, a fold or a turn: the
+    /// insert then leaves those columns to their defaults.
+    fn shape(&self) -> InsertShape {
+        let featured = self.limit_keys.iter().any(Option::is_some)
+            || self.fair_keys.iter().any(Option::is_some)
+            || self.sequence_keys.iter().any(Option::is_some)
+            || self.sequence_nos.iter().any(Option::is_some)
+            || self.sequence_skip_dead.iter().any(|skip| *skip)
+            || self.fold_keys.iter().any(Option::is_some)
+            || self.fold_untils.iter().any(Option::is_some)
+            || self.fair_turns.iter().any(Option::is_some);
+        if featured {
+            InsertShape::Featured
+        } else {
+            InsertShape::Plain
+        }
+    }
 }
 
 /// Each fold key's latest stored job (none for a batch without debounce or throttle, which

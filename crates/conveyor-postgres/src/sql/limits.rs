@@ -187,7 +187,7 @@ impl LimitSql {
                  RETURNING {COLUMNS}"
             )),
             // Running jobs per limit key (keys starting with `$1`, or all when NULL), bounded
-            // by the running jobs that hold keys (`jobs_running_limited`).
+            // by the running jobs that hold keys (`jobs_running_keyed`, migration 26).
             running_by_key: stmt(format!(
                 "SELECT k AS key, count(*) AS n \
                  FROM {jobs} j CROSS JOIN LATERAL jsonb_array_elements_text(j.limit_keys) k \
