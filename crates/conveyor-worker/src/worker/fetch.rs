@@ -615,4 +615,50 @@ mod prefetch_tests {
         assert_eq!(kept.state, JobState::Running);
         assert_eq!(lane.take_buffered(true).len(), 1);
     }
+
+    /// A job's future is copied when it is spawned and again when its end is joined, for
+    /// every job: one that held a batch's state machine inline (a plain fetch's batch of one)
+    /// was several times larger, and the drain paid for the copies.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_jobs_future_stays_small() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = store(&dir);
+        insert(&store, 1).await;
+        let worker = Worker::builder(store.clone())
+            .queue("default", 1)
+            .build()
+            .expect("worker");
+        let (completions, _rx) = mpsc::unbounded_channel();
+        let lane = Arc::new(Lane {
+            shared: worker.shared.clone(),
+            queue: "default".to_string(),
+            slots: Arc::new(Semaphore::new(1)),
+            batch_slots: Arc::new(Semaphore::new(1)),
+            concurrency: 1,
+            prefetch: 10,
+            max_wait: Duration::from_millis(50),
+            buffer: Mutex::new(VecDeque::new()),
+            drained: tokio::sync::Notify::new(),
+            finished: AtomicU64::new(0),
+            stop: CancellationToken::new(),
+            executors: Arc::new(Mutex::new(JoinSet::new())),
+            completions,
+        });
+        let job = store
+            .jobs_fetch(FetchParams {
+                worker_id: "test".to_string(),
+                queues: vec!["default".to_string()],
+                max: 1,
+                lease: Duration::from_secs(30),
+                kinds: None,
+                excluded_kinds: Vec::new(),
+            })
+            .await
+            .expect("fetch")
+            .pop()
+            .expect("a job");
+        let future = super::super::execute(lane, job, None);
+        let size = std::mem::size_of_val(&future);
+        assert!(size <= 4096, "a job's future is {size} bytes");
+    }
 }

@@ -16,8 +16,9 @@ pub(super) async fn execute(lane: Arc<Lane>, job: Job, permit: Option<OwnedSemap
     let shared = lane.shared.clone();
     if !shared.handlers.contains_key(&job.kind) && shared.batch_handlers.contains_key(&job.kind) {
         // A kind handled in batches that a plain fetch claimed (it is not a batch kind in the
-        // store): a batch of one.
-        return execute_batch(lane, vec![job], permit).await;
+        // store): a batch of one. Boxed: inline, the batch's state machine would make every
+        // job's future as large as a batch's, copied at each spawn and join.
+        return Box::pin(execute_batch(lane, vec![job], permit)).await;
     }
     let Some(lease) = job.lease.as_ref() else {
         tracing::error!(job_id = %job.id, "fetched job has no lease; skipping");
