@@ -3,7 +3,7 @@
 # `conveyor bench --workload enqueue,drain --jobs JOBS` in a fresh schema of the test database
 # on 127.0.0.1:5432 (dropped after), one line per run: round, binary, enqueue and drain in
 # jobs/s. ROUNDS (default 5) and JOBS (default 20000) set the rounds and the jobs per
-# workload; longer runs (JOBS=100000) spread less.
+# workload, WORKLOADS (default enqueue,drain) what runs; longer runs (JOBS=100000) spread less.
 #
 #     scripts/plain_ab.sh OLD_BINARY NEW_BINARY [...]
 set -eu
@@ -12,7 +12,7 @@ export CONVEYOR_LOG="${CONVEYOR_LOG:-warn}"
 for r in $(seq "${ROUNDS:-5}"); do
   for b in "$@"; do
     s=bench_plain_ab_$$_$r
-    out=$("$b" bench --json --workload enqueue,drain --jobs "${JOBS:-20000}" --store "$PG?schema=$s")
+    out=$("$b" bench --json --workload "${WORKLOADS:-enqueue,drain}" --jobs "${JOBS:-20000}" --store "$PG?schema=$s")
     psql -q -h 127.0.0.1 -U postgres test -c "DROP SCHEMA $s CASCADE" >/dev/null 2>&1
     echo "$out" | python3 -c '
 import json, sys
