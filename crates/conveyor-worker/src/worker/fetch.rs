@@ -476,6 +476,25 @@ mod prefetch_tests {
         )
     }
 
+    /// A lane of `worker`'s queue "default" with one slot, not yet fetching.
+    fn lane(worker: &Worker, completions: mpsc::UnboundedSender<Completion>) -> Lane {
+        Lane {
+            shared: worker.shared.clone(),
+            queue: "default".to_string(),
+            slots: Arc::new(Semaphore::new(1)),
+            batch_slots: Arc::new(Semaphore::new(1)),
+            concurrency: 1,
+            prefetch: 10,
+            max_wait: Duration::from_millis(50),
+            buffer: Mutex::new(VecDeque::new()),
+            drained: tokio::sync::Notify::new(),
+            finished: AtomicU64::new(0),
+            stop: CancellationToken::new(),
+            executors: Arc::new(Mutex::new(JoinSet::new())),
+            completions,
+        }
+    }
+
     async fn insert(store: &Arc<dyn Store>, count: usize) -> Vec<Uuid> {
         let jobs = (0..count)
             .map(|n| NewJob::new("quick", serde_json::json!({ "n": n })))
@@ -569,21 +588,7 @@ mod prefetch_tests {
             .build()
             .expect("worker");
         let (completions, _rx) = mpsc::unbounded_channel();
-        let lane = Lane {
-            shared: worker.shared.clone(),
-            queue: "default".to_string(),
-            slots: Arc::new(Semaphore::new(1)),
-            batch_slots: Arc::new(Semaphore::new(1)),
-            concurrency: 1,
-            prefetch: 10,
-            max_wait: Duration::from_millis(50),
-            buffer: Mutex::new(VecDeque::new()),
-            drained: tokio::sync::Notify::new(),
-            finished: AtomicU64::new(0),
-            stop: CancellationToken::new(),
-            executors: Arc::new(Mutex::new(JoinSet::new())),
-            completions,
-        };
+        let lane = lane(&worker, completions);
         let fetch = |max| FetchParams {
             worker_id: "test".to_string(),
             queues: vec!["default".to_string()],
@@ -629,21 +634,7 @@ mod prefetch_tests {
             .build()
             .expect("worker");
         let (completions, _rx) = mpsc::unbounded_channel();
-        let lane = Arc::new(Lane {
-            shared: worker.shared.clone(),
-            queue: "default".to_string(),
-            slots: Arc::new(Semaphore::new(1)),
-            batch_slots: Arc::new(Semaphore::new(1)),
-            concurrency: 1,
-            prefetch: 10,
-            max_wait: Duration::from_millis(50),
-            buffer: Mutex::new(VecDeque::new()),
-            drained: tokio::sync::Notify::new(),
-            finished: AtomicU64::new(0),
-            stop: CancellationToken::new(),
-            executors: Arc::new(Mutex::new(JoinSet::new())),
-            completions,
-        });
+        let lane = Arc::new(lane(&worker, completions));
         let job = store
             .jobs_fetch(FetchParams {
                 worker_id: "test".to_string(),
