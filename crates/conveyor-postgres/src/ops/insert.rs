@@ -303,18 +303,19 @@ pub(crate) async fn insert_many(
         // and inserts nothing when one has. Only then are limits read, locked and counted.
         let queues: BTreeSet<&str> = columns.queues.iter().map(String::as_str).collect();
         let queues: Vec<&str> = queues.into_iter().collect();
-        let (unlimited, limited) = match columns.shape() {
+        let shape = columns.shape();
+        let (unlimited, limited) = match shape {
             InsertShape::Plain => (&ctx.sql.insert_plain_unlimited, &ctx.sql.insert_plain),
             InsertShape::Featured => (&ctx.sql.insert_unlimited, &ctx.sql.insert),
         };
-        let mut found = bind_columns(unlimited.clone(), &columns, ctx.now)
+        let mut found = bind_columns(unlimited.clone(), &columns, shape, ctx.now)
             .bind(&queues)
             .fetch_all(&mut *conn)
             .await
             .map_err(db("insert jobs"))?;
         if found.is_empty() {
             check_depth_limits(&mut *conn, ctx, &columns, &queues).await?;
-            found = bind_columns(limited.clone(), &columns, ctx.now)
+            found = bind_columns(limited.clone(), &columns, shape, ctx.now)
                 .fetch_all(&mut *conn)
                 .await
                 .map_err(db("insert jobs"))?;
@@ -354,10 +355,11 @@ pub(crate) async fn insert_many(
 }
 
 /// The insert statement `text` with the batch's columns bound as `$1` to `$16`, and `$17` to
-/// `$24` unless the batch is plain ([`Columns::shape`]).
+/// `$24` unless `shape` (the batch's [`Columns::shape`]) is plain.
 pub(super) fn bind_columns<'q>(
     text: sqlx::SqlStr,
     columns: &'q Columns,
+    shape: InsertShape,
     now: DateTime<Utc>,
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     let query = sqlx::query(text)
@@ -377,7 +379,7 @@ pub(super) fn bind_columns<'q>(
         .bind(&columns.unique_keys)
         .bind(&columns.expires)
         .bind(&columns.traces);
-    if columns.shape() == InsertShape::Plain {
+    if shape == InsertShape::Plain {
         return query;
     }
     query
