@@ -43,7 +43,12 @@ $arm$;
 LOCK TABLE @schema@.jobs IN SHARE ROW EXCLUSIVE MODE;
 DO $disarm$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM @schema@.jobs WHERE sequence_key IS NOT NULL) THEN
+    -- Kept where sequences are in use or configured: a server of an older version still
+    -- running beside this migration would store jobs of a configured sequence without
+    -- arming the triggers.
+    IF NOT EXISTS (SELECT 1 FROM @schema@.jobs WHERE sequence_key IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM @schema@.queue_settings WHERE sequence IS NOT NULL)
+       AND NOT EXISTS (SELECT 1 FROM @schema@.kinds WHERE sequence IS NOT NULL) THEN
         DROP TRIGGER jobs_sequence_release_on_update ON @schema@.jobs;
         DROP TRIGGER jobs_sequence_release_on_delete ON @schema@.jobs;
     END IF;
