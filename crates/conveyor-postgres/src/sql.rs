@@ -672,9 +672,10 @@ impl Sql {
 
 /// The batch insert, of `shape`, guarded by the depth limits' check when `unlimited`. `$24`
 /// holds each job's turn by key, reserved before the insert's transaction (`turns::reserve`),
-/// or NULL (the next keyed claim of its queue gives it one). A `NewJob` has no flow and no progress, so `flow_id`, `flow_step`, `parents` and `progress` are left
-/// NULL here rather than bound as four arrays of NULLs; a flow's jobs are stored through
-/// `import`, which writes every column.
+/// or NULL (the next keyed claim of its queue gives it one). A `NewJob` has no flow and no
+/// progress, so `flow_id`, `flow_step`, `parents` and `progress` are left NULL here rather
+/// than bound as four arrays of NULLs; a flow's jobs are stored through `import`, which
+/// writes every column.
 fn insert_sql(jobs: &str, settings: &str, shape: InsertShape, unlimited: bool) -> String {
     // The columns of issue 31's features (limit keys, sequences, debounce, turns), `$17` to
     // `$24`: a batch holding none of them leaves them out, so it binds and unpacks eight

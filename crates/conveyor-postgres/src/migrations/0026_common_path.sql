@@ -57,8 +57,9 @@ $disarm$;
 -- The running jobs with a tenant and those with limit keys in one index instead of two
 -- (`jobs_running_tenant`, migration 7, and `jobs_running_limited`, migration 21): each index
 -- is one more predicate for every row a claim or completion writes, and one more relation
--- each statement opens and locks. The tenant counts ask `tenant IS NOT NULL`, the counts per
--- limit key `limit_keys IS NOT NULL`; each implies the predicate, so both still read it.
+-- each statement opens and locks. The tenant counts ask `tenant IS NOT NULL` and read it; the
+-- counts per limit key ask `limit_keys IS NOT NULL`, which implies its predicate too, and read
+-- it or `jobs_lease` (every running job), whichever the planner finds smaller.
 CREATE INDEX jobs_running_keyed ON @schema@.jobs (queue, tenant)
     WHERE state = 'running' AND (tenant IS NOT NULL OR limit_keys IS NOT NULL);
 DROP INDEX @schema@.jobs_running_tenant;

@@ -623,7 +623,7 @@ mod prefetch_tests {
 
     /// A job's future is copied when it is spawned and again when its end is joined, for
     /// every job: one that held a batch's state machine inline (a plain fetch's batch of one)
-    /// was several times larger, and the drain paid for the copies.
+    /// was 5.2 KB in a debug build (3.3 KB with it boxed), and the drain paid for the copies.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_jobs_future_stays_small() {
         let dir = tempfile::tempdir().expect("temp dir");
