@@ -47,6 +47,9 @@ const QUEUE: &str = "faults";
 /// Jobs of this kind run longer than a lease, so only heartbeats keep them.
 const LONG: &str = "long";
 const LONG_SECS: u64 = 6;
+/// How recently a long job must have started for a fault to still find it held (it has
+/// `LONG_SECS` minus this left, more than the fault takes to land).
+const LONG_FRESH: chrono::TimeDelta = chrono::TimeDelta::milliseconds(1_500);
 /// The backlog the producer keeps, so every worker always holds jobs when a fault lands.
 const BACKLOG: u64 = 40;
 const SERVER_ARGS: [&str; 4] = [
@@ -357,6 +360,41 @@ impl Cluster {
                                     && e["worker_id"] == name.as_str()
                             })
                         })
+                    })
+                    .then_some(())
+            },
+        );
+    }
+
+    /// Waits until `worker` holds a job that runs longer than a lease and started at most
+    /// [`LONG_FRESH`] ago, so a fault landing now finds it holding a lease for seconds yet.
+    /// Short jobs alone do not promise that: four of them start together and end together,
+    /// and a fault that lands while the worker reports them and asks for more finds it
+    /// holding nothing to rescue.
+    fn await_long_job_held_by(&self, worker: usize) {
+        let name = self.workers[worker].name.clone();
+        let url = self.url(self.live_node());
+        eventually_blocking_within(
+            &format!("{name} to start a {LONG} job"),
+            Duration::from_secs(60),
+            || {
+                let page: Value = http()
+                    .get(format!("{url}/v1/jobs"))
+                    .query(&[("queue", QUEUE), ("state", "running"), ("kind", LONG)])
+                    .send()
+                    .ok()?
+                    .json()
+                    .ok()?;
+                let now = Utc::now();
+                page["jobs"]
+                    .as_array()?
+                    .iter()
+                    .any(|job| {
+                        job["lease"]["worker_id"] == name.as_str()
+                            && job["started_at"]
+                                .as_str()
+                                .and_then(|at| at.parse::<DateTime<Utc>>().ok())
+                                .is_some_and(|at| now - at <= LONG_FRESH)
                     })
                     .then_some(())
             },
@@ -996,6 +1034,7 @@ fn a_paused_server_then_a_paused_worker_lose_only_their_leases() {
     cluster.await_runs(40);
 
     let server_pid = cluster.nodes[first].server.proc.pid();
+    cluster.await_long_job_held_by(on_first);
     signal(server_pid, libc::SIGSTOP);
     cluster.await_rescue_of(on_first);
     signal(server_pid, libc::SIGCONT);
@@ -1003,6 +1042,7 @@ fn a_paused_server_then_a_paused_worker_lose_only_their_leases() {
     cluster.await_runs(40);
 
     let worker_pid = cluster.exec_pid(paused);
+    cluster.await_long_job_held_by(paused);
     signal(worker_pid, libc::SIGSTOP);
     cluster.await_rescue_of(paused);
     signal(worker_pid, libc::SIGCONT);
@@ -1035,6 +1075,7 @@ fn a_worker_cut_off_from_its_server_loses_only_its_leases() {
             .expect("a proxied worker")
             .set_mode(mode)
     };
+    cluster.await_long_job_held_by(cut);
     link(&cluster, Mode::Hold);
     cluster.await_rescue_of(cut);
     link(&cluster, Mode::Forward);
@@ -1071,6 +1112,7 @@ fn a_server_cut_off_from_postgres_mid_commit_recovers_without_doubling() {
     cluster.await_runs(40);
 
     for heal_by_reset in [false, true] {
+        cluster.await_long_job_held_by(exec_cut);
         let proxy = cluster.nodes[cut].pg.as_ref().expect("a proxied server");
         proxy.hold_when(&[b"COMMIT"], false);
         eventually_blocking("a commit to be held", || proxy.triggered().then_some(()));
@@ -1121,6 +1163,7 @@ fn a_leader_cut_off_from_postgres_hands_over_without_a_doubled_or_lost_tick() {
 
     // Held while it fires a tick (the schedule's row locked, the commit not yet sent): the
     // row stays locked until PostgreSQL ends the stalled session.
+    cluster.await_long_job_held_by(on_leader);
     let proxy = cluster.nodes[leader].pg.as_ref().expect("a proxied leader");
     proxy.hold_when(&[SCHEDULE.as_bytes(), b"COMMIT"], false);
     eventually_blocking("the leader to be held mid-firing", || {
