@@ -455,3 +455,44 @@ async fn the_first_job_of_a_sequence_arms_its_release() {
         .expect("the second exists");
     assert_eq!(second.state, conveyor_core::JobState::Available);
 }
+
+/// Every partial index of `jobs` whose predicate pairs a state test with a NULL test puts the
+/// NULL test first (migration 26): PostgreSQL checks each predicate, term by term in the
+/// order written, for every row an insert, claim or completion writes, and a plain job fails
+/// the NULL test at the cost of reading a flag, where the state test compares text.
+#[tokio::test]
+async fn partial_indexes_test_their_nulls_before_the_state() {
+    let schema = common::fresh_schema();
+    let _guard = common::DropSchema::new(&schema);
+    let store = PgStore::connect(
+        &common::database_url(),
+        common::options(&schema, Arc::new(ManualClock::default())),
+    )
+    .await
+    .expect("store starts");
+    let predicates: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT c.relname::text, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i \
+         JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE i.indrelid = '\"{}\".jobs'::regclass AND i.indpred IS NOT NULL",
+        store.schema()
+    )))
+    .fetch_all(store.pool())
+    .await
+    .expect("read the jobs table's partial indexes");
+    assert!(
+        predicates.iter().any(|(name, _)| name == "jobs_fair_turn"),
+        "the partial indexes were read: {predicates:?}"
+    );
+    let misordered: Vec<&(String, String)> = predicates
+        .iter()
+        .filter(|(_, predicate)| {
+            let null_test = predicate.find("IS NOT NULL").or(predicate.find("IS NULL"));
+            let state_test = predicate.find("state");
+            matches!((null_test, state_test), (Some(null), Some(state)) if state < null)
+        })
+        .collect();
+    assert!(
+        misordered.is_empty(),
+        "partial indexes testing the state before a NULL: {misordered:?}"
+    );
+}

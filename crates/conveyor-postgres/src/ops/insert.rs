@@ -333,19 +333,31 @@ pub(crate) async fn insert_many(
     notify(conn, ctx.sql, &woken).await?;
 
     let folded = fold_stored(&mut *conn, ctx, replaced, extended).await?;
+    // A new job answers its own slot by value; only one a later slot of the batch also
+    // answers with (a duplicate or a fold into it) is copied. Copying every job cost the
+    // enqueue of plain jobs a clone of each payload.
+    let shared: HashSet<Uuid> = slots
+        .iter()
+        .filter_map(|slot| match slot {
+            Slot::SameBatch(id) | Slot::FoldedSameBatch(id) => Some(*id),
+            _ => None,
+        })
+        .collect();
     let mut inserted = Vec::with_capacity(slots.len());
     for slot in slots {
         let (job, answer): (_, fn(Job) -> Inserted) = match slot {
-            Slot::Stored(key) => (stored.get(&key), Inserted::duplicate_of),
-            Slot::StoredUnique(index) => (stored_unique.get(&index), Inserted::duplicate_of),
-            Slot::New(id) => (created.get(&id), Inserted::new),
-            Slot::SameBatch(id) => (created.get(&id), Inserted::duplicate_of),
-            Slot::FoldedSameBatch(id) => (created.get(&id), Inserted::folded_into),
-            Slot::Folded(id) => (folded.get(&id), Inserted::folded_into),
+            Slot::Stored(key) => (stored.get(&key).cloned(), Inserted::duplicate_of),
+            Slot::StoredUnique(index) => {
+                (stored_unique.get(&index).cloned(), Inserted::duplicate_of)
+            }
+            Slot::New(id) if shared.contains(&id) => (created.get(&id).cloned(), Inserted::new),
+            Slot::New(id) => (created.remove(&id), Inserted::new),
+            Slot::SameBatch(id) => (created.get(&id).cloned(), Inserted::duplicate_of),
+            Slot::FoldedSameBatch(id) => (created.get(&id).cloned(), Inserted::folded_into),
+            Slot::Folded(id) => (folded.get(&id).cloned(), Inserted::folded_into),
         };
-        let job = job
-            .cloned()
-            .ok_or_else(|| StoreError::backend("postgres: an inserted job was not returned"))?;
+        let job =
+            job.ok_or_else(|| StoreError::backend("postgres: an inserted job was not returned"))?;
         inserted.push(answer(job));
     }
     Ok(Insertion {
