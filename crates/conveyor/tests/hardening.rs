@@ -34,10 +34,21 @@ fn sigterm_stops_a_server_whose_log_pipe_is_closed() {
         .expect("spawn serve");
     let mut server = Proc { child };
     let mut reader = BufReader::new(reader);
-    let mut first = String::new();
-    reader.read_line(&mut first).expect("first line");
-    assert!(first.contains("listening"), "{first:?}");
-    let url = first
+    // The demo's worker may log that it started before the server says where it listens.
+    let mut seen = Vec::new();
+    let listening = loop {
+        let mut line = String::new();
+        let read = reader.read_line(&mut line).expect("a log line");
+        assert!(
+            read > 0 && seen.len() < 50,
+            "no `listening` line in {seen:?}"
+        );
+        if line.contains("listening") {
+            break line;
+        }
+        seen.push(line);
+    };
+    let url = listening
         .split_whitespace()
         .find(|w| w.starts_with("http://"))
         .expect("address")
