@@ -83,6 +83,11 @@ pub mod error_class {
     /// A batch handler answered no outcome for the job (fewer outcomes than jobs): nothing
     /// says its work was done, so it retries.
     pub const MISSING_OUTCOME: &str = "missing_outcome";
+    /// A handler with durable steps took another path than the run that stored them (see
+    /// [`crate::steps`]): running the same code again would meet the same mismatch.
+    pub const NONDETERMINISTIC: &str = "nondeterministic";
+    /// A job's compensations were still pending after its compensating runs.
+    pub const COMPENSATION_FAILED: &str = "compensation_failed";
 }
 
 /// One failed attempt in a job's history.

@@ -35,6 +35,7 @@ pub mod sequence;
 pub mod sources;
 pub mod state;
 pub mod stats;
+pub mod steps;
 pub mod store;
 pub mod stuck;
 pub mod subscriptions;
