@@ -496,3 +496,73 @@ async fn partial_indexes_test_their_nulls_before_the_state() {
         "partial indexes testing the state before a NULL: {misordered:?}"
     );
 }
+
+/// A job of a sequence stored without `sequence_release_arm`, as a server older than
+/// migration 26 still running beside it stores one, arms the release too (the BEFORE INSERT
+/// trigger of migration 26): the job blocked behind it is released when it completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_of_a_sequence_stored_by_an_older_server_arms_the_release_too() {
+    let schema = common::fresh_schema();
+    let _guard = common::DropSchema::new(&schema);
+    let store = PgStore::connect(
+        &common::database_url(),
+        common::options(&schema, Arc::new(ManualClock::default())),
+    )
+    .await
+    .expect("store starts");
+    assert!(release_triggers(&store).await.is_empty());
+    // The columns an older server writes for a sequence: the holder, then one blocked behind.
+    let mut ids = Vec::new();
+    for (no, state) in [(1, "available"), (2, "blocked")] {
+        let id = uuid::Uuid::now_v7();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO \"{}\".jobs (id, kind, queue, payload, priority, run_at, attempt, \
+                 max_attempts, tags, state, errors, created_at, sequence_key, sequence_no) \
+             VALUES ($1, 'ordered', 'ordered', '{{}}', 0, '2000-01-01', 0, 3, '{{}}', $2, '[]', \
+                 '2000-01-01', 'payload.account=acme', $3)",
+            store.schema()
+        )))
+        .bind(id)
+        .bind(state)
+        .bind(no)
+        .execute(store.pool())
+        .await
+        .expect("insert as an older server does");
+        ids.push(id);
+    }
+    assert_eq!(
+        release_triggers(&store).await,
+        [
+            "jobs_sequence_release_on_delete",
+            "jobs_sequence_release_on_update"
+        ]
+    );
+
+    let claimed = store
+        .jobs_fetch(conveyor_core::FetchParams {
+            worker_id: "w".into(),
+            queues: vec!["ordered".into()],
+            max: 10,
+            lease: std::time::Duration::from_secs(60),
+            kinds: None,
+            excluded_kinds: Vec::new(),
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1, "only the holder runs");
+    assert_eq!(claimed[0].id, ids[0]);
+    let lease = claimed[0].lease_ref().expect("a claimed job has a lease");
+    store
+        .jobs_complete_many(vec![conveyor_core::CompleteParams {
+            lease,
+            result: None,
+        }])
+        .await
+        .expect("complete the holder");
+    let blocked = store
+        .job_get(ids[1])
+        .await
+        .expect("read the blocked job")
+        .expect("it exists");
+    assert_eq!(blocked.state, conveyor_core::JobState::Available);
+}

@@ -11,6 +11,12 @@
 -- and the ones after it see the triggers. The insert that armed reads its sequences' tails after
 -- that, so a holder that finished without the trigger is seen finished and no job is left blocked
 -- behind it. Once armed, the check is one catalog lookup and no lock.
+--
+-- A row of a sequence inserted any other way arms them too, before it is stored: a BEFORE INSERT
+-- trigger whose WHEN only plain rows fail (a NULL test per inserted row, which 100,000-row inserts
+-- did not show). That covers a server older than this migration still running beside it, which
+-- stores jobs of a sequence without calling `sequence_release_arm`: the first such job arms the
+-- release before any job can be blocked behind it.
 CREATE FUNCTION @schema@.sequence_release_arm() RETURNS void LANGUAGE plpgsql AS $arm$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_trigger
@@ -43,17 +49,24 @@ $arm$;
 LOCK TABLE @schema@.jobs IN SHARE ROW EXCLUSIVE MODE;
 DO $disarm$
 BEGIN
-    -- Kept where sequences are in use or configured: a server of an older version still
-    -- running beside this migration would store jobs of a configured sequence without
-    -- arming the triggers.
-    IF NOT EXISTS (SELECT 1 FROM @schema@.jobs WHERE sequence_key IS NOT NULL)
-       AND NOT EXISTS (SELECT 1 FROM @schema@.queue_settings WHERE sequence IS NOT NULL)
-       AND NOT EXISTS (SELECT 1 FROM @schema@.kinds WHERE sequence IS NOT NULL) THEN
+    IF NOT EXISTS (SELECT 1 FROM @schema@.jobs WHERE sequence_key IS NOT NULL) THEN
         DROP TRIGGER jobs_sequence_release_on_update ON @schema@.jobs;
         DROP TRIGGER jobs_sequence_release_on_delete ON @schema@.jobs;
     END IF;
 END
 $disarm$;
+CREATE FUNCTION @schema@.sequence_release_arm_on_insert() RETURNS trigger
+LANGUAGE plpgsql AS $arm_on_insert$
+BEGIN
+    PERFORM @schema@.sequence_release_arm();
+    RETURN NEW;
+END
+$arm_on_insert$;
+CREATE TRIGGER jobs_sequence_arm_on_insert
+    BEFORE INSERT ON @schema@.jobs
+    FOR EACH ROW
+    WHEN (NEW.sequence_key IS NOT NULL)
+    EXECUTE FUNCTION @schema@.sequence_release_arm_on_insert();
 -- The running jobs with a tenant and those with limit keys in one index instead of two
 -- (`jobs_running_tenant`, migration 7, and `jobs_running_limited`, migration 21): each index
 -- is one more predicate for every row a claim or completion writes, and one more relation
