@@ -188,7 +188,10 @@ impl Journal {
                 got: name.to_string(),
             });
         }
-        let stored = self.stored.iter().position(|record| record.seq == seq);
+        let stored = self
+            .stored
+            .binary_search_by_key(&seq, |record| record.seq)
+            .ok();
         if let Some(index) = stored {
             let record = &self.stored[index];
             if record.name != name || record.kind != kind {

@@ -29,8 +29,9 @@ pub(crate) const COLUMNS: &str = "id, kind, queue, payload, priority, run_at, at
 /// The advisory lock key of a sequence key, as the insert computes it: the same expression the
 /// release trigger of migration 22 locks with (its schema is `TG_TABLE_SCHEMA` there, `$2`
 /// here), so an enqueue and a release of one key serialize. The same round trip first arms the
-/// release triggers if no job of a sequence has yet (migration 26), before the insert reads
-/// its sequences' tails.
+/// release triggers if no job of a sequence has yet (migration 26), before the transaction
+/// writes a job: the insert trigger would arm them too, but as a lock upgrade that two
+/// transactions can deadlock on.
 pub(crate) fn sequence_lock_keys_sql(schema: &str) -> String {
     format!(
         "WITH armed AS MATERIALIZED (SELECT {}.sequence_release_arm()) \
@@ -89,8 +90,8 @@ pub(crate) struct Sql {
     /// The advisory lock key of each sequence key (`$1`) in schema `$2`: computed by the
     /// database, because its release trigger takes the same lock (migration 22).
     pub sequence_lock_keys: SqlStr,
-    /// Arms the sequence release triggers unless they are (migration 26): before storing jobs
-    /// of a sequence other than by insert (a copy's import).
+    /// Arms the sequence release triggers unless they are (migration 26): a copy's import calls
+    /// it before it writes jobs of a sequence, for the reason `sequence_lock_keys_sql` gives.
     pub sequence_release_arm: SqlStr,
     /// Per sequence key (`$1`): the last number, and whether a job of the key holds the
     /// sequence or waits in it.

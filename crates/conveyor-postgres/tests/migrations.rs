@@ -374,6 +374,16 @@ async fn a_populated_version_11_schema_upgrades_without_losing_a_job() {
     assert_eq!(counted, 100_000, "{stats:?}");
 }
 
+/// A store on `schema`, migrated, with a manual clock.
+async fn connect(schema: &str) -> PgStore {
+    PgStore::connect(
+        &common::database_url(),
+        common::options(schema, Arc::new(ManualClock::default())),
+    )
+    .await
+    .expect("store starts")
+}
+
 /// The names of the sequence release triggers on the schema's jobs table.
 async fn release_triggers(store: &PgStore) -> Vec<String> {
     sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
@@ -387,16 +397,38 @@ async fn release_triggers(store: &PgStore) -> Vec<String> {
     .expect("read the jobs table's triggers")
 }
 
+/// Claims every job `queue` lets run now, which must be one, and completes it; its id.
+async fn complete_the_only_runnable(store: &PgStore, queue: &str) -> uuid::Uuid {
+    let claimed = store
+        .jobs_fetch(conveyor_core::FetchParams {
+            worker_id: "w".into(),
+            queues: vec![queue.to_string()],
+            max: 10,
+            lease: std::time::Duration::from_secs(60),
+            kinds: None,
+            excluded_kinds: Vec::new(),
+        })
+        .await
+        .expect("claim");
+    assert_eq!(claimed.len(), 1, "one runnable job: {claimed:?}");
+    let lease = claimed[0].lease_ref().expect("a claimed job has a lease");
+    store
+        .jobs_complete_many(vec![conveyor_core::CompleteParams {
+            lease,
+            result: None,
+        }])
+        .await
+        .expect("complete it");
+    claimed[0].id
+}
+
 /// Plain jobs pay for no sequence release trigger (migration 26): the first job of a sequence
 /// arms it, and a job blocked behind the first is released when it completes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_first_job_of_a_sequence_arms_its_release() {
     let schema = common::fresh_schema();
     let _guard = common::DropSchema::new(&schema);
-    let clock = Arc::new(ManualClock::default());
-    let store = PgStore::connect(&common::database_url(), common::options(&schema, clock))
-        .await
-        .expect("store starts");
+    let store = connect(&schema).await;
     store
         .jobs_insert_many(vec![NewJob::new("plain", json!({}))])
         .await
@@ -428,26 +460,11 @@ async fn the_first_job_of_a_sequence_arms_its_release() {
     );
     assert_eq!(inserted[1].job.state, conveyor_core::JobState::Blocked);
 
-    let claimed = store
-        .jobs_fetch(conveyor_core::FetchParams {
-            worker_id: "w".into(),
-            queues: vec!["ordered".into()],
-            max: 10,
-            lease: std::time::Duration::from_secs(60),
-            kinds: None,
-            excluded_kinds: Vec::new(),
-        })
-        .await
-        .expect("claim");
-    assert_eq!(claimed.len(), 1, "the second waits behind the first");
-    let lease = claimed[0].lease_ref().expect("a claimed job has a lease");
-    store
-        .jobs_complete_many(vec![conveyor_core::CompleteParams {
-            lease,
-            result: None,
-        }])
-        .await
-        .expect("complete the first");
+    assert_eq!(
+        complete_the_only_runnable(&store, "ordered").await,
+        inserted[0].job.id,
+        "the second waits behind the first"
+    );
     let second = store
         .job_get(inserted[1].job.id)
         .await
@@ -464,12 +481,7 @@ async fn the_first_job_of_a_sequence_arms_its_release() {
 async fn partial_indexes_test_their_nulls_before_the_state() {
     let schema = common::fresh_schema();
     let _guard = common::DropSchema::new(&schema);
-    let store = PgStore::connect(
-        &common::database_url(),
-        common::options(&schema, Arc::new(ManualClock::default())),
-    )
-    .await
-    .expect("store starts");
+    let store = connect(&schema).await;
     let predicates: Vec<(String, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT c.relname::text, pg_get_expr(i.indpred, i.indrelid) FROM pg_index i \
          JOIN pg_class c ON c.oid = i.indexrelid \
@@ -504,12 +516,7 @@ async fn partial_indexes_test_their_nulls_before_the_state() {
 async fn a_job_of_a_sequence_stored_by_an_older_server_arms_the_release_too() {
     let schema = common::fresh_schema();
     let _guard = common::DropSchema::new(&schema);
-    let store = PgStore::connect(
-        &common::database_url(),
-        common::options(&schema, Arc::new(ManualClock::default())),
-    )
-    .await
-    .expect("store starts");
+    let store = connect(&schema).await;
     assert!(release_triggers(&store).await.is_empty());
     // The columns an older server writes for a sequence: the holder, then one blocked behind.
     let mut ids = Vec::new();
@@ -538,27 +545,11 @@ async fn a_job_of_a_sequence_stored_by_an_older_server_arms_the_release_too() {
         ]
     );
 
-    let claimed = store
-        .jobs_fetch(conveyor_core::FetchParams {
-            worker_id: "w".into(),
-            queues: vec!["ordered".into()],
-            max: 10,
-            lease: std::time::Duration::from_secs(60),
-            kinds: None,
-            excluded_kinds: Vec::new(),
-        })
-        .await
-        .expect("claim");
-    assert_eq!(claimed.len(), 1, "only the holder runs");
-    assert_eq!(claimed[0].id, ids[0]);
-    let lease = claimed[0].lease_ref().expect("a claimed job has a lease");
-    store
-        .jobs_complete_many(vec![conveyor_core::CompleteParams {
-            lease,
-            result: None,
-        }])
-        .await
-        .expect("complete the holder");
+    assert_eq!(
+        complete_the_only_runnable(&store, "ordered").await,
+        ids[0],
+        "only the holder runs"
+    );
     let blocked = store
         .job_get(ids[1])
         .await

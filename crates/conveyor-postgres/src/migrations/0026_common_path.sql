@@ -4,19 +4,17 @@
 -- with an AFTER UPDATE row trigger makes every updated row, of a sequence or not, read its old
 -- version again for the trigger, before the trigger's WHEN is looked at; each claim and completion
 -- paid that (docs/benchmarks.md, "The common path on PostgreSQL"). So they are dropped here unless
--- a job of a sequence is stored, and `sequence_release_arm` puts them back: every statement that
--- stores jobs of a sequence calls it first (the insert's sequence lock keys, a copy's import).
+-- a job of a sequence is stored, and `sequence_release_arm` puts them back.
 --
--- Arming takes SHARE ROW EXCLUSIVE on `jobs`: it waits for the transactions writing jobs to end,
--- and the ones after it see the triggers. The insert that armed reads its sequences' tails after
--- that, so a holder that finished without the trigger is seen finished and no job is left blocked
--- behind it. Once armed, the check is one catalog lookup and no lock.
---
--- A row of a sequence inserted any other way arms them too, before it is stored: a BEFORE INSERT
--- trigger whose WHEN only plain rows fail (a NULL test per inserted row, which 100,000-row inserts
--- did not show). That covers a server older than this migration still running beside it, which
--- stores jobs of a sequence without calling `sequence_release_arm`: the first such job arms the
--- release before any job can be blocked behind it.
+-- Every row of a sequence arms them before it is stored, however it is inserted (this server's
+-- enqueue or copy, or a server older than this migration still running beside it): a BEFORE
+-- INSERT trigger whose WHEN plain rows fail on a NULL test (100,000-row inserts did not show its
+-- cost). So whenever a job of a sequence exists, so do the triggers, and no job can be blocked
+-- behind one that finishes unseen. Arming takes SHARE ROW EXCLUSIVE on `jobs`, waiting for the
+-- transactions writing jobs to end; once armed, the check is one catalog lookup and no lock.
+-- This server also arms before its transaction writes any job (the insert's sequence lock keys,
+-- a copy's import): inside an INSERT the lock is an upgrade from ROW EXCLUSIVE, and two
+-- transactions upgrading at once would deadlock.
 CREATE FUNCTION @schema@.sequence_release_arm() RETURNS void LANGUAGE plpgsql AS $arm$
 BEGIN
     IF EXISTS (SELECT 1 FROM pg_trigger
